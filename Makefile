@@ -1,0 +1,49 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build installs from local files here in about a minute; an unpinned torch pulls a multi-GB
+# CUDA build. GPU users: `make TORCH_SPEC=torch install` (pyproject keeps a range, not a pin).
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install install-dev demo test lint typecheck layers unit bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install -q "$(TORCH_SPEC)" numpy
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	$(VENV)/bin/spotmorph demo
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install-dev
+	$(VENV)/bin/mypy
+
+layers: install-dev
+	$(VENV)/bin/lint-imports
+
+unit: install-dev
+	$(VENV)/bin/pytest -q tests
+
+test: lint typecheck layers unit
+
+bench: install-dev
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,445 @@
+"""The planner: the layout with the best predicted samples/s for the GPUs at hand.
+
+Candidates are every pipeline depth ``P``, every profiled micro-batch size ``m`` and every replica
+count ``D`` with ``P * D`` GPUs available. Two facts keep the search small and still exact within
+the model:
+
+- For fixed ``(P, m)``, ``D`` only matters through ``M = ceil(B / (D m))`` micro-batches per replica
+  and through communication costs that never fall as ``D`` grows; so per distinct ``M`` only the
+  smallest ``D`` is a candidate.
+- Every candidate has a cheap lower bound on its step time (a stage cannot start before the first
+  micro-batch reaches it, must do ``M`` forwards and backwards, and its last gradient must travel
+  back to stage 0 or be all-reduced). Candidates are simulated best bound first, and the search
+  stops when no remaining bound can beat the best simulated plan.
+
+Ranks are placed replica by replica on the GPUs in node order, so a replica's stages share a node
+where they can. A plan for ``n + 1`` GPUs sees every candidate of the plan for ``n`` at the same
+cost, so predicted throughput never falls as GPUs are added (the planner may leave GPUs idle).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from morphing.errors import UserInputError
+from morphing.layout import Layout, contiguous_placement, local_nodes
+from morphing.profile import Profile
+from morphing.simulator import SCHEDULES, Schedule, StageTiming, simulate
+from morphing.stages import GIB, LayerCosts, Partition, StageMemory, in_flight
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    schedule: Schedule
+    gpus: int
+    predicted_step_seconds: float
+    samples_per_second: float
+    bubble_fraction: float
+    stage_memory: tuple[StageMemory, ...]
+    notes: tuple[str, ...] = ()
+    feasible: Literal[True] = True
+
+    @property
+    def gpus_used(self) -> int:
+        return self.layout.world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        layout = self.layout
+        return {
+            "gpus": self.gpus,
+            "feasible": True,
+            "gpus_used": self.gpus_used,
+            "pipeline_stages": layout.pipeline_stages,
+            "data_parallel": layout.data_parallel,
+            "micro_batch_size": layout.micro_batch_size,
+            "global_batch": layout.global_batch,
+            "schedule": self.schedule,
+            "samples_per_replica": list(layout.samples_per_replica),
+            "micro_batches_per_replica": list(layout.micro_batches_per_replica),
+            "stage_layers": [list(r) for r in layout.stage_layers],
+            "predicted_step_seconds": self.predicted_step_seconds,
+            "samples_per_second": self.samples_per_second,
+            "bubble_fraction": self.bubble_fraction,
+            "stage_memory_bytes": [m.total for m in self.stage_memory],
+            "placement": [[s.node, s.slot] for s in layout.placement],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    gpus: int
+    reason: str
+    feasible: Literal[False] = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpus": self.gpus, "feasible": False, "reason": self.reason}
+
+
+PlanResult = Plan | Infeasible
+
+
+@dataclass(frozen=True)
+class _StageBase:
+    """A partition's per-stage compute and bytes at one micro-batch size (placement-free)."""
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    out_bytes: tuple[int, ...]
+    grad_bytes: tuple[float, ...]
+
+
+@dataclass(order=True)
+class _Candidate:
+    bound: float
+    gpus_used: int
+    stages: int = field(compare=False)
+    replicas: int = field(compare=False)
+    micro_batch_size: int = field(compare=False)
+    micro_batches: int = field(compare=False)
+    partition: Partition = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Best:
+    step: float
+    candidate: _Candidate
+
+
+class Planner:
+    """Plans for one model (profile), global batch and schedule; caches work across GPU counts."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        global_batch: int,
+        schedule: Schedule = "1f1b",
+        gpu_memory_bytes: int | None = None,
+    ) -> None:
+        if global_batch <= 0:
+            raise UserInputError(f"global batch {global_batch}: it must be >= 1 (samples per optimizer step)")
+        if schedule not in SCHEDULES:
+            raise UserInputError(f"schedule {schedule!r} is unknown; use one of: {', '.join(SCHEDULES)}")
+        if gpu_memory_bytes is not None:
+            if gpu_memory_bytes <= 0:
+                raise UserInputError(f"GPU memory {gpu_memory_bytes} bytes: it must be > 0")
+            profile = profile.with_gpu_memory(gpu_memory_bytes)
+        self.profile = profile
+        self.global_batch = global_batch
+        self.schedule: Schedule = schedule
+        self.memory_limit = float(profile.cluster.gpu_memory_bytes)
+        self.costs = {m: LayerCosts(profile, m) for m in profile.micro_batch_sizes}
+        self._partitions: dict[tuple[int, int, int], Partition | None] = {}
+        self._pipelines: dict[tuple[object, ...], tuple[float, ...]] = {}
+        self._bases: dict[tuple[int, tuple[tuple[int, int], ...]], _StageBase] = {}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.profile.layers)
+
+    def plan_gpus(self, gpus: int, gpus_per_node: int = 1) -> PlanResult:
+        _check_counts(gpus, gpus_per_node)
+        return self.plan(local_nodes(gpus, gpus_per_node))
+
+    def plan(self, nodes: Sequence[tuple[str, int]]) -> PlanResult:
+        """Best layout on ``nodes`` (``(name, free slots)`` in placement order)."""
+        space = _SlotSpace(nodes)
+        if space.gpus <= 0:
+            return Infeasible(0, "no GPUs available")
+        return self._result(space, self._search(space, self._candidates(space), None))
+
+    def what_if(self, max_gpus: int, gpus_per_node: int = 1) -> list[PlanResult]:
+        """Plans for 1..max_gpus GPUs in one sweep.
+
+        The plan for ``n`` GPUs is the best of the plan for ``n - 1`` and the candidates that use
+        exactly ``n`` GPUs: a candidate's cost does not depend on GPUs it leaves idle.
+        """
+        _check_counts(max_gpus, gpus_per_node)
+        space = _SlotSpace(local_nodes(max_gpus, gpus_per_node))
+        by_gpus: dict[int, list[_Candidate]] = {}
+        for cand in self._candidates(space):
+            by_gpus.setdefault(cand.gpus_used, []).append(cand)
+        results: list[PlanResult] = []
+        best: _Best | None = None
+        for gpus in range(1, max_gpus + 1):
+            best = self._search(space, by_gpus.get(gpus, []), best)
+            results.append(self._result(space.prefix(gpus), best))
+        return results
+
+    def _candidates(self, space: _SlotSpace) -> list[_Candidate]:
+        """Every layout worth simulating on ``space``, with its lower bound (see the module docstring)."""
+        out = []
+        for stages in range(1, min(self.num_layers, space.gpus) + 1):
+            for m in self.costs:
+                for replicas, micro_batches in self._replica_choices(space.gpus // stages, m):
+                    partition = self._partition(stages, m, micro_batches)
+                    if partition is None:
+                        continue
+                    base = self._base(m, partition)
+                    cross, one_node = space.facts(stages, replicas)
+                    sends = self._sends(base, cross)
+                    allreduce = self._allreduces(base, replicas, one_node)
+                    bound = _lower_bound(base, sends, allreduce, micro_batches)
+                    out.append(_Candidate(bound, stages * replicas, stages, replicas, m, micro_batches, partition))
+        return out
+
+    def _search(self, space: _SlotSpace, candidates: list[_Candidate], best: _Best | None) -> _Best | None:
+        """Simulate candidates best bound first until no bound can beat the best step time."""
+        heapq.heapify(candidates)
+        while candidates and (best is None or candidates[0].bound < best.step):
+            cand = heapq.heappop(candidates)
+            step = self._step_seconds(space, cand)
+            if best is None or (step, cand.gpus_used) < (best.step, best.candidate.gpus_used):
+                best = _Best(step, cand)
+        return best
+
+    def _result(self, space: _SlotSpace, best: _Best | None) -> PlanResult:
+        if best is None:
+            return Infeasible(space.gpus, self._why_nothing_fits(space.gpus))
+        cand = best.candidate
+        layout = Layout(
+            pipeline_stages=cand.stages,
+            data_parallel=cand.replicas,
+            micro_batch_size=cand.micro_batch_size,
+            global_batch=self.global_batch,
+            stage_layers=cand.partition.stage_layers,
+            placement=contiguous_placement(cand.gpus_used, space.nodes),
+        )
+        result = self.evaluate(layout)
+        assert isinstance(result, Plan)
+        return replace(result, gpus=space.gpus, notes=self._notes(space.gpus, result))
+
+    def evaluate(self, layout: Layout) -> PlanResult:
+        """Predicted cost of a given layout (any placement), or why it does not fit in memory."""
+        if layout.num_layers != self.num_layers:
+            raise UserInputError(f"layout covers {layout.num_layers} layers but the profile has {self.num_layers}")
+        m = layout.micro_batch_size
+        if m not in self.costs:
+            raise UserInputError(
+                f"micro-batch size {m} was not profiled; profiled sizes: {list(self.profile.micro_batch_sizes)}"
+            )
+        costs = self.costs[m]
+        stages, micro_batches = layout.pipeline_stages, layout.max_micro_batches
+        held = [in_flight(self.schedule, s, stages, micro_batches) for s in range(stages)]
+        memory = tuple(costs.memory(a, b, h) for (a, b), h in zip(layout.stage_layers, held, strict=True))
+        for s, ((a, b), h) in enumerate(zip(layout.stage_layers, held, strict=True)):
+            need = costs.memory_total(a, b, h)
+            if need > self.memory_limit:
+                return Infeasible(
+                    layout.world_size,
+                    f"memory: stage {s} needs {need / GIB:.2f} GiB > {self.memory_limit / GIB:.2f} GiB per GPU",
+                )
+        cross = tuple(
+            any(
+                layout.placement[layout.rank(d, s)].node != layout.placement[layout.rank(d, s + 1)].node
+                for d in range(layout.data_parallel)
+            )
+            for s in range(stages - 1)
+        )
+        one_node = tuple(
+            len({layout.placement[layout.rank(d, s)].node for d in range(layout.data_parallel)}) == 1
+            for s in range(stages)
+        )
+        base = self._base(m, Partition(layout.stage_layers, 0.0))
+        timings = self._timings(base, self._sends(base, cross), self._allreduces(base, layout.data_parallel, one_node))
+        sim = simulate(timings, micro_batches, self.schedule)
+        return Plan(
+            layout,
+            self.schedule,
+            layout.world_size,
+            sim.step_seconds,
+            self.global_batch / sim.step_seconds,
+            sim.bubble_fraction,
+            memory,
+        )
+
+    def _replica_choices(self, max_replicas: int, m: int) -> list[tuple[int, int]]:
+        """Smallest ``D`` for each distinct micro-batch count ``M``, with ``D <= max_replicas, B``."""
+        limit = min(max_replicas, self.global_batch)
+        out: list[tuple[int, int]] = []
+        replicas = 1
+        while replicas <= limit:
+            micro_batches = -(-self.global_batch // (replicas * m))
+            out.append((replicas, micro_batches))
+            if micro_batches == 1:
+                break
+            replicas = -(-self.global_batch // ((micro_batches - 1) * m))
+        return out
+
+    def _partition(self, stages: int, m: int, micro_batches: int) -> Partition | None:
+        key_m = micro_batches if self.schedule == "gpipe" else min(micro_batches, stages)
+        key = (stages, m, key_m)
+        if key not in self._partitions:
+            self._partitions[key] = self.costs[m].balanced_partition(stages, self.schedule, key_m, self.memory_limit)
+        return self._partitions[key]
+
+    def _base(self, m: int, partition: Partition) -> _StageBase:
+        key = (m, partition.stage_layers)
+        base = self._bases.get(key)
+        if base is None:
+            costs = self.costs[m]
+            ranges = partition.stage_layers
+            base = _StageBase(
+                forward=tuple(costs.forward_seconds(a, b) for a, b in ranges),
+                backward=tuple(costs.backward_seconds(a, b) for a, b in ranges),
+                out_bytes=tuple(costs.activation_bytes_out(b) for _a, b in ranges),
+                grad_bytes=tuple(costs.gradient_bytes(a, b) for a, b in ranges),
+            )
+            self._bases[key] = base
+        return base
+
+    def _sends(self, base: _StageBase, cross: tuple[bool, ...]) -> list[float]:
+        cluster = self.profile.cluster
+        inter_bw, inter_lat = (
+            cluster.inter_node_bandwidth_bytes_per_second,
+            cluster.inter_node_latency_seconds,
+        )
+        intra_bw, intra_lat = (
+            cluster.intra_node_bandwidth_bytes_per_second,
+            cluster.intra_node_latency_seconds,
+        )
+        sends = [
+            base.out_bytes[s] / inter_bw + inter_lat if crossing else base.out_bytes[s] / intra_bw + intra_lat
+            for s, crossing in enumerate(cross)
+        ]
+        sends.append(0.0)
+        return sends
+
+    def _allreduces(self, base: _StageBase, replicas: int, one_node: tuple[bool, ...]) -> list[float]:
+        """Ring all-reduce: ``2 (D - 1) / D`` of the bytes over the slowest link, ``2 (D - 1)`` hops."""
+        if replicas <= 1:
+            return [0.0] * len(base.grad_bytes)
+        cluster = self.profile.cluster
+        intra = cluster.intra_node_bandwidth_bytes_per_second
+        factor = 2 * (replicas - 1) / replicas
+        hops = 2 * (replicas - 1)
+        local = (intra, cluster.intra_node_latency_seconds)
+        remote = (
+            min(cluster.allreduce_bandwidth_bytes_per_second, intra),
+            max(cluster.inter_node_latency_seconds, cluster.intra_node_latency_seconds),
+        )
+        out = []
+        for grad, single in zip(base.grad_bytes, one_node, strict=True):
+            bw, lat = local if single else remote
+            out.append(factor * grad / bw + hops * lat if grad > 0 else 0.0)
+        return out
+
+    def _timings(self, base: _StageBase, sends: list[float], allreduce: list[float]) -> list[StageTiming]:
+        return [
+            StageTiming(f, b, c, a) for f, b, c, a in zip(base.forward, base.backward, sends, allreduce, strict=True)
+        ]
+
+    def _step_seconds(self, space: _SlotSpace, cand: _Candidate) -> float:
+        base = self._base(cand.micro_batch_size, cand.partition)
+        cross, one_node = space.facts(cand.stages, cand.replicas)
+        key = (cand.micro_batch_size, cand.micro_batches, cross, cand.partition.stage_layers)
+        finish = self._pipelines.get(key)
+        if finish is None:
+            timings = self._timings(base, self._sends(base, cross), [0.0] * cand.stages)
+            finish = simulate(timings, cand.micro_batches, self.schedule).stage_finish
+            self._pipelines[key] = finish
+        allreduce = self._allreduces(base, cand.replicas, one_node)
+        return max(end + a for end, a in zip(finish, allreduce, strict=True))
+
+    def _why_nothing_fits(self, gpus: int) -> str:
+        limit = self.memory_limit / GIB
+        m = min(self.costs)
+        micro_batches = -(-self.global_batch // m)
+        for stages in range(1, self.num_layers + 1):
+            if self._partition(stages, m, micro_batches) is not None:
+                return (
+                    f"memory: no layout of {gpus} GPU(s) fits the model in {limit:.2f} GiB per GPU; "
+                    f"it needs a pipeline of at least {stages} stages, so use --gpus >= {stages} "
+                    "or GPUs with more memory (--gpu-memory-gib)"
+                )
+        costs = self.costs[m]
+        worst = max(
+            range(self.num_layers),
+            key=lambda i: costs.memory_total(i, i + 1, in_flight(self.schedule, 0, 1, micro_batches)),
+        )
+        need = costs.memory_total(worst, worst + 1, 1) / GIB
+        return (
+            f"memory: even one layer per stage does not fit: layer {worst} "
+            f"({self.profile.layers[worst].name}) needs {need:.2f} GiB > {limit:.2f} GiB per GPU; "
+            "use GPUs with more memory (--gpu-memory-gib)"
+        )
+
+    def _notes(self, gpus: int, plan: Plan) -> tuple[str, ...]:
+        notes = []
+        m = min(self.costs)
+        smallest = next((p for p in range(1, self.num_layers + 1) if self._partition(p, m, p) is not None), None)
+        if smallest and smallest > 1:
+            notes.append(f"P < {smallest} rejected: memory (a stage would exceed the GPU memory)")
+        if gpus // plan.layout.pipeline_stages > self.global_batch:
+            notes.append(f"D capped at the global batch ({self.global_batch}): a replica needs >= 1 sample")
+        idle = gpus - plan.gpus_used
+        if idle:
+            notes.append(f"{idle} GPU(s) left idle: using them would not raise predicted samples/s")
+        return tuple(notes)
+
+
+def _check_counts(gpus: int, gpus_per_node: int) -> None:
+    if gpus <= 0:
+        raise UserInputError(f"--gpus {gpus}: the GPU count must be >= 1")
+    if gpus_per_node <= 0:
+        raise UserInputError(f"--gpus-per-node {gpus_per_node}: it must be >= 1")
+
+
+class _SlotSpace:
+    """The GPUs on offer, in placement order, and what a contiguous placement implies for costs."""
+
+    def __init__(self, nodes: Sequence[tuple[str, int]]) -> None:
+        self.nodes = tuple(nodes)
+        self.boundaries: list[int] = []
+        self.node_index: list[int] = []
+        for i, (name, slots) in enumerate(self.nodes):
+            if slots < 0:
+                raise UserInputError(f"node {name} has {slots} slots; it must be >= 0")
+            self.node_index.extend([i] * slots)
+            self.boundaries.append(len(self.node_index))
+        self.gpus = len(self.node_index)
+
+    def prefix(self, gpus: int) -> _SlotSpace:
+        """The first ``gpus`` slots (the last node cut short)."""
+        kept, left = [], gpus
+        for name, slots in self.nodes:
+            if left <= 0:
+                break
+            kept.append((name, min(slots, left)))
+            left -= slots
+        return _SlotSpace(kept)
+
+    def facts(self, stages: int, replicas: int) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+        """Which stage boundaries cross a node in some replica; which stages' replicas share a node."""
+        used = stages * replicas
+        cross = [False] * (stages - 1)
+        for edge in self.boundaries:
+            if edge >= used:
+                break
+            position = (edge - 1) % stages
+            if position < stages - 1:
+                cross[position] = True
+        last = (replicas - 1) * stages
+        one_node = tuple(self.node_index[s] == self.node_index[last + s] for s in range(stages))
+        return tuple(cross), one_node
+
+
+def _lower_bound(base: _StageBase, sends: list[float], allreduce: list[float], micro_batches: int) -> float:
+    """No schedule beats this: see the module docstring."""
+    best = 0.0
+    before_fwd = before_bwd = 0.0
+    for f, b, c, a in zip(base.forward, base.backward, sends, allreduce, strict=True):
+        bound = before_fwd + micro_batches * (f + b) + (before_bwd if before_bwd > a else a)
+        if bound > best:
+            best = bound
+        before_fwd += f + c
+        before_bwd += b + c
+    return best
+
+
+def throughput(result: PlanResult) -> float:
+    return result.samples_per_second if isinstance(result, Plan) else 0.0

@@ -1,0 +1,153 @@
+"""The calibration profile: the planner's only view of a model and a cluster.
+
+A profile is measured once per job on one GPU (``spotmorph profile``) and reused for any GPU count.
+Format (JSON, ``"format": "spotmorph.profile/v1"``)::
+
+    {
+      "format": "spotmorph.profile/v1",
+      "model": "tiny-gpt",                      # a name for people
+      "source": "measured by ... on ...",        # where the figures come from
+      "dtype": "float32",
+      "gradient_bytes_per_parameter_byte": 1.0,  # gradient memory per byte of parameters
+      "optimizer_bytes_per_parameter_byte": 2.0, # optimizer state per byte of parameters (Adam fp32: 2)
+      "layers": [                                # in model order
+        {"name": "embed",
+         "forward_seconds":  {"1": 0.001, "2": 0.0018},  # per micro-batch, keyed by micro-batch size
+         "backward_seconds": {"1": 0.002, "2": 0.0035},  # same keys as forward_seconds
+         "output_activation_bytes_per_sample": 65536,    # what this layer sends to the next, per sample
+         "parameter_bytes": 1048576,
+         "activation_memory_bytes_per_sample": 262144}   # held for backward, per sample in flight
+      ],
+      "cluster": {
+        "gpu_memory_bytes": 17179869184,
+        "intra_node_bandwidth_bytes_per_second": 1.3e11,
+        "inter_node_bandwidth_bytes_per_second": 3.1e9,
+        "allreduce_bandwidth_bytes_per_second": 2.5e9,  # ring bus bandwidth across nodes
+        "intra_node_latency_seconds": 1e-5,
+        "inter_node_latency_seconds": 5e-5
+      }
+    }
+
+Every layer must be profiled at the same micro-batch sizes; the planner only considers those sizes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+
+from morphing.errors import UserInputError
+
+PROFILE_FORMAT = "spotmorph.profile/v1"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LayerProfile(_Frozen):
+    name: str = Field(min_length=1)
+    forward_seconds: dict[PositiveInt, PositiveFloat] = Field(min_length=1)
+    backward_seconds: dict[PositiveInt, PositiveFloat] = Field(min_length=1)
+    output_activation_bytes_per_sample: NonNegativeInt
+    parameter_bytes: NonNegativeInt
+    activation_memory_bytes_per_sample: NonNegativeInt
+
+    @model_validator(mode="after")
+    def _same_sizes(self) -> LayerProfile:
+        if set(self.forward_seconds) != set(self.backward_seconds):
+            raise ValueError("forward_seconds and backward_seconds must be measured at the same micro-batch sizes")
+        return self
+
+
+class ClusterProfile(_Frozen):
+    gpu_memory_bytes: PositiveInt
+    intra_node_bandwidth_bytes_per_second: PositiveFloat
+    inter_node_bandwidth_bytes_per_second: PositiveFloat
+    allreduce_bandwidth_bytes_per_second: PositiveFloat
+    intra_node_latency_seconds: NonNegativeFloat = 0.0
+    inter_node_latency_seconds: NonNegativeFloat = 0.0
+
+
+class Profile(_Frozen):
+    format: Literal["spotmorph.profile/v1"]
+    model: str = Field(min_length=1)
+    source: str = ""
+    dtype: str = "float32"
+    gradient_bytes_per_parameter_byte: NonNegativeFloat = 1.0
+    optimizer_bytes_per_parameter_byte: NonNegativeFloat = 2.0
+    layers: tuple[LayerProfile, ...] = Field(min_length=1)
+    cluster: ClusterProfile
+
+    @model_validator(mode="after")
+    def _common_sizes(self) -> Profile:
+        sizes = set(self.layers[0].forward_seconds)
+        for index, layer in enumerate(self.layers):
+            if set(layer.forward_seconds) != sizes:
+                raise ValueError(
+                    f"layer {index} ({layer.name}) is profiled at micro-batch sizes "
+                    f"{sorted(layer.forward_seconds)} but layer 0 at {sorted(sizes)}; "
+                    "profile every layer at the same sizes"
+                )
+        return self
+
+    @property
+    def micro_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.layers[0].forward_seconds))
+
+    def with_gpu_memory(self, gpu_memory_bytes: int) -> Profile:
+        cluster = self.cluster.model_copy(update={"gpu_memory_bytes": gpu_memory_bytes})
+        return self.model_copy(update={"cluster": cluster})
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def describe_validation_error(error: ValidationError, what: str) -> str:
+    """One line naming the first failing field (``layers[3].forward_seconds.2``) and what it needs."""
+    first = error.errors()[0]
+    location = ""
+    for part in first["loc"]:
+        location += f"[{part}]" if isinstance(part, int) else (f".{part}" if location else str(part))
+    message = first["msg"]
+    if first["type"] == "missing":
+        message = "missing; add it (see the format in morphing/profile.py or docs/profile.md)"
+    elif first["type"] == "extra_forbidden":
+        message = "unknown field; remove it or fix its spelling"
+    more = len(error.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{what} field {location or '(top level)'}: {message}{suffix}"
+
+
+def parse_profile(text: str, what: str = "profile") -> Profile:
+    """A validated profile from JSON text; :class:`UserInputError` names the bad field otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(
+            f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+            "fix the file or re-create it with `spotmorph profile`"
+        ) from exc
+    if not isinstance(data, dict):
+        raise UserInputError(f"{what} must be a JSON object with 'format', 'layers' and 'cluster'")
+    if data.get("format") != PROFILE_FORMAT:
+        raise UserInputError(
+            f"{what} field format: expected {PROFILE_FORMAT!r}, got {data.get('format')!r}; "
+            "re-create it with `spotmorph profile` or set the field"
+        )
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise UserInputError(describe_validation_error(exc, what)) from exc

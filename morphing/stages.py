@@ -1,0 +1,213 @@
+"""Per-stage costs from a profile: compute time, memory under a schedule, and balanced partitioning.
+
+Partitioning balances the *time* of the bottleneck stage (forward + backward at the chosen
+micro-batch size), not the layer count, under each stage's memory limit. The memory a stage needs
+depends on its position: under 1F1B stage ``s`` of ``P`` holds the activations of ``min(P - s, M)``
+micro-batches in flight, under GPipe all ``M``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+
+from morphing.profile import Profile
+from morphing.simulator import Schedule
+
+GIB = 1024**3
+
+
+def in_flight(schedule: Schedule, stage: int, stages: int, micro_batches: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak."""
+    if schedule == "gpipe":
+        return micro_batches
+    return min(stages - stage, micro_batches)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.activations
+
+
+@dataclass(frozen=True)
+class Partition:
+    stage_layers: tuple[tuple[int, int], ...]
+    bottleneck_seconds: float
+
+
+class LayerCosts:
+    """Prefix sums over the profile's layers at one micro-batch size, so any stage costs O(1)."""
+
+    def __init__(self, profile: Profile, micro_batch_size: int) -> None:
+        self.profile = profile
+        self.micro_batch_size = micro_batch_size
+        layers = profile.layers
+        self.forward = [layer.forward_seconds[micro_batch_size] for layer in layers]
+        self.backward = [layer.backward_seconds[micro_batch_size] for layer in layers]
+        self._fwd = _prefix(self.forward)
+        self._bwd = _prefix(self.backward)
+        self._params = _prefix([float(layer.parameter_bytes) for layer in layers])
+        self._act = _prefix([float(layer.activation_memory_bytes_per_sample) for layer in layers])
+        self.state_factor = 1.0 + profile.gradient_bytes_per_parameter_byte + profile.optimizer_bytes_per_parameter_byte
+        self._compute = [f + b for f, b in zip(self._fwd, self._bwd, strict=True)]
+        self._memory_prefixes: dict[int, list[float]] = {}
+        self._unconstrained: dict[int, Partition] = {}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.forward)
+
+    def forward_seconds(self, first: int, last: int) -> float:
+        return self._fwd[last] - self._fwd[first]
+
+    def backward_seconds(self, first: int, last: int) -> float:
+        return self._bwd[last] - self._bwd[first]
+
+    def compute_seconds(self, first: int, last: int) -> float:
+        return self._compute[last] - self._compute[first]
+
+    def parameter_bytes(self, first: int, last: int) -> float:
+        return self._params[last] - self._params[first]
+
+    def gradient_bytes(self, first: int, last: int) -> float:
+        return self.parameter_bytes(first, last) * self.profile.gradient_bytes_per_parameter_byte
+
+    def activation_bytes_out(self, last: int) -> int:
+        """Bytes a stage ending before layer ``last`` sends per micro-batch."""
+        return self.profile.layers[last - 1].output_activation_bytes_per_sample * self.micro_batch_size
+
+    def memory(self, first: int, last: int, held_micro_batches: int) -> StageMemory:
+        params = self.parameter_bytes(first, last)
+        acts = self._act[last] - self._act[first]
+        return StageMemory(
+            parameters=round(params),
+            gradients=round(params * self.profile.gradient_bytes_per_parameter_byte),
+            optimizer=round(params * self.profile.optimizer_bytes_per_parameter_byte),
+            activations=round(acts * held_micro_batches * self.micro_batch_size),
+        )
+
+    def memory_total(self, first: int, last: int, held_micro_batches: int) -> float:
+        memory = self._memory_prefix(held_micro_batches)
+        return memory[last] - memory[first]
+
+    @cached_property
+    def range_costs(self) -> list[float]:
+        """Every contiguous range's compute time, sorted: the bottleneck of an optimal split is one."""
+        n = self.num_layers
+        return sorted(self.compute_seconds(i, j) for i in range(n) for j in range(i + 1, n + 1))
+
+    def balanced_partition(
+        self, stages: int, schedule: Schedule, micro_batches: int, memory_limit: float
+    ) -> Partition | None:
+        """Contiguous split into ``stages`` stages minimising the slowest stage, each within memory.
+
+        ``None`` when no split fits in memory. Exact: the optimal bottleneck is one of the range sums,
+        found by binary search with a greedy feasibility check (greedy maximal packing is optimal
+        because a stage's cost and memory only grow as it takes more layers).
+        """
+        unconstrained = self._time_balanced(stages)
+        if self._fits(unconstrained, schedule, micro_batches, memory_limit):
+            return unconstrained
+        return self._search(stages, schedule, micro_batches, memory_limit)
+
+    def _fits(self, partition: Partition, schedule: Schedule, micro_batches: int, memory_limit: float) -> bool:
+        stages = len(partition.stage_layers)
+        return all(
+            self.memory_total(a, b, in_flight(schedule, s, stages, micro_batches)) <= memory_limit
+            for s, (a, b) in enumerate(partition.stage_layers)
+        )
+
+    def _time_balanced(self, stages: int) -> Partition:
+        if stages not in self._unconstrained:
+            found = self._search(stages, "gpipe", 1, float("inf"))
+            assert found is not None
+            self._unconstrained[stages] = found
+        return self._unconstrained[stages]
+
+    def _search(self, stages: int, schedule: Schedule, micro_batches: int, memory_limit: float) -> Partition | None:
+        if not self._greedy(stages, schedule, micro_batches, memory_limit, float("inf")):
+            return None
+        candidates = self.range_costs
+        lo = bisect.bisect_left(candidates, max(self.compute_seconds(i, i + 1) for i in range(self.num_layers)))
+        hi = len(candidates) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._greedy(stages, schedule, micro_batches, memory_limit, candidates[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        bounds = self._greedy(stages, schedule, micro_batches, memory_limit, candidates[lo])
+        assert bounds is not None
+        bounds = self._split_to(bounds, stages)
+        ranges = tuple(itertools.pairwise(bounds))
+        return Partition(ranges, max(self.compute_seconds(a, b) for a, b in ranges))
+
+    def _greedy(
+        self, stages: int, schedule: Schedule, micro_batches: int, memory_limit: float, limit: float
+    ) -> list[int] | None:
+        """Stage boundaries packing each stage as far as ``limit`` seconds and memory allow."""
+        n = self.num_layers
+        bounds = [0]
+        first = 0
+        while first < n:
+            stage = len(bounds) - 1
+            if stage >= stages:
+                return None
+            held = in_flight(schedule, stage, stages, micro_batches)
+            memory = self._memory_prefix(held)
+            last = min(
+                self._furthest(self._compute, first, limit),
+                self._furthest(memory, first, memory_limit),
+            )
+            if last == first:
+                return None
+            bounds.append(last)
+            first = last
+        return bounds
+
+    def _furthest(self, prefix: list[float], first: int, limit: float) -> int:
+        """Largest ``last`` with ``prefix[last] - prefix[first] <= limit`` (prefix is non-decreasing)."""
+        last = bisect.bisect_right(prefix, prefix[first] + limit) - 1
+        while last > first and prefix[last] - prefix[first] > limit:
+            last -= 1
+        while last + 1 < len(prefix) and prefix[last + 1] - prefix[first] <= limit:
+            last += 1
+        return last
+
+    def _memory_prefix(self, held: int) -> list[float]:
+        if held not in self._memory_prefixes:
+            scale = held * self.micro_batch_size
+            self._memory_prefixes[held] = [
+                p * self.state_factor + a * scale for p, a in zip(self._params, self._act, strict=True)
+            ]
+        return self._memory_prefixes[held]
+
+    def _split_to(self, bounds: list[int], stages: int) -> list[int]:
+        """Split the costliest multi-layer stages until there are ``stages`` (never raises a bottleneck)."""
+        bounds = list(bounds)
+        while len(bounds) - 1 < stages:
+            best, index = -1.0, -1
+            for k in range(len(bounds) - 1):
+                a, b = bounds[k], bounds[k + 1]
+                if b - a >= 2 and self.compute_seconds(a, b) > best:
+                    best, index = self.compute_seconds(a, b), k
+            a, b = bounds[index], bounds[index + 1]
+            cut = min(range(a + 1, b), key=lambda c: max(self.compute_seconds(a, c), self.compute_seconds(c, b)))
+            bounds.insert(index + 1, cut)
+        return bounds
+
+
+def _prefix(values: list[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out

@@ -1,0 +1,1 @@
+"""The gRPC contract: .proto sources and generated stubs (built with the controller issue)."""

@@ -1,0 +1,1 @@
+"""The ``spotmorph`` command: a composition root that mounts each component's subcommands."""

@@ -1,0 +1,59 @@
+"""Entry point of the ``spotmorph`` command.
+
+Each subcommand lives in a module with ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
+imported when the parser is built, so they keep heavy imports (torch, grpc) inside ``run``: ``spotmorph
+plan`` must not pay for torch. :class:`morphing.errors.UserInputError` becomes one line on stderr
+and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from morphing.errors import UserInputError
+
+# (name, module, one-line help); order is the order of `spotmorph --help`.
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("plan", "spotmorph.commands.plan", "best layout for N GPUs from a calibration profile (what-if)"),
+    ("demo", "spotmorph.commands.demo", "the main demo"),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+    parser = _Parser(prog="spotmorph", description="Elastic pipeline-parallel training on spot VMs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    modules: dict[str, ModuleType] = {}
+    for name, module_name, help_text in COMMANDS:
+        module = importlib.import_module(module_name)
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command_parser)
+        modules[name] = module
+    return parser, modules
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = modules[args.command].run(args)
+    except UserInputError as exc:
+        print(f"spotmorph {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of ``spotmorph`` that belong to no single component."""

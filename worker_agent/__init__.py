@@ -1,0 +1,1 @@
+"""The per-VM worker agent and the training runtime it launches."""

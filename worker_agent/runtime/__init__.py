@@ -1,0 +1,1 @@
+"""The training process: torch.distributed + torch.distributed.pipelining, checkpoints, calibration."""

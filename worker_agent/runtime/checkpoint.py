@@ -1,0 +1,291 @@
+"""Per-layer checkpoints that load into any layout.
+
+``DIR/step-NNNNNNNN/`` holds one file per layer (``LAYER.pt``: the tensors the layer owns, keyed by
+stable parameter name, and their optimizer state) and ``manifest.json`` (step, data cursor, job hash,
+writer layout, file list with sizes and SHA-256). Each rank writes the layers it was given, then an
+atomic part file listing them; rank 0 waits for every part and writes the manifest last, atomically
+(temp file, fsync, rename). A directory without a valid manifest is not a checkpoint. No collective is
+involved, so writes can run in a background thread while training goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from morphing.errors import UserInputError
+
+MANIFEST = "manifest.json"
+FORMAT = "spotmorph.checkpoint/v1"
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+LayerPayload = dict[str, Any]
+
+
+class CheckpointError(Exception):
+    """A checkpoint that must not be loaded; the message says what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+    def file_of_tensor(self) -> dict[str, str]:
+        return {name: f["path"] for f in self.manifest["files"] for name in f["tensors"]}
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temp file, fsync it, rename it over ``path`` and fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def serialise(payload: LayerPayload) -> bytes:
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return buf.getvalue()
+
+
+def verify(path: Path, job_hash: str | None = None) -> Checkpoint:
+    """The checkpoint at ``path`` if its manifest and every file check out; else :class:`CheckpointError`."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path.name}: no {MANIFEST} (incomplete write)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("format") != FORMAT:
+            raise CheckpointError(f"{path.name}: unknown format {manifest.get('format')!r}")
+        files = manifest["files"]
+        int(manifest["step"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path.name}: unreadable manifest ({exc})") from exc
+    if job_hash is not None and manifest.get("job_hash") != job_hash:
+        raise UserInputError(
+            f"checkpoint {path} belongs to another job (entrypoint, global batch, seed or dtype differ: "
+            f"{manifest.get('job')}); use another --checkpoint-dir"
+        )
+    for entry in files:
+        _read_verified(path, entry)
+    return Checkpoint(path, manifest)
+
+
+def _read_verified(path: Path, entry: dict[str, Any]) -> bytes:
+    file_path = path / entry["path"]
+    try:
+        data = file_path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path.name}/{entry['path']}: {exc.strerror}") from exc
+    if len(data) != entry["bytes"]:
+        raise CheckpointError(f"{path.name}/{entry['path']}: {len(data)} bytes, manifest says {entry['bytes']}")
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointError(f"{path.name}/{entry['path']}: SHA-256 does not match the manifest")
+    return data
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step-*`` directory, newest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def newest_valid(
+    root: Path, job_hash: str | None = None, warn: Callable[[str], None] | None = None
+) -> Checkpoint | None:
+    """The newest checkpoint under ``root`` that verifies; damaged ones are skipped and reported."""
+    for _, path in step_dirs(root):
+        try:
+            return verify(path, job_hash)
+        except CheckpointError as exc:
+            if warn is not None:
+                warn(f"skipping damaged checkpoint {exc}; falling back to the previous one")
+    return None
+
+
+def resolve(path: Path, job_hash: str | None = None, warn: Callable[[str], None] | None = None) -> Checkpoint:
+    """``path`` as one checkpoint (it has a manifest or is a ``step-*`` dir) or as a checkpoint root."""
+    if (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
+        try:
+            return verify(path, job_hash)
+        except CheckpointError as exc:
+            raise UserInputError(f"checkpoint {path} is damaged: {exc}") from exc
+    if not path.is_dir():
+        raise UserInputError(f"{path} is not a directory")
+    found = newest_valid(path, job_hash, warn)
+    if found is None:
+        raise UserInputError(f"{path} holds no valid checkpoint")
+    return found
+
+
+def load_tensors(ckpt: Checkpoint, names: set[str]) -> dict[str, LayerPayload]:
+    """The layer payloads (by file) that hold ``names``, each file verified against the manifest."""
+    where = ckpt.file_of_tensor()
+    missing = sorted(n for n in names if n not in where)
+    if missing:
+        raise UserInputError(
+            f"checkpoint {ckpt.path} has no tensors {missing[:5]}: it was written for a different model"
+        )
+    out: dict[str, LayerPayload] = {}
+    for entry in ckpt.manifest["files"]:
+        if entry["path"] in {where[n] for n in names}:
+            data = _read_verified(ckpt.path, entry)
+            out[entry["path"]] = torch.load(io.BytesIO(data), weights_only=True)
+    return out
+
+
+def read_all(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint, flattened: ``param/NAME`` and ``optim/NAME/KEY``."""
+    flat: dict[str, torch.Tensor] = {}
+    for entry in ckpt.manifest["files"]:
+        payload = torch.load(io.BytesIO(_read_verified(ckpt.path, entry)), weights_only=True)
+        for name, tensor in payload["tensors"].items():
+            flat[f"param/{name}"] = tensor
+        for name, state in payload["optimizer"].items():
+            for key, value in state.items():
+                flat[f"optim/{name}/{key}"] = torch.as_tensor(value)
+    return flat
+
+
+class CheckpointWriter:
+    """Writes this rank's share of each checkpoint; rank 0 also commits the manifest and prunes."""
+
+    def __init__(
+        self, root: Path, rank: int, world_size: int, run_id: str, keep: int, background: bool, timeout: float
+    ) -> None:
+        self.root = root
+        self.rank = rank
+        self.world_size = world_size
+        self.run_id = run_id
+        self.keep = keep
+        self.background = background
+        self.timeout = timeout
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_committed: int | None = None
+        self.bytes_written = 0
+        self.seconds_writing = 0.0
+
+    def save(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
+        """Write ``payloads`` (already copied off the live tensors); ``manifest`` only on rank 0."""
+        self.wait()
+        if self.background:
+            self._thread = threading.Thread(
+                target=self._guarded, args=(step, payloads, manifest), name="checkpoint-writer", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._write(step, payloads, manifest)
+
+    def wait(self) -> None:
+        """Block until the previous write is done; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _guarded(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
+        try:
+            self._write(step, payloads, manifest)
+        except BaseException as exc:
+            self._error = exc
+
+    def _write(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
+        started = time.perf_counter()
+        directory = step_dir(self.root, step)
+        parts = directory / ".parts"
+        parts.mkdir(parents=True, exist_ok=True)
+        entries = []
+        for layer, payload in payloads.items():
+            data = serialise(payload)
+            path = directory / f"{layer}.pt"
+            atomic_write(path, data)
+            self.bytes_written += len(data)
+            entries.append(
+                {
+                    "path": path.name,
+                    "layer": layer,
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "tensors": sorted(payload["tensors"]),
+                    "writer_rank": self.rank,
+                }
+            )
+        atomic_write(parts / f"{self.run_id}-rank-{self.rank}.json", json.dumps(entries).encode())
+        if manifest is not None:
+            self._commit(step, directory, parts, manifest)
+        self.seconds_writing += time.perf_counter() - started
+
+    def _commit(self, step: int, directory: Path, parts: Path, manifest: dict[str, Any]) -> None:
+        deadline = time.monotonic() + self.timeout
+        names = [parts / f"{self.run_id}-rank-{r}.json" for r in range(self.world_size)]
+        while not all(p.exists() for p in names):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint step {step}: not every rank wrote its part in {self.timeout}s")
+            time.sleep(0.02)
+        files = sorted((e for p in names for e in json.loads(p.read_text())), key=lambda e: e["path"])
+        body = {"format": FORMAT, **manifest, "step": step, "files": files, "committed_at": time.time()}
+        atomic_write(directory / MANIFEST, json.dumps(body, indent=1, sort_keys=True).encode())
+        shutil.rmtree(parts, ignore_errors=True)
+        self.last_committed = step
+        self._prune(step)
+
+    def _prune(self, committed: int) -> None:
+        valid = 0
+        for step, path in step_dirs(self.root):
+            if step > committed:
+                continue
+            if (path / MANIFEST).exists() and valid < self.keep:
+                valid += 1
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def check_same_job(root: Path, job_hash: str) -> None:
+    """Refuse a checkpoint directory that holds another job's checkpoints (before anything is written)."""
+    for _, path in step_dirs(root):
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("job_hash") != job_hash:
+            raise UserInputError(
+                f"checkpoint {path} belongs to another job ({manifest.get('job')}); "
+                "use another --checkpoint-dir or the same entrypoint, global batch, seed and dtype"
+            )

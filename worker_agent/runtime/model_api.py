@@ -1,0 +1,192 @@
+"""The user model API: what an entrypoint returns, how it is loaded, and layout-free dropout.
+
+A job names an entrypoint (``path/to/file.py:function`` or ``package.module:function``); calling it
+returns a :class:`ModelSpec`. Layers are named so that parameter names (``layer.param``) do not depend
+on where the pipeline is cut; that is what makes checkpoints load into any layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from morphing.errors import UserInputError
+
+OptimizerFactory = Callable[[list[tuple[str, nn.Parameter]]], torch.optim.Optimizer]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Dataset(Protocol):
+    """Indexable samples: ``dataset[i]`` is ``(input, target)``, both tensors of fixed shape."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the runtime needs from a user model.
+
+    ``layers`` are applied in order, each taking one tensor and returning one tensor. ``loss`` maps the
+    last layer's output and the targets of a micro-batch to one loss per sample (shape ``[batch]``);
+    the runtime weights and normalises it by the global batch. Tied weights are expressed by sharing
+    one ``nn.Parameter`` object between layers; the runtime keeps copies on the stages that hold them
+    and sums their gradients. ``lr_schedule(step)`` gives the learning rate of step ``step`` (from 0);
+    a param group's ``lr_scale`` (default 1) multiplies it.
+    """
+
+    layers: Sequence[tuple[str, nn.Module]]
+    loss: LossFn
+    dataset: Dataset
+    optimizer: OptimizerFactory
+    lr_schedule: Callable[[int], float]
+    clip_grad_norm: float | None = None
+    name: str = "model"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_entrypoint(entrypoint: str) -> Callable[[], Any]:
+    """The function an entrypoint names; a :class:`UserInputError` says what is wrong with it."""
+    target, sep, func_name = entrypoint.rpartition(":")
+    if not sep or not target or not func_name:
+        raise UserInputError(
+            f"entrypoint {entrypoint!r} must look like path/to/file.py:function or package.module:function"
+        )
+    if target.endswith(".py") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise UserInputError(f"entrypoint file {target} does not exist")
+        module_name = "spotmorph_user_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise UserInputError(f"entrypoint file {target} cannot be imported as Python")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise UserInputError(f"importing {target} failed: {exc!r}") from exc
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise UserInputError(f"entrypoint module {target} cannot be imported: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise UserInputError(f"entrypoint {entrypoint!r}: {target} has no function {func_name!r}")
+    return func  # type: ignore[no-any-return]
+
+
+def build_spec(entrypoint: str, seed: int) -> ModelSpec:
+    """Call the entrypoint under ``torch.manual_seed(seed)`` so every rank builds identical weights."""
+    func = load_entrypoint(entrypoint)
+    torch.manual_seed(seed)
+    try:
+        spec = func()
+    except UserInputError:
+        raise
+    except Exception as exc:
+        raise UserInputError(f"entrypoint {entrypoint!r} raised {exc!r}") from exc
+    return validate_spec(spec, entrypoint)
+
+
+def validate_spec(spec: object, entrypoint: str) -> ModelSpec:
+    if not isinstance(spec, ModelSpec):
+        raise UserInputError(
+            f"entrypoint {entrypoint!r} returned {type(spec).__name__}, expected "
+            "worker_agent.runtime.model_api.ModelSpec (see docs/runtime.md)"
+        )
+    names = [name for name, _ in spec.layers]
+    if not names:
+        raise UserInputError(f"entrypoint {entrypoint!r}: the model spec lists no layers")
+    if len(set(names)) != len(names):
+        raise UserInputError(f"entrypoint {entrypoint!r}: layer names must be unique, got {names}")
+    for name, module in spec.layers:
+        if not isinstance(module, nn.Module):
+            raise UserInputError(f"entrypoint {entrypoint!r}: layer {name!r} is not a torch.nn.Module")
+        if not name or "." in name or "/" in name:
+            raise UserInputError(f"entrypoint {entrypoint!r}: layer name {name!r} must be non-empty, no . or /")
+    for attr in ("loss", "optimizer", "lr_schedule"):
+        if not callable(getattr(spec, attr)):
+            raise UserInputError(f"entrypoint {entrypoint!r}: spec.{attr} must be callable")
+    try:
+        size = len(spec.dataset)
+    except TypeError as exc:
+        raise UserInputError(f"entrypoint {entrypoint!r}: spec.dataset has no len()") from exc
+    if size <= 0:
+        raise UserInputError(f"entrypoint {entrypoint!r}: the dataset is empty")
+    return spec
+
+
+@dataclass(frozen=True)
+class _DropoutContext:
+    seed: int
+    step: int
+    sample_ids: torch.Tensor
+
+
+_context: list[_DropoutContext] = []
+
+
+@contextlib.contextmanager
+def sample_context(seed: int, step: int, sample_ids: torch.Tensor) -> Iterator[None]:
+    """Tell :class:`Dropout` which samples (global indices) the current micro-batch holds."""
+    _context.append(_DropoutContext(seed, step, sample_ids))
+    try:
+        yield
+    finally:
+        _context.pop()
+
+
+class Dropout(nn.Module):
+    """Dropout whose mask is a function of (seed, step, sample index, layer key), not of the process.
+
+    The runtime sets ``key`` from the layer's stable name. Outside a runtime step (or in eval mode) it
+    is the identity when not training and falls back to ``torch.nn.functional.dropout`` otherwise.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+        self.key = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if not _context:
+            return nn.functional.dropout(x, self.p, True)
+        ctx = _context[-1]
+        masks = []
+        for sample in ctx.sample_ids.tolist():
+            gen = torch.Generator().manual_seed(_mix(ctx.seed, ctx.step, int(sample), self.key))
+            masks.append(torch.rand(x.shape[1:], generator=gen, dtype=torch.float64) >= self.p)
+        mask = torch.stack(masks).to(x.dtype)
+        return x * mask / (1.0 - self.p)
+
+
+def _mix(*values: int) -> int:
+    digest = hashlib.blake2b(repr(values).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def assign_dropout_keys(layers: Sequence[tuple[str, nn.Module]]) -> None:
+    """Give every :class:`Dropout` a key derived from its stable name."""
+    for layer_name, module in layers:
+        for sub_name, sub in module.named_modules():
+            if isinstance(sub, Dropout):
+                sub.key = _mix(hash_name(f"{layer_name}.{sub_name}"))
+
+
+def hash_name(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") >> 1

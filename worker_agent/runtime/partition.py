@@ -1,0 +1,93 @@
+"""A model spec cut into pipeline stages, with tied parameters resolved to one canonical name.
+
+Every rank builds the whole model from the same seed and keeps its stage's layers, so initial weights
+do not depend on the layout. A parameter shared by several layers (tied embedding and head) is known
+by the first name it appears under; a stage that holds any of its aliases holds a copy, and the copies
+stay equal because their gradients are summed over all holders before the (identical) update.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from torch import nn
+
+from morphing.errors import UserInputError
+from morphing.layout import Layout
+from worker_agent.runtime.model_api import ModelSpec
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One logical parameter: its canonical name, the layers that use it, and its layer of record."""
+
+    name: str
+    layers: tuple[int, ...]
+
+    @property
+    def owner_layer(self) -> int:
+        return self.layers[0]
+
+
+class PartitionedModel:
+    """Named parameters of a spec and the stage view of a layout."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.layer_names = [name for name, _ in spec.layers]
+        self.modules = [module for _, module in spec.layers]
+        infos: dict[int, tuple[str, list[int], nn.Parameter]] = {}
+        for index, module in enumerate(self.modules):
+            for pname, param in module.named_parameters(remove_duplicate=False):
+                full = f"{self.layer_names[index]}.{pname}"
+                if id(param) not in infos:
+                    infos[id(param)] = (full, [index], param)
+                elif index not in infos[id(param)][1]:
+                    infos[id(param)][1].append(index)
+        self.params: dict[str, ParamInfo] = {}
+        self.tensors: dict[str, nn.Parameter] = {}
+        for full, layers, param in infos.values():
+            self.params[full] = ParamInfo(full, tuple(layers))
+            self.tensors[full] = param
+
+    def check_layout(self, layout: Layout) -> None:
+        if layout.num_layers != len(self.layer_names):
+            raise UserInputError(
+                f"the layout partitions {layout.num_layers} layers but the model has "
+                f"{len(self.layer_names)} ({', '.join(self.layer_names)}); use at most "
+                f"{len(self.layer_names)} stages"
+            )
+
+    def stage_module(self, layout: Layout, stage: int) -> nn.Sequential:
+        first, last = layout.stage_layers[stage]
+        return nn.Sequential(OrderedDict((self.layer_names[i], self.modules[i]) for i in range(first, last)))
+
+    def stage_params(self, layout: Layout, stage: int) -> list[tuple[str, nn.Parameter]]:
+        """Parameters a stage holds (each once, under its canonical name), in model order."""
+        first, last = layout.stage_layers[stage]
+        return [
+            (name, self.tensors[name])
+            for name, info in self.params.items()
+            if any(first <= i < last for i in info.layers)
+        ]
+
+    def holder_stages(self, layout: Layout, name: str) -> tuple[int, ...]:
+        return tuple(sorted({layout.stage_of_layer(i) for i in self.params[name].layers}))
+
+    def owned_by_stage(self, layout: Layout, name: str, stage: int) -> bool:
+        """Whether ``stage`` is the stage of record for ``name`` (counts it in norms, writes it)."""
+        return layout.stage_of_layer(self.params[name].owner_layer) == stage
+
+    def tied_across_stages(self, layout: Layout) -> list[tuple[str, tuple[int, ...]]]:
+        """Parameters held by more than one stage of ``layout``, with those stages, in a fixed order."""
+        out = []
+        for name in sorted(self.params):
+            holders = self.holder_stages(layout, name)
+            if len(holders) > 1:
+                out.append((name, holders))
+        return out
+
+    def layer_params(self, layer: int) -> list[str]:
+        """Parameters whose layer of record is ``layer``."""
+        return [name for name, info in self.params.items() if info.owner_layer == layer]

@@ -1,0 +1,261 @@
+"""The trainer process: one rank of a layout, started by ``spotmorph train`` or by a worker agent.
+
+``python -m worker_agent.runtime.trainer --job job.json --layout layout.json --rank R
+--rendezvous HOST:PORT --generation G --checkpoint-dir DIR [--control-dir DIR] [--progress FILE]
+[--host-store]``. The generation prefixes every rendezvous key, so a trainer of generation g never
+meets one of g+1. Exit codes: 0 finished or stopped after a checkpoint, 2 bad input, 1 anything else
+(a dead peer shows up as a process-group timeout or a closed connection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from morphing.errors import UserInputError
+from morphing.layout import Layout
+
+STOP_FILE = "stop"
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    job_path: Path
+    layout_path: Path
+    rank: int
+    host: str
+    port: int
+    generation: int
+    checkpoint_dir: Path
+    control_dir: Path | None
+    progress_path: Path | None
+    host_store: bool
+
+
+def parse_args(argv: list[str] | None) -> TrainerConfig:
+    parser = argparse.ArgumentParser(prog="python -m worker_agent.runtime.trainer")
+    parser.add_argument("--job", required=True, type=Path, help="job spec JSON (JobSpec.to_dict)")
+    parser.add_argument("--layout", required=True, type=Path, help="layout JSON (Layout.to_dict)")
+    parser.add_argument("--rank", required=True, type=int)
+    parser.add_argument("--rendezvous", required=True, help="HOST:PORT of the TCPStore")
+    parser.add_argument("--generation", type=int, default=0, help="fencing token; namespaces the store")
+    parser.add_argument("--checkpoint-dir", required=True, type=Path)
+    parser.add_argument("--control-dir", type=Path, help="a file named 'stop' here asks for a graceful stop")
+    parser.add_argument("--progress", type=Path, help="append JSON lines (step, loss, ...) to this file")
+    parser.add_argument("--host-store", action="store_true", help="this process hosts the TCPStore")
+    args = parser.parse_args(argv)
+    host, _, port = str(args.rendezvous).rpartition(":")
+    return TrainerConfig(
+        args.job,
+        args.layout,
+        args.rank,
+        host or "127.0.0.1",
+        int(port),
+        args.generation,
+        args.checkpoint_dir,
+        args.control_dir,
+        args.progress,
+        args.host_store,
+    )
+
+
+class Progress:
+    """JSON lines for the agent: one object per event, flushed at once."""
+
+    def __init__(self, path: Path | None, rank: int, generation: int) -> None:
+        self.rank = rank
+        self.generation = generation
+        self._fh = open(path, "a", buffering=1) if path is not None else None  # noqa: SIM115
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self._fh is None:
+            return
+        record = {
+            "event": event,
+            "rank": self.rank,
+            "generation": self.generation,
+            "pid": os.getpid(),
+            "time": time.time(),
+        }
+        self._fh.write(json.dumps({**record, **fields}) + "\n")
+        self._fh.flush()
+
+
+class StopRequest:
+    """Set by SIGTERM / SIGINT or by the control file; agreed on in-band by all ranks."""
+
+    def __init__(self, control_dir: Path | None) -> None:
+        self.control_dir = control_dir
+        self.signalled = False
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signalled = True
+
+    def requested(self) -> bool:
+        return self.signalled or (self.control_dir is not None and (self.control_dir / STOP_FILE).exists())
+
+
+def _rendezvous(cfg: TrainerConfig, world_size: int, timeout: float) -> None:
+    """Join the generation's namespace of the store, wait for all ranks, then start gloo."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        cfg.host,
+        cfg.port,
+        None,
+        cfg.host_store,
+        timedelta(seconds=max(60.0, timeout)),
+        wait_for_workers=False,
+    )
+    scoped = dist.PrefixStore(f"spotmorph/gen-{cfg.generation}/", store)
+    scoped.add("arrived", 1)
+    deadline = time.monotonic() + max(120.0, timeout)
+    while int(scoped.add("arrived", 0)) < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rendezvous: not all {world_size} ranks arrived")
+        time.sleep(0.05)
+    dist.init_process_group(
+        "gloo", store=scoped, rank=cfg.rank, world_size=world_size, timeout=timedelta(seconds=timeout)
+    )
+
+
+def train(cfg: TrainerConfig, progress: Progress) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from worker_agent.runtime import checkpoint as ckpt_mod
+    from worker_agent.runtime.engine import StageRunner, make_groups, module_for_dtype
+    from worker_agent.runtime.job import JobSpec, data_cursor
+    from worker_agent.runtime.model_api import assign_dropout_keys, build_spec
+    from worker_agent.runtime.partition import PartitionedModel
+
+    job = JobSpec.load(cfg.job_path)
+    try:
+        layout = Layout.from_dict(json.loads(cfg.layout_path.read_text()))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserInputError(f"cannot read layout {cfg.layout_path}: {exc}") from exc
+    if layout.global_batch != job.global_batch:
+        raise UserInputError(f"layout global_batch={layout.global_batch} but job has {job.global_batch}")
+    if not 0 <= cfg.rank < layout.world_size:
+        raise UserInputError(f"rank {cfg.rank} is outside the layout's {layout.world_size} ranks")
+    torch.set_num_threads(1)
+    spec = build_spec(job.entrypoint, job.seed)
+    model = PartitionedModel(spec)
+    model.check_layout(layout)
+    module_for_dtype(model, job.torch_dtype)
+    assign_dropout_keys(spec.layers)
+    stop = StopRequest(cfg.control_dir)
+    _rendezvous(cfg, layout.world_size, job.timeout_seconds)
+    progress.emit("started", layout=layout.describe())
+
+    choice: list[Any] = [None, None, uuid.uuid4().hex[:12]]
+    if cfg.rank == 0:
+        try:
+            found = ckpt_mod.newest_valid(cfg.checkpoint_dir, job.identity_hash(), _warn)
+            choice[0] = str(found.path) if found else None
+        except UserInputError as exc:
+            choice[1] = str(exc)
+    dist.broadcast_object_list(choice, src=0)
+    if choice[1]:
+        raise UserInputError(choice[1])
+    groups = make_groups(layout, model, cfg.rank)
+    runner = StageRunner(job, layout, cfg.rank, model, groups)
+    step = 0
+    if choice[0]:
+        # Rank 0 verified every file; each rank re-verifies the files it reads.
+        path = Path(choice[0])
+        loaded = ckpt_mod.Checkpoint(path, json.loads((path / ckpt_mod.MANIFEST).read_text()))
+        runner.load(loaded)
+        step = loaded.step
+        if cfg.rank == 0:
+            print(f"spotmorph trainer: resuming from {loaded.path} (step {step})", file=sys.stderr)
+    loaded_step = step
+    writer = ckpt_mod.CheckpointWriter(
+        cfg.checkpoint_dir,
+        cfg.rank,
+        layout.world_size,
+        choice[2],
+        job.keep,
+        job.background_checkpoint,
+        timeout=max(60.0, 3 * job.timeout_seconds),
+    )
+    last_time = time.perf_counter()
+    loss_share = 0.0
+    while True:
+        flags = torch.tensor([1.0 if stop.requested() else 0.0, loss_share], dtype=torch.float64)
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        stopping = bool(flags[0] > 0)
+        now = time.perf_counter()
+        if step > loaded_step:
+            progress.emit(
+                "step",
+                step=step,
+                loss=float(flags[1]),
+                step_seconds=now - last_time,
+                samples_per_second=job.global_batch / (now - last_time),
+                last_checkpoint=writer.last_committed,
+            )
+        finishing = stopping or step >= job.steps
+        due = finishing or (job.checkpoint_every > 0 and step % job.checkpoint_every == 0)
+        if due and step > loaded_step:
+            manifest = None
+            if cfg.rank == 0:
+                manifest = {
+                    "data_cursor": data_cursor(step, job.global_batch, len(spec.dataset)),
+                    "job_hash": job.identity_hash(),
+                    "job": job.identity(),
+                    "layout": layout.to_dict(),
+                    "generation": cfg.generation,
+                    "layer_names": model.layer_names,
+                }
+            writer.save(step, runner.payloads(), manifest)
+            if finishing:
+                writer.wait()
+                progress.emit("checkpoint", step=step, last_checkpoint=writer.last_committed)
+        if finishing:
+            progress.emit("stopped" if stopping else "finished", step=step, last_checkpoint=writer.last_committed)
+            return 0
+        last_time = time.perf_counter()
+        loss_share = runner.run_step(step)
+        step += 1
+
+
+def _warn(message: str) -> None:
+    print(f"spotmorph trainer: warning: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    progress = Progress(cfg.progress_path, cfg.rank, cfg.generation)
+    try:
+        code = train(cfg, progress)
+    except UserInputError as exc:
+        print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
+        progress.emit("error", kind="input", message=str(exc))
+        code = 2
+    except BaseException as exc:
+        traceback.print_exc()
+        print(f"spotmorph trainer (rank {cfg.rank}): aborting: {exc!r}", file=sys.stderr, flush=True)
+        progress.emit("error", kind="abort", message=repr(exc))
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No destructors: a process group whose peer died can hang in teardown.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
