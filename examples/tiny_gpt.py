@@ -41,6 +41,7 @@ class Embedding(nn.Module):
     def __init__(self, vocab: int, d_model: int, seq_len: int, dropout: float) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
+        nn.init.normal_(self.tok.weight, std=0.1)
         self.pos = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
         self.drop = Dropout(dropout)
 

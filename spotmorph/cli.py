@@ -20,6 +20,9 @@ from morphing.errors import UserInputError
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("plan", "spotmorph.commands.plan", "best layout for N GPUs from a calibration profile (what-if)"),
     ("demo", "spotmorph.commands.demo", "the main demo"),
+    ("train", "worker_agent.commands.train", "run a job on this machine with P x D local processes"),
+    ("checkpoint", "worker_agent.commands.checkpoint", "verify or compare checkpoints"),
+    ("profile", "worker_agent.commands.profile", "calibrate a model: per-layer times and memory"),
 )
 
 

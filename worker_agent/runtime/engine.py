@@ -88,9 +88,7 @@ class _Stage(PipelineStage):
 
 
 class StageRunner:
-    def __init__(
-        self, job: JobSpec, layout: Layout, rank: int, model: PartitionedModel, groups: Groups
-    ) -> None:
+    def __init__(self, job: JobSpec, layout: Layout, rank: int, model: PartitionedModel, groups: Groups) -> None:
         self.job = job
         self.layout = layout
         self.rank = rank
@@ -152,7 +150,7 @@ class StageRunner:
             group["lr"] = self.spec.lr_schedule(step) * group.get("lr_scale", 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(sum(float(x) for x in losses)) if self.is_last else 0.0
+        return float(sum(float(x.detach()) for x in losses)) if self.is_last else 0.0
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.job.torch_dtype) if tensor.is_floating_point() else tensor

@@ -1,0 +1,1 @@
+"""``spotmorph`` subcommands owned by the worker agent: train, profile, checkpoint (torch imported lazily)."""

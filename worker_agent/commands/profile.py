@@ -1,0 +1,38 @@
+"""``spotmorph profile ENTRYPOINT --micro-batch-sizes 1,2,4 --out profile.json``: calibrate a model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("entrypoint", help="path/to/file.py:function or package.module:function")
+    parser.add_argument("--micro-batch-sizes", default="1,2,4", help="comma-separated sizes to measure")
+    parser.add_argument("--out", type=Path, required=True, help="where to write the profile JSON")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per measurement")
+    parser.add_argument("--no-network", action="store_true", help="skip the loopback gloo measurements")
+
+
+def run(args: argparse.Namespace) -> int:
+    from worker_agent.runtime.profiler import ProfileRequest, write_profile
+
+    sizes = _parse_sizes(args.micro_batch_sizes)
+    request = ProfileRequest(args.entrypoint, sizes, args.dtype, args.seed, args.repeats, not args.no_network)
+    write_profile(request, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    from morphing.errors import UserInputError
+
+    try:
+        sizes = tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
+    except ValueError as exc:
+        raise UserInputError(f"--micro-batch-sizes {text!r}: use comma-separated integers like 1,2,4") from exc
+    if not sizes or sizes[0] < 1:
+        raise UserInputError(f"--micro-batch-sizes {text!r}: sizes must be >= 1")
+    return sizes

@@ -1,0 +1,71 @@
+"""``spotmorph train``: run a job on this machine with P x D local trainer processes.
+
+It resumes from the newest valid checkpoint in ``--checkpoint-dir``, trains until ``--steps`` and writes
+a checkpoint at the end; how a user tries a model before submitting it, and how tests run layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("entrypoint", help="path/to/file.py:function or package.module:function")
+    parser.add_argument("--stages", type=int, default=1, help="pipeline stages P (default 1)")
+    parser.add_argument("--replicas", type=int, default=1, help="data-parallel replicas D (default 1)")
+    parser.add_argument("--micro-batch-size", type=int, help="samples per micro-batch (default: ~2P per replica)")
+    parser.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step B")
+    parser.add_argument("--steps", type=int, required=True, help="train until this step")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps")
+    parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (default 3)")
+    parser.add_argument("--background-checkpoint", action="store_true", help="write checkpoints in a thread")
+    parser.add_argument("--timeout", type=float, default=20.0, help="collective timeout in seconds")
+    parser.add_argument("--run-dir", type=Path, help="job/layout files, progress-rank-R.jsonl, control/stop")
+    parser.add_argument("--log-every", type=int, default=10, help="print every N steps")
+
+
+def run(args: argparse.Namespace) -> int:
+    from morphing.errors import UserInputError
+    from morphing.layout import make_layout
+    from worker_agent.runtime.checkpoint import check_same_job
+    from worker_agent.runtime.job import JobSpec
+    from worker_agent.runtime.launcher import LocalRun, run_local
+    from worker_agent.runtime.model_api import build_spec
+
+    job = JobSpec(
+        entrypoint=args.entrypoint,
+        global_batch=args.global_batch,
+        seed=args.seed,
+        dtype=args.dtype,
+        steps=args.steps,
+        schedule=args.schedule,
+        checkpoint_every=args.checkpoint_every,
+        keep=args.keep,
+        background_checkpoint=args.background_checkpoint,
+        timeout_seconds=args.timeout,
+    )
+    spec = build_spec(job.entrypoint, job.seed)
+    if args.replicas < 1 or args.stages < 1:
+        raise UserInputError("--stages and --replicas must be >= 1")
+    per_replica = math.ceil(args.global_batch / args.replicas)
+    micro = args.micro_batch_size or max(1, math.ceil(per_replica / (2 * args.stages)))
+    layout = make_layout(
+        num_layers=len(spec.layers),
+        pipeline_stages=args.stages,
+        data_parallel=args.replicas,
+        micro_batch_size=micro,
+        global_batch=args.global_batch,
+    )
+    check_same_job(args.checkpoint_dir, job.identity_hash())
+    print(f"spotmorph train: {spec.name}, layout {layout.describe()}, B={job.global_batch}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="spotmorph-run-") as tmp:
+        run_dir = args.run_dir or Path(tmp)
+        return run_local(LocalRun(job, layout, args.checkpoint_dir, run_dir, log_every=args.log_every))
