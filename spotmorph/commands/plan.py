@@ -28,7 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_gpus(text: str) -> tuple[int, int]:
     """``"N"`` or ``"A-B"`` as an inclusive range; bad text is a :class:`UserInputError`."""
-    parts = text.strip().split("-")
+    text = text.strip()
+    if text.startswith("-") and text[1:].isdigit():
+        raise UserInputError(f"--gpus {text!r}: the GPU count must be >= 1")
+    parts = text.split("-")
     try:
         if len(parts) == 1:
             low = high = int(parts[0])

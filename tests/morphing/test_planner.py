@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from morphing.errors import UserInputError
+from morphing.layout import Layout, contiguous_placement, local_nodes
+from morphing.planner import Infeasible, Plan, Planner, throughput
+from morphing.profile import Profile, parse_profile
+from morphing.stages import GIB
+
+from .strategies import profiles, schedules
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT48 = parse_profile((ROOT / "examples" / "profiles" / "gpt48.json").read_text())
+
+
+def _exhaustive_best(planner: Planner, gpus: int, per_node: int) -> float:
+    """Every (P, m, D) with its balanced partition, evaluated one by one: the planner must match."""
+    nodes = local_nodes(gpus, per_node)
+    best = 0.0
+    for stages in range(1, min(planner.num_layers, gpus) + 1):
+        for m in planner.profile.micro_batch_sizes:
+            for replicas in range(1, min(gpus // stages, planner.global_batch) + 1):
+                micro_batches = -(-planner.global_batch // (replicas * m))
+                partition = planner._partition(stages, m, micro_batches)
+                if partition is None:
+                    continue
+                layout = Layout(
+                    stages,
+                    replicas,
+                    m,
+                    planner.global_batch,
+                    partition.stage_layers,
+                    contiguous_placement(stages * replicas, nodes),
+                )
+                best = max(best, throughput(planner.evaluate(layout)))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(profiles(max_layers=6), st.integers(1, 48), st.integers(1, 12), st.integers(1, 4), st.data())
+def test_planner_is_optimal_within_its_model(
+    profile: Profile, batch: int, gpus: int, per_node: int, data: st.DataObject
+) -> None:
+    planner = Planner(profile, batch, data.draw(schedules))
+    result = planner.plan_gpus(gpus, per_node)
+    best = _exhaustive_best(planner, gpus, per_node)
+    if best == 0.0:
+        assert isinstance(result, Infeasible)
+        assert result.reason.startswith("memory")
+    else:
+        assert isinstance(result, Plan)
+        assert result.samples_per_second == pytest.approx(best, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(profiles(max_layers=8), st.integers(1, 64), st.integers(2, 24), st.integers(1, 4))
+def test_throughput_never_falls_as_gpus_are_added(profile: Profile, batch: int, max_gpus: int, per_node: int) -> None:
+    planner = Planner(profile, batch)
+    table = planner.what_if(max_gpus, per_node)
+    rates = [throughput(r) for r in table]
+    assert all(later >= earlier for earlier, later in itertools.pairwise(rates))
+    fresh = Planner(profile, batch)
+    for gpus, result in enumerate(table, start=1):
+        alone = fresh.plan_gpus(gpus, per_node)
+        assert throughput(alone) == pytest.approx(throughput(result), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(profiles(max_layers=8, memory_gib=(0.2, 8.0)), st.integers(1, 64), st.integers(1, 16), st.data())
+def test_returned_plans_fit_in_memory_and_keep_the_batch(
+    profile: Profile, batch: int, gpus: int, data: st.DataObject
+) -> None:
+    schedule = data.draw(schedules)
+    result = Planner(profile, batch, schedule).plan_gpus(gpus, data.draw(st.integers(1, 4)))
+    if isinstance(result, Plan):
+        assert max(m.total for m in result.stage_memory) <= profile.cluster.gpu_memory_bytes + 8
+        assert sum(result.layout.samples_per_replica) == batch
+        assert result.gpus_used <= gpus
+        covered = [i for a, b in result.layout.stage_layers for i in range(a, b)]
+        assert covered == list(range(len(profile.layers)))
+        assert result.samples_per_second == pytest.approx(batch / result.predicted_step_seconds)
+
+
+def test_gpt48_needs_seven_stages_and_says_so() -> None:
+    planner = Planner(GPT48, 512)
+    too_few = planner.plan_gpus(6, 8)
+    assert isinstance(too_few, Infeasible)
+    assert "at least 7 stages" in too_few.reason
+    assert "--gpus >= 7" in too_few.reason
+    enough = planner.plan_gpus(7, 8)
+    assert isinstance(enough, Plan)
+    assert enough.layout.pipeline_stages == 7
+    assert any("P < 7 rejected: memory" in note for note in enough.notes)
+
+
+def test_a_layer_too_big_for_any_gpu_is_named() -> None:
+    result = Planner(GPT48, 8, gpu_memory_bytes=GIB).plan_gpus(64, 8)
+    assert isinstance(result, Infeasible)
+    assert "even one layer per stage does not fit" in result.reason
+
+
+def test_pipeline_stays_inside_a_node_when_it_can() -> None:
+    result = Planner(GPT48, 512).plan_gpus(16, 8)
+    assert isinstance(result, Plan)
+    layout = result.layout
+    if layout.pipeline_stages <= 8 and 8 % layout.pipeline_stages == 0:
+        for d in range(layout.data_parallel):
+            assert len({layout.placement[layout.rank(d, s)].node for s in range(layout.pipeline_stages)}) == 1
+
+
+def test_plan_dict_has_the_documented_fields() -> None:
+    result = Planner(GPT48, 100).plan_gpus(24, 8)
+    data = result.to_dict()
+    for key in (
+        "gpus",
+        "gpus_used",
+        "pipeline_stages",
+        "data_parallel",
+        "micro_batch_size",
+        "samples_per_replica",
+        "micro_batches_per_replica",
+        "stage_layers",
+        "predicted_step_seconds",
+        "samples_per_second",
+    ):
+        assert key in data
+    assert sum(data["samples_per_replica"]) == 100
+    assert len(data["stage_layers"]) == data["pipeline_stages"]
+    json.dumps(data)
+
+
+def test_planner_rejects_bad_numbers() -> None:
+    with pytest.raises(UserInputError, match="global batch 0"):
+        Planner(GPT48, 0)
+    with pytest.raises(UserInputError, match="schedule"):
+        Planner(GPT48, 8, "zigzag")  # type: ignore[arg-type]
+    with pytest.raises(UserInputError, match="--gpus 0"):
+        Planner(GPT48, 8).plan_gpus(0)
+
+
+def test_batch_smaller_than_gpus_caps_replicas() -> None:
+    result = Planner(GPT48, 3).plan_gpus(64, 8)
+    assert isinstance(result, Plan)
+    assert result.layout.data_parallel <= 3
+    assert sum(result.layout.samples_per_replica) == 3
