@@ -1,0 +1,1 @@
+"""Benchmarks: each module's ``run()`` measures and returns a markdown section for docs/benchmarks.md."""

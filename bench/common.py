@@ -1,0 +1,44 @@
+"""Shared helpers for benchmarks: timing real commands and describing the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def time_command(args: Sequence[str], repeats: int) -> list[float]:
+    """Wall seconds of ``repeats`` runs of a real command (a fresh Python each time)."""
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(args, cwd=ROOT, check=True, capture_output=True)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def spotmorph(*args: str) -> list[str]:
+    return [sys.executable, "-m", "spotmorph.cli", *args]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
