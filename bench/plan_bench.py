@@ -59,7 +59,8 @@ def run() -> str:
             f"| interpreter floor: `spotmorph --help` (median of 5) | {floor:.3f} | 1.00 | |",
             f"| `spotmorph plan --gpus 1024` end to end (median of 5) | {median(single):.3f} | "
             f"{median(single) / floor:.2f}x the floor | < 1 s |",
-            f"| `spotmorph plan --gpus 1-1024` what-if table | {table[0]:.3f} | {table[0] / floor:.2f}x the floor | < 30 s |",
+            f"| `spotmorph plan --gpus 1-1024` what-if table | {table[0]:.3f} | "
+            f"{table[0] / floor:.2f}x the floor | < 30 s |",
             f"| exhaustive search, 128 GPUs (baseline) | {full_s:.3f} | 1.00 | |",
             f"| shipped pruned search, 128 GPUs (same optimum) | {pruned_s:.3f} | {full_s / pruned_s:.0f}x faster | |",
             "",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, machine  # noqa: E402
+from bench.common import ROOT, machine
 
 BENCHMARKS = ("bench.plan_bench",)
 
