@@ -135,6 +135,11 @@ def build_config(
     )
 
 
+def build_tiny() -> ModelSpec:
+    """A test-sized variant: 2 blocks of width 16 on 8-token sequences (4 layers in all)."""
+    return build_config(d_model=16, blocks=2, seq_len=8, dataset_size=512, vocab=16)
+
+
 def build() -> ModelSpec:
     """The demo model: 4 blocks of width 32 on 16-token progressions over 32 symbols."""
     return build_config()

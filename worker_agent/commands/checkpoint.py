@@ -46,40 +46,13 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    import torch
-
     from worker_agent.runtime import checkpoint as ck
 
     a = ck.resolve(args.dir_a)
     b = ck.resolve(args.dir_b)
-    ta, tb = ck.read_all(a), ck.read_all(b)
-    missing = sorted(set(ta) ^ set(tb))
-    max_abs = max_rel = 0.0
-    compared = 0
-    worst = ""
-    for name in sorted(set(ta) & set(tb)):
-        x, y = ta[name].double(), tb[name].double()
-        if x.shape != y.shape:
-            missing.append(f"{name} (shape {list(x.shape)} vs {list(y.shape)})")
-            continue
-        compared += 1
-        diff = (x - y).abs()
-        abs_err = float(diff.max()) if diff.numel() else 0.0
-        norm = float(torch.linalg.vector_norm(x))
-        dnorm = float(torch.linalg.vector_norm(x - y))
-        rel = dnorm / norm if norm > 0 else (0.0 if dnorm == 0 else float("inf"))
-        max_abs = max(max_abs, abs_err)
-        if rel > max_rel:
-            max_rel, worst = rel, name
-    result = {
-        "step_a": a.step,
-        "step_b": b.step,
-        "max_abs": max_abs,
-        "max_rel": max_rel,
-        "tensors_compared": compared,
-        "missing": missing,
-        "worst": worst,
-    }
+    result = ck.diff(a, b)
+    compared, missing, worst = result["tensors_compared"], result["missing"], result["worst"]
+    max_abs, max_rel = result["max_abs"], result["max_rel"]
     if args.json:
         print(json.dumps(result))
     else:

@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (default 3)")
     parser.add_argument("--background-checkpoint", action="store_true", help="write checkpoints in a thread")
     parser.add_argument("--timeout", type=float, default=20.0, help="collective timeout in seconds")
+    parser.add_argument("--load-from", type=Path, help="start from this checkpoint instead of the newest")
     parser.add_argument("--run-dir", type=Path, help="job/layout files, progress-rank-R.jsonl, control/stop")
     parser.add_argument("--log-every", type=int, default=10, help="print every N steps")
 
@@ -65,7 +66,12 @@ def run(args: argparse.Namespace) -> int:
         global_batch=args.global_batch,
     )
     check_same_job(args.checkpoint_dir, job.identity_hash())
+    if args.load_from is not None:
+        from worker_agent.runtime.checkpoint import resolve
+
+        resolve(args.load_from, job.identity_hash())
     print(f"spotmorph train: {spec.name}, layout {layout.describe()}, B={job.global_batch}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="spotmorph-run-") as tmp:
         run_dir = args.run_dir or Path(tmp)
-        return run_local(LocalRun(job, layout, args.checkpoint_dir, run_dir, log_every=args.log_every))
+        local = LocalRun(job, layout, args.checkpoint_dir, run_dir, log_every=args.log_every, load_from=args.load_from)
+        return run_local(local)

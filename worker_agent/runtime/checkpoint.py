@@ -289,3 +289,34 @@ def check_same_job(root: Path, job_hash: str) -> None:
                 f"checkpoint {path} belongs to another job ({manifest.get('job')}); "
                 "use another --checkpoint-dir or the same entrypoint, global batch, seed and dtype"
             )
+
+
+def diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:
+    """Largest element and relative (‖a − b‖ / ‖a‖) differences over parameters and optimizer state."""
+    ta, tb = read_all(a), read_all(b)
+    missing = sorted(set(ta) ^ set(tb))
+    max_abs = max_rel = 0.0
+    compared = 0
+    worst = ""
+    for name in sorted(set(ta) & set(tb)):
+        x, y = ta[name].double(), tb[name].double()
+        if x.shape != y.shape:
+            missing.append(f"{name} (shape {list(x.shape)} vs {list(y.shape)})")
+            continue
+        compared += 1
+        delta = x - y
+        if delta.numel():
+            max_abs = max(max_abs, float(delta.abs().max()))
+        norm, dnorm = float(torch.linalg.vector_norm(x)), float(torch.linalg.vector_norm(delta))
+        rel = dnorm / norm if norm > 0 else (0.0 if dnorm == 0 else float("inf"))
+        if rel > max_rel:
+            max_rel, worst = rel, name
+    return {
+        "step_a": a.step,
+        "step_b": b.step,
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+        "tensors_compared": compared,
+        "missing": missing,
+        "worst": worst,
+    }

@@ -29,6 +29,7 @@ from worker_agent.runtime.partition import PartitionedModel
 class Groups:
     """Process groups this rank belongs to (``None`` where the group would have one member)."""
 
+    replica: dist.ProcessGroup
     pipeline: dist.ProcessGroup | None
     data_parallel: dist.ProcessGroup | None
     tied: dict[str, dist.ProcessGroup]
@@ -38,11 +39,12 @@ def make_groups(layout: Layout, model: PartitionedModel, rank: int) -> Groups:
     """Create every group in the same order on every rank (a collective requirement), keep ours."""
     p, d = layout.pipeline_stages, layout.data_parallel
     replica, stage = layout.coords(rank)
-    pipeline = data_parallel = None
+    pipeline = data_parallel = own = None
     for r in range(d):
         group = dist.new_group([layout.rank(r, s) for s in range(p)])
-        if r == replica and p > 1:
-            pipeline = group
+        if r == replica:
+            own = group
+            pipeline = group if p > 1 else None
     for s in range(p):
         group = dist.new_group([layout.rank(r, s) for r in range(d)])
         if s == stage and d > 1:
@@ -52,7 +54,8 @@ def make_groups(layout: Layout, model: PartitionedModel, rank: int) -> Groups:
         group = dist.new_group(sorted(layout.rank(r, s) for r in range(d) for s in holders))
         if stage in holders:
             tied[name] = group
-    return Groups(pipeline, data_parallel, tied)
+    assert own is not None
+    return Groups(own, pipeline, data_parallel, tied)
 
 
 class _Batch:
@@ -113,7 +116,7 @@ class StageRunner:
             stage_index=self.stage,
             num_stages=layout.pipeline_stages,
             device=torch.device("cpu"),
-            group=groups.pipeline,
+            group=groups.replica,
         )
         use_gpipe = job.schedule == "gpipe" or self.n_micro < layout.pipeline_stages
         schedule_cls = ScheduleGPipe if use_gpipe else Schedule1F1B

@@ -31,6 +31,7 @@ class LocalRun:
     run_dir: Path
     generation: int = 0
     log_every: int = 10
+    load_from: Path | None = None
 
 
 def progress_path(run_dir: Path, rank: int) -> Path:
@@ -66,6 +67,8 @@ def run_local(run: LocalRun) -> int:
             f"--control-dir={control}",
             f"--progress={progress_path(run.run_dir, rank)}",
         ]
+        if run.load_from is not None:
+            cmd.append(f"--load-from={run.load_from}")
         procs.append(subprocess.Popen(cmd, start_new_session=True))
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

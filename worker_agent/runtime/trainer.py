@@ -41,6 +41,7 @@ class TrainerConfig:
     control_dir: Path | None
     progress_path: Path | None
     host_store: bool
+    load_from: Path | None = None
 
 
 def parse_args(argv: list[str] | None) -> TrainerConfig:
@@ -54,6 +55,9 @@ def parse_args(argv: list[str] | None) -> TrainerConfig:
     parser.add_argument("--control-dir", type=Path, help="a file named 'stop' here asks for a graceful stop")
     parser.add_argument("--progress", type=Path, help="append JSON lines (step, loss, ...) to this file")
     parser.add_argument("--host-store", action="store_true", help="this process hosts the TCPStore")
+    parser.add_argument(
+        "--load-from", type=Path, help="checkpoint (or checkpoint root) to start from instead of the newest"
+    )
     args = parser.parse_args(argv)
     host, _, port = str(args.rendezvous).rpartition(":")
     return TrainerConfig(
@@ -67,6 +71,7 @@ def parse_args(argv: list[str] | None) -> TrainerConfig:
         args.control_dir,
         args.progress,
         args.host_store,
+        args.load_from,
     )
 
 
@@ -164,7 +169,10 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
     choice: list[Any] = [None, None, uuid.uuid4().hex[:12]]
     if cfg.rank == 0:
         try:
-            found = ckpt_mod.newest_valid(cfg.checkpoint_dir, job.identity_hash(), _warn)
+            if cfg.load_from is not None:
+                found = ckpt_mod.resolve(cfg.load_from, job.identity_hash(), _warn)
+            else:
+                found = ckpt_mod.newest_valid(cfg.checkpoint_dir, job.identity_hash(), _warn)
             choice[0] = str(found.path) if found else None
         except UserInputError as exc:
             choice[1] = str(exc)
@@ -180,9 +188,13 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
         loaded = ckpt_mod.Checkpoint(path, json.loads((path / ckpt_mod.MANIFEST).read_text()))
         runner.load(loaded)
         step = loaded.step
+        progress.emit("resumed", step=step, checkpoint=str(path))
         if cfg.rank == 0:
             print(f"spotmorph trainer: resuming from {loaded.path} (step {step})", file=sys.stderr)
-    loaded_step = step
+    first_step = step
+    # A checkpoint loaded from elsewhere is written here even when no step is left to train.
+    same_dir = choice[0] is None or Path(choice[0]).resolve().parent == cfg.checkpoint_dir.resolve()
+    already_written = step if same_dir else None
     writer = ckpt_mod.CheckpointWriter(
         cfg.checkpoint_dir,
         cfg.rank,
@@ -199,7 +211,7 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
         stopping = bool(flags[0] > 0)
         now = time.perf_counter()
-        if step > loaded_step:
+        if step > first_step:
             progress.emit(
                 "step",
                 step=step,
@@ -210,7 +222,7 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
             )
         finishing = stopping or step >= job.steps
         due = finishing or (job.checkpoint_every > 0 and step % job.checkpoint_every == 0)
-        if due and step > loaded_step:
+        if due and step != already_written:
             manifest = None
             if cfg.rank == 0:
                 manifest = {

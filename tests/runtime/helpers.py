@@ -1,0 +1,75 @@
+"""Run ``spotmorph train`` as real processes and read what they leave behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = f"{REPO}/examples/tiny_gpt.py:build_tiny"
+BAD_MODELS = f"{REPO}/tests/runtime/bad_models.py"
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def explain(self) -> str:
+        return f"exit {self.returncode}\n--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
+
+
+def train_cmd(
+    checkpoint_dir: Path, stages: int, replicas: int, steps: int, *extra: str, entrypoint: str = TINY
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "spotmorph.cli",
+        "train",
+        entrypoint,
+        f"--stages={stages}",
+        f"--replicas={replicas}",
+        f"--steps={steps}",
+        f"--checkpoint-dir={checkpoint_dir}",
+        "--global-batch=7",
+        "--micro-batch-size=2",
+        "--log-every=1",
+        *extra,
+    ]
+
+
+def run(cmd: list[str], timeout: float = 120) -> Result:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def train(checkpoint_dir: Path, stages: int, replicas: int, steps: int, *extra: str) -> Result:
+    result = run(train_cmd(checkpoint_dir, stages, replicas, steps, "--dtype=float64", *extra))
+    assert result.returncode == 0, result.explain()
+    return result
+
+
+def events(progress: Path) -> list[dict[str, Any]]:
+    if not progress.exists():
+        return []
+    return [json.loads(line) for line in progress.read_text().splitlines() if line.endswith("}")]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

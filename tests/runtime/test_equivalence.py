@@ -1,0 +1,121 @@
+"""The main acceptance test: a job morphed through a chain of layouts (with a graceful stop and
+resumes between them) ends with the same parameters and optimizer state as one process."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.helpers import events, run, train, train_cmd, wait_for
+from worker_agent.runtime import checkpoint as ck
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Chain:
+    root: Path
+    reference: Path
+    stopped_at: int
+    final_step: int
+    run_dir: Path
+    stopped_checkpoint: Path
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
+    base = tmp_path_factory.mktemp("chain")
+    root, reference, run_dir = base / "morphed", base / "reference", base / "run"
+    train(root, 1, 1, 2)
+    # 2x2 runs "forever" until the control file asks it to stop.
+    proc = subprocess.Popen(
+        [*train_cmd(root, 2, 2, 1000, "--dtype=float64", f"--run-dir={run_dir}")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    progress = run_dir / "progress-rank-0.jsonl"
+    try:
+        wait_for(lambda: any(e.get("step", 0) >= 4 for e in events(progress) if e["event"] == "step"), 90, "step 4")
+        (run_dir / "control" / "stop").touch()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err}"
+    stopped = [e for e in events(progress) if e["event"] == "stopped"]
+    assert stopped, err
+    s = int(stopped[0]["step"])
+    # Later legs prune it (keep 3): keep a copy of the checkpoint the 2x2 layout wrote at the stop.
+    shutil.copytree(ck.step_dir(root, s), base / "stopped-2x2" / ck.step_dir(root, s).name)
+    train(root, 3, 1, s + 2)
+    train(root, 1, 3, s + 4)
+    train(root, 2, 1, s + 6)
+    train(reference, 1, 1, s + 6)
+    return Chain(root, reference, s, s + 6, run_dir, base / "stopped-2x2" / ck.step_dir(root, s).name)
+
+
+def test_morphed_chain_matches_single_process_reference_float64(chain: Chain) -> None:
+    result = ck.diff(ck.resolve(chain.reference), ck.resolve(chain.root))
+    assert result["step_a"] == result["step_b"] == chain.final_step
+    assert result["missing"] == []
+    assert result["tensors_compared"] > 20
+    assert result["max_rel"] <= 1e-9, result
+
+
+def test_graceful_stop_loses_no_step(chain: Chain) -> None:
+    all_events = events(chain.run_dir / "progress-rank-0.jsonl")
+    last_step = max(e["step"] for e in all_events if e["event"] == "step")
+    stopped = next(e for e in all_events if e["event"] == "stopped")
+    assert stopped["step"] == last_step == chain.stopped_at
+    assert stopped["last_checkpoint"] == chain.stopped_at
+    assert ck.verify(chain.stopped_checkpoint).step == chain.stopped_at
+
+
+def test_every_rank_agrees_on_the_stop_step(chain: Chain) -> None:
+    for rank in range(4):
+        rank_events = events(chain.run_dir / f"progress-rank-{rank}.jsonl")
+        assert [e["step"] for e in rank_events if e["event"] == "stopped"] == [chain.stopped_at]
+
+
+def test_progress_lines_carry_step_loss_throughput_and_checkpoint(chain: Chain) -> None:
+    steps = [e for e in events(chain.run_dir / "progress-rank-0.jsonl") if e["event"] == "step"]
+    assert steps
+    for e in steps:
+        assert {"step", "loss", "samples_per_second", "last_checkpoint", "generation", "pid"} <= set(e)
+        assert e["loss"] > 0 and e["samples_per_second"] > 0
+
+
+def test_checkpoints_keep_the_last_k(chain: Chain) -> None:
+    kept = [step for step, path in ck.step_dirs(chain.root) if (path / ck.MANIFEST).exists()]
+    assert kept == [chain.final_step, chain.final_step - 2, chain.final_step - 4]
+
+
+def test_checkpoint_from_2x2_loads_into_3x1_and_1x1_and_back_identically(chain: Chain, tmp_path: Path) -> None:
+    source = chain.stopped_checkpoint
+    assert ck.verify(source).manifest["layout"]["data_parallel"] == 2
+    hops = [(3, 1), (1, 1), (2, 2)]
+    previous = source
+    for i, (p, d) in enumerate(hops):
+        target = tmp_path / f"hop{i}"
+        train(target, p, d, chain.stopped_at, f"--load-from={previous}")
+        previous = ck.step_dir(target, chain.stopped_at)
+        result = ck.diff(ck.resolve(source), ck.resolve(previous))
+        assert result["missing"] == [] and result["max_abs"] == 0.0, (p, d, result)
+    assert ck.verify(previous).manifest["layout"]["pipeline_stages"] == 2
+
+
+def test_diff_command_json(chain: Chain) -> None:
+    import json
+    import sys
+
+    result = run(
+        [sys.executable, "-m", "spotmorph.cli", "checkpoint", "diff", str(chain.reference), str(chain.root), "--json"]
+    )
+    assert result.returncode == 0, result.explain()
+    data = json.loads(result.stdout)
+    assert {"step_a", "step_b", "max_abs", "max_rel", "tensors_compared", "missing"} <= set(data)
+    assert data["max_rel"] <= 1e-9
