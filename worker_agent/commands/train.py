@@ -34,7 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from morphing.errors import UserInputError
     from morphing.layout import make_layout
     from worker_agent.runtime.checkpoint import check_same_job
     from worker_agent.runtime.job import JobSpec
@@ -54,10 +53,8 @@ def run(args: argparse.Namespace) -> int:
         timeout_seconds=args.timeout,
     )
     spec = build_spec(job.entrypoint, job.seed)
-    if args.replicas < 1 or args.stages < 1:
-        raise UserInputError("--stages and --replicas must be >= 1")
-    per_replica = math.ceil(args.global_batch / args.replicas)
-    micro = args.micro_batch_size or max(1, math.ceil(per_replica / (2 * args.stages)))
+    per_replica = math.ceil(args.global_batch / max(1, args.replicas))
+    micro = args.micro_batch_size or max(1, math.ceil(per_replica / (2 * max(1, args.stages))))
     layout = make_layout(
         num_layers=len(spec.layers),
         pipeline_stages=args.stages,
