@@ -1,0 +1,250 @@
+"""Calibration: per-layer forward/backward time, activation sizes and memory, and loopback network costs.
+
+Layers are timed one at a time on real samples (the input of layer ``i`` is what layers ``0..i-1``
+produce), with one thread and autograd recording, as a trainer process runs them (layout-free dropout
+included). The last layer's time includes the loss. The
+network figures come from two gloo processes on this machine (point-to-point and all-reduce at a few
+sizes, fitted as latency + bytes / bandwidth); there is one machine, so inter-node = intra-node.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from morphing.profile import parse_profile
+from worker_agent.runtime.job import DTYPES
+from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, build_spec, sample_context
+
+FORMAT = "spotmorph.profile/v1"
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    entrypoint: str
+    micro_batch_sizes: tuple[int, ...]
+    dtype: str = "float32"
+    seed: int = 0
+    repeats: int = 20
+    network: bool = True
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return max(statistics.median(times), 1e-9)
+
+
+def _saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
+    """Bytes autograd keeps for backward while ``fn`` runs (each storage counted once)."""
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The input of every layer for a micro-batch of ``m`` samples, and the targets."""
+    samples = [spec.dataset[i % len(spec.dataset)] for i in range(m)]
+    x = torch.stack([s[0] for s in samples])
+    x = x.to(dtype) if x.is_floating_point() else x
+    targets = torch.stack([s[1] for s in samples])
+    targets = targets.to(dtype) if targets.is_floating_point() else targets
+    inputs = []
+    with torch.no_grad():
+        for _, layer in spec.layers:
+            inputs.append(x)
+            x = layer(x)
+    return inputs, targets
+
+
+def profile_layers(spec: ModelSpec, request: ProfileRequest) -> list[dict[str, Any]]:
+    dtype = DTYPES[request.dtype]
+    last = len(spec.layers) - 1
+    result: list[dict[str, Any]] = [
+        {"name": name, "forward_seconds": {}, "backward_seconds": {}} for name, _ in spec.layers
+    ]
+    for m in request.micro_batch_sizes:
+        inputs, targets = _layer_inputs(spec, m, dtype)
+        ids = torch.arange(m)
+        for i, (_, layer) in enumerate(spec.layers):
+            x = inputs[i].detach().requires_grad_(inputs[i].is_floating_point())
+
+            def forward(layer: nn.Module = layer, x: torch.Tensor = x, i: int = i) -> torch.Tensor:
+                with sample_context(request.seed, 0, ids):
+                    out: torch.Tensor = layer(x)
+                return spec.loss(out, targets).sum() if i == last else out
+
+            def backward(forward: Callable[[], torch.Tensor] = forward) -> tuple[float, float]:
+                out = forward()
+                start = time.perf_counter()
+                out.backward(torch.ones_like(out))
+                return start, time.perf_counter()
+
+            fwd = _median_seconds(forward, request.repeats)
+            bwd_runs = [backward() for _ in range(request.repeats + 1)][1:]
+            bwd = max(statistics.median(end - start for start, end in bwd_runs), 1e-9)
+            layer.zero_grad(set_to_none=True)
+            result[i]["forward_seconds"][str(m)] = fwd
+            result[i]["backward_seconds"][str(m)] = bwd
+    m = max(request.micro_batch_sizes)
+    inputs, targets = _layer_inputs(spec, m, dtype)
+    for i, (_, layer) in enumerate(spec.layers):
+        x = inputs[i].detach().requires_grad_(inputs[i].is_floating_point())
+        with torch.no_grad():
+            out = layer(x)
+        saved = _saved_bytes(lambda layer=layer, x=x: layer(x))
+        result[i]["output_activation_bytes_per_sample"] = 0 if i == last else out.numel() * out.element_size() // m
+        result[i]["parameter_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
+        result[i]["activation_memory_bytes_per_sample"] = saved // m
+    return result
+
+
+def optimizer_bytes_ratio(spec: ModelSpec) -> float:
+    """Optimizer state bytes per parameter byte, after one real step of the user's optimizer."""
+    params = [(f"{n}.{p}", t) for n, layer in spec.layers for p, t in layer.named_parameters()]
+    unique = list({id(t): (n, t) for n, t in params}.values())
+    for _, t in unique:
+        t.grad = torch.zeros_like(t)
+    opt = spec.optimizer(unique)
+    opt.step()
+    state = sum(
+        v.numel() * v.element_size()
+        for s in opt.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+    total = sum(t.numel() * t.element_size() for _, t in unique)
+    for _, t in unique:
+        t.grad = None
+    return state / total if total else 0.0
+
+
+def _net_worker(rank: int, port: int, sizes: list[int], repeats: int, out: Any) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    p2p, allreduce = [], []
+    for size in sizes:
+        buf = torch.zeros(size // 4, dtype=torch.float32)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            times.append((time.perf_counter() - start) / 2)
+        p2p.append(statistics.median(times))
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(buf)
+            times.append(time.perf_counter() - start)
+        allreduce.append(statistics.median(times))
+    if rank == 0:
+        out.put((p2p, allreduce))
+    dist.destroy_process_group()
+
+
+def _fit(sizes: list[int], times: list[float]) -> tuple[float, float]:
+    """Least-squares ``t = latency + bytes / bandwidth``; returns (latency, bandwidth)."""
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(times) / n
+    cov = sum((x - mx) * (y - my) for x, y in zip(sizes, times, strict=True))
+    var = sum((x - mx) ** 2 for x in sizes)
+    slope = max(cov / var, 1e-15)
+    return max(my - slope * mx, 0.0), 1.0 / slope
+
+
+def measure_network(repeats: int = 10) -> dict[str, float]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    sizes = [4096, 65536, 1 << 20, 4 << 20]
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_net_worker, args=(r, port, sizes, repeats, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    p2p, allreduce = queue.get(timeout=120)
+    for p in procs:
+        p.join(timeout=30)
+    latency, bandwidth = _fit(sizes, p2p)
+    _, allreduce_bw = _fit(sizes, allreduce)
+    return {"latency": latency, "bandwidth": bandwidth, "allreduce_bandwidth": allreduce_bw}
+
+
+def _memory_share() -> int:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(total // max(1, os.cpu_count() or 1))
+
+
+def build_profile(request: ProfileRequest) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    spec = build_spec(request.entrypoint, request.seed)
+    nn.ModuleList([m for _, m in spec.layers]).to(DTYPES[request.dtype])
+    assign_dropout_keys(spec.layers)
+    for _, layer in spec.layers:
+        layer.train()
+    layers = profile_layers(spec, request)
+    if request.network:
+        net = measure_network()
+        source = "measured on this CPU machine: 1 thread per layer timing; loopback gloo for the network"
+    else:
+        net = {"latency": 5e-5, "bandwidth": 1e9, "allreduce_bandwidth": 5e8}
+        source = "measured on this CPU machine: 1 thread per layer timing; network figures assumed"
+    return {
+        "format": FORMAT,
+        "model": spec.name,
+        "source": source,
+        "dtype": request.dtype,
+        "gradient_bytes_per_parameter_byte": 1.0,
+        "optimizer_bytes_per_parameter_byte": optimizer_bytes_ratio(spec),
+        "layers": layers,
+        "cluster": {
+            "gpu_memory_bytes": _memory_share(),
+            "intra_node_bandwidth_bytes_per_second": net["bandwidth"],
+            "inter_node_bandwidth_bytes_per_second": net["bandwidth"],
+            "allreduce_bandwidth_bytes_per_second": net["allreduce_bandwidth"],
+            "intra_node_latency_seconds": net["latency"],
+            "inter_node_latency_seconds": net["latency"],
+        },
+    }
+
+
+def write_profile(request: ProfileRequest, out: Path) -> dict[str, Any]:
+    profile = build_profile(request)
+    parse_profile(json.dumps(profile), "calibrated profile")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=1) + "\n")
+    return profile
