@@ -145,12 +145,20 @@ class Planner:
         _check_counts(gpus, gpus_per_node)
         return self.plan(local_nodes(gpus, gpus_per_node))
 
-    def plan(self, nodes: Sequence[tuple[str, int]]) -> PlanResult:
-        """Best layout on ``nodes`` (``(name, free slots)`` in placement order)."""
+    def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None) -> PlanResult:
+        """Best layout on ``nodes`` (``(name, free slots)`` in placement order), optionally with ``stages``."""
         space = _SlotSpace(nodes)
         if space.gpus <= 0:
             return Infeasible(0, "no GPUs available")
-        return self._result(space, self._search(space, self._candidates(space), None))
+        return self._result(space, self._search(space, self._candidates(space, stages), None))
+
+    def smallest_pipeline(self) -> int | None:
+        """The fewest stages whose layers fit in GPU memory (one replica), or ``None`` if none do."""
+        m = min(self.costs)
+        micro_batches = -(-self.global_batch // m)
+        return next(
+            (p for p in range(1, self.num_layers + 1) if self._partition(p, m, micro_batches) is not None), None
+        )
 
     def what_if(self, max_gpus: int, gpus_per_node: int = 1) -> list[PlanResult]:
         """Plans for 1..max_gpus GPUs in one sweep.
@@ -170,10 +178,11 @@ class Planner:
             results.append(self._result(space.prefix(gpus), best))
         return results
 
-    def _candidates(self, space: _SlotSpace) -> list[_Candidate]:
+    def _candidates(self, space: _SlotSpace, only_stages: int | None = None) -> list[_Candidate]:
         """Every layout worth simulating on ``space``, with its lower bound (see the module docstring)."""
         out = []
-        for stages in range(1, min(self.num_layers, space.gpus) + 1):
+        depths = range(1, min(self.num_layers, space.gpus) + 1)
+        for stages in depths if only_stages is None else [p for p in depths if p == only_stages]:
             for m in self.costs:
                 for replicas, micro_batches in self._replica_choices(space.gpus // stages, m):
                     partition = self._partition(stages, m, micro_batches)
@@ -349,13 +358,13 @@ class Planner:
         limit = self.memory_limit / GIB
         m = min(self.costs)
         micro_batches = -(-self.global_batch // m)
-        for stages in range(1, self.num_layers + 1):
-            if self._partition(stages, m, micro_batches) is not None:
-                return (
-                    f"memory: no layout of {gpus} GPU(s) fits the model in {limit:.2f} GiB per GPU; "
-                    f"it needs a pipeline of at least {stages} stages, so use --gpus >= {stages} "
-                    "or GPUs with more memory (--gpu-memory-gib)"
-                )
+        stages = self.smallest_pipeline()
+        if stages is not None:
+            return (
+                f"memory: no layout of {gpus} GPU(s) fits the model in {limit:.2f} GiB per GPU; "
+                f"it needs a pipeline of at least {stages} stages, so use --gpus >= {stages} "
+                "or GPUs with more memory (--gpu-memory-gib)"
+            )
         costs = self.costs[m]
         worst = max(
             range(self.num_layers),

@@ -19,6 +19,7 @@ from morphing.errors import UserInputError
 # (name, module, one-line help); order is the order of `spotmorph --help`.
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("plan", "spotmorph.commands.plan", "best layout for N GPUs from a calibration profile (what-if)"),
+    ("simulate", "spotmorph.commands.simulate", "replay a spot-availability trace against spotmorph and baselines"),
     ("demo", "spotmorph.commands.demo", "the main demo"),
     ("train", "worker_agent.commands.train", "run a job on this machine with P x D local processes"),
     ("checkpoint", "worker_agent.commands.checkpoint", "verify or compare checkpoints"),
