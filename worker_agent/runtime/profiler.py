@@ -79,6 +79,32 @@ def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype) -> tuple[list[tor
     return inputs, targets
 
 
+class _LayerTiming:
+    """Forward (with autograd recording, as in training) and backward of one layer on a fixed input."""
+
+    def __init__(
+        self, spec: ModelSpec, layer: nn.Module, x: torch.Tensor, targets: torch.Tensor, seed: int, last: bool
+    ) -> None:
+        self.spec, self.layer, self.targets, self.seed, self.last = spec, layer, targets, seed, last
+        self.x = x.detach().requires_grad_(x.is_floating_point())
+        self.ids = torch.arange(x.shape[0])
+
+    def forward(self) -> torch.Tensor:
+        with sample_context(self.seed, 0, self.ids):
+            out: torch.Tensor = self.layer(self.x)
+        return self.spec.loss(out, self.targets).sum() if self.last else out
+
+    def backward_seconds(self, repeats: int) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            out = self.forward()
+            start = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            times.append(time.perf_counter() - start)
+        self.layer.zero_grad(set_to_none=True)
+        return max(statistics.median(times[1:]), 1e-9)
+
+
 def profile_layers(spec: ModelSpec, request: ProfileRequest) -> list[dict[str, Any]]:
     dtype = DTYPES[request.dtype]
     last = len(spec.layers) - 1
@@ -87,27 +113,10 @@ def profile_layers(spec: ModelSpec, request: ProfileRequest) -> list[dict[str, A
     ]
     for m in request.micro_batch_sizes:
         inputs, targets = _layer_inputs(spec, m, dtype)
-        ids = torch.arange(m)
         for i, (_, layer) in enumerate(spec.layers):
-            x = inputs[i].detach().requires_grad_(inputs[i].is_floating_point())
-
-            def forward(layer: nn.Module = layer, x: torch.Tensor = x, i: int = i) -> torch.Tensor:
-                with sample_context(request.seed, 0, ids):
-                    out: torch.Tensor = layer(x)
-                return spec.loss(out, targets).sum() if i == last else out
-
-            def backward(forward: Callable[[], torch.Tensor] = forward) -> tuple[float, float]:
-                out = forward()
-                start = time.perf_counter()
-                out.backward(torch.ones_like(out))
-                return start, time.perf_counter()
-
-            fwd = _median_seconds(forward, request.repeats)
-            bwd_runs = [backward() for _ in range(request.repeats + 1)][1:]
-            bwd = max(statistics.median(end - start for start, end in bwd_runs), 1e-9)
-            layer.zero_grad(set_to_none=True)
-            result[i]["forward_seconds"][str(m)] = fwd
-            result[i]["backward_seconds"][str(m)] = bwd
+            timing = _LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last)
+            result[i]["forward_seconds"][str(m)] = _median_seconds(timing.forward, request.repeats)
+            result[i]["backward_seconds"][str(m)] = timing.backward_seconds(request.repeats)
     m = max(request.micro_batch_sizes)
     inputs, targets = _layer_inputs(spec, m, dtype)
     for i, (_, layer) in enumerate(spec.layers):
