@@ -1,0 +1,78 @@
+"""Shared test values: a small profile, specs, and worlds built without the store or sockets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from controller.lifecycle import JobState, NodeState
+from controller.model import JobRecord, NodeObservation, NodeRecord, RankReport
+from controller.spec import JobSpec
+from morphing.planner import Planner
+from morphing.profile import parse_profile
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def profile_dict(layers: int = 6) -> dict[str, Any]:
+    def layer(i: int) -> dict[str, Any]:
+        return {
+            "name": f"layer.{i}",
+            "forward_seconds": {"1": 0.01, "2": 0.018, "4": 0.034},
+            "backward_seconds": {"1": 0.02, "2": 0.036, "4": 0.068},
+            "output_activation_bytes_per_sample": 4096,
+            "parameter_bytes": 1 << 20,
+            "activation_memory_bytes_per_sample": 8192,
+        }
+
+    return {
+        "format": "spotmorph.profile/v1",
+        "model": "test",
+        "layers": [layer(i) for i in range(layers)],
+        "cluster": {
+            "gpu_memory_bytes": 1 << 34,
+            "intra_node_bandwidth_bytes_per_second": 1e10,
+            "inter_node_bandwidth_bytes_per_second": 1e9,
+            "allreduce_bandwidth_bytes_per_second": 1e9,
+        },
+    }
+
+
+def write_profile(folder: Path) -> Path:
+    path = folder / "profile.json"
+    path.write_text(json.dumps(profile_dict()))
+    return path
+
+
+def spec(**fields: Any) -> JobSpec:
+    base: dict[str, Any] = {
+        "name": "t",
+        "entrypoint": "json:loads",
+        "global_batch": 8,
+        "steps": 100,
+        "checkpoint_dir": "/tmp/ckpt",
+        "profile": "/nonexistent/profile.json",
+    }
+    base.update(fields)
+    return JobSpec.model_validate(base)
+
+
+def planner(global_batch: int = 8) -> Planner:
+    return Planner(parse_profile(json.dumps(profile_dict())), global_batch)
+
+
+def node(
+    name: str, state: NodeState = NodeState.READY, slots: int = 1, job: str | None = None, at: float = 0.0
+) -> NodeRecord:
+    return NodeRecord(name, 1, state, slots, "127.0.0.1", joined_at=at, state_since=at, job=job)
+
+
+def job(
+    job_id: str = "j1", state: JobState = JobState.QUEUED, priority: int = 0, at: float = 0.0, **fields: Any
+) -> JobRecord:
+    return JobRecord(job_id, spec(priority=priority), state, submitted_at=at, state_since=at, **fields)
+
+
+def seen(at: float, *ranks: RankReport, notice: float | None = None) -> NodeObservation:
+    return NodeObservation(1, at, tuple(ranks), notice)

@@ -1,0 +1,70 @@
+"""The lifecycles walked edge by edge: every table edge is accepted, every other pair rejected."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from controller.lifecycle import (
+    JOB_TERMINAL,
+    JOB_TRANSITIONS,
+    NODE_TERMINAL,
+    NODE_TRANSITIONS,
+    IllegalTransition,
+    JobState,
+    NodeState,
+    job_transition,
+    node_transition,
+)
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(NodeState, NodeState)))
+def test_node_edges(source: NodeState, target: NodeState) -> None:
+    if (source, target) in NODE_TRANSITIONS:
+        record = node_transition("node-1", source, target, "because", 12.5)
+        assert (record.source, record.target, record.at, record.reason) == (source, target, 12.5, "because")
+        assert record.cause == NODE_TRANSITIONS[(source, target)]
+    else:
+        with pytest.raises(IllegalTransition, match="not an edge"):
+            node_transition("node-1", source, target, "because", 0.0)
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(JobState, JobState)))
+def test_job_edges(source: JobState, target: JobState) -> None:
+    if (source, target) in JOB_TRANSITIONS:
+        assert job_transition("j", source, target, "r", 1.0).cause == JOB_TRANSITIONS[(source, target)]
+    else:
+        with pytest.raises(IllegalTransition):
+            job_transition("j", source, target, "r", 1.0)
+
+
+def _reachable(table: Mapping[tuple[Any, Any], str], start: Any) -> set[Any]:
+    seen, todo = {start}, [start]
+    while todo:
+        here = todo.pop()
+        for a, b in table:
+            if a == here and b not in seen:
+                seen.add(b)
+                todo.append(b)
+    return seen
+
+
+def test_graphs_are_connected_and_terminal_states_are_sinks() -> None:
+    assert _reachable(NODE_TRANSITIONS, NodeState.JOINING) == set(NodeState)
+    assert _reachable(JOB_TRANSITIONS, JobState.QUEUED) == set(JobState)
+    for node_state in NODE_TERMINAL:
+        assert not [e for e in NODE_TRANSITIONS if e[0] == node_state]
+    for job_state in JOB_TERMINAL:
+        assert not [e for e in JOB_TRANSITIONS if e[0] == job_state]
+    # every non-terminal state can reach a terminal one
+    for live_job in set(JobState) - JOB_TERMINAL:
+        assert _reachable(JOB_TRANSITIONS, live_job) & JOB_TERMINAL
+    for live_node in set(NodeState) - NODE_TERMINAL:
+        assert _reachable(NODE_TRANSITIONS, live_node) & NODE_TERMINAL
+
+
+def test_every_edge_has_a_cause() -> None:
+    assert all(cause.strip() for cause in [*NODE_TRANSITIONS.values(), *JOB_TRANSITIONS.values()])
