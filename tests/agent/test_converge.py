@@ -1,0 +1,94 @@
+"""The agent's pure decisions, including the fencing invariant, without processes."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from worker_agent.agent.converge import (
+    Assignment,
+    KillTrainer,
+    RequestStop,
+    StartTrainer,
+    TrainerKey,
+    TrainerStatus,
+    accept,
+    converge,
+)
+
+
+def running(job: str, gen: int, rank: int, stop_requested: bool = False) -> TrainerStatus:
+    return TrainerStatus(TrainerKey(job, gen, rank), True, stop_requested=stop_requested)
+
+
+def test_starts_the_assigned_ranks() -> None:
+    commands = converge(Assignment("j", 1, "run", (0, 1)), [])
+    assert commands == [StartTrainer(TrainerKey("j", 1, 0)), StartTrainer(TrainerKey("j", 1, 1))]
+
+
+def test_stale_generation_is_killed_before_the_new_one_starts() -> None:
+    commands = converge(Assignment("j", 2, "run", (0,)), [running("j", 1, 0)])
+    assert commands == [KillTrainer(TrainerKey("j", 1, 0), commands[0].reason)]  # type: ignore[union-attr]
+    assert "stale" in commands[0].reason  # type: ignore[union-attr]
+    after = converge(Assignment("j", 2, "run", (0,)), [TrainerStatus(TrainerKey("j", 1, 0), False, -9)])
+    assert after == [StartTrainer(TrainerKey("j", 2, 0))]
+
+
+def test_stop_is_requested_once() -> None:
+    stop = Assignment("j", 1, "stop", (0, 1))
+    assert converge(stop, [running("j", 1, 0), running("j", 1, 1)]) == [RequestStop("j", 1)]
+    assert converge(stop, [running("j", 1, 0, True), running("j", 1, 1, True)]) == []
+
+
+def test_abort_kills_and_idle_clears_the_node() -> None:
+    assert all(isinstance(c, KillTrainer) for c in converge(Assignment("j", 1, "abort"), [running("j", 1, 0)]))
+    assert converge(Assignment("", 0, "idle"), [running("j", 3, 0)])[0].reason.startswith("job j")  # type: ignore[union-attr]
+    assert converge(None, []) == []
+
+
+def test_exited_trainers_are_not_restarted() -> None:
+    exited = TrainerStatus(TrainerKey("j", 1, 0), False, 1)
+    assert converge(Assignment("j", 1, "run", (0,)), [exited]) == []
+
+
+def test_older_assignments_are_refused() -> None:
+    current = Assignment("j", 5, "run", (0,))
+    assert not accept(current, Assignment("j", 4, "run", (0,)))
+    assert accept(current, Assignment("j", 5, "stop", (0,)))
+    assert accept(current, Assignment("k", 1, "run", (0,)))
+    assert accept(None, current)
+
+
+actions = st.sampled_from(["run", "stop", "abort", "idle"])
+assignments = st.builds(
+    Assignment,
+    st.sampled_from(["a", "b"]),
+    st.integers(1, 4),
+    actions,
+    st.lists(st.integers(0, 3), unique=True).map(tuple),
+)
+
+
+@given(st.lists(assignments, min_size=1, max_size=8))
+def test_two_generations_never_run_side_by_side(sequence: list[Assignment]) -> None:
+    """Replay assignments, performing commands; at no point do two generations run at once."""
+    trainers: dict[TrainerKey, TrainerStatus] = {}
+    current: Assignment | None = None
+    for incoming in sequence:
+        if accept(current, incoming):
+            current = incoming
+        for _ in range(4):
+            for command in converge(current, trainers.values()):
+                if isinstance(command, StartTrainer):
+                    trainers[command.key] = TrainerStatus(command.key, True)
+                elif isinstance(command, KillTrainer):
+                    trainers[command.key] = TrainerStatus(command.key, False, -9)
+                else:
+                    for key, status in list(trainers.items()):
+                        if (key.job_id, key.generation) == (command.job_id, command.generation):
+                            trainers[key] = TrainerStatus(key, status.running, stop_requested=True)
+            live = {(k.job_id, k.generation) for k, s in trainers.items() if s.running}
+            assert len(live) <= 1
+        if current is not None and current.action == "run":
+            expected = {TrainerKey(current.job_id, current.generation, r) for r in current.ranks}
+            assert expected <= set(trainers)

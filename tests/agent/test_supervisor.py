@@ -1,0 +1,68 @@
+"""The supervisor with real trainer processes (tiny model, gloo on loopback)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from morphing.layout import make_layout
+from tests.runtime.helpers import TINY, wait_for
+from worker_agent.agent.converge import TrainerKey
+from worker_agent.agent.supervisor import LaunchSpec, Supervisor
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spec(tmp_path: Path, steps: int) -> LaunchSpec:
+    layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
+    job = {
+        "entrypoint": TINY,
+        "global_batch": 6,
+        "seed": 3,
+        "dtype": "float64",
+        "steps": steps,
+        "checkpoint_every": 0,
+        "timeout_seconds": 10.0,
+    }
+    return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{free_port()}", tmp_path / "ckpt")
+
+
+def test_stop_request_checkpoints_and_exits_zero(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path / "work")
+    launch = spec(tmp_path, steps=100_000)
+    keys = [TrainerKey("job-1", 1, rank) for rank in range(2)]
+    try:
+        for key in keys:
+            supervisor.start(key, launch)
+        wait_for(lambda: all(r.step >= 3 for r in supervisor.reports()), 90, "three steps on both ranks")
+        supervisor.request_stop("job-1", 1)
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "a graceful stop")
+        reports = supervisor.reports()
+        assert [r.status.exit_code for r in reports] == [0, 0], [supervisor.log_tail(k) for k in keys]
+        assert all(r.status.stop_requested for r in reports)
+        steps = {r.step for r in reports}
+        assert len(steps) == 1, "both ranks stop at the same step boundary"
+        assert reports[0].last_checkpoint_step == steps.pop()
+    finally:
+        supervisor.kill_all()
+
+
+def test_a_killed_peer_makes_the_survivor_exit_non_zero(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path / "work")
+    launch = spec(tmp_path, steps=100_000)
+    keys = [TrainerKey("job-1", 4, rank) for rank in range(2)]
+    try:
+        for key in keys:
+            supervisor.start(key, launch)
+        wait_for(lambda: all(r.step >= 1 for r in supervisor.reports()), 90, "a step on both ranks")
+        supervisor.kill(keys[1])
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 40, "the survivor to exit")
+        survivor = supervisor.reports()[0]
+        assert survivor.status.exit_code not in (None, 0)
+        assert survivor.error
+    finally:
+        supervisor.kill_all()

@@ -1,0 +1,1 @@
+"""The per-VM worker agent: register, heartbeat, converge to the assignment, watch for evictions."""

@@ -1,0 +1,109 @@
+"""The agent's decisions: from the desired assignment and the trainers it observes, to commands.
+
+Pure: no processes, no sockets, no clock. The shell (:mod:`worker_agent.agent.daemon`) performs the
+commands with :mod:`worker_agent.agent.supervisor`. Generations are fencing tokens: an assignment
+older than one already accepted is ignored, and a trainer of any generation other than the desired
+one is killed before a trainer of the desired generation starts, so a stale trainer can never
+share a node, a slot or a rendezvous with the new generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+Action = Literal["run", "stop", "abort", "idle"]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What the controller wants this node to run (``idle``: nothing)."""
+
+    job_id: str
+    generation: int
+    action: Action
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrainerKey:
+    job_id: str
+    generation: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class TrainerStatus:
+    key: TrainerKey
+    running: bool
+    exit_code: int | None = None
+    stop_requested: bool = False
+
+
+@dataclass(frozen=True)
+class StartTrainer:
+    key: TrainerKey
+
+
+@dataclass(frozen=True)
+class RequestStop:
+    """Ask every trainer of a generation to stop at the next common step boundary and checkpoint."""
+
+    job_id: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class KillTrainer:
+    key: TrainerKey
+    reason: str
+
+
+Command = StartTrainer | RequestStop | KillTrainer
+
+
+def accept(current: Assignment | None, incoming: Assignment) -> bool:
+    """Whether ``incoming`` may replace ``current``: never go back to an older generation of a job."""
+    if current is None or current.job_id != incoming.job_id:
+        return True
+    return incoming.generation >= current.generation
+
+
+def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> list[Command]:
+    """Commands that move the observed trainers toward ``desired``."""
+    trainers = list(trainers)
+    commands: list[Command] = []
+    wanted = desired if desired is not None and desired.action != "idle" else None
+    stale_running = False
+    for trainer in trainers:
+        if not trainer.running:
+            continue
+        key = trainer.key
+        if wanted is None or (key.job_id, key.generation) != (wanted.job_id, wanted.generation):
+            commands.append(KillTrainer(key, _why_stale(key, wanted)))
+            stale_running = True
+        elif wanted.action == "abort":
+            commands.append(KillTrainer(key, f"generation {key.generation} aborted by the controller"))
+    stoppable = (t.running and not t.stop_requested and _same(t.key, wanted) for t in trainers if wanted)
+    if wanted is not None and wanted.action == "stop" and any(stoppable):
+        commands.append(RequestStop(wanted.job_id, wanted.generation))
+    if wanted is not None and wanted.action == "run" and not stale_running:
+        known = {t.key for t in trainers}
+        for rank in wanted.ranks:
+            key = TrainerKey(wanted.job_id, wanted.generation, rank)
+            if key not in known:
+                commands.append(StartTrainer(key))
+    return commands
+
+
+def _same(key: TrainerKey, assignment: Assignment) -> bool:
+    return (key.job_id, key.generation) == (assignment.job_id, assignment.generation)
+
+
+def _why_stale(key: TrainerKey, wanted: Assignment | None) -> str:
+    if wanted is None:
+        return f"job {key.job_id} is no longer assigned to this node"
+    if key.job_id != wanted.job_id:
+        return f"node now runs job {wanted.job_id}"
+    return f"generation {key.generation} is stale; the controller wants generation {wanted.generation}"

@@ -1,0 +1,197 @@
+"""Trainer processes on this node: start, ask to stop, kill, and observe (exit codes and progress).
+
+Each trainer is ``python -m worker_agent.runtime.trainer`` in its own process group, with its files
+under ``work_dir/<job>/gen-<g>/``: ``job.json`` and ``layout.json`` (inputs), ``control/stop`` (the
+graceful-stop request), ``progress-rank-<r>.jsonl`` (what it reports) and ``rank-<r>.log``
+(its stdout and stderr, kept for the operator and quoted when it fails).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker_agent.agent.converge import TrainerKey, TrainerStatus
+from worker_agent.runtime.trainer import STOP_FILE
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a trainer of one generation needs, as the controller's assignment gives it."""
+
+    job: dict[str, Any]
+    layout: dict[str, Any]
+    rendezvous: str
+    checkpoint_dir: Path
+    load_from: str | None = None
+    store_rank: int = 0
+
+
+@dataclass(frozen=True)
+class TrainerReport:
+    """A trainer's observed state: status plus the latest facts from its progress file."""
+
+    status: TrainerStatus
+    pid: int
+    step: int = 0
+    loss: float | None = None
+    samples_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+    error: str = ""
+    finished: bool = False
+
+
+@dataclass
+class _Trainer:
+    key: TrainerKey
+    process: subprocess.Popen[bytes]
+    progress_path: Path
+    log_path: Path
+    offset: int = 0
+    stop_requested: bool = False
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+class Supervisor:
+    def __init__(self, work_dir: Path, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+        self.work_dir = work_dir
+        self.python = python
+        self.env = env
+        self._trainers: dict[TrainerKey, _Trainer] = {}
+
+    def generation_dir(self, job_id: str, generation: int) -> Path:
+        return self.work_dir / job_id / f"gen-{generation}"
+
+    def start(self, key: TrainerKey, spec: LaunchSpec) -> None:
+        gen_dir = self.generation_dir(key.job_id, key.generation)
+        (gen_dir / "control").mkdir(parents=True, exist_ok=True)
+        job_path, layout_path = gen_dir / "job.json", gen_dir / "layout.json"
+        job_path.write_text(json.dumps(spec.job))
+        layout_path.write_text(json.dumps(spec.layout))
+        progress = gen_dir / f"progress-rank-{key.rank}.jsonl"
+        progress.unlink(missing_ok=True)
+        log_path = gen_dir / f"rank-{key.rank}.log"
+        command = [
+            self.python,
+            "-m",
+            "worker_agent.runtime.trainer",
+            "--job",
+            str(job_path),
+            "--layout",
+            str(layout_path),
+            "--rank",
+            str(key.rank),
+            "--rendezvous",
+            spec.rendezvous,
+            "--generation",
+            str(key.generation),
+            "--checkpoint-dir",
+            str(spec.checkpoint_dir),
+            "--control-dir",
+            str(gen_dir / "control"),
+            "--progress",
+            str(progress),
+        ]
+        if key.rank == spec.store_rank:
+            command.append("--host-store")
+        if spec.load_from:
+            command += ["--load-from", spec.load_from]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+            )
+        self._trainers[key] = _Trainer(key, process, progress, log_path)
+
+    def request_stop(self, job_id: str, generation: int) -> None:
+        (self.generation_dir(job_id, generation) / "control").mkdir(parents=True, exist_ok=True)
+        (self.generation_dir(job_id, generation) / "control" / STOP_FILE).touch()
+        for trainer in self._trainers.values():
+            if (trainer.key.job_id, trainer.key.generation) == (job_id, generation):
+                trainer.stop_requested = True
+
+    def kill(self, key: TrainerKey) -> None:
+        trainer = self._trainers.get(key)
+        if trainer is None or trainer.process.poll() is not None:
+            return
+        try:
+            os.killpg(trainer.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        trainer.process.wait()
+
+    def kill_all(self) -> None:
+        for key in list(self._trainers):
+            self.kill(key)
+
+    def reports(self) -> list[TrainerReport]:
+        return [self._report(t) for t in self._trainers.values()]
+
+    def forget(self, keep: set[tuple[str, int]]) -> None:
+        """Drop exited trainers of generations other than ``keep`` (reported already)."""
+        for key, trainer in list(self._trainers.items()):
+            if trainer.process.poll() is not None and (key.job_id, key.generation) not in keep:
+                del self._trainers[key]
+
+    def _report(self, trainer: _Trainer) -> TrainerReport:
+        self._read_progress(trainer)
+        code = trainer.process.poll()
+        facts = trainer.facts
+        error = str(facts.get("error", ""))
+        if code not in (None, 0) and not error:
+            error = f"exit code {code}: {self.log_tail(trainer.key)}"
+        status = TrainerStatus(trainer.key, code is None, code, trainer.stop_requested)
+        return TrainerReport(
+            status=status,
+            pid=trainer.process.pid,
+            step=int(facts.get("step", 0)),
+            loss=facts.get("loss"),
+            samples_per_second=facts.get("samples_per_second"),
+            last_checkpoint_step=facts.get("last_checkpoint_step"),
+            error=error,
+            finished=bool(facts.get("finished", False)),
+        )
+
+    def log_tail(self, key: TrainerKey, lines: int = 5) -> str:
+        trainer = self._trainers.get(key)
+        if trainer is None or not trainer.log_path.exists():
+            return ""
+        text = trainer.log_path.read_text(errors="replace").strip().splitlines()
+        return " | ".join(text[-lines:])
+
+    def _read_progress(self, trainer: _Trainer) -> None:
+        try:
+            with open(trainer.progress_path, "rb") as handle:
+                handle.seek(trainer.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        trainer.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            _absorb(trainer.facts, record)
+
+
+def _absorb(facts: dict[str, Any], record: dict[str, Any]) -> None:
+    event = record.get("event")
+    if "step" in record:
+        facts["step"] = record["step"]
+    for name in ("loss", "samples_per_second"):
+        if record.get(name) is not None:
+            facts[name] = record[name]
+    checkpoint = record.get("last_checkpoint")
+    if checkpoint is not None:
+        facts["last_checkpoint_step"] = checkpoint
+    if event == "finished":
+        facts["finished"] = True
+    if event == "error":
+        facts["error"] = str(record.get("message", "error"))
