@@ -24,6 +24,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("train", "worker_agent.commands.train", "run a job on this machine with P x D local processes"),
     ("checkpoint", "worker_agent.commands.checkpoint", "verify or compare checkpoints"),
     ("profile", "worker_agent.commands.profile", "calibrate a model: per-layer times and memory"),
+    ("agent", "worker_agent.commands.agent", "the worker agent daemon of one node"),
 )
 
 

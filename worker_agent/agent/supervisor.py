@@ -3,7 +3,8 @@
 Each trainer is ``python -m worker_agent.runtime.trainer`` in its own process group, with its files
 under ``work_dir/<job>/gen-<g>/``: ``job.json`` and ``layout.json`` (inputs), ``control/stop`` (the
 graceful-stop request), ``progress-rank-<r>.jsonl`` (what it reports) and ``rank-<r>.log``
-(its stdout and stderr, kept for the operator and quoted when it fails).
+(its stdout and stderr, kept for the operator and quoted when it fails) and ``rank-<r>.pid`` (so a
+restarted agent can kill what its previous incarnation left behind).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class Supervisor:
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
             )
+        (gen_dir / f"rank-{key.rank}.pid").write_text(str(process.pid))
         self._trainers[key] = _Trainer(key, process, progress, log_path)
 
     def request_stop(self, job_id: str, generation: int) -> None:

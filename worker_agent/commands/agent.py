@@ -1,0 +1,64 @@
+"""``spotmorph agent``: the worker agent daemon of one VM (or one local-cluster node)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+
+from morphing.errors import UserInputError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--controller", default=os.environ.get("SPOTMORPH_CONTROLLER"), help="HOST:PORT")
+    parser.add_argument("--token-file", type=Path, help="file holding the agent token (else SPOTMORPH_AGENT_TOKEN)")
+    parser.add_argument("--name", default="", help="node name (default: the controller names it node-N)")
+    parser.add_argument("--slots", type=int, default=1, help="trainer slots (GPUs) on this node")
+    parser.add_argument("--address", default="127.0.0.1", help="address other nodes reach this node at")
+    parser.add_argument("--work-dir", type=Path, default=Path("/var/lib/spotmorph/agent"))
+    parser.add_argument("--imds-url", help="Scheduled Events base URL (Azure: http://169.254.169.254)")
+    parser.add_argument("--vm-name", help="this VM's name in Scheduled Events (default: the node name)")
+    parser.add_argument("--instance-id", default="", help="the provider's id for this VM")
+    parser.add_argument("--ca", type=Path, help="CA certificate (mutual TLS)")
+    parser.add_argument("--cert", type=Path, help="this agent's certificate (mutual TLS)")
+    parser.add_argument("--key", type=Path, help="this agent's private key (mutual TLS)")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from worker_agent.agent.daemon import Agent, AgentConfig
+
+    if not args.controller:
+        raise UserInputError("no controller address: pass --controller HOST:PORT or set SPOTMORPH_CONTROLLER")
+    token = os.environ.get("SPOTMORPH_AGENT_TOKEN", "")
+    if args.token_file:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            raise UserInputError(f"--token-file {args.token_file}: cannot read it ({exc.strerror})") from None
+    if not token:
+        raise UserInputError("no agent token: pass --token-file FILE or set SPOTMORPH_AGENT_TOKEN")
+    if args.slots < 1:
+        raise UserInputError(f"--slots {args.slots}: a node needs at least 1 slot")
+    logging.basicConfig(
+        level=args.log_level.upper(), format=f"%(asctime)s agent {args.name or socket.gethostname()} %(message)s"
+    )
+    config = AgentConfig(
+        controller=args.controller,
+        token=token,
+        work_dir=args.work_dir,
+        slots=args.slots,
+        name=args.name,
+        address=args.address,
+        instance_id=args.instance_id,
+        imds_url=args.imds_url,
+        vm_name=args.vm_name,
+        ca=args.ca,
+        cert=args.cert,
+        key=args.key,
+    )
+    return asyncio.run(Agent(config).run())
