@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CUDA build. GPU users: `make TORCH_SPEC=torch install` (pyproject keeps a range, not a pin).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-dev demo test lint typecheck layers unit bench clean
+.PHONY: install install-dev demo test lint typecheck layers unit bench clean protos
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test: lint typecheck layers unit
 
 bench: install-dev
 	$(PY) bench/run_all.py
+
+# Regenerate the gRPC stubs next to protos/spotmorph/v1/*.proto; tests fail when they drift.
+protos: install-dev
+	$(PY) -m protos.generate
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

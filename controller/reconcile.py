@@ -202,6 +202,11 @@ class _Draft:
         node = self.nodes.get(name)
         return node is not None and node.state is N.ASSIGNED and node.job == job.id
 
+    def _member(self, job: JobRecord, name: str) -> bool:
+        """The node still serves this job: held by it and alive (maybe draining)."""
+        node = self.nodes.get(name)
+        return node is not None and node.job == job.id and node.state in {N.ASSIGNED, N.DRAINING}
+
     def _reports(self, job: JobRecord, name: str) -> NodeObservation | None:
         seen = self.observed.get(name)
         node = self.nodes.get(name)
@@ -233,9 +238,8 @@ class _Draft:
         quiet = True
         for name in job.nodes:
             seen = self._reports(job, name)
-            node = self.nodes.get(name)
-            if node is None or node.state in {N.LOST, N.GONE}:
-                continue
+            if not self._member(job, name):
+                continue  # lost, gone, or a new incarnation: nothing of this job runs there
             if seen is None or (job.morph_started_at is not None and seen.last_seen < job.morph_started_at):
                 quiet = False  # no report since the morph began: the agent may still be starting trainers
                 continue
@@ -258,8 +262,8 @@ class _Draft:
             self.set_job(job_id, J.SUCCEEDED, f"finished step {job.spec.steps}")
             self.release_nodes(job_id, job.nodes, "job succeeded")
             return
-        lost = [n for n in job.nodes if self.nodes.get(n) is None or self.nodes[n].state in {N.LOST, N.GONE}]
-        draining = [n for n in job.nodes if n in self.nodes and self.nodes[n].state is N.DRAINING]
+        lost = [n for n in job.nodes if not self._member(job, n)]
+        draining = [n for n in job.nodes if self._member(job, n) and self.nodes[n].state is N.DRAINING]
         if lost:
             self.start_morph(job_id, Action.ABORT, f"node lost: {', '.join(lost)}")
         elif failed:
@@ -278,7 +282,7 @@ class _Draft:
         job = self.jobs[job_id]
         started = job.morph_started_at if job.morph_started_at is not None else self.now
         if job.action is Action.STOP:
-            gone = [n for n in job.nodes if self.nodes.get(n) is None or self.nodes[n].state in {N.LOST, N.GONE}]
+            gone = [n for n in job.nodes if not self._member(job, n)]
             if gone or self.now - started > self.config.stop_timeout_seconds:
                 why = f"node gone while stopping: {', '.join(gone)}" if gone else "stop timed out"
                 self.set_job(job_id, None, why, action=Action.ABORT, morph_cause=f"{job.morph_cause}; {why}")

@@ -1,0 +1,58 @@
+"""The client context: where ``spotmorph local up`` left the controller's address and token.
+
+Clients find the controller from ``--controller``, else ``SPOTMORPH_CONTROLLER``, else this file;
+credentials from ``--token``, else ``SPOTMORPH_TOKEN``, else the token file it names. It lives in
+``$SPOTMORPH_HOME`` (default ``~/.spotmorph``), so tests and several users stay apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+def spotmorph_home() -> Path:
+    return Path(os.environ.get("SPOTMORPH_HOME") or "~/.spotmorph").expanduser()
+
+
+def context_path() -> Path:
+    return spotmorph_home() / "context.json"
+
+
+@dataclass(frozen=True)
+class Context:
+    controller: str
+    token_file: str
+    cluster_dir: str = ""
+    imds_url: str = ""
+    agent_token_file: str = ""
+    slots: int = 1
+
+    def token(self) -> str:
+        try:
+            return Path(self.token_file).read_text().strip()
+        except OSError:
+            return ""
+
+
+def read_context() -> Context | None:
+    try:
+        data = json.loads(context_path().read_text())
+        return Context(**data)
+    except (OSError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def write_context(context: Context) -> Path:
+    path = context_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(context), indent=2))
+    tmp.replace(path)
+    return path
+
+
+def remove_context() -> None:
+    context_path().unlink(missing_ok=True)

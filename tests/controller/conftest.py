@@ -1,0 +1,73 @@
+"""A real controller on loopback (in a thread with its own event loop) and authenticated stubs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from controller import client
+from controller.daemon import Controller, ControllerSettings
+from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+from tests.controller.helpers import write_profile
+
+
+@dataclass
+class Live:
+    controller: Controller
+    loop: asyncio.AbstractEventLoop
+    address: str
+    state_dir: Path
+    profile: Path
+
+    def token(self, role: str) -> str:
+        return (self.state_dir / f"{role}.token").read_text().strip()
+
+    def channel(self, token: str | None) -> grpc.Channel:
+        return client.channel(self.address, token)
+
+    def jobs(self, role: str = "operator") -> rpc.JobsStub:
+        return rpc.JobsStub(self.channel(self.token(role)))
+
+    def cluster(self, role: str = "operator") -> rpc.ClusterStub:
+        return rpc.ClusterStub(self.channel(self.token(role)))
+
+    def agent(self, token: str) -> rpc.AgentStub:
+        return rpc.AgentStub(self.channel(token))
+
+    def run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def event_log(self) -> str:
+        rows = self.controller.store.events(limit=10_000)
+        return "\n".join(f"{r.seq} {r.at:.3f} {r.kind} job={r.job} node={r.node} {r.data}" for r in rows)
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Live]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    settings = ControllerSettings(
+        state_dir=tmp_path / "state", listen="127.0.0.1:0", debounce_seconds=0.0, heartbeat_expiry_seconds=5.0
+    )
+
+    async def make() -> Controller:
+        controller = Controller(settings)
+        await controller.start()
+        return controller
+
+    controller = asyncio.run_coroutine_threadsafe(make(), loop).result(30)
+    state = Live(controller, loop, f"127.0.0.1:{controller.port}", settings.state_dir, write_profile(tmp_path))
+    try:
+        yield state
+    finally:
+        asyncio.run_coroutine_threadsafe(controller.stop(grace=0.5), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
