@@ -25,6 +25,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("checkpoint", "worker_agent.commands.checkpoint", "verify or compare checkpoints"),
     ("profile", "worker_agent.commands.profile", "calibrate a model: per-layer times and memory"),
     ("agent", "worker_agent.commands.agent", "the worker agent daemon of one node"),
+    ("local", "spotmorph.commands.local", "an embedded cluster of agent processes on this machine"),
 )
 
 
