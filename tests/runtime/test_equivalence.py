@@ -51,7 +51,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     s = int(stopped[0]["step"])
     # Later legs prune it (keep 3): keep a copy of the checkpoint the 2x2 layout wrote at the stop.
     shutil.copytree(ck.step_dir(root, s), base / "stopped-2x2" / ck.step_dir(root, s).name)
-    train(root, 3, 1, s + 2)
+    train(root, 3, 1, s + 2, "--background-checkpoint", "--checkpoint-every=1")
     train(root, 1, 3, s + 4)
     train(root, 2, 1, s + 6)
     train(reference, 1, 1, s + 6)
@@ -72,7 +72,11 @@ def test_graceful_stop_loses_no_step(chain: Chain) -> None:
     stopped = next(e for e in all_events if e["event"] == "stopped")
     assert stopped["step"] == last_step == chain.stopped_at
     assert stopped["last_checkpoint"] == chain.stopped_at
-    assert ck.verify(chain.stopped_checkpoint).step == chain.stopped_at
+    manifest = ck.verify(chain.stopped_checkpoint).manifest
+    assert manifest["step"] == chain.stopped_at
+    assert manifest["data_cursor"]["samples_consumed"] == 7 * chain.stopped_at
+    # Writes are spread over the replicas of each stage: all four ranks wrote a layer file.
+    assert sorted(f["writer_rank"] for f in manifest["files"]) == [0, 1, 2, 3]
 
 
 def test_every_rank_agrees_on_the_stop_step(chain: Chain) -> None:

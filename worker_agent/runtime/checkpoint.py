@@ -106,7 +106,7 @@ def verify(path: Path, job_hash: str | None = None) -> Checkpoint:
 def _read_verified(path: Path, entry: dict[str, Any]) -> bytes:
     file_path = path / entry["path"]
     try:
-        data = file_path.read_bytes()
+        data: bytes = file_path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"{path.name}/{entry['path']}: {exc.strerror}") from exc
     if len(data) != entry["bytes"]:

@@ -50,7 +50,9 @@ def run_local(run: LocalRun) -> int:
     layout_path = run.run_dir / "layout.json"
     job_path.write_text(json.dumps(run.job.to_dict(), indent=1))
     layout_path.write_text(json.dumps(run.layout.to_dict(), indent=1))
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False)
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
+        "127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False
+    )
     procs = []
     for rank in range(run.layout.world_size):
         progress_path(run.run_dir, rank).unlink(missing_ok=True)

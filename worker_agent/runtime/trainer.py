@@ -117,7 +117,7 @@ def _rendezvous(cfg: TrainerConfig, world_size: int, timeout: float) -> None:
     """Join the generation's namespace of the store, wait for all ranks, then start gloo."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         cfg.host,
         cfg.port,
         None,
@@ -125,7 +125,9 @@ def _rendezvous(cfg: TrainerConfig, world_size: int, timeout: float) -> None:
         timedelta(seconds=max(60.0, timeout)),
         wait_for_workers=False,
     )
-    scoped = dist.PrefixStore(f"spotmorph/gen-{cfg.generation}/", store)
+    scoped = dist.PrefixStore(  # type: ignore[attr-defined]
+        f"spotmorph/gen-{cfg.generation}/", store
+    )
     scoped.add("arrived", 1)
     deadline = time.monotonic() + max(120.0, timeout)
     while int(scoped.add("arrived", 0)) < world_size:
@@ -168,6 +170,7 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
 
     choice: list[Any] = [None, None, uuid.uuid4().hex[:12]]
     if cfg.rank == 0:
+        found: ckpt_mod.Checkpoint | None
         try:
             if cfg.load_from is not None:
                 found = ckpt_mod.resolve(cfg.load_from, job.identity_hash(), _warn)
