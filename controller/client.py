@@ -1,38 +1,31 @@
 """The client side: find the controller and the token, open an authenticated channel.
 
 Address: ``--controller``, else ``SPOTMORPH_CONTROLLER``, else the context file ``spotmorph local up``
-writes (``~/.spotmorph/context.json``: ``{"controller": "host:port", "token": "..."}``). Token:
+writes (see :mod:`controller.context`). Token:
 ``--token``, else ``SPOTMORPH_TOKEN``, else that file. grpc is imported here, never by a command
 module at import time.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from controller.context import read_context
 from morphing.errors import UserInputError
-
-CONTEXT_FILE = Path(os.environ.get("SPOTMORPH_CONTEXT", str(Path.home() / ".spotmorph" / "context.json")))
-
-
-def _context() -> dict[str, Any]:
-    try:
-        data = json.loads(CONTEXT_FILE.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def resolve(controller: str | None, token: str | None) -> tuple[str, str | None]:
-    address = controller or os.environ.get("SPOTMORPH_CONTROLLER") or _context().get("controller")
+    context = read_context()
+    address = controller or os.environ.get("SPOTMORPH_CONTROLLER") or (context.controller if context else None)
     if not address:
-        raise UserInputError("no controller: pass --controller HOST:PORT or set SPOTMORPH_CONTROLLER")
-    return str(address), token or os.environ.get("SPOTMORPH_TOKEN") or _context().get("token")
+        raise UserInputError(
+            "no controller: pass --controller HOST:PORT, set SPOTMORPH_CONTROLLER or `spotmorph local up`"
+        )
+    return address, token or os.environ.get("SPOTMORPH_TOKEN") or (context.token() if context else None)
 
 
 class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]

@@ -26,6 +26,14 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("profile", "worker_agent.commands.profile", "calibrate a model: per-layer times and memory"),
     ("agent", "worker_agent.commands.agent", "the worker agent daemon of one node"),
     ("local", "spotmorph.commands.local", "an embedded cluster of agent processes on this machine"),
+    ("controller", "controller.commands.daemon", "the controller daemon (gRPC API, state, morphing decisions)"),
+    ("submit", "controller.commands.submit", "submit a job spec (YAML) to the controller"),
+    ("jobs", "controller.commands.jobs", "list jobs"),
+    ("status", "controller.commands.status", "one job in detail: state, step, layout, morphs"),
+    ("nodes", "controller.commands.nodes", "list the cluster's nodes"),
+    ("events", "controller.commands.events", "the controller's event log (--follow to keep watching)"),
+    ("cancel", "controller.commands.cancel", "cancel a job"),
+    ("certs", "controller.commands.certs", "make a CA and TLS certificates for a cluster (mutual TLS)"),
 )
 
 
