@@ -10,6 +10,7 @@ The controller only starts processes by command line, so it never imports the ag
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -121,11 +122,20 @@ class LocalProcessProvider:
             ]
             if self.imds_url:
                 args += ["--imds-url", self.imds_url]
-            with open(vm.directory / "agent.log", "ab") as log:
-                process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            (vm.directory / "agent.pid").write_text(str(process.pid))
+            (vm.directory / "agent.json").write_text(json.dumps(args))
+            self._spawn(vm)
             started.append(vm)
         return started
+
+    def respawn(self, vm: LocalVm) -> None:
+        """Start a VM's agent again (a restart after a crash): same node name, a new incarnation."""
+        self._spawn(vm)
+
+    def _spawn(self, vm: LocalVm) -> None:
+        args = json.loads((vm.directory / "agent.json").read_text())
+        with open(vm.directory / "agent.log", "ab") as log:
+            process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        (vm.directory / "agent.pid").write_text(str(process.pid))
 
 
 def kill_vm(vm: LocalVm, sig: int = signal.SIGKILL) -> None:

@@ -140,20 +140,11 @@ def _up(args: argparse.Namespace) -> int:
     }
     (cluster / "controller.yaml").write_text(json.dumps(settings))
     python = [sys.executable, "-m", "spotmorph.cli"]
-    controller_pid = _spawn(
-        [
-            *python,
-            "controller",
-            "--state-dir",
-            str(state),
-            "--listen",
-            address,
-            "--config",
-            str(cluster / "controller.yaml"),
-        ],
-        cluster / "controller.log",
+    controller_args = [*python, "controller", "--state-dir", str(state), "--listen", address]
+    (cluster / "controller.json").write_text(
+        json.dumps([*controller_args, "--config", str(cluster / "controller.yaml")])
     )
-    (cluster / "controller.pid").write_text(str(controller_pid))
+    start_controller(cluster)
     platform_pid = _spawn(
         [*python, "local", "platform", "--cluster-dir", str(cluster), "--port", str(imds_port)],
         cluster / "platform.log",
@@ -179,6 +170,13 @@ def _up(args: argparse.Namespace) -> int:
     print(f"local cluster up: controller {address}, nodes {names or 'none'} ({args.slots} slots each)")
     print(f"files in {cluster}; try `spotmorph nodes`, `spotmorph submit examples/tiny_gpt.yaml`")
     return 0
+
+
+def start_controller(cluster: Path) -> int:
+    """Start (or restart, after a crash) the cluster's controller with its recorded command line."""
+    pid = _spawn(json.loads((cluster / "controller.json").read_text()), cluster / "controller.log")
+    (cluster / "controller.pid").write_text(str(pid))
+    return pid
 
 
 def _wait(condition: Callable[[], bool], timeout: float, what: str, log: Path | None) -> None:

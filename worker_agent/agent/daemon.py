@@ -154,6 +154,9 @@ class Agent:
         return (("authorization", f"Bearer {token}"),)
 
     async def _register(self) -> None:
+        remembered = self.config.work_dir / "node-name"
+        if not self.identity.name and remembered.exists():
+            self.identity.name = remembered.read_text().strip()
         backoff = 0.2
         while not self._stopping:
             try:
