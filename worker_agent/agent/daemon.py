@@ -187,6 +187,7 @@ class Agent:
     async def _beat(self) -> None:
         reports = self.supervisor.reports()
         await self._push_urgent(reports)
+        self._acknowledge_notice_if_done(reports)
         request = pb.HeartbeatRequest(
             node_name=self.identity.name,
             incarnation=self.identity.incarnation,
@@ -210,13 +211,15 @@ class Agent:
             raise
         if reply.heartbeat_interval_seconds:
             self.identity.interval = reply.heartbeat_interval_seconds
-        self._apply(reply.assignment if reply.HasField("assignment") else None, reports)
+        self._apply(reply.assignment if reply.HasField("assignment") else None)
 
     async def _call(self, method: str, request: Any) -> Any:
         call = getattr(self._stub_now(), method)
         return await call(request, metadata=self._auth(self.identity.node_token), timeout=10)
 
-    def _apply(self, message: Any, reports: list[TrainerReport]) -> None:
+    def _apply(self, message: Any) -> None:
+        """Converge to ``message`` against the trainers as they are now (an urgent report may just have
+        started some, so a list taken before it would start them twice)."""
         incoming = _assignment(message)
         if incoming is None:
             incoming = Assignment("", 0, "idle")
@@ -226,7 +229,7 @@ class Agent:
         if incoming.action != "idle":
             self.state.launch[(incoming.job_id, incoming.generation)] = _launch_spec(message)
         self.state.desired = incoming
-        for command in converge(incoming, (r.status for r in reports)):
+        for command in converge(incoming, (r.status for r in self.supervisor.reports())):
             if isinstance(command, StartTrainer):
                 spec = self.state.launch[(command.key.job_id, command.key.generation)]
                 log.info("starting %s", command.key)
@@ -254,7 +257,6 @@ class Agent:
                 self.state.checkpoints_reported[generation] = step
                 event = pb.CheckpointCommitted(job=key.job_id, generation=key.generation, step=step)
                 await self._report(pb.ReportEventRequest(checkpoint_committed=event))
-                self._acknowledge_notice_if_done(report)
 
     async def _report(self, request: Any) -> None:
         request.node_name = self.identity.name
@@ -265,18 +267,22 @@ class Agent:
             log.warning("report failed (%s); the next heartbeat carries the same facts", exc.code().name)
             return
         if reply.HasField("assignment"):
-            self._apply(reply.assignment, self.supervisor.reports())
+            self._apply(reply.assignment)
 
-    def _acknowledge_notice_if_done(self, report: TrainerReport) -> None:
+    def _acknowledge_notice_if_done(self, reports: list[TrainerReport]) -> None:
+        """Tell the platform it may evict now: nothing runs here and what ran stopped cleanly (its
+        checkpoint is written), so waiting for ``NotBefore`` would only waste the notice."""
         notice = self.state.notice
         if notice is None or notice.acknowledged or self.config.imds_url is None:
             return
-        if report.status.running:
+        if any(r.status.running for r in reports):
+            return
+        if any(r.status.exit_code not in (None, 0) for r in reports) and self.state.desired is not None:
             return
         try:
             ScheduledEventsClient(self.config.imds_url).acknowledge(notice.event_id)
             notice.acknowledged = True
-            log.info("acknowledged eviction %s after the checkpoint", notice.event_id)
+            log.info("acknowledged eviction %s: this node's trainers are stopped", notice.event_id)
         except ScheduledEventsError as exc:
             log.warning("could not acknowledge eviction: %s", exc)
 

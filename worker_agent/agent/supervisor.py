@@ -70,6 +70,9 @@ class Supervisor:
         return self.work_dir / job_id / f"gen-{generation}"
 
     def start(self, key: TrainerKey, spec: LaunchSpec) -> None:
+        """Start the trainer of ``key``; a key that was started before is never started again."""
+        if key in self._trainers:
+            return
         gen_dir = self.generation_dir(key.job_id, key.generation)
         (gen_dir / "control").mkdir(parents=True, exist_ok=True)
         job_path, layout_path = gen_dir / "job.json", gen_dir / "layout.json"

@@ -1,0 +1,161 @@
+"""Elastic training end to end on a real local cluster, each run checked against a 1-process reference.
+
+The demo model trains in float64; every test ends by comparing the final checkpoint with an
+uninterrupted single-process run: max relative error <= 1e-9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import LocalCluster, max_rel_diff, reference
+
+pytestmark = pytest.mark.slow
+
+STEPS, BATCH, SEED, INTERVAL = 300, 16, 7, 20
+
+
+def submit(cluster: LocalCluster, checkpoints: Path) -> str:
+    return cluster.submit(
+        steps=STEPS,
+        global_batch=BATCH,
+        seed=SEED,
+        dtype="float64",
+        checkpoint_interval=INTERVAL,
+        checkpoint_dir=checkpoints,
+    )
+
+
+def job_nodes(cluster: LocalCluster, job: str) -> list[str]:
+    return sorted(n["name"] for n in cluster.nodes() if n["job"] == job)
+
+
+def assert_equals_reference(cluster: LocalCluster, checkpoints: Path, references: Path) -> None:
+    expected = reference(references, STEPS, BATCH, SEED)
+    assert max_rel_diff(cluster, expected, checkpoints) <= 1e-9
+
+
+def test_eviction_with_notice_loses_no_step(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
+    cluster.up(nodes=2)
+    checkpoints = tmp_path / "ckpt"
+    job = submit(cluster, checkpoints)
+    before = cluster.wait_step(job, 40, 120)
+    victim = job_nodes(cluster, job)[-1]
+    cluster.cli("local", "preempt", victim, "--notice", "20")
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
+    assert final["state"] == "SUCCEEDED", final
+    assert final["steps_lost"] == 0
+    assert final["generation"] >= 2
+    assert final["layout"] != before["layout"]
+    assert any("eviction" in m["cause"] for m in final["morphs"])
+    cluster.wait(lambda: {n["name"]: n["state"] for n in cluster.nodes()}[victim] == "GONE", 60, f"{victim} gone")
+    assert_equals_reference(cluster, checkpoints, references)
+
+
+def test_node_killed_without_notice_resumes_from_the_newest_checkpoint(
+    cluster: LocalCluster, tmp_path: Path, references: Path
+) -> None:
+    cluster.up(nodes=2)
+    checkpoints = tmp_path / "ckpt"
+    job = submit(cluster, checkpoints)
+    cluster.wait_step(job, 50, 120)
+    victim = job_nodes(cluster, job)[-1]
+    cluster.cli("local", "kill", victim)
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
+    assert final["state"] == "SUCCEEDED", final
+    assert final["generation"] >= 2
+    assert 0 <= final["steps_lost"] <= INTERVAL
+    assert any("lost" in m["cause"] or "failed" in m["cause"] for m in final["morphs"])
+    assert_equals_reference(cluster, checkpoints, references)
+
+
+def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
+    cluster.up(nodes=1)
+    checkpoints = tmp_path / "ckpt"
+    job = submit(cluster, checkpoints)
+    before = cluster.wait_step(job, 20, 120)
+    cluster.cli("local", "add", "1")
+    grown = cluster.wait_state(job, {"RUNNING", "SUCCEEDED"}, 1)
+
+    def bigger() -> bool:
+        grown.update(cluster.status(job))
+        layout = grown["layout"]
+        return layout["pipeline_stages"] * layout["data_parallel"] > (
+            before["layout"]["pipeline_stages"] * before["layout"]["data_parallel"]
+        )
+
+    cluster.wait(bigger, 120, "the job to grow onto the new node")
+    assert any(m["cause"].startswith("grow") for m in grown["morphs"])
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
+    assert final["state"] == "SUCCEEDED", final
+    assert final["steps_lost"] == 0
+    assert_equals_reference(cluster, checkpoints, references)
+
+
+def _rank0_progress_step(cluster: LocalCluster) -> int:
+    steps = [0]
+    for path in cluster.cluster.glob("vms/*/trainers/*/gen-*/progress-rank-*.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.endswith("}"):
+                steps.append(int(json.loads(line).get("step", 0)))
+    return max(steps)
+
+
+def test_controller_kill_9_mid_training(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
+    cluster.up(nodes=2)
+    checkpoints = tmp_path / "ckpt"
+    job = submit(cluster, checkpoints)
+    cluster.wait_step(job, 30, 120)
+    cluster.kill_controller()
+    at_kill = _rank0_progress_step(cluster)
+    cluster.wait(lambda: _rank0_progress_step(cluster) >= at_kill + 20, 60, "training to go on without a controller")
+    cluster.start_controller()
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
+    assert final["state"] == "SUCCEEDED", final
+    assert final["steps_lost"] == 0
+    assert final["generation"] == 1, "a controller restart is not a morph"
+    assert_equals_reference(cluster, checkpoints, references)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
+
+
+def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
+    cluster.up(nodes=2)
+    checkpoints = tmp_path / "ckpt"
+    job = submit(cluster, checkpoints)
+    cluster.wait_step(job, 30, 120)
+    victim = job_nodes(cluster, job)[-1]
+    vm = cluster.vm_of(victim)
+    old_trainers = [int(p.read_text()) for p in vm.glob("trainers/*/gen-1/rank-*.pid")]
+    assert old_trainers and all(_alive(pid) for pid in old_trainers)
+    os.kill(int((vm / "agent.pid").read_text()), signal.SIGKILL)
+    args = json.loads((vm / "agent.json").read_text())
+    with open(vm / "agent.log", "ab") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=cluster.env, start_new_session=True)
+    (vm / "agent.pid").write_text(str(process.pid))
+
+    def new_incarnation() -> bool:
+        return any(n["name"] == victim and n.get("incarnation", 1) >= 2 for n in cluster.nodes())
+
+    cluster.wait(new_incarnation, 60, f"{victim} to register a new incarnation")
+    cluster.wait(lambda: not any(_alive(pid) for pid in old_trainers), 30, "the old trainers to be gone")
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
+    assert final["state"] == "SUCCEEDED", final
+    assert final["generation"] >= 2
+    for path in vm.glob("trainers/*/gen-1/progress-rank-*.jsonl"):
+        generations = {json.loads(line)["generation"] for line in path.read_text().splitlines() if line.endswith("}")}
+        assert generations <= {1}
+    assert_equals_reference(cluster, checkpoints, references)
