@@ -54,6 +54,7 @@ class ControllerSettings(BaseSettings):
     stop_timeout_seconds: float = 120.0
     checkpoint_request_seconds: float = 0.0
     rendezvous_port_base: int = 29500
+    morph_cost_seconds: float = 30.0  # expected price of a morph, weighed against growth
 
 
 def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> ControllerSettings:
@@ -98,6 +99,7 @@ class Controller:
             debounce_seconds=settings.debounce_seconds,
             stop_timeout_seconds=settings.stop_timeout_seconds,
             rendezvous_port_base=settings.rendezvous_port_base,
+            morph_cost_seconds=settings.morph_cost_seconds,
         )
         self.runner = Runner(self.store, clock or SystemClock(), config, StaticProvider())
         self.stopping = asyncio.Event()

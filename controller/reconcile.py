@@ -377,12 +377,32 @@ class _Draft:
             current = planner.evaluate(job.layout)
             held = [(n, self.nodes[n].slots) for n in job.nodes]
             candidate = planner.plan(held + [(n.name, n.slots) for n in free])
+            predicted = current.samples_per_second if isinstance(current, Plan) else None
+            rate, scale = _measured_rate(job, self.now, predicted)
+            remaining = max(0, job.spec.steps - job.step) * job.spec.global_batch / rate if rate else None
             decision = decide_morph(
-                current_samples_per_second=current.samples_per_second if isinstance(current, Plan) else None,
+                current_samples_per_second=rate,
                 current_layout_intact=True,
-                candidate_samples_per_second=candidate.samples_per_second if isinstance(candidate, Plan) else None,
+                candidate_samples_per_second=candidate.samples_per_second * scale
+                if isinstance(candidate, Plan)
+                else None,
                 morph_cost_seconds=self.config.morph_cost_seconds,
                 config=self.config.policy,
+                remaining_seconds=remaining,
             )
             if decision.morph:
                 self.start_morph(job.id, Action.STOP, f"grow: {decision.detail}")
+
+
+def _measured_rate(job: JobRecord, now: float, predicted: float | None) -> tuple[float | None, float]:
+    """The job's samples/s as measured in its current generation, and measured / predicted.
+
+    Profiles calibrated on one device can be far off on a busy host; the ratio of two predictions is
+    more trustworthy than either, so the candidate is scaled by how far the current one was off.
+    """
+    elapsed = now - job.state_since
+    done = job.step - job.resume_step
+    if predicted is None or done <= 0 or elapsed <= 0:
+        return predicted, 1.0
+    measured = done * job.spec.global_batch / elapsed
+    return measured, measured / predicted

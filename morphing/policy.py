@@ -4,7 +4,9 @@ A morph costs ``morph_cost_seconds`` of no training (stop, checkpoint, restart, 
 the samples trained over the expected time until the next availability change (``horizon``) beat
 staying put: ``new * (horizon - cost) > current * horizon``; and, so that small predicted gains
 (inside the model's error) do not cause churn, the new layout must be faster by a hysteresis margin.
-A layout that lost a GPU cannot keep running: it must morph whatever the cost.
+A layout that lost a GPU cannot keep running: it must morph whatever the cost. A job that will finish
+sooner than the horizon only counts the time it has left: growing a job two steps before its end
+never pays.
 """
 
 from __future__ import annotations
@@ -49,12 +51,14 @@ def decide_morph(
     candidate_samples_per_second: float | None,
     morph_cost_seconds: float,
     config: PolicyConfig = PolicyConfig(),
+    remaining_seconds: float | None = None,
 ) -> MorphDecision:
     """Whether to morph now.
 
     ``current_samples_per_second`` is ``None`` when nothing runs; ``candidate_samples_per_second``
     is ``None`` when no layout fits the GPUs available; ``current_layout_intact`` is false when the
-    running layout uses a GPU that is gone or has an eviction notice.
+    running layout uses a GPU that is gone or has an eviction notice; ``remaining_seconds`` is how long
+    the job still has to run at its current speed (``None``: unknown, use the horizon).
     """
     if morph_cost_seconds < 0:
         raise ValueError(f"morph_cost_seconds={morph_cost_seconds}; it must be >= 0")
@@ -64,7 +68,9 @@ def decide_morph(
         return MorphDecision(True, MorphReason.START, "nothing runs and a layout fits")
     if not current_layout_intact:
         return MorphDecision(True, MorphReason.LOST_CAPACITY, "the running layout lost a GPU")
-    horizon = config.horizon_seconds
+    horizon = config.horizon_seconds if remaining_seconds is None else min(config.horizon_seconds, remaining_seconds)
+    if horizon <= 0:
+        return MorphDecision(False, MorphReason.NOT_WORTH_IT, "the job is about to finish")
     gain = candidate_samples_per_second * max(0.0, horizon - morph_cost_seconds) - current_samples_per_second * horizon
     if candidate_samples_per_second < current_samples_per_second * (1.0 + config.hysteresis):
         return MorphDecision(

@@ -309,3 +309,14 @@ def test_random_histories_keep_invariants(script: list[tuple[str, int]]) -> None
                         assert holders.setdefault(n, j.id) == j.id
     issued = [(c.job_id, c.generation) for c in sim.log if isinstance(c, StartGeneration)]
     assert len(issued) == len(set(issued))
+
+
+def test_growth_judges_by_the_measured_rate_and_the_time_left() -> None:
+    from controller.reconcile import _measured_rate
+
+    record = replace(job("j1"), state=JobState.RUNNING, state_since=100.0, step=150, resume_step=50)
+    rate, scale = _measured_rate(record, 110.0, predicted=1000.0)
+    assert rate == 100 * record.spec.global_batch / 10.0
+    assert scale == rate / 1000.0
+    assert _measured_rate(replace(record, step=50), 110.0, 1000.0) == (1000.0, 1.0)
+    assert _measured_rate(record, 110.0, None) == (None, 1.0)

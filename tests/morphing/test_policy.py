@@ -97,3 +97,16 @@ def test_config_and_cost_are_validated() -> None:
             candidate_samples_per_second=2.0,
             morph_cost_seconds=-1,
         )
+
+
+def test_a_job_about_to_finish_does_not_grow() -> None:
+    grow = {
+        "current_samples_per_second": 100.0,
+        "current_layout_intact": True,
+        "candidate_samples_per_second": 200.0,
+        "morph_cost_seconds": 30.0,
+    }
+    assert decide_morph(**grow, remaining_seconds=None).morph  # type: ignore[arg-type]
+    assert decide_morph(**grow, remaining_seconds=3600.0).morph  # type: ignore[arg-type]
+    assert not decide_morph(**grow, remaining_seconds=50.0).morph  # type: ignore[arg-type]
+    assert decide_morph(**grow, remaining_seconds=0.0).reason is MorphReason.NOT_WORTH_IT  # type: ignore[arg-type]
