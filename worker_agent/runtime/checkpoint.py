@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from morphing.errors import UserInputError
+from worker_agent.runtime.errors import CheckpointWriteFailed
 
 MANIFEST = "manifest.json"
 FORMAT = "spotmorph.checkpoint/v1"
@@ -227,6 +228,20 @@ class CheckpointWriter:
             self._error = exc
 
     def _write(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
+        try:
+            self._write_files(step, payloads, manifest)
+        except OSError as exc:
+            directory = step_dir(self.root, step)
+            if not (directory / MANIFEST).exists():
+                shutil.rmtree(directory, ignore_errors=True)
+            kept = f"step {self.last_committed}" if self.last_committed is not None else "none written by this run"
+            raise CheckpointWriteFailed(
+                f"checkpoint step {step} could not be written to {self.root}: {exc.strerror or exc}; "
+                f"its partial files were removed and the previous checkpoint ({kept}) is kept; "
+                "free space or point the job at another checkpoint_dir"
+            ) from exc
+
+    def _write_files(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
         started = time.perf_counter()
         directory = step_dir(self.root, step)
         parts = directory / ".parts"

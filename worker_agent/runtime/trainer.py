@@ -4,7 +4,8 @@
 --rendezvous HOST:PORT --generation G --checkpoint-dir DIR [--control-dir DIR] [--progress FILE]
 [--host-store]``. The generation prefixes every rendezvous key, so a trainer of generation g never
 meets one of g+1. Exit codes: 0 finished or stopped after a checkpoint, 2 bad input, 1 anything else
-(a dead peer shows up as a process-group timeout or a closed connection).
+(a dead peer shows up as a process-group timeout or a closed connection), 3 a checkpoint could not be
+written (the previous one is kept).
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ from typing import Any
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout
+from worker_agent.runtime.errors import CheckpointWriteFailed
 
 STOP_FILE = "stop"
+EXIT_CHECKPOINT_FAILED = 3
+# Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
+# long before, so this is when the trainer "started".
+ASSIGNED_AT: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,8 +171,15 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
     module_for_dtype(model, job.torch_dtype)
     assign_dropout_keys(spec.layers)
     stop = StopRequest(cfg.control_dir)
+    ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
     _rendezvous(cfg, layout.world_size, job.timeout_seconds)
-    progress.emit("started", layout=layout.describe())
+    progress.emit(
+        "started",
+        layout=layout.describe(),
+        process_started_at=ASSIGNED_AT or process_started_at(),
+        ready_at=ready_at,
+        warm=ASSIGNED_AT is not None,
+    )
 
     choice: list[Any] = [None, None, uuid.uuid4().hex[:12]]
     if cfg.rank == 0:
@@ -213,6 +226,7 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
         flags = torch.tensor([1.0 if stop.requested() else 0.0, loss_share], dtype=torch.float64)
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
         stopping = bool(flags[0] > 0)
+        stop_at = time.time()
         now = time.perf_counter()
         if step > first_step:
             progress.emit(
@@ -225,6 +239,7 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
             )
         finishing = stopping or step >= job.steps
         due = finishing or (job.checkpoint_every > 0 and step % job.checkpoint_every == 0)
+        write_started = time.perf_counter()
         if due and step != already_written:
             manifest = None
             if cfg.rank == 0:
@@ -241,11 +256,27 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
                 writer.wait()
                 progress.emit("checkpoint", step=step, last_checkpoint=writer.last_committed)
         if finishing:
-            progress.emit("stopped" if stopping else "finished", step=step, last_checkpoint=writer.last_committed)
+            progress.emit(
+                "stopped" if stopping else "finished",
+                step=step,
+                last_checkpoint=writer.last_committed,
+                stop_at=stop_at,
+                checkpoint_seconds=time.perf_counter() - write_started,
+            )
             return 0
         last_time = time.perf_counter()
         loss_share = runner.run_step(step)
         step += 1
+
+
+def process_started_at() -> float | None:
+    """When this process was created (unix seconds, 10 ms resolution), from /proc; None elsewhere."""
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(") ", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - started)
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _warn(message: str) -> None:
@@ -261,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit("error", kind="input", message=str(exc))
         code = 2
+    except CheckpointWriteFailed as exc:
+        print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
+        progress.emit("error", kind="checkpoint", message=str(exc))
+        code = EXIT_CHECKPOINT_FAILED
     except BaseException as exc:
         traceback.print_exc()
         print(f"spotmorph trainer (rank {cfg.rank}): aborting: {exc!r}", file=sys.stderr, flush=True)
