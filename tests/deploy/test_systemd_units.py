@@ -1,0 +1,35 @@
+"""The systemd units parse and verify (with the installed command standing in for /opt/spotmorph)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+UNITS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "systemd").glob("*.service"))
+INSTALLED = "/opt/spotmorph/.venv/bin/spotmorph"
+
+
+def test_units_exist_and_run_as_a_non_root_user() -> None:
+    assert {u.name for u in UNITS} == {"spotmorph-agent.service", "spotmorph-controller.service"}
+    for unit in UNITS:
+        text = unit.read_text()
+        assert "User=spotmorph" in text
+        assert "Restart=always" in text
+        assert INSTALLED in text
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
+def test_systemd_analyze_verify(unit: Path, tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here")
+    command = Path(sys.executable).with_name("spotmorph")
+    local = tmp_path / unit.name
+    local.write_text(unit.read_text().replace(INSTALLED, str(command)))
+    result = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True, timeout=60)
+    problems = [line for line in (result.stdout + result.stderr).splitlines() if unit.name in line]
+    assert result.returncode == 0 and not problems, result.stdout + result.stderr
