@@ -250,17 +250,17 @@ def _replay(args: argparse.Namespace, context: Context, provider: LocalProcessPr
         delay = seconds / args.speedup - (time.monotonic() - start)
         if delay > 0:
             time.sleep(delay)
-        live = [v for v in provider.vms() if v.alive() and v.node_name]
+        live = [v for v in provider.vms() if v.alive()]
         want = round(count * args.max_nodes / peak)
         if want > len(live):
             provider.start(want - len(live))
             print(f"t={seconds:>8.0f}s  +{want - len(live)} node(s)", flush=True)
         for vm in reversed(live[want:] if want < len(live) else []):
-            if args.notice > 0:
-                _schedule_eviction(context.imds_url, vm.node_name or "", args.notice / args.speedup)
+            if args.notice > 0 and vm.node_name:
+                _schedule_eviction(context.imds_url, vm.node_name, args.notice / args.speedup)
             else:
                 kill_vm(vm)
-            print(f"t={seconds:>8.0f}s  evict {vm.node_name}", flush=True)
+            print(f"t={seconds:>8.0f}s  evict {vm.node_name or vm.directory.name}", flush=True)
     return 0
 
 
