@@ -10,30 +10,12 @@ from __future__ import annotations
 import time
 
 from bench.common import ROOT, machine, median, spotmorph, time_command
-from morphing.layout import Layout, contiguous_placement, local_nodes
+from morphing.layout import local_nodes
 from morphing.planner import Planner, throughput
 from morphing.profile import parse_profile
 
 PROFILE = ROOT / "examples" / "profiles" / "gpt48.json"
 ARGS = ("--profile", str(PROFILE), "--gpus-per-node", "8", "--global-batch", "512", "--json")
-
-
-def exhaustive(planner: Planner, gpus: int, per_node: int) -> float:
-    nodes = local_nodes(gpus, per_node)
-    best = 0.0
-    for stages in range(1, min(planner.num_layers, gpus) + 1):
-        for m in planner.profile.micro_batch_sizes:
-            for replicas in range(1, min(gpus // stages, planner.global_batch) + 1):
-                micro_batches = -(-planner.global_batch // (replicas * m))
-                partition = planner.costs[m].balanced_partition(
-                    stages, planner.schedule, micro_batches, planner.memory_limit
-                )
-                if partition is None:
-                    continue
-                placement = contiguous_placement(stages * replicas, nodes)
-                layout = Layout(stages, replicas, m, planner.global_batch, partition.stage_layers, placement)
-                best = max(best, throughput(planner.evaluate(layout)))
-    return best
 
 
 def run() -> str:
@@ -45,7 +27,7 @@ def run() -> str:
     pruned = throughput(Planner(profile, 512).plan_gpus(128, 8))
     pruned_s = time.perf_counter() - start
     start = time.perf_counter()
-    full = exhaustive(Planner(profile, 512), 128, 8)
+    full = Planner(profile, 512).best_by_exhaustion(local_nodes(128, 8))
     full_s = time.perf_counter() - start
     assert abs(full - pruned) <= 1e-9 * full, (full, pruned)
     return "\n".join(

@@ -222,6 +222,24 @@ class Planner:
         assert isinstance(result, Plan)
         return replace(result, gpus=space.gpus, notes=self._notes(space.gpus, result))
 
+    def best_by_exhaustion(self, nodes: Sequence[tuple[str, int]]) -> float:
+        """Best samples/s over every (P, m, D) on ``nodes``, each simulated: no pruning, no bounds.
+
+        The slow reference the pruned search must equal (tests and ``bench/plan_bench.py``).
+        """
+        gpus = sum(slots for _name, slots in nodes)
+        best = 0.0
+        for stages in range(1, min(self.num_layers, gpus) + 1):
+            for m in self.profile.micro_batch_sizes:
+                for replicas in range(1, min(gpus // stages, self.global_batch) + 1):
+                    partition = self._partition(stages, m, -(-self.global_batch // (replicas * m)))
+                    if partition is None:
+                        continue
+                    placement = contiguous_placement(stages * replicas, nodes)
+                    layout = Layout(stages, replicas, m, self.global_batch, partition.stage_layers, placement)
+                    best = max(best, throughput(self.evaluate(layout)))
+        return best
+
     def evaluate(self, layout: Layout) -> PlanResult:
         """Predicted cost of a given layout (any placement), or why it does not fit in memory."""
         if layout.num_layers != self.num_layers:

@@ -125,6 +125,16 @@ class LocalCluster:
         self.cli("local", "down", check=False)
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
+
+
 def reference(tmp_dir: Path, steps: int, global_batch: int, seed: int) -> Path:
     """The uninterrupted single-process run the elastic one must equal (float64)."""
     out = tmp_dir / f"reference-{steps}-{global_batch}-{seed}"

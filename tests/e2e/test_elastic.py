@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import LocalCluster, max_rel_diff, reference
+from .conftest import LocalCluster, alive, max_rel_diff, reference
 
 pytestmark = pytest.mark.slow
 
@@ -123,15 +123,6 @@ def test_controller_kill_9_mid_training(cluster: LocalCluster, tmp_path: Path, r
     assert_equals_reference(cluster, checkpoints, references)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
-
-
 def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
     cluster.up(nodes=2)
     checkpoints = tmp_path / "ckpt"
@@ -140,7 +131,7 @@ def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp
     victim = job_nodes(cluster, job)[-1]
     vm = cluster.vm_of(victim)
     old_trainers = [int(p.read_text()) for p in vm.glob("trainers/*/gen-1/rank-*.pid")]
-    assert old_trainers and all(_alive(pid) for pid in old_trainers)
+    assert old_trainers and all(alive(pid) for pid in old_trainers)
     os.kill(int((vm / "agent.pid").read_text()), signal.SIGKILL)
     args = json.loads((vm / "agent.json").read_text())
     with open(vm / "agent.log", "ab") as log:
@@ -151,7 +142,7 @@ def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp
         return any(n["name"] == victim and n.get("incarnation", 1) >= 2 for n in cluster.nodes())
 
     cluster.wait(new_incarnation, 60, f"{victim} to register a new incarnation")
-    cluster.wait(lambda: not any(_alive(pid) for pid in old_trainers), 30, "the old trainers to be gone")
+    cluster.wait(lambda: not any(alive(pid) for pid in old_trainers), 30, "the old trainers to be gone")
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
     assert final["generation"] >= 2

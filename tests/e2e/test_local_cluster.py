@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from .conftest import LocalCluster
+from .conftest import LocalCluster, alive
 
 pytestmark = pytest.mark.slow
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
 
 
 def test_without_a_cluster_commands_say_how_to_start_one(cluster: LocalCluster) -> None:
@@ -46,6 +36,6 @@ def test_replay_follows_the_trace_and_down_cleans_everything(cluster: LocalClust
     pids = [int(p.read_text()) for p in cluster.cluster.rglob("*.pid")]
     assert pids
     cluster.cli("local", "down")
-    cluster.wait(lambda: not any(_alive(pid) for pid in pids), 30, "every process to end")
+    cluster.wait(lambda: not any(alive(pid) for pid in pids), 30, "every process to end")
     assert not cluster.cluster.exists()
     assert not (cluster.home / "context.json").exists()

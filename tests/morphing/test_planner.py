@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from morphing.errors import UserInputError
-from morphing.layout import Layout, contiguous_placement, local_nodes
+from morphing.layout import local_nodes
 from morphing.planner import Infeasible, Plan, Planner, throughput
 from morphing.profile import Profile, parse_profile
 from morphing.stages import GIB
@@ -20,29 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GPT48 = parse_profile((ROOT / "examples" / "profiles" / "gpt48.json").read_text())
 
 
-def _exhaustive_best(planner: Planner, gpus: int, per_node: int) -> float:
-    """Every (P, m, D) with its balanced partition, evaluated one by one: the planner must match."""
-    nodes = local_nodes(gpus, per_node)
-    best = 0.0
-    for stages in range(1, min(planner.num_layers, gpus) + 1):
-        for m in planner.profile.micro_batch_sizes:
-            for replicas in range(1, min(gpus // stages, planner.global_batch) + 1):
-                micro_batches = -(-planner.global_batch // (replicas * m))
-                partition = planner._partition(stages, m, micro_batches)
-                if partition is None:
-                    continue
-                layout = Layout(
-                    stages,
-                    replicas,
-                    m,
-                    planner.global_batch,
-                    partition.stage_layers,
-                    contiguous_placement(stages * replicas, nodes),
-                )
-                best = max(best, throughput(planner.evaluate(layout)))
-    return best
-
-
 @settings(max_examples=60, deadline=None)
 @given(profiles(max_layers=6), st.integers(1, 48), st.integers(1, 12), st.integers(1, 4), st.data())
 def test_planner_is_optimal_within_its_model(
@@ -50,7 +27,7 @@ def test_planner_is_optimal_within_its_model(
 ) -> None:
     planner = Planner(profile, batch, data.draw(schedules))
     result = planner.plan_gpus(gpus, per_node)
-    best = _exhaustive_best(planner, gpus, per_node)
+    best = planner.best_by_exhaustion(local_nodes(gpus, per_node))
     if best == 0.0:
         assert isinstance(result, Infeasible)
         assert result.reason.startswith("memory")
