@@ -33,6 +33,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("nodes", "controller.commands.nodes", "list the cluster's nodes"),
     ("events", "controller.commands.events", "the controller's event log (--follow to keep watching)"),
     ("cancel", "controller.commands.cancel", "cancel a job"),
+    ("timeline", "controller.commands.timeline", "one picture of a job over time (HTML)"),
     ("certs", "controller.commands.certs", "make a CA and TLS certificates for a cluster (mutual TLS)"),
 )
 

@@ -1,0 +1,187 @@
+"""One picture of a job over time, from the controller's event log: a self-contained HTML page.
+
+Pure: events (as ``spotmorph events --json`` prints them) in, HTML with inline SVG out. Panels share
+the time axis: nodes available, samples/s between checkpoints, and the generations as bands labelled
+with their layout; evictions, losses and arrivals are marked on the nodes panel, checkpoints on
+the throughput panel.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+LIVE = frozenset({"READY", "ASSIGNED", "DRAINING"})
+WIDTH, PANEL, MARGIN = 960, 150, 60
+
+
+@dataclass(frozen=True)
+class Generation:
+    number: int
+    start: float
+    layout: str
+    cause: str
+
+
+@dataclass
+class Timeline:
+    job: str
+    start: float = 0.0
+    end: float = 0.0
+    nodes: list[tuple[float, int]] = field(default_factory=list)  # (time, nodes available from then on)
+    throughput: list[tuple[float, float, float]] = field(default_factory=list)  # (from, to, samples/s)
+    checkpoints: list[tuple[float, int]] = field(default_factory=list)
+    generations: list[Generation] = field(default_factory=list)
+    marks: list[tuple[float, str, str]] = field(default_factory=list)  # (time, kind, node)
+
+
+def build(events: Iterable[Mapping[str, Any]], job: str, global_batch: int) -> Timeline:
+    """The timeline of ``job`` (cluster-wide node counts, the job's own generations and progress)."""
+    timeline = Timeline(job)
+    states: dict[str, str] = {}
+    last_checkpoint: tuple[float, int] | None = None
+    times: list[float] = []
+    for event in events:
+        at, kind, data = float(event["at"]), str(event["kind"]), event.get("data") or {}
+        node = str(event.get("node") or "")
+        times.append(at)
+        if kind == "NodeRegistered":
+            states[node] = "JOINING"
+            timeline.marks.append((at, "arrival", node))
+        elif kind == "NodeStateChanged" and node:
+            states[node] = str(data.get("to", ""))
+            if states[node] in ("LOST", "GONE") and data.get("from") in LIVE:
+                timeline.marks.append((at, "loss", node))
+        elif kind == "EvictionNoticed":
+            timeline.marks.append((at, "eviction", node))
+        if kind.startswith("Node"):
+            count = sum(1 for state in states.values() if state in LIVE)
+            if timeline.nodes and timeline.nodes[-1][0] == at:
+                timeline.nodes[-1] = (at, count)
+            elif not timeline.nodes or timeline.nodes[-1][1] != count:
+                timeline.nodes.append((at, count))
+        if event.get("job") != job:
+            continue
+        if kind == "GenerationIssued":
+            generation = Generation(
+                int(data.get("generation", 0)), at, str(data.get("layout", "")), str(data.get("cause", ""))
+            )
+            timeline.generations.append(generation)
+            last_checkpoint = (at, int(data.get("resume_step", 0)))
+        elif kind == "CheckpointCommitted":
+            step = int(data.get("step", 0))
+            timeline.checkpoints.append((at, step))
+            if last_checkpoint is not None and at > last_checkpoint[0] and step > last_checkpoint[1]:
+                rate = (step - last_checkpoint[1]) * global_batch / (at - last_checkpoint[0])
+                timeline.throughput.append((last_checkpoint[0], at, rate))
+            last_checkpoint = (at, step)
+    if times:
+        timeline.start, timeline.end = min(times), max(times)
+    return timeline
+
+
+def render_html(timeline: Timeline, title: str) -> str:
+    span = max(timeline.end - timeline.start, 1e-9)
+
+    def x(at: float) -> float:
+        return MARGIN + (at - timeline.start) / span * (WIDTH - 2 * MARGIN)
+
+    panels = [
+        _panel("nodes available", _nodes(timeline, x), 0),
+        _panel("samples/s (between checkpoints)", _throughput(timeline, x), 1),
+        _panel("generations (P x D)", _generations(timeline, x), 2),
+    ]
+    axis = _axis(timeline, x, 3 * PANEL)
+    body = "\n".join(panels) + axis
+    height = 3 * PANEL + 40
+    return (
+        "<!doctype html>\n<html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title>"
+        "<style>body{font-family:sans-serif;margin:16px} text{font-size:11px}</style></head><body>"
+        f"<h2>{html.escape(title)}</h2>"
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{height}' role='img'>{body}</svg>"
+        "<p>Markers: <span style='color:#c0392b'>&#9660; eviction notice</span>, "
+        "<span style='color:#7f1d1d'>&#10006; node lost or gone</span>, "
+        "<span style='color:#1e8449'>&#9650; node arrived</span>, | checkpoint.</p>"
+        "</body></html>\n"
+    )
+
+
+def _panel(label: str, content: str, index: int) -> str:
+    top = index * PANEL
+    return (
+        f"<g transform='translate(0,{top})'><rect x='{MARGIN}' y='10' width='{WIDTH - 2 * MARGIN}' "
+        f"height='{PANEL - 30}' fill='#fafafa' stroke='#ddd'/><text x='{MARGIN}' y='8'>{html.escape(label)}</text>"
+        f"{content}</g>"
+    )
+
+
+def _scale(value: float, top: float) -> float:
+    return 10 + (PANEL - 30) * (1 - value / top) if top > 0 else PANEL - 20
+
+
+def _nodes(timeline: Timeline, x: Any) -> str:
+    if not timeline.nodes:
+        return ""
+    top = max(n for _, n in timeline.nodes) or 1
+    points = []
+    for (at, count), (following, _) in zip(timeline.nodes, [*timeline.nodes[1:], (timeline.end, 0)], strict=True):
+        points += [f"{x(at):.1f},{_scale(count, top):.1f}", f"{x(following):.1f},{_scale(count, top):.1f}"]
+    parts = [f"<polyline fill='none' stroke='#2c3e50' stroke-width='2' points='{' '.join(points)}'/>"]
+    parts.append(f"<text x='{MARGIN - 6}' y='{_scale(top, top) + 4:.1f}' text-anchor='end'>{top}</text>")
+    glyphs = {"eviction": ("&#9660;", "#c0392b"), "loss": ("&#10006;", "#7f1d1d"), "arrival": ("&#9650;", "#1e8449")}
+    for at, kind, node in timeline.marks:
+        glyph, colour = glyphs[kind]
+        parts.append(
+            f"<text x='{x(at):.1f}' y='{PANEL - 22}' fill='{colour}' text-anchor='middle'>"
+            f"<title>{html.escape(kind)} {html.escape(node)}</title>{glyph}</text>"
+        )
+    return "".join(parts)
+
+
+def _throughput(timeline: Timeline, x: Any) -> str:
+    top = max((rate for _, _, rate in timeline.throughput), default=0.0)
+    parts = []
+    for start, end, rate in timeline.throughput:
+        y = _scale(rate, top)
+        parts.append(
+            f"<rect x='{x(start):.1f}' y='{y:.1f}' width='{max(x(end) - x(start), 1):.1f}' "
+            f"height='{PANEL - 20 - y:.1f}' fill='#5dade2'><title>{rate:.1f} samples/s</title></rect>"
+        )
+    for at, step in timeline.checkpoints:
+        parts.append(
+            f"<line x1='{x(at):.1f}' x2='{x(at):.1f}' y1='{PANEL - 24}' y2='{PANEL - 16}' stroke='#555'>"
+            f"<title>checkpoint at step {step}</title></line>"
+        )
+    if top:
+        parts.append(f"<text x='{MARGIN - 6}' y='14' text-anchor='end'>{top:.0f}</text>")
+    return "".join(parts)
+
+
+def _generations(timeline: Timeline, x: Any) -> str:
+    colours = ("#f5b041", "#58d68d", "#af7ac5", "#5dade2", "#ec7063", "#48c9b0")
+    parts = []
+    bands: Sequence[Generation] = timeline.generations
+    for generation, following in zip(bands, [*bands[1:], None], strict=False):
+        end = following.start if following else timeline.end
+        left, width = x(generation.start), max(x(end) - x(generation.start), 1)
+        colour = colours[generation.number % len(colours)]
+        label = f"g{generation.number} {generation.layout.split(' (')[0]}"
+        parts.append(
+            f"<rect x='{left:.1f}' y='30' width='{width:.1f}' height='60' fill='{colour}' opacity='0.7'>"
+            f"<title>generation {generation.number}: {html.escape(generation.layout)} "
+            f"({html.escape(generation.cause)})</title></rect>"
+            f"<text x='{left + 3:.1f}' y='64'>{html.escape(label)}</text>"
+        )
+    return "".join(parts)
+
+
+def _axis(timeline: Timeline, x: Any, top: float) -> str:
+    span = timeline.end - timeline.start
+    ticks = []
+    for i in range(6):
+        at = timeline.start + span * i / 5
+        ticks.append(f"<text x='{x(at):.1f}' y='{top + 14}' text-anchor='middle'>{at - timeline.start:.0f}s</text>")
+    return "".join(ticks)
