@@ -87,7 +87,10 @@ def node_to_pb(node: NodeRecord) -> pb.Node:
     return message
 
 
-def assignment_to_pb(assignment: Assignment | None) -> pb.Assignment | None:
+def assignment_to_pb(
+    assignment: Assignment | None, layout: pb.Layout | None = None, spec: pb.JobSpec | None = None
+) -> pb.Assignment | None:
+    """``layout``/``spec``: the wire form of the assignment's layout and spec when the caller keeps them."""
     if assignment is None:
         return None
     return pb.Assignment(
@@ -95,13 +98,13 @@ def assignment_to_pb(assignment: Assignment | None) -> pb.Assignment | None:
         generation=assignment.generation,
         ranks=list(assignment.ranks),
         slots=list(assignment.slots),
-        layout=layout_to_pb(assignment.layout),
+        layout=layout or layout_to_pb(assignment.layout),
         rendezvous_endpoint=assignment.rendezvous,
         checkpoint_dir=assignment.checkpoint_dir,
         resume_step=assignment.resume_step,
         action=pb.Action.Value(f"ACTION_{assignment.action}"),
         entrypoint=assignment.entrypoint,
-        spec=spec_to_pb(assignment.spec),
+        spec=spec or spec_to_pb(assignment.spec),
         checkpoint_request=assignment.checkpoint_request,
         world_size=assignment.layout.world_size,
     )

@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controller.auth import AuthInterceptor, Role, Tokens, read_or_create_token
+from controller.latency import Histogram
 from controller.providers import StaticProvider
 from controller.reconcile import Config
 from controller.runner import Clock, Runner, SystemClock
@@ -84,6 +85,8 @@ class Controller:
     """A running controller; ``await start()``, then ``await stop()`` (also what SIGTERM does)."""
 
     def __init__(self, settings: ControllerSettings, clock: Clock | None = None) -> None:
+        # APScheduler logs every run of every interval job at INFO ("Running job Runner.tick" each second).
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)
         self.settings = settings
         state = settings.state_dir
         state.mkdir(parents=True, exist_ok=True)
@@ -118,8 +121,10 @@ class Controller:
             ],
         )
         rpc.add_JobsServicer_to_server(JobsService(self.runner, self.tokens, self.stopping), self.server)
-        rpc.add_ClusterServicer_to_server(ClusterService(self.runner, self.store.schema_version()), self.server)
-        agent = AgentService(self.runner, self.tokens, settings.heartbeat_interval_seconds)
+        self.heartbeat_latency = Histogram()
+        cluster = ClusterService(self.runner, self.store.schema_version(), self.heartbeat_latency)
+        rpc.add_ClusterServicer_to_server(cluster, self.server)
+        agent = AgentService(self.runner, self.tokens, settings.heartbeat_interval_seconds, self.heartbeat_latency)
         rpc.add_AgentServicer_to_server(agent, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Jobs", "Cluster", "Agent")]

@@ -95,6 +95,14 @@ class World:
     started_at: float = 0.0
 
 
+def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:
+    """Node name -> the global ranks it runs in ``layout`` (in rank order), in one pass."""
+    found: dict[str, list[int]] = {}
+    for rank, slot in enumerate(layout.placement):
+        found.setdefault(slot.node, []).append(rank)
+    return {name: tuple(ranks) for name, ranks in found.items()}
+
+
 @dataclass(frozen=True)
 class Assignment:
     """What one node should run: the reply to its heartbeat."""

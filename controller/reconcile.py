@@ -35,6 +35,7 @@ from controller.model import (
     SetNode,
     StartGeneration,
     World,
+    ranks_by_node,
 )
 from morphing.planner import Plan, Planner
 from morphing.policy import PolicyConfig, decide_morph
@@ -79,15 +80,23 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
     return draft.commands
 
 
-def assignment_for(world: World, node_name: str) -> Assignment | None:
-    """The assignment a node's heartbeat gets back; ``None``: run nothing."""
+def assignment_for(
+    world: World, node_name: str, ranks_of: Mapping[str, tuple[int, ...]] | None = None
+) -> Assignment | None:
+    """The assignment a node's heartbeat gets back; ``None``: run nothing.
+
+    ``ranks_of``: ``ranks_by_node`` of the node's job's layout when the caller keeps it (it is the same
+    for every heartbeat of a generation); computed here otherwise.
+    """
     node = world.nodes.get(node_name)
     if node is None or node.job is None or node.state is N.GONE:
         return None
     job = world.jobs.get(node.job)
     if job is None or job.layout is None or job.state not in ACTIVE_JOB:
         return None
-    ranks = tuple(r for r, s in enumerate(job.layout.placement) if s.node == node_name)
+    if ranks_of is None:
+        ranks_of = ranks_by_node(job.layout)
+    ranks = ranks_of.get(node_name, ())
     if not ranks:
         return None
     return Assignment(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,7 +31,8 @@ from controller.reconcile import Config, cancel, reconcile
 from controller.spec import JobSpec
 from controller.store import Store
 from morphing.errors import UserInputError
-from morphing.planner import Planner
+from morphing.layout import Layout
+from morphing.planner import Planner, PlanResult
 from morphing.profile import parse_profile
 
 log = logging.getLogger("spotmorph.controller")
@@ -54,6 +55,37 @@ def _essence(seen: NodeObservation | None) -> object:
     return (seen.incarnation, seen.eviction_not_before, tuple(ranks))
 
 
+class MemoPlanner(Planner):
+    """A planner that remembers its recent answers (planning is a pure function of its inputs).
+
+    Reconcile runs at every state change and every tick, and the growth check asks the same question
+    each time (the best plan on the job's nodes plus the free ones): on ~1,000 GPUs that is most of a
+    second, so it is answered once per distinct set of nodes, not once per reconcile.
+    """
+
+    MAX_REMEMBERED = 32
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plans: dict[tuple[tuple[tuple[str, int], ...], int | None], PlanResult] = {}
+        self._evaluated: tuple[Layout, PlanResult] | None = None
+
+    def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None) -> PlanResult:
+        key = (tuple(nodes), stages)
+        found = self._plans.get(key)
+        if found is None:
+            found = super().plan(nodes, stages)
+            if len(self._plans) >= self.MAX_REMEMBERED:
+                self._plans.clear()
+            self._plans[key] = found
+        return found
+
+    def evaluate(self, layout: Layout) -> PlanResult:
+        if self._evaluated is None or self._evaluated[0] is not layout:
+            self._evaluated = (layout, super().evaluate(layout))
+        return self._evaluated[1]
+
+
 class Runner:
     def __init__(self, store: Store, clock: Clock, config: Config, provider: Provider) -> None:
         self.store = store
@@ -70,6 +102,9 @@ class Runner:
         self._planners: dict[str, Planner | str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.reconciles = 0
+        self.coalesce_seconds = 0.005  # how long the first of a burst of state changes waits for others
+        self._wanted = 0  # observations that asked for a reconcile, counted
+        self._decided = 0  # the newest of those that a finished reconcile included
 
     @property
     def world(self) -> World:
@@ -80,7 +115,7 @@ class Runner:
         if cached is None:
             try:
                 profile = parse_profile(Path(job.spec.profile).read_text(), what=f"profile {job.spec.profile}")
-                cached = Planner(profile, job.spec.global_batch, job.spec.schedule)
+                cached = MemoPlanner(profile, job.spec.global_batch, job.spec.schedule)
             except (OSError, UserInputError) as exc:
                 cached = f"profile: {exc}"
             self._planners[job.id] = cached
@@ -120,7 +155,9 @@ class Runner:
         active = (JobState.QUEUED, JobState.RUNNING, JobState.MORPHING)
         planners = {j.id: self.planner(j) for j in self.jobs.values() if j.state in active}
         self.reconciles += 1
+        included = self._wanted  # every observation recorded so far is seen by this reconcile
         self.commit(reconcile(self.world, self.clock.now(), self.config, planners))
+        self._decided = max(self._decided, included)
 
     async def decide(self, make: Callable[[World, float], list[Command]]) -> None:
         """Run a pure decision on the current world and commit it, then reconcile."""
@@ -129,12 +166,27 @@ class Runner:
             self._reconcile()
 
     async def observe(self, name: str, seen: NodeObservation) -> None:
+        """Record what a node reports; when it can change a decision, return only after a reconcile saw it."""
         previous = self.observed.get(name)
         self.observed[name] = seen
         node = self.nodes.get(name)
         joining = node is not None and node.state.value == "JOINING"
         if joining or _essence(previous) != _essence(seen):
-            async with self.lock:
+            await self._reconcile_soon()
+
+    async def _reconcile_soon(self) -> None:
+        """Reconcile once for a burst of observations (e.g. 1,000 trainers exiting within a second).
+
+        Every caller recorded its observation before calling. The first caller waits a moment so that
+        others arriving meanwhile are recorded too, then runs one reconcile (one transaction) that sees
+        them all; a caller whose observation an already finished reconcile saw returns without another.
+        Replies still go out only after their observation was decided on and persisted.
+        """
+        self._wanted += 1
+        mine = self._wanted
+        await asyncio.sleep(self.coalesce_seconds)
+        async with self.lock:
+            if self._decided < mine:
                 self._reconcile()
 
     async def submit(self, spec: JobSpec) -> JobRecord:

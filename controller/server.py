@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, NoReturn, TypeAlias
@@ -17,12 +18,14 @@ import grpc
 
 from controller import agents, convert
 from controller.auth import Principal, Role, Tokens, principal_of
+from controller.latency import BOUNDS, Histogram
 from controller.lifecycle import JOB_TERMINAL
-from controller.model import NodeObservation
+from controller.model import JobRecord, NodeObservation, NodeRecord, ranks_by_node
 from controller.reconcile import assignment_for
 from controller.runner import Runner
-from controller.spec import parse_spec
+from controller.spec import JobSpec, parse_spec
 from morphing.errors import UserInputError
+from morphing.layout import Layout
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 from scheduler.queue import QueueEntry, admission_order
@@ -106,9 +109,10 @@ class JobsService(rpc.JobsServicer):
 
 
 class ClusterService(rpc.ClusterServicer):
-    def __init__(self, runner: Runner, schema_version: int) -> None:
+    def __init__(self, runner: Runner, schema_version: int, heartbeat_latency: Histogram | None = None) -> None:
         self.runner = runner
         self.schema_version = schema_version
+        self.heartbeat_latency = heartbeat_latency or Histogram()
 
     async def ListNodes(self, request: pb.ListNodesRequest, context: Context) -> pb.ListNodesResponse:
         nodes = sorted(self.runner.nodes.values(), key=lambda n: (n.joined_at, n.name))
@@ -125,14 +129,23 @@ class ClusterService(rpc.ClusterServicer):
             queue=[e.job_id for e in admission_order(queued)],
             started_at=runner.started_at,
             schema_version=self.schema_version,
+            heartbeat_latency=pb.LatencyHistogram(
+                count=self.heartbeat_latency.count,
+                sum_seconds=self.heartbeat_latency.sum,
+                bucket_upper_seconds=BOUNDS,
+                bucket_counts=self.heartbeat_latency.counts,
+            ),
         )
 
 
 class AgentService(rpc.AgentServicer):
-    def __init__(self, runner: Runner, tokens: Tokens, interval: float) -> None:
+    def __init__(self, runner: Runner, tokens: Tokens, interval: float, latency: Histogram | None = None) -> None:
         self.runner = runner
         self.tokens = tokens
         self.interval = interval
+        self.latency = latency or Histogram()  # time inside Heartbeat, shown in GetClusterState
+        self._replies: dict[str, tuple[NodeRecord | None, JobRecord | None, pb.Assignment | None]] = {}
+        self._layouts: dict[str, tuple[Layout, JobSpec, pb.Layout | None, pb.JobSpec, dict[str, tuple[int, ...]]]] = {}
 
     async def Register(self, request: pb.RegisterRequest, context: Context) -> pb.RegisterResponse:
         if not 1 <= request.slots <= 1024:
@@ -185,16 +198,44 @@ class AgentService(rpc.AgentServicer):
                 )
 
     def _reply_assignment(self, name: str) -> pb.Assignment | None:
-        return convert.assignment_to_pb(assignment_for(self.runner.world, name))
+        """The node's assignment on the wire, rebuilt only when its node or job record changed.
+
+        Records are immutable and replaced on every change, so identity says "unchanged". The parts that
+        are the same for every node of a generation (layout JSON, spec, who runs which rank) are built
+        once per layout, not once per heartbeat: for a job on 1,000 nodes they are O(nodes) each.
+        """
+        runner = self.runner
+        node = runner.nodes.get(name)
+        job = runner.jobs.get(node.job) if node is not None and node.job is not None else None
+        hit = self._replies.get(name)
+        if hit is not None and hit[0] is node and hit[1] is job:
+            return hit[2]
+        layout_pb: pb.Layout | None = None
+        spec_pb: pb.JobSpec | None = None
+        ranks_of: dict[str, tuple[int, ...]] | None = None
+        if job is not None and job.layout is not None:
+            found = self._layouts.get(job.id)
+            if found is None or found[0] is not job.layout or found[1] is not job.spec:
+                layout_pb, spec_pb = convert.layout_to_pb(job.layout), convert.spec_to_pb(job.spec)
+                found = (job.layout, job.spec, layout_pb, spec_pb, ranks_by_node(job.layout))
+                self._layouts[job.id] = found
+            _, _, layout_pb, spec_pb, ranks_of = found
+        reply = convert.assignment_to_pb(assignment_for(runner.world, name, ranks_of), layout_pb, spec_pb)
+        self._replies[name] = (node, job, reply)
+        return reply
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
-        await self._fence(request.node_name, request.incarnation, context)
-        await self._check_generations(request.trainers, context)
-        seen = convert.observation_from_pb(request, self.runner.clock.now())
-        await self.runner.observe(request.node_name, seen)
-        return pb.HeartbeatResponse(
-            assignment=self._reply_assignment(request.node_name), heartbeat_interval_seconds=self.interval
-        )
+        started = time.perf_counter()
+        try:
+            await self._fence(request.node_name, request.incarnation, context)
+            await self._check_generations(request.trainers, context)
+            seen = convert.observation_from_pb(request, self.runner.clock.now())
+            await self.runner.observe(request.node_name, seen)
+            return pb.HeartbeatResponse(
+                assignment=self._reply_assignment(request.node_name), heartbeat_interval_seconds=self.interval
+            )
+        finally:
+            self.latency.record(time.perf_counter() - started)
 
     async def ReportEvent(self, request: pb.ReportEventRequest, context: Context) -> pb.ReportEventResponse:
         name = request.node_name

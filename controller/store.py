@@ -43,6 +43,7 @@ from controller.model import (
     SetJob,
     SetNode,
     StartGeneration,
+    ranks_by_node,
 )
 from controller.spec import JobSpec
 from morphing.layout import Layout
@@ -238,9 +239,19 @@ class Store:
         return job
 
     def persist(self, commands: Iterable[Command]) -> None:
+        """One transaction; consecutive node updates (a generation issued on 1,000 nodes) are batched."""
         with self.engine.begin() as conn:
+            batch: list[SetNode] = []
             for command in commands:
+                if isinstance(command, SetNode):
+                    batch.append(command)
+                    continue
+                if batch:
+                    _write_nodes(conn, batch)
+                    batch = []
                 _write(conn, command)
+            if batch:
+                _write_nodes(conn, batch)
 
     def events(self, after: int = 0, job: str | None = None, limit: int = 1000) -> list[EventRow]:
         query = select(events).where(events.c.seq > after).order_by(events.c.seq).limit(limit)
@@ -299,24 +310,41 @@ def migrate(engine: Engine, migrations: Sequence[Callable[[Connection], None]] =
     return len(migrations)
 
 
+_upsert_node = sqlite_insert(nodes)
+UPSERT_NODE = _upsert_node.on_conflict_do_update(
+    index_elements=["name"],
+    set_={
+        "incarnation": _upsert_node.excluded.incarnation,
+        "state": _upsert_node.excluded.state,
+        "data": _upsert_node.excluded.data,
+    },
+)
+ADD_INCARNATION = sqlite_insert(incarnations).on_conflict_do_nothing()
+
+
+def _write_nodes(conn: Connection, commands: Sequence[SetNode]) -> None:
+    """Node upserts, incarnations and state-change events of ``commands``, one executemany each, in order."""
+    rows = [
+        {"name": n.name, "incarnation": n.incarnation, "state": str(n.state), "data": node_to_dict(n)}
+        for n in (c.node for c in commands)
+    ]
+    conn.execute(UPSERT_NODE, rows)
+    conn.execute(
+        ADD_INCARNATION,
+        [{"node": c.node.name, "incarnation": c.node.incarnation, "registered_at": c.node.joined_at} for c in commands],
+    )
+    changes = [
+        _event_row(c.change.at, "NodeStateChanged", c.node.job, c.node.name, _change(c.change))
+        for c in commands
+        if c.change
+    ]
+    if changes:
+        conn.execute(insert(events), changes)
+
+
 def _write(conn: Connection, command: Command) -> None:
     if isinstance(command, SetNode):
-        node = command.node
-        data = node_to_dict(node)
-        conn.execute(
-            sqlite_insert(nodes)
-            .values(name=node.name, incarnation=node.incarnation, state=str(node.state), data=data)
-            .on_conflict_do_update(
-                index_elements=["name"], set_={"incarnation": node.incarnation, "state": str(node.state), "data": data}
-            )
-        )
-        conn.execute(
-            sqlite_insert(incarnations)
-            .values(node=node.name, incarnation=node.incarnation, registered_at=node.joined_at)
-            .on_conflict_do_nothing()
-        )
-        if command.change:
-            _event(conn, command.change.at, "NodeStateChanged", node.job, node.name, _change(command.change))
+        _write_nodes(conn, [command])
     elif isinstance(command, SetJob):
         job = command.job
         conn.execute(jobs.update().where(jobs.c.id == job.id).values(state=str(job.state), data=job_to_dict(job)))
@@ -335,11 +363,12 @@ def _write(conn: Connection, command: Command) -> None:
                 issued_at=command.at,
             )
         )
-        for name in layout.nodes():
-            ranks = [r for r, s in enumerate(layout.placement) if s.node == name]
-            conn.execute(
-                insert(assignments).values(job=command.job_id, generation=command.generation, node=name, ranks=ranks)
-            )
+        rows = [
+            {"job": command.job_id, "generation": command.generation, "node": name, "ranks": list(ranks)}
+            for name, ranks in ranks_by_node(layout).items()
+        ]
+        if rows:
+            conn.execute(insert(assignments), rows)
         data = {"generation": command.generation, "layout": layout.describe(), "resume_step": command.resume_step}
         _event(conn, command.at, "GenerationIssued", command.job_id, None, {**data, "cause": command.cause})
     elif isinstance(command, RecordCheckpoint):
@@ -356,5 +385,9 @@ def _change(change: Any) -> dict[str, Any]:
     return {"from": change.source, "to": change.target, "cause": change.cause, "reason": change.reason}
 
 
+def _event_row(at: float, kind: str, job: str | None, node: str | None, data: dict[str, Any]) -> dict[str, Any]:
+    return {"at": at, "kind": kind, "job": job, "node": node, "data": json.loads(json.dumps(data))}
+
+
 def _event(conn: Connection, at: float, kind: str, job: str | None, node: str | None, data: dict[str, Any]) -> None:
-    conn.execute(insert(events).values(at=at, kind=kind, job=job, node=node, data=json.loads(json.dumps(data))))
+    conn.execute(insert(events), [_event_row(at, kind, job, node, data)])

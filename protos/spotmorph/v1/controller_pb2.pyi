@@ -581,6 +581,41 @@ class GetClusterStateRequest(_message.Message):
 Global___GetClusterStateRequest: _TypeAlias = GetClusterStateRequest  # noqa: Y015
 
 @_typing.final
+class LatencyHistogram(_message.Message):
+    """Time spent inside the Heartbeat handler since the controller started (cumulative: subtract two
+    snapshots for a window). bucket_counts[i] counts calls that took at most bucket_upper_seconds[i]
+    (and more than the bound before it); the last bucket also counts anything slower.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    SUM_SECONDS_FIELD_NUMBER: _builtins.int
+    BUCKET_UPPER_SECONDS_FIELD_NUMBER: _builtins.int
+    BUCKET_COUNTS_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    sum_seconds: _builtins.float
+    @_builtins.property
+    def bucket_upper_seconds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def bucket_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+        sum_seconds: _builtins.float = ...,
+        bucket_upper_seconds: _abc.Iterable[_builtins.float] | None = ...,
+        bucket_counts: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_counts", b"bucket_counts", "bucket_upper_seconds", b"bucket_upper_seconds", "count", b"count", "sum_seconds", b"sum_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LatencyHistogram: _TypeAlias = LatencyHistogram  # noqa: Y015
+
+@_typing.final
 class ClusterState(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -589,6 +624,7 @@ class ClusterState(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_LATENCY_FIELD_NUMBER: _builtins.int
     started_at: _builtins.float
     schema_version: _builtins.int
     @_builtins.property
@@ -599,6 +635,8 @@ class ClusterState(_message.Message):
     def queue(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """queued job ids in admission order"""
 
+    @_builtins.property
+    def heartbeat_latency(self) -> Global___LatencyHistogram: ...
     def __init__(
         self,
         *,
@@ -607,10 +645,11 @@ class ClusterState(_message.Message):
         queue: _abc.Iterable[_builtins.str] | None = ...,
         started_at: _builtins.float = ...,
         schema_version: _builtins.int = ...,
+        heartbeat_latency: Global___LatencyHistogram | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_latency", b"heartbeat_latency"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "nodes", b"nodes", "queue", b"queue", "schema_version", b"schema_version", "started_at", b"started_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_latency", b"heartbeat_latency", "jobs", b"jobs", "nodes", b"nodes", "queue", b"queue", "schema_version", b"schema_version", "started_at", b"started_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
