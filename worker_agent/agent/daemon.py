@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterable
@@ -35,7 +36,7 @@ from worker_agent.agent.converge import (
     accept,
     converge,
 )
-from worker_agent.agent.supervisor import LaunchSpec, Supervisor, TrainerReport
+from worker_agent.agent.supervisor import WARM_DIR, LaunchSpec, Supervisor, TrainerReport
 from worker_agent.scheduled_events import (
     EvictionNoticed,
     EvictionWatcher,
@@ -65,6 +66,9 @@ class AgentConfig:
     key: Path | None = None
     poll_seconds: float = 1.0
     max_backoff_seconds: float = 10.0
+    warm_trainers: int = 0
+    local_poll_seconds: float = 0.1
+    morph_beat_seconds: float = 0.2
 
 
 @dataclass
@@ -97,11 +101,12 @@ class AgentState:
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.supervisor = Supervisor(config.work_dir / "trainers")
+        self.supervisor = Supervisor(config.work_dir / "trainers", warm=config.warm_trainers)
         self.state = AgentState()
         self.identity = _Identity(name=config.name)
         self._wake = asyncio.Event()
         self._stopping = False
+        self._healthy = True
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None  # grpc-stubs types the stub as synchronous; it is an aio stub
 
@@ -116,10 +121,12 @@ class Agent:
         try:
             await self._register()
             while not self._stopping:
+                self._healthy = True
                 await self._beat()
+                if self.supervisor.settled():
+                    self.supervisor.prewarm()
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.identity.interval)
+                await self._pause()
         finally:
             if watcher:
                 watcher.cancel()
@@ -127,6 +134,24 @@ class Agent:
             if self._channel is not None:
                 await self._channel.close(None)
         return 0
+
+    async def _pause(self) -> None:
+        """Wait for the next beat: the heartbeat interval, or less when it matters. A trainer that exits
+        is reported at once (the controller plans the next generation when the last one has), and while
+        a morph is under way (this node's trainers are asked to stop or abort) the agent beats often,
+        because the next generation's assignment only reaches it in a heartbeat reply."""
+        loop = asyncio.get_running_loop()
+        interval = self.identity.interval
+        desired = self.state.desired
+        if self._healthy and desired is not None and desired.action in ("stop", "abort"):
+            interval = min(interval, self.config.morph_beat_seconds)
+        deadline = loop.time() + interval
+        while (remaining := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), min(remaining, self.config.local_poll_seconds))
+                return
+            if self.supervisor.exited_since(self.state.exits_reported):
+                return
 
     def _request_shutdown(self) -> None:
         self._stopping = True
@@ -200,6 +225,7 @@ class Agent:
         except grpc.aio.AioRpcError as exc:
             if exc.code() in RETRYABLE:
                 log.warning("heartbeat failed (%s); trainers keep running", exc.code().name)
+                self._healthy = False
                 self.identity.interval = min(self.identity.interval * 2, self.config.max_backoff_seconds)
                 return
             if _must_register_again(exc):
@@ -360,3 +386,7 @@ def _kill_leftovers(work_dir: Path) -> None:
         with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)
         pid_file.unlink(missing_ok=True)
+    for pid_file in work_dir.glob(f"trainers/{WARM_DIR}/*/warm.pid"):
+        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(work_dir / "trainers" / WARM_DIR, ignore_errors=True)

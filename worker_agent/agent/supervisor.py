@@ -5,12 +5,21 @@ under ``work_dir/<job>/gen-<g>/``: ``job.json`` and ``layout.json`` (inputs), ``
 graceful-stop request), ``progress-rank-<r>.jsonl`` (what it reports) and ``rank-<r>.log``
 (its stdout and stderr, kept for the operator and quoted when it fails) and ``rank-<r>.pid`` (so a
 restarted agent can kill what its previous incarnation left behind).
+
+With ``warm=N`` the supervisor also keeps up to N *warm* trainers under ``work_dir/.warm/``
+(``python -m worker_agent.runtime.warm``: torch imported, waiting for an assignment file), and a
+trainer start hands its arguments to one of them instead of starting a fresh interpreter; with none
+at hand it starts cold as before. Spent warm trainers are replaced only by :meth:`Supervisor.prewarm`,
+which the agent calls once its trainers are past their first step, so the imports of the
+replacements do not compete with a morph for the CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +29,9 @@ from typing import Any
 
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.runtime.trainer import STOP_FILE
+from worker_agent.runtime.warm import ASSIGNMENT, READY
+
+WARM_DIR = ".warm"
 
 
 @dataclass(frozen=True)
@@ -59,12 +71,27 @@ class _Trainer:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _Warm:
+    process: subprocess.Popen[bytes]
+    spool: Path
+
+    @property
+    def ready(self) -> bool:
+        return (self.spool / READY).exists()
+
+
 class Supervisor:
-    def __init__(self, work_dir: Path, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, work_dir: Path, python: str = sys.executable, env: dict[str, str] | None = None, warm: int = 0
+    ) -> None:
         self.work_dir = work_dir
         self.python = python
         self.env = env
+        self.warm = warm
         self._trainers: dict[TrainerKey, _Trainer] = {}
+        self._warm: list[_Warm] = []
+        self._warm_serial = 0
 
     def generation_dir(self, job_id: str, generation: int) -> Path:
         return self.work_dir / job_id / f"gen-{generation}"
@@ -81,10 +108,7 @@ class Supervisor:
         progress = gen_dir / f"progress-rank-{key.rank}.jsonl"
         progress.unlink(missing_ok=True)
         log_path = gen_dir / f"rank-{key.rank}.log"
-        command = [
-            self.python,
-            "-m",
-            "worker_agent.runtime.trainer",
+        arguments = [
             "--job",
             str(job_path),
             "--layout",
@@ -103,15 +127,65 @@ class Supervisor:
             str(progress),
         ]
         if key.rank == spec.store_rank:
-            command.append("--host-store")
+            arguments.append("--host-store")
         if spec.load_from:
-            command += ["--load-from", spec.load_from]
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
-            )
+            arguments += ["--load-from", spec.load_from]
+        process = self._hand_to_warm(arguments, log_path)
+        if process is None:
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(
+                    [self.python, "-m", "worker_agent.runtime.trainer", *arguments],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=self.env,
+                )
         (gen_dir / f"rank-{key.rank}.pid").write_text(str(process.pid))
         self._trainers[key] = _Trainer(key, process, progress, log_path)
+
+    def _hand_to_warm(self, arguments: list[str], log_path: Path) -> subprocess.Popen[bytes] | None:
+        """Give the trainer's arguments to a warm process (a ready one first); None when there is none."""
+        self._warm = [w for w in self._warm if w.process.poll() is None]
+        self._warm.sort(key=lambda w: not w.ready)
+        if not self._warm:
+            return None
+        warm = self._warm.pop(0)
+        temporary = warm.spool / f"{ASSIGNMENT}.tmp"
+        temporary.write_text(json.dumps({"argv": arguments, "log": str(log_path)}))
+        temporary.rename(warm.spool / ASSIGNMENT)
+        return warm.process
+
+    def prewarm(self) -> None:
+        """Start warm trainers until ``warm`` of them wait (call when no morph is under way)."""
+        self._warm = [w for w in self._warm if w.process.poll() is None]
+        while len(self._warm) < self.warm:
+            self._warm_serial += 1
+            spool = self.work_dir / WARM_DIR / f"w-{os.getpid()}-{self._warm_serial}"
+            shutil.rmtree(spool, ignore_errors=True)
+            spool.mkdir(parents=True)
+            command = [self.python, "-m", "worker_agent.runtime.warm", "--spool", str(spool), "--parent"]
+            with open(spool / "warm.log", "ab") as log:
+                process = subprocess.Popen(
+                    [*command, str(os.getpid())],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=self.env,
+                )
+            (spool / "warm.pid").write_text(str(process.pid))
+            self._warm.append(_Warm(process, spool))
+
+    def warm_ready(self) -> int:
+        """Warm trainers that have finished their imports."""
+        return sum(1 for w in self._warm if w.process.poll() is None and w.ready)
+
+    def settled(self) -> bool:
+        """No trainer is between its start and its first step (a good moment to start warm ones)."""
+        return all(t.process.poll() is not None or t.facts.get("stepped", False) for t in self._trainers.values())
+
+    def exited_since(self, reported: set[TrainerKey]) -> bool:
+        """Has a trainer exited that is not in ``reported``? (Cheap: no progress file is read.)"""
+        return any(k not in reported and t.process.poll() is not None for k, t in self._trainers.items())
 
     def request_stop(self, job_id: str, generation: int) -> None:
         (self.generation_dir(job_id, generation) / "control").mkdir(parents=True, exist_ok=True)
@@ -133,6 +207,11 @@ class Supervisor:
     def kill_all(self) -> None:
         for key in list(self._trainers):
             self.kill(key)
+        for warm in self._warm:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(warm.process.pid, signal.SIGKILL)
+            warm.process.wait()
+        self._warm = []
 
     def reports(self) -> list[TrainerReport]:
         return [self._report(t) for t in self._trainers.values()]
@@ -196,6 +275,8 @@ def _absorb(facts: dict[str, Any], record: dict[str, Any]) -> None:
     checkpoint = record.get("last_checkpoint")
     if checkpoint is not None:
         facts["last_checkpoint_step"] = checkpoint
+    if event == "step":
+        facts["stepped"] = True
     if event == "finished":
         facts["finished"] = True
     if event == "error":

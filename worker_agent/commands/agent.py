@@ -23,6 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca", type=Path, help="CA certificate (mutual TLS)")
     parser.add_argument("--cert", type=Path, help="this agent's certificate (mutual TLS)")
     parser.add_argument("--key", type=Path, help="this agent's private key (mutual TLS)")
+    parser.add_argument(
+        "--warm-trainers",
+        default=os.environ.get("SPOTMORPH_WARM_TRAINERS") or "0",
+        help="trainer processes kept started (torch imported, waiting) for the next assignment, so a morph "
+        "pays no process start; N per node, or 'slots' for one per slot (default 0: every trainer starts "
+        "cold; env SPOTMORPH_WARM_TRAINERS)",
+    )
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -44,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError("no agent token: pass --token-file FILE or set SPOTMORPH_AGENT_TOKEN")
     if args.slots < 1:
         raise UserInputError(f"--slots {args.slots}: a node needs at least 1 slot")
+    try:
+        warm = args.slots if args.warm_trainers == "slots" else int(args.warm_trainers)
+    except ValueError:
+        raise UserInputError(f"--warm-trainers {args.warm_trainers!r}: give a number >= 0") from None
+    if warm < 0:
+        raise UserInputError(f"--warm-trainers {warm}: give a number >= 0")
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s agent {args.name or socket.gethostname()} %(message)s"
     )
@@ -60,5 +73,6 @@ def run(args: argparse.Namespace) -> int:
         ca=args.ca,
         cert=args.cert,
         key=args.key,
+        warm_trainers=warm,
     )
     return asyncio.run(Agent(config).run())

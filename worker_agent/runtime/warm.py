@@ -1,0 +1,65 @@
+"""A warm trainer: a process that has imported torch and the runtime and waits for its assignment.
+
+``python -m worker_agent.runtime.warm --spool DIR --parent PID``. Once its imports are done it
+writes ``DIR/ready``; it then polls for ``DIR/assignment.json`` (written atomically by the agent's
+supervisor: ``{"argv": [...trainer arguments...], "log": PATH}``), points its stdout and stderr at
+the trainer's log and runs :func:`worker_agent.runtime.trainer.main` with those arguments, exactly
+as a cold ``python -m worker_agent.runtime.trainer`` would. A morph then pays no interpreter start
+and no ``import torch``. It exits by itself when the agent that started it is gone (its parent pid
+changes), so a dead VM leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ASSIGNMENT = "assignment.json"
+READY = "ready"
+POLL_SECONDS = 0.02
+
+
+def _preload() -> None:
+    """What a trainer imports before it can do anything (the bulk of a cold start)."""
+    import torch
+    import torch.distributed
+    import torch.distributed.pipelining
+
+    from worker_agent.runtime import checkpoint, engine, job, model_api, partition  # noqa: F401
+
+    torch.set_num_threads(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker_agent.runtime.warm")
+    parser.add_argument("--spool", required=True, type=Path, help="directory the assignment appears in")
+    parser.add_argument("--parent", required=True, type=int, help="exit when this process is no longer our parent")
+    args = parser.parse_args(argv)
+    _preload()
+    (args.spool / READY).write_text(str(time.time()))
+    assignment = args.spool / ASSIGNMENT
+    while not assignment.exists():
+        if os.getppid() != args.parent:
+            return 0
+        time.sleep(POLL_SECONDS)
+    assigned_at = time.time()
+    task = json.loads(assignment.read_text())
+    log = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    from worker_agent.runtime import trainer
+
+    trainer.ASSIGNED_AT = assigned_at
+    trainer.main([str(a) for a in task["argv"]])  # never returns: it ends the process
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
