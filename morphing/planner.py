@@ -20,6 +20,7 @@ cost, so predicted throughput never falls as GPUs are added (the planner may lea
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -135,7 +136,7 @@ class Planner:
         self.costs = {m: LayerCosts(profile, m) for m in profile.micro_batch_sizes}
         self._partitions: dict[tuple[int, int, int], Partition | None] = {}
         self._pipelines: dict[tuple[object, ...], tuple[float, ...]] = {}
-        self._bases: dict[tuple[int, tuple[tuple[int, int], ...]], _StageBase] = {}
+        self._bases: dict[tuple[int, tuple[tuple[int, int], ...], float], _StageBase] = {}
 
     @property
     def num_layers(self) -> int:
@@ -188,8 +189,8 @@ class Planner:
                     partition = self._partition(stages, m, micro_batches)
                     if partition is None:
                         continue
-                    base = self._base(m, partition)
-                    cross, one_node = space.facts(stages, replicas)
+                    cross, one_node, crowding = space.facts(stages, replicas)
+                    base = self._base(m, partition, self._slowdown(crowding))
                     sends = self._sends(base, cross)
                     allreduce = self._allreduces(base, replicas, one_node)
                     bound = _lower_bound(base, sends, allreduce, micro_batches)
@@ -271,7 +272,8 @@ class Planner:
             len({layout.placement[layout.rank(d, s)].node for d in range(layout.data_parallel)}) == 1
             for s in range(stages)
         )
-        base = self._base(m, Partition(layout.stage_layers, 0.0))
+        crowding = max(Counter(slot.node for slot in layout.placement).values())
+        base = self._base(m, Partition(layout.stage_layers, 0.0), self._slowdown(crowding))
         timings = self._timings(base, self._sends(base, cross), self._allreduces(base, layout.data_parallel, one_node))
         sim = simulate(timings, micro_batches, self.schedule)
         return Plan(
@@ -304,15 +306,20 @@ class Planner:
             self._partitions[key] = self.costs[m].balanced_partition(stages, self.schedule, key_m, self.memory_limit)
         return self._partitions[key]
 
-    def _base(self, m: int, partition: Partition) -> _StageBase:
-        key = (m, partition.stage_layers)
+    def _slowdown(self, crowding: int) -> float:
+        """How much slower compute runs with ``crowding`` ranks on one node that has fewer compute slots."""
+        slots = self.profile.cluster.compute_slots_per_node
+        return max(1.0, crowding / slots) if slots else 1.0
+
+    def _base(self, m: int, partition: Partition, slowdown: float = 1.0) -> _StageBase:
+        key = (m, partition.stage_layers, slowdown)
         base = self._bases.get(key)
         if base is None:
             costs = self.costs[m]
             ranges = partition.stage_layers
             base = _StageBase(
-                forward=tuple(costs.forward_seconds(a, b) for a, b in ranges),
-                backward=tuple(costs.backward_seconds(a, b) for a, b in ranges),
+                forward=tuple(costs.forward_seconds(a, b) * slowdown for a, b in ranges),
+                backward=tuple(costs.backward_seconds(a, b) * slowdown for a, b in ranges),
                 out_bytes=tuple(costs.activation_bytes_out(b) for _a, b in ranges),
                 grad_bytes=tuple(costs.gradient_bytes(a, b) for a, b in ranges),
             )
@@ -361,9 +368,10 @@ class Planner:
         ]
 
     def _step_seconds(self, space: _SlotSpace, cand: _Candidate) -> float:
-        base = self._base(cand.micro_batch_size, cand.partition)
-        cross, one_node = space.facts(cand.stages, cand.replicas)
-        key = (cand.micro_batch_size, cand.micro_batches, cross, cand.partition.stage_layers)
+        cross, one_node, crowding = space.facts(cand.stages, cand.replicas)
+        slowdown = self._slowdown(crowding)
+        base = self._base(cand.micro_batch_size, cand.partition, slowdown)
+        key = (cand.micro_batch_size, cand.micro_batches, cross, cand.partition.stage_layers, slowdown)
         finish = self._pipelines.get(key)
         if finish is None:
             timings = self._timings(base, self._sends(base, cross), [0.0] * cand.stages)
@@ -440,11 +448,15 @@ class _SlotSpace:
             left -= slots
         return _SlotSpace(kept)
 
-    def facts(self, stages: int, replicas: int) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
-        """Which stage boundaries cross a node in some replica; which stages' replicas share a node."""
+    def facts(self, stages: int, replicas: int) -> tuple[tuple[bool, ...], tuple[bool, ...], int]:
+        """Which stage boundaries cross a node in some replica, which stages' replicas share a node,
+        and the most ranks any one node runs."""
         used = stages * replicas
         cross = [False] * (stages - 1)
+        crowding, start = 0, 0
         for edge in self.boundaries:
+            crowding = max(crowding, min(edge, used) - start)
+            start = edge
             if edge >= used:
                 break
             position = (edge - 1) % stages
@@ -452,7 +464,7 @@ class _SlotSpace:
                 cross[position] = True
         last = (replicas - 1) * stages
         one_node = tuple(self.node_index[s] == self.node_index[last + s] for s in range(stages))
-        return tuple(cross), one_node
+        return tuple(cross), one_node, crowding
 
 
 def _lower_bound(base: _StageBase, sends: list[float], allreduce: list[float], micro_batches: int) -> float:

@@ -79,6 +79,9 @@ class ClusterProfile(_Frozen):
     allreduce_bandwidth_bytes_per_second: PositiveFloat
     intra_node_latency_seconds: NonNegativeFloat = 0.0
     inter_node_latency_seconds: NonNegativeFloat = 0.0
+    # Ranks one node runs at full speed at once; more share it (CPU cores for a CPU calibration).
+    # None: every rank has a device of its own (GPUs).
+    compute_slots_per_node: PositiveInt | None = None
 
 
 class Profile(_Frozen):

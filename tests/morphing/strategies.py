@@ -43,6 +43,7 @@ def profiles(draw: st.DrawFn, max_layers: int = 8, memory_gib: tuple[float, floa
                 "allreduce_bandwidth_bytes_per_second": intra / draw(st.floats(1.0, 60.0)),
                 "intra_node_latency_seconds": draw(st.floats(0, 1e-4)),
                 "inter_node_latency_seconds": draw(st.floats(0, 1e-3)),
+                "compute_slots_per_node": draw(st.one_of(st.none(), st.integers(1, 4))),
             },
         }
     )
