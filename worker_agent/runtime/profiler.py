@@ -279,6 +279,8 @@ def build_profile(request: ProfileRequest) -> dict[str, Any]:
             "allreduce_bandwidth_bytes_per_second": net["allreduce_bandwidth"],
             "intra_node_latency_seconds": net["latency"],
             "inter_node_latency_seconds": net["latency"],
+            # Timed on one CPU thread: ranks beyond the cores of a node share them.
+            "compute_slots_per_node": os.cpu_count() or 1,
         },
     }
 
