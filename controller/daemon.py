@@ -12,7 +12,7 @@ import ipaddress
 import logging
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import yaml
@@ -22,7 +22,9 @@ from grpc_reflection.v1alpha import reflection
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controller.auth import AuthInterceptor, Role, Tokens, read_or_create_token
+from controller.azure_config import AzureSettings
 from controller.latency import Histogram
+from controller.provider_factory import close_provider, make_provider
 from controller.providers import StaticProvider
 from controller.reconcile import Config
 from controller.runner import Clock, Runner, SystemClock
@@ -56,6 +58,8 @@ class ControllerSettings(BaseSettings):
     checkpoint_request_seconds: float = 0.0
     rendezvous_port_base: int = 29500
     morph_cost_seconds: float = 30.0  # expected price of a morph, weighed against growth
+    provider: Literal["static", "local", "azure"] = "static"  # where VMs come from (docs/azure.md)
+    azure: AzureSettings | None = None  # provider: azure
 
 
 def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> ControllerSettings:
@@ -105,9 +109,12 @@ class Controller:
             morph_cost_seconds=settings.morph_cost_seconds,
         )
         self.runner = Runner(self.store, clock or SystemClock(), config, StaticProvider())
+        self.runner.provider, poll_seconds = make_provider(settings, self.runner, settings.listen)
         self.stopping = asyncio.Event()
         self.health = AsyncHealthServicer()
-        self.timers = Timers(TimerConfig(checkpoint_request_seconds=settings.checkpoint_request_seconds))
+        checkpoints = settings.checkpoint_request_seconds
+        timers = TimerConfig(checkpoint_request_seconds=checkpoints, provider_poll_seconds=poll_seconds)
+        self.timers = Timers(timers)
         self.server = grpc.aio.server(
             interceptors=[AuthInterceptor(self.tokens)],
             options=[
@@ -172,6 +179,7 @@ class Controller:
         await self.server.stop(grace)
         async with self.runner.lock:
             self.runner._reconcile()
+        await close_provider(self.runner.provider)
         self.store.close()
 
 

@@ -1,0 +1,121 @@
+"""The provider on the real SDK against the fake ARM server: clock, credential, transport, events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from azure.core.credentials import AccessToken
+from azure.core.pipeline.transport._aiohttp import AioHttpTransport
+
+from controller.azure_config import AzureSettings
+from controller.azure_provider import AzureScaleSetProvider
+from tests.azure.fake_arm import TOKEN, FakeArm
+
+SUBSCRIPTION = "00000000-0000-4000-8000-000000000001"
+
+
+class FakeCredential:
+    """An azure.identity.aio-shaped credential that hands out a fixed token, offline."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
+        self.calls += 1
+        assert scopes and scopes[0].endswith("/.default"), scopes
+        return AccessToken(TOKEN, int(time.time()) + 3600)
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> FakeCredential:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class RecordingTransport(AioHttpTransport):
+    """The SDK's own aiohttp transport, except that its sleeps (retries, polling) are recorded."""
+
+    def __init__(self, ca_file: Path, slept: list[float]) -> None:
+        super().__init__(connection_verify=str(ca_file), use_env_settings=False)
+        self.slept = slept
+
+    async def sleep(self, duration: float) -> None:
+        self.slept.append(duration)
+
+
+@dataclass
+class Clock:
+    t: float = 1_000_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class Harness:
+    fake: FakeArm
+    clock: Clock
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    slept: list[float] = field(default_factory=list)
+    busy_nodes: set[str] = field(default_factory=set)
+    providers: list[AzureScaleSetProvider] = field(default_factory=list)
+
+    def settings(self, **overrides: Any) -> AzureSettings:
+        values: dict[str, Any] = {
+            "subscription_id": SUBSCRIPTION,
+            "resource_group": self.fake.group,
+            "scale_set": self.fake.scale_set,
+            "target_capacity": 4,
+            "orchestration_mode": self.fake.orchestration,
+            "arm_endpoint": self.fake.base_url,
+        }
+        return AzureSettings(**{**values, **overrides})
+
+    def provider(self, **overrides: Any) -> AzureScaleSetProvider:
+        assert self.fake.ca_file is not None
+        provider = AzureScaleSetProvider(
+            self.settings(**overrides),
+            self.clock,
+            credential=FakeCredential(),
+            emit=lambda kind, data: self.events.append((kind, data)),
+            busy=lambda name: name in self.busy_nodes,
+            transport=RecordingTransport(self.fake.ca_file, self.slept),
+            polling_interval=0,
+        )
+        self.providers.append(provider)
+        return provider
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.events]
+
+
+@asynccontextmanager
+async def harness(folder: Path, **fake: Any) -> AsyncIterator[Harness]:
+    arm = FakeArm(SUBSCRIPTION, fake.pop("group", "spotmorph-rg"), fake.pop("scale_set", "spot"), **fake)
+    await arm.start(folder)
+    h = Harness(arm, Clock())
+    try:
+        yield h
+    finally:
+        for provider in h.providers:
+            await provider.close()
+        await arm.stop()
+
+
+async def settle(provider: AzureScaleSetProvider) -> None:
+    """Wait for the provider's background operations (the fake ends each after ``op_polls`` polls)."""
+    import asyncio
+
+    while provider.pending:
+        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
