@@ -35,6 +35,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("cancel", "controller.commands.cancel", "cancel a job"),
     ("timeline", "controller.commands.timeline", "one picture of a job over time (HTML)"),
     ("certs", "controller.commands.certs", "make a CA and TLS certificates for a cluster (mutual TLS)"),
+    ("azure", "controller.commands.azure", "Azure: check a config and the template offline, render cloud-init"),
 )
 
 
