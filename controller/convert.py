@@ -119,6 +119,7 @@ def rank_from_pb(status: pb.TrainerStatus) -> RankReport:
         exit_code=status.exit_code if status.HasField("exit_code") else None,
         last_step=status.last_step,
         last_checkpoint_step=status.last_checkpoint_step,
+        error=status.error,
     )
 
 

@@ -58,6 +58,7 @@ class JobRecord:
     morph_started_at: float | None = None
     morph_cause: str = ""
     reason: str = ""
+    excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -75,6 +76,7 @@ class RankReport:
     exit_code: int | None = None
     last_step: int = 0
     last_checkpoint_step: int = 0
+    error: str = ""
 
 
 @dataclass(frozen=True)

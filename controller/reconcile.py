@@ -276,13 +276,47 @@ class _Draft:
         if lost:
             self.start_morph(job_id, Action.ABORT, f"node lost: {', '.join(lost)}")
         elif failed:
+            unstarted = self._start_failures(job)
+            if unstarted and len(unstarted) < len(job.nodes):
+                for name, error in sorted(unstarted.items()):
+                    self.event("TrainerStartFailed", job_id, name, generation=job.generation, error=error)
+                names = ", ".join(sorted(unstarted))
+                excluded = tuple(sorted({*job.excluded_nodes, *unstarted}))
+                self.start_morph(
+                    job_id,
+                    Action.ABORT,
+                    f"trainers could not start on {names}; re-planning without it",
+                    excluded_nodes=excluded,
+                )
+                return
+            why = next(iter(unstarted.values()), "") or self._first_error(job)
             if job.restarts + 1 > job.spec.max_restarts:
-                self.set_job(job_id, J.FAILED, f"{failed} trainer(s) failed; max_restarts={job.spec.max_restarts}")
+                reason = f"{failed} trainer(s) failed; max_restarts={job.spec.max_restarts}"
+                self.set_job(job_id, J.FAILED, f"{reason}: {why}" if why else reason)
                 self.release_nodes(job_id, job.nodes, "job failed")
                 return
             self.start_morph(job_id, Action.ABORT, f"{failed} trainer(s) failed", restarts=job.restarts + 1)
         elif draining:
             self.start_morph(job_id, Action.STOP, f"eviction notice: {', '.join(draining)}")
+
+    def _start_failures(self, job: JobRecord) -> dict[str, str]:
+        """Nodes where a trainer of the current generation exited with an error before its first step."""
+        found: dict[str, str] = {}
+        for name in job.nodes:
+            seen = self._reports(job, name)
+            for r in seen.ranks if seen else ():
+                started_nothing = r.last_step <= job.resume_step
+                if r.job == job.id and r.generation == job.generation and r.exit_code and started_nothing:
+                    found.setdefault(name, r.error or f"exit code {r.exit_code}")
+        return found
+
+    def _first_error(self, job: JobRecord) -> str:
+        for name in job.nodes:
+            seen = self._reports(job, name)
+            for r in seen.ranks if seen else ():
+                if r.job == job.id and r.generation == job.generation and r.exit_code and r.error:
+                    return r.error
+        return ""
 
     def start_morph(self, job_id: str, action: Action, cause: str, **fields: object) -> None:
         self.set_job(job_id, J.MORPHING, cause, action=action, morph_started_at=self.now, morph_cause=cause, **fields)
@@ -319,6 +353,9 @@ class _Draft:
         if not isinstance(planner, Planner) or not nodes:
             return None
         job = self.jobs[job_id]
+        nodes = [(name, slots) for name, slots in nodes if name not in job.excluded_nodes]
+        if not nodes:
+            return None
         result = planner.plan(nodes)
         if not isinstance(result, Plan) or result.gpus_used < job.spec.min_gpus:
             return None
@@ -385,7 +422,10 @@ class _Draft:
                 return
             current = planner.evaluate(job.layout)
             held = [(n, self.nodes[n].slots) for n in job.nodes]
-            candidate = planner.plan(held + [(n.name, n.slots) for n in free])
+            usable = [(n.name, n.slots) for n in free if n.name not in job.excluded_nodes]
+            if not usable:
+                continue
+            candidate = planner.plan(held + usable)
             predicted = current.samples_per_second if isinstance(current, Plan) else None
             rate, scale = _measured_rate(job, self.now, predicted)
             remaining = max(0, job.spec.steps - job.step) * job.spec.global_batch / rate if rate else None

@@ -180,6 +180,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "morph_started_at": job.morph_started_at,
         "morph_cause": job.morph_cause,
         "reason": job.reason,
+        "excluded_nodes": list(job.excluded_nodes),
     }
 
 
@@ -189,6 +190,7 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     fields["state"] = JobState(data["state"])
     fields["action"] = Action(data["action"])
     fields["layout"] = Layout.from_dict(data["layout"]) if data["layout"] else None
+    fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
     return JobRecord(**fields)
 
 

@@ -123,7 +123,7 @@ class SimAgent:
                 running=running,
                 last_step=step,
                 last_checkpoint_step=ckpt,
-                **({} if running else {"exit_code": 0}),
+                exit_code=None if running else 0,
             )
             for r in assignment.ranks
         ]

@@ -14,12 +14,14 @@ from controller.model import (
     NodeObservation,
     RankReport,
     RecordCheckpoint,
+    RecordEvent,
     ReleaseInstance,
     StartGeneration,
     World,
     apply,
 )
 from controller.reconcile import Config, assignment_for, cancel, reconcile
+from controller.spec import JobSpec
 from tests.controller.helpers import job, node, planner
 
 J, N = JobState, NodeState
@@ -320,3 +322,50 @@ def test_growth_judges_by_the_measured_rate_and_the_time_left() -> None:
     assert scale == rate / 1000.0
     assert _measured_rate(replace(record, step=50), 110.0, 1000.0) == (1000.0, 1.0)
     assert _measured_rate(record, 110.0, None) == (None, 1.0)
+
+
+def test_a_node_whose_trainers_cannot_start_is_left_out_of_the_next_generation() -> None:
+    sim = started(4)
+    first = sim.job()
+    broken = first.nodes[-1]
+    sim.run_ranks("j1", step=0)
+    a = assignment_for(sim.world, broken)
+    assert a is not None
+    error = "cannot start a trainer with /opt/missing/python: No such file or directory"
+    sim.beat(broken, *[RankReport("j1", a.generation, r, False, 127, 0, 0, error) for r in a.ranks])
+    sim.step(1)
+    job_now = sim.job()
+    assert job_now.state is J.MORPHING and job_now.action is Action.ABORT
+    assert job_now.excluded_nodes == (broken,)
+    assert job_now.restarts == first.restarts, "a broken node is not the job's fault"
+    failed = [c for c in sim.log if isinstance(c, RecordEvent) and c.kind == "TrainerStartFailed"]
+    assert [(c.node, c.data["error"]) for c in failed] == [(broken, error)]
+    sim.beat(broken, *sim.world.observed[broken].ranks)
+    for name in first.nodes:
+        if name != broken:
+            g = assignment_for(sim.world, name)
+            assert g is not None
+            sim.beat(name, *[RankReport("j1", g.generation, r, False, 1, 0, 0) for r in g.ranks])
+    sim.step(1)
+    again = sim.job()
+    assert again.state is J.RUNNING and again.generation == 2
+    assert broken not in again.nodes
+    assert sim.world.nodes[broken].job is None
+
+
+def replace_spec(**fields: object) -> JobSpec:
+    return job().spec.model_copy(update=fields)
+
+
+def test_when_every_node_fails_to_start_the_job_fails_with_the_error() -> None:
+    world = cluster(1, replace(job(), spec=replace_spec(max_restarts=0)))
+    sim = Sim(world)
+    sim.beat("node-1")
+    sim.step()
+    a = assignment_for(sim.world, "node-1")
+    assert a is not None
+    error = "ModuleNotFoundError: No module named 'torch'"
+    sim.beat("node-1", *[RankReport("j1", a.generation, r, False, 1, 0, 0, error) for r in a.ranks])
+    sim.step(1)
+    assert sim.job().state is J.FAILED
+    assert error in sim.job().reason

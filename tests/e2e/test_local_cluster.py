@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from .conftest import LocalCluster, alive
+from .conftest import LocalCluster, alive, max_rel_diff, reference
+from .test_elastic import BATCH, SEED, STEPS
 
 pytestmark = pytest.mark.slow
 
@@ -39,3 +42,30 @@ def test_replay_follows_the_trace_and_down_cleans_everything(cluster: LocalClust
     cluster.wait(lambda: not any(alive(pid) for pid in pids), 30, "every process to end")
     assert not cluster.cluster.exists()
     assert not (cluster.home / "context.json").exists()
+
+
+def test_a_node_that_cannot_start_trainers_says_why_and_the_job_runs_without_it(
+    cluster: LocalCluster, tmp_path: Path, references: Path
+) -> None:
+    cluster.up(nodes=1, slots=2)
+    good = cluster.cluster / "vms" / "vm-1"
+    args = json.loads((good / "agent.json").read_text())
+    broken = cluster.cluster / "vms" / "vm-9"
+    broken.mkdir(parents=True)
+    args[args.index("--work-dir") + 1] = str(broken)
+    args += ["--python", "/nonexistent/bin/python3"]
+    with open(broken / "agent.log", "ab") as log:
+        agent = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=cluster.env, start_new_session=True)
+    (broken / "agent.pid").write_text(str(agent.pid))
+    cluster.wait(lambda: len(cluster.nodes()) == 2, 60, "the broken node to register")
+    checkpoints = tmp_path / "ckpt"
+    job = cluster.submit(
+        steps=STEPS, global_batch=BATCH, seed=SEED, dtype="float64", checkpoint_interval=20, checkpoint_dir=checkpoints
+    )
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
+    assert final["state"] == "SUCCEEDED", final
+    events = cluster.events()
+    assert "TrainerStartFailed" in events
+    assert "/nonexistent/bin/python3" in events
+    assert final["generation"] >= 2
+    assert max_rel_diff(cluster, reference(references, STEPS, BATCH, SEED), checkpoints) <= 1e-9

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class AgentConfig:
     poll_seconds: float = 1.0
     max_backoff_seconds: float = 10.0
     warm_trainers: int = 0
+    trainer_python: str = sys.executable
     local_poll_seconds: float = 0.1
     morph_beat_seconds: float = 0.2
 
@@ -101,7 +103,9 @@ class AgentState:
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.supervisor = Supervisor(config.work_dir / "trainers", warm=config.warm_trainers)
+        self.supervisor = Supervisor(
+            config.work_dir / "trainers", python=config.trainer_python, warm=config.warm_trainers
+        )
         self.state = AgentState()
         self.identity = _Identity(name=config.name)
         self._wake = asyncio.Event()
@@ -374,6 +378,7 @@ def _status(report: TrainerReport) -> Any:
         running=report.status.running,
         last_step=report.step,
         last_checkpoint_step=report.last_checkpoint_step or 0,
+        error=report.error[-1000:],
     )
     if report.status.exit_code is not None:
         status.exit_code = report.status.exit_code

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.runtime.trainer import STOP_FILE
@@ -60,10 +60,30 @@ class TrainerReport:
     finished: bool = False
 
 
+class _Process(Protocol):
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class _FailedStart:
+    """A trainer whose process could not even be created: it has already exited, with 127."""
+
+    pid = 0
+
+    def poll(self) -> int:
+        return 127
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 127
+
+
 @dataclass
 class _Trainer:
     key: TrainerKey
-    process: subprocess.Popen[bytes]
+    process: _Process
     progress_path: Path
     log_path: Path
     offset: int = 0
@@ -130,17 +150,22 @@ class Supervisor:
             arguments.append("--host-store")
         if spec.load_from:
             arguments += ["--load-from", spec.load_from]
-        process = self._hand_to_warm(arguments, log_path)
+        process: _Process | None = self._hand_to_warm(arguments, log_path)
         if process is None:
             with open(log_path, "ab") as log:
-                process = subprocess.Popen(
-                    [self.python, "-m", "worker_agent.runtime.trainer", *arguments],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=self.env,
-                )
-        (gen_dir / f"rank-{key.rank}.pid").write_text(str(process.pid))
+                try:
+                    process = subprocess.Popen(
+                        [self.python, "-m", "worker_agent.runtime.trainer", *arguments],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        env=self.env,
+                    )
+                except OSError as exc:
+                    log.write(f"cannot start a trainer with {self.python}: {exc.strerror or exc}\n".encode())
+                    process = _FailedStart()
+        if process.pid > 0:
+            (gen_dir / f"rank-{key.rank}.pid").write_text(str(process.pid))
         self._trainers[key] = _Trainer(key, process, progress, log_path)
 
     def _hand_to_warm(self, arguments: list[str], log_path: Path) -> subprocess.Popen[bytes] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from pathlib import Path
 
 from morphing.errors import UserInputError
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pays no process start; N per node, or 'slots' for one per slot (default 0: every trainer starts "
         "cold; env SPOTMORPH_WARM_TRAINERS)",
     )
+    parser.add_argument("--python", default=sys.executable, help="interpreter that runs the trainers")
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -74,5 +76,6 @@ def run(args: argparse.Namespace) -> int:
         cert=args.cert,
         key=args.key,
         warm_trainers=warm,
+        trainer_python=args.python,
     )
     return asyncio.run(Agent(config).run())

@@ -668,6 +668,7 @@ class TrainerStatus(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     LAST_STEP_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -678,6 +679,8 @@ class TrainerStatus(_message.Message):
     """newest step this rank finished"""
     last_checkpoint_step: _builtins.int
     """newest committed checkpoint (manifest written) it knows of"""
+    error: _builtins.str
+    """why it exited non-zero (its own message or its log's tail)"""
     def __init__(
         self,
         *,
@@ -688,10 +691,11 @@ class TrainerStatus(_message.Message):
         exit_code: _builtins.int | None = ...,
         last_step: _builtins.int = ...,
         last_checkpoint_step: _builtins.int = ...,
+        error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "generation", b"generation", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "rank", b"rank", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "error", b"error", "exit_code", b"exit_code", "generation", b"generation", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "rank", b"rank", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
