@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from controller.auth import AuthInterceptor, Role, Tokens, read_or_create_token
 from controller.azure_config import AzureSettings
 from controller.latency import Histogram
+from controller.metrics import ControllerCollector, registry_for, serve_metrics
 from controller.provider_factory import close_provider, make_provider
 from controller.providers import StaticProvider
 from controller.reconcile import Config
@@ -58,6 +59,7 @@ class ControllerSettings(BaseSettings):
     checkpoint_request_seconds: float = 0.0
     rendezvous_port_base: int = 29500
     morph_cost_seconds: float = 30.0  # expected price of a morph, weighed against growth
+    metrics_listen: str | None = None  # HOST:PORT for Prometheus (GET /metrics); None: off
     provider: Literal["static", "local", "azure"] = "static"  # where VMs come from (docs/azure.md)
     azure: AzureSettings | None = None  # provider: azure
 
@@ -129,6 +131,8 @@ class Controller:
         )
         rpc.add_JobsServicer_to_server(JobsService(self.runner, self.tokens, self.stopping), self.server)
         self.heartbeat_latency = Histogram()
+        self.metrics_server: Any = None
+        self.metrics_port = 0
         cluster = ClusterService(self.runner, self.store.schema_version(), self.heartbeat_latency)
         rpc.add_ClusterServicer_to_server(cluster, self.server)
         agent = AgentService(self.runner, self.tokens, settings.heartbeat_interval_seconds, self.heartbeat_latency)
@@ -169,6 +173,13 @@ class Controller:
         await runner.tick()
         host = self.settings.listen.rsplit(":", 1)[0]
         (self.settings.state_dir / "controller.addr").write_text(f"{host}:{self.port}\n")
+        if self.settings.metrics_listen:
+            collector = ControllerCollector(runner, self.store, self.heartbeat_latency)
+            self.metrics_server, self.metrics_port = await serve_metrics(
+                self.settings.metrics_listen, registry_for(collector)
+            )
+            metrics_host = self.settings.metrics_listen.rsplit(":", 1)[0]
+            (self.settings.state_dir / "metrics.addr").write_text(f"{metrics_host}:{self.metrics_port}\n")
         log.info("controller listening on %s:%d (state in %s)", host, self.port, self.settings.state_dir)
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -180,6 +191,8 @@ class Controller:
         async with self.runner.lock:
             self.runner._reconcile()
         await close_provider(self.runner.provider)
+        if self.metrics_server is not None:
+            await self.metrics_server.cleanup()
         self.store.close()
 
 

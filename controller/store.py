@@ -26,6 +26,7 @@ from sqlalchemy import (
     Table,
     create_engine,
     event,
+    func,
     insert,
     select,
     text,
@@ -254,6 +255,12 @@ class Store:
                 _write(conn, command)
             if batch:
                 _write_nodes(conn, batch)
+
+    def event_counts(self) -> dict[str, int]:
+        """How many events of each kind the log holds (for metrics)."""
+        query = select(events.c.kind, func.count()).group_by(events.c.kind)
+        with self.engine.connect() as conn:
+            return {str(kind): int(count) for kind, count in conn.execute(query)}
 
     def events(self, after: int = 0, job: str | None = None, limit: int = 1000) -> list[EventRow]:
         query = select(events).where(events.c.seq > after).order_by(events.c.seq).limit(limit)

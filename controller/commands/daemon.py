@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 from pathlib import Path
 
 
@@ -17,16 +19,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-plaintext", action="store_true", default=None, help="no TLS beyond loopback")
     parser.add_argument("--heartbeat-expiry-seconds", type=float, help="a silent node is LOST after this")
     parser.add_argument("--debounce-seconds", type=float, help="wait this long after node arrivals")
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve Prometheus metrics at /metrics")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """Structured logs: one JSON object a line, for journald or a log shipper."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": record.created,
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
 
     from controller.daemon import load_settings, serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     keys = ("state_dir", "listen", "token_file", "tls_cert", "tls_key", "tls_ca", "allow_plaintext")
-    overrides = {k: getattr(args, k) for k in (*keys, "heartbeat_expiry_seconds", "debounce_seconds")}
+    more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen")
+    overrides = {k: getattr(args, k) for k in (*keys, *more)}
     settings = load_settings(args.config, overrides)
     return asyncio.run(serve(settings))
