@@ -79,6 +79,7 @@ class _Identity:
     incarnation: int = 0
     node_token: str = ""
     interval: float = 1.0
+    expiry: float = 10.0  # the controller declares a node LOST after this much silence
 
 
 @dataclass
@@ -207,7 +208,11 @@ class Agent:
                 backoff = min(backoff * 2, self.config.max_backoff_seconds)
                 continue
             self.identity = _Identity(
-                reply.node_name, reply.incarnation, reply.node_token, reply.heartbeat_interval_seconds or 1.0
+                reply.node_name,
+                reply.incarnation,
+                reply.node_token,
+                reply.heartbeat_interval_seconds or 1.0,
+                reply.heartbeat_expiry_seconds or 10.0,
             )
             log.info("registered as %s incarnation %d", reply.node_name, reply.incarnation)
             (self.config.work_dir / "node-name").write_text(reply.node_name)
@@ -230,7 +235,10 @@ class Agent:
             if exc.code() in RETRYABLE:
                 log.warning("heartbeat failed (%s); trainers keep running", exc.code().name)
                 self._healthy = False
-                self.identity.interval = min(self.identity.interval * 2, self.config.max_backoff_seconds)
+                # Back off, but never so far that a restarted controller finds this node silent for
+                # longer than its expiry and declares it LOST.
+                cap = min(self.config.max_backoff_seconds, self.identity.expiry / 3)
+                self.identity.interval = min(self.identity.interval * 2, cap)
                 return
             if _must_register_again(exc):
                 log.warning("controller no longer knows this incarnation (%s); registering anew", exc.details())
