@@ -11,7 +11,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, machine
 
-BENCHMARKS = ("bench.plan_bench", "bench.runtime_bench", "bench.morph_bench", "bench.controller_bench")
+BENCHMARKS = (
+    "bench.plan_bench",
+    "bench.simulate_bench",
+    "bench.runtime_bench",
+    "bench.morph_bench",
+    "bench.controller_bench",
+)
 
 
 def main() -> int:
