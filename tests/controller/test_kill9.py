@@ -166,9 +166,12 @@ def _scenario(daemon: Daemon) -> None:
     agents = [SimAgent(daemon, agent_token) for _ in range(4)]
 
     def admitted() -> dict[str, pb.Assignment] | None:
-        got = {a.name: a.beat() for a in agents}
+        for a in agents:
+            a.beat()
         if _status(daemon, job_id)["state"] != "RUNNING":
             return None
+        # a whole round after admission: a round that straddles it would see only some assignments
+        got = {a.name: a.beat() for a in agents}
         return {name: x for name, x in got.items() if x is not None} or None
 
     assignments = wait_for(admitted, "admission after the debounce window")
