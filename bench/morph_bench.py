@@ -213,9 +213,19 @@ def wait_new_generation(cluster: Cluster, job: str, after: int, timeout: float) 
         return found["state"] == "RUNNING" and int(found["generation"]) > after
 
     wait(running, timeout, f"generation > {after} of {job}")
-    generation, world = int(found["generation"]), world_size(found)
-    wait(lambda: first_step_done(cluster, job, generation, world), timeout, f"first step of generation {generation}")
-    return generation, world
+    current = {"generation": int(found["generation"]), "world": world_size(found)}
+
+    def first_step() -> bool:
+        """Follows a generation that superseded this one before its first step (a late growth)."""
+        if first_step_done(cluster, job, current["generation"], current["world"]):
+            return True
+        status = cluster.status(job)
+        if status["state"] == "RUNNING" and int(status["generation"]) > current["generation"]:
+            current.update(generation=int(status["generation"]), world=world_size(status))
+        return False
+
+    wait(first_step, timeout, f"the first step of generation {current['generation']}+ of {job}")
+    return current["generation"], current["world"]
 
 
 def measure(cluster: Cluster, job: str, morph: Morph, old: int) -> None:
@@ -334,7 +344,7 @@ def rounds(cluster: Cluster, job: str, cause: str, count: int, log: Callable[[st
         wait(lambda v=victim: cluster.node_state(v) in {"GONE", "LOST"}, 60, f"{victim} gone")  # type: ignore[misc]
         cluster.cli("local", "add", "1")
         try:
-            wait_new_generation(cluster, job, generation, 60)
+            wait_new_generation(cluster, job, generation, 180)
         except RuntimeError:
             log("  (the job did not grow back onto the added node)")
         wait(cluster.warm_pools_full, 120, "every agent's warm trainers")

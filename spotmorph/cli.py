@@ -33,7 +33,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("nodes", "controller.commands.nodes", "list the cluster's nodes"),
     ("events", "controller.commands.events", "the controller's event log (--follow to keep watching)"),
     ("cancel", "controller.commands.cancel", "cancel a job"),
-    ("timeline", "controller.commands.timeline", "one picture of a job over time (HTML)"),
+    ("timeline", "controller.commands.timeline", "one picture of a job over time (HTML or PNG)"),
     ("certs", "controller.commands.certs", "make a CA and TLS certificates for a cluster (mutual TLS)"),
     ("azure", "controller.commands.azure", "Azure: check a config and the template offline, render cloud-init"),
 )

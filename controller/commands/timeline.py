@@ -1,4 +1,4 @@
-"""``spotmorph timeline JOB --out FILE.html``: one self-contained picture of a job over time."""
+"""``spotmorph timeline JOB --out FILE.html|FILE.png``: one picture of a job over time."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from morphing.errors import UserInputError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="job id, e.g. job-1")
-    parser.add_argument("--out", type=Path, required=True, help="FILE.html (self-contained, inline SVG)")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="FILE.html (self-contained, inline SVG) or FILE.png (needs matplotlib)"
+    )
     add_client_arguments(parser, json_flag=False)
 
 
@@ -22,8 +24,11 @@ def run(args: argparse.Namespace) -> int:
     from protos.spotmorph.v1 import controller_pb2 as pb
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
-    if args.out.suffix.lower() not in (".html", ".htm"):
-        raise UserInputError(f"--out {args.out}: write a .html file (a self-contained page with an SVG picture)")
+    kind = args.out.suffix.lower()
+    if kind not in (".html", ".htm", ".png"):
+        raise UserInputError(
+            f"--out {args.out}: write a .html file (a self-contained page with an SVG picture) or a .png image"
+        )
 
     def fetch(channel: Any) -> tuple[Any, list[dict[str, Any]]]:
         stub = rpc.JobsStub(channel)
@@ -45,9 +50,15 @@ def run(args: argparse.Namespace) -> int:
         return code
     job, events = found
     timeline = build(events, job.id, job.spec.global_batch)
-    try:
-        args.out.write_text(render_html(timeline, f"{job.id} ({job.name}): {len(timeline.generations)} generation(s)"))
-    except OSError as exc:
-        raise UserInputError(f"--out {args.out}: cannot write it ({exc.strerror})") from None
+    title = f"{job.id} ({job.name}): {len(timeline.generations)} generation(s)"
+    if kind == ".png":
+        from controller.timeline_png import render_png
+
+        render_png(timeline, title, args.out)
+    else:
+        try:
+            args.out.write_text(render_html(timeline, title))
+        except OSError as exc:
+            raise UserInputError(f"--out {args.out}: cannot write it ({exc.strerror})") from None
     print(f"wrote {args.out}: {len(timeline.generations)} generation(s), {len(timeline.checkpoints)} checkpoint(s)")
     return 0

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from controller.timeline import build, render_html
+from protos.spotmorph.v1 import controller_pb2 as pb
+from tests.controller.conftest import Live
+from tests.controller.helpers import REPO
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -72,3 +78,61 @@ def test_watch_view_shows_progress_layout_and_time_since_the_last_morph() -> Non
     assert "layout 1x2 m=4" in view
     assert "last morph 30s ago" in view
     assert "last morph never" in watch_view(job, None, 130.0)
+
+
+def test_png_has_the_generation_bands_in_their_colours(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    from controller.timeline_png import COLOURS, render_png
+
+    out = tmp_path / "job.png"
+    render_png(build(_events(), "job-1", 16), "job-1", out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(str(out))
+    assert pixels.shape[0] > 400 and pixels.shape[1] > 800
+    colours = {tuple(round(float(c) * 255) for c in p[:3]) for p in pixels.reshape(-1, pixels.shape[2])[::7]}
+
+    def near(hex_colour: str) -> bool:
+        rgb = tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+        blended = tuple(round(0.7 * c + 0.3 * 255) for c in rgb)  # alpha 0.7 over white
+        return any(all(abs(a - b) <= 3 for a, b in zip(p, blended, strict=True)) for p in colours)
+
+    assert near(COLOURS[1 % len(COLOURS)]) and near(COLOURS[2 % len(COLOURS)])
+    assert not near(COLOURS[3 % len(COLOURS)]), "a generation that never ran has no band"
+
+
+def test_empty_log_renders_a_png(tmp_path: Path) -> None:
+    from controller.timeline_png import render_png
+
+    render_png(build([], "job-9", 8), "job-9", tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").stat().st_size > 0
+
+
+def _timeline_cli(live: Live, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "spotmorph.cli", "timeline", *args]
+    command += ["--controller", live.address, "--token", live.token("operator")]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_cli_writes_html_and_png_for_a_real_job_and_rejects_bad_output(live: Live, tmp_path: Path) -> None:
+    jobs = live.jobs()
+    spec = pb.JobSpec(
+        name="demo",
+        entrypoint=f"{REPO / 'examples' / 'tiny_gpt.py'}:build",
+        global_batch=8,
+        steps=20,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        profile=str(live.profile),
+    )
+    job = jobs.SubmitJob(pb.SubmitJobRequest(spec=spec)).id
+    for name in ("t.html", "t.png"):
+        done = _timeline_cli(live, job, "--out", str(tmp_path / name))
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    wrong = _timeline_cli(live, job, "--out", str(tmp_path / "t.svg"))
+    assert wrong.returncode == 2 and ".png" in wrong.stderr and ".html" in wrong.stderr
+    unwritable = _timeline_cli(live, job, "--out", str(tmp_path / "missing-dir" / "t.png"))
+    assert unwritable.returncode == 2 and "cannot write" in unwritable.stderr
+    unknown = _timeline_cli(live, "job-999", "--out", str(tmp_path / "u.png"))
+    assert unknown.returncode != 0 and "job-999" in unknown.stderr
