@@ -144,6 +144,11 @@ def run() -> str:
         step_rows, errors = step_time_table(work)
         io_rows = checkpoint_rows(work)
     mean_abs = statistics.mean(abs(e) for e in errors)
+    cores = os.cpu_count() or 1
+    fits = [abs(e) for (p, d), e in zip(LAYOUTS, errors, strict=True) if p * d <= cores]
+    crowded = [abs(e) for (p, d), e in zip(LAYOUTS, errors, strict=True) if p * d > cores]
+    fits_abs = statistics.mean(fits) if fits else float("nan")
+    crowded_abs = statistics.mean(crowded) if crowded else float("nan")
     return "\n".join(
         [
             HEADING,
@@ -156,18 +161,20 @@ def run() -> str:
             "",
             *step_rows,
             "",
-            "What dominates the error (goal: 15%). (1) CPU contention: this machine has "
-            f"{os.cpu_count()} cores and every rank is a single-threaded process, so layouts with more "
-            "processes than cores time-share them, while the simulator gives every rank its own device; "
-            "this is why the 3- and 4-process layouts are under-predicted by a factor of 2 to 4, and it "
-            "grows with P because a stage waiting on gloo still competes for a core. (2) Fixed per-step "
-            "work the profile format has no field for: the optimizer step, gradient clipping, data loading "
-            "and the stop/loss all-reduce, about 3.5 ms per step of the demo model on one core (7% of the "
-            "1x1 step). (3) Per-micro-batch overhead of `torch.distributed.pipelining` (Python scheduling, "
-            "gloo p2p of 2 KiB activations at ~0.2 ms latency): about 1-1.5 ms per micro-batch and stage. "
-            "Layer times themselves are scaled so that their sum matches a chained forward + backward "
-            "measured by the profiler (isolated layers run about 20% faster than chained ones). The "
-            "machine is shared and noisy: the same layout varies by up to 1.6x between runs.",
+            f"Mean |error| with at most {cores} processes (one core each): {fits_abs:.0f}%; with more "
+            f"processes than cores: {crowded_abs:.0f}%. Goal: 15%.",
+            "",
+            "How the prediction models this machine: the profiler records `compute_slots_per_node` = "
+            f"{cores} (the cores), and the planner slows every stage's compute by processes / cores when a "
+            "node runs more ranks than it has slots, since single-threaded ranks then time-share the cores. "
+            "What the model still misses: (1) a stage waiting on gloo is not idle on a CPU, it spins and "
+            "competes for a core, so crowded layouts run slower than the time-share estimate; (2) fixed "
+            "per-step work the profile format has no field for (the optimizer step, gradient clipping, "
+            "data loading, the stop/loss all-reduce); (3) per-micro-batch overhead of "
+            "`torch.distributed.pipelining` (Python scheduling, gloo p2p of small activations). Layer times "
+            "are scaled so that their sum matches a chained forward + backward measured by the profiler "
+            "(isolated layers run faster than chained ones). The machine is shared and noisy: the same "
+            "layout varies between runs by tens of per cent.",
             "",
             "Checkpoint I/O: one rank writing every layer file (serialise, SHA-256, fsync, rename, manifest) "
             "and reading it back (verify every SHA-256, load), against one plain fsync'd file of the same "
@@ -175,11 +182,10 @@ def run() -> str:
             "",
             *io_rows,
             "",
-            "For the 0.7 MB demo checkpoint the cost is per file (six layer files, each serialised, hashed, "
-            "fsync'd and renamed, plus the part file and the manifest, each with a directory fsync), so "
-            "the ratio is small; at 76 MB the write path reaches 0.6-1.0 of the raw fsync'd rate "
-            "(varies between runs), and reading "
-            "is bounded by SHA-256 verification and unpickling (the raw read comes from the page cache).",
+            "For the small demo checkpoint the cost is per file (every layer file serialised, hashed, "
+            "fsync'd and renamed, plus the part file and the manifest, each with a directory fsync), so its "
+            "ratio is small; the wider model shows the rate on large files. Reading is bounded by SHA-256 "
+            "verification and unpickling, while the raw read comes from the page cache.",
         ]
     )
 

@@ -53,13 +53,17 @@ class Principal:
 
 
 def read_or_create_token(path: Path) -> str:
-    """The token in ``path``; a new random one (mode 0600) when the file is missing."""
+    """The token in ``path``; a new random one (mode 0600) when the file is missing.
+
+    New tokens start with ``smt_`` so that one never begins with ``-``, which a command line would
+    take for an option (``--token -abc`` fails to parse).
+    """
     if path.exists():
         token = path.read_text().strip()
         if token:
             return token
     path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
+    token = "smt_" + secrets.token_urlsafe(32)
     path.touch(mode=0o600)
     path.write_text(token + "\n")
     return token

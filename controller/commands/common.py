@@ -19,7 +19,9 @@ T = TypeVar("T")
 
 def add_client_arguments(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
     parser.add_argument("--controller", metavar="HOST:PORT", help="default: $SPOTMORPH_CONTROLLER, else context")
-    parser.add_argument("--token", help="default: $SPOTMORPH_TOKEN, else the context file")
+    parser.add_argument(
+        "--token", help="default: $SPOTMORPH_TOKEN, else the context file (--token=VALUE if VALUE starts with -)"
+    )
     parser.add_argument("--tls-ca", type=Path, help="CA certificate of the controller (enables TLS)")
     parser.add_argument("--tls-cert", type=Path, help="client certificate for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="client key for mutual TLS")

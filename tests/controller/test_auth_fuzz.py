@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -9,8 +10,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.auth import POLICY, Role
+from controller.auth import POLICY, Role, read_or_create_token
 from protos.spotmorph.v1 import controller_pb2 as pb
+from spotmorph.cli import build_parser
 from tests.controller.conftest import Live
 
 REQUESTS: dict[str, Any] = {
@@ -85,3 +87,15 @@ def test_random_bytes_never_crash_the_server(live: Live, method: str, payload: b
             assert exc.code() not in {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}, exc.details()
     health = health_pb2_grpc.HealthStub(live.channel(None))
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_new_tokens_are_private_and_pass_as_a_separate_command_line_value(tmp_path: Path) -> None:
+    """A token is pasted after ``--token``; one starting with ``-`` would be taken for an option."""
+    parser, _ = build_parser()
+    for i in range(512):  # about one random token in 64 would start with "-"
+        path = tmp_path / f"{i}.token"
+        token = read_or_create_token(path)
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert read_or_create_token(path) == token
+        args = parser.parse_args(["jobs", "--token", token])
+        assert args.token == token
