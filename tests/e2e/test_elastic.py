@@ -117,7 +117,8 @@ def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_
     verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
     assert verified["step"] > int(grown["step"]), "no checkpoint was written in the grown layout"
     expected = reference(references, int(verified["step"]), BATCH, SEED)
-    assert max_rel_diff(cluster, expected, checkpoints) <= 1e-9
+    print(f"compared at step {verified['step']} (grew at step {grown['step']})")
+    assert max_rel_diff(cluster, expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
 
 
 def _rank0_progress_step(cluster: LocalCluster) -> int:
