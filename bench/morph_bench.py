@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -405,16 +406,19 @@ def run_cluster(work: Path, warm: bool, morphs: int, kills: int, log: Callable[[
         preempts = rounds(cluster, job, "preempt", morphs, log)
         lost_after_preempts = int(cluster.status(job)["steps_lost"])
         killed = rounds(cluster, job, "kill", kills, log)
-        # a periodic checkpoint written after every morph, compared with the reference later
+        # the next periodic checkpoint but one, copied before the job's keep-K rotation removes it
         generation = int(cluster.status(job)["generation"])
-        target = (resume_step(cluster, job, generation) // INTERVAL + 2) * INTERVAL
-        wait(lambda: (checkpoints / f"step-{target:08d}" / "manifest.json").exists(), 120, f"checkpoint {target}")
+        target = (last_step(cluster, job, generation) // INTERVAL + 2) * INTERVAL
+        written = checkpoints / f"step-{target:08d}"
+        wait(lambda: (written / "manifest.json").exists(), 120, f"checkpoint {target}")
+        kept = work / "compared" / written.name
+        shutil.copytree(written, kept)
         cluster.cli("cancel", job)
         return {
             "preempts": preempts,
             "kills": killed,
             "lost_after_preempts": lost_after_preempts,
-            "checkpoint": checkpoints / f"step-{target:08d}",
+            "checkpoint": kept,
             "step": target,
         }
     finally:
