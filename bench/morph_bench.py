@@ -573,9 +573,10 @@ def run() -> str:
                 if kills
                 else []
             ),
-            "Correctness: after every second round and the last, the job's checkpoint two intervals ahead is copied and later "
-            "compared with an uninterrupted 1x1 run of the same steps (`spotmorph checkpoint diff`, max "
-            "relative error over every parameter and optimizer-state tensor), beside a control: an "
+            "Correctness: after every second round and the last, the job's checkpoint two intervals "
+            "ahead is copied and later compared with an uninterrupted 1x1 run of the same steps "
+            "(`spotmorph checkpoint diff`, max relative error over every parameter and optimizer-state "
+            "tensor), beside a control: an "
             "uninterrupted 1x2 run, never morphed, against the same 1x1 run. Layouts sum gradients in "
             "different orders, so float64 runs differ by rounding, and at the demo model's constant "
             "learning rate that difference grows chaotically after about 1,000 steps (docs/runtime.md): "
