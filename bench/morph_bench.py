@@ -341,16 +341,15 @@ class Snapshot:
     path: Path
 
 
-def snapshot(cluster: Cluster, job: str, morphs: int) -> Snapshot:
+def snapshot(cluster: Cluster, job: str, generation: int) -> Snapshot:
     """Copy the checkpoint two intervals ahead before the job's keep-K rotation removes it."""
-    generation = int(cluster.status(job)["generation"])
     target = (last_step(cluster, job, generation) // INTERVAL + 2) * INTERVAL
     written = cluster.checkpoints / f"step-{target:08d}"
     wait(lambda: (written / "manifest.json").exists(), 120, f"checkpoint {target}")
     kept = cluster.home.parent / "compared" / written.name
     if not kept.exists():
         shutil.copytree(written, kept)
-    return Snapshot(morphs, target, kept)
+    return Snapshot(generation - 1, target, kept)
 
 
 def rounds(
@@ -380,9 +379,8 @@ def rounds(
         except RuntimeError:
             log("  (the job did not grow back onto the added node)")
         wait(cluster.warm_pools_full, 120, "every agent's warm trainers")
-        done = int(cluster.status(job)["generation"]) - 1
         if i % 2 == 1 or i == count - 1:
-            snaps.append(snapshot(cluster, job, done))
+            snaps.append(snapshot(cluster, job, int(cluster.status(job)["generation"])))
     return morphs
 
 

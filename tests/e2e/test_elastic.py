@@ -117,7 +117,6 @@ def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_
     verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
     assert verified["step"] > int(grown["step"]), "no checkpoint was written in the grown layout"
     expected = reference(references, int(verified["step"]), BATCH, SEED)
-    print(f"compared at step {verified['step']} (grew at step {grown['step']})")
     assert max_rel_diff(cluster, expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
 
 
