@@ -43,7 +43,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import ROOT, machine, spotmorph
-from controller.latency import quantile
+from controller.shell.latency import quantile
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
@@ -268,7 +268,7 @@ class Bench:
             self.procs.append(proc)
 
     def _channel(self, token: str) -> grpc.Channel:
-        from controller import client
+        from controller.client import connection as client
 
         return client.channel(self.address, token)
 

@@ -169,7 +169,7 @@ class Cluster:
         return at
 
     def kill(self, node: str) -> float:
-        from controller.local_provider import LocalVm, kill_vm
+        from controller.providers.local import LocalVm, kill_vm
 
         at = time.time()
         kill_vm(LocalVm(self.vm_dir(node)))

@@ -23,8 +23,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.context import Context, read_context, remove_context, spotmorph_home, write_context
-from controller.local_provider import LocalProcessProvider, LocalVm, kill_vm
+from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
+from controller.providers.local import LocalProcessProvider, LocalVm, kill_vm
 from morphing.errors import UserInputError
 
 

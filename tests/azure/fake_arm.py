@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from controller.certs import make_cluster_certs
+from controller.client.certs import make_cluster_certs
 
 API = "2026-04-01"
 TOKEN = "fake-arm-token"

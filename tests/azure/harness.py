@@ -12,8 +12,8 @@ from typing import Any
 from azure.core.credentials import AccessToken
 from azure.core.pipeline.transport._aiohttp import AioHttpTransport
 
-from controller.azure_config import AzureSettings
-from controller.azure_provider import AzureScaleSetProvider
+from controller.providers.azure import AzureScaleSetProvider
+from controller.providers.azure_config import AzureSettings
 from tests.azure.fake_arm import TOKEN, FakeArm
 
 SUBSCRIPTION = "00000000-0000-4000-8000-000000000001"

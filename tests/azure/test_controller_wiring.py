@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from controller import agents
-from controller.azure_provider import AzureScaleSetProvider
-from controller.daemon import Controller, ControllerSettings
-from controller.lifecycle import NodeState
-from controller.model import Command, RecordEvent, World
-from controller.provider_factory import make_provider
-from controller.reconcile import Config
-from controller.runner import Runner
-from controller.store import Store
+from controller.app.daemon import Controller, ControllerSettings
+from controller.app.providers import make_provider
+from controller.core import intake as agents
+from controller.core.lifecycle import NodeState
+from controller.core.model import Command, RecordEvent, World
+from controller.core.reconcile import Config
+from controller.persistence.store import Store
+from controller.providers.azure import AzureScaleSetProvider
+from controller.shell.runner import Runner
 from morphing.errors import UserInputError
 from tests.azure.harness import SUBSCRIPTION, harness, settle
 

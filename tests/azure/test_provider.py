@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from azure.core.exceptions import HttpResponseError
 
-from controller.azure_provider import ProviderUnavailable, describe
+from controller.providers.azure import ProviderUnavailable, describe
 from tests.azure.harness import Harness, harness, settle
 
 

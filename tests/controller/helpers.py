@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from controller.lifecycle import JobState, NodeState
-from controller.model import JobRecord, NodeObservation, NodeRecord, RankReport
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import JobRecord, NodeObservation, NodeRecord, RankReport
 from controller.spec import JobSpec
 from morphing.planner import Planner
 from morphing.profile import parse_profile

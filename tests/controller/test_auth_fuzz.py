@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.auth import POLICY, Role, read_or_create_token
+from controller.api.auth import POLICY, Role, read_or_create_token
 from protos.spotmorph.v1 import controller_pb2 as pb
 from spotmorph.cli import build_parser
 from tests.controller.conftest import Live

@@ -7,14 +7,14 @@ import asyncio
 import json
 from pathlib import Path
 
-from controller import agents
-from controller.latency import BOUNDS, Histogram, quantile
-from controller.lifecycle import NodeState
-from controller.model import Command, NodeObservation, World, ranks_by_node
-from controller.providers import StaticProvider
-from controller.reconcile import Config
-from controller.runner import MemoPlanner, Runner
-from controller.store import Store
+from controller.core import intake as agents
+from controller.core.lifecycle import NodeState
+from controller.core.model import Command, NodeObservation, World, ranks_by_node
+from controller.core.reconcile import Config
+from controller.persistence.store import Store
+from controller.providers.base import StaticProvider
+from controller.shell.latency import BOUNDS, Histogram, quantile
+from controller.shell.runner import MemoPlanner, Runner
 from morphing.planner import Plan
 from morphing.profile import parse_profile
 from protos.spotmorph.v1 import controller_pb2 as pb

@@ -21,8 +21,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller import client
-from controller.store import Store
+from controller.client import connection as client
+from controller.persistence.store import Store
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 from tests.controller.helpers import REPO

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.lifecycle import (
+from controller.core.lifecycle import (
     JOB_TERMINAL,
     JOB_TRANSITIONS,
     NODE_TERMINAL,

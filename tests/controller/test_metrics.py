@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import client
-from controller.daemon import Controller, ControllerSettings
-from controller.metrics import cause_category, provider_error
+from controller.app.daemon import Controller, ControllerSettings
+from controller.client import connection as client
+from controller.observability.metrics import cause_category, provider_error
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 

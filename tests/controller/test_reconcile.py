@@ -7,8 +7,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.lifecycle import JobState, NodeState
-from controller.model import (
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import (
     Action,
     JobRecord,
     NodeObservation,
@@ -20,7 +20,7 @@ from controller.model import (
     World,
     apply,
 )
-from controller.reconcile import Config, assignment_for, cancel, reconcile
+from controller.core.reconcile import Config, assignment_for, cancel, reconcile
 from controller.spec import JobSpec
 from tests.controller.helpers import job, node, planner
 
@@ -314,7 +314,7 @@ def test_random_histories_keep_invariants(script: list[tuple[str, int]]) -> None
 
 
 def test_growth_judges_by_the_measured_rate_and_the_time_left() -> None:
-    from controller.reconcile import _measured_rate
+    from controller.core.reconcile import _measured_rate
 
     record = replace(job("j1"), state=JobState.RUNNING, state_since=100.0, step=150, resume_step=50)
     rate, scale = _measured_rate(record, 110.0, predicted=1000.0)

@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
-from controller.lifecycle import JobState, NodeState
-from controller.model import RankReport, StartGeneration, World, apply
-from controller.reconcile import Config, reconcile
-from controller.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import RankReport, StartGeneration, World, apply
+from controller.core.reconcile import Config, reconcile
+from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
 from tests.controller.helpers import job, node, planner, seen
 
 

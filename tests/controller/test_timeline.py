@@ -7,7 +7,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from controller.timeline import build, render_html
+from controller.client.timeline import build, render_html
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
 from tests.controller.helpers import REPO
@@ -59,7 +59,7 @@ def test_empty_log_renders() -> None:
 
 
 def test_watch_view_shows_progress_layout_and_time_since_the_last_morph() -> None:
-    from controller.commands.status import watch_view
+    from controller.client.commands.status import watch_view
 
     job = {
         "id": "job-1",
@@ -83,7 +83,7 @@ def test_watch_view_shows_progress_layout_and_time_since_the_last_morph() -> Non
 def test_png_has_the_generation_bands_in_their_colours(tmp_path: Path) -> None:
     import matplotlib.image
 
-    from controller.timeline_png import COLOURS, render_png
+    from controller.client.timeline_png import COLOURS, render_png
 
     out = tmp_path / "job.png"
     render_png(build(_events(), "job-1", 16), "job-1", out)
@@ -102,7 +102,7 @@ def test_png_has_the_generation_bands_in_their_colours(tmp_path: Path) -> None:
 
 
 def test_empty_log_renders_a_png(tmp_path: Path) -> None:
-    from controller.timeline_png import render_png
+    from controller.client.timeline_png import render_png
 
     render_png(build([], "job-9", 8), "job-9", tmp_path / "empty.png")
     assert (tmp_path / "empty.png").stat().st_size > 0

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.azure_template import (
+from controller.client.azure_template import (
     bicep_summary,
     check_template,
     placeholders,
@@ -19,7 +19,7 @@ from controller.azure_template import (
     resources_of,
     template_summary,
 )
-from controller.certs import make_cluster_certs
+from controller.client.certs import make_cluster_certs
 from spotmorph.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

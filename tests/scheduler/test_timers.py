@@ -10,13 +10,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from controller import agents
-from controller.lifecycle import NodeState
-from controller.model import NodeObservation
-from controller.providers import StaticProvider
-from controller.reconcile import Config
-from controller.runner import Runner
-from controller.store import Store
+from controller.core import intake as agents
+from controller.core.lifecycle import NodeState
+from controller.core.model import NodeObservation
+from controller.core.reconcile import Config
+from controller.persistence.store import Store
+from controller.providers.base import StaticProvider
+from controller.shell.runner import Runner
 from scheduler.timers import CHECKPOINT_REQUESTS, DEBOUNCE, HEARTBEAT_EXPIRY, PROVIDER_POLL, TimerConfig, Timers
 
 

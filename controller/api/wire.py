@@ -1,0 +1,107 @@
+"""Between the wire (protos/spotmorph/v1) and the controller's values; nothing else knows both."""
+
+from __future__ import annotations
+
+import json
+
+from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord, RankReport
+from controller.persistence.store import GenerationRow
+from controller.spec_wire import spec_to_pb
+from morphing.layout import Layout
+from protos.spotmorph.v1 import controller_pb2 as pb
+
+
+def layout_to_pb(layout: Layout | None) -> pb.Layout | None:
+    if layout is None:
+        return None
+    return pb.Layout(
+        pipeline_stages=layout.pipeline_stages,
+        data_parallel=layout.data_parallel,
+        micro_batch_size=layout.micro_batch_size,
+        global_batch=layout.global_batch,
+        json=json.dumps(layout.to_dict(), sort_keys=True),
+    )
+
+
+def job_to_pb(job: JobRecord, generations: list[GenerationRow]) -> pb.Job:
+    morphs = [
+        pb.Morph(generation=g.generation, cause=g.cause, seconds=g.morph_seconds or 0.0)
+        for g in generations
+        if g.morph_seconds is not None
+    ]
+    return pb.Job(
+        id=job.id,
+        name=job.spec.name,
+        state=pb.JobState.Value(f"JOB_STATE_{job.state}"),
+        step=job.step,
+        total_steps=job.spec.steps,
+        generation=job.generation,
+        layout=layout_to_pb(job.layout),
+        checkpoint_dir=job.spec.checkpoint_dir,
+        last_checkpoint_step=job.last_checkpoint_step,
+        steps_lost=job.steps_lost,
+        morphs=morphs,
+        priority=job.spec.priority,
+        reason=job.reason,
+        submitted_at=job.submitted_at,
+        spec=spec_to_pb(job.spec),
+        restarts=job.restarts,
+        rendezvous_endpoint=job.rendezvous,
+    )
+
+
+def node_to_pb(node: NodeRecord) -> pb.Node:
+    message = pb.Node(
+        name=node.name,
+        incarnation=node.incarnation,
+        state=pb.NodeState.Value(f"NODE_STATE_{node.state}"),
+        slots=node.slots,
+        job=node.job or "",
+        address=node.address,
+        state_since=node.state_since,
+    )
+    if node.eviction_not_before is not None:
+        message.eviction_not_before = node.eviction_not_before
+    return message
+
+
+def assignment_to_pb(
+    assignment: Assignment | None, layout: pb.Layout | None = None, spec: pb.JobSpec | None = None
+) -> pb.Assignment | None:
+    """``layout``/``spec``: the wire form of the assignment's layout and spec when the caller keeps them."""
+    if assignment is None:
+        return None
+    return pb.Assignment(
+        job=assignment.job,
+        generation=assignment.generation,
+        ranks=list(assignment.ranks),
+        slots=list(assignment.slots),
+        layout=layout or layout_to_pb(assignment.layout),
+        rendezvous_endpoint=assignment.rendezvous,
+        checkpoint_dir=assignment.checkpoint_dir,
+        resume_step=assignment.resume_step,
+        action=pb.Action.Value(f"ACTION_{assignment.action}"),
+        entrypoint=assignment.entrypoint,
+        spec=spec or spec_to_pb(assignment.spec),
+        checkpoint_request=assignment.checkpoint_request,
+        world_size=assignment.layout.world_size,
+    )
+
+
+def rank_from_pb(status: pb.TrainerStatus) -> RankReport:
+    return RankReport(
+        job=status.job,
+        generation=status.generation,
+        rank=status.rank,
+        running=status.running,
+        exit_code=status.exit_code if status.HasField("exit_code") else None,
+        last_step=status.last_step,
+        last_checkpoint_step=status.last_checkpoint_step,
+        error=status.error,
+    )
+
+
+def observation_from_pb(request: pb.HeartbeatRequest, now: float) -> NodeObservation:
+    notice = request.eviction.not_before if request.HasField("eviction") else None
+    ranks = tuple(rank_from_pb(t) for t in request.trainers)
+    return NodeObservation(request.incarnation, now, ranks, notice)

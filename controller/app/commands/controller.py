@@ -1,0 +1,56 @@
+"""``spotmorph controller``: the controller daemon (runs until SIGTERM, then exits 0)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML file of settings (flags and environment win)")
+    parser.add_argument("--state-dir", type=Path, help="where the SQLite state and tokens live")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="default 127.0.0.1:50051")
+    parser.add_argument("--token-file", type=Path, help="operator token (a random one is written when missing)")
+    parser.add_argument("--tls-cert", type=Path, help="server certificate (PEM), see `spotmorph certs`")
+    parser.add_argument("--tls-key", type=Path, help="server key (PEM)")
+    parser.add_argument("--tls-ca", type=Path, help="CA that client certificates must be signed by (mutual TLS)")
+    parser.add_argument("--allow-plaintext", action="store_true", default=None, help="no TLS beyond loopback")
+    parser.add_argument("--heartbeat-expiry-seconds", type=float, help="a silent node is LOST after this")
+    parser.add_argument("--debounce-seconds", type=float, help="wait this long after node arrivals")
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve Prometheus metrics at /metrics")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """Structured logs: one JSON object a line, for journald or a log shipper."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": record.created,
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from controller.app.daemon import load_settings, serve
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    keys = ("state_dir", "listen", "token_file", "tls_cert", "tls_key", "tls_ca", "allow_plaintext")
+    more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen")
+    overrides = {k: getattr(args, k) for k in (*keys, *more)}
+    settings = load_settings(args.config, overrides)
+    return asyncio.run(serve(settings))

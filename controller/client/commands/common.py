@@ -1,0 +1,110 @@
+"""Options and output shared by the client commands (no grpc import at module level)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from morphing.errors import UserInputError
+
+# Exit codes scripts can rely on: 0 ok, 2 bad input (also bad flags), 3 not found, 4 refused
+# (auth), 5 controller unreachable, 6 wrong state (e.g. cancelling a finished job).
+EXIT_NOT_FOUND, EXIT_DENIED, EXIT_UNAVAILABLE, EXIT_STATE = 3, 4, 5, 6
+T = TypeVar("T")
+
+
+def add_client_arguments(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    parser.add_argument("--controller", metavar="HOST:PORT", help="default: $SPOTMORPH_CONTROLLER, else context")
+    parser.add_argument(
+        "--token", help="default: $SPOTMORPH_TOKEN, else the context file (--token=VALUE if VALUE starts with -)"
+    )
+    parser.add_argument("--tls-ca", type=Path, help="CA certificate of the controller (enables TLS)")
+    parser.add_argument("--tls-cert", type=Path, help="client certificate for mutual TLS")
+    parser.add_argument("--tls-key", type=Path, help="client key for mutual TLS")
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def call(args: argparse.Namespace, make: Callable[[Any], T]) -> tuple[T | None, int]:
+    """Run ``make(channel)``; RPC errors become one line on stderr and a documented exit code."""
+    import grpc
+
+    from controller.client import connection as client
+
+    address, token = client.resolve(args.controller, args.token)
+    channel = client.channel(address, token, args.tls_ca, args.tls_cert, args.tls_key)
+    codes = {
+        grpc.StatusCode.INVALID_ARGUMENT: 2,
+        grpc.StatusCode.NOT_FOUND: EXIT_NOT_FOUND,
+        grpc.StatusCode.UNAUTHENTICATED: EXIT_DENIED,
+        grpc.StatusCode.PERMISSION_DENIED: EXIT_DENIED,
+        grpc.StatusCode.UNAVAILABLE: EXIT_UNAVAILABLE,
+        grpc.StatusCode.FAILED_PRECONDITION: EXIT_STATE,
+    }
+    try:
+        return make(channel), 0
+    except grpc.RpcError as exc:
+        code = exc.code()
+        print(f"spotmorph {args.command}: {code.name}: {exc.details()}", file=sys.stderr)
+        return None, codes.get(code, 1)
+    finally:
+        channel.close()
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def dump(data: object) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))
+
+
+def need(value: str, what: str) -> str:
+    if not value:
+        raise UserInputError(f"{what} is required")
+    return value
+
+
+def job_dict(job: Any) -> dict[str, Any]:
+    """The ``status --json`` shape (a contract for scripts)."""
+    from protos.spotmorph.v1 import controller_pb2 as pb
+
+    layout = None
+    if job.HasField("layout"):
+        layout = {
+            "pipeline_stages": job.layout.pipeline_stages,
+            "data_parallel": job.layout.data_parallel,
+            "micro_batch_size": job.layout.micro_batch_size,
+            "global_batch": job.layout.global_batch,
+            "detail": json.loads(job.layout.json) if job.layout.json else None,
+        }
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": pb.JobState.Name(job.state).removeprefix("JOB_STATE_"),
+        "step": job.step,
+        "total_steps": job.total_steps,
+        "generation": job.generation,
+        "layout": layout,
+        "checkpoint_dir": job.checkpoint_dir,
+        "last_checkpoint_step": job.last_checkpoint_step,
+        "steps_lost": job.steps_lost,
+        "morphs": [{"generation": m.generation, "cause": m.cause, "seconds": m.seconds} for m in job.morphs],
+        "priority": job.priority,
+        "reason": job.reason,
+        "restarts": job.restarts,
+        "rendezvous_endpoint": job.rendezvous_endpoint,
+    }
+
+
+def describe_layout(job: dict[str, Any]) -> str:
+    layout = job["layout"]
+    if not layout:
+        return "-"
+    return f"{layout['pipeline_stages']}x{layout['data_parallel']} m={layout['micro_batch_size']}"

@@ -1,0 +1,38 @@
+"""``spotmorph events [--follow]``: the controller's event log (JSON lines with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from controller.client.commands.common import add_client_arguments, call
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", default="", help="only this job's events")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    parser.add_argument("--after", type=int, default=0, metavar="SEQ", help="only events after this sequence number")
+    add_client_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from protos.spotmorph.v1 import controller_pb2 as pb
+    from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+
+    def stream(channel: Any) -> int:
+        request = pb.WatchEventsRequest(after_seq=args.after, job=args.job, follow=args.follow)
+        for event in rpc.JobsStub(channel).WatchEvents(request):
+            data = json.loads(event.data_json or "{}")
+            if args.json:
+                row = {"seq": event.seq, "at": event.at, "kind": event.kind, "job": event.job or None}
+                print(json.dumps({**row, "node": event.node or None, "data": data}), flush=True)
+            else:
+                stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
+                who = " ".join(x for x in (event.job, event.node) if x)
+                print(f"{event.seq:>6} {stamp} {event.kind:<20} {who:<16} {data}", flush=True)
+        return 0
+
+    _, code = call(args, stream)
+    return code

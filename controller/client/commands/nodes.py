@@ -1,0 +1,37 @@
+"""``spotmorph nodes``: the cluster's nodes in join order."""
+
+from __future__ import annotations
+
+import argparse
+
+from controller.client.commands.common import add_client_arguments, call, dump, table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_client_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from protos.spotmorph.v1 import controller_pb2 as pb
+    from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+
+    reply, code = call(args, lambda ch: rpc.ClusterStub(ch).ListNodes(pb.ListNodesRequest()))
+    if reply is None:
+        return code
+    nodes = [
+        {
+            "name": n.name,
+            "state": pb.NodeState.Name(n.state).removeprefix("NODE_STATE_"),
+            "slots": n.slots,
+            "job": n.job or None,
+            "incarnation": n.incarnation,
+            "address": n.address,
+        }
+        for n in reply.nodes
+    ]
+    if args.json:
+        dump(nodes)
+        return 0
+    rows = [(n["name"], n["state"], n["slots"], n["job"] or "-", n["incarnation"]) for n in nodes]
+    print(table(rows, ("NAME", "STATE", "SLOTS", "JOB", "INCARNATION")))
+    return 0

@@ -1,0 +1,91 @@
+"""``spotmorph status JOB``: one job in detail, with its morphs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from controller.client.commands.common import add_client_arguments, call, describe_layout, dump, job_dict
+from morphing.errors import UserInputError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="job id, e.g. job-1")
+    parser.add_argument("--watch", "-w", action="store_true", help="a live view until the job ends")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
+    add_client_arguments(parser)
+
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def watch_view(job: dict[str, Any], last_morph_at: float | None, now: float, width: int = 40) -> str:
+    """The ``--watch`` screen: a progress bar of steps, the layout, the time since the last morph."""
+    total = max(1, int(job["total_steps"]))
+    done = min(width, int(width * int(job["step"]) / total))
+    since = "never" if last_morph_at is None else f"{now - last_morph_at:.0f}s ago"
+    lines = [
+        f"{job['id']} ({job['name']}): {job['state']}",
+        f"  [{'#' * done}{'.' * (width - done)}] {job['step']}/{job['total_steps']} steps",
+        f"  generation {job['generation']}, layout {describe_layout(job)}, last morph {since}",
+        f"  last checkpoint at step {job['last_checkpoint_step']}, steps lost {job['steps_lost']}",
+    ]
+    if job["reason"]:
+        lines.append(f"  {job['reason']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from protos.spotmorph.v1 import controller_pb2 as pb
+    from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+
+    if args.watch:
+        return _watch(args)
+    reply, code = call(args, lambda ch: rpc.JobsStub(ch).GetJob(pb.GetJobRequest(id=args.job)))
+    if reply is None:
+        return code
+    job = job_dict(reply)
+    if args.json:
+        dump(job)
+        return 0
+    print(f"{job['id']} ({job['name']}): {job['state']}  step {job['step']}/{job['total_steps']}")
+    print(f"  generation {job['generation']}, layout {describe_layout(job)}")
+    print(f"  checkpoints in {job['checkpoint_dir']}, last at step {job['last_checkpoint_step']}")
+    print(f"  steps lost {job['steps_lost']}, restarts {job['restarts']}")
+    if job["reason"]:
+        print(f"  {job['reason']}")
+    for morph in job["morphs"]:
+        print(f"  morph to generation {morph['generation']} in {morph['seconds']:.1f} s: {morph['cause']}")
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from protos.spotmorph.v1 import controller_pb2 as pb
+    from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+
+    if args.interval <= 0:
+        raise UserInputError(f"--interval {args.interval}: it must be > 0 seconds")
+
+    def snapshot(channel: Any) -> tuple[dict[str, Any], float | None]:
+        stub = rpc.JobsStub(channel)
+        job = job_dict(stub.GetJob(pb.GetJobRequest(id=args.job)))
+        issued = [e.at for e in stub.WatchEvents(pb.WatchEventsRequest(job=args.job)) if e.kind == "GenerationIssued"]
+        return job, (issued[-1] if len(issued) > 1 else None)
+
+    tty = sys.stdout.isatty()
+    while True:
+        found, code = call(args, snapshot)
+        if found is None:
+            return code
+        job, last_morph = found
+        view = watch_view(job, last_morph, time.time())
+        if args.json:
+            print(json.dumps({**job, "last_morph_at": last_morph}), flush=True)
+        else:
+            print(("\x1b[H\x1b[2J" if tty else "") + view + ("" if tty else "\n"), flush=True)
+        if job["state"] in TERMINAL:
+            return 0 if job["state"] == "SUCCEEDED" else 1
+        time.sleep(args.interval)

@@ -1,0 +1,43 @@
+"""``spotmorph submit job.yaml``: validate a job spec locally, send it, print the new job's id."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from controller.client.commands.common import add_client_arguments, call, dump
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", nargs="?", help="job spec (YAML); see examples/tiny_gpt.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
+    parser.add_argument("--schema", action="store_true", help="print the job spec's JSON Schema and exit")
+    add_client_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from controller.spec import json_schema, load_spec_file
+    from morphing.errors import UserInputError
+
+    if args.schema:
+        print(json.dumps(json_schema(), indent=2))
+        return 0
+    if not args.file:
+        raise UserInputError("give a job spec file (or --schema)")
+    spec = load_spec_file(args.file, args.set)
+    problem = spec.entrypoint_problem() or spec.profile_problem()
+    if problem:
+        raise UserInputError(f"job spec {args.file}: {problem}")
+
+    from controller.spec_wire import spec_to_pb
+    from protos.spotmorph.v1 import controller_pb2 as pb
+    from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+
+    reply, code = call(args, lambda ch: rpc.JobsStub(ch).SubmitJob(pb.SubmitJobRequest(spec=spec_to_pb(spec))))
+    if reply is None:
+        return code
+    if args.json:
+        dump({"id": reply.id})
+    else:
+        print(reply.id)
+    return 0

@@ -1,0 +1,357 @@
+"""The Azure provider: a Virtual Machine Scale Set of Spot VMs (azure-mgmt-compute, azure-identity).
+
+Asynchronous SDK (``azure.mgmt.compute.aio``, ``azure.identity.aio``) rather than the blocking client
+in threads: the controller is one asyncio loop, so a long-running operation is a task that awaits its
+poller, is cancelled cleanly on shutdown, and needs no thread pool sized for the worst case.
+
+What it does on each poll (the controller's provider timer), with one list call (``$expand=instanceView``):
+
+- instances are matched to agents by VM name (cloud-init starts the agent with ``--name`` = the VM name);
+  evicted ones (deallocated, stopped, being deleted) are not listed, so their nodes become GONE even when
+  the agent never reported a notice;
+- evicted instances still in the set (Deallocate policy) are deleted; then the set is scaled back to the
+  target capacity; above it, idle instances are deleted (never one whose node runs a job, unless the
+  operator set ``delete_busy_nodes`` or calls ``release(name, force=True)``);
+- capacity errors (AllocationFailed, SkuNotAvailable, quota) back off exponentially; throttling (429)
+  waits for Retry-After (after the SDK's own retries, which honour it too); a conflict (another
+  operation on the set) retries on the next poll. Every error becomes one event, never an exception
+  out of a timer. Operations are idempotent (capacity is set, not added), so a controller that restarts
+  mid-operation just looks at the set again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+)
+from azure.mgmt.compute import models
+from azure.mgmt.compute.aio import ComputeManagementClient
+
+from controller.providers.azure_config import AzureSettings
+
+log = logging.getLogger("spotmorph.controller.azure")
+
+Emit = Callable[[str, dict[str, Any]], None]
+Busy = Callable[[str], bool]
+CAPACITY_CODES = frozenset(
+    {
+        "AllocationFailed",
+        "ZonalAllocationFailed",
+        "OverconstrainedAllocationRequest",
+        "OverconstrainedZonalAllocationRequest",
+        "SkuNotAvailable",
+        "QuotaExceeded",
+        "OperationNotAllowed",  # what ARM says when a scale-out would exceed the core quota
+        "SpotCapacityNotAvailable",
+    }
+)
+GONE_POWER = frozenset({"deallocated", "deallocating", "stopped", "stopping"})
+
+
+class ProviderUnavailable(NotImplementedError):
+    """No instance list this time (Azure unreachable, throttled, ...): the runner skips the poll.
+
+    A subclass of NotImplementedError because that is how the runner already recognises a provider
+    without a list; a stale list would mark nodes that joined since then as gone.
+    """
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str  # the VM name, which is the node name its agent registers under
+    instance_id: str  # what delete_instances takes (Uniform: "3"; Flexible: the VM name)
+    provisioning: str
+    power: str
+
+    @property
+    def evicted(self) -> bool:
+        return self.power in GONE_POWER or self.provisioning.lower() == "deleting"
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # the event kind: AzureThrottled, AzureCapacityUnavailable, ...
+    message: str
+    retry_after: float | None = None
+
+
+def describe(exc: BaseException) -> Failure:
+    """An Azure error as one event: what happened, in words an operator can act on."""
+    if isinstance(exc, ClientAuthenticationError):
+        return Failure("AzureAuthFailed", f"not authorised: {_short(exc)} (check the identity and its role)")
+    if isinstance(exc, HttpResponseError):
+        status, code = exc.status_code, _code(exc)
+        if status == 429:
+            after = _retry_after(exc)
+            return Failure("AzureThrottled", f"throttled (429), retry after {after:g} s", after)
+        if code in CAPACITY_CODES:
+            return Failure("AzureCapacityUnavailable", f"{code}: {_short(exc)}")
+        if status == 409:
+            return Failure("AzureConflict", f"conflict (another operation on the scale set?): {_short(exc)}")
+        if isinstance(exc, ResourceNotFoundError) or status == 404:
+            return Failure("AzureNotFound", f"not found: {_short(exc)} (check resource_group and scale_set)")
+        if status in (401, 403):
+            return Failure("AzureAuthFailed", f"{status}: {_short(exc)} (check the identity's role assignment)")
+        return Failure("AzureError", f"{status} {code or ''}: {_short(exc)}".replace("  ", " "))
+    if isinstance(exc, ServiceRequestError):
+        return Failure("AzureUnreachable", f"cannot reach Azure Resource Manager: {_short(exc)}")
+    if isinstance(exc, AzureError):
+        return Failure("AzureError", _short(exc))
+    return Failure("AzureError", f"{type(exc).__name__}: {exc}")
+
+
+def _short(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc)
+    return " ".join(str(text).split())[:300]
+
+
+def _code(exc: HttpResponseError) -> str | None:
+    code = getattr(exc.error, "code", None)
+    if code:
+        return str(code)
+    with contextlib.suppress(Exception):
+        response: Any = exc.response
+        body = response.json() if response is not None else None
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            return str(body["error"].get("code"))
+    return None
+
+
+def _retry_after(exc: HttpResponseError) -> float:
+    response: Any = exc.response
+    value = response.headers.get("Retry-After") if response is not None else None
+    try:
+        return max(1.0, float(value)) if value is not None else 30.0
+    except ValueError:
+        return 30.0
+
+
+def make_credential(settings: AzureSettings) -> Any:
+    from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
+
+    if settings.managed_identity_client_id:
+        return ManagedIdentityCredential(client_id=settings.managed_identity_client_id)
+    return DefaultAzureCredential()
+
+
+class AzureScaleSetProvider:
+    """The Provider protocol over one Spot VM scale set; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: AzureSettings,
+        clock: Clock,
+        *,
+        credential: Any | None = None,
+        emit: Emit | None = None,
+        busy: Busy | None = None,
+        **client_options: Any,  # tests: transport=..., polling_interval=0
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.emit: Emit = emit or (lambda kind, data: None)
+        self.busy: Busy = busy or (lambda name: False)
+        self.credential = credential if credential is not None else make_credential(settings)
+        self.client = ComputeManagementClient(
+            self.credential,
+            settings.subscription_id,
+            base_url=settings.arm_endpoint,
+            credential_scopes=[f"{settings.arm_endpoint}/.default"],
+            retry_total=settings.retries,
+            **client_options,
+        )
+        self.instances: dict[str, Instance] = {}  # the last list, by VM name
+        self.not_before = 0.0  # no call that changes the set before this time (capacity backoff)
+        self.throttled_until = 0.0  # no call at all before this time (429 Retry-After)
+        self.backoff = 0.0
+        self.pending: dict[str, asyncio.Task[None]] = {}  # "scale", "clean", "release:NAME"
+        self._failing: dict[str, str] = {}  # failure kind -> its message, until an operation succeeds
+
+    # -- the Provider protocol
+
+    async def list_instances(self) -> frozenset[str]:
+        if self.clock.now() < self.throttled_until:  # Retry-After: not even a read before then
+            raise ProviderUnavailable(f"throttled until {self.throttled_until:.0f}")
+        try:
+            listed = await self._list()
+        except Exception as exc:  # every Azure error is an event, never an exception out of a timer
+            self._failed("list", exc)
+            raise ProviderUnavailable(str(exc)) from None
+        self.instances = {i.name: i for i in listed}
+        await self._maintain(listed)
+        return frozenset(i.name for i in listed if not i.evicted)
+
+    async def request_capacity(self, count: int) -> None:
+        """Raise the target by ``count``; the next poll scales out (the controller decides when)."""
+        self.settings = self.settings.model_copy(update={"target_capacity": self.settings.target_capacity + count})
+
+    async def release(self, name: str, *, force: bool = False) -> None:
+        """Delete the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
+        if self.busy(name) and not (force or self.settings.delete_busy_nodes):
+            self._event("AzureReleaseRefused", node=name, message="the node runs a job; operator override needed")
+            return
+        instance = self.instances.get(name)
+        if instance is None:
+            return  # not (or no longer) in the scale set
+        await self._run(f"release:{name}", self._delete([instance], f"release {name}"))
+
+    async def close(self) -> None:
+        for task in list(self.pending.values()):
+            task.cancel()
+        await asyncio.gather(*self.pending.values(), return_exceptions=True)
+        await self.client.close()
+        close = getattr(self.credential, "close", None)
+        if close is not None:
+            await close()
+
+    def status(self) -> dict[str, Any]:
+        alive = [i for i in self.instances.values() if not i.evicted]
+        return {
+            "scale_set": self.settings.scale_set,
+            "target_capacity": self.settings.target_capacity,
+            "instances": len(alive),
+            "evicted": len(self.instances) - len(alive),
+            "pending": sorted(self.pending),
+            "backoff_until": self.not_before if self.clock.now() < self.not_before else None,
+            "throttled_until": self.throttled_until if self.clock.now() < self.throttled_until else None,
+        }
+
+    # -- Azure calls
+
+    async def _list(self) -> list[Instance]:
+        s = self.settings
+        found: list[Instance] = []
+        if s.orchestration_mode == "Uniform":
+            vms = self.client.virtual_machine_scale_set_vms.list(s.resource_group, s.scale_set, expand="instanceView")
+            async for vm in vms:
+                found.append(_instance(vm.name, vm.instance_id, vm.properties))
+        else:
+            scale_set_id = (
+                f"/subscriptions/{s.subscription_id}/resourceGroups/{s.resource_group}"
+                f"/providers/Microsoft.Compute/virtualMachineScaleSets/{s.scale_set}"
+            )
+            listing = self.client.virtual_machines.list(
+                s.resource_group, filter=f"'virtualMachineScaleSet/id' eq '{scale_set_id}'", expand="instanceView"
+            )
+            async for machine in listing:
+                found.append(_instance(machine.name, machine.name, machine.properties))
+        return found
+
+    async def _maintain(self, listed: list[Instance]) -> None:
+        """Start what the set needs (cleanup, scale-out, scale-in); each runs as a background task."""
+        if self.clock.now() < max(self.not_before, self.throttled_until):
+            return
+        s = self.settings
+        evicted = [i for i in listed if i.evicted and i.provisioning.lower() != "deleting"]
+        alive = [i for i in listed if not i.evicted]
+        if evicted and "clean" not in self.pending:
+            await self._run("clean", self._delete(evicted, "remove evicted instances"))
+        if len(alive) < s.target_capacity and "scale" not in self.pending:
+            await self._run("scale", self._scale_out(len(alive), len(listed) - len(alive)))
+        elif len(alive) > s.target_capacity and "scale" not in self.pending:
+            extra = len(alive) - s.target_capacity
+            idle = [i for i in reversed(alive) if s.delete_busy_nodes or not self.busy(i.name)][:extra]
+            if len(idle) < extra:
+                self._event("AzureScaleInDeferred", message=f"{extra - len(idle)} instance(s) above target run jobs")
+            if idle:
+                await self._run("scale", self._delete(idle, f"scale in to {s.target_capacity}"))
+
+    async def _scale_out(self, alive: int, dying: int) -> None:
+        s = self.settings
+        scale_set = await self.client.virtual_machine_scale_sets.get(s.resource_group, s.scale_set)
+        current = scale_set.sku.capacity if scale_set.sku is not None and scale_set.sku.capacity is not None else 0
+        wanted = s.target_capacity + dying  # instances on their way out still count until they are gone
+        if current >= wanted:
+            return  # already asked for (by us before a restart, or by an operation still running)
+        update = models.VirtualMachineScaleSetUpdate(sku=models.Sku(capacity=wanted))
+        profile = scale_set.properties.virtual_machine_profile if scale_set.properties else None
+        price = profile.billing_profile.max_price if profile and profile.billing_profile else None
+        if price is not None and price != s.max_price:
+            billing = models.BillingProfile(max_price=s.max_price)
+            vm_profile = models.VirtualMachineScaleSetUpdateVMProfile(billing_profile=billing)
+            update.properties = models.VirtualMachineScaleSetUpdateProperties(virtual_machine_profile=vm_profile)
+        self._event("AzureScaleOut", message=f"capacity {current} -> {wanted} ({alive} running)", capacity=wanted)
+        poller = await self.client.virtual_machine_scale_sets.begin_update(s.resource_group, s.scale_set, update)
+        await poller.result()
+        self._event("AzureScaleOutDone", message=f"capacity {wanted}", capacity=wanted)
+
+    async def _delete(self, instances: list[Instance], why: str) -> None:
+        s = self.settings
+        ids = models.VirtualMachineScaleSetVMInstanceRequiredIDs(instance_ids=[i.instance_id for i in instances])
+        names = sorted(i.name for i in instances)
+        self._event("AzureDeleteInstances", message=f"{why}: {', '.join(names)}", instances=names)
+        try:
+            poller = await self.client.virtual_machine_scale_sets.begin_delete_instances(
+                s.resource_group, s.scale_set, ids
+            )
+            await poller.result()
+        except ResourceNotFoundError:
+            return  # already gone: what we wanted
+
+    async def _run(self, key: str, work: Coroutine[Any, Any, None]) -> None:
+        """Start ``work`` in the background; its outcome resets or extends the backoff."""
+
+        async def guarded() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed(key.split(":")[0], exc)
+            else:
+                self.backoff = 0.0
+                self._failing.clear()
+            finally:
+                self.pending.pop(key, None)
+
+        self.pending[key] = asyncio.ensure_future(guarded())
+        await asyncio.sleep(0)  # let it send its first request now
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        failure = describe(exc)
+        now = self.clock.now()
+        if failure.kind == "AzureThrottled":
+            self.throttled_until = now + (failure.retry_after or 30.0)
+        elif failure.kind == "AzureCapacityUnavailable":
+            s = self.settings
+            self.backoff = min(s.max_backoff_seconds, max(s.backoff_seconds, self.backoff * 2))
+            self.not_before = now + self.backoff
+        retry_at = max(self.not_before, self.throttled_until)
+        if self._failing.get(failure.kind) == failure.message:
+            log.warning("%s (again): %s", failure.kind, failure.message)
+            return  # the same failure on every poll is one event, not one a poll
+        self._failing[failure.kind] = failure.message
+        retry = retry_at if retry_at > now else None
+        self._event(failure.kind, operation=what, message=failure.message, retry_at=retry)
+
+    def _event(self, kind: str, **data: Any) -> None:
+        message = str(data.get("message", ""))
+        level = logging.INFO if kind in {"AzureScaleOut", "AzureScaleOutDone", "AzureDeleteInstances"} else logging.WARN
+        log.log(level, "%s: %s", kind, message)
+        self.emit(kind, {"scale_set": self.settings.scale_set, **{k: v for k, v in data.items() if v is not None}})
+
+
+def _instance(name: str | None, instance_id: str | None, properties: Any) -> Instance:
+    provisioning = str(getattr(properties, "provisioning_state", None) or "Unknown")
+    view = getattr(properties, "instance_view", None)
+    power = "unknown"
+    for status in getattr(view, "statuses", None) or []:
+        code = str(status.code or "")
+        if code.startswith("PowerState/"):
+            power = code.split("/", 1)[1].lower()
+    return Instance(str(name), str(instance_id or name), provisioning, power)
