@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from morphing.errors import UserInputError
+from worker_agent.runtime.dropout import apply_dropout
 
 OptimizerFactory = Callable[[list[tuple[str, nn.Parameter]]], torch.optim.Optimizer]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -167,12 +168,12 @@ class Dropout(nn.Module):
         if not _context:
             return nn.functional.dropout(x, self.p, True)
         ctx = _context[-1]
-        masks = []
-        for sample in ctx.sample_ids.tolist():
-            gen = torch.Generator().manual_seed(_mix(ctx.seed, ctx.step, int(sample), self.key))
-            masks.append(torch.rand(x.shape[1:], generator=gen, dtype=torch.float64) >= self.p)
-        mask = torch.stack(masks).to(x.dtype)
-        return x * mask / (1.0 - self.p)
+        if ctx.sample_ids.numel() != x.shape[0]:
+            raise ValueError(
+                f"Dropout {self.key}: the activation holds {x.shape[0]} samples but the step names "
+                f"{ctx.sample_ids.numel()}; layers must keep the sample dimension first"
+            )
+        return apply_dropout(x, ctx.sample_ids, ctx.seed, ctx.step, self.key, self.p)
 
 
 def _mix(*values: int) -> int:
