@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord, RankReport
 from controller.persistence.store import GenerationRow
@@ -23,7 +24,7 @@ def layout_to_pb(layout: Layout | None) -> pb.Layout | None:
     )
 
 
-def job_to_pb(job: JobRecord, generations: list[GenerationRow]) -> pb.Job:
+def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.Job:
     morphs = [
         pb.Morph(generation=g.generation, cause=g.cause, seconds=g.morph_seconds or 0.0)
         for g in generations

@@ -21,16 +21,19 @@ from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controller.api.agent import AgentService
 from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_token
-from controller.api.servicers import AgentService, ClusterService, JobsService
+from controller.api.cluster import ClusterService
+from controller.api.jobs import JobsService
 from controller.app.providers import close_provider, make_provider
 from controller.core.reconcile import Config
-from controller.observability.metrics import ControllerCollector, registry_for, serve_metrics
+from controller.observability.metrics import serve_metrics
 from controller.persistence.store import Store
 from controller.providers.azure_config import AzureSettings
 from controller.providers.base import StaticProvider
 from controller.shell.latency import Histogram
 from controller.shell.runner import Clock, Runner, SystemClock
+from controller.shell.views import StateView
 from morphing.errors import UserInputError
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
@@ -129,13 +132,14 @@ class Controller:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        rpc.add_JobsServicer_to_server(JobsService(self.runner, self.tokens, self.stopping), self.server)
         self.heartbeat_latency = Histogram()
+        self.view = StateView(self.runner, self.heartbeat_latency)
+        rpc.add_JobsServicer_to_server(JobsService(self.view, self.runner, self.stopping), self.server)
         self.metrics_server: Any = None
         self.metrics_port = 0
-        cluster = ClusterService(self.runner, self.store.schema_version(), self.heartbeat_latency)
-        rpc.add_ClusterServicer_to_server(cluster, self.server)
-        agent = AgentService(self.runner, self.tokens, settings.heartbeat_interval_seconds, self.heartbeat_latency)
+        rpc.add_ClusterServicer_to_server(ClusterService(self.view, self.store.schema_version()), self.server)
+        interval = settings.heartbeat_interval_seconds
+        agent = AgentService(self.view, self.runner, self.tokens, interval, self.heartbeat_latency)
         rpc.add_AgentServicer_to_server(agent, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Jobs", "Cluster", "Agent")]
@@ -174,10 +178,7 @@ class Controller:
         host = self.settings.listen.rsplit(":", 1)[0]
         (self.settings.state_dir / "controller.addr").write_text(f"{host}:{self.port}\n")
         if self.settings.metrics_listen:
-            collector = ControllerCollector(runner, self.store, self.heartbeat_latency)
-            self.metrics_server, self.metrics_port = await serve_metrics(
-                self.settings.metrics_listen, registry_for(collector)
-            )
+            self.metrics_server, self.metrics_port = await serve_metrics(self.settings.metrics_listen, self.view)
             metrics_host = self.settings.metrics_listen.rsplit(":", 1)[0]
             (self.settings.state_dir / "metrics.addr").write_text(f"{metrics_host}:{self.metrics_port}\n")
         log.info("controller listening on %s:%d (state in %s)", host, self.port, self.settings.state_dir)
@@ -193,6 +194,7 @@ class Controller:
         await close_provider(self.runner.provider)
         if self.metrics_server is not None:
             await self.metrics_server.cleanup()
+        self.view.close()
         self.store.close()
 
 

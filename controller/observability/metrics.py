@@ -1,25 +1,25 @@
 """Prometheus metrics, read from the controller's state at scrape time (``--metrics-listen``).
 
-Nothing is counted on the hot path: a scrape looks at the world the runner holds (nodes and jobs by
-state, steps lost, measured samples/s), the store (generations, so morphs by cause and their
-durations; provider error events) and the heartbeat-latency histogram the server already keeps.
-Served by aiohttp in the controller's own event loop, so a scrape never races the runner.
+Nothing is counted on the hot path: a scrape takes one snapshot from the state view (nodes and jobs by
+state, steps lost, measured samples/s; generations, so morphs by cause and their durations; provider
+error events; the heartbeat-latency histogram the server already keeps) and renders it. Served by
+aiohttp in the controller's own event loop; the view reads the store on its reader threads, so a
+scrape never blocks the loop, and rendering a frozen snapshot never races the runner.
 """
 
 from __future__ import annotations
 
 import socket
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from controller.core.lifecycle import JobState, NodeState
-from controller.persistence.store import Store
-from controller.shell.latency import BOUNDS, Histogram
+from controller.shell.latency import BOUNDS
+from controller.shell.views import MetricsSnapshot, StateView
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MORPH_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -49,76 +49,68 @@ def provider_error(kind: str) -> bool:
     }
 
 
-class ControllerCollector:
-    def __init__(self, runner: Any, store: Store, heartbeat: Histogram, now: Callable[[], float] = time.time) -> None:
-        self.runner = runner
-        self.store = store
-        self.heartbeat = heartbeat
-        self.now = now
-
-    def collect(self) -> Iterator[Metric]:
-        world = self.runner.world
-        nodes = GaugeMetricFamily("spotmorph_nodes", "Nodes by lifecycle state", labels=["state"])
-        by_state = Counter(str(n.state) for n in world.nodes.values())
-        for state in NodeState:
-            nodes.add_metric([str(state)], by_state.get(str(state), 0))
-        yield nodes
-        jobs = GaugeMetricFamily("spotmorph_jobs", "Jobs by lifecycle state", labels=["state"])
-        job_states = Counter(str(j.state) for j in world.jobs.values())
-        for job_state in JobState:
-            jobs.add_metric([str(job_state)], job_states.get(str(job_state), 0))
-        yield jobs
-        yield from self._jobs(world)
-        yield from self._morphs(world)
-        yield _histogram(
-            "spotmorph_heartbeat_latency_seconds",
-            "Server-side time to handle a Heartbeat",
-            _cumulative(self.heartbeat.counts, LATENCY_BUCKETS),
-            self.heartbeat.sum,
-        )
-        errors = CounterMetricFamily("spotmorph_provider_errors", "Provider errors by kind", labels=["kind"])
-        for kind, count in sorted(self.store.event_counts().items()):
-            if provider_error(kind):
-                errors.add_metric([kind], count)
-        yield errors
-
-    def _jobs(self, world: Any) -> Iterator[Metric]:
-        lost = GaugeMetricFamily("spotmorph_steps_lost", "Steps a job had to redo after losses", labels=["job"])
-        rate = GaugeMetricFamily(
-            "spotmorph_job_samples_per_second", "Samples/s measured in the running generation", labels=["job"]
-        )
-        now = self.now()
-        for job in world.jobs.values():
-            lost.add_metric([job.id], job.steps_lost)
-            elapsed = now - job.state_since
-            if job.state is JobState.RUNNING and elapsed > 0 and job.step > job.resume_step:
-                rate.add_metric([job.id], (job.step - job.resume_step) * job.spec.global_batch / elapsed)
-        yield lost
-        yield rate
-
-    def _morphs(self, world: Any) -> Iterator[Metric]:
-        counts: Counter[str] = Counter()
-        durations: list[float] = []
-        for job_id in world.jobs:
-            for row in self.store.generations(job_id):
-                if row.generation <= 1:
-                    continue
-                counts[cause_category(row.cause)] += 1
-                if row.morph_seconds is not None:
-                    durations.append(row.morph_seconds)
-        morphs = CounterMetricFamily(
-            "spotmorph_morphs", "Morphs (generations after the first) by cause", labels=["cause"]
-        )
-        for cause, count in sorted(counts.items()):
-            morphs.add_metric([cause], count)
-        yield morphs
-        buckets = [(bound, sum(1 for d in durations if d <= bound)) for bound in MORPH_BUCKETS]
-        yield _histogram(
-            "spotmorph_morph_seconds", "Morph durations", [*buckets, (float("inf"), len(durations))], sum(durations)
-        )
+def families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
+    """The metric families of one scrape: a pure function of what the view saw."""
+    nodes = GaugeMetricFamily("spotmorph_nodes", "Nodes by lifecycle state", labels=["state"])
+    by_state = Counter(str(n.state) for n in snapshot.nodes)
+    for state in NodeState:
+        nodes.add_metric([str(state)], by_state.get(str(state), 0))
+    yield nodes
+    jobs = GaugeMetricFamily("spotmorph_jobs", "Jobs by lifecycle state", labels=["state"])
+    job_states = Counter(str(j.state) for j in snapshot.jobs)
+    for job_state in JobState:
+        jobs.add_metric([str(job_state)], job_states.get(str(job_state), 0))
+    yield jobs
+    yield from _jobs(snapshot)
+    yield from _morphs(snapshot)
+    latency = snapshot.heartbeat_latency
+    yield _histogram(
+        "spotmorph_heartbeat_latency_seconds",
+        "Server-side time to handle a Heartbeat",
+        _cumulative(latency.counts, LATENCY_BUCKETS),
+        latency.sum_seconds,
+    )
+    errors = CounterMetricFamily("spotmorph_provider_errors", "Provider errors by kind", labels=["kind"])
+    for kind, count in sorted(snapshot.event_counts.items()):
+        if provider_error(kind):
+            errors.add_metric([kind], count)
+    yield errors
 
 
-def _cumulative(counts: list[int], bounds: tuple[float, ...]) -> list[tuple[float, int]]:
+def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
+    lost = GaugeMetricFamily("spotmorph_steps_lost", "Steps a job had to redo after losses", labels=["job"])
+    rate = GaugeMetricFamily(
+        "spotmorph_job_samples_per_second", "Samples/s measured in the running generation", labels=["job"]
+    )
+    for job in snapshot.jobs:
+        lost.add_metric([job.id], job.steps_lost)
+        elapsed = snapshot.now - job.state_since
+        if job.state is JobState.RUNNING and elapsed > 0 and job.step > job.resume_step:
+            rate.add_metric([job.id], (job.step - job.resume_step) * job.spec.global_batch / elapsed)
+    yield lost
+    yield rate
+
+
+def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
+    counts: Counter[str] = Counter()
+    durations: list[float] = []
+    for row in snapshot.generations:
+        if row.generation <= 1:
+            continue
+        counts[cause_category(row.cause)] += 1
+        if row.morph_seconds is not None:
+            durations.append(row.morph_seconds)
+    morphs = CounterMetricFamily("spotmorph_morphs", "Morphs (generations after the first) by cause", labels=["cause"])
+    for cause, count in sorted(counts.items()):
+        morphs.add_metric([cause], count)
+    yield morphs
+    buckets = [(bound, sum(1 for d in durations if d <= bound)) for bound in MORPH_BUCKETS]
+    yield _histogram(
+        "spotmorph_morph_seconds", "Morph durations", [*buckets, (float("inf"), len(durations))], sum(durations)
+    )
+
+
+def _cumulative(counts: Sequence[int], bounds: tuple[float, ...]) -> list[tuple[float, int]]:
     """Fine log-spaced histogram counts folded into Prometheus' cumulative ``le`` buckets."""
     out, running, index = [], 0, 0
     for bound in bounds:
@@ -140,18 +132,28 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
-def registry_for(collector: ControllerCollector) -> CollectorRegistry:
+class _SnapshotCollector:
+    def __init__(self, snapshot: MetricsSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        return families(self.snapshot)
+
+
+def render(snapshot: MetricsSnapshot) -> bytes:
+    """``snapshot`` in Prometheus' text format."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    return registry
+    registry.register(_SnapshotCollector(snapshot))
+    return generate_latest(registry)
 
 
-async def serve_metrics(listen: str, registry: CollectorRegistry) -> tuple[Any, int]:
+async def serve_metrics(listen: str, view: StateView) -> tuple[Any, int]:
     """``GET /metrics`` on ``listen`` (HOST:PORT; port 0 picks one); returns (runner to clean up, port)."""
     from aiohttp import web
 
     async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4"})
+        snapshot = await view.metrics()
+        return web.Response(body=render(snapshot), headers={"Content-Type": "text/plain; version=0.0.4"})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

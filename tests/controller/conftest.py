@@ -1,9 +1,10 @@
-"""A real controller on loopback (in a thread with its own event loop) and authenticated stubs."""
+"""A real controller on loopback (in a thread with its own event loop), authenticated stubs, metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,11 @@ class Live:
     def agent(self, token: str) -> rpc.AgentStub:
         return rpc.AgentStub(self.channel(token))
 
+    def scrape(self) -> str:
+        """The Prometheus text the controller serves at ``/metrics``."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.controller.metrics_port}/metrics", timeout=10) as got:
+            return str(got.read().decode())
+
     def run(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
 
@@ -55,7 +61,11 @@ def live(tmp_path: Path) -> Iterator[Live]:
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     settings = ControllerSettings(
-        state_dir=tmp_path / "state", listen="127.0.0.1:0", debounce_seconds=0.0, heartbeat_expiry_seconds=5.0
+        state_dir=tmp_path / "state",
+        listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        debounce_seconds=0.0,
+        heartbeat_expiry_seconds=5.0,
     )
 
     async def make() -> Controller:

@@ -1,18 +1,31 @@
-"""Shared test values: a small profile, specs, and worlds built without the store or sockets."""
+"""Shared test values and tools: a small profile, specs, worlds without a store, a clock, a store-read spy."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord, NodeObservation, NodeRecord, RankReport
+from controller.persistence.store import Store
 from controller.spec import JobSpec
 from morphing.planner import Planner
 from morphing.profile import parse_profile
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+class FakeClock:
+    """Time that moves only when a test moves it."""
+
+    def __init__(self, at: float = 1000.0) -> None:
+        self.at = at
+
+    def now(self) -> float:
+        return self.at
 
 
 def profile_dict(layers: int = 6) -> dict[str, Any]:
@@ -76,3 +89,20 @@ def job(
 
 def seen(at: float, *ranks: RankReport, notice: float | None = None) -> NodeObservation:
     return NodeObservation(1, at, tuple(ranks), notice)
+
+
+STORE_READS = ("events", "generations", "event_counts", "checkpoints", "load", "schema_version")
+
+
+def recording_reads(store: Store) -> list[tuple[str, threading.Thread]]:
+    """Wrap the store's read methods; the list returned fills with (method, calling thread) per call."""
+    calls: list[tuple[str, threading.Thread]] = []
+    for name in STORE_READS:
+        method: Callable[..., Any] = getattr(store, name)
+
+        def recorded(*args: Any, _name: str = name, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+            calls.append((_name, threading.current_thread()))
+            return _method(*args, **kwargs)
+
+        setattr(store, name, recorded)
+    return calls

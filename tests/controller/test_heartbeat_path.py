@@ -19,15 +19,7 @@ from morphing.planner import Plan
 from morphing.profile import parse_profile
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
-from tests.controller.helpers import planner, profile_dict
-
-
-class FakeClock:
-    def __init__(self, at: float = 1000.0) -> None:
-        self.at = at
-
-    def now(self) -> float:
-        return self.at
+from tests.controller.helpers import FakeClock, planner, profile_dict
 
 
 def test_histogram_quantiles_are_bucket_upper_bounds() -> None:

@@ -1,50 +1,24 @@
-"""Prometheus metrics from a real controller: scraped over HTTP and parsed as Prometheus would."""
+"""Prometheus metrics: scraped over HTTP from a real controller, and rendered from a snapshot made by
+hand; both parsed as Prometheus would."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
+from types import MappingProxyType
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.app.daemon import Controller, ControllerSettings
-from controller.client import connection as client
-from controller.observability.metrics import cause_category, provider_error
+from controller.core.lifecycle import JobState, NodeState
+from controller.observability.metrics import cause_category, provider_error, render
+from controller.persistence.store import GenerationRow
+from controller.shell.latency import BOUNDS
+from controller.shell.views import LatencySnapshot, MetricsSnapshot
 from protos.spotmorph.v1 import controller_pb2 as pb
-from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+from tests.controller.conftest import Live
+from tests.controller.helpers import job, node
 
 
-@pytest.fixture
-def controller(tmp_path: Path) -> Iterator[Controller]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    settings = ControllerSettings(
-        state_dir=tmp_path / "state", listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", debounce_seconds=0.0
-    )
-
-    async def make() -> Controller:
-        made = Controller(settings)
-        await made.start()
-        return made
-
-    running = asyncio.run_coroutine_threadsafe(make(), loop).result(30)
-    try:
-        yield running
-    finally:
-        asyncio.run_coroutine_threadsafe(running.stop(grace=0.5), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-
-
-def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+def parse(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -52,31 +26,61 @@ def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     return samples
 
 
-def test_metrics_follow_nodes_and_heartbeats(controller: Controller) -> None:
-    state = controller.settings.state_dir
-    address = f"127.0.0.1:{controller.port}"
-    agent_token = (state / "agent.token").read_text().strip()
-    registered = rpc.AgentStub(client.channel(address, agent_token)).Register(
-        pb.RegisterRequest(slots=2, address="127.0.0.1")
-    )
-    node = rpc.AgentStub(client.channel(address, registered.node_token))
+def test_metrics_follow_nodes_and_heartbeats(live: Live) -> None:
+    agent = live.agent(live.token("agent"))
+    registered = agent.Register(pb.RegisterRequest(slots=2, address="127.0.0.1"))
+    node_agent = live.agent(registered.node_token)
+    beat = pb.HeartbeatRequest(node_name=registered.node_name, incarnation=registered.incarnation)
     for _ in range(3):
-        node.Heartbeat(pb.HeartbeatRequest(node_name=registered.node_name, incarnation=registered.incarnation))
+        node_agent.Heartbeat(beat)
 
     def ready() -> bool:
-        return scrape(controller.metrics_port)["spotmorph_nodes"].get((("state", "READY"),), 0) == 1
+        return parse(live.scrape())["spotmorph_nodes"].get((("state", "READY"),), 0) == 1
 
     deadline = time.monotonic() + 20
     while not ready():
         assert time.monotonic() < deadline, "the node never showed as READY in the metrics"
-        node.Heartbeat(pb.HeartbeatRequest(node_name=registered.node_name, incarnation=registered.incarnation))
+        node_agent.Heartbeat(beat)
         time.sleep(0.1)
-    samples = scrape(controller.metrics_port)
+    samples = parse(live.scrape())
     assert samples["spotmorph_jobs"][(("state", "QUEUED"),)] == 0
     assert samples["spotmorph_heartbeat_latency_seconds_count"][()] >= 3
     assert samples["spotmorph_heartbeat_latency_seconds_bucket"][(("le", "+Inf"),)] >= 3
     assert samples["spotmorph_morph_seconds_count"][()] == 0
-    assert (state / "metrics.addr").read_text().strip().endswith(str(controller.metrics_port))
+    assert (live.state_dir / "metrics.addr").read_text().strip().endswith(str(live.controller.metrics_port))
+
+
+def generation(job_id: str, number: int, cause: str, seconds: float | None) -> GenerationRow:
+    return GenerationRow(job_id, number, {}, 0, cause, seconds, issued_at=0.0)
+
+
+def test_a_snapshot_renders_to_what_it_holds() -> None:
+    """Rendering is a pure function of the snapshot: rates use the snapshot's time, not the wall clock."""
+    running = job("job-1", JobState.RUNNING, at=100.0, step=30, resume_step=10)  # 20 steps x 8 samples in 40 s
+    latency = [0] * len(BOUNDS)
+    latency[0] = 2
+    snapshot = MetricsSnapshot(
+        now=140.0,
+        nodes=(node("a"), node("b", NodeState.LOST), node("c", NodeState.LOST)),
+        jobs=(running, job("job-2")),
+        generations=(
+            generation("job-1", 1, "admitted", None),  # the first generation is no morph
+            generation("job-1", 2, "eviction notice: a", 12.0),
+            generation("job-1", 3, "node lost: b", 700.0),
+        ),
+        event_counts=MappingProxyType({"AzureThrottled": 4, "AzureScaleOut": 9, "NodeRegistered": 3}),
+        heartbeat_latency=LatencySnapshot(tuple(latency), 2, 2e-5),
+    )
+    samples = parse(render(snapshot).decode())
+    assert samples["spotmorph_nodes"][(("state", "LOST"),)] == 2
+    assert samples["spotmorph_nodes"][(("state", "GONE"),)] == 0
+    assert samples["spotmorph_jobs"][(("state", "QUEUED"),)] == 1
+    assert samples["spotmorph_job_samples_per_second"] == {(("job", "job-1"),): 4.0}
+    assert samples["spotmorph_morphs_total"] == {(("cause", "eviction"),): 1, (("cause", "node_lost"),): 1}
+    assert samples["spotmorph_morph_seconds_bucket"][(("le", "20.0"),)] == 1
+    assert samples["spotmorph_morph_seconds_bucket"][(("le", "+Inf"),)] == 2
+    assert samples["spotmorph_provider_errors_total"] == {(("kind", "AzureThrottled"),): 4}
+    assert samples["spotmorph_heartbeat_latency_seconds_bucket"][(("le", "0.001"),)] == 2
 
 
 def test_cause_and_provider_error_labels() -> None:

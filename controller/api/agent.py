@@ -1,0 +1,162 @@
+"""The Agent service: registration, heartbeats and urgent reports from the nodes' agents.
+
+Every call of a node is fenced first (its token, its incarnation, the generations it reports); what it
+observed goes to the runner, and the reply is its assignment as the view sees it after that.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import grpc
+
+from controller.api import wire
+from controller.api.auth import Principal, Role, Tokens, principal_of
+from controller.api.status import Context, abort, abort_for
+from controller.api.writes import Writes
+from controller.core import intake
+from controller.core.model import Command, JobRecord, NodeObservation, NodeRecord, World, ranks_by_node
+from controller.shell.latency import Histogram
+from controller.shell.views import StateView
+from controller.spec import JobSpec
+from controller.spec_wire import spec_to_pb
+from morphing.layout import Layout
+from protos.spotmorph.v1 import controller_pb2 as pb
+from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+
+MAX_TRAINERS = 4096
+MAX_SLOTS = 1024
+
+
+class AgentService(rpc.AgentServicer):
+    def __init__(
+        self, view: StateView, writes: Writes, tokens: Tokens, interval: float, latency: Histogram | None = None
+    ) -> None:
+        self.view = view
+        self.writes = writes
+        self.tokens = tokens
+        self.interval = interval
+        self.latency = latency or Histogram()  # time inside Heartbeat, shown in GetClusterState
+        self._replies: dict[str, tuple[NodeRecord | None, JobRecord | None, pb.Assignment | None]] = {}
+        self._layouts: dict[str, tuple[Layout, JobSpec, pb.Layout | None, pb.JobSpec, dict[str, tuple[int, ...]]]] = {}
+
+    async def Register(self, request: pb.RegisterRequest, context: Context) -> pb.RegisterResponse:
+        if not 1 <= request.slots <= MAX_SLOTS:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"slots={request.slots}: use 1..{MAX_SLOTS}")
+        if not request.address or len(request.address) > 255:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "address: the host other nodes reach this one at")
+        registered: list[NodeRecord] = []
+
+        def decide(world: World, now: float) -> list[Command]:
+            node, commands = intake.register(world, request.node_name, request.slots, request.address, now)
+            registered.append(node)
+            return commands
+
+        try:
+            await self.writes.decide(decide)
+        except ValueError as exc:
+            await abort_for(context, exc)
+        node = registered[0]
+        return pb.RegisterResponse(
+            node_name=node.name,
+            incarnation=node.incarnation,
+            node_token=self.tokens.node_token(node.name, node.incarnation),
+            heartbeat_interval_seconds=self.interval,
+            heartbeat_expiry_seconds=self.view.heartbeat_expiry_seconds,
+        )
+
+    async def _fence(self, name: str, incarnation: int, context: Context) -> None:
+        principal: Principal | None = principal_of(context, self.tokens)
+        if principal is None or principal.role is not Role.NODE or principal.node != name:
+            await abort(context, grpc.StatusCode.PERMISSION_DENIED, f"this token may not act as node {name!r}")
+        if principal.incarnation != incarnation:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "token and incarnation differ; register again")
+        try:
+            self.view.check_incarnation(name, incarnation)
+        except (LookupError, intake.Stale) as exc:
+            await abort_for(context, exc)
+
+    async def _check_generations(self, trainers: Any, context: Context) -> None:
+        if len(trainers) > MAX_TRAINERS:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"trainers: at most {MAX_TRAINERS}")
+        for t in trainers:
+            job = self.view.job(t.job)
+            if job is not None and t.generation > job.generation:
+                await abort(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"trainers: job {t.job} generation {t.generation} was never issued (newest {job.generation})",
+                )
+
+    def _reply_assignment(self, name: str) -> pb.Assignment | None:
+        """The node's assignment on the wire, rebuilt only when its node or job record changed.
+
+        Records are immutable and replaced on every change, so identity says "unchanged". The parts that
+        are the same for every node of a generation (layout JSON, spec, who runs which rank) are built
+        once per layout, not once per heartbeat: for a job on 1,000 nodes they are O(nodes) each.
+        """
+        node = self.view.node(name)
+        job = self.view.job(node.job) if node is not None and node.job is not None else None
+        hit = self._replies.get(name)
+        if hit is not None and hit[0] is node and hit[1] is job:
+            return hit[2]
+        layout_pb: pb.Layout | None = None
+        spec_pb: pb.JobSpec | None = None
+        ranks_of: dict[str, tuple[int, ...]] | None = None
+        if job is not None and job.layout is not None:
+            found = self._layouts.get(job.id)
+            if found is None or found[0] is not job.layout or found[1] is not job.spec:
+                layout_pb, spec_pb = wire.layout_to_pb(job.layout), spec_to_pb(job.spec)
+                found = (job.layout, job.spec, layout_pb, spec_pb, ranks_by_node(job.layout))
+                self._layouts[job.id] = found
+            _, _, layout_pb, spec_pb, ranks_of = found
+        reply = wire.assignment_to_pb(self.view.assignment(name, ranks_of), layout_pb, spec_pb)
+        self._replies[name] = (node, job, reply)
+        return reply
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
+        started = time.perf_counter()
+        try:
+            await self._fence(request.node_name, request.incarnation, context)
+            await self._check_generations(request.trainers, context)
+            seen = wire.observation_from_pb(request, self.view.now())
+            await self.writes.observe(request.node_name, seen)
+            return pb.HeartbeatResponse(
+                assignment=self._reply_assignment(request.node_name), heartbeat_interval_seconds=self.interval
+            )
+        finally:
+            self.latency.record(time.perf_counter() - started)
+
+    async def ReportEvent(self, request: pb.ReportEventRequest, context: Context) -> pb.ReportEventResponse:
+        name = request.node_name
+        await self._fence(name, request.incarnation, context)
+        now = self.view.now()
+        seen = self.view.observation(name) or NodeObservation(request.incarnation, now)
+        kind = request.WhichOneof("event")
+        if kind == "eviction":
+            notice = replace(seen, last_seen=now, eviction_not_before=request.eviction.not_before)
+            await self.writes.observe(name, notice)
+        elif kind == "trainer_exited":
+            await self._check_generations([request.trainer_exited.trainer], context)
+            rank = wire.rank_from_pb(request.trainer_exited.trainer)
+            others = tuple(
+                r for r in seen.ranks if (r.job, r.generation, r.rank) != (rank.job, rank.generation, rank.rank)
+            )
+            await self.writes.observe(name, replace(seen, last_seen=now, ranks=(*others, rank)))
+        elif kind == "checkpoint_committed":
+            c = request.checkpoint_committed
+            try:
+                await self.writes.decide(
+                    lambda world, t: intake.commit_checkpoint(world, c.job, c.generation, c.step, t)
+                )
+            except (LookupError, intake.Stale) as exc:
+                await abort_for(context, exc)
+        else:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "event: set one of eviction, trainer_exited, checkpoint_committed",
+            )
+        return pb.ReportEventResponse(assignment=self._reply_assignment(name))

@@ -1,0 +1,90 @@
+"""The Jobs service: submit and cancel through the runner; list, get and watch through the view."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+
+from controller.api import wire
+from controller.api.status import Context, abort, abort_for
+from controller.api.writes import Writes
+from controller.core.lifecycle import JOB_TERMINAL
+from controller.shell.views import StateView
+from controller.spec import parse_spec
+from controller.spec_wire import spec_to_dict
+from morphing.errors import UserInputError
+from protos.spotmorph.v1 import controller_pb2 as pb
+from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+
+EVENTS_PER_READ = 500
+FOLLOW_POLL_SECONDS = 1.0  # a follower re-reads at least this often, even with no commit to wake it
+
+
+class JobsService(rpc.JobsServicer):
+    def __init__(self, view: StateView, writes: Writes, stopping: asyncio.Event) -> None:
+        self.view = view
+        self.writes = writes
+        self.stopping = stopping
+
+    async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.SubmitJobResponse:
+        try:
+            spec = parse_spec(spec_to_dict(request.spec))
+        except UserInputError as exc:
+            await abort_for(context, exc)
+        problem = spec.entrypoint_problem() or spec.profile_problem()
+        if problem:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+        job = await self.writes.submit(spec)
+        return pb.SubmitJobResponse(id=job.id)
+
+    async def GetJob(self, request: pb.GetJobRequest, context: Context) -> pb.Job:
+        detail = await self.view.job_detail(request.id)
+        if detail is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"job {request.id!r} not found")
+        return wire.job_to_pb(detail.job, detail.generations)
+
+    async def ListJobs(self, request: pb.ListJobsRequest, context: Context) -> pb.ListJobsResponse:
+        details = await self.view.job_details()
+        return pb.ListJobsResponse(jobs=[wire.job_to_pb(d.job, d.generations) for d in details])
+
+    async def CancelJob(self, request: pb.CancelJobRequest, context: Context) -> pb.Job:
+        job = self.view.job(request.id)
+        if job is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"job {request.id!r} not found")
+        if job.state in JOB_TERMINAL:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"job {job.id} already {job.state}")
+        await self.writes.cancel(job.id, "an operator")
+        detail = await self.view.job_detail(job.id)
+        assert detail is not None  # jobs are never deleted
+        return wire.job_to_pb(detail.job, detail.generations)
+
+    async def WatchEvents(self, request: pb.WatchEventsRequest, context: Context) -> AsyncIterator[pb.Event]:
+        after = request.after_seq
+        while True:
+            changed = self.view.next_change()
+            rows = await self.view.events(after, request.job or None, EVENTS_PER_READ)
+            for row in rows:
+                after = row.seq
+                yield pb.Event(
+                    seq=row.seq,
+                    at=row.at,
+                    kind=row.kind,
+                    job=row.job or "",
+                    node=row.node or "",
+                    data_json=json.dumps(row.data, sort_keys=True),
+                )
+            if rows:
+                continue
+            if not request.follow or self.stopping.is_set():
+                return
+            await self._until_change_or_stop(changed)
+
+    async def _until_change_or_stop(self, changed: asyncio.Event) -> None:
+        waiter = asyncio.ensure_future(changed.wait())
+        stopper = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({waiter, stopper}, timeout=FOLLOW_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopper.cancel()
