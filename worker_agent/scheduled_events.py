@@ -218,6 +218,7 @@ class EvictionWatcher:
                 )
             else:
                 inactive[event.event_id] = event.status
+        present = {event.event_id for event in document.events}
         withdrawn: list[Fact] = []
         for event_id, notice in self.known.items():
             if event_id in current:
@@ -226,6 +227,8 @@ class EvictionWatcher:
                 withdrawn.append(EvictionWithdrawn(event_id, f"its status is {inactive[event_id][:64]!r}"))
             elif event_id in document.skipped_ids:
                 current[event_id] = notice
+            elif event_id in present:
+                withdrawn.append(EvictionWithdrawn(event_id, "it no longer evicts this VM"))
             else:
                 withdrawn.append(EvictionWithdrawn(event_id, "it left the document"))
         noticed = [n for i, n in current.items() if withdrawn or self.known.get(i) != n]
