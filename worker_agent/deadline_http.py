@@ -83,7 +83,8 @@ def request(
     body: bytes | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> bytes:
-    """The body of a 2xx answer to ``method url``, all of it within ``timeout`` seconds of ``clock``."""
+    """The body of a 2xx answer to ``method url``, all of it within ``timeout`` seconds of ``clock``
+    (name lookup aside: the metadata service is addressed by IP)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise RequestFailed(f"only plain http:// URLs are supported, not {url!r}")
