@@ -42,7 +42,7 @@ def server(clock: FakeClock) -> Iterator[ScheduledEventsServer]:
 
 
 def test_preempt_appears_starts_and_vanishes(server: ScheduledEventsServer, clock: FakeClock) -> None:
-    client = ScheduledEventsClient(server.base_url)
+    client = ScheduledEventsClient(server.base_url, wall_clock=clock)
     watcher = EvictionWatcher("node-2")
     assert watcher.observe(client.fetch()) == []
 
@@ -61,11 +61,11 @@ def test_preempt_appears_starts_and_vanishes(server: ScheduledEventsServer, cloc
     assert server.state.admin_view()[0]["Acknowledged"] is True
 
     server.state.remove(event_id)
-    assert watcher.observe(client.fetch()) == [EvictionWithdrawn(event_id)]
+    assert watcher.observe(client.fetch()) == [EvictionWithdrawn(event_id, "it left the document")]
 
 
 def test_event_starts_by_itself_after_not_before(server: ScheduledEventsServer, clock: FakeClock) -> None:
-    client = ScheduledEventsClient(server.base_url)
+    client = ScheduledEventsClient(server.base_url, wall_clock=clock)
     watcher = EvictionWatcher("node-1")
     server.state.schedule("Terminate", ["node-1"], notice_seconds=10)
     assert [getattr(f, "status", None) for f in watcher.observe(client.fetch())] == ["Scheduled"]
@@ -73,8 +73,8 @@ def test_event_starts_by_itself_after_not_before(server: ScheduledEventsServer, 
     assert [getattr(f, "status", None) for f in watcher.observe(client.fetch())] == ["Started"]
 
 
-def test_other_vms_and_other_event_types_are_ignored(server: ScheduledEventsServer) -> None:
-    client = ScheduledEventsClient(server.base_url)
+def test_other_vms_and_other_event_types_are_ignored(server: ScheduledEventsServer, clock: FakeClock) -> None:
+    client = ScheduledEventsClient(server.base_url, wall_clock=clock)
     watcher = EvictionWatcher("node-1")
     server.state.schedule("Preempt", ["node-7"], notice_seconds=30)
     server.state.schedule("Freeze", ["node-1"], notice_seconds=15)
@@ -85,7 +85,7 @@ def test_other_vms_and_other_event_types_are_ignored(server: ScheduledEventsServ
 
 
 def test_a_notice_that_never_comes_reports_nothing(server: ScheduledEventsServer, clock: FakeClock) -> None:
-    client = ScheduledEventsClient(server.base_url)
+    client = ScheduledEventsClient(server.base_url, wall_clock=clock)
     watcher = EvictionWatcher("node-1")
     for _ in range(5):
         clock.now += 60
@@ -104,12 +104,12 @@ def test_imds_rules_on_headers_and_versions(server: ScheduledEventsServer) -> No
     assert no_version.value.code == 400
 
 
-def test_admin_api_over_http(server: ScheduledEventsServer) -> None:
+def test_admin_api_over_http(server: ScheduledEventsServer, clock: FakeClock) -> None:
     body = json.dumps({"EventType": "Preempt", "Resources": ["node-3"], "NoticeSeconds": 5}).encode()
     request = urllib.request.Request(f"{server.base_url}/admin/events", data=body, method="POST")
     with urllib.request.urlopen(request, timeout=5) as response:
         event_id = json.loads(response.read())["EventId"]
-    doc = ScheduledEventsClient(server.base_url).fetch()
+    doc = ScheduledEventsClient(server.base_url, wall_clock=clock).fetch()
     assert [e.event_id for e in doc.events] == [event_id]
     bad = urllib.request.Request(
         f"{server.base_url}/admin/events", data=json.dumps({"EventType": "Explode"}).encode(), method="POST"
@@ -121,20 +121,21 @@ def test_admin_api_over_http(server: ScheduledEventsServer) -> None:
 
 def test_unreachable_service_is_a_clear_error() -> None:
     client = ScheduledEventsClient("http://127.0.0.1:9", timeout_seconds=1)
-    with pytest.raises(ScheduledEventsError, match="unreachable"):
+    with pytest.raises(ScheduledEventsError, match="connection failed"):
         client.fetch()
 
 
 @pytest.mark.parametrize(
     "payload",
-    [[], {"Events": []}, {"DocumentIncarnation": "x", "Events": []}, {"DocumentIncarnation": 1, "Events": [{}]}],
+    [[], {"Events": []}, {"DocumentIncarnation": "x", "Events": []}, {"DocumentIncarnation": 1, "Events": {}}],
 )
 def test_malformed_documents_are_rejected(payload: object) -> None:
     with pytest.raises(ScheduledEventsError):
-        parse_document(payload)
+        parse_document(payload, now=1_800_000_000.0)
 
 
 def test_documented_example_parses() -> None:
+    september_2016 = 1_474_300_000.0
     doc = parse_document(
         {
             "DocumentIncarnation": 3,
@@ -151,7 +152,8 @@ def test_documented_example_parses() -> None:
                     "DurationInSeconds": -1,
                 }
             ],
-        }
+        },
+        now=september_2016,
     )
     assert doc.incarnation == 3
     assert doc.events[0].not_before is not None

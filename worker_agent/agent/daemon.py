@@ -40,7 +40,9 @@ from worker_agent.agent.converge import (
 from worker_agent.agent.supervisor import WARM_DIR, LaunchSpec, Supervisor, TrainerReport
 from worker_agent.scheduled_events import (
     EvictionNoticed,
+    EvictionPoller,
     EvictionWatcher,
+    EvictionWithdrawn,
     ScheduledEventsClient,
     ScheduledEventsError,
 )
@@ -326,24 +328,24 @@ class Agent:
 
     async def _watch_evictions(self) -> None:
         assert self.config.imds_url is not None
-        client = ScheduledEventsClient(self.config.imds_url)
         watcher = EvictionWatcher(self.config.vm_name or self.identity.name or self.config.name)
+        poller = EvictionPoller(ScheduledEventsClient(self.config.imds_url), watcher)
         while True:
             if not watcher.vm_name:
                 watcher.vm_name = self.identity.name
-            try:
-                document = await asyncio.to_thread(client.fetch)
-            except ScheduledEventsError as exc:
-                log.debug("scheduled events: %s", exc)
-            else:
-                for fact in watcher.observe(document):
-                    if isinstance(fact, EvictionNoticed) and self.state.notice is None:
-                        not_before = fact.not_before.timestamp() if fact.not_before else time.time()
-                        self.state.notice = _Notice(fact.event_id, not_before)
-                        log.warning("eviction notice %s: gone at %s", fact.event_id, fact.not_before)
-                        notice = pb.EvictionNotice(not_before=not_before, source="azure-scheduled-events")
-                        await self._report(pb.ReportEventRequest(eviction=notice))
-                        self._wake.set()
+            for fact in await asyncio.to_thread(poller.poll):
+                pending = self.state.notice
+                if isinstance(fact, EvictionWithdrawn) and pending is not None and pending.event_id == fact.event_id:
+                    log.warning("eviction %s withdrawn (%s): this node stays", fact.event_id, fact.reason)
+                    self.state.notice = None  # heartbeats stop carrying it
+                    self._wake.set()
+                if isinstance(fact, EvictionNoticed) and self.state.notice is None:
+                    not_before = fact.not_before.timestamp() if fact.not_before else time.time()
+                    self.state.notice = _Notice(fact.event_id, not_before)
+                    log.warning("eviction notice %s: gone at %s", fact.event_id, fact.not_before)
+                    notice = pb.EvictionNotice(not_before=not_before, source="azure-scheduled-events")
+                    await self._report(pb.ReportEventRequest(eviction=notice))
+                    self._wake.set()
             await asyncio.sleep(self.config.poll_seconds)
 
 
