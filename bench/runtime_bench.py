@@ -100,6 +100,7 @@ def checkpoint_rows(work: Path) -> list[str]:
     import torch
 
     from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.job import identity_hash
     from worker_agent.runtime.model_api import load_entrypoint
 
     build_config = load_entrypoint(f"{ROOT}/examples/tiny_gpt.py:build_config")
@@ -122,7 +123,8 @@ def checkpoint_rows(work: Path) -> list[str]:
         root = work / f"ckpt-io-{label.split()[0]}"
         writer = ck.CheckpointWriter(root, 0, 1, "bench", keep=3, background=False, timeout=60)
         start = time.perf_counter()
-        writer.save(1, payloads, {"job_hash": "bench"})
+        identity = {"entrypoint": "bench", "global_batch": 1, "seed": 0, "dtype": "float32"}
+        writer.save(1, payloads, {"job_hash": identity_hash(identity), "job": identity})
         write_seconds = time.perf_counter() - start
         size = writer.bytes_written
         start = time.perf_counter()
