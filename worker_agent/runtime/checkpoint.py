@@ -27,7 +27,8 @@ import torch
 
 from morphing.errors import UserInputError
 from worker_agent.runtime.errors import CheckpointError as CheckpointError
-from worker_agent.runtime.errors import CheckpointWriteFailed, ForeignCheckpoint
+from worker_agent.runtime.errors import CheckpointWriteFailed
+from worker_agent.runtime.errors import ForeignCheckpoint as ForeignCheckpoint
 from worker_agent.runtime.manifest import FORMAT as FORMAT
 from worker_agent.runtime.manifest import MANIFEST as MANIFEST
 from worker_agent.runtime.manifest import (

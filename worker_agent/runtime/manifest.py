@@ -97,10 +97,10 @@ class Manifest(_Strict):
     job: JobIdentity
     files: tuple[FileEntry, ...]
     committed_at: float
-    data_cursor: DataCursor | None = None
-    layout: dict[str, Any] | None = None
-    generation: int | None = None
-    layer_names: tuple[str, ...] | None = None
+    data_cursor: DataCursor
+    layout: dict[str, Any]
+    generation: int
+    layer_names: tuple[str, ...]
 
     @field_validator("format")
     @classmethod
@@ -119,7 +119,7 @@ class Manifest(_Strict):
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
                 raise ValueError(f"{kind} {twice[0]!r} is listed more than once")
-        if self.layer_names is not None and sorted(f.layer for f in self.files) != sorted(self.layer_names):
+        if sorted(f.layer for f in self.files) != sorted(self.layer_names):
             raise ValueError("files do not hold exactly one file per layer of layer_names")
         return self
 
