@@ -308,3 +308,13 @@ def test_trainer_falls_back_past_a_malformed_manifest_and_says_so(tmp_path: Path
     assert len(skipped) == 1 and "step-00000003" in skipped[0]["message"] and "bytes" in skipped[0]["message"]
     assert [e["step"] for e in progress if e["event"] == "resumed"] == [2]
     assert ck.verify(ck.step_dir(root, 4)).step == 4
+
+
+def test_verify_prints_the_job_hash_it_accepts(capsys: pytest.CaptureFixture[str], pristine: Path) -> None:
+    assert main(["checkpoint", "verify", str(pristine), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["job_hash"] == JOB_HASH and printed["job"] == JOB and printed["step"] == 3
+    assert main(["checkpoint", "verify", str(pristine), "--job-hash", printed["job_hash"]]) == 0
+    assert f"job_hash {JOB_HASH}" in capsys.readouterr().out
+    assert main(["checkpoint", "verify", str(pristine), "--job-hash", JOB_HASH[:12]]) == 2
+    assert "use the 64 hex digits" in capsys.readouterr().err

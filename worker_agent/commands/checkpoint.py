@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     verify.add_argument("dir", type=Path)
     verify.add_argument("--json", action="store_true")
     verify.add_argument(
-        "--job-hash", help="refuse checkpoints of any other job, as resume does (the job_hash verify prints)"
+        "--job-hash", help="refuse checkpoints of any other job, as resume does (a job_hash that verify prints)"
     )
     diff = sub.add_parser("diff", help="compare parameters and optimizer state of two checkpoints")
     diff.add_argument("dir_a", type=Path)
@@ -52,7 +52,7 @@ def _verify(args: argparse.Namespace) -> int:
         print(json.dumps({**summary, "job_hash": manifest.job_hash, "job": manifest.job.model_dump()}))
     else:
         print(f"{found.path}: valid, step {found.step}, {len(manifest.files)} files, {size} bytes")
-        print(f"job: {manifest.describe_job()}")
+        print(f"job: {manifest.describe_job(hash_digits=64)}")
     return 0
 
 

@@ -45,7 +45,7 @@ from worker_agent.runtime.manifest import (
 LayerPayload = dict[str, Any]
 # This job's identity (``JobSpec.identity()``) or just its hash: checkpoints of any other job are refused.
 Job = Mapping[str, Any] | str | None
-_OTHER_JOB_FIX = "point at this job's checkpoints, or use the same entrypoint, global batch, seed and dtype"
+_OTHER_JOB_FIX = "use another checkpoint directory, or the same entrypoint, global batch, seed and dtype"
 
 
 @dataclass(frozen=True)
@@ -321,10 +321,7 @@ def check_same_job(root: Path, job: Mapping[str, Any] | str) -> None:
         except CheckpointError:
             continue
     if foreign is not None:
-        raise UserInputError(
-            f"{root} holds no checkpoint of this job; {foreign}; use another --checkpoint-dir or "
-            "the same entrypoint, global batch, seed and dtype"
-        )
+        raise UserInputError(f"{root} holds no checkpoint of this job; {foreign}; {_OTHER_JOB_FIX}")
 
 
 def diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:

@@ -123,14 +123,15 @@ class Manifest(_Strict):
             raise ValueError("files do not hold exactly one file per layer of layer_names")
         return self
 
-    def describe_job(self) -> str:
-        return describe_job(self.job.model_dump(), self.job_hash)
+    def describe_job(self, hash_digits: int = 12) -> str:
+        return describe_job(self.job.model_dump(), self.job_hash, hash_digits)
 
 
-def describe_job(identity: Mapping[str, Any] | None, job_hash: str) -> str:
+def describe_job(identity: Mapping[str, Any] | None, job_hash: str, hash_digits: int = 12) -> str:
     """``entrypoint=..., global_batch=..., seed=..., dtype=...; job_hash 0123456789ab`` for messages."""
     fields = ", ".join(f"{key}={value}" for key, value in (identity or {}).items())
-    return f"{fields}; job_hash {job_hash[:12]}" if fields else f"job_hash {job_hash[:12]}"
+    short = f"job_hash {job_hash[:hash_digits]}"
+    return f"{fields}; {short}" if fields else short
 
 
 def _explain(exc: ValidationError) -> str:
@@ -172,9 +173,9 @@ def _read(dir_fd: int, where: str, name: str, expected: int | None) -> bytearray
     try:
         before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISLNK(before.st_mode):
-            raise CheckpointError(f"{where}: is a symbolic link; checkpoint files must be regular files in place")
+            raise CheckpointError(f"{where}: is a symbolic link; a checkpoint holds its files (copy, do not link them)")
         if not stat.S_ISREG(before.st_mode):
-            raise CheckpointError(f"{where}: is not a regular file")
+            raise CheckpointError(f"{where}: is not a regular file (a pipe, device or directory is no layer file)")
         if expected is not None and before.st_size != expected:
             raise CheckpointError(f"{where}: {before.st_size} bytes, manifest says {expected}")
         if before.st_size > MAX_MANIFEST_BYTES and expected is None:
