@@ -15,6 +15,7 @@ import io
 import os
 import re
 import stat
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,10 +114,10 @@ class Manifest(_Strict):
     def _consistent(self) -> Manifest:
         if identity_hash(self.job.model_dump()) != self.job_hash:
             raise ValueError("job_hash is not the hash of job: the manifest was edited or mixed from two jobs")
-        paths = [f.path for f in self.files]
-        tensors = [t for f in self.files for t in f.tensors]
-        for kind, names in (("file", paths), ("tensor", tensors)):
-            twice = sorted({n for n in names if names.count(n) > 1})
+        paths = Counter(f.path for f in self.files)
+        tensors = Counter(t for f in self.files for t in f.tensors)
+        for kind, counts in (("file", paths), ("tensor", tensors)):
+            twice = sorted(name for name, count in counts.items() if count > 1)
             if twice:
                 raise ValueError(f"{kind} {twice[0]!r} is listed more than once")
         if sorted(f.layer for f in self.files) != sorted(self.layer_names):
