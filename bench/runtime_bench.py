@@ -99,7 +99,9 @@ def _raw_disk(path: Path, size: int) -> tuple[float, float]:
 def checkpoint_rows(work: Path) -> list[str]:
     import torch
 
+    from morphing.layout import make_layout
     from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.job import data_cursor, identity_hash
     from worker_agent.runtime.model_api import load_entrypoint
 
     build_config = load_entrypoint(f"{ROOT}/examples/tiny_gpt.py:build_config")
@@ -122,7 +124,19 @@ def checkpoint_rows(work: Path) -> list[str]:
         root = work / f"ckpt-io-{label.split()[0]}"
         writer = ck.CheckpointWriter(root, 0, 1, "bench", keep=3, background=False, timeout=60)
         start = time.perf_counter()
-        writer.save(1, payloads, {"job_hash": "bench"})
+        identity = {"entrypoint": "bench", "global_batch": 1, "seed": 0, "dtype": "float32"}
+        layout = make_layout(
+            num_layers=len(spec.layers), pipeline_stages=1, data_parallel=1, micro_batch_size=1, global_batch=1
+        )
+        manifest = {
+            "job_hash": identity_hash(identity),
+            "job": identity,
+            "data_cursor": data_cursor(1, 1, len(spec.dataset)),
+            "layout": layout.to_dict(),
+            "generation": 0,
+            "layer_names": [name for name, _ in spec.layers],
+        }
+        writer.save(1, payloads, manifest)
         write_seconds = time.perf_counter() - start
         size = writer.bytes_written
         start = time.perf_counter()

@@ -73,10 +73,10 @@ def test_graceful_stop_loses_no_step(chain: Chain) -> None:
     assert stopped["step"] == last_step == chain.stopped_at
     assert stopped["last_checkpoint"] == chain.stopped_at
     manifest = ck.verify(chain.stopped_checkpoint).manifest
-    assert manifest["step"] == chain.stopped_at
-    assert manifest["data_cursor"]["samples_consumed"] == 7 * chain.stopped_at
+    assert manifest.step == chain.stopped_at
+    assert manifest.data_cursor.samples_consumed == 7 * chain.stopped_at
     # Writes are spread over the replicas of each stage: all four ranks wrote a layer file.
-    assert sorted(f["writer_rank"] for f in manifest["files"]) == [0, 1, 2, 3]
+    assert sorted(f.writer_rank for f in manifest.files) == [0, 1, 2, 3]
 
 
 def test_every_rank_agrees_on_the_stop_step(chain: Chain) -> None:
@@ -100,7 +100,7 @@ def test_checkpoints_keep_the_last_k(chain: Chain) -> None:
 
 def test_checkpoint_from_2x2_loads_into_3x1_and_1x1_and_back_identically(chain: Chain, tmp_path: Path) -> None:
     source = chain.stopped_checkpoint
-    assert ck.verify(source).manifest["layout"]["data_parallel"] == 2
+    assert ck.verify(source).manifest.layout["data_parallel"] == 2
     hops = [(3, 1), (1, 1), (2, 2)]
     previous = source
     for i, (p, d) in enumerate(hops):
@@ -109,7 +109,7 @@ def test_checkpoint_from_2x2_loads_into_3x1_and_1x1_and_back_identically(chain: 
         previous = ck.step_dir(target, chain.stopped_at)
         result = ck.diff(ck.resolve(source), ck.resolve(previous))
         assert result["missing"] == [] and result["max_abs"] == 0.0, (p, d, result)
-    assert ck.verify(previous).manifest["layout"]["pipeline_stages"] == 2
+    assert ck.verify(previous).manifest.layout["pipeline_stages"] == 2
 
 
 def test_diff_command_json(chain: Chain) -> None:

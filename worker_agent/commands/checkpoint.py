@@ -1,15 +1,19 @@
 """``spotmorph checkpoint verify DIR`` and ``spotmorph checkpoint diff DIR_A DIR_B [--json]``.
 
 DIR is a checkpoint root as ``train`` uses it (its newest valid checkpoint is meant) or one
-``step-*`` checkpoint inside it.
+``step-*`` checkpoint inside it. A damaged checkpoint (a bad file, or a manifest that is malformed or
+names anything but its own layer files) is skipped with a warning in a root and exits 2 when named.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
+
+from morphing.errors import UserInputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     verify = sub.add_parser("verify", help="check manifests, sizes and SHA-256 of a checkpoint")
     verify.add_argument("dir", type=Path)
     verify.add_argument("--json", action="store_true")
+    verify.add_argument(
+        "--job-hash", help="refuse checkpoints of any other job, as resume does (a job_hash that verify prints)"
+    )
     diff = sub.add_parser("diff", help="compare parameters and optimizer state of two checkpoints")
     diff.add_argument("dir_a", type=Path)
     diff.add_argument("dir_b", type=Path)
@@ -35,13 +42,17 @@ def _verify(args: argparse.Namespace) -> int:
     def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
-    found = ck.resolve(args.dir, warn=warn)
-    files = found.manifest["files"]
-    size = sum(int(f["bytes"]) for f in files)
+    if args.job_hash is not None and not re.fullmatch(r"[0-9a-f]{64}", args.job_hash):
+        raise UserInputError(f"--job-hash {args.job_hash!r}: use the 64 hex digits of a job_hash that verify prints")
+    found = ck.resolve(args.dir, args.job_hash, warn=warn)
+    manifest = found.manifest
+    size = sum(f.size for f in manifest.files)
     if args.json:
-        print(json.dumps({"path": str(found.path), "step": found.step, "files": len(files), "bytes": size}))
+        summary = {"path": str(found.path), "step": found.step, "files": len(manifest.files), "bytes": size}
+        print(json.dumps({**summary, "job_hash": manifest.job_hash, "job": manifest.job.model_dump()}))
     else:
-        print(f"{found.path}: valid, step {found.step}, {len(files)} files, {size} bytes")
+        print(f"{found.path}: valid, step {found.step}, {len(manifest.files)} files, {size} bytes")
+        print(f"job: {manifest.describe_job(hash_digits=64)}")
     return 0
 
 

@@ -62,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
         micro_batch_size=micro,
         global_batch=args.global_batch,
     )
-    check_same_job(args.checkpoint_dir, job.identity_hash())
+    check_same_job(args.checkpoint_dir, job.identity())
     if args.load_from is not None:
         from worker_agent.runtime.checkpoint import resolve
 
-        resolve(args.load_from, job.identity_hash())
+        resolve(args.load_from, job.identity())
     print(f"spotmorph train: {spec.name}, layout {layout.describe()}, B={job.global_batch}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="spotmorph-run-") as tmp:
         run_dir = args.run_dir or Path(tmp)

@@ -4,8 +4,9 @@
 stable parameter name, and their optimizer state) and ``manifest.json`` (step, data cursor, job hash,
 writer layout, file list with sizes and SHA-256). Each rank writes the layers it was given, then an
 atomic part file listing them; rank 0 waits for every part and writes the manifest last, atomically
-(temp file, fsync, rename). A directory without a valid manifest is not a checkpoint. No collective is
-involved, so writes can run in a background thread while training goes on.
+(temp file, fsync, rename). A directory without a valid manifest is not a checkpoint; what "valid"
+means, and how files are read without trusting the manifest, is :mod:`worker_agent.runtime.manifest`.
+No collective is involved, so writes can run in a background thread while training goes on.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,30 +26,39 @@ from typing import Any
 import torch
 
 from morphing.errors import UserInputError
+from worker_agent.runtime.errors import CheckpointError as CheckpointError
 from worker_agent.runtime.errors import CheckpointWriteFailed
-
-MANIFEST = "manifest.json"
-FORMAT = "spotmorph.checkpoint/v1"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+from worker_agent.runtime.errors import ForeignCheckpoint as ForeignCheckpoint
+from worker_agent.runtime.manifest import FORMAT as FORMAT
+from worker_agent.runtime.manifest import MANIFEST as MANIFEST
+from worker_agent.runtime.manifest import (
+    STEP_DIR,
+    FileEntry,
+    Manifest,
+    check_job,
+    parse_manifest,
+    read_file,
+    read_layer_file,
+    step_directory,
+)
 
 LayerPayload = dict[str, Any]
-
-
-class CheckpointError(Exception):
-    """A checkpoint that must not be loaded; the message says what is wrong with it."""
+# This job's identity (``JobSpec.identity()``) or just its hash: checkpoints of any other job are refused.
+Job = Mapping[str, Any] | str | None
+_OTHER_JOB_FIX = "use another checkpoint directory, or the same entrypoint, global batch, seed and dtype"
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def step(self) -> int:
-        return int(self.manifest["step"])
+        return self.manifest.step
 
     def file_of_tensor(self) -> dict[str, str]:
-        return {name: f["path"] for f in self.manifest["files"] for name in f["tensors"]}
+        return {name: f.path for f in self.manifest.files for name in f.tensors}
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -81,73 +90,60 @@ def serialise(payload: LayerPayload) -> bytes:
     return buf.getvalue()
 
 
-def verify(path: Path, job_hash: str | None = None) -> Checkpoint:
-    """The checkpoint at ``path`` if its manifest and every file check out; else :class:`CheckpointError`."""
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{path.name}: no {MANIFEST} (incomplete write)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        if manifest.get("format") != FORMAT:
-            raise CheckpointError(f"{path.name}: unknown format {manifest.get('format')!r}")
-        files = manifest["files"]
-        int(manifest["step"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path.name}: unreadable manifest ({exc})") from exc
-    if job_hash is not None and manifest.get("job_hash") != job_hash:
-        raise UserInputError(
-            f"checkpoint {path} belongs to another job (entrypoint, global batch, seed or dtype differ: "
-            f"{manifest.get('job')}); use another --checkpoint-dir"
-        )
-    for entry in files:
-        _read_verified(path, entry)
+def verify(path: Path, job: Job = None, *, read_files: bool = True) -> Checkpoint:
+    """The checkpoint at ``path`` if its manifest (and, with ``read_files``, every file) checks out.
+
+    Anything wrong, another job's checkpoint included, is a :class:`CheckpointError`: a damaged checkpoint.
+    """
+    with step_directory(path) as dir_fd:
+        manifest = parse_manifest(path, dir_fd)
+        if job is not None:
+            check_job(path, manifest, job)
+        if read_files:
+            for entry in manifest.files:
+                read_file(dir_fd, path, entry)
     return Checkpoint(path, manifest)
-
-
-def _read_verified(path: Path, entry: dict[str, Any]) -> bytes:
-    file_path = path / entry["path"]
-    try:
-        data: bytes = file_path.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"{path.name}/{entry['path']}: {exc.strerror}") from exc
-    if len(data) != entry["bytes"]:
-        raise CheckpointError(f"{path.name}/{entry['path']}: {len(data)} bytes, manifest says {entry['bytes']}")
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointError(f"{path.name}/{entry['path']}: SHA-256 does not match the manifest")
-    return data
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step-*`` directory, newest first."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
     return sorted(found, reverse=True)
 
 
-def newest_valid(
-    root: Path, job_hash: str | None = None, warn: Callable[[str], None] | None = None
-) -> Checkpoint | None:
-    """The newest checkpoint under ``root`` that verifies; damaged ones are skipped and reported."""
+def newest_valid(root: Path, job: Job = None, warn: Callable[[str], None] | None = None) -> Checkpoint | None:
+    """The newest checkpoint under ``root`` that verifies; damaged ones are skipped and reported.
+
+    A root that holds only another job's checkpoints is refused rather than read as empty: starting afresh
+    there would write beside them and prune them.
+    """
+    foreign: ForeignCheckpoint | None = None
     for _, path in step_dirs(root):
         try:
-            return verify(path, job_hash)
+            return verify(path, job)
         except CheckpointError as exc:
+            if isinstance(exc, ForeignCheckpoint):
+                foreign = foreign or exc
             if warn is not None:
                 warn(f"skipping damaged checkpoint {exc}; falling back to the previous one")
+    if foreign is not None:
+        raise UserInputError(f"{root} holds no checkpoint of this job; {foreign}; {_OTHER_JOB_FIX}")
     return None
 
 
-def resolve(path: Path, job_hash: str | None = None, warn: Callable[[str], None] | None = None) -> Checkpoint:
+def resolve(path: Path, job: Job = None, warn: Callable[[str], None] | None = None) -> Checkpoint:
     """``path`` as one checkpoint (it has a manifest or is a ``step-*`` dir) or as a checkpoint root."""
-    if (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
+    if (path / MANIFEST).exists() or STEP_DIR.match(path.name):
         try:
-            return verify(path, job_hash)
+            return verify(path, job)
         except CheckpointError as exc:
-            raise UserInputError(f"checkpoint {path} is damaged: {exc}") from exc
+            fix = f"; {_OTHER_JOB_FIX}" if isinstance(exc, ForeignCheckpoint) else ""
+            raise UserInputError(f"checkpoint {path} is damaged: {exc}{fix}") from exc
     if not path.is_dir():
         raise UserInputError(f"{path} is not a directory")
-    found = newest_valid(path, job_hash, warn)
+    found = newest_valid(path, job, warn)
     if found is None:
         raise UserInputError(f"{path} holds no valid checkpoint")
     return found
@@ -161,19 +157,36 @@ def load_tensors(ckpt: Checkpoint, names: set[str]) -> dict[str, LayerPayload]:
         raise UserInputError(
             f"checkpoint {ckpt.path} has no tensors {missing[:5]}: it was written for a different model"
         )
-    out: dict[str, LayerPayload] = {}
-    for entry in ckpt.manifest["files"]:
-        if entry["path"] in {where[n] for n in names}:
-            data = _read_verified(ckpt.path, entry)
-            out[entry["path"]] = torch.load(io.BytesIO(data), weights_only=True)
-    return out
+    wanted = {where[n] for n in names}
+    return {entry.path: _load_payload(ckpt.path, entry) for entry in ckpt.manifest.files if entry.path in wanted}
+
+
+def _load_payload(path: Path, entry: FileEntry) -> LayerPayload:
+    """One layer file, deserialised; it must hold the tensors its manifest entry lists (a SHA-256 that
+    matches only shows the manifest and the file agree, not that the file is a layer file)."""
+    data = read_layer_file(path, entry)
+    where = f"{path.name}/{entry.path}"
+    try:
+        payload: object = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{where}: not a layer file ({exc})") from exc
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{where}: not a layer file (it holds a {type(payload).__name__})")
+    tensors, optimizer = payload.get("tensors"), payload.get("optimizer")
+    if not isinstance(tensors, dict) or set(tensors) != set(entry.tensors):
+        raise CheckpointError(f"{where}: does not hold the tensors its manifest entry lists")
+    if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        raise CheckpointError(f"{where}: holds something other than tensors")
+    if not isinstance(optimizer, dict) or not all(isinstance(s, dict) for s in optimizer.values()):
+        raise CheckpointError(f"{where}: its optimizer state is not a dict per tensor")
+    return payload
 
 
 def read_all(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint, flattened: ``param/NAME`` and ``optim/NAME/KEY``."""
     flat: dict[str, torch.Tensor] = {}
-    for entry in ckpt.manifest["files"]:
-        payload = torch.load(io.BytesIO(_read_verified(ckpt.path, entry)), weights_only=True)
+    for entry in ckpt.manifest.files:
+        payload = _load_payload(ckpt.path, entry)
         for name, tensor in payload["tensors"].items():
             flat[f"param/{name}"] = tensor
         for name, state in payload["optimizer"].items():
@@ -292,18 +305,23 @@ class CheckpointWriter:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def check_same_job(root: Path, job_hash: str) -> None:
-    """Refuse a checkpoint directory that holds another job's checkpoints (before anything is written)."""
+def check_same_job(root: Path, job: Mapping[str, Any] | str) -> None:
+    """Refuse a checkpoint directory that holds only another job's checkpoints (before anything is written).
+
+    Only manifests are read: the files are verified when the trainer loads the newest checkpoint.
+    """
+    foreign: ForeignCheckpoint | None = None
     for _, path in step_dirs(root):
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
-        except (OSError, ValueError):
+            with step_directory(path) as dir_fd:
+                check_job(path, parse_manifest(path, dir_fd), job)
+            return
+        except ForeignCheckpoint as exc:
+            foreign = foreign or exc
+        except CheckpointError:
             continue
-        if isinstance(manifest, dict) and manifest.get("job_hash") != job_hash:
-            raise UserInputError(
-                f"checkpoint {path} belongs to another job ({manifest.get('job')}); "
-                "use another --checkpoint-dir or the same entrypoint, global batch, seed and dtype"
-            )
+    if foreign is not None:
+        raise UserInputError(f"{root} holds no checkpoint of this job; {foreign}; {_OTHER_JOB_FIX}")
 
 
 def diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:

@@ -3,3 +3,16 @@
 
 class CheckpointWriteFailed(RuntimeError):
     """A checkpoint could not be written (disk full, permissions); the previous one stays valid."""
+
+
+class CheckpointError(Exception):
+    """A damaged checkpoint: it must not be loaded, and resume falls back to the previous one.
+
+    Everything wrong with a checkpoint's directory, manifest or files is this one error, so no reader
+    has to know the ways a manifest can be broken or hostile; the message names the problem.
+    """
+
+
+class ForeignCheckpoint(CheckpointError):
+    """A well-formed checkpoint of another job: skipped like a damaged one, but a directory that holds
+    nothing else is refused (it is someone else's, and pruning would delete it)."""

@@ -62,7 +62,7 @@ class JobSpec:
         }
 
     def identity_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()
+        return identity_hash(self.identity())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +80,11 @@ class JobSpec:
             return cls.from_dict(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as exc:
             raise UserInputError(f"cannot read job spec {path}: {exc}") from exc
+
+
+def identity_hash(identity: dict[str, Any]) -> str:
+    """SHA-256 of a job identity; a checkpoint's manifest records it beside the identity it hashes."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def normalise_entrypoint(entrypoint: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout
-from worker_agent.runtime.errors import CheckpointWriteFailed
+from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed
 
 STOP_FILE = "stop"
 EXIT_CHECKPOINT_FAILED = 3
@@ -181,14 +181,18 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
         warm=ASSIGNED_AT is not None,
     )
 
+    def skipped(message: str) -> None:
+        _warn(message)
+        progress.emit("checkpoint_skipped", message=message)
+
     choice: list[Any] = [None, None, uuid.uuid4().hex[:12]]
     if cfg.rank == 0:
         found: ckpt_mod.Checkpoint | None
         try:
             if cfg.load_from is not None:
-                found = ckpt_mod.resolve(cfg.load_from, job.identity_hash(), _warn)
+                found = ckpt_mod.resolve(cfg.load_from, job.identity(), skipped)
             else:
-                found = ckpt_mod.newest_valid(cfg.checkpoint_dir, job.identity_hash(), _warn)
+                found = ckpt_mod.newest_valid(cfg.checkpoint_dir, job.identity(), skipped)
             choice[0] = str(found.path) if found else None
         except UserInputError as exc:
             choice[1] = str(exc)
@@ -199,9 +203,9 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
     runner = StageRunner(job, layout, cfg.rank, model, groups)
     step = 0
     if choice[0]:
-        # Rank 0 verified every file; each rank re-verifies the files it reads.
+        # Rank 0 verified every file; each rank re-checks the manifest and the files it reads.
         path = Path(choice[0])
-        loaded = ckpt_mod.Checkpoint(path, json.loads((path / ckpt_mod.MANIFEST).read_text()))
+        loaded = ckpt_mod.verify(path, job.identity(), read_files=False)
         runner.load(loaded)
         step = loaded.step
         progress.emit("resumed", step=step, checkpoint=str(path))
@@ -296,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit("error", kind="checkpoint", message=str(exc))
         code = EXIT_CHECKPOINT_FAILED
+    except CheckpointError as exc:
+        # Rank 0 checked sizes and SHA-256, so a file changed since or is no layer file at all (a SHA-256
+        # is only as trustworthy as the manifest that lists it).
+        message = f"checkpoint cannot be loaded: {exc}; move that step directory aside to resume from the one before"
+        print(f"spotmorph trainer (rank {cfg.rank}): error: {message}", file=sys.stderr, flush=True)
+        progress.emit("error", kind="checkpoint_damaged", message=message)
+        code = 1
     except BaseException as exc:
         traceback.print_exc()
         print(f"spotmorph trainer (rank {cfg.rank}): aborting: {exc!r}", file=sys.stderr, flush=True)

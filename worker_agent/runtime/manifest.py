@@ -1,0 +1,251 @@
+"""A checkpoint's ``manifest.json`` and layer files, read as untrusted input.
+
+A checkpoint directory may be damaged, copied from another job or written by someone hostile, so nothing
+in a manifest is believed before it is checked: a strict schema (types, no missing or unknown fields), a
+``job_hash`` that is the hash of the recorded ``job``, the step of its own ``step-*`` directory, and file
+entries that are plain ``LAYER.pt`` names inside that directory. Files are opened through the directory's
+descriptor without following links, only when lstat shows a regular file of the declared size, and never
+read past it. Every problem is a :class:`CheckpointError`: readers treat it as a damaged checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import stat
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from worker_agent.runtime.errors import CheckpointError, ForeignCheckpoint
+from worker_agent.runtime.job import identity_hash
+
+MANIFEST = "manifest.json"
+FORMAT = "spotmorph.checkpoint/v1"
+STEP_DIR = re.compile(r"^step-(\d{8,})$")
+# Far above any real manifest (an entry is a few hundred bytes plus its tensor names), far below memory.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+_ERRORS_SHOWN = 3
+
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class JobIdentity(_Strict):
+    """What defines a job's result (``JobSpec.identity()``): only the same job resumes a checkpoint."""
+
+    entrypoint: str
+    global_batch: Count
+    seed: int
+    dtype: str
+
+
+class DataCursor(_Strict):
+    samples_consumed: Count
+    epoch: Count
+    offset: Count
+
+
+class FileEntry(_Strict):
+    """One layer file: ``path`` is ``LAYER.pt``, directly inside the step directory."""
+
+    path: str
+    layer: str = Field(min_length=1)
+    size: Count = Field(alias="bytes")
+    sha256: Sha256
+    tensors: tuple[str, ...]
+    writer_rank: Count
+
+    @field_validator("path")
+    @classmethod
+    def _inside_step_dir(cls, path: str) -> str:
+        if "\x00" in path:
+            raise ValueError(f"path {path!r} holds a NUL byte")
+        if path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path):
+            raise ValueError(f"path {path!r} is absolute; a manifest names only files inside its own step directory")
+        parts = re.split(r"[/\\]", path)
+        if ".." in parts:
+            raise ValueError(
+                f"path {path!r} climbs out with '..'; a manifest names only files inside its step directory"
+            )
+        if len(parts) > 1:
+            raise ValueError(f"path {path!r} is not a plain file name; layer files lie directly in the step directory")
+        return path
+
+    @model_validator(mode="after")
+    def _named_after_layer(self) -> FileEntry:
+        if self.path != f"{self.layer}.pt":
+            raise ValueError(f"path {self.path!r} is not the file of layer {self.layer!r} ({self.layer}.pt)")
+        return self
+
+
+class Manifest(_Strict):
+    """``manifest.json`` as ``CheckpointWriter`` commits it (format v1)."""
+
+    format: str
+    step: Count
+    job_hash: Sha256
+    job: JobIdentity
+    files: tuple[FileEntry, ...]
+    committed_at: float
+    data_cursor: DataCursor
+    layout: dict[str, Any]
+    generation: int
+    layer_names: tuple[str, ...]
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value != FORMAT:
+            raise ValueError(f"unknown format {value!r}; this spotmorph reads {FORMAT} (a newer one wrote it?)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        if identity_hash(self.job.model_dump()) != self.job_hash:
+            raise ValueError("job_hash is not the hash of job: the manifest was edited or mixed from two jobs")
+        paths = Counter(f.path for f in self.files)
+        tensors = Counter(t for f in self.files for t in f.tensors)
+        for kind, counts in (("file", paths), ("tensor", tensors)):
+            twice = sorted(name for name, count in counts.items() if count > 1)
+            if twice:
+                raise ValueError(f"{kind} {twice[0]!r} is listed more than once")
+        if sorted(f.layer for f in self.files) != sorted(self.layer_names):
+            raise ValueError("files do not hold exactly one file per layer of layer_names")
+        return self
+
+    def describe_job(self, hash_digits: int = 12) -> str:
+        return describe_job(self.job.model_dump(), self.job_hash, hash_digits)
+
+
+def describe_job(identity: Mapping[str, Any] | None, job_hash: str, hash_digits: int = 12) -> str:
+    """``entrypoint=..., global_batch=..., seed=..., dtype=...; job_hash 0123456789ab`` for messages."""
+    fields = ", ".join(f"{key}={value}" for key, value in (identity or {}).items())
+    short = f"job_hash {job_hash[:hash_digits]}"
+    return f"{fields}; {short}" if fields else short
+
+
+def _explain(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    if any(e["type"] in ("json_invalid", "string_unicode") for e in errors):
+        return f"unreadable manifest ({errors[0]['msg']})"
+    shown = []
+    for e in errors[:_ERRORS_SHOWN]:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
+        message = str(e["msg"]).removeprefix("Value error, ")
+        shown.append(f"{where}: {message}" if where else message)
+    more = f" (and {len(errors) - _ERRORS_SHOWN} more)" if len(errors) > _ERRORS_SHOWN else ""
+    return "invalid manifest: " + "; ".join(shown) + more
+
+
+@contextmanager
+def step_directory(path: Path) -> Iterator[int]:
+    """A descriptor of the step directory itself; a symbolic link (to a directory anywhere) is refused."""
+    try:
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            raise CheckpointError(
+                f"{path.name}: is a symbolic link to {os.readlink(path)}; a checkpoint must be a real directory "
+                "in its checkpoint root (copy it rather than linking it)"
+            )
+        if not stat.S_ISDIR(info.st_mode):
+            raise CheckpointError(f"{path.name}: is not a directory")
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CheckpointError(f"{path.name}: {exc.strerror or exc}") from exc
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read(dir_fd: int, where: str, name: str, expected: int | None) -> bytearray:
+    """``name`` in ``dir_fd``: a regular file (no link), ``expected`` bytes by lstat before it is opened."""
+    try:
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISLNK(before.st_mode):
+            raise CheckpointError(f"{where}: is a symbolic link; a checkpoint holds its files (copy, do not link them)")
+        if not stat.S_ISREG(before.st_mode):
+            raise CheckpointError(f"{where}: is not a regular file (a pipe, device or directory is no layer file)")
+        if expected is not None and before.st_size != expected:
+            raise CheckpointError(f"{where}: {before.st_size} bytes, manifest says {expected}")
+        if before.st_size > MAX_MANIFEST_BYTES and expected is None:
+            raise CheckpointError(f"{where}: {before.st_size} bytes, more than any manifest ({MAX_MANIFEST_BYTES})")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        with io.FileIO(fd, "rb", closefd=True) as fh:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+                raise CheckpointError(f"{where}: was replaced while being read")
+            data = _read_at_most(fh, before.st_size + 1)
+    except OSError as exc:
+        raise CheckpointError(f"{where}: {exc.strerror or exc}") from exc
+    if len(data) != before.st_size:
+        raise CheckpointError(f"{where}: changed size while being read ({len(data)} bytes, was {before.st_size})")
+    return data
+
+
+def _read_at_most(fh: io.FileIO, limit: int) -> bytearray:
+    buf = bytearray(limit)
+    got = 0
+    with memoryview(buf) as view:
+        while got < limit:
+            count = fh.readinto(view[got:])
+            if not count:
+                break
+            got += count
+    del buf[got:]
+    return buf
+
+
+def parse_manifest(path: Path, dir_fd: int) -> Manifest:
+    """The manifest of the step directory ``path`` (open as ``dir_fd``), checked against the schema."""
+    try:
+        os.stat(MANIFEST, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.name}: no {MANIFEST} (incomplete write)") from None
+    except OSError:
+        pass  # _read names it
+    data = _read(dir_fd, f"{path.name}/{MANIFEST}", MANIFEST, None)
+    try:
+        manifest = Manifest.model_validate_json(data)
+    except ValidationError as exc:
+        raise CheckpointError(f"{path.name}: {_explain(exc)}") from None
+    named = STEP_DIR.match(path.name)
+    if named is not None and int(named.group(1)) != manifest.step:
+        raise CheckpointError(f"{path.name}: manifest says step {manifest.step}, not this directory's step")
+    return manifest
+
+
+def check_job(path: Path, manifest: Manifest, job: Mapping[str, Any] | str) -> None:
+    """Refuse another job's checkpoint; ``job`` is this job's identity (``JobSpec.identity()``) or its hash."""
+    ours = job if isinstance(job, str) else identity_hash(dict(job))
+    if manifest.job_hash != ours:
+        this = describe_job(None if isinstance(job, str) else job, ours)
+        raise ForeignCheckpoint(
+            f"{path.name}: belongs to another job ({manifest.describe_job()}), not to this one ({this})"
+        )
+
+
+def read_file(dir_fd: int, path: Path, entry: FileEntry) -> bytearray:
+    """The bytes of one layer file of the step directory ``path``, checked against its manifest entry."""
+    where = f"{path.name}/{entry.path}"
+    data = _read(dir_fd, where, entry.path, entry.size)
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise CheckpointError(f"{where}: SHA-256 does not match the manifest")
+    return data
+
+
+def read_layer_file(path: Path, entry: FileEntry) -> bytearray:
+    """:func:`read_file` for a reader that does not hold the directory open."""
+    with step_directory(path) as dir_fd:
+        return read_file(dir_fd, path, entry)
