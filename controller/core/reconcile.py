@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from controller.core.lifecycle import JobState, NodeState, job_transition, node_transition
+from controller.core.changes import amend, move
+from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import (
     Action,
     Assignment,
@@ -119,7 +120,7 @@ def cancel(world: World, job_id: str, now: float, who: str) -> list[Command]:
     """Commands that cancel a job and free its nodes (its agents then stop their trainers)."""
     draft = _Draft(world, now, Config(), {})
     job = draft.jobs[job_id]
-    draft.set_job(job_id, J.CANCELLED, f"cancelled by {who}")
+    draft.move_job(job_id, J.CANCELLED, f"cancelled by {who}")
     draft.release_nodes(job.id, job.nodes)
     return draft.commands
 
@@ -143,25 +144,25 @@ class _Draft:
 
     # -- changes: every change is a command, so the runner persists exactly what was decided
 
-    def set_node(self, name: str, target: NodeState | None, reason: str, **fields: object) -> None:
-        node = self.nodes[name]
-        change = None
-        if target is not None and target is not node.state:
-            change = node_transition(name, node.state, target, reason, self.now)
-            fields.update(state=target, state_since=self.now)
-        updated = replace(node, **fields)  # type: ignore[arg-type]
-        self.nodes[name] = updated
-        self.commands.append(SetNode(updated, change))
+    def move_node(self, name: str, target: NodeState, reason: str, **fields: object) -> None:
+        self._node(move(self.nodes[name], target, reason, self.now, **fields))
 
-    def set_job(self, job_id: str, target: JobState | None, reason: str, **fields: object) -> None:
-        job = self.jobs[job_id]
-        change = None
-        if target is not None and target is not job.state:
-            change = job_transition(job_id, job.state, target, reason, self.now)
-            fields.update(state=target, state_since=self.now, reason=reason)
-        updated = replace(job, **fields)  # type: ignore[arg-type]
-        self.jobs[job_id] = updated
-        self.commands.append(SetJob(updated, change))
+    def amend_node(self, name: str, **fields: object) -> None:
+        self._node(amend(self.nodes[name], **fields))
+
+    def move_job(self, job_id: str, target: JobState, reason: str, **fields: object) -> None:
+        self._job(move(self.jobs[job_id], target, reason, self.now, **fields))
+
+    def amend_job(self, job_id: str, **fields: object) -> None:
+        self._job(amend(self.jobs[job_id], **fields))
+
+    def _node(self, command: SetNode) -> None:
+        self.nodes[command.node.name] = command.node
+        self.commands.append(command)
+
+    def _job(self, command: SetJob) -> None:
+        self.jobs[command.job.id] = command.job
+        self.commands.append(command)
 
     def event(self, kind: str, job: str | None = None, node: str | None = None, **data: object) -> None:
         self.commands.append(RecordEvent(kind, self.now, job, node, data))
@@ -171,7 +172,10 @@ class _Draft:
             node = self.nodes.get(name)
             if node is None or node.job != job_id:
                 continue
-            self.set_node(name, N.READY if node.state is N.ASSIGNED else None, reason, job=None)
+            if node.state is N.ASSIGNED:
+                self.move_node(name, N.READY, reason)
+            else:
+                self.amend_node(name, job=None)
 
     # -- nodes
 
@@ -190,21 +194,21 @@ class _Draft:
             current = seen if seen is not None and seen.incarnation == node.incarnation else None
             silent = self.now - self._last_seen(node) > expiry
             if node.state is N.JOINING and current is not None and not silent:
-                self.set_node(name, N.READY, "first heartbeat")
+                self.move_node(name, N.READY, "first heartbeat")
             node = self.nodes[name]
             if current is not None and current.eviction_not_before is not None and node.state in {N.READY, N.ASSIGNED}:
                 self.event("EvictionNoticed", node.job, name, not_before=current.eviction_not_before)
-                self.set_node(name, N.DRAINING, "eviction notice", eviction_not_before=current.eviction_not_before)
+                self.move_node(name, N.DRAINING, "eviction notice", eviction_not_before=current.eviction_not_before)
             node = self.nodes[name]
             if not silent:
                 continue
             if node.state in LIVE_NODE:
-                self.set_node(name, N.LOST, f"no heartbeat for {expiry:g} s")
+                self.move_node(name, N.LOST, f"no heartbeat for {expiry:g} s")
             elif node.state in {N.JOINING, N.DRAINING}:
-                self.set_node(name, N.GONE, "heartbeats stopped", job=None)
+                self.move_node(name, N.GONE, "heartbeats stopped")
                 self.commands.append(ReleaseInstance(name))
             elif node.state is N.LOST and self.now - node.state_since > self.config.lost_to_gone_seconds:
-                self.set_node(name, N.GONE, f"lost for {self.config.lost_to_gone_seconds:g} s", job=None)
+                self.move_node(name, N.GONE, f"lost for {self.config.lost_to_gone_seconds:g} s")
                 self.commands.append(ReleaseInstance(name))
 
     def _healthy(self, job: JobRecord, name: str) -> bool:
@@ -238,7 +242,7 @@ class _Draft:
             self.commands.append(RecordCheckpoint(job.id, job.generation, ckpt, self.now))
             self.event("CheckpointCommitted", job.id, generation=job.generation, step=ckpt)
         if (step, ckpt) != (job.step, job.last_checkpoint_step):
-            self.set_job(job_id, None, "progress", step=step, last_checkpoint_step=ckpt)
+            self.amend_job(job_id, step=step, last_checkpoint_step=ckpt)
 
     def _rank_states(self, job: JobRecord) -> tuple[int, int, int, bool]:
         """(ranks expected, ranks finished all steps, ranks failed, every node quiet)."""
@@ -268,7 +272,7 @@ class _Draft:
         job = self.jobs[job_id]
         expected, done, failed, _ = self._rank_states(job)
         if expected and done == expected:
-            self.set_job(job_id, J.SUCCEEDED, f"finished step {job.spec.steps}")
+            self.move_job(job_id, J.SUCCEEDED, f"finished step {job.spec.steps}")
             self.release_nodes(job_id, job.nodes, "job succeeded")
             return
         lost = [n for n in job.nodes if not self._member(job, n)]
@@ -292,7 +296,7 @@ class _Draft:
             why = next(iter(unstarted.values()), "") or self._first_error(job)
             if job.restarts + 1 > job.spec.max_restarts:
                 reason = f"{failed} trainer(s) failed; max_restarts={job.spec.max_restarts}"
-                self.set_job(job_id, J.FAILED, f"{reason}: {why}" if why else reason)
+                self.move_job(job_id, J.FAILED, f"{reason}: {why}" if why else reason)
                 self.release_nodes(job_id, job.nodes, "job failed")
                 return
             self.start_morph(job_id, Action.ABORT, f"{failed} trainer(s) failed", restarts=job.restarts + 1)
@@ -319,7 +323,7 @@ class _Draft:
         return ""
 
     def start_morph(self, job_id: str, action: Action, cause: str, **fields: object) -> None:
-        self.set_job(job_id, J.MORPHING, cause, action=action, morph_started_at=self.now, morph_cause=cause, **fields)
+        self.move_job(job_id, J.MORPHING, cause, action=action, morph_cause=cause, **fields)
 
     def advance_morph(self, job_id: str) -> None:
         job = self.jobs[job_id]
@@ -328,11 +332,11 @@ class _Draft:
             gone = [n for n in job.nodes if not self._member(job, n)]
             if gone or self.now - started > self.config.stop_timeout_seconds:
                 why = f"node gone while stopping: {', '.join(gone)}" if gone else "stop timed out"
-                self.set_job(job_id, None, why, action=Action.ABORT, morph_cause=f"{job.morph_cause}; {why}")
+                self.amend_job(job_id, action=Action.ABORT, morph_cause=f"{job.morph_cause}; {why}")
                 job = self.jobs[job_id]
         expected, done, _, quiet = self._rank_states(job)
         if expected and done == expected:
-            self.set_job(job_id, J.SUCCEEDED, f"finished step {job.spec.steps}")
+            self.move_job(job_id, J.SUCCEEDED, f"finished step {job.spec.steps}")
             self.release_nodes(job_id, job.nodes, "job succeeded")
             return
         if not quiet and not (job.action is Action.ABORT and self.now - started > self.config.abort_timeout_seconds):
@@ -344,7 +348,7 @@ class _Draft:
         ]
         result = self._fit(job_id, nodes)
         if result is None:
-            self.set_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
+            self.move_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
             return
         self.start_generation(job_id, result[0], job.morph_cause)
 
@@ -372,21 +376,19 @@ class _Draft:
         lost = max(0, job.step - resume) if job.generation else 0
         seconds = self.now - job.morph_started_at if job.morph_started_at is not None else None
         self.commands.append(StartGeneration(job_id, generation, layout, resume, cause, seconds, self.now))
-        self.set_job(
+        self.move_job(
             job_id,
             J.RUNNING,
             f"generation {generation}: {layout.describe()} ({cause})",
             generation=generation,
             layout=layout,
-            action=Action.RUN,
             rendezvous=f"{rank0.address}:{port}",
             resume_step=resume,
             step=resume,
             steps_lost=job.steps_lost + lost,
-            morph_started_at=None,
         )
         for name in layout.nodes():
-            self.set_node(name, N.ASSIGNED, f"generation {generation} of {job_id}", job=job_id)
+            self.move_node(name, N.ASSIGNED, f"generation {generation} of {job_id}", job=job_id)
 
     def _debounced(self) -> bool:
         free = free_nodes(self.nodes)
@@ -398,7 +400,7 @@ class _Draft:
         for job in queued:
             problem = self.planners.get(job.id)
             if isinstance(problem, str):
-                self.set_job(job.id, J.FAILED, problem)
+                self.move_job(job.id, J.FAILED, problem)
         queued = [j for j in self.jobs.values() if j.state is J.QUEUED]
         if not queued or not self._debounced():
             return
