@@ -21,6 +21,7 @@ from controller.core.model import (
     apply,
 )
 from controller.core.reconcile import Config, assignment_for, cancel, reconcile
+from controller.core.reconcile.growth import measured_rate
 from controller.spec import JobSpec
 from tests.controller.helpers import job, node, planner
 
@@ -314,14 +315,12 @@ def test_random_histories_keep_invariants(script: list[tuple[str, int]]) -> None
 
 
 def test_growth_judges_by_the_measured_rate_and_the_time_left() -> None:
-    from controller.core.reconcile import _measured_rate
-
     record = replace(job("j1"), state=JobState.RUNNING, state_since=100.0, step=150, resume_step=50)
-    rate, scale = _measured_rate(record, 110.0, predicted=1000.0)
+    rate, scale = measured_rate(record, 110.0, predicted=1000.0)
     assert rate == 100 * record.spec.global_batch / 10.0
     assert scale == rate / 1000.0
-    assert _measured_rate(replace(record, step=50), 110.0, 1000.0) == (1000.0, 1.0)
-    assert _measured_rate(record, 110.0, None) == (None, 1.0)
+    assert measured_rate(replace(record, step=50), 110.0, 1000.0) == (1000.0, 1.0)
+    assert measured_rate(record, 110.0, None) == (None, 1.0)
 
 
 def test_a_node_whose_trainers_cannot_start_is_left_out_of_the_next_generation() -> None:
