@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.core.causes import MorphCause
+from controller.core.events import EventKind
 from controller.core.lifecycle import Transition
 from controller.core.records import JobRecord, NodeRecord
 from morphing.layout import Layout
@@ -31,7 +33,8 @@ class StartGeneration:
     generation: int
     layout: Layout
     resume_step: int
-    cause: str
+    morph_cause: MorphCause
+    morph_detail: str  # the cause in words, for people
     morph_seconds: float | None
     at: float
 
@@ -48,7 +51,7 @@ class RecordCheckpoint:
 class RecordEvent:
     """A past-tense fact for the event log (``NodeRegistered``, ``EvictionNoticed``, ...)."""
 
-    kind: str
+    kind: EventKind
     at: float
     job: str | None = None
     node: str | None = None

@@ -10,6 +10,7 @@ import re
 from collections.abc import Collection
 
 from controller.core.changes import amend, move
+from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import (
     Command,
@@ -49,7 +50,7 @@ def register(world: World, requested: str, slots: int, address: str, now: float)
     node = NodeRecord(name, incarnation, NodeState.JOINING, slots, address, joined_at=now, state_since=now)
     commands.append(SetNode(node))
     data = {"incarnation": incarnation, "slots": slots, "address": address}
-    commands.append(RecordEvent("NodeRegistered", now, None, name, data))
+    commands.append(RecordEvent(EventKind.NODE_REGISTERED, now, None, name, data))
     return node, commands
 
 
@@ -75,7 +76,7 @@ def commit_checkpoint(world: World, job_id: str, generation: int, step: int, now
         return []
     return [
         RecordCheckpoint(job_id, generation, step, now),
-        RecordEvent("CheckpointCommitted", now, job_id, None, {"generation": generation, "step": step}),
+        RecordEvent(EventKind.CHECKPOINT_COMMITTED, now, job_id, None, {"generation": generation, "step": step}),
         amend(job, last_checkpoint_step=step, step=max(step, job.step)),
     ]
 

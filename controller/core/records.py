@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
 from controller.spec import JobSpec
 from morphing.layout import Layout
@@ -49,7 +50,8 @@ class JobRecord:
     restarts: int = 0
     checkpoint_request: int = 0  # bumped to ask for a checkpoint at the next step boundary
     morph_started_at: float | None = None
-    morph_cause: str = ""
+    morph_cause: MorphCause | None = None  # why the current (or last) morph began
+    morph_detail: str = ""  # the same in words, naming nodes and figures
     reason: str = ""
     excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from controller.core.causes import MorphCause
+from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState, Transition
 from controller.core.model import Action, JobRecord, NodeRecord
 from controller.spec import JobSpec
@@ -30,9 +32,10 @@ class GenerationRow:
     generation: int
     layout: dict[str, Any]
     resume_step: int
-    cause: str
+    cause: str  # in words (the API shows them)
     morph_seconds: float | None
     issued_at: float
+    morph_cause: MorphCause  # the label metrics count by
 
 
 def node_to_dict(node: NodeRecord) -> dict[str, Any]:
@@ -65,7 +68,8 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "restarts": job.restarts,
         "checkpoint_request": job.checkpoint_request,
         "morph_started_at": job.morph_started_at,
-        "morph_cause": job.morph_cause,
+        "morph_cause": str(job.morph_cause) if job.morph_cause is not None else None,
+        "morph_detail": job.morph_detail,
         "reason": job.reason,
         "excluded_nodes": list(job.excluded_nodes),
     }
@@ -77,14 +81,14 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     fields["state"] = JobState(data["state"])
     fields["action"] = Action(data["action"])
     fields["layout"] = Layout.from_dict(data["layout"]) if data["layout"] else None
+    fields["morph_cause"] = MorphCause(data["morph_cause"]) if data["morph_cause"] else None
     fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
     return JobRecord(**fields)
 
 
 def generation_from_row(row: Row[Any]) -> GenerationRow:
-    return GenerationRow(
-        row.job, row.generation, row.layout, row.resume_step, row.cause, row.morph_seconds, row.issued_at
-    )
+    r, cause = row, MorphCause(row.morph_cause)
+    return GenerationRow(r.job, r.generation, r.layout, r.resume_step, r.cause, r.morph_seconds, r.issued_at, cause)
 
 
 def event_from_row(row: Row[Any]) -> EventRow:
@@ -96,6 +100,6 @@ def change_data(change: Transition) -> dict[str, Any]:
     return {"from": change.source, "to": change.target, "cause": change.cause, "reason": change.reason}
 
 
-def event_row(at: float, kind: str, job: str | None, node: str | None, data: dict[str, Any]) -> dict[str, Any]:
+def event_row(at: float, kind: EventKind, job: str | None, node: str | None, data: dict[str, Any]) -> dict[str, Any]:
     """An ``events`` row; ``data`` goes through JSON so it holds what reading it back gives."""
-    return {"at": at, "kind": kind, "job": job, "node": node, "data": json.loads(json.dumps(data))}
+    return {"at": at, "kind": str(kind), "job": job, "node": node, "data": json.loads(json.dumps(data))}

@@ -6,6 +6,7 @@ migration is never edited, only appended to, so any older state directory still 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 from sqlalchemy import (
@@ -23,7 +24,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-SCHEMA_VERSION = 2
+from controller.core.causes import MorphCause
+
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -57,9 +60,10 @@ generations = Table(
     Column("generation", Integer, primary_key=True),
     Column("layout", JSON, nullable=False),
     Column("resume_step", Integer, nullable=False),
-    Column("cause", String, nullable=False),
+    Column("cause", String, nullable=False),  # in words, as the API shows it
     Column("morph_seconds", Float),
     Column("issued_at", Float, nullable=False),
+    Column("morph_cause", String),  # a MorphCause value; added by _v3 (nullable, as SQLite adds columns)
 )
 assignments = Table(
     "assignments",
@@ -101,7 +105,45 @@ def _v2(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_job ON events (job, seq)"))
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2)
+# How morph causes were told apart while they were stored as words only (first match wins).
+LEGACY_CAUSE_WORDS = (
+    ("eviction", MorphCause.EVICTION),
+    ("node lost", MorphCause.NODE_LOST),
+    ("could not start", MorphCause.TRAINER_START_FAILED),
+    ("failed", MorphCause.TRAINER_FAILED),
+    ("grow", MorphCause.GROW),
+    ("admitted", MorphCause.ADMITTED),
+    ("resumed", MorphCause.RESUMED),
+)
+
+
+def legacy_morph_cause(detail: str) -> MorphCause:
+    """The cause of a morph stored before causes were, read from its words as metrics used to."""
+    lowered = detail.lower()
+    return next((cause for words, cause in LEGACY_CAUSE_WORDS if words in lowered), MorphCause.OTHER)
+
+
+def _v3(conn: Connection) -> None:
+    """Morph causes as a label beside their words: generations get a column, job rows a detail field."""
+    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(generations)"))}
+    if "morph_cause" not in columns:  # _v1 builds today's tables, so a database born at v3 has it
+        conn.execute(text("ALTER TABLE generations ADD COLUMN morph_cause VARCHAR"))
+    untagged = conn.execute(text("SELECT job, generation, cause FROM generations WHERE morph_cause IS NULL")).all()
+    if untagged:
+        conn.execute(
+            text("UPDATE generations SET morph_cause = :cause WHERE job = :job AND generation = :generation"),
+            [{"job": j, "generation": g, "cause": str(legacy_morph_cause(words))} for j, g, words in untagged],
+        )
+    for job_id, raw in conn.execute(text("SELECT id, data FROM jobs")).all():
+        data = json.loads(raw)
+        if "morph_detail" in data:
+            continue
+        words = data.get("morph_cause") or ""
+        data.update(morph_detail=words, morph_cause=str(legacy_morph_cause(words)) if words else None)
+        conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(data)})
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from controller.core.events import EventKind
 from controller.core.model import (
     Command,
     JobRecord,
@@ -97,11 +98,7 @@ class Store:
             job_id, seq = self.next_job_id(conn)
             job = make(job_id)
             conn.execute(insert(jobs).values(id=job.id, state=str(job.state), seq=seq, data=job_to_dict(job)))
-            conn.execute(
-                insert(events).values(
-                    at=job.submitted_at, kind="JobSubmitted", job=job.id, node=None, data={"name": job.spec.name}
-                )
-            )
+            _event(conn, job.submitted_at, EventKind.JOB_SUBMITTED, job.id, None, {"name": job.spec.name})
         return job
 
     def persist(self, commands: Iterable[Command]) -> None:
@@ -172,7 +169,7 @@ def _write_nodes(conn: Connection, commands: Sequence[SetNode]) -> None:
         [{"node": c.node.name, "incarnation": c.node.incarnation, "registered_at": c.node.joined_at} for c in commands],
     )
     changes = [
-        event_row(c.change.at, "NodeStateChanged", c.node.job, c.node.name, change_data(c.change))
+        event_row(c.change.at, EventKind.NODE_STATE_CHANGED, c.node.job, c.node.name, change_data(c.change))
         for c in commands
         if c.change
     ]
@@ -187,7 +184,7 @@ def _write(conn: Connection, command: Command) -> None:
         job = command.job
         conn.execute(jobs.update().where(jobs.c.id == job.id).values(state=str(job.state), data=job_to_dict(job)))
         if command.change:
-            _event(conn, command.change.at, "JobStateChanged", job.id, None, change_data(command.change))
+            _event(conn, command.change.at, EventKind.JOB_STATE_CHANGED, job.id, None, change_data(command.change))
     elif isinstance(command, StartGeneration):
         layout = command.layout
         conn.execute(
@@ -196,9 +193,10 @@ def _write(conn: Connection, command: Command) -> None:
                 generation=command.generation,
                 layout=layout.to_dict(),
                 resume_step=command.resume_step,
-                cause=command.cause,
+                cause=command.morph_detail,
                 morph_seconds=command.morph_seconds,
                 issued_at=command.at,
+                morph_cause=str(command.morph_cause),
             )
         )
         rows = [
@@ -208,7 +206,8 @@ def _write(conn: Connection, command: Command) -> None:
         if rows:
             conn.execute(insert(assignments), rows)
         data = {"generation": command.generation, "layout": layout.describe(), "resume_step": command.resume_step}
-        _event(conn, command.at, "GenerationIssued", command.job_id, None, {**data, "cause": command.cause})
+        data.update(cause=command.morph_detail, morph_cause=str(command.morph_cause))
+        _event(conn, command.at, EventKind.GENERATION_ISSUED, command.job_id, None, data)
     elif isinstance(command, RecordCheckpoint):
         conn.execute(
             sqlite_insert(checkpoints)
@@ -219,5 +218,7 @@ def _write(conn: Connection, command: Command) -> None:
         _event(conn, command.at, command.kind, command.job, command.node, dict(command.data))
 
 
-def _event(conn: Connection, at: float, kind: str, job: str | None, node: str | None, data: dict[str, Any]) -> None:
+def _event(
+    conn: Connection, at: float, kind: EventKind, job: str | None, node: str | None, data: dict[str, Any]
+) -> None:
     conn.execute(insert(events), [event_row(at, kind, job, node, data)])

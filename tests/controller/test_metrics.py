@@ -8,15 +8,33 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.app.daemon import Controller, ControllerSettings
 from controller.client import connection as client
-from controller.observability.metrics import cause_category, provider_error
+from controller.core.causes import MorphCause
+from controller.core.model import StartGeneration, World
+from controller.observability.metrics import ControllerCollector, provider_error
+from controller.persistence.store import Store
+from controller.shell.latency import Histogram
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+from tests.controller.helpers import job, planner
+
+# the label values of spotmorph_morphs while causes were matched in their words: dashboards use them
+LABELS_BEFORE_CAUSES_WERE_STORED = (
+    "eviction",
+    "node_lost",
+    "start_failed",
+    "trainer_failed",
+    "grow",
+    "admitted",
+    "resumed",
+    "other",
+)
 
 
 @pytest.fixture
@@ -79,12 +97,31 @@ def test_metrics_follow_nodes_and_heartbeats(controller: Controller) -> None:
     assert (state / "metrics.addr").read_text().strip().endswith(str(controller.metrics_port))
 
 
-def test_cause_and_provider_error_labels() -> None:
-    assert cause_category("eviction notice: node-2") == "eviction"
-    assert cause_category("node lost: node-3") == "node_lost"
-    assert cause_category("trainers could not start on node-4; re-planning without it") == "start_failed"
-    assert cause_category("2 trainer(s) failed") == "trainer_failed"
-    assert cause_category("grow: 161 vs 86 samples/s") == "grow"
-    assert cause_category("something new") == "other"
+def test_morphs_are_labelled_by_their_stored_cause_not_their_words(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    submitted = store.add_job(lambda job_id: job(job_id))
+    layout = planner().plan([("node-1", 1)]).layout  # type: ignore[union-attr]
+    issued = [
+        (MorphCause.ADMITTED, "admitted", None),
+        (MorphCause.GROW, "grow: no eviction, 2 trainer(s) failed elsewhere", 3.0),
+        (MorphCause.EVICTION, "eviction notice: node-1", 4.0),
+        (MorphCause.TRAINER_START_FAILED, "words that will be reworded", 5.0),
+    ]
+    store.persist(
+        [
+            StartGeneration(submitted.id, generation, layout, 0, cause, words, seconds, 1.0)
+            for generation, (cause, words, seconds) in enumerate(issued, 1)
+        ]
+    )
+    world = World({}, {submitted.id: submitted})
+    collector = ControllerCollector(SimpleNamespace(world=world), store, Histogram(), now=lambda: 2.0)
+    morphs = next(m for m in collector.collect() if m.name == "spotmorph_morphs")
+    counted = {s.labels["cause"]: s.value for s in morphs.samples if s.name == "spotmorph_morphs_total"}
+    assert counted == {"grow": 1, "eviction": 1, "start_failed": 1}  # generation 1 is no morph
+    assert {str(c) for c in MorphCause} == {*LABELS_BEFORE_CAUSES_WERE_STORED}
+    store.close()
+
+
+def test_provider_error_labels() -> None:
     assert provider_error("AzureThrottled") and not provider_error("AzureScaleOut")
     assert not provider_error("NodeRegistered")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
@@ -28,4 +29,5 @@ def admit_queued(draft: Draft, config: Config, planners: Planners) -> None:
     entries = [QueueEntry(j.id, j.spec.priority, j.submitted_at) for j in queued]
     free = [(n.name, n.slots) for n in free_nodes(draft.nodes)]
     for job_id, plan in admit(entries, free, placed):
-        start_generation(draft, config, job_id, plan, "admitted" if not draft.jobs[job_id].generation else "resumed")
+        cause = MorphCause.RESUMED if draft.jobs[job_id].generation else MorphCause.ADMITTED
+        start_generation(draft, config, job_id, plan, cause, str(cause))

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from controller.core.changes import amend, move
 from controller.core.commands import Command, RecordEvent, SetJob, SetNode
+from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord, NodeRecord, World
 
@@ -50,7 +51,7 @@ class Draft:
         """A command that changes no record here (a checkpoint, a generation, a provider call)."""
         self.commands.append(command)
 
-    def event(self, kind: str, job: str | None = None, node: str | None = None, **data: object) -> None:
+    def event(self, kind: EventKind, job: str | None = None, node: str | None = None, **data: object) -> None:
         self.commands.append(RecordEvent(kind, self.now, job, node, data))
 
     def release_nodes(self, job_id: str, names: Sequence[str], reason: str = "job released it") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
+from controller.core.causes import MorphCause
 from controller.core.commands import StartGeneration
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.reconcile.config import Config, Planners
@@ -25,7 +26,7 @@ def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str
     return result
 
 
-def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, cause: str) -> None:
+def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, cause: MorphCause, detail: str) -> None:
     """Issue generation g+1 on the plan's nodes, resuming from the newest committed checkpoint."""
     job = draft.jobs[job_id]
     generation = job.generation + 1
@@ -35,11 +36,11 @@ def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, caus
     resume = job.last_checkpoint_step
     lost = max(0, job.step - resume) if job.generation else 0
     seconds = draft.now - job.morph_started_at if job.morph_started_at is not None else None
-    draft.issue(StartGeneration(job_id, generation, layout, resume, cause, seconds, draft.now))
+    draft.issue(StartGeneration(job_id, generation, layout, resume, cause, detail, seconds, draft.now))
     draft.move_job(
         job_id,
         JobState.RUNNING,
-        f"generation {generation}: {layout.describe()} ({cause})",
+        f"generation {generation}: {layout.describe()} ({detail})",
         generation=generation,
         layout=layout,
         rendezvous=f"{rank0.address}:{port}",

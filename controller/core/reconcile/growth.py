@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config, Planners
@@ -42,7 +43,7 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
             remaining_seconds=remaining,
         )
         if decision.morph:
-            start_morph(draft, job.id, Action.STOP, f"grow: {decision.detail}")
+            start_morph(draft, job.id, Action.STOP, MorphCause.GROW, f"grow: {decision.detail}")
 
 
 def measured_rate(job: JobRecord, now: float, predicted: float | None) -> tuple[float | None, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from controller.core.commands import ReleaseInstance
+from controller.core.events import EventKind
 from controller.core.lifecycle import NodeState
 from controller.core.model import NodeRecord
 from controller.core.reconcile.config import Config
@@ -22,7 +23,7 @@ def node_health(draft: Draft, config: Config) -> None:
             draft.move_node(name, N.READY, "first heartbeat")
         node = draft.nodes[name]
         if current is not None and current.eviction_not_before is not None and node.state in LIVE:
-            draft.event("EvictionNoticed", node.job, name, not_before=current.eviction_not_before)
+            draft.event(EventKind.EVICTION_NOTICED, node.job, name, not_before=current.eviction_not_before)
             draft.move_node(name, N.DRAINING, "eviction notice", eviction_not_before=current.eviction_not_before)
         node = draft.nodes[name]
         if not silent:

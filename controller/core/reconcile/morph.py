@@ -12,6 +12,8 @@ generations never share a slot.
 
 from __future__ import annotations
 
+from controller.core.causes import MorphCause
+from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action
 from controller.core.reconcile.config import Config, Planners
@@ -31,11 +33,11 @@ def supervise(draft: Draft, job_id: str) -> None:
     lost = [n for n in job.nodes if not draft.serves(job, n)]
     draining = [n for n in job.nodes if draft.serves(job, n) and draft.nodes[n].state is NodeState.DRAINING]
     if lost:
-        start_morph(draft, job_id, Action.ABORT, f"node lost: {', '.join(lost)}")
+        start_morph(draft, job_id, Action.ABORT, MorphCause.NODE_LOST, f"node lost: {', '.join(lost)}")
     elif counted.failed:
         _trainers_failed(draft, job_id, counted.failed)
     elif draining:
-        start_morph(draft, job_id, Action.STOP, f"eviction notice: {', '.join(draining)}")
+        start_morph(draft, job_id, Action.STOP, MorphCause.EVICTION, f"eviction notice: {', '.join(draining)}")
 
 
 def _trainers_failed(draft: Draft, job_id: str, failed: int) -> None:
@@ -44,11 +46,11 @@ def _trainers_failed(draft: Draft, job_id: str, failed: int) -> None:
     unstarted = start_failures(draft, job)
     if unstarted and len(unstarted) < len(job.nodes):
         for name, error in sorted(unstarted.items()):
-            draft.event("TrainerStartFailed", job_id, name, generation=job.generation, error=error)
+            draft.event(EventKind.TRAINER_START_FAILED, job_id, name, generation=job.generation, error=error)
         names = ", ".join(sorted(unstarted))
         excluded = tuple(sorted({*job.excluded_nodes, *unstarted}))
-        cause = f"trainers could not start on {names}; re-planning without it"
-        start_morph(draft, job_id, Action.ABORT, cause, excluded_nodes=excluded)
+        detail = f"trainers could not start on {names}; re-planning without it"
+        start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, excluded_nodes=excluded)
         return
     why = next(iter(unstarted.values()), "") or first_error(draft, job)
     if job.restarts + 1 > job.spec.max_restarts:
@@ -56,11 +58,12 @@ def _trainers_failed(draft: Draft, job_id: str, failed: int) -> None:
         draft.move_job(job_id, J.FAILED, f"{reason}: {why}" if why else reason)
         draft.release_nodes(job_id, job.nodes, "job failed")
         return
-    start_morph(draft, job_id, Action.ABORT, f"{failed} trainer(s) failed", restarts=job.restarts + 1)
+    detail = f"{failed} trainer(s) failed"
+    start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_FAILED, detail, restarts=job.restarts + 1)
 
 
-def start_morph(draft: Draft, job_id: str, action: Action, cause: str, **fields: object) -> None:
-    draft.move_job(job_id, J.MORPHING, cause, action=action, morph_cause=cause, **fields)
+def start_morph(draft: Draft, job_id: str, action: Action, cause: MorphCause, detail: str, **fields: object) -> None:
+    draft.move_job(job_id, J.MORPHING, detail, action=action, morph_cause=cause, morph_detail=detail, **fields)
 
 
 def finish_if_done(draft: Draft, job_id: str, finished: bool) -> bool:
@@ -80,7 +83,7 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
         gone = [n for n in job.nodes if not draft.serves(job, n)]
         if gone or draft.now - started > config.stop_timeout_seconds:
             why = f"node gone while stopping: {', '.join(gone)}" if gone else "stop timed out"
-            draft.amend_job(job_id, action=Action.ABORT, morph_cause=f"{job.morph_cause}; {why}")
+            draft.amend_job(job_id, action=Action.ABORT, morph_detail=f"{job.morph_detail}; {why}")  # same cause
             job = draft.jobs[job_id]
     counted = census(draft, job)
     if finish_if_done(draft, job_id, counted.finished):
@@ -96,4 +99,5 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
     if plan is None:
         draft.move_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
         return
-    start_generation(draft, config, job_id, plan, job.morph_cause)
+    cause = job.morph_cause if job.morph_cause is not None else MorphCause.OTHER  # set on entering MORPHING
+    start_generation(draft, config, job_id, plan, cause, job.morph_detail)

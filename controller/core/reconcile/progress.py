@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from controller.core.commands import RecordCheckpoint
+from controller.core.events import EventKind
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports
 
@@ -14,6 +15,6 @@ def progress(draft: Draft, job_id: str) -> None:
         step, ckpt = max(step, report.last_step), max(ckpt, report.last_checkpoint_step)
     if ckpt > job.last_checkpoint_step:
         draft.issue(RecordCheckpoint(job.id, job.generation, ckpt, draft.now))
-        draft.event("CheckpointCommitted", job.id, generation=job.generation, step=ckpt)
+        draft.event(EventKind.CHECKPOINT_COMMITTED, job.id, generation=job.generation, step=ckpt)
     if (step, ckpt) != (job.step, job.last_checkpoint_step):
         draft.amend_job(job_id, step=step, last_checkpoint_step=ckpt)
