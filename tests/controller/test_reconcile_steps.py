@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ LAYOUT = planner().plan([(name, 2) for name in NODES]).layout  # type: ignore[un
 CONFIG = Config(heartbeat_expiry_seconds=10, lost_to_gone_seconds=60, stop_timeout_seconds=30, abort_timeout_seconds=60)
 
 
-def running(generation: int = 2, **fields: object) -> JobRecord:
+def running(generation: int = 2, **fields: Any) -> JobRecord:
     return job("j1", J.RUNNING, generation=generation, layout=LAYOUT, **fields)
 
 
