@@ -27,6 +27,8 @@ def free_nodes(nodes: Mapping[str, NodeRecord]) -> list[NodeRecord]:
 
 
 class Draft:
+    """Nodes and jobs as decided so far in this pass, and the commands that decided them, in order."""
+
     def __init__(self, world: World, now: float) -> None:
         self.nodes = dict(world.nodes)
         self.jobs = dict(world.jobs)
