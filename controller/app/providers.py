@@ -11,6 +11,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from controller.core.events import EventKind
 from controller.core.lifecycle import NodeState
 from controller.core.model import RecordEvent
 from controller.providers.base import Provider, StaticProvider
@@ -37,7 +38,7 @@ def make_provider(settings: ControllerSettings, runner: Runner, controller_addre
         raise UserInputError("provider: azure needs an `azure:` section (see docs/azure.md)")
     from controller.providers.azure import AzureScaleSetProvider
 
-    def emit(kind: str, data: dict[str, Any]) -> None:
+    def emit(kind: EventKind, data: dict[str, Any]) -> None:
         runner.commit([RecordEvent(kind, runner.clock.now(), None, None, data)])
 
     def busy(name: str) -> bool:

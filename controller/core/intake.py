@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from dataclasses import replace
 
-from controller.core.lifecycle import JobState, NodeState, node_transition
+from controller.core.changes import amend, move
+from controller.core.events import EventKind
+from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import (
     Command,
     NodeRecord,
     RecordCheckpoint,
     RecordEvent,
-    SetJob,
     SetNode,
     World,
 )
@@ -46,12 +46,11 @@ def register(world: World, requested: str, slots: int, address: str, now: float)
     if old is not None:
         incarnation = old.incarnation + 1
         if old.state is not NodeState.GONE:
-            change = node_transition(name, old.state, NodeState.GONE, "re-registered as a new incarnation", now)
-            commands.append(SetNode(replace(old, state=NodeState.GONE, state_since=now), change))
+            commands.append(move(old, NodeState.GONE, "re-registered as a new incarnation", now))
     node = NodeRecord(name, incarnation, NodeState.JOINING, slots, address, joined_at=now, state_since=now)
     commands.append(SetNode(node))
     data = {"incarnation": incarnation, "slots": slots, "address": address}
-    commands.append(RecordEvent("NodeRegistered", now, None, name, data))
+    commands.append(RecordEvent(EventKind.NODE_REGISTERED, now, None, name, data))
     return node, commands
 
 
@@ -75,11 +74,10 @@ def commit_checkpoint(world: World, job_id: str, generation: int, step: int, now
         raise Stale(f"job {job_id} is at generation {job.generation} ({job.state}); generation {generation} is stale")
     if step <= job.last_checkpoint_step:
         return []
-    updated = replace(job, last_checkpoint_step=step, step=max(step, job.step))
     return [
         RecordCheckpoint(job_id, generation, step, now),
-        RecordEvent("CheckpointCommitted", now, job_id, None, {"generation": generation, "step": step}),
-        SetJob(updated),
+        RecordEvent(EventKind.CHECKPOINT_COMMITTED, now, job_id, None, {"generation": generation, "step": step}),
+        amend(job, last_checkpoint_step=step, step=max(step, job.step)),
     ]
 
 
@@ -89,9 +87,7 @@ def provider_gone(world: World, listed: Collection[str], now: float) -> list[Com
     for name, node in sorted(world.nodes.items()):
         if name in listed or node.state is NodeState.GONE:
             continue
-        change = node_transition(name, node.state, NodeState.GONE, "the provider no longer lists it", now)
-        gone = replace(node, state=NodeState.GONE, state_since=now)
-        commands.append(SetNode(gone, change))
+        commands.append(move(node, NodeState.GONE, "the provider no longer lists it", now))
     return commands
 
 
@@ -100,6 +96,5 @@ def request_checkpoints(world: World, now: float) -> list[Command]:
     commands: list[Command] = []
     for job in world.jobs.values():
         if job.state is JobState.RUNNING:
-            bumped = replace(job, checkpoint_request=job.checkpoint_request + 1)
-            commands.append(SetJob(bumped))
+            commands.append(amend(job, checkpoint_request=job.checkpoint_request + 1))
     return commands

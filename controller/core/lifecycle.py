@@ -1,8 +1,9 @@
 """Node and job lifecycles as data: one transition table each, one function that changes state.
 
 Every legal edge is a key of a table whose value is the cause of that edge, so the graph can be read
-(and walked by tests) without reading code. :func:`transition` is the only way to change a state: it
-rejects illegal edges and returns a timestamped record that the store appends to the event log.
+(and walked by tests) without reading code. :func:`transition` rejects illegal edges and returns a
+timestamped record that the store appends to the event log; :func:`controller.core.changes.move`, the
+only code that writes a record's state, calls it and applies what entering the target state does.
 """
 
 from __future__ import annotations

@@ -23,21 +23,6 @@ from controller.shell.views import MetricsSnapshot, StateView
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MORPH_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-CAUSES = (
-    ("eviction", "eviction"),
-    ("node lost", "node_lost"),
-    ("could not start", "start_failed"),
-    ("failed", "trainer_failed"),
-    ("grow", "grow"),
-    ("admitted", "admitted"),
-    ("resumed", "resumed"),
-)
-
-
-def cause_category(cause: str) -> str:
-    """A morph's cause as a low-cardinality label (causes name nodes and figures)."""
-    lowered = cause.lower()
-    return next((label for needle, label in CAUSES if needle in lowered), "other")
 
 
 def provider_error(kind: str) -> bool:
@@ -97,7 +82,7 @@ def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     for row in snapshot.generations:
         if row.generation <= 1:
             continue
-        counts[cause_category(row.cause)] += 1
+        counts[str(row.morph_cause)] += 1  # the stored label, never the words
         if row.morph_seconds is not None:
             durations.append(row.morph_seconds)
     morphs = CounterMetricFamily("spotmorph_morphs", "Morphs (generations after the first) by cause", labels=["cause"])

@@ -38,11 +38,12 @@ from azure.core.exceptions import (
 from azure.mgmt.compute import models
 from azure.mgmt.compute.aio import ComputeManagementClient
 
+from controller.core.events import EventKind
 from controller.providers.azure_config import AzureSettings
 
 log = logging.getLogger("spotmorph.controller.azure")
 
-Emit = Callable[[str, dict[str, Any]], None]
+Emit = Callable[[EventKind, dict[str, Any]], None]
 Busy = Callable[[str], bool]
 CAPACITY_CODES = frozenset(
     {
@@ -85,7 +86,7 @@ class Instance:
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # the event kind: AzureThrottled, AzureCapacityUnavailable, ...
+    kind: EventKind  # AZURE_THROTTLED, AZURE_CAPACITY_UNAVAILABLE, ...
     message: str
     retry_after: float | None = None
 
@@ -93,26 +94,28 @@ class Failure:
 def describe(exc: BaseException) -> Failure:
     """An Azure error as one event: what happened, in words an operator can act on."""
     if isinstance(exc, ClientAuthenticationError):
-        return Failure("AzureAuthFailed", f"not authorised: {_short(exc)} (check the identity and its role)")
+        return Failure(EventKind.AZURE_AUTH_FAILED, f"not authorised: {_short(exc)} (check the identity and its role)")
     if isinstance(exc, HttpResponseError):
         status, code = exc.status_code, _code(exc)
         if status == 429:
             after = _retry_after(exc)
-            return Failure("AzureThrottled", f"throttled (429), retry after {after:g} s", after)
+            return Failure(EventKind.AZURE_THROTTLED, f"throttled (429), retry after {after:g} s", after)
         if code in CAPACITY_CODES:
-            return Failure("AzureCapacityUnavailable", f"{code}: {_short(exc)}")
+            return Failure(EventKind.AZURE_CAPACITY_UNAVAILABLE, f"{code}: {_short(exc)}")
         if status == 409:
-            return Failure("AzureConflict", f"conflict (another operation on the scale set?): {_short(exc)}")
+            return Failure(EventKind.AZURE_CONFLICT, f"conflict (another operation on the scale set?): {_short(exc)}")
         if isinstance(exc, ResourceNotFoundError) or status == 404:
-            return Failure("AzureNotFound", f"not found: {_short(exc)} (check resource_group and scale_set)")
+            return Failure(EventKind.AZURE_NOT_FOUND, f"not found: {_short(exc)} (check resource_group and scale_set)")
         if status in (401, 403):
-            return Failure("AzureAuthFailed", f"{status}: {_short(exc)} (check the identity's role assignment)")
-        return Failure("AzureError", f"{status} {code or ''}: {_short(exc)}".replace("  ", " "))
+            return Failure(
+                EventKind.AZURE_AUTH_FAILED, f"{status}: {_short(exc)} (check the identity's role assignment)"
+            )
+        return Failure(EventKind.AZURE_ERROR, f"{status} {code or ''}: {_short(exc)}".replace("  ", " "))
     if isinstance(exc, ServiceRequestError):
-        return Failure("AzureUnreachable", f"cannot reach Azure Resource Manager: {_short(exc)}")
+        return Failure(EventKind.AZURE_UNREACHABLE, f"cannot reach Azure Resource Manager: {_short(exc)}")
     if isinstance(exc, AzureError):
-        return Failure("AzureError", _short(exc))
-    return Failure("AzureError", f"{type(exc).__name__}: {exc}")
+        return Failure(EventKind.AZURE_ERROR, _short(exc))
+    return Failure(EventKind.AZURE_ERROR, f"{type(exc).__name__}: {exc}")
 
 
 def _short(exc: BaseException) -> str:
@@ -203,7 +206,9 @@ class AzureScaleSetProvider:
     async def release(self, name: str, *, force: bool = False) -> None:
         """Delete the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
         if self.busy(name) and not (force or self.settings.delete_busy_nodes):
-            self._event("AzureReleaseRefused", node=name, message="the node runs a job; operator override needed")
+            self._event(
+                EventKind.AZURE_RELEASE_REFUSED, node=name, message="the node runs a job; operator override needed"
+            )
             return
         instance = self.instances.get(name)
         if instance is None:
@@ -267,7 +272,9 @@ class AzureScaleSetProvider:
             extra = len(alive) - s.target_capacity
             idle = [i for i in reversed(alive) if s.delete_busy_nodes or not self.busy(i.name)][:extra]
             if len(idle) < extra:
-                self._event("AzureScaleInDeferred", message=f"{extra - len(idle)} instance(s) above target run jobs")
+                self._event(
+                    EventKind.AZURE_SCALE_IN_DEFERRED, message=f"{extra - len(idle)} instance(s) above target run jobs"
+                )
             if idle:
                 await self._run("scale", self._delete(idle, f"scale in to {s.target_capacity}"))
 
@@ -285,16 +292,18 @@ class AzureScaleSetProvider:
             billing = models.BillingProfile(max_price=s.max_price)
             vm_profile = models.VirtualMachineScaleSetUpdateVMProfile(billing_profile=billing)
             update.properties = models.VirtualMachineScaleSetUpdateProperties(virtual_machine_profile=vm_profile)
-        self._event("AzureScaleOut", message=f"capacity {current} -> {wanted} ({alive} running)", capacity=wanted)
+        self._event(
+            EventKind.AZURE_SCALE_OUT, message=f"capacity {current} -> {wanted} ({alive} running)", capacity=wanted
+        )
         poller = await self.client.virtual_machine_scale_sets.begin_update(s.resource_group, s.scale_set, update)
         await poller.result()
-        self._event("AzureScaleOutDone", message=f"capacity {wanted}", capacity=wanted)
+        self._event(EventKind.AZURE_SCALE_OUT_DONE, message=f"capacity {wanted}", capacity=wanted)
 
     async def _delete(self, instances: list[Instance], why: str) -> None:
         s = self.settings
         ids = models.VirtualMachineScaleSetVMInstanceRequiredIDs(instance_ids=[i.instance_id for i in instances])
         names = sorted(i.name for i in instances)
-        self._event("AzureDeleteInstances", message=f"{why}: {', '.join(names)}", instances=names)
+        self._event(EventKind.AZURE_DELETE_INSTANCES, message=f"{why}: {', '.join(names)}", instances=names)
         try:
             poller = await self.client.virtual_machine_scale_sets.begin_delete_instances(
                 s.resource_group, s.scale_set, ids
@@ -325,9 +334,9 @@ class AzureScaleSetProvider:
     def _failed(self, what: str, exc: BaseException) -> None:
         failure = describe(exc)
         now = self.clock.now()
-        if failure.kind == "AzureThrottled":
+        if failure.kind == EventKind.AZURE_THROTTLED:
             self.throttled_until = now + (failure.retry_after or 30.0)
-        elif failure.kind == "AzureCapacityUnavailable":
+        elif failure.kind == EventKind.AZURE_CAPACITY_UNAVAILABLE:
             s = self.settings
             self.backoff = min(s.max_backoff_seconds, max(s.backoff_seconds, self.backoff * 2))
             self.not_before = now + self.backoff
@@ -339,9 +348,13 @@ class AzureScaleSetProvider:
         retry = retry_at if retry_at > now else None
         self._event(failure.kind, operation=what, message=failure.message, retry_at=retry)
 
-    def _event(self, kind: str, **data: Any) -> None:
+    def _event(self, kind: EventKind, **data: Any) -> None:
         message = str(data.get("message", ""))
-        level = logging.INFO if kind in {"AzureScaleOut", "AzureScaleOutDone", "AzureDeleteInstances"} else logging.WARN
+        level = (
+            logging.INFO
+            if kind in {EventKind.AZURE_SCALE_OUT, EventKind.AZURE_SCALE_OUT_DONE, EventKind.AZURE_DELETE_INSTANCES}
+            else logging.WARN
+        )
         log.log(level, "%s: %s", kind, message)
         self.emit(kind, {"scale_set": self.settings.scale_set, **{k: v for k, v in data.items() if v is not None}})
 

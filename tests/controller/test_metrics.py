@@ -8,8 +8,9 @@ from types import MappingProxyType
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
-from controller.observability.metrics import cause_category, provider_error, render
+from controller.observability.metrics import provider_error, render
 from controller.persistence.store import GenerationRow
 from controller.shell.latency import BOUNDS
 from controller.shell.views import LatencySnapshot, MetricsSnapshot
@@ -50,8 +51,21 @@ def test_metrics_follow_nodes_and_heartbeats(live: Live) -> None:
     assert (live.state_dir / "metrics.addr").read_text().strip().endswith(str(live.controller.metrics_port))
 
 
-def generation(job_id: str, number: int, cause: str, seconds: float | None) -> GenerationRow:
-    return GenerationRow(job_id, number, {}, 0, cause, seconds, issued_at=0.0)
+# the label values of spotmorph_morphs while causes were matched in their words: dashboards use them
+LABELS_BEFORE_CAUSES_WERE_STORED = (
+    "eviction",
+    "node_lost",
+    "start_failed",
+    "trainer_failed",
+    "grow",
+    "admitted",
+    "resumed",
+    "other",
+)
+
+
+def generation(job_id: str, number: int, cause: MorphCause, words: str, seconds: float | None) -> GenerationRow:
+    return GenerationRow(job_id, number, {}, 0, words, seconds, issued_at=0.0, morph_cause=cause)
 
 
 def test_a_snapshot_renders_to_what_it_holds() -> None:
@@ -64,9 +78,10 @@ def test_a_snapshot_renders_to_what_it_holds() -> None:
         nodes=(node("a"), node("b", NodeState.LOST), node("c", NodeState.LOST)),
         jobs=(running, job("job-2")),
         generations=(
-            generation("job-1", 1, "admitted", None),  # the first generation is no morph
-            generation("job-1", 2, "eviction notice: a", 12.0),
-            generation("job-1", 3, "node lost: b", 700.0),
+            generation("job-1", 1, MorphCause.ADMITTED, "admitted", None),  # the first generation is no morph
+            generation("job-1", 2, MorphCause.EVICTION, "eviction notice: a", 12.0),
+            # the label comes from the stored cause, never from the words (which may be reworded)
+            generation("job-1", 3, MorphCause.NODE_LOST, "grow: words that say something else", 700.0),
         ),
         event_counts=MappingProxyType({"AzureThrottled": 4, "AzureScaleOut": 9, "NodeRegistered": 3}),
         heartbeat_latency=LatencySnapshot(tuple(latency), 2, 2e-5),
@@ -83,12 +98,7 @@ def test_a_snapshot_renders_to_what_it_holds() -> None:
     assert samples["spotmorph_heartbeat_latency_seconds_bucket"][(("le", "0.001"),)] == 2
 
 
-def test_cause_and_provider_error_labels() -> None:
-    assert cause_category("eviction notice: node-2") == "eviction"
-    assert cause_category("node lost: node-3") == "node_lost"
-    assert cause_category("trainers could not start on node-4; re-planning without it") == "start_failed"
-    assert cause_category("2 trainer(s) failed") == "trainer_failed"
-    assert cause_category("grow: 161 vs 86 samples/s") == "grow"
-    assert cause_category("something new") == "other"
+def test_morph_labels_are_the_ones_dashboards_use_and_provider_errors_are_recognised() -> None:
+    assert {str(c) for c in MorphCause} == {*LABELS_BEFORE_CAUSES_WERE_STORED}
     assert provider_error("AzureThrottled") and not provider_error("AzureScaleOut")
     assert not provider_error("NodeRegistered")

@@ -7,6 +7,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import (
     Action,
@@ -21,6 +22,7 @@ from controller.core.model import (
     apply,
 )
 from controller.core.reconcile import Config, assignment_for, cancel, reconcile
+from controller.core.reconcile.growth import measured_rate
 from controller.spec import JobSpec
 from tests.controller.helpers import job, node, planner
 
@@ -98,7 +100,8 @@ def test_admission_issues_generation_one_and_assignments() -> None:
     assert held == set(j.layout.nodes()) and all(sim.world.nodes[n].state is N.ASSIGNED for n in held)
     ranks = sorted(r for n in held for r in assignment_for(sim.world, n).ranks)  # type: ignore[union-attr]
     assert ranks == list(range(j.layout.world_size))
-    assert next(c for c in sim.log if isinstance(c, StartGeneration)).generation == 1
+    first = next(c for c in sim.log if isinstance(c, StartGeneration))
+    assert (first.generation, first.morph_cause, first.morph_detail) == (1, MorphCause.ADMITTED, "admitted")
 
 
 def test_debounce_delays_admission_until_arrivals_settle() -> None:
@@ -131,6 +134,7 @@ def test_planned_morph_on_eviction_notice_loses_no_step() -> None:
     assert any(isinstance(c, RecordCheckpoint) and c.step == 41 for c in sim.log)
     gens = [c for c in sim.log if isinstance(c, StartGeneration)]
     assert [g.generation for g in gens] == [1, 2] and gens[1].morph_seconds == 2.0
+    assert (gens[1].morph_cause, gens[1].morph_detail) == (MorphCause.EVICTION, f"eviction notice: {victim}")
 
 
 def test_unplanned_loss_aborts_survivors_and_resumes_from_checkpoint() -> None:
@@ -158,6 +162,7 @@ def test_unplanned_loss_aborts_survivors_and_resumes_from_checkpoint() -> None:
     j = sim.job()
     assert j.state is J.RUNNING and j.generation == 2 and j.resume_step == 50 and j.steps_lost == 7
     assert victim not in j.nodes
+    assert (j.morph_cause, j.morph_detail) == (MorphCause.NODE_LOST, f"node lost: {victim}")
 
 
 def test_stale_generation_reports_never_change_the_job() -> None:
@@ -198,6 +203,7 @@ def test_trainer_failure_restarts_then_fails_after_max_restarts() -> None:
         sim.step()
         if attempt < 3:
             assert sim.job().state is J.RUNNING and sim.job().restarts == attempt + 1
+            assert sim.job().morph_cause is MorphCause.TRAINER_FAILED
     assert sim.job().state is J.FAILED
     assert all(n.job is None for n in sim.world.nodes.values())
 
@@ -214,6 +220,8 @@ def test_no_fit_requeues_then_resumes_with_next_generation() -> None:
     sim.beat("node-2")
     sim.step(1)
     assert sim.job().state is J.RUNNING and sim.job().generation == 2 and sim.job().resume_step == 5
+    resumed = [c for c in sim.log if isinstance(c, StartGeneration)][-1]
+    assert (resumed.morph_cause, resumed.morph_detail) == (MorphCause.RESUMED, "resumed")
 
 
 def test_growth_after_debounce_when_it_pays() -> None:
@@ -230,7 +238,8 @@ def test_growth_after_debounce_when_it_pays() -> None:
     sim.step(1)
     assert sim.job().state is J.RUNNING  # debounce window still open
     sim.step(5)
-    assert sim.job().state is J.MORPHING and sim.job().morph_cause.startswith("grow")
+    assert sim.job().state is J.MORPHING and sim.job().morph_cause is MorphCause.GROW
+    assert sim.job().morph_detail.startswith("grow: ")
     sim.run_ranks("j1", running=False, code=0, step=9, ckpt=9)
     sim.step()
     assert sim.job().state is J.RUNNING and len(sim.job().nodes) > 1
@@ -314,14 +323,12 @@ def test_random_histories_keep_invariants(script: list[tuple[str, int]]) -> None
 
 
 def test_growth_judges_by_the_measured_rate_and_the_time_left() -> None:
-    from controller.core.reconcile import _measured_rate
-
     record = replace(job("j1"), state=JobState.RUNNING, state_since=100.0, step=150, resume_step=50)
-    rate, scale = _measured_rate(record, 110.0, predicted=1000.0)
+    rate, scale = measured_rate(record, 110.0, predicted=1000.0)
     assert rate == 100 * record.spec.global_batch / 10.0
     assert scale == rate / 1000.0
-    assert _measured_rate(replace(record, step=50), 110.0, 1000.0) == (1000.0, 1.0)
-    assert _measured_rate(record, 110.0, None) == (None, 1.0)
+    assert measured_rate(replace(record, step=50), 110.0, 1000.0) == (1000.0, 1.0)
+    assert measured_rate(record, 110.0, None) == (None, 1.0)
 
 
 def test_a_node_whose_trainers_cannot_start_is_left_out_of_the_next_generation() -> None:
@@ -336,7 +343,7 @@ def test_a_node_whose_trainers_cannot_start_is_left_out_of_the_next_generation()
     sim.step(1)
     job_now = sim.job()
     assert job_now.state is J.MORPHING and job_now.action is Action.ABORT
-    assert job_now.excluded_nodes == (broken,)
+    assert job_now.excluded_nodes == (broken,) and job_now.morph_cause is MorphCause.TRAINER_START_FAILED
     assert job_now.restarts == first.restarts, "a broken node is not the job's fault"
     failed = [c for c in sim.log if isinstance(c, RecordEvent) and c.kind == "TrainerStartFailed"]
     assert [(c.node, c.data["error"]) for c in failed] == [(broken, error)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,9 +10,12 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
+from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
-from controller.core.model import RankReport, StartGeneration, World, apply
+from controller.core.model import Action, RankReport, SetJob, StartGeneration, World, apply
 from controller.core.reconcile import Config, reconcile
+from controller.persistence.codec import job_to_dict
+from controller.persistence.schema import legacy_morph_cause
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
 from tests.controller.helpers import job, node, planner, seen
 
@@ -32,7 +36,9 @@ def test_round_trip_of_a_decision(tmp_path: Path) -> None:
     nodes, jobs = store.load()
     assert nodes == dict(world.nodes) and jobs == dict(world.jobs)
     assert jobs["job-1"].state is JobState.RUNNING
-    assert [g.generation for g in store.generations("job-1")] == [1]
+    assert [(g.generation, g.morph_cause, g.cause) for g in store.generations("job-1")] == [
+        (1, MorphCause.ADMITTED, "admitted")
+    ]
     kinds = [e.kind for e in store.events()]
     assert kinds[0] == "JobSubmitted" and "GenerationIssued" in kinds and "NodeStateChanged" in kinds
     store.close()
@@ -50,8 +56,8 @@ def test_a_generation_is_never_issued_twice(tmp_path: Path) -> None:
     with pytest.raises(IntegrityError):
         store.persist(
             [
-                StartGeneration("job-1", 2, layout, 0, "x", None, 1.0),
-                StartGeneration("job-1", 1, layout, 0, "again", None, 1.0),
+                StartGeneration("job-1", 2, layout, 0, MorphCause.GROW, "x", None, 1.0),
+                StartGeneration("job-1", 1, layout, 0, MorphCause.GROW, "again", None, 1.0),
             ]
         )
     assert store.load() == before  # the whole decision rolled back
@@ -89,3 +95,65 @@ def test_wal_mode(tmp_path: Path) -> None:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
     assert store.schema_version() == SCHEMA_VERSION
     assert NodeState.READY == "READY"
+
+
+def test_a_morph_cause_round_trips_beside_its_words(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    world = _running_world(store)
+    morphing = replace(
+        world.jobs["job-1"],
+        state=JobState.MORPHING,
+        action=Action.STOP,
+        morph_cause=MorphCause.EVICTION,
+        morph_detail="eviction notice: node-2",
+    )
+    store.persist([SetJob(morphing)])
+    assert store.load()[1]["job-1"] == morphing
+
+
+def _legacy_database(path: Path) -> None:
+    """A state file as a schema-2 controller left it: causes stored in words only."""
+    engine = create_engine(f"sqlite:///{path}")
+    migrate(engine, MIGRATIONS[:2])
+    old = job_to_dict(replace(job("job-1"), state=JobState.MORPHING, action=Action.ABORT))
+    old.pop("morph_detail")
+    old["morph_cause"] = "node lost: node-3; stop timed out"
+    layout = json.dumps({"unused": True})
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE generations DROP COLUMN morph_cause"))
+        conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)"), {"data": json.dumps(old)})
+        for generation, words in enumerate(["admitted", "eviction notice: node-2", "grow: 3 vs 2", "why not"], 1):
+            conn.execute(
+                text("INSERT INTO generations VALUES ('job-1', :g, :layout, 0, :words, 1.5, 10.0)"),
+                {"g": generation, "layout": layout, "words": words},
+            )
+    engine.dispose()
+
+
+def test_an_old_state_database_loads_with_causes_read_from_its_words(tmp_path: Path) -> None:
+    _legacy_database(tmp_path / "old.db")
+    store = Store(tmp_path / "old.db")
+    assert store.schema_version() == SCHEMA_VERSION == 3
+    loaded = store.load()[1]["job-1"]
+    assert (loaded.morph_cause, loaded.morph_detail) == (MorphCause.NODE_LOST, "node lost: node-3; stop timed out")
+    causes = [(g.morph_cause, g.cause) for g in store.generations("job-1")]
+    assert causes == [
+        (MorphCause.ADMITTED, "admitted"),
+        (MorphCause.EVICTION, "eviction notice: node-2"),
+        (MorphCause.GROW, "grow: 3 vs 2"),
+        (MorphCause.OTHER, "why not"),
+    ]
+    store.close()
+    assert Store(tmp_path / "old.db").load()[1]["job-1"] == loaded  # migrating again changes nothing
+
+
+def test_causes_in_words_map_to_the_labels_metrics_used_to_give() -> None:
+    assert legacy_morph_cause("eviction notice: node-2") is MorphCause.EVICTION
+    assert legacy_morph_cause("node lost: node-3") is MorphCause.NODE_LOST
+    assert legacy_morph_cause("trainers could not start on node-4; re-planning without it") is (
+        MorphCause.TRAINER_START_FAILED
+    )
+    assert legacy_morph_cause("2 trainer(s) failed") is MorphCause.TRAINER_FAILED
+    assert legacy_morph_cause("grow: 161 vs 86 samples/s; stop timed out") is MorphCause.GROW
+    assert legacy_morph_cause("resumed") is MorphCause.RESUMED
+    assert legacy_morph_cause("something new") is MorphCause.OTHER

@@ -1,0 +1,129 @@
+"""The one way a node or a job changes state, and the one way its other fields change.
+
+:func:`move` checks the edge against its lifecycle table, applies what entering the target state
+does to the record (:data:`NODE_ENTERING`, :data:`JOB_ENTERING`: data, read beside the transition
+tables) and returns the command that persists the record with its timestamped :class:`Transition`.
+:func:`amend` changes other fields and refuses the ones only a move may write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar, overload
+
+from controller.core.commands import SetJob, SetNode
+from controller.core.lifecycle import (
+    JOB_TRANSITIONS,
+    NODE_TRANSITIONS,
+    IllegalTransition,
+    JobState,
+    NodeState,
+    Transition,
+    transition,
+)
+from controller.core.records import Action, JobRecord, NodeRecord
+
+N = NodeState
+J = JobState
+S = TypeVar("S", NodeState, JobState)
+R = TypeVar("R", NodeRecord, JobRecord)
+
+
+@dataclass(frozen=True)
+class Entering:
+    """What entering a state does to a record besides setting ``state`` and ``state_since``."""
+
+    sets: Mapping[str, object] = field(default_factory=dict)  # fixed values
+    stamps: tuple[str, ...] = ()  # fields set to the time of the change
+    requires: tuple[str, ...] = ()  # fields only the caller knows, which it must pass
+
+
+NODE_ENTERING: Mapping[NodeState, Entering] = {
+    N.JOINING: Entering(),  # records start here (no edge leads back)
+    N.READY: Entering(sets={"job": None}),  # free: a ready node holds no job
+    N.ASSIGNED: Entering(requires=("job",)),  # the job whose generation placed ranks on it
+    N.DRAINING: Entering(requires=("eviction_not_before",)),  # when the provider takes it
+    N.LOST: Entering(),  # keeps its job, which sees the loss and aborts
+    N.GONE: Entering(sets={"job": None}),  # a gone VM runs nothing
+}
+
+JOB_ENTERING: Mapping[JobState, Entering] = {
+    J.QUEUED: Entering(),  # keeps morph_started_at: a morph that waits for capacity counts the wait
+    J.RUNNING: Entering(sets={"action": Action.RUN, "morph_started_at": None}, requires=("generation", "layout")),
+    J.MORPHING: Entering(stamps=("morph_started_at",), requires=("action", "morph_cause")),
+    J.SUCCEEDED: Entering(),
+    J.FAILED: Entering(),
+    J.CANCELLED: Entering(),
+}
+
+
+@dataclass(frozen=True)
+class Lifecycle(Generic[S]):
+    kind: str  # "node" or "job", as in the event log
+    edges: Mapping[tuple[S, S], str]
+    entering: Mapping[S, Entering]
+    reason_field: str | None  # where the record keeps why it last changed state
+
+    def change(self, subject: str, source: S, target: S, reason: str, now: float) -> Transition:
+        return transition(self.edges, self.kind, subject, source, target, reason, now)
+
+    def managed(self) -> frozenset[str]:
+        """Fields only a move writes."""
+        return frozenset({"state", "state_since", *([self.reason_field] if self.reason_field else [])})
+
+
+NODE_LIFECYCLE = Lifecycle[NodeState]("node", NODE_TRANSITIONS, NODE_ENTERING, None)
+JOB_LIFECYCLE = Lifecycle[JobState]("job", JOB_TRANSITIONS, JOB_ENTERING, "reason")
+
+
+@overload
+def move(record: NodeRecord, target: NodeState, reason: str, now: float, **fields: Any) -> SetNode: ...
+@overload
+def move(record: JobRecord, target: JobState, reason: str, now: float, **fields: Any) -> SetJob: ...
+def move(
+    record: NodeRecord | JobRecord, target: NodeState | JobState, reason: str, now: float, **fields: Any
+) -> SetNode | SetJob:
+    """``record`` in state ``target`` and the command that persists it; :class:`IllegalTransition` if not an edge."""
+    if isinstance(record, NodeRecord):
+        node_target = NodeState(target)
+        change = NODE_LIFECYCLE.change(record.name, record.state, node_target, reason, now)
+        return SetNode(_entered(NODE_LIFECYCLE, record.name, record, node_target, reason, now, fields), change)
+    job_target = JobState(target)
+    change = JOB_LIFECYCLE.change(record.id, record.state, job_target, reason, now)
+    return SetJob(_entered(JOB_LIFECYCLE, record.id, record, job_target, reason, now, fields), change)
+
+
+@overload
+def amend(record: NodeRecord, **fields: Any) -> SetNode: ...
+@overload
+def amend(record: JobRecord, **fields: Any) -> SetJob: ...
+def amend(record: NodeRecord | JobRecord, **fields: Any) -> SetNode | SetJob:
+    """``record`` with other fields than its state changed, and the command that persists it."""
+    if isinstance(record, NodeRecord):
+        return SetNode(replace(record, **_unmanaged(NODE_LIFECYCLE, record.name, fields)))
+    return SetJob(replace(record, **_unmanaged(JOB_LIFECYCLE, record.id, fields)))
+
+
+def _unmanaged(lifecycle: Lifecycle[S], subject: str, fields: Mapping[str, Any]) -> Mapping[str, Any]:
+    managed = lifecycle.managed() & set(fields)
+    if managed:
+        raise IllegalTransition(f"{lifecycle.kind} {subject}: only a move sets {', '.join(sorted(managed))}")
+    return fields
+
+
+def _entered(
+    lifecycle: Lifecycle[S], subject: str, record: R, target: S, reason: str, now: float, fields: Mapping[str, Any]
+) -> R:
+    entry: Entering = lifecycle.entering[target]
+    fixed = {*entry.sets, *entry.stamps} & set(fields)
+    if fixed:
+        raise IllegalTransition(f"{lifecycle.kind} {subject}: entering {target} sets {', '.join(sorted(fixed))} itself")
+    missing = [name for name in entry.requires if fields.get(name) is None]
+    if missing:
+        raise IllegalTransition(f"{lifecycle.kind} {subject}: entering {target} needs {', '.join(missing)}")
+    updates: dict[str, Any] = {**_unmanaged(lifecycle, subject, fields), **entry.sets, "state": target}
+    updates.update({name: now for name in ("state_since", *entry.stamps)})
+    if lifecycle.reason_field is not None:
+        updates[lifecycle.reason_field] = reason
+    return replace(record, **updates)

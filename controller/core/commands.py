@@ -1,0 +1,68 @@
+"""Commands: imperatives reconcile returns and the runner persists (in one transaction), then acts on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.core.causes import MorphCause
+from controller.core.events import EventKind
+from controller.core.lifecycle import Transition
+from controller.core.records import JobRecord, NodeRecord
+from morphing.layout import Layout
+
+
+@dataclass(frozen=True)
+class SetNode:
+    node: NodeRecord
+    change: Transition | None = None
+
+
+@dataclass(frozen=True)
+class SetJob:
+    job: JobRecord
+    change: Transition | None = None
+
+
+@dataclass(frozen=True)
+class StartGeneration:
+    """Persist generation ``generation`` of ``job_id`` (unique per job: issuing one twice fails)."""
+
+    job_id: str
+    generation: int
+    layout: Layout
+    resume_step: int
+    morph_cause: MorphCause
+    morph_detail: str  # the cause in words, for people
+    morph_seconds: float | None
+    at: float
+
+
+@dataclass(frozen=True)
+class RecordCheckpoint:
+    job_id: str
+    generation: int
+    step: int
+    at: float
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """A past-tense fact for the event log (``NodeRegistered``, ``EvictionNoticed``, ...)."""
+
+    kind: EventKind
+    at: float
+    job: str | None = None
+    node: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReleaseInstance:
+    """Ask the provider to give back a VM that is gone or lost (a side effect, after persisting)."""
+
+    node: str
+
+
+Command = SetNode | SetJob | StartGeneration | RecordCheckpoint | RecordEvent | ReleaseInstance

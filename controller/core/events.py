@@ -1,0 +1,30 @@
+"""Every kind of event the controller's log holds: past-tense facts, one vocabulary for core and providers."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class EventKind(StrEnum):
+    JOB_SUBMITTED = "JobSubmitted"
+    JOB_STATE_CHANGED = "JobStateChanged"
+    NODE_REGISTERED = "NodeRegistered"
+    NODE_STATE_CHANGED = "NodeStateChanged"
+    GENERATION_ISSUED = "GenerationIssued"
+    CHECKPOINT_COMMITTED = "CheckpointCommitted"
+    EVICTION_NOTICED = "EvictionNoticed"
+    TRAINER_START_FAILED = "TrainerStartFailed"
+    # the Azure scale-set provider: what it did
+    AZURE_SCALE_OUT = "AzureScaleOut"
+    AZURE_SCALE_OUT_DONE = "AzureScaleOutDone"
+    AZURE_DELETE_INSTANCES = "AzureDeleteInstances"
+    # ... and what it could not do
+    AZURE_SCALE_IN_DEFERRED = "AzureScaleInDeferred"
+    AZURE_RELEASE_REFUSED = "AzureReleaseRefused"
+    AZURE_THROTTLED = "AzureThrottled"
+    AZURE_CAPACITY_UNAVAILABLE = "AzureCapacityUnavailable"
+    AZURE_CONFLICT = "AzureConflict"
+    AZURE_NOT_FOUND = "AzureNotFound"
+    AZURE_AUTH_FAILED = "AzureAuthFailed"
+    AZURE_UNREACHABLE = "AzureUnreachable"
+    AZURE_ERROR = "AzureError"

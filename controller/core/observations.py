@@ -1,0 +1,30 @@
+"""What agents report with every heartbeat: kept in memory only, since the next beat sends it again.
+
+Losing observations (a controller restart) only delays decisions until the next heartbeat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One trainer as an agent sees it."""
+
+    job: str
+    generation: int
+    rank: int
+    running: bool
+    exit_code: int | None = None
+    last_step: int = 0
+    last_checkpoint_step: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    incarnation: int
+    last_seen: float
+    ranks: tuple[RankReport, ...] = ()
+    eviction_not_before: float | None = None

@@ -1,0 +1,86 @@
+"""Reconcile: a pure function from (world, now) to commands.
+
+No I/O and no clock: the caller passes ``now`` and a planner per job. The steps run in a fixed order
+on one :class:`~controller.core.reconcile.draft.Draft`, passive ones first (what happened to nodes,
+how far jobs got), then active ones (the morph protocol, admission, growth), so later steps see
+earlier decisions. Reports of any other incarnation or generation never change a job
+(:mod:`~controller.core.reconcile.reports`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import Assignment, Command, World, ranks_by_node
+from controller.core.reconcile.admission import admit_queued
+from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.draft import Draft, free_nodes
+from controller.core.reconcile.growth import grow
+from controller.core.reconcile.health import node_health
+from controller.core.reconcile.morph import advance_morph, supervise
+from controller.core.reconcile.progress import progress
+
+__all__ = ["Config", "Planners", "assignment_for", "cancel", "free_nodes", "reconcile"]
+
+ACTIVE_JOB = frozenset({JobState.RUNNING, JobState.MORPHING})
+
+
+def reconcile(world: World, now: float, config: Config, planners: Planners) -> list[Command]:
+    draft = Draft(world, now)
+    node_health(draft, config)
+    for job_id in sorted(draft.jobs):
+        if draft.jobs[job_id].state in ACTIVE_JOB:
+            progress(draft, job_id)
+    for job_id in sorted(draft.jobs):
+        if draft.jobs[job_id].state is JobState.RUNNING:
+            supervise(draft, job_id)
+        if draft.jobs[job_id].state is JobState.MORPHING:
+            advance_morph(draft, config, planners, job_id)
+    admit_queued(draft, config, planners)
+    grow(draft, config, planners)
+    return draft.commands
+
+
+def assignment_for(
+    world: World, node_name: str, ranks_of: Mapping[str, tuple[int, ...]] | None = None
+) -> Assignment | None:
+    """The assignment a node's heartbeat gets back; ``None``: run nothing.
+
+    ``ranks_of``: ``ranks_by_node`` of the node's job's layout when the caller keeps it (it is the same
+    for every heartbeat of a generation); computed here otherwise.
+    """
+    node = world.nodes.get(node_name)
+    if node is None or node.job is None or node.state is NodeState.GONE:
+        return None
+    job = world.jobs.get(node.job)
+    if job is None or job.layout is None or job.state not in ACTIVE_JOB:
+        return None
+    if ranks_of is None:
+        ranks_of = ranks_by_node(job.layout)
+    ranks = ranks_of.get(node_name, ())
+    if not ranks:
+        return None
+    return Assignment(
+        job=job.id,
+        generation=job.generation,
+        ranks=ranks,
+        slots=tuple(job.layout.placement[r].slot for r in ranks),
+        layout=job.layout,
+        rendezvous=job.rendezvous,
+        checkpoint_dir=job.spec.checkpoint_dir,
+        resume_step=job.resume_step,
+        action=job.action,
+        entrypoint=job.spec.entrypoint,
+        spec=job.spec,
+        checkpoint_request=job.checkpoint_request,
+    )
+
+
+def cancel(world: World, job_id: str, now: float, who: str) -> list[Command]:
+    """Commands that cancel a job and free its nodes (its agents then stop their trainers)."""
+    draft = Draft(world, now)
+    job = draft.jobs[job_id]
+    draft.move_job(job_id, JobState.CANCELLED, f"cancelled by {who}")
+    draft.release_nodes(job.id, job.nodes)
+    return draft.commands

@@ -1,0 +1,25 @@
+"""What reconcile is tuned by, and the planners it is given per job."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from morphing.planner import Planner
+from morphing.policy import PolicyConfig
+
+
+@dataclass(frozen=True)
+class Config:
+    heartbeat_expiry_seconds: float = 10.0
+    lost_to_gone_seconds: float = 120.0
+    debounce_seconds: float = 5.0
+    stop_timeout_seconds: float = 120.0  # a STOP not done by then becomes ABORT
+    abort_timeout_seconds: float = 30.0  # survivors that never confirm are given up on
+    morph_cost_seconds: float = 30.0
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rendezvous_port_base: int = 29500
+    rendezvous_port_span: int = 500
+
+
+Planners = Mapping[str, Planner | str]  # job id -> planner, or why none could be built

@@ -1,0 +1,91 @@
+"""The change set of one reconcile pass: the world as decided so far, and the commands that got it there.
+
+Steps run one after another on one draft, so a later step sees what an earlier one decided (a node
+found LOST makes its job morph in the same pass). Every change is a command, so the runner persists
+exactly what was decided; states change only through :func:`controller.core.changes.move`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from controller.core.changes import amend, move
+from controller.core.commands import Command, RecordEvent, SetJob, SetNode
+from controller.core.events import EventKind
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import JobRecord, NodeRecord, World
+
+N = NodeState
+SERVING = frozenset({N.ASSIGNED, N.DRAINING})
+
+
+def free_nodes(nodes: Mapping[str, NodeRecord]) -> list[NodeRecord]:
+    """Nodes no job holds, oldest first (ties by name)."""
+    return sorted(
+        (n for n in nodes.values() if n.state is N.READY and n.job is None), key=lambda n: (n.joined_at, n.name)
+    )
+
+
+class Draft:
+    """Nodes and jobs as decided so far in this pass, and the commands that decided them, in order."""
+
+    def __init__(self, world: World, now: float) -> None:
+        self.nodes = dict(world.nodes)
+        self.jobs = dict(world.jobs)
+        self.observed = world.observed
+        self.started_at = world.started_at
+        self.now = now
+        self.commands: list[Command] = []
+
+    def move_node(self, name: str, target: NodeState, reason: str, **fields: object) -> None:
+        self._node(move(self.nodes[name], target, reason, self.now, **fields))
+
+    def amend_node(self, name: str, **fields: object) -> None:
+        self._node(amend(self.nodes[name], **fields))
+
+    def move_job(self, job_id: str, target: JobState, reason: str, **fields: object) -> None:
+        self._job(move(self.jobs[job_id], target, reason, self.now, **fields))
+
+    def amend_job(self, job_id: str, **fields: object) -> None:
+        self._job(amend(self.jobs[job_id], **fields))
+
+    def issue(self, command: Command) -> None:
+        """A command that changes no record here (a checkpoint, a generation, a provider call)."""
+        self.commands.append(command)
+
+    def event(self, kind: EventKind, job: str | None = None, node: str | None = None, **data: object) -> None:
+        self.commands.append(RecordEvent(kind, self.now, job, node, data))
+
+    def release_nodes(self, job_id: str, names: Sequence[str], reason: str = "job released it") -> None:
+        """Nodes of ``names`` that ``job_id`` holds hold nothing from now on (assigned ones are READY)."""
+        for name in names:
+            node = self.nodes.get(name)
+            if node is None or node.job != job_id:
+                continue
+            if node.state is N.ASSIGNED:
+                self.move_node(name, N.READY, reason)
+            else:
+                self.amend_node(name, job=None)
+
+    def assigned(self, job: JobRecord, name: str) -> bool:
+        """The node runs this job and nothing threatens it."""
+        node = self.nodes.get(name)
+        return node is not None and node.state is N.ASSIGNED and node.job == job.id
+
+    def serves(self, job: JobRecord, name: str) -> bool:
+        """The node still serves this job: held by it and alive (maybe draining)."""
+        node = self.nodes.get(name)
+        return node is not None and node.job == job.id and node.state in SERVING
+
+    def arrivals_settled(self, debounce_seconds: float) -> bool:
+        """No free node joined within the debounce window (so a burst of arrivals is planned for at once)."""
+        newest = max((n.joined_at for n in free_nodes(self.nodes)), default=-1e300)
+        return self.now - newest >= debounce_seconds
+
+    def _node(self, command: SetNode) -> None:
+        self.nodes[command.node.name] = command.node
+        self.commands.append(command)
+
+    def _job(self, command: SetJob) -> None:
+        self.jobs[command.job.id] = command.job
+        self.commands.append(command)

@@ -1,0 +1,52 @@
+"""Fitting a job onto nodes and issuing its next generation: shared by the morph protocol and admission."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from controller.core.causes import MorphCause
+from controller.core.commands import StartGeneration
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.draft import Draft
+from morphing.planner import Plan, Planner
+
+
+def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str, int]]) -> Plan | None:
+    """The best plan for the job on ``nodes`` (less the ones it excluded), or ``None`` if none runs it."""
+    planner = planners.get(job_id)
+    job = draft.jobs[job_id]
+    usable = [(name, slots) for name, slots in nodes if name not in job.excluded_nodes]
+    if not isinstance(planner, Planner) or not usable:
+        return None
+    result = planner.plan(usable)
+    if not isinstance(result, Plan) or result.gpus_used < job.spec.min_gpus:
+        return None
+    return result
+
+
+def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, cause: MorphCause, detail: str) -> None:
+    """Issue generation g+1 on the plan's nodes, resuming from the newest committed checkpoint."""
+    job = draft.jobs[job_id]
+    generation = job.generation + 1
+    layout = plan.layout
+    rank0 = draft.nodes[layout.placement[0].node]
+    port = config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
+    resume = job.last_checkpoint_step
+    lost = max(0, job.step - resume) if job.generation else 0
+    seconds = draft.now - job.morph_started_at if job.morph_started_at is not None else None
+    draft.issue(StartGeneration(job_id, generation, layout, resume, cause, detail, seconds, draft.now))
+    draft.move_job(
+        job_id,
+        JobState.RUNNING,
+        f"generation {generation}: {layout.describe()} ({detail})",
+        generation=generation,
+        layout=layout,
+        rendezvous=f"{rank0.address}:{port}",
+        resume_step=resume,
+        step=resume,
+        steps_lost=job.steps_lost + lost,
+    )
+    for name in layout.nodes():
+        draft.move_node(name, NodeState.ASSIGNED, f"generation {generation} of {job_id}", job=job_id)

@@ -1,0 +1,60 @@
+"""Running jobs take free nodes when nobody waits, if the policy says the morph pays off."""
+
+from __future__ import annotations
+
+from controller.core.causes import MorphCause
+from controller.core.lifecycle import JobState
+from controller.core.model import Action, JobRecord
+from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.draft import Draft, free_nodes
+from controller.core.reconcile.morph import start_morph
+from morphing.planner import Plan, Planner
+from morphing.policy import decide_morph
+
+
+def grow(draft: Draft, config: Config, planners: Planners) -> None:
+    jobs = draft.jobs.values()
+    if any(j.state is JobState.QUEUED for j in jobs) or not draft.arrivals_settled(config.debounce_seconds):
+        return
+    running = sorted(
+        (j for j in jobs if j.state is JobState.RUNNING and j.layout is not None),
+        key=lambda j: (-j.spec.priority, j.submitted_at, j.id),
+    )
+    for job in running:
+        free = free_nodes(draft.nodes)
+        planner = planners.get(job.id)
+        if not free or not isinstance(planner, Planner) or job.layout is None:
+            return
+        usable = [(n.name, n.slots) for n in free if n.name not in job.excluded_nodes]
+        if not usable:
+            continue
+        current = planner.evaluate(job.layout)
+        held = [(n, draft.nodes[n].slots) for n in job.nodes]
+        candidate = planner.plan(held + usable)
+        predicted = current.samples_per_second if isinstance(current, Plan) else None
+        rate, scale = measured_rate(job, draft.now, predicted)
+        remaining = max(0, job.spec.steps - job.step) * job.spec.global_batch / rate if rate else None
+        decision = decide_morph(
+            current_samples_per_second=rate,
+            current_layout_intact=True,
+            candidate_samples_per_second=candidate.samples_per_second * scale if isinstance(candidate, Plan) else None,
+            morph_cost_seconds=config.morph_cost_seconds,
+            config=config.policy,
+            remaining_seconds=remaining,
+        )
+        if decision.morph:
+            start_morph(draft, job.id, Action.STOP, MorphCause.GROW, f"grow: {decision.detail}")
+
+
+def measured_rate(job: JobRecord, now: float, predicted: float | None) -> tuple[float | None, float]:
+    """The job's samples/s as measured in its current generation, and measured / predicted.
+
+    Profiles calibrated on one device can be far off on a busy host; the ratio of two predictions is
+    more trustworthy than either, so the candidate is scaled by how far the current one was off.
+    """
+    elapsed = now - job.state_since
+    done = job.step - job.resume_step
+    if predicted is None or done <= 0 or elapsed <= 0:
+        return predicted, 1.0
+    measured = done * job.spec.global_batch / elapsed
+    return measured, measured / predicted

@@ -1,0 +1,103 @@
+"""The morph protocol, with generations as fencing tokens.
+
+- planned (eviction notice, growth): action STOP for generation g; trainers agree on a step boundary,
+  checkpoint and exit 0; then generation g+1 is planned on the nodes left and resumes from that
+  checkpoint;
+- unplanned (node lost, trainer failed): action ABORT for the survivors, then g+1 resumes from the
+  newest committed checkpoint.
+
+Generation g+1 is issued only when no rank of generation g still runs (or its node is gone), so two
+generations never share a slot.
+"""
+
+from __future__ import annotations
+
+from controller.core.causes import MorphCause
+from controller.core.events import EventKind
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import Action
+from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.draft import Draft, free_nodes
+from controller.core.reconcile.generation import fit, start_generation
+from controller.core.reconcile.reports import census, first_error, start_failures
+
+J = JobState
+
+
+def supervise(draft: Draft, job_id: str) -> None:
+    """A running job succeeds, fails, or starts a morph when a node or a trainer is gone or going."""
+    job = draft.jobs[job_id]
+    counted = census(draft, job)
+    if finish_if_done(draft, job_id, counted.finished):
+        return
+    lost = [n for n in job.nodes if not draft.serves(job, n)]
+    draining = [n for n in job.nodes if draft.serves(job, n) and draft.nodes[n].state is NodeState.DRAINING]
+    if lost:
+        start_morph(draft, job_id, Action.ABORT, MorphCause.NODE_LOST, f"node lost: {', '.join(lost)}")
+    elif counted.failed:
+        _trainers_failed(draft, job_id, counted.failed)
+    elif draining:
+        start_morph(draft, job_id, Action.STOP, MorphCause.EVICTION, f"eviction notice: {', '.join(draining)}")
+
+
+def _trainers_failed(draft: Draft, job_id: str, failed: int) -> None:
+    """Leave out nodes where trainers could not start; otherwise restart, up to ``max_restarts``."""
+    job = draft.jobs[job_id]
+    unstarted = start_failures(draft, job)
+    if unstarted and len(unstarted) < len(job.nodes):
+        for name, error in sorted(unstarted.items()):
+            draft.event(EventKind.TRAINER_START_FAILED, job_id, name, generation=job.generation, error=error)
+        names = ", ".join(sorted(unstarted))
+        excluded = tuple(sorted({*job.excluded_nodes, *unstarted}))
+        detail = f"trainers could not start on {names}; re-planning without it"
+        start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, excluded_nodes=excluded)
+        return
+    why = next(iter(unstarted.values()), "") or first_error(draft, job)
+    if job.restarts + 1 > job.spec.max_restarts:
+        reason = f"{failed} trainer(s) failed; max_restarts={job.spec.max_restarts}"
+        draft.move_job(job_id, J.FAILED, f"{reason}: {why}" if why else reason)
+        draft.release_nodes(job_id, job.nodes, "job failed")
+        return
+    detail = f"{failed} trainer(s) failed"
+    start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_FAILED, detail, restarts=job.restarts + 1)
+
+
+def start_morph(draft: Draft, job_id: str, action: Action, cause: MorphCause, detail: str, **fields: object) -> None:
+    draft.move_job(job_id, J.MORPHING, detail, action=action, morph_cause=cause, morph_detail=detail, **fields)
+
+
+def finish_if_done(draft: Draft, job_id: str, finished: bool) -> bool:
+    """Every rank finished the last step: the job succeeded and lets go of its nodes."""
+    if finished:
+        job = draft.jobs[job_id]
+        draft.move_job(job_id, J.SUCCEEDED, f"finished step {job.spec.steps}")
+        draft.release_nodes(job_id, job.nodes, "job succeeded")
+    return finished
+
+
+def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str) -> None:
+    """Escalate a STOP that cannot finish; once the old generation is quiet, issue the next (or queue)."""
+    job = draft.jobs[job_id]
+    started = job.morph_started_at if job.morph_started_at is not None else draft.now
+    if job.action is Action.STOP:
+        gone = [n for n in job.nodes if not draft.serves(job, n)]
+        if gone or draft.now - started > config.stop_timeout_seconds:
+            why = f"node gone while stopping: {', '.join(gone)}" if gone else "stop timed out"
+            draft.amend_job(job_id, action=Action.ABORT, morph_detail=f"{job.morph_detail}; {why}")  # same cause
+            job = draft.jobs[job_id]
+    counted = census(draft, job)
+    if finish_if_done(draft, job_id, counted.finished):
+        return
+    given_up = job.action is Action.ABORT and draft.now - started > config.abort_timeout_seconds
+    if not counted.quiet and not given_up:
+        return
+    keep = [n for n in job.nodes if draft.assigned(job, n)]
+    draft.release_nodes(job_id, job.nodes, f"generation {job.generation} of {job_id} ended")
+    nodes = [(n, draft.nodes[n].slots) for n in keep]
+    nodes += [(n.name, n.slots) for n in free_nodes(draft.nodes) if n.name not in keep]
+    plan = fit(draft, planners, job_id, nodes)
+    if plan is None:
+        draft.move_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
+        return
+    cause = job.morph_cause if job.morph_cause is not None else MorphCause.OTHER  # set on entering MORPHING
+    start_generation(draft, config, job_id, plan, cause, job.morph_detail)

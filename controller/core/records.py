@@ -1,0 +1,86 @@
+"""Records the store keeps (nodes, jobs) and the assignment a node's heartbeat is answered with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from controller.core.causes import MorphCause
+from controller.core.lifecycle import JobState, NodeState
+from controller.spec import JobSpec
+from morphing.layout import Layout
+
+
+class Action(StrEnum):
+    """What the trainers of a generation should do."""
+
+    RUN = "RUN"
+    STOP = "STOP"  # agree on the next step boundary, checkpoint, exit 0
+    ABORT = "ABORT"  # exit now: a peer is gone and collectives would hang
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    incarnation: int
+    state: NodeState
+    slots: int
+    address: str
+    joined_at: float
+    state_since: float
+    job: str | None = None
+    eviction_not_before: float | None = None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    spec: JobSpec
+    state: JobState
+    submitted_at: float
+    state_since: float
+    generation: int = 0  # newest generation issued; the fencing token
+    layout: Layout | None = None  # layout of ``generation``
+    action: Action = Action.RUN
+    rendezvous: str = ""
+    resume_step: int = 0  # checkpoint step ``generation`` started from (0: from scratch)
+    step: int = 0  # newest step any rank of the job finished
+    last_checkpoint_step: int = 0
+    steps_lost: int = 0
+    restarts: int = 0
+    checkpoint_request: int = 0  # bumped to ask for a checkpoint at the next step boundary
+    morph_started_at: float | None = None
+    morph_cause: MorphCause | None = None  # why the current (or last) morph began
+    morph_detail: str = ""  # the same in words, naming nodes and figures
+    reason: str = ""
+    excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.layout.nodes() if self.layout else ()
+
+
+def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:
+    """Node name -> the global ranks it runs in ``layout`` (in rank order), in one pass."""
+    found: dict[str, list[int]] = {}
+    for rank, slot in enumerate(layout.placement):
+        found.setdefault(slot.node, []).append(rank)
+    return {name: tuple(ranks) for name, ranks in found.items()}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What one node should run: the reply to its heartbeat."""
+
+    job: str
+    generation: int
+    ranks: tuple[int, ...]
+    slots: tuple[int, ...]
+    layout: Layout
+    rendezvous: str
+    checkpoint_dir: str
+    resume_step: int
+    action: Action
+    entrypoint: str
+    spec: JobSpec
+    checkpoint_request: int

@@ -1,0 +1,105 @@
+"""Records to rows and back: how nodes, jobs, generations and events look in the state database."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import Row
+
+from controller.core.causes import MorphCause
+from controller.core.events import EventKind
+from controller.core.lifecycle import JobState, NodeState, Transition
+from controller.core.model import Action, JobRecord, NodeRecord
+from controller.spec import JobSpec
+from morphing.layout import Layout
+
+
+@dataclass(frozen=True)
+class EventRow:
+    seq: int
+    at: float
+    kind: str
+    job: str | None
+    node: str | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    job: str
+    generation: int
+    layout: dict[str, Any]
+    resume_step: int
+    cause: str  # in words (the API shows them)
+    morph_seconds: float | None
+    issued_at: float
+    morph_cause: MorphCause  # the label metrics count by
+
+
+def node_to_dict(node: NodeRecord) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, NodeState) else v) for k, v in asdict(node).items()}
+
+
+def node_from_dict(data: dict[str, Any]) -> NodeRecord:
+    return NodeRecord(**{**data, "state": NodeState(data["state"])})
+
+
+def node_row(node: NodeRecord) -> dict[str, Any]:
+    return {"name": node.name, "incarnation": node.incarnation, "state": str(node.state), "data": node_to_dict(node)}
+
+
+def job_to_dict(job: JobRecord) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "spec": job.spec.model_dump(),
+        "state": str(job.state),
+        "submitted_at": job.submitted_at,
+        "state_since": job.state_since,
+        "generation": job.generation,
+        "layout": job.layout.to_dict() if job.layout else None,
+        "action": str(job.action),
+        "rendezvous": job.rendezvous,
+        "resume_step": job.resume_step,
+        "step": job.step,
+        "last_checkpoint_step": job.last_checkpoint_step,
+        "steps_lost": job.steps_lost,
+        "restarts": job.restarts,
+        "checkpoint_request": job.checkpoint_request,
+        "morph_started_at": job.morph_started_at,
+        "morph_cause": str(job.morph_cause) if job.morph_cause is not None else None,
+        "morph_detail": job.morph_detail,
+        "reason": job.reason,
+        "excluded_nodes": list(job.excluded_nodes),
+    }
+
+
+def job_from_dict(data: dict[str, Any]) -> JobRecord:
+    fields = dict(data)
+    fields["spec"] = JobSpec.model_validate(data["spec"])
+    fields["state"] = JobState(data["state"])
+    fields["action"] = Action(data["action"])
+    fields["layout"] = Layout.from_dict(data["layout"]) if data["layout"] else None
+    fields["morph_cause"] = MorphCause(data["morph_cause"]) if data["morph_cause"] else None
+    fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
+    return JobRecord(**fields)
+
+
+def generation_from_row(row: Row[Any]) -> GenerationRow:
+    r, cause = row, MorphCause(row.morph_cause)
+    return GenerationRow(r.job, r.generation, r.layout, r.resume_step, r.cause, r.morph_seconds, r.issued_at, cause)
+
+
+def event_from_row(row: Row[Any]) -> EventRow:
+    return EventRow(row.seq, row.at, row.kind, row.job, row.node, row.data)
+
+
+def change_data(change: Transition) -> dict[str, Any]:
+    """A state change as the data of its ``NodeStateChanged`` / ``JobStateChanged`` event."""
+    return {"from": change.source, "to": change.target, "cause": change.cause, "reason": change.reason}
+
+
+def event_row(at: float, kind: EventKind, job: str | None, node: str | None, data: dict[str, Any]) -> dict[str, Any]:
+    """An ``events`` row; ``data`` goes through JSON so it holds what reading it back gives."""
+    return {"at": at, "kind": str(kind), "job": job, "node": node, "data": json.loads(json.dumps(data))}

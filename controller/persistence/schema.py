@@ -1,0 +1,174 @@
+"""The state database's tables and the migrations that bring an older file up to them.
+
+``MIGRATIONS[i]`` takes a database at version i to version i + 1, one transaction each; a released
+migration is never edited, only appended to, so any older state directory still loads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    select,
+    text,
+)
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from controller.core.causes import MorphCause
+
+SCHEMA_VERSION = 3
+
+metadata = MetaData()
+meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("incarnation", Integer, nullable=False),
+    Column("state", String, nullable=False),
+    Column("data", JSON, nullable=False),
+)
+incarnations = Table(
+    "incarnations",
+    metadata,
+    Column("node", String, primary_key=True),
+    Column("incarnation", Integer, primary_key=True),
+    Column("registered_at", Float, nullable=False),
+)
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("state", String, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("data", JSON, nullable=False),
+)
+generations = Table(
+    "generations",
+    metadata,
+    Column("job", String, primary_key=True),
+    Column("generation", Integer, primary_key=True),
+    Column("layout", JSON, nullable=False),
+    Column("resume_step", Integer, nullable=False),
+    Column("cause", String, nullable=False),  # in words, as the API shows it
+    Column("morph_seconds", Float),
+    Column("issued_at", Float, nullable=False),
+    Column("morph_cause", String),  # a MorphCause value; added by _v3 (nullable, as SQLite adds columns)
+)
+assignments = Table(
+    "assignments",
+    metadata,
+    Column("job", String, primary_key=True),
+    Column("generation", Integer, primary_key=True),
+    Column("node", String, primary_key=True),
+    Column("ranks", JSON, nullable=False),
+)
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("job", String, primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("generation", Integer, nullable=False),
+    Column("committed_at", Float, nullable=False),
+)
+events = Table(
+    "events",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("kind", String, nullable=False),
+    Column("job", String),
+    Column("node", String),
+    Column("data", JSON, nullable=False),
+)
+
+
+class StoreError(RuntimeError):
+    """The state directory cannot be used (newer schema, unreadable file); the message says what to do."""
+
+
+def _v1(conn: Connection) -> None:
+    metadata.create_all(conn)
+
+
+def _v2(conn: Connection) -> None:
+    conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_job ON events (job, seq)"))
+
+
+# How morph causes were told apart while they were stored as words only (first match wins).
+LEGACY_CAUSE_WORDS = (
+    ("eviction", MorphCause.EVICTION),
+    ("node lost", MorphCause.NODE_LOST),
+    ("could not start", MorphCause.TRAINER_START_FAILED),
+    ("failed", MorphCause.TRAINER_FAILED),
+    ("grow", MorphCause.GROW),
+    ("admitted", MorphCause.ADMITTED),
+    ("resumed", MorphCause.RESUMED),
+)
+
+
+def legacy_morph_cause(detail: str) -> MorphCause:
+    """The cause of a morph stored before causes were, read from its words as metrics used to."""
+    lowered = detail.lower()
+    return next((cause for words, cause in LEGACY_CAUSE_WORDS if words in lowered), MorphCause.OTHER)
+
+
+def _v3(conn: Connection) -> None:
+    """Morph causes as a label beside their words: generations get a column, job rows a detail field."""
+    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(generations)"))}
+    if "morph_cause" not in columns:  # _v1 builds today's tables, so a database born at v3 has it
+        conn.execute(text("ALTER TABLE generations ADD COLUMN morph_cause VARCHAR"))
+    untagged = conn.execute(text("SELECT job, generation, cause FROM generations WHERE morph_cause IS NULL")).all()
+    if untagged:
+        conn.execute(
+            text("UPDATE generations SET morph_cause = :cause WHERE job = :job AND generation = :generation"),
+            [{"job": j, "generation": g, "cause": str(legacy_morph_cause(words))} for j, g, words in untagged],
+        )
+    for job_id, raw in conn.execute(text("SELECT id, data FROM jobs")).all():
+        data = json.loads(raw)
+        if "morph_detail" in data:
+            continue
+        words = data.get("morph_cause") or ""
+        data.update(morph_detail=words, morph_cause=str(legacy_morph_cause(words)) if words else None)
+        conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(data)})
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3)
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def version(conn: Connection) -> int:
+    if not conn.dialect.has_table(conn, "meta"):
+        return 0
+    value = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version")).scalar()
+    return int(value) if value is not None else 0
+
+
+def migrate(engine: Engine, migrations: Sequence[Callable[[Connection], None]] = MIGRATIONS) -> int:
+    """Bring the schema to the newest version, one transaction per step; refuse a newer database."""
+    with engine.begin() as conn:
+        current = version(conn)
+    if current > len(migrations):
+        raise StoreError(
+            f"the state database is at schema version {current}, newer than this controller's "
+            f"{len(migrations)}; upgrade spotmorph or point --state-dir elsewhere"
+        )
+    for step in range(current, len(migrations)):
+        with engine.begin() as conn:
+            migrations[step](conn)
+            conn.execute(
+                sqlite_insert(meta)
+                .values(key="schema_version", value=str(step + 1))
+                .on_conflict_do_update(index_elements=["key"], set_={"value": str(step + 1)})
+            )
+    return len(migrations)

@@ -1,0 +1,146 @@
+"""The one function that moves a node or a job, walked over every pair of states of both lifecycles."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.core.changes import JOB_ENTERING, NODE_ENTERING, Entering, amend, move
+from controller.core.lifecycle import (
+    JOB_TRANSITIONS,
+    NODE_TRANSITIONS,
+    IllegalTransition,
+    JobState,
+    NodeState,
+)
+from controller.core.records import Action, JobRecord, NodeRecord
+from tests.controller.helpers import REPO, job, node, planner
+
+NOW = 50.0
+LAYOUT = planner().plan([("node-1", 2)]).layout  # type: ignore[union-attr]
+# what a caller knows when it moves a record into each state (the fields an Entering requires)
+KNOWN: dict[str, Any] = {
+    "job": "j1",
+    "eviction_not_before": 80.0,
+    "generation": 3,
+    "layout": LAYOUT,
+    "action": Action.STOP,
+    "morph_cause": "eviction notice: node-1",
+}
+
+
+def _unchanged(before: NodeRecord | JobRecord, after: object, touched: set[str]) -> list[str]:
+    """Fields outside ``touched`` that differ between ``before`` and ``after``."""
+    names = [f.name for f in fields(before) if f.name not in touched]
+    return [name for name in names if getattr(before, name) != getattr(after, name)]
+
+
+def _check_entry(before: Any, after: Any, entry: Entering, passed: dict[str, Any], touched: set[str]) -> None:
+    assert after.state_since == NOW
+    assert all(getattr(after, name) == value for name, value in entry.sets.items())
+    assert all(getattr(after, name) == NOW for name in entry.stamps)
+    assert all(getattr(after, name) == passed[name] for name in entry.requires)
+    assert _unchanged(before, after, touched | set(entry.sets) | set(entry.stamps) | set(passed)) == []
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(NodeState, NodeState)))
+def test_every_node_edge_moves_and_every_other_pair_is_refused(source: NodeState, target: NodeState) -> None:
+    before = replace(node("node-1", source, job="j0", at=1.0), eviction_not_before=None)
+    entry = NODE_ENTERING[target]
+    passed = {name: KNOWN[name] for name in entry.requires}
+    if (source, target) not in NODE_TRANSITIONS:
+        with pytest.raises(IllegalTransition, match="not an edge"):
+            move(before, target, "because", NOW, **passed)
+        return
+    command = move(before, target, "because", NOW, **passed)
+    after, change = command.node, command.change
+    assert after.state is target and change is not None
+    assert (change.kind, change.subject, change.source, change.target) == ("node", "node-1", source, target)
+    assert (change.cause, change.reason, change.at) == (NODE_TRANSITIONS[(source, target)], "because", NOW)
+    _check_entry(before, after, entry, passed, {"state", "state_since"})
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(JobState, JobState)))
+def test_every_job_edge_moves_and_every_other_pair_is_refused(source: JobState, target: JobState) -> None:
+    before = job("j1", source, at=1.0, morph_started_at=2.0, action=Action.ABORT, reason="earlier")
+    entry = JOB_ENTERING[target]
+    passed = {name: KNOWN[name] for name in entry.requires}
+    if (source, target) not in JOB_TRANSITIONS:
+        with pytest.raises(IllegalTransition, match="not an edge"):
+            move(before, target, "because", NOW, **passed)
+        return
+    command = move(before, target, "because", NOW, **passed)
+    after, change = command.job, command.change
+    assert after.state is target and after.reason == "because" and change is not None
+    assert (change.kind, change.subject, change.source, change.target) == ("job", "j1", source, target)
+    assert (change.cause, change.at) == (JOB_TRANSITIONS[(source, target)], NOW)
+    _check_entry(before, after, entry, passed, {"state", "state_since", "reason"})
+
+
+def test_every_state_says_what_entering_it_does() -> None:
+    assert set(NODE_ENTERING) == set(NodeState) and set(JOB_ENTERING) == set(JobState)
+    node_fields = {f.name for f in fields(NodeRecord)}
+    job_fields = {f.name for f in fields(JobRecord)}
+    for entries, known in ((NODE_ENTERING, node_fields), (JOB_ENTERING, job_fields)):
+        for entry in entries.values():
+            assert {*entry.sets, *entry.stamps, *entry.requires} <= known
+
+
+def test_gone_and_ready_nodes_hold_no_job_and_running_jobs_run() -> None:
+    assert move(node("n", NodeState.LOST, job="j"), NodeState.GONE, "gone", NOW).node.job is None
+    assert move(node("n", NodeState.ASSIGNED, job="j"), NodeState.READY, "freed", NOW).node.job is None
+    assert move(node("n", NodeState.READY, job="j"), NodeState.LOST, "silent", NOW).node.job == "j"
+    running = move(
+        job("j", JobState.MORPHING, action=Action.STOP, morph_started_at=3.0),
+        JobState.RUNNING,
+        "gen 2",
+        NOW,
+        generation=2,
+        layout=LAYOUT,
+    ).job
+    assert (running.action, running.morph_started_at, running.state_since) == (Action.RUN, None, NOW)
+
+
+def test_a_move_refuses_missing_and_table_owned_fields() -> None:
+    with pytest.raises(IllegalTransition, match="needs job"):
+        move(node("n"), NodeState.ASSIGNED, "placed", NOW)
+    with pytest.raises(IllegalTransition, match="sets job itself"):
+        move(node("n", NodeState.ASSIGNED, job="j"), NodeState.READY, "freed", NOW, job="other")
+    with pytest.raises(IllegalTransition, match="only a move sets state_since"):
+        move(node("n"), NodeState.LOST, "silent", NOW, state_since=0.0)
+
+
+def test_amend_changes_other_fields_but_never_the_state() -> None:
+    assert amend(node("n", NodeState.DRAINING, job="j"), job=None).node.job is None
+    assert amend(job("j"), step=7).job.step == 7 and amend(job("j"), step=7).change is None
+    for managed in ("state", "state_since"):
+        with pytest.raises(IllegalTransition, match="only a move"):
+            amend(node("n"), **{managed: NodeState.GONE})
+    with pytest.raises(IllegalTransition, match="only a move sets reason"):
+        amend(job("j"), reason="sneaky")
+
+
+def _state_writes(path: Path) -> list[int]:
+    """Lines of ``path`` that build a record with a new ``state`` by ``replace(..., state=...)``."""
+    tree = ast.parse(path.read_text())
+    return [
+        call.lineno
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "id", getattr(call.func, "attr", "")) == "replace"
+        and any(k.arg == "state" for k in call.keywords)
+    ]
+
+
+def test_nothing_but_changes_writes_a_state() -> None:
+    offenders = {
+        str(path.relative_to(REPO)): lines
+        for path in (REPO / "controller").rglob("*.py")
+        if path.name != "changes.py" and (lines := _state_writes(path))
+    }
+    assert offenders == {}
