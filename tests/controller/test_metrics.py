@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.app.daemon import Controller, ControllerSettings
+from controller.app.daemon import Controller
+from controller.app.settings import ControllerSettings
 from controller.client import connection as client
 from controller.observability.metrics import cause_category, provider_error
 from protos.spotmorph.v1 import controller_pb2 as pb
