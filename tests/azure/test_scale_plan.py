@@ -9,6 +9,7 @@ from controller.providers import azure_scale as scale
 from controller.providers.azure_scale import Backoff, Failure, Instance, ScaleOut, ScalePlan, plan_scale
 
 NOW = 1000.0
+READY = Backoff()  # nothing to wait for
 
 
 def running(*names: str) -> list[Instance]:
@@ -26,7 +27,7 @@ def plan(
     *,
     delete_busy: bool = False,
     pending: frozenset[str] = frozenset(),
-    backoff: Backoff = Backoff(),
+    backoff: Backoff = READY,
 ) -> ScalePlan:
     return plan_scale(listed, desired, busy, delete_busy=delete_busy, pending=pending, now=NOW, backoff=backoff)
 
