@@ -37,8 +37,8 @@ class Recorder:
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[tuple[LocalProcessProvider, Recorder]]:
     port = Recorder()
-    provider = LocalProcessProvider(tmp_path, "127.0.0.1:1", tmp_path / "agent.token", 2, command=SLEEPER, max_nodes=3)
-    provider.port = port
+    token = tmp_path / "agent.token"
+    provider = LocalProcessProvider(tmp_path, "127.0.0.1:1", token, 2, command=SLEEPER, max_nodes=3, port=port)
     try:
         yield provider, port
     finally:
