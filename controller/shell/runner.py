@@ -189,7 +189,7 @@ class Runner:
         now = self.clock.now()
         commands = self._provider_events()
         commands += reconcile(self.world, now, self.config, planners)
-        decided = apply(self.world, commands)
+        decided = apply(self.world, commands) if commands else self.world
         ask = capacity.next_ask(decided, now, self.capacity_ask, self.settings.capacity_retry_seconds)
         self.commit([*commands, ask] if ask else commands)
         self._decided = max(self._decided, included)
@@ -200,9 +200,9 @@ class Runner:
     async def _release(self, command: ReleaseInstance) -> None:
         try:
             await self.provider.release(command.node)
-        except Exception as exc:  # a provider error is an event, never an exception lost in a task
+        except Exception as exc:  # an event (counted in spotmorph_provider_errors_total), never lost in a task
             log.warning("releasing %s failed: %s", command.node, exc)
-            self.inbox.report("InstanceReleaseFailed", {"node": command.node, "error": str(exc)})
+            self.inbox.report("ProviderReleaseFailed", {"node": command.node, "error": str(exc)})
 
     async def _request_capacity(self, command: RequestCapacity) -> None:
         """Ask the provider; the outcome is logged and tells the next decision whether to ask again."""
@@ -217,7 +217,7 @@ class Runner:
             now = self.clock.now()
             if self.capacity_ask is not None and self.capacity_ask.slots == command.slots:
                 self.capacity_ask = replace(self.capacity_ask, at=now, failed=failed)
-            kind = "CapacityRequestFailed" if failed else "CapacityRequested"
+            kind = "ProviderCapacityRequestFailed" if failed else "CapacityRequested"
             self.commit([RecordEvent(kind, now, None, None, data)])
 
     async def decide(self, make: Callable[[World, float], list[Command]]) -> None:

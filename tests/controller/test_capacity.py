@@ -107,7 +107,7 @@ def test_a_refused_request_is_an_event_and_asked_again_after_the_retry_time(tmp_
     async def scenario(runner: Runner, clock: Clock, store: Store) -> None:
         await runner.submit(spec(min_gpus=2, profile=str(write_profile(tmp_path))))
         await runner.settle()
-        assert kinds(store).count("CapacityRequestFailed") == 1
+        assert kinds(store).count("ProviderCapacityRequestFailed") == 1
         clock.at += runner.settings.capacity_retry_seconds - 1
         await runner.tick()
         await runner.settle()
