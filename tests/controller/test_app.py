@@ -83,7 +83,7 @@ def daemons(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def _start(state: Path, log: Path, started: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """A real controller, returned once it wrote its address (the last step of its start)."""
+    """A real controller, returned once it wrote its address (it serves from then on)."""
     with log.open("ab") as out:
         process = subprocess.Popen(_command(state), stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     started.append(process)
