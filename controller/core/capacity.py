@@ -1,10 +1,11 @@
 """How much capacity to ask the provider for, and when to ask again: pure, like reconcile.
 
 The controller asks for a level, not an increment: the slots its jobs hold (busy nodes) plus the
-``min_gpus`` of every queued job. Free nodes are not added, so a queued job that fits on them asks
-for nothing new; and because the level counts busy nodes, a provider that keeps its set at the level
-never scales in a node that runs a job. The provider turns slots into instances and applies its own
-floor and ceiling (Azure: ``target_capacity``, ``max_capacity``).
+``min_gpus`` of every queued job, or the free slots when those are more (while jobs wait, the free
+nodes they may be admitted onto are wanted, not scaled in under them). Because the level counts busy
+nodes, a provider that keeps its set at the level never scales in a node that runs a job. The
+provider turns slots into instances and applies its own floor and ceiling (Azure: ``target_capacity``,
+``max_capacity``).
 
 The runner remembers its last ask; it asks again when the level changes, or after a failed ask once
 ``retry_seconds`` have passed, never on every tick.
@@ -27,11 +28,14 @@ def busy_nodes(nodes: Mapping[str, NodeRecord]) -> frozenset[str]:
 
 
 def wanted_slots(world: World) -> int:
-    """Slots held by jobs plus the minimum every queued job needs to start."""
+    """Slots held by jobs, plus what queued jobs need to start (at least the free slots while they wait)."""
     busy = busy_nodes(world.nodes)
     held = sum(world.nodes[name].slots for name in busy)
     queued = sum(job.spec.min_gpus for job in world.jobs.values() if job.state is JobState.QUEUED)
-    return held + queued
+    if not queued:
+        return held
+    free = sum(n.slots for n in world.nodes.values() if n.state is NodeState.READY and n.job is None)
+    return held + max(queued, free)
 
 
 @dataclass(frozen=True)

@@ -33,17 +33,18 @@ class Clock:
 
 
 def test_the_wanted_level_is_busy_slots_plus_what_queued_jobs_need() -> None:
-    world = World(
-        nodes={
-            "a": node("a", N.ASSIGNED, slots=2, job="run"),
-            "b": node("b", N.DRAINING, slots=1, job="run"),
-            "c": node("c", N.READY, slots=4),  # free: serves queued jobs, asks for nothing
-            "d": node("d", N.LOST, slots=8, job="run"),  # its VM is likely dead
-        },
-        jobs={"run": job("run", J.RUNNING), "q1": job("q1"), "q2": job("q2"), "done": job("done", J.SUCCEEDED)},
-    )
-    assert capacity.busy_nodes(world.nodes) == {"a", "b"}
-    assert capacity.wanted_slots(world) == 2 + 1 + 2 * 1
+    nodes = {
+        "a": node("a", N.ASSIGNED, slots=2, job="run"),
+        "b": node("b", N.DRAINING, slots=1, job="run"),
+        "d": node("d", N.LOST, slots=8, job="run"),  # its VM is likely dead
+        "e": node("e", N.JOINING, slots=16),  # not free yet
+    }
+    jobs = {"run": job("run", J.RUNNING), "q1": job("q1"), "q2": job("q2"), "done": job("done", J.SUCCEEDED)}
+    assert capacity.busy_nodes(nodes) == {"a", "b"}
+    assert capacity.wanted_slots(World(nodes, jobs)) == 2 + 1 + 2 * 1
+    free = {**nodes, "c": node("c", N.READY, slots=4)}
+    assert capacity.wanted_slots(World(free, jobs)) == 2 + 1 + 4  # the free node is kept for them
+    assert capacity.wanted_slots(World(free, {"run": jobs["run"]})) == 2 + 1  # nobody waits: it may go
 
 
 def test_a_level_is_asked_once_and_again_only_when_it_changes_or_a_refusal_is_old_enough() -> None:
