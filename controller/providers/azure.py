@@ -256,7 +256,9 @@ class AzureScaleSetProvider:
         if plan.scale_out is not None:
             await self._run(scale.SCALE, self._scale_out(plan.scale_out))
         if plan.deferred:
-            self._event("AzureScaleInDeferred", message=f"{plan.deferred} instance(s) above target run jobs")
+            self._event(
+                "AzureScaleInDeferred", message=f"{plan.deferred} instance(s) above the desired {desired} run jobs"
+            )
         if plan.scale_in:
             await self._run(scale.SCALE, self._delete(list(plan.scale_in), f"scale in to {desired}"))
 
