@@ -65,4 +65,11 @@ class ReleaseInstance:
     node: str
 
 
-Command = SetNode | SetJob | StartGeneration | RecordCheckpoint | RecordEvent | ReleaseInstance
+@dataclass(frozen=True)
+class RequestCapacity:
+    """Tell the provider how many slots the controller wants in all (a level; a side effect, after persisting)."""
+
+    slots: int
+
+
+Command = SetNode | SetJob | StartGeneration | RecordCheckpoint | RecordEvent | ReleaseInstance | RequestCapacity

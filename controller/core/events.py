@@ -14,12 +14,19 @@ class EventKind(StrEnum):
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
     EVICTION_NOTICED = "EvictionNoticed"
     TRAINER_START_FAILED = "TrainerStartFailed"
+    # any provider: what the controller asked of it and what came of it
+    CAPACITY_REQUESTED = "CapacityRequested"
+    PROVIDER_CAPACITY_REQUEST_FAILED = "ProviderCapacityRequestFailed"
+    PROVIDER_RELEASE_FAILED = "ProviderReleaseFailed"
+    # the local process provider
+    LOCAL_VMS_STARTED = "LocalVmsStarted"
     # the Azure scale-set provider: what it did
     AZURE_SCALE_OUT = "AzureScaleOut"
     AZURE_SCALE_OUT_DONE = "AzureScaleOutDone"
     AZURE_DELETE_INSTANCES = "AzureDeleteInstances"
     # ... and what it could not do
     AZURE_SCALE_IN_DEFERRED = "AzureScaleInDeferred"
+    AZURE_CAPACITY_LIMITED = "AzureCapacityLimited"
     AZURE_RELEASE_REFUSED = "AzureReleaseRefused"
     AZURE_THROTTLED = "AzureThrottled"
     AZURE_CAPACITY_UNAVAILABLE = "AzureCapacityUnavailable"

@@ -9,9 +9,11 @@ What it does on each poll (the controller's provider timer), with one list call 
 - instances are matched to agents by VM name (cloud-init starts the agent with ``--name`` = the VM name);
   evicted ones (deallocated, stopped, being deleted) are not listed, so their nodes become GONE even when
   the agent never reported a notice;
-- evicted instances still in the set (Deallocate policy) are deleted; then the set is scaled back to the
-  target capacity; above it, idle instances are deleted (never one whose node runs a job, unless the
-  operator set ``delete_busy_nodes`` or calls ``release(name, force=True)``);
+- evicted instances still in the set (Deallocate policy) are deleted; then the set is scaled to the
+  desired capacity (``target_capacity``, raised by what the controller asks for up to ``max_capacity``);
+  above it, idle instances are deleted (never one whose node runs a job, unless the operator set
+  ``delete_busy_nodes`` or calls ``release(name, force=True)``). What to do is decided by the pure
+  functions of :mod:`controller.providers.azure_scale`; this module is the SDK shell around them;
 - capacity errors (AllocationFailed, SkuNotAvailable, quota) back off exponentially; throttling (429)
   waits for Retry-After (after the SDK's own retries, which honour it too); a conflict (another
   operation on the set) retries on the next poll. Every error becomes one event, never an exception
@@ -24,9 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Coroutine
+from typing import Any
 
 from azure.core.exceptions import (
     AzureError,
@@ -39,12 +40,13 @@ from azure.mgmt.compute import models
 from azure.mgmt.compute.aio import ComputeManagementClient
 
 from controller.core.events import EventKind
+from controller.providers import azure_scale as scale
 from controller.providers.azure_config import AzureSettings
+from controller.providers.azure_scale import Failure, Instance
+from controller.providers.base import CannotList, Clock, ProviderPort, SilentPort, instances_for
 
 log = logging.getLogger("spotmorph.controller.azure")
 
-Emit = Callable[[EventKind, dict[str, Any]], None]
-Busy = Callable[[str], bool]
 CAPACITY_CODES = frozenset(
     {
         "AllocationFailed",
@@ -57,38 +59,11 @@ CAPACITY_CODES = frozenset(
         "SpotCapacityNotAvailable",
     }
 )
-GONE_POWER = frozenset({"deallocated", "deallocating", "stopped", "stopping"})
+INFO_EVENTS = frozenset({EventKind.AZURE_SCALE_OUT, EventKind.AZURE_SCALE_OUT_DONE, EventKind.AZURE_DELETE_INSTANCES})
 
 
-class ProviderUnavailable(NotImplementedError):
-    """No instance list this time (Azure unreachable, throttled, ...): the runner skips the poll.
-
-    A subclass of NotImplementedError because that is how the runner already recognises a provider
-    without a list; a stale list would mark nodes that joined since then as gone.
-    """
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-
-@dataclass(frozen=True)
-class Instance:
-    name: str  # the VM name, which is the node name its agent registers under
-    instance_id: str  # what delete_instances takes (Uniform: "3"; Flexible: the VM name)
-    provisioning: str
-    power: str
-
-    @property
-    def evicted(self) -> bool:
-        return self.power in GONE_POWER or self.provisioning.lower() == "deleting"
-
-
-@dataclass(frozen=True)
-class Failure:
-    kind: EventKind  # AZURE_THROTTLED, AZURE_CAPACITY_UNAVAILABLE, ...
-    message: str
-    retry_after: float | None = None
+class ProviderUnavailable(CannotList):
+    """No instance list this time (Azure unreachable, throttled, ...): the runner skips the poll."""
 
 
 def describe(exc: BaseException) -> Failure:
@@ -99,9 +74,9 @@ def describe(exc: BaseException) -> Failure:
         status, code = exc.status_code, _code(exc)
         if status == 429:
             after = _retry_after(exc)
-            return Failure(EventKind.AZURE_THROTTLED, f"throttled (429), retry after {after:g} s", after)
+            return Failure(scale.THROTTLED, f"throttled (429), retry after {after:g} s", after)
         if code in CAPACITY_CODES:
-            return Failure(EventKind.AZURE_CAPACITY_UNAVAILABLE, f"{code}: {_short(exc)}")
+            return Failure(scale.CAPACITY_UNAVAILABLE, f"{code}: {_short(exc)}")
         if status == 409:
             return Failure(EventKind.AZURE_CONFLICT, f"conflict (another operation on the scale set?): {_short(exc)}")
         if isinstance(exc, ResourceNotFoundError) or status == 404:
@@ -139,9 +114,9 @@ def _retry_after(exc: HttpResponseError) -> float:
     response: Any = exc.response
     value = response.headers.get("Retry-After") if response is not None else None
     try:
-        return max(1.0, float(value)) if value is not None else 30.0
+        return max(1.0, float(value)) if value is not None else scale.DEFAULT_RETRY_AFTER_SECONDS
     except ValueError:
-        return 30.0
+        return scale.DEFAULT_RETRY_AFTER_SECONDS
 
 
 def make_credential(settings: AzureSettings) -> Any:
@@ -159,16 +134,14 @@ class AzureScaleSetProvider:
         self,
         settings: AzureSettings,
         clock: Clock,
+        port: ProviderPort | None = None,
         *,
         credential: Any | None = None,
-        emit: Emit | None = None,
-        busy: Busy | None = None,
         **client_options: Any,  # tests: transport=..., polling_interval=0
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.emit: Emit = emit or (lambda kind, data: None)
-        self.busy: Busy = busy or (lambda name: False)
+        self.port: ProviderPort = port or SilentPort()
         self.credential = credential if credential is not None else make_credential(settings)
         self.client = ComputeManagementClient(
             self.credential,
@@ -179,17 +152,23 @@ class AzureScaleSetProvider:
             **client_options,
         )
         self.instances: dict[str, Instance] = {}  # the last list, by VM name
-        self.not_before = 0.0  # no call that changes the set before this time (capacity backoff)
-        self.throttled_until = 0.0  # no call at all before this time (429 Retry-After)
-        self.backoff = 0.0
+        self.wanted_slots = 0  # the controller's last request_capacity
+        self.backoff = scale.Backoff()
         self.pending: dict[str, asyncio.Task[None]] = {}  # "scale", "clean", "release:NAME"
         self._failing: dict[str, str] = {}  # failure kind -> its message, until an operation succeeds
+
+    @property
+    def desired(self) -> int:
+        """The capacity the set is scaled to: the operator's floor, raised by the controller's ask."""
+        s = self.settings
+        wanted = instances_for(self.wanted_slots, s.slots_per_instance)
+        return scale.desired_capacity(s.target_capacity, s.max_capacity, wanted)
 
     # -- the Provider protocol
 
     async def list_instances(self) -> frozenset[str]:
-        if self.clock.now() < self.throttled_until:  # Retry-After: not even a read before then
-            raise ProviderUnavailable(f"throttled until {self.throttled_until:.0f}")
+        if not self.backoff.may_read(self.clock.now()):  # Retry-After: not even a read before then
+            raise ProviderUnavailable(f"throttled until {self.backoff.throttled_until:.0f}")
         try:
             listed = await self._list()
         except Exception as exc:  # every Azure error is an event, never an exception out of a timer
@@ -199,13 +178,18 @@ class AzureScaleSetProvider:
         await self._maintain(listed)
         return frozenset(i.name for i in listed if not i.evicted)
 
-    async def request_capacity(self, count: int) -> None:
-        """Raise the target by ``count``; the next poll scales out (the controller decides when)."""
-        self.settings = self.settings.model_copy(update={"target_capacity": self.settings.target_capacity + count})
+    async def request_capacity(self, slots: int) -> None:
+        """Aim the set at the controller's level (within target and max); the next poll scales it."""
+        self.wanted_slots = slots
+        s = self.settings
+        wanted = instances_for(slots, s.slots_per_instance)
+        if wanted > self.desired:
+            message = f"{wanted} VM(s) wanted, at most {self.desired} (max_capacity)"
+            self._event(EventKind.AZURE_CAPACITY_LIMITED, message=message, wanted=wanted, capacity=self.desired)
 
     async def release(self, name: str, *, force: bool = False) -> None:
         """Delete the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
-        if self.busy(name) and not (force or self.settings.delete_busy_nodes):
+        if not scale.may_delete(self.port.busy(name), delete_busy=self.settings.delete_busy_nodes, force=force):
             self._event(
                 EventKind.AZURE_RELEASE_REFUSED, node=name, message="the node runs a job; operator override needed"
             )
@@ -226,14 +210,16 @@ class AzureScaleSetProvider:
 
     def status(self) -> dict[str, Any]:
         alive = [i for i in self.instances.values() if not i.evicted]
+        now = self.clock.now()
         return {
             "scale_set": self.settings.scale_set,
             "target_capacity": self.settings.target_capacity,
+            "desired_capacity": self.desired,
             "instances": len(alive),
             "evicted": len(self.instances) - len(alive),
             "pending": sorted(self.pending),
-            "backoff_until": self.not_before if self.clock.now() < self.not_before else None,
-            "throttled_until": self.throttled_until if self.clock.now() < self.throttled_until else None,
+            "backoff_until": self.backoff.not_before if now < self.backoff.not_before else None,
+            "throttled_until": self.backoff.throttled_until if now < self.backoff.throttled_until else None,
         }
 
     # -- Azure calls
@@ -258,33 +244,37 @@ class AzureScaleSetProvider:
         return found
 
     async def _maintain(self, listed: list[Instance]) -> None:
-        """Start what the set needs (cleanup, scale-out, scale-in); each runs as a background task."""
-        if self.clock.now() < max(self.not_before, self.throttled_until):
-            return
-        s = self.settings
-        evicted = [i for i in listed if i.evicted and i.provisioning.lower() != "deleting"]
-        alive = [i for i in listed if not i.evicted]
-        if evicted and "clean" not in self.pending:
-            await self._run("clean", self._delete(evicted, "remove evicted instances"))
-        if len(alive) < s.target_capacity and "scale" not in self.pending:
-            await self._run("scale", self._scale_out(len(alive), len(listed) - len(alive)))
-        elif len(alive) > s.target_capacity and "scale" not in self.pending:
-            extra = len(alive) - s.target_capacity
-            idle = [i for i in reversed(alive) if s.delete_busy_nodes or not self.busy(i.name)][:extra]
-            if len(idle) < extra:
-                self._event(
-                    EventKind.AZURE_SCALE_IN_DEFERRED, message=f"{extra - len(idle)} instance(s) above target run jobs"
-                )
-            if idle:
-                await self._run("scale", self._delete(idle, f"scale in to {s.target_capacity}"))
+        """Start what the plan says (cleanup, scale-out, scale-in); each runs as a background task."""
+        busy = frozenset(i.name for i in listed if self.port.busy(i.name))
+        desired = self.desired
+        plan = scale.plan_scale(
+            listed,
+            desired,
+            busy,
+            delete_busy=self.settings.delete_busy_nodes,
+            pending=self.pending.keys(),
+            now=self.clock.now(),
+            backoff=self.backoff,
+        )
+        if plan.clean:
+            await self._run(scale.CLEAN, self._delete(list(plan.clean), "remove evicted instances"))
+        if plan.scale_out is not None:
+            await self._run(scale.SCALE, self._scale_out(plan.scale_out))
+        if plan.deferred:
+            self._event(
+                EventKind.AZURE_SCALE_IN_DEFERRED,
+                message=f"{plan.deferred} instance(s) above the desired {desired} run jobs",
+            )
+        if plan.scale_in:
+            await self._run(scale.SCALE, self._delete(list(plan.scale_in), f"scale in to {desired}"))
 
-    async def _scale_out(self, alive: int, dying: int) -> None:
+    async def _scale_out(self, out: scale.ScaleOut) -> None:
         s = self.settings
         scale_set = await self.client.virtual_machine_scale_sets.get(s.resource_group, s.scale_set)
         current = scale_set.sku.capacity if scale_set.sku is not None and scale_set.sku.capacity is not None else 0
-        wanted = s.target_capacity + dying  # instances on their way out still count until they are gone
-        if current >= wanted:
-            return  # already asked for (by us before a restart, or by an operation still running)
+        wanted = scale.capacity_to_set(current, self.desired, out.dying)
+        if wanted is None:
+            return
         update = models.VirtualMachineScaleSetUpdate(sku=models.Sku(capacity=wanted))
         profile = scale_set.properties.virtual_machine_profile if scale_set.properties else None
         price = profile.billing_profile.max_price if profile and profile.billing_profile else None
@@ -292,9 +282,8 @@ class AzureScaleSetProvider:
             billing = models.BillingProfile(max_price=s.max_price)
             vm_profile = models.VirtualMachineScaleSetUpdateVMProfile(billing_profile=billing)
             update.properties = models.VirtualMachineScaleSetUpdateProperties(virtual_machine_profile=vm_profile)
-        self._event(
-            EventKind.AZURE_SCALE_OUT, message=f"capacity {current} -> {wanted} ({alive} running)", capacity=wanted
-        )
+        message = f"capacity {current} -> {wanted} ({out.running} running)"
+        self._event(EventKind.AZURE_SCALE_OUT, message=message, capacity=wanted)
         poller = await self.client.virtual_machine_scale_sets.begin_update(s.resource_group, s.scale_set, update)
         await poller.result()
         self._event(EventKind.AZURE_SCALE_OUT_DONE, message=f"capacity {wanted}", capacity=wanted)
@@ -323,7 +312,7 @@ class AzureScaleSetProvider:
             except Exception as exc:
                 self._failed(key.split(":")[0], exc)
             else:
-                self.backoff = 0.0
+                self.backoff = scale.after_success(self.backoff)
                 self._failing.clear()
             finally:
                 self.pending.pop(key, None)
@@ -334,29 +323,19 @@ class AzureScaleSetProvider:
     def _failed(self, what: str, exc: BaseException) -> None:
         failure = describe(exc)
         now = self.clock.now()
-        if failure.kind == EventKind.AZURE_THROTTLED:
-            self.throttled_until = now + (failure.retry_after or 30.0)
-        elif failure.kind == EventKind.AZURE_CAPACITY_UNAVAILABLE:
-            s = self.settings
-            self.backoff = min(s.max_backoff_seconds, max(s.backoff_seconds, self.backoff * 2))
-            self.not_before = now + self.backoff
-        retry_at = max(self.not_before, self.throttled_until)
+        s = self.settings
+        self.backoff = scale.after_failure(self.backoff, failure, now, s.backoff_seconds, s.max_backoff_seconds)
         if self._failing.get(failure.kind) == failure.message:
             log.warning("%s (again): %s", failure.kind, failure.message)
             return  # the same failure on every poll is one event, not one a poll
         self._failing[failure.kind] = failure.message
-        retry = retry_at if retry_at > now else None
-        self._event(failure.kind, operation=what, message=failure.message, retry_at=retry)
+        self._event(failure.kind, operation=what, message=failure.message, retry_at=self.backoff.retry_at(now))
 
     def _event(self, kind: EventKind, **data: Any) -> None:
         message = str(data.get("message", ""))
-        level = (
-            logging.INFO
-            if kind in {EventKind.AZURE_SCALE_OUT, EventKind.AZURE_SCALE_OUT_DONE, EventKind.AZURE_DELETE_INSTANCES}
-            else logging.WARN
-        )
-        log.log(level, "%s: %s", kind, message)
-        self.emit(kind, {"scale_set": self.settings.scale_set, **{k: v for k, v in data.items() if v is not None}})
+        log.log(logging.INFO if kind in INFO_EVENTS else logging.WARN, "%s: %s", kind, message)
+        present = {k: v for k, v in data.items() if v is not None}
+        self.port.report(kind, {"scale_set": self.settings.scale_set, **present})
 
 
 def _instance(name: str | None, instance_id: str | None, properties: Any) -> Instance:

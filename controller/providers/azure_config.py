@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 # Azure: resource group names 1-90 chars of letters, digits, '_', '-', '.', '(' and ')', not ending in
@@ -24,7 +24,11 @@ class AzureSettings(BaseModel):
     subscription_id: str
     resource_group: str
     scale_set: str
-    target_capacity: int = Field(ge=0, le=1000)  # VMs the provider keeps in the scale set
+    target_capacity: int = Field(ge=0, le=1000)  # VMs the provider keeps in the scale set (its floor)
+    # Ceiling when the controller asks for more (busy nodes plus queued jobs' min_gpus); None: target_capacity,
+    # i.e. the set never grows past the floor on demand.
+    max_capacity: int | None = Field(default=None, ge=0, le=1000)
+    slots_per_instance: int = Field(default=1, ge=1, le=64)  # GPUs per VM: the agents' --slots (cloud-init)
     # USD per VM-hour a Spot VM may cost; -1: up to the pay-as-you-go price (evicted for capacity only).
     max_price: float = -1.0
     orchestration_mode: Literal["Uniform", "Flexible"] = "Flexible"
@@ -39,6 +43,12 @@ class AzureSettings(BaseModel):
     max_backoff_seconds: float = Field(default=900.0, gt=0)
     retries: int = Field(default=3, ge=0, le=10)  # SDK retries (they honour Retry-After) per call
     arm_endpoint: str = "https://management.azure.com"  # sovereign clouds have their own
+
+    @model_validator(mode="after")
+    def _capacity_range(self) -> AzureSettings:
+        if self.max_capacity is not None and self.max_capacity < self.target_capacity:
+            raise ValueError(f"max_capacity {self.max_capacity} < target_capacity {self.target_capacity}")
+        return self
 
     @field_validator("subscription_id")
     @classmethod

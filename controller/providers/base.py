@@ -1,26 +1,111 @@
-"""Where VMs come from: one interface for every provider, and a fake for tests.
+"""Where VMs come from: one interface for every provider, the port they report through, and fakes.
 
-The local-process provider arrives with the worker agent, Azure scale sets with their own issue.
-Instance ids are node names for now: an agent registers under the name its provider gave it.
+Instance ids are node names: an agent registers under the name its provider gave it. A provider never
+reaches into the runner: it reports what it did (and what went wrong) through a :class:`ProviderPort`,
+whose events the runner drains under its lock into the event log, and asks the same port whether a
+node runs a job, answered from a snapshot the runner publishes after every commit.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from controller.core.events import EventKind
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class CannotList(Exception):
+    """No instance list this time (a static cluster never has one; Azure unreachable or throttled).
+
+    The runner then skips the poll: a stale or missing list would make nodes that exist look GONE.
+    """
 
 
 class Provider(Protocol):
     async def list_instances(self) -> frozenset[str]:
-        """Names of the instances that exist now (a node missing here is GONE)."""
+        """Names of the instances that exist now (a node missing here is GONE); raises CannotList."""
         ...
 
-    async def request_capacity(self, count: int) -> None:
-        """Ask for ``count`` more instances; they show up later by registering."""
+    async def request_capacity(self, slots: int) -> None:
+        """The controller wants ``slots`` slots (GPUs) in all: those its jobs hold plus what queued jobs need.
+
+        A level, not an increment, so asking twice for the same number changes nothing and a restarted
+        controller simply asks again. The provider may keep more (its own floor) or give fewer (its
+        ceiling); new instances show up later by registering.
+        """
         ...
 
     async def release(self, name: str) -> None:
         """Give back an instance the controller no longer needs (gone, lost)."""
         ...
+
+    async def close(self) -> None:
+        """Stop background work and close connections; the controller is shutting down."""
+        ...
+
+
+def instances_for(slots: int, slots_per_instance: int) -> int:
+    """Instances of ``slots_per_instance`` slots each that give at least ``slots`` slots."""
+    return math.ceil(max(0, slots) / slots_per_instance)
+
+
+@dataclass(frozen=True)
+class ProviderEvent:
+    """Something a provider did or ran into, for the event log (``AzureScaleOut``, ``AzureThrottled``, ...)."""
+
+    kind: EventKind
+    at: float
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ProviderPort(Protocol):
+    """All a provider may ask of the controller: record an event, and whether a node runs a job."""
+
+    def report(self, kind: EventKind, data: Mapping[str, Any]) -> None: ...
+
+    def busy(self, name: str) -> bool: ...
+
+
+class SilentPort:
+    """The port of a provider nobody listens to (the ``spotmorph local`` commands, one-off tools)."""
+
+    def report(self, kind: EventKind, data: Mapping[str, Any]) -> None:
+        return None
+
+    def busy(self, name: str) -> bool:
+        return False
+
+
+class ProviderInbox:
+    """The :class:`ProviderPort` the runner owns: events wait here until it drains them under its lock.
+
+    Reports are stamped when they happen (not when drained), and ``busy`` answers from the frozen set
+    the runner last published, so a provider's background task never sees a half-applied decision.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._events: list[ProviderEvent] = []
+        self._busy: frozenset[str] = frozenset()
+
+    def report(self, kind: EventKind, data: Mapping[str, Any]) -> None:
+        self._events.append(ProviderEvent(kind, self.clock.now(), dict(data)))
+
+    def busy(self, name: str) -> bool:
+        return name in self._busy
+
+    def publish_busy(self, names: frozenset[str]) -> None:
+        self._busy = names
+
+    def drain(self) -> list[ProviderEvent]:
+        events, self._events = self._events, []
+        return events
 
 
 class StaticProvider:
@@ -30,29 +115,39 @@ class StaticProvider:
         self.released: list[str] = []
 
     async def list_instances(self) -> frozenset[str]:
-        raise NotImplementedError("a static cluster has no instance list")
+        raise CannotList("a static cluster has no instance list")
 
-    async def request_capacity(self, count: int) -> None:
-        return None
+    async def request_capacity(self, slots: int) -> None:
+        return None  # nobody to ask: the operator adds nodes
 
     async def release(self, name: str) -> None:
         self.released.append(name)
+
+    async def close(self) -> None:
+        return None
 
 
 class FakeProvider:
     """An in-memory provider for tests: instances are added and removed by the test."""
 
-    def __init__(self, instances: frozenset[str] = frozenset()) -> None:
+    def __init__(self, instances: frozenset[str] = frozenset(), *, fail_requests: bool = False) -> None:
         self.instances = set(instances)
-        self.requested = 0
+        self.requested: list[int] = []  # every level asked for, in order
         self.released: list[str] = []
+        self.fail_requests = fail_requests
+        self.closed = False
 
     async def list_instances(self) -> frozenset[str]:
         return frozenset(self.instances)
 
-    async def request_capacity(self, count: int) -> None:
-        self.requested += count
+    async def request_capacity(self, slots: int) -> None:
+        self.requested.append(slots)
+        if self.fail_requests:
+            raise RuntimeError(f"cannot provide {slots} slots")
 
     async def release(self, name: str) -> None:
         self.released.append(name)
         self.instances.discard(name)
+
+    async def close(self) -> None:
+        self.closed = True

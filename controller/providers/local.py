@@ -19,6 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.core.events import EventKind
+from controller.providers.base import ProviderPort, SilentPort, instances_for
+
 
 @dataclass(frozen=True)
 class LocalVm:
@@ -67,6 +70,9 @@ class LocalProcessProvider:
         slots: int = 1,
         imds_url: str | None = None,
         command: Sequence[str] = (sys.executable, "-m", "spotmorph.cli", "agent"),
+        *,
+        max_nodes: int = 0,
+        port: ProviderPort | None = None,
     ) -> None:
         self.cluster_dir = cluster_dir
         self.controller = controller
@@ -74,6 +80,8 @@ class LocalProcessProvider:
         self.slots = slots
         self.imds_url = imds_url
         self.command = tuple(command)
+        self.max_nodes = max_nodes  # request_capacity starts agents up to this many alive VMs (0: never)
+        self.port: ProviderPort = port or SilentPort()
 
     @property
     def vms_dir(self) -> Path:
@@ -90,13 +98,27 @@ class LocalProcessProvider:
     async def list_instances(self) -> frozenset[str]:
         return frozenset(name for vm in self.vms() if vm.alive() and (name := vm.node_name))
 
-    async def request_capacity(self, count: int) -> None:
-        self.start(count)
+    async def request_capacity(self, slots: int) -> None:
+        """Start agents until the alive VMs (registered or still booting) hold ``slots`` slots, up to ``max_nodes``.
+
+        Booting VMs count, so asking again before they register starts nothing more.
+        """
+        alive = sum(1 for vm in self.vms() if vm.alive())
+        missing = min(self.max_nodes, instances_for(slots, self.slots)) - alive
+        if missing > 0:
+            started = self.start(missing)
+            names = [vm.directory.name for vm in started]
+            self.port.report(
+                EventKind.LOCAL_VMS_STARTED, {"vms": names, "slots": self.slots, "message": ", ".join(names)}
+            )
 
     async def release(self, name: str) -> None:
         vm = self.find(name)
         if vm is not None:
             kill_vm(vm)
+
+    async def close(self) -> None:
+        return None  # agents outlive the controller, as VMs would
 
     def start(self, count: int) -> list[LocalVm]:
         """Start ``count`` agents now; each registers and gets its node name from the controller."""

@@ -11,24 +11,30 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from controller.core import capacity
 from controller.core import intake as agents
+from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import (
     Command,
     JobRecord,
     NodeObservation,
     NodeRecord,
+    RecordEvent,
     ReleaseInstance,
+    RequestCapacity,
     SetJob,
+    SetNode,
     World,
     apply,
 )
 from controller.core.reconcile import Config, cancel, reconcile
 from controller.persistence.store import Store
-from controller.providers.base import Provider
+from controller.providers.base import CannotList, Clock, Provider, ProviderInbox
 from controller.spec import JobSpec
 from morphing.errors import UserInputError
 from morphing.layout import Layout
@@ -36,10 +42,6 @@ from morphing.planner import Planner, PlanResult
 from morphing.profile import parse_profile
 
 log = logging.getLogger("spotmorph.controller")
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
 
 
 class SystemClock:
@@ -86,12 +88,33 @@ class MemoPlanner(Planner):
         return self._evaluated[1]
 
 
+@dataclass(frozen=True)
+class RunnerSettings:
+    coalesce_seconds: float = 0.005  # how long the first of a burst of state changes waits for others
+    capacity_retry_seconds: float = 30.0  # a refused capacity request is asked again after this
+
+
 class Runner:
-    def __init__(self, store: Store, clock: Clock, config: Config, provider: Provider) -> None:
+    """Decides under one lock, persists, then performs side effects whose outcomes come back as events.
+
+    ``inbox`` is the port the provider was built with (a fresh one when the provider reports nothing).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        config: Config,
+        provider: Provider,
+        inbox: ProviderInbox | None = None,
+        settings: RunnerSettings | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
         self.config = config
         self.provider = provider
+        self.inbox = inbox or ProviderInbox(clock)
+        self.settings = settings or RunnerSettings()
         nodes, jobs = store.load()
         self.started_at = clock.now()
         self.nodes: dict[str, NodeRecord] = nodes
@@ -102,7 +125,9 @@ class Runner:
         self._planners: dict[str, Planner | str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.reconciles = 0
-        self.coalesce_seconds = 0.005  # how long the first of a burst of state changes waits for others
+        self.coalesce_seconds = self.settings.coalesce_seconds
+        self.capacity_ask: capacity.CapacityAsk | None = None  # the last level asked of the provider
+        self.inbox.publish_busy(capacity.busy_nodes(self.nodes))
         self._wanted = 0  # observations that asked for a reconcile, counted
         self._decided = 0  # the newest of those that a finished reconcile included
 
@@ -128,9 +153,14 @@ class Runner:
         self.store.persist(commands)
         world = apply(self.world, commands)
         self.nodes, self.jobs = dict(world.nodes), dict(world.jobs)
+        if any(isinstance(command, SetNode) for command in commands):
+            self.inbox.publish_busy(capacity.busy_nodes(self.nodes))
         for command in commands:
             if isinstance(command, ReleaseInstance):
-                self._spawn(self.provider.release(command.node))
+                self._spawn(self._release(command))
+            if isinstance(command, RequestCapacity):
+                self.capacity_ask = capacity.CapacityAsk(command.slots, self.clock.now())
+                self._spawn(self._request_capacity(command))
             if isinstance(command, SetJob) and command.change:
                 log.info(
                     "job %s: %s -> %s (%s)",
@@ -152,12 +182,44 @@ class Runner:
             self._reconcile()
 
     def _reconcile(self) -> None:
+        """Log what the provider reported, decide, and ask for capacity if the wanted level changed."""
         active = (JobState.QUEUED, JobState.RUNNING, JobState.MORPHING)
         planners = {j.id: self.planner(j) for j in self.jobs.values() if j.state in active}
         self.reconciles += 1
         included = self._wanted  # every observation recorded so far is seen by this reconcile
-        self.commit(reconcile(self.world, self.clock.now(), self.config, planners))
+        now = self.clock.now()
+        commands = self._provider_events()
+        commands += reconcile(self.world, now, self.config, planners)
+        decided = apply(self.world, commands) if commands else self.world
+        ask = capacity.next_ask(decided, now, self.capacity_ask, self.settings.capacity_retry_seconds)
+        self.commit([*commands, ask] if ask else commands)
         self._decided = max(self._decided, included)
+
+    def _provider_events(self) -> list[Command]:
+        return [RecordEvent(e.kind, e.at, None, None, e.data) for e in self.inbox.drain()]
+
+    async def _release(self, command: ReleaseInstance) -> None:
+        try:
+            await self.provider.release(command.node)
+        except Exception as exc:  # an event (counted in spotmorph_provider_errors_total), never lost in a task
+            log.warning("releasing %s failed: %s", command.node, exc)
+            self.inbox.report(EventKind.PROVIDER_RELEASE_FAILED, {"node": command.node, "error": str(exc)})
+
+    async def _request_capacity(self, command: RequestCapacity) -> None:
+        """Ask the provider; the outcome is logged and tells the next decision whether to ask again."""
+        try:
+            await self.provider.request_capacity(command.slots)
+        except Exception as exc:
+            log.warning("capacity request for %d slots failed: %s", command.slots, exc)
+            failed, data = True, {"slots": command.slots, "error": str(exc)}
+        else:
+            failed, data = False, {"slots": command.slots}
+        async with self.lock:
+            now = self.clock.now()
+            if self.capacity_ask is not None and self.capacity_ask.slots == command.slots:
+                self.capacity_ask = replace(self.capacity_ask, at=now, failed=failed)
+            kind = EventKind.PROVIDER_CAPACITY_REQUEST_FAILED if failed else EventKind.CAPACITY_REQUESTED
+            self.commit([RecordEvent(kind, now, None, None, data)])
 
     async def decide(self, make: Callable[[World, float], list[Command]]) -> None:
         """Run a pure decision on the current world and commit it, then reconcile."""
@@ -204,11 +266,29 @@ class Runner:
         return self.jobs[job_id]
 
     async def poll_provider(self) -> None:
+        """Nodes the provider no longer lists are GONE; without a list this time, only its events are logged."""
         try:
-            listed = await self.provider.list_instances()
-        except NotImplementedError:
-            return
-        await self.decide(lambda world, now: agents.provider_gone(world, listed, now))
+            listed: frozenset[str] | None = await self.provider.list_instances()
+        except CannotList:
+            listed = None
+        await self.decide(lambda world, now: [] if listed is None else agents.provider_gone(world, listed, now))
 
     async def request_checkpoints(self) -> None:
         await self.decide(agents.request_checkpoints)
+
+    async def settle(self) -> None:
+        """Wait for the side effects under way (provider calls) and the outcomes they log."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Persist the last decisions, finish the side effects under way, close the provider, log its last words."""
+        async with self.lock:
+            self._reconcile()
+        await self.settle()
+        try:
+            await self.provider.close()
+        except Exception as exc:
+            log.warning("closing the provider failed: %s", exc)
+        async with self.lock:
+            self.commit(self._provider_events())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +14,7 @@ from azure.core.pipeline.transport._aiohttp import AioHttpTransport
 
 from controller.providers.azure import AzureScaleSetProvider
 from controller.providers.azure_config import AzureSettings
+from controller.providers.base import ProviderPort
 from tests.azure.fake_arm import TOKEN, FakeArm
 
 SUBSCRIPTION = "00000000-0000-4000-8000-000000000001"
@@ -64,6 +65,8 @@ class Clock:
 
 @dataclass
 class Harness:
+    """The fake ARM server, an injected clock, and the provider port (events recorded, busy nodes set by tests)."""
+
     fake: FakeArm
     clock: Clock
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -82,19 +85,25 @@ class Harness:
         }
         return AzureSettings(**{**values, **overrides})
 
-    def provider(self, **overrides: Any) -> AzureScaleSetProvider:
+    def provider(self, port: ProviderPort | None = None, **overrides: Any) -> AzureScaleSetProvider:
+        """A provider on the fake; it reports to this harness unless given another port (a runner's inbox)."""
         assert self.fake.ca_file is not None
         provider = AzureScaleSetProvider(
             self.settings(**overrides),
             self.clock,
+            port or self,
             credential=FakeCredential(),
-            emit=lambda kind, data: self.events.append((kind, data)),
-            busy=lambda name: name in self.busy_nodes,
             transport=RecordingTransport(self.fake.ca_file, self.slept),
             polling_interval=0,
         )
         self.providers.append(provider)
         return provider
+
+    def report(self, kind: str, data: Mapping[str, Any]) -> None:
+        self.events.append((kind, dict(data)))
+
+    def busy(self, name: str) -> bool:
+        return name in self.busy_nodes
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.events]

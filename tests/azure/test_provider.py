@@ -99,17 +99,17 @@ def test_capacity_unavailable_backs_off_then_recovers(tmp_path: Path) -> None:
         h.clock.advance(2)
         await provider.list_instances()
         await settle(provider)
-        assert len(h.fake.mutations()) == patches + 1 and provider.backoff == 60  # doubled
+        assert len(h.fake.mutations()) == patches + 1 and provider.backoff.seconds == 60  # doubled
         h.clock.advance(61)
         await provider.list_instances()
         await settle(provider)
-        assert provider.backoff == 100  # capped
+        assert provider.backoff.seconds == 100  # capped
         assert h.kinds().count("AzureCapacityUnavailable") == 1  # the same failure is one event
         h.fake.capacity_unavailable = False
         h.clock.advance(101)
         await provider.list_instances()
         await settle(provider)
-        assert len(await provider.list_instances()) == 4 and provider.backoff == 0
+        assert len(await provider.list_instances()) == 4 and provider.backoff.seconds == 0
 
     run(tmp_path, scenario)
 
@@ -124,7 +124,7 @@ def test_throttling_honours_retry_after(tmp_path: Path) -> None:
         h.fake.throttle(10, retry_after=40)  # more than the SDK retries: the provider backs off
         with pytest.raises(ProviderUnavailable):
             await provider.list_instances()
-        assert h.kinds()[-1] == "AzureThrottled" and provider.throttled_until == h.clock.now() + 40
+        assert h.kinds()[-1] == "AzureThrottled" and provider.backoff.throttled_until == h.clock.now() + 40
         sent = len(h.fake.requests)
         h.clock.advance(39)
         with pytest.raises(ProviderUnavailable):

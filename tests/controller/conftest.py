@@ -13,7 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.app.daemon import Controller, ControllerSettings
+from controller.app.daemon import Controller
+from controller.app.settings import ControllerSettings
 from controller.client import connection as client
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 from tests.controller.helpers import write_profile

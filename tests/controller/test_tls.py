@@ -18,7 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.app.daemon import Controller, ControllerSettings
+from controller.app.daemon import Controller
+from controller.app.settings import ControllerSettings
 from controller.client import connection as client
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc

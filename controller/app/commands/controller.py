@@ -44,7 +44,8 @@ class JsonFormatter(logging.Formatter):
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from controller.app.daemon import load_settings, serve
+    from controller.app.daemon import serve
+    from controller.app.settings import load_settings
 
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(TEXT_FORMAT))

@@ -1,0 +1,120 @@
+"""The controller's settings: every knob named and documented here (docs/controller.md lists them).
+
+Settings come from flags, else ``SPOTMORPH_CONTROLLER_*`` environment variables, else a YAML config
+file (``--config``), else defaults. Each field's docstring is its description (``use_attribute_docstrings``),
+so the JSON Schema and the docs test read the same words.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controller.providers.azure_config import AzureSettings
+from morphing.errors import UserInputError
+
+MIB = 1 << 20
+
+
+class LocalSettings(BaseModel):
+    """The ``local:`` section: agents started as processes on this machine (``provider: local``)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    poll_seconds: float = Field(default=2.0, gt=0)
+    """How often the controller lists its agent processes (a dead one makes its node GONE)."""
+    slots: int = Field(default=1, ge=1)
+    """CPU slots of each agent the controller starts."""
+    max_nodes: int = Field(default=4, ge=0)
+    """Queued jobs make the controller start agents up to this many alive ones (0: never start any)."""
+    imds_url: str | None = None
+    """Scheduled Events endpoint the started agents watch for eviction notices (None: none)."""
+
+
+class ControllerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPOTMORPH_CONTROLLER_", extra="forbid", use_attribute_docstrings=True)
+
+    state_dir: Path = Path("spotmorph-state")
+    """SQLite state, tokens and ``controller.lock``; one controller per directory."""
+    listen: str = "127.0.0.1:50051"
+    """HOST:PORT of the gRPC API (port 0: any free one, written to STATE_DIR/controller.addr)."""
+    token_file: Path | None = None
+    """Operator token (default STATE_DIR/operator.token, random when missing)."""
+    reader_token_file: Path | None = None
+    """Read-only token (default STATE_DIR/reader.token)."""
+    agent_token_file: Path | None = None
+    """Token agents register with (default STATE_DIR/agent.token)."""
+    tls_cert: Path | None = None
+    """Server certificate (PEM); with ``tls_key``, the API speaks TLS."""
+    tls_key: Path | None = None
+    """Server key (PEM)."""
+    tls_ca: Path | None = None
+    """With it, clients must present a certificate signed by this CA (mutual TLS)."""
+    allow_plaintext: bool = False
+    """Listen beyond loopback without TLS (only on a network you trust)."""
+    heartbeat_interval_seconds: float = 1.0
+    """How often agents are told to send heartbeats."""
+    heartbeat_expiry_seconds: float = 10.0
+    """A node silent for this long is LOST."""
+    debounce_seconds: float = 5.0
+    """Wait this long after node arrivals before admitting or growing jobs onto them."""
+    stop_timeout_seconds: float = 120.0
+    """A planned morph's STOP not done by then becomes ABORT."""
+    checkpoint_request_seconds: float = 0.0
+    """Ask running jobs for a checkpoint this often (0: off; trainers checkpoint every N steps anyway)."""
+    rendezvous_port_base: int = 29500
+    """First port of the rank-0 trainers' rendezvous range."""
+    morph_cost_seconds: float = 30.0
+    """Expected price of a morph, weighed against the throughput growth would bring."""
+    metrics_listen: str | None = None
+    """HOST:PORT for Prometheus (GET /metrics); None: off."""
+    provider: Literal["static", "local", "azure"] = "static"
+    """Where VMs come from (static: only through their agents; azure: docs/azure.md)."""
+    azure: AzureSettings | None = None
+    """The ``azure:`` section, for ``provider: azure``."""
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    """The ``local:`` section, for ``provider: local``."""
+    capacity_retry_seconds: float = Field(default=30.0, gt=0)
+    """A capacity request the provider refused is asked again after this (a changed level at once)."""
+    reconcile_coalesce_seconds: float = Field(default=0.005, ge=0)
+    """The first of a burst of state changes waits this long so one reconcile decides them all."""
+    shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    """On SIGTERM, in-flight calls get this long to finish."""
+    max_receive_message_bytes: int = Field(default=MIB, ge=1024)
+    """Larger requests get RESOURCE_EXHAUSTED."""
+    max_send_message_bytes: int = Field(default=16 * MIB, ge=1024)
+    """Largest reply (a cluster state of ~1,000 nodes fits)."""
+    keepalive_time_seconds: float = Field(default=30.0, gt=0)
+    """Ping idle client connections this often, so that dead ones are noticed and closed."""
+    keepalive_timeout_seconds: float = Field(default=10.0, gt=0)
+    """A connection whose ping is not answered within this is closed."""
+    min_client_ping_seconds: float = Field(default=5.0, gt=0)
+    """Clients pinging more often than this (without calls) are told to go away."""
+
+
+def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> ControllerSettings:
+    """Flags win over the environment, which wins over the config file."""
+    base: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            base = yaml.safe_load(config_file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UserInputError(f"--config {config_file}: {exc}") from None
+    env = ControllerSettings()
+    from_env = {k: getattr(env, k) for k in env.model_fields_set}
+    return ControllerSettings(**{**base, **from_env, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def is_loopback(listen: str) -> bool:
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
