@@ -23,65 +23,17 @@ import heapq
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout, contiguous_placement, local_nodes
+from morphing.plan_result import Infeasible, Plan, PlanResult, throughput
 from morphing.profile import Profile
 from morphing.simulator import SCHEDULES, Schedule, StageTiming, simulate
-from morphing.stages import GIB, LayerCosts, Partition, StageMemory, in_flight
 
+from morphing.slots import SlotSpace, check_counts
+from morphing.stages import GIB, LayerCosts, Partition, in_flight
 
-@dataclass(frozen=True)
-class Plan:
-    layout: Layout
-    schedule: Schedule
-    gpus: int
-    predicted_step_seconds: float
-    samples_per_second: float
-    bubble_fraction: float
-    stage_memory: tuple[StageMemory, ...]
-    notes: tuple[str, ...] = ()
-    feasible: Literal[True] = True
-
-    @property
-    def gpus_used(self) -> int:
-        return self.layout.world_size
-
-    def to_dict(self) -> dict[str, Any]:
-        layout = self.layout
-        return {
-            "gpus": self.gpus,
-            "feasible": True,
-            "gpus_used": self.gpus_used,
-            "pipeline_stages": layout.pipeline_stages,
-            "data_parallel": layout.data_parallel,
-            "micro_batch_size": layout.micro_batch_size,
-            "global_batch": layout.global_batch,
-            "schedule": self.schedule,
-            "samples_per_replica": list(layout.samples_per_replica),
-            "micro_batches_per_replica": list(layout.micro_batches_per_replica),
-            "stage_layers": [list(r) for r in layout.stage_layers],
-            "predicted_step_seconds": self.predicted_step_seconds,
-            "samples_per_second": self.samples_per_second,
-            "bubble_fraction": self.bubble_fraction,
-            "stage_memory_bytes": [m.total for m in self.stage_memory],
-            "placement": [[s.node, s.slot] for s in layout.placement],
-            "notes": list(self.notes),
-        }
-
-
-@dataclass(frozen=True)
-class Infeasible:
-    gpus: int
-    reason: str
-    feasible: Literal[False] = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "feasible": False, "reason": self.reason}
-
-
-PlanResult = Plan | Infeasible
+__all__ = ["Infeasible", "Plan", "PlanResult", "Planner", "throughput"]
 
 
 @dataclass(frozen=True)
@@ -143,12 +95,12 @@ class Planner:
         return len(self.profile.layers)
 
     def plan_gpus(self, gpus: int, gpus_per_node: int = 1) -> PlanResult:
-        _check_counts(gpus, gpus_per_node)
+        check_counts(gpus, gpus_per_node)
         return self.plan(local_nodes(gpus, gpus_per_node))
 
     def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None) -> PlanResult:
         """Best layout on ``nodes`` (``(name, free slots)`` in placement order), optionally with ``stages``."""
-        space = _SlotSpace(nodes)
+        space = SlotSpace(nodes)
         if space.gpus <= 0:
             return Infeasible(0, "no GPUs available")
         return self._result(space, self._search(space, self._candidates(space, stages), None))
@@ -167,8 +119,8 @@ class Planner:
         The plan for ``n`` GPUs is the best of the plan for ``n - 1`` and the candidates that use
         exactly ``n`` GPUs: a candidate's cost does not depend on GPUs it leaves idle.
         """
-        _check_counts(max_gpus, gpus_per_node)
-        space = _SlotSpace(local_nodes(max_gpus, gpus_per_node))
+        check_counts(max_gpus, gpus_per_node)
+        space = SlotSpace(local_nodes(max_gpus, gpus_per_node))
         by_gpus: dict[int, list[_Candidate]] = {}
         for cand in self._candidates(space):
             by_gpus.setdefault(cand.gpus_used, []).append(cand)
@@ -179,7 +131,7 @@ class Planner:
             results.append(self._result(space.prefix(gpus), best))
         return results
 
-    def _candidates(self, space: _SlotSpace, only_stages: int | None = None) -> list[_Candidate]:
+    def _candidates(self, space: SlotSpace, only_stages: int | None = None) -> list[_Candidate]:
         """Every layout worth simulating on ``space``, with its lower bound (see the module docstring)."""
         out = []
         depths = range(1, min(self.num_layers, space.gpus) + 1)
@@ -197,7 +149,7 @@ class Planner:
                     out.append(_Candidate(bound, stages * replicas, stages, replicas, m, micro_batches, partition))
         return out
 
-    def _search(self, space: _SlotSpace, candidates: list[_Candidate], best: _Best | None) -> _Best | None:
+    def _search(self, space: SlotSpace, candidates: list[_Candidate], best: _Best | None) -> _Best | None:
         """Simulate candidates best bound first until no bound can beat the best step time."""
         heapq.heapify(candidates)
         while candidates and (best is None or candidates[0].bound < best.step):
@@ -207,7 +159,7 @@ class Planner:
                 best = _Best(step, cand)
         return best
 
-    def _result(self, space: _SlotSpace, best: _Best | None) -> PlanResult:
+    def _result(self, space: SlotSpace, best: _Best | None) -> PlanResult:
         if best is None:
             return Infeasible(space.gpus, self._why_nothing_fits(space.gpus))
         cand = best.candidate
@@ -367,7 +319,7 @@ class Planner:
             StageTiming(f, b, c, a) for f, b, c, a in zip(base.forward, base.backward, sends, allreduce, strict=True)
         ]
 
-    def _step_seconds(self, space: _SlotSpace, cand: _Candidate) -> float:
+    def _step_seconds(self, space: SlotSpace, cand: _Candidate) -> float:
         cross, one_node, crowding = space.facts(cand.stages, cand.replicas)
         slowdown = self._slowdown(crowding)
         base = self._base(cand.micro_batch_size, cand.partition, slowdown)
@@ -417,56 +369,6 @@ class Planner:
         return tuple(notes)
 
 
-def _check_counts(gpus: int, gpus_per_node: int) -> None:
-    if gpus <= 0:
-        raise UserInputError(f"--gpus {gpus}: the GPU count must be >= 1")
-    if gpus_per_node <= 0:
-        raise UserInputError(f"--gpus-per-node {gpus_per_node}: it must be >= 1")
-
-
-class _SlotSpace:
-    """The GPUs on offer, in placement order, and what a contiguous placement implies for costs."""
-
-    def __init__(self, nodes: Sequence[tuple[str, int]]) -> None:
-        self.nodes = tuple(nodes)
-        self.boundaries: list[int] = []
-        self.node_index: list[int] = []
-        for i, (name, slots) in enumerate(self.nodes):
-            if slots < 0:
-                raise UserInputError(f"node {name} has {slots} slots; it must be >= 0")
-            self.node_index.extend([i] * slots)
-            self.boundaries.append(len(self.node_index))
-        self.gpus = len(self.node_index)
-
-    def prefix(self, gpus: int) -> _SlotSpace:
-        """The first ``gpus`` slots (the last node cut short)."""
-        kept, left = [], gpus
-        for name, slots in self.nodes:
-            if left <= 0:
-                break
-            kept.append((name, min(slots, left)))
-            left -= slots
-        return _SlotSpace(kept)
-
-    def facts(self, stages: int, replicas: int) -> tuple[tuple[bool, ...], tuple[bool, ...], int]:
-        """Which stage boundaries cross a node in some replica, which stages' replicas share a node,
-        and the most ranks any one node runs."""
-        used = stages * replicas
-        cross = [False] * (stages - 1)
-        crowding, start = 0, 0
-        for edge in self.boundaries:
-            crowding = max(crowding, min(edge, used) - start)
-            start = edge
-            if edge >= used:
-                break
-            position = (edge - 1) % stages
-            if position < stages - 1:
-                cross[position] = True
-        last = (replicas - 1) * stages
-        one_node = tuple(self.node_index[s] == self.node_index[last + s] for s in range(stages))
-        return tuple(cross), one_node, crowding
-
-
 def _lower_bound(base: _StageBase, sends: list[float], allreduce: list[float], micro_batches: int) -> float:
     """No schedule beats this: see the module docstring."""
     best = 0.0
@@ -478,7 +380,3 @@ def _lower_bound(base: _StageBase, sends: list[float], allreduce: list[float], m
         before_fwd += f + c
         before_bwd += b + c
     return best
-
-
-def throughput(result: PlanResult) -> float:
-    return result.samples_per_second if isinstance(result, Plan) else 0.0

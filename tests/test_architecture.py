@@ -22,7 +22,6 @@ MAX_LINES = 400
 # Modules over the limit when this test was written, each being split by its owner; the number is a
 # ceiling (they may shrink, not grow). Remove an entry once its module is split.
 OVER_LIMIT = {
-    "morphing/planner.py": 484,
     "worker_agent/agent/daemon.py": 407,
 }
 
