@@ -230,7 +230,7 @@ def make_dropout_layout_free(layers: Sequence[tuple[str, nn.Module]]) -> list[st
         for parent_name, parent in list(module.named_modules()):
             for child_name, child in list(parent.named_children()):
                 if type(child) is nn.Dropout:
-                    setattr(parent, child_name, Dropout(child.p))
+                    setattr(parent, child_name, Dropout(child.p).train(child.training))
                     replaced.append(".".join(n for n in (layer_name, parent_name, child_name) if n))
     return replaced
 
