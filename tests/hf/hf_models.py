@@ -6,6 +6,8 @@ ignore a varying number of leading targets (-100), so token and sample normalisa
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -34,7 +36,7 @@ class LabelledSequences:
         return tokens[:-1].clone(), targets
 
 
-def gpt2_model() -> nn.Module:
+def gpt2_model() -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
@@ -52,7 +54,7 @@ def gpt2_model() -> nn.Module:
     return GPT2LMHeadModel(config)
 
 
-def llama_model() -> nn.Module:
+def llama_model() -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -86,4 +88,42 @@ def llama_token() -> ModelSpec:
 def llama_sample() -> ModelSpec:
     return causal_lm_spec(
         llama_model(), LabelledSequences(), lr_schedule=lambda step: 1e-2, loss_normalization="sample"
+    )
+
+
+class Block(nn.Module):
+    """A GPT-2 block wrapped by hand, as a user would without the adapter (attention stays SDPA)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.block(hidden)  # type: ignore[no-any-return]
+
+
+class Embed(nn.Module):
+    def __init__(self, wte: nn.Module) -> None:
+        super().__init__()
+        self.wte = wte
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.wte(ids)  # type: ignore[no-any-return]
+
+
+def gpt2_by_hand() -> ModelSpec:
+    """Hugging Face attention dropout draws from the global generator: refused at start-up."""
+    model = gpt2_model()
+    base = model.transformer
+    layers: list[tuple[str, nn.Module]] = [("embed", Embed(base.wte))]
+    layers += [(f"block{i}", Block(b)) for i, b in enumerate(base.h)]
+    layers.append(("head", nn.Sequential(base.ln_f, model.lm_head)))
+    token = causal_lm_spec(gpt2_model(), LabelledSequences())
+    return ModelSpec(
+        layers=layers,
+        loss=token.loss,
+        dataset=token.dataset,
+        optimizer=token.optimizer,
+        lr_schedule=token.lr_schedule,
+        loss_normalization="token",
     )

@@ -199,10 +199,11 @@ def prepare_token_file(
     np_dtype = np.dtype(TOKEN_DTYPES[dtype]).newbyteorder("<")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tokens = 0
+    tokens = text_tokens = 0
     with open(tmp, "wb") as fh:
         for text in texts:
             parts = tok.encode_file(text)
+            text_tokens += sum(len(part) for part in parts)
             if tok.eos_id is not None:
                 parts.append(np.asarray([tok.eos_id], dtype=np.uint32))
             for part in parts:
@@ -210,7 +211,7 @@ def prepare_token_file(
                 tokens += len(part)
         fh.flush()
         os.fsync(fh.fileno())
-    if tokens == 0:
+    if text_tokens == 0:
         tmp.unlink()
         raise UserInputError(f"{', '.join(map(str, texts))}: no tokens (the files are empty)")
     sidecar_path(out).unlink(missing_ok=True)  # an old sidecar must not describe the new file
