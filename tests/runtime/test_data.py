@@ -34,7 +34,7 @@ def word_tokenizer(path: Path) -> Path:
 
     vocab = {"[UNK]": 0, "</s>": 1, "hello": 2, "world": 3, "again": 4}
     tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = Whitespace()  # type: ignore[assignment]
+    tok.pre_tokenizer = Whitespace()
     tok.save(str(path))
     return path
 

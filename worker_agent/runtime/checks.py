@@ -130,9 +130,7 @@ def _run(name: str, layer: nn.Module, x: Activation, ids: torch.Tensor, where: s
     except UserInputError:
         raise
     except Exception as exc:
-        raise UserInputError(
-            f"{where}: layer {name!r} failed on a micro-batch given {describe(x)}: {exc!r}"
-        ) from exc
+        raise UserInputError(f"{where}: layer {name!r} failed on a micro-batch given {describe(x)}: {exc!r}") from exc
 
 
 def _check_activation(x: object, m: int, who: str, what: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from morphing.errors import UserInputError
 from worker_agent.runtime.model_api import Dropout, layout_free_dropout
 
 NAME = "spotmorph_layout_free"
@@ -76,9 +77,11 @@ def _mask(
 
 
 def register() -> None:
-    """Make ``NAME`` a valid ``attn_implementation`` (idempotent)."""
-    from transformers import AttentionInterface
-
+    """Make ``NAME`` a valid ``attn_implementation`` (idempotent); transformers >= 4.51 has the registry."""
+    try:
+        from transformers import AttentionInterface
+    except ImportError as exc:
+        raise UserInputError(f"spotmorph.hf needs transformers >= 4.51 (its AttentionInterface): {exc}") from exc
     AttentionInterface.register(NAME, layout_free_attention)
 
 
@@ -86,9 +89,13 @@ def make_hf_attention_layout_free(model: nn.Module) -> list[str]:
     """Switch ``model`` (a transformers ``PreTrainedModel``) to :data:`NAME` and give each attention module
     a :class:`Dropout` child that names its masks; returns the attention modules' names."""
     register()
-    model.set_attn_implementation(NAME)  # type: ignore[operator]
+    setter = getattr(model, "set_attn_implementation", None)
+    if callable(setter):
+        setter(NAME)
+    else:  # before transformers 4.56 the attention modules read the shared config at each call
+        model.config._attn_implementation = NAME  # type: ignore[union-attr]
     if getattr(model.config, "_attn_implementation", None) != NAME:
-        raise ValueError(f"{type(model).__name__} does not let spotmorph set its attention implementation")
+        raise UserInputError(f"{type(model).__name__} does not let spotmorph set its attention implementation")
     names = []
     for name, sub in model.named_modules():
         if type(sub).__name__.endswith("Attention") and hasattr(sub, "config") and not hasattr(sub, CHILD):
