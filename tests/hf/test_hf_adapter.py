@@ -151,3 +151,15 @@ def test_the_adapted_models_pass_the_start_up_checks() -> None:
 def test_hugging_face_attention_dropout_without_the_adapter_is_refused() -> None:
     with pytest.raises(UserInputError, match=r"layer 'block0' gives different outputs .* global random state"):
         build_spec(f"{REPO}/tests/hf/hf_models.py:gpt2_by_hand", 0)
+
+
+def test_the_profiler_counts_every_tensor_a_layer_passes_on(tmp_path: Path) -> None:
+    from morphing.profile import parse_profile
+    from spotmorph.cli import main
+
+    out = tmp_path / "profile.json"
+    entry = f"{REPO}/tests/hf/hf_models.py:llama_token"
+    assert main(["profile", entry, "--micro-batch-sizes=1,2", "--repeats=1", "--no-network", f"--out={out}"]) == 0
+    layers = parse_profile(out.read_text()).layers
+    hidden, positions = hm.SEQ * 32 * 4, hm.SEQ * 8  # float32 hidden states and int64 position ids
+    assert [layer.output_activation_bytes_per_sample for layer in layers] == [hidden + positions] * 3 + [0]

@@ -8,7 +8,6 @@ stay equal because their gradients are summed over all holders before the (ident
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +39,12 @@ class StageModule(nn.Module):
     ``PipelineStage`` sends it to the next stage, so a model runs the same whichever way it is cut.
     """
 
-    def __init__(self, layers: OrderedDict[str, nn.Module]) -> None:
+    def __init__(self, layers: list[nn.Module]) -> None:
         super().__init__()
-        self.layers = nn.ModuleDict(layers)
+        self.layers = nn.ModuleList(layers)  # unnamed: the stable names live in PartitionedModel
 
     def forward(self, *args: torch.Tensor) -> Any:
-        return run_layers(list(self.layers.values()), args if len(args) > 1 else args[0])
+        return run_layers(list(self.layers), args if len(args) > 1 else args[0])
 
 
 class PartitionedModel:
@@ -79,7 +78,7 @@ class PartitionedModel:
 
     def stage_module(self, layout: Layout, stage: int) -> StageModule:
         first, last = layout.stage_layers[stage]
-        return StageModule(OrderedDict((self.layer_names[i], self.modules[i]) for i in range(first, last)))
+        return StageModule([self.modules[i] for i in range(first, last)])
 
     def stage_params(self, layout: Layout, stage: int) -> list[tuple[str, nn.Parameter]]:
         """Parameters a stage holds (each once, under its canonical name), in model order."""
