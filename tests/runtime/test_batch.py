@@ -7,6 +7,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from tests.runtime.helpers import REPO
@@ -48,6 +50,44 @@ def test_padding_weighs_nothing_and_ignored_targets_count_zero() -> None:
     assert float(loss) == (1.0 + 4.0) / 2
     per_sample = torch.tensor([3.0, 5.0])
     assert float(weighted_loss(per_sample, targets, torch.tensor([1.0, 0.0]), "sample", 4.0)) == 3.0 / 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 9),
+    replicas=st.integers(1, 4),
+    micro=st.integers(1, 4),
+    mode=st.sampled_from(["sample", "token"]),
+    seed=st.integers(0, 10**6),
+)
+def test_any_cut_into_padded_micro_batches_sums_to_the_global_mean(
+    batch: int, replicas: int, micro: int, mode: str, seed: int
+) -> None:
+    """The engine's invariant in miniature: the loss of the whole batch does not depend on the cut."""
+    from morphing.layout import make_layout
+
+    replicas = min(replicas, batch)
+    gen = torch.Generator().manual_seed(seed)
+    per_token = torch.rand(batch, 5, generator=gen, dtype=torch.float64)
+    targets = torch.randint(0, 7, (batch, 5), generator=gen)
+    targets[torch.rand(batch, 5, generator=gen) < 0.3] = -100
+    per_item = per_token if mode == "token" else per_token.sum(dim=1)
+    valid = torch.where(targets != -100, per_token, 0.0)
+    expected = valid.sum() / max(1, int((targets != -100).sum())) if mode == "token" else per_token.sum() / batch
+    denominator = max(1, int((targets != -100).sum())) if mode == "token" else batch
+    layout = make_layout(
+        num_layers=1, pipeline_stages=1, data_parallel=replicas, micro_batch_size=micro, global_batch=batch
+    )
+    total = torch.zeros((), dtype=torch.float64)
+    for replica in range(replicas):
+        lo, hi = layout.replica_slice(replica)
+        rows = list(range(lo, hi))
+        padded = rows + [rows[0]] * (-len(rows) % micro)
+        weights = torch.tensor([1.0] * len(rows) + [0.0] * (len(padded) - len(rows)), dtype=torch.float64)
+        for start in range(0, len(padded), micro):
+            part = padded[start : start + micro]
+            total += weighted_loss(per_item[part], targets[part], weights[start : start + micro], mode, denominator)
+    assert float(total) == pytest.approx(float(expected), rel=1e-12, abs=1e-15)
 
 
 @pytest.mark.parametrize(
