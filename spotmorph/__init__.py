@@ -1,6 +1,6 @@
 """The ``spotmorph`` command, and the names a user's model file imports.
 
-``spotmorph.ModelSpec`` and ``spotmorph.Dropout`` (the runtime's, re-exported), ``spotmorph.data`` (token
+``spotmorph.ModelSpec``, ``spotmorph.Dropout`` and its helpers (the runtime's, re-exported), ``spotmorph.data`` (token
 files) and ``spotmorph.hf`` (Hugging Face models). The names load lazily: importing torch here would slow
 down every ``spotmorph`` command, ``spotmorph plan`` included.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker_agent.runtime.model_api import Dropout, ModelSpec
+    from worker_agent.runtime.model_api import Dropout, ModelSpec, layout_free_dropout, make_dropout_layout_free
 
-__all__ = ["Dropout", "ModelSpec"]
+__all__ = ["Dropout", "ModelSpec", "layout_free_dropout", "make_dropout_layout_free"]
 
 
 def __getattr__(name: str) -> Any:

@@ -34,7 +34,7 @@ RNG_SEEDS = (1234, 98765)
 # Dropout flavours that drop whole channels: a per-element layout-free mask cannot express them.
 CHANNEL_DROPOUTS = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 DETERMINISM_HINT = (
-    "use worker_agent.runtime.model_api.Dropout (plain torch.nn.Dropout modules are replaced automatically); "
+    "use spotmorph.Dropout (plain torch.nn.Dropout modules are replaced automatically); "
     "for Hugging Face models use spotmorph.hf.causal_lm_spec, whose attention dropout is layout-free"
 )
 
