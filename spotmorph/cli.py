@@ -24,6 +24,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("train", "worker_agent.commands.train", "run a job on this machine with P x D local processes"),
     ("checkpoint", "worker_agent.commands.checkpoint", "verify or compare checkpoints"),
     ("profile", "worker_agent.commands.profile", "calibrate a model: per-layer times and memory"),
+    ("data", "worker_agent.commands.data", "prepare training data: tokenize text files into a token file"),
     ("agent", "worker_agent.commands.agent", "the worker agent daemon of one node"),
     ("local", "spotmorph.commands.local", "an embedded cluster of agent processes on this machine"),
     ("controller", "controller.app.commands.controller", "the controller daemon (gRPC API, state, morphing decisions)"),

@@ -2,7 +2,9 @@
 
 The batch invariant lives here. Replica ``d`` takes its contiguous slice of the step's ``B`` sample
 indices, pads its last micro-batch with weight-0 copies so every micro-batch has ``m`` samples, and each
-micro-batch contributes ``sum(weight * per-sample loss) / B`` (the schedule's own 1/n scaling is off).
+micro-batch contributes ``sum(weight * per-sample loss) / B`` (the schedule's own 1/n scaling is off); in
+token mode ``sum(weight * per-token loss) / N`` with ``N`` the non-ignored targets of all ``B`` samples,
+counted from the step's indices before it runs.
 Gradients are summed over replicas per stage, and tied copies over every rank that holds one, so the
 update is the same whatever the layout.
 """
@@ -18,7 +20,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from morphing.errors import UserInputError
 from morphing.layout import Layout
+from worker_agent.runtime.batch import (
+    as_tuple,
+    check_loss_shape,
+    count_target_tokens,
+    map_tensors,
+    signature,
+    stack_samples,
+    weighted_loss,
+)
 from worker_agent.runtime.checkpoint import Checkpoint, LayerPayload, load_tensors
 from worker_agent.runtime.job import JobSpec, step_indices
 from worker_agent.runtime.model_api import sample_context
@@ -67,6 +79,7 @@ class _Batch:
         self.weights = torch.empty(0)
         self.sample_ids = torch.empty(0, dtype=torch.long)
         self.micro_batch_size = 1
+        self.denominator = 1.0  # B, or the step's non-ignored target tokens in token mode
 
 
 class _Stage(PipelineStage):
@@ -122,10 +135,17 @@ class StageRunner:
         schedule_cls = ScheduleGPipe if use_gpipe else Schedule1F1B
         self.schedule_name = "gpipe" if use_gpipe else "1f1b"
         self.schedule = schedule_cls(pipe_stage, self.n_micro, loss_fn=self._loss, scale_grads=False)
+        self.signature = signature(self.spec.dataset[0])
 
-    def _loss(self, output: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        per_sample = self.spec.loss(output, self.batch.targets[slots])
-        return (per_sample * self.batch.weights[slots]).sum() / self.job.global_batch
+    def _loss(self, output: Any, slots: torch.Tensor) -> torch.Tensor:
+        targets = self.batch.targets[slots]
+        per_item = self.spec.loss(output, targets)
+        problem = check_loss_shape(per_item, targets, self.spec.loss_normalization)
+        if problem is not None:
+            raise UserInputError(problem)
+        return weighted_loss(
+            per_item, targets, self.batch.weights[slots], self.spec.loss_normalization, self.batch.denominator
+        )
 
     def run_step(self, step: int) -> float:
         """Forward, backward, reduce, clip and update for ``step``; returns this replica's loss share."""
@@ -139,12 +159,19 @@ class StageRunner:
         self.batch.step = step
         self.batch.sample_ids = torch.tensor(indices + [-1] * pad, dtype=torch.long)
         self.batch.weights = torch.tensor([1.0] * len(indices) + [0.0] * pad, dtype=job.torch_dtype)
-        samples = [dataset[i] for i in rows] if (self.is_first or self.is_last) else []
+        args: tuple[torch.Tensor, ...] = ()
+        if self.is_first or self.is_last:
+            inputs, targets = stack_samples([dataset[i] for i in rows], self.signature)
+            self.batch.targets = self._cast(targets)
+            if self.is_first:
+                args = as_tuple(map_tensors(inputs, self._cast))
         if self.is_last:
-            self.batch.targets = self._cast(torch.stack([t for _, t in samples]))
+            self.batch.denominator = float(job.global_batch)
+            if self.spec.loss_normalization == "token":
+                every = step_indices(step, job.global_batch, len(dataset), job.seed)
+                self.batch.denominator = float(max(1, count_target_tokens(dataset, every)))
         losses: list[torch.Tensor] = []
         slots = torch.arange(padded)
-        args = (self._cast(torch.stack([x for x, _ in samples])),) if self.is_first else ()
         target = slots if self.is_last else None
         self.schedule.step(*args, target=target, losses=losses if self.is_last else None)
         self._reduce_gradients()

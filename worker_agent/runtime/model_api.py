@@ -21,30 +21,36 @@ import torch
 from torch import nn
 
 from morphing.errors import UserInputError
+from worker_agent.runtime.batch import NORMALIZATIONS, Activation
 from worker_agent.runtime.dropout import apply_dropout
 
 OptimizerFactory = Callable[[list[tuple[str, nn.Parameter]]], torch.optim.Optimizer]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
 class Dataset(Protocol):
-    """Indexable samples: ``dataset[i]`` is ``(input, target)``, both tensors of fixed shape."""
+    """Indexable samples: ``dataset[i]`` is ``(input, target)`` of fixed shapes; the input may be a tuple
+    of tensors (token ids and position ids, say), which the first layer receives as positional arguments."""
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def __getitem__(self, index: int) -> tuple[Activation, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything the runtime needs from a user model.
 
-    ``layers`` are applied in order, each taking one tensor and returning one tensor. ``loss`` maps the
-    last layer's output and the targets of a micro-batch to one loss per sample (shape ``[batch]``);
-    the runtime weights and normalises it by the global batch. Tied weights are expressed by sharing
-    one ``nn.Parameter`` object between layers; the runtime keeps copies on the stages that hold them
-    and sums their gradients. ``lr_schedule(step)`` gives the learning rate of step ``step`` (from 0);
-    a param group's ``lr_scale`` (default 1) multiplies it.
+    ``layers`` are applied in order; each takes and returns a tensor or a tuple of tensors (sample
+    dimension first in every one), and a returned tuple becomes the next layer's positional arguments.
+    ``loss`` maps the last layer's output and a micro-batch's targets to one loss per sample (shape
+    ``[batch]``) with ``loss_normalization="sample"``: the runtime divides the weighted sum by the global
+    batch. With ``"token"`` it returns one loss per target token (the targets' shape), targets equal to
+    -100 count zero, and the runtime divides by the step's number of other targets, as language models
+    average over tokens. Tied weights are expressed by sharing one ``nn.Parameter`` object between layers;
+    the runtime keeps copies on the stages that hold them and sums their gradients.
+    ``lr_schedule(step)`` gives the learning rate of step ``step`` (from 0); a param group's ``lr_scale``
+    (default 1) multiplies it.
     """
 
     layers: Sequence[tuple[str, nn.Module]]
@@ -55,6 +61,7 @@ class ModelSpec:
     clip_grad_norm: float | None = None
     name: str = "model"
     extra: dict[str, Any] = field(default_factory=dict)
+    loss_normalization: str = "sample"
 
 
 def load_entrypoint(entrypoint: str) -> Callable[[], Any]:
@@ -68,6 +75,10 @@ def load_entrypoint(entrypoint: str) -> Callable[[], Any]:
         path = Path(target)
         if not path.is_file():
             raise UserInputError(f"entrypoint file {target} does not exist")
+        # Its own directory first, as `python file.py` would have it: helper modules next to it import.
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         module_name = "spotmorph_user_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
@@ -89,8 +100,13 @@ def load_entrypoint(entrypoint: str) -> Callable[[], Any]:
     return func  # type: ignore[no-any-return]
 
 
-def build_spec(entrypoint: str, seed: int) -> ModelSpec:
-    """Call the entrypoint under ``torch.manual_seed(seed)`` so every rank builds identical weights."""
+def build_spec(entrypoint: str, seed: int, *, check: bool = True) -> ModelSpec:
+    """Call the entrypoint under ``torch.manual_seed(seed)`` so every rank builds identical weights.
+
+    Plain ``torch.nn.Dropout`` modules become layout-free :class:`Dropout`, and the start-up checks
+    (:mod:`worker_agent.runtime.checks`) run here, in one process before any rendezvous, so a model
+    the runtime cannot train layout-free is refused with exit 2 whatever the layout.
+    """
     func = load_entrypoint(entrypoint)
     torch.manual_seed(seed)
     try:
@@ -99,7 +115,14 @@ def build_spec(entrypoint: str, seed: int) -> ModelSpec:
         raise
     except Exception as exc:
         raise UserInputError(f"entrypoint {entrypoint!r} raised {exc!r}") from exc
-    return validate_spec(spec, entrypoint)
+    spec = validate_spec(spec, entrypoint)
+    make_dropout_layout_free(spec.layers)
+    assign_dropout_keys(spec.layers)
+    if check:
+        from worker_agent.runtime.checks import check_spec  # it runs layers: it imports this module
+
+        check_spec(spec, entrypoint)
+    return spec
 
 
 def validate_spec(spec: object, entrypoint: str) -> ModelSpec:
@@ -118,6 +141,10 @@ def validate_spec(spec: object, entrypoint: str) -> ModelSpec:
             raise UserInputError(f"entrypoint {entrypoint!r}: layer {name!r} is not a torch.nn.Module")
         if not name or "." in name or "/" in name:
             raise UserInputError(f"entrypoint {entrypoint!r}: layer name {name!r} must be non-empty, no . or /")
+    if spec.loss_normalization not in NORMALIZATIONS:
+        raise UserInputError(
+            f"entrypoint {entrypoint!r}: loss_normalization={spec.loss_normalization!r}; use 'sample' or 'token'"
+        )
     for attr in ("loss", "optimizer", "lr_schedule"):
         if not callable(getattr(spec, attr)):
             raise UserInputError(f"entrypoint {entrypoint!r}: spec.{attr} must be callable")
@@ -131,19 +158,26 @@ def validate_spec(spec: object, entrypoint: str) -> ModelSpec:
 
 
 @dataclass(frozen=True)
-class _DropoutContext:
+class SampleContext:
+    """The job seed, the step, and which samples (global dataset indices) the running micro-batch holds."""
+
     seed: int
     step: int
     sample_ids: torch.Tensor
 
 
-_context: list[_DropoutContext] = []
+_context: list[SampleContext] = []
+
+
+def current_sample_context() -> SampleContext | None:
+    """The samples of the micro-batch being run (None outside a runtime step): for layout-free randomness."""
+    return _context[-1] if _context else None
 
 
 @contextlib.contextmanager
 def sample_context(seed: int, step: int, sample_ids: torch.Tensor) -> Iterator[None]:
     """Tell :class:`Dropout` which samples (global indices) the current micro-batch holds."""
-    _context.append(_DropoutContext(seed, step, sample_ids))
+    _context.append(SampleContext(seed, step, sample_ids))
     try:
         yield
     finally:
@@ -163,17 +197,42 @@ class Dropout(nn.Module):
         self.key = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if not _context:
-            return nn.functional.dropout(x, self.p, True)
-        ctx = _context[-1]
-        if ctx.sample_ids.numel() != x.shape[0]:
-            raise ValueError(
-                f"Dropout {self.key}: the activation holds {x.shape[0]} samples but the step names "
-                f"{ctx.sample_ids.numel()}; layers must keep the sample dimension first"
-            )
-        return apply_dropout(x, ctx.sample_ids, ctx.seed, ctx.step, self.key, self.p)
+        return layout_free_dropout(x, self.p, self.key, self.training)
+
+
+def layout_free_dropout(x: torch.Tensor, p: float, key: int, training: bool = True) -> torch.Tensor:
+    """What :class:`Dropout` does, for code with no module to replace (attention probabilities).
+
+    ``x`` must hold the running micro-batch's samples first. Outside a runtime step there are no sample
+    indices, and it falls back to ``torch.nn.functional.dropout``.
+    """
+    if not training or p == 0.0:
+        return x
+    ctx = current_sample_context()
+    if ctx is None:
+        return nn.functional.dropout(x, p, True)
+    if ctx.sample_ids.numel() != x.shape[0]:
+        raise ValueError(
+            f"dropout {key}: the activation holds {x.shape[0]} samples but the step names "
+            f"{ctx.sample_ids.numel()}; layers must keep the sample dimension first"
+        )
+    return apply_dropout(x, ctx.sample_ids, ctx.seed, ctx.step, key, p)
+
+
+def make_dropout_layout_free(layers: Sequence[tuple[str, nn.Module]]) -> list[str]:
+    """Replace every plain ``torch.nn.Dropout`` in ``layers`` by :class:`Dropout` with the same ``p``.
+
+    ``build_spec`` calls it, so models written with ``nn.Dropout`` (Hugging Face ones included) get masks
+    that do not depend on the layout. Returns the stable names of the replaced modules.
+    """
+    replaced = []
+    for layer_name, module in layers:
+        for parent_name, parent in list(module.named_modules()):
+            for child_name, child in list(parent.named_children()):
+                if type(child) is nn.Dropout:
+                    setattr(parent, child_name, Dropout(child.p).train(child.training))
+                    replaced.append(".".join(n for n in (layer_name, parent_name, child_name) if n))
+    return replaced
 
 
 def _mix(*values: int) -> int:

@@ -8,13 +8,15 @@ stay equal because their gradients are summed over all holders before the (ident
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout
+from worker_agent.runtime.batch import run_layers
 from worker_agent.runtime.model_api import ModelSpec
 
 
@@ -28,6 +30,21 @@ class ParamInfo:
     @property
     def owner_layer(self) -> int:
         return self.layers[0]
+
+
+class StageModule(nn.Module):
+    """The layers of one stage, chained as the whole model chains them.
+
+    A tuple a layer returns becomes the next layer's positional arguments here exactly as it does when
+    ``PipelineStage`` sends it to the next stage, so a model runs the same whichever way it is cut.
+    """
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)  # unnamed: the stable names live in PartitionedModel
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        return run_layers(list(self.layers), args if len(args) > 1 else args[0])
 
 
 class PartitionedModel:
@@ -59,9 +76,9 @@ class PartitionedModel:
                 f"{len(self.layer_names)} stages"
             )
 
-    def stage_module(self, layout: Layout, stage: int) -> nn.Sequential:
+    def stage_module(self, layout: Layout, stage: int) -> StageModule:
         first, last = layout.stage_layers[stage]
-        return nn.Sequential(OrderedDict((self.layer_names[i], self.modules[i]) for i in range(first, last)))
+        return StageModule([self.modules[i] for i in range(first, last)])
 
     def stage_params(self, layout: Layout, stage: int) -> list[tuple[str, nn.Parameter]]:
         """Parameters a stage holds (each once, under its canonical name), in model order."""

@@ -24,6 +24,15 @@ import torch
 from torch import nn
 
 from morphing.profile import parse_profile
+from worker_agent.runtime.batch import (
+    Activation,
+    as_tuple,
+    call_layer,
+    map_tensors,
+    run_layers,
+    signature,
+    stack_samples,
+)
 from worker_agent.runtime.job import DTYPES
 from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, build_spec, sample_context
 
@@ -64,35 +73,45 @@ def _saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype) -> tuple[list[Activation], torch.Tensor]:
     """The input of every layer for a micro-batch of ``m`` samples, and the targets."""
     samples = [spec.dataset[i % len(spec.dataset)] for i in range(m)]
-    x = torch.stack([s[0] for s in samples])
-    x = x.to(dtype) if x.is_floating_point() else x
-    targets = torch.stack([s[1] for s in samples])
+    x, targets = stack_samples(samples, signature(samples[0]))
+    x = map_tensors(x, lambda t: t.to(dtype) if t.is_floating_point() else t)
     targets = targets.to(dtype) if targets.is_floating_point() else targets
     inputs = []
-    with torch.no_grad():
+    ids = torch.arange(m)
+    with torch.no_grad(), sample_context(0, 0, ids):
         for _, layer in spec.layers:
             inputs.append(x)
-            x = layer(x)
+            x = call_layer(layer, x)
     return inputs, targets
+
+
+def _nbytes(x: Activation) -> int:
+    return sum(t.numel() * t.element_size() for t in as_tuple(x))
 
 
 class _LayerTiming:
     """Forward (with autograd recording, as in training) and backward of one layer on a fixed input."""
 
     def __init__(
-        self, spec: ModelSpec, layer: nn.Module, x: torch.Tensor, targets: torch.Tensor, seed: int, last: bool
+        self, spec: ModelSpec, layer: nn.Module, x: Activation, targets: torch.Tensor, seed: int, last: bool
     ) -> None:
         self.spec, self.layer, self.targets, self.seed, self.last = spec, layer, targets, seed, last
-        self.x = x.detach().requires_grad_(x.is_floating_point())
-        self.ids = torch.arange(x.shape[0])
+        self.x = map_tensors(x, lambda t: t.detach().requires_grad_(t.is_floating_point()))
+        self.ids = torch.arange(as_tuple(x)[0].shape[0])
 
     def forward(self) -> torch.Tensor:
+        """The loss (last layer) or the layer output's differentiable tensors, flattened into one."""
         with sample_context(self.seed, 0, self.ids):
-            out: torch.Tensor = self.layer(self.x)
-        return self.spec.loss(out, self.targets).sum() if self.last else out
+            out = call_layer(self.layer, self.x)
+        if self.last:
+            return self.spec.loss(out, self.targets).sum()
+        grads = [t for t in as_tuple(out) if t.requires_grad]
+        if len(grads) == 1:
+            return grads[0]
+        return torch.cat([t.reshape(-1) for t in grads]) if grads else torch.zeros(1, requires_grad=True)
 
     def backward_seconds(self, repeats: int) -> float:
         times = []
@@ -109,7 +128,7 @@ def _scale_to_chained(
     spec: ModelSpec,
     result: list[dict[str, Any]],
     key: str,
-    x: torch.Tensor,
+    x: Activation,
     targets: torch.Tensor,
     request: ProfileRequest,
 ) -> None:
@@ -118,13 +137,11 @@ def _scale_to_chained(
     Layers timed alone run with warm caches and a one-layer autograd graph; chained, the same work takes
     longer (about 20% for the demo model on a CPU). The ratio is applied to every layer.
     """
-    ids = torch.arange(x.shape[0])
+    ids = torch.arange(as_tuple(x)[0].shape[0])
 
     def chained() -> None:
         with sample_context(request.seed, 0, ids):
-            out = x
-            for _, layer in spec.layers:
-                out = layer(out)
+            out = run_layers([layer for _, layer in spec.layers], x)
         torch.autograd.backward(spec.loss(out, targets).sum())
 
     whole = _median_seconds(chained, request.repeats)
@@ -153,10 +170,10 @@ def profile_layers(spec: ModelSpec, request: ProfileRequest) -> list[dict[str, A
     m = max(request.micro_batch_sizes)
     inputs, targets = _layer_inputs(spec, m, dtype)
     for i, (_, layer) in enumerate(spec.layers):
-        with torch.no_grad():
-            out = layer(inputs[i])
+        with torch.no_grad(), sample_context(request.seed, 0, torch.arange(m)):
+            out = call_layer(layer, inputs[i])
         saved = _saved_bytes(_LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last).forward)
-        result[i]["output_activation_bytes_per_sample"] = 0 if i == last else out.numel() * out.element_size() // m
+        result[i]["output_activation_bytes_per_sample"] = 0 if i == last else _nbytes(out) // m
         result[i]["parameter_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
         result[i]["activation_memory_bytes_per_sample"] = saved // m
     return result
