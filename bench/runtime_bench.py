@@ -101,8 +101,8 @@ def checkpoint_rows(work: Path) -> list[str]:
 
     from morphing.layout import make_layout
     from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.entrypoint import load_entrypoint
     from worker_agent.runtime.job import data_cursor, identity_hash
-    from worker_agent.runtime.model_api import load_entrypoint
 
     build_config = load_entrypoint(f"{ROOT}/examples/tiny_gpt.py:build_config")
 

@@ -16,7 +16,8 @@ from spotmorph.hf import causal_lm_spec, sample_losses, token_losses
 from tests.hf import hf_models as hm
 from tests.runtime.helpers import REPO
 from worker_agent.runtime.batch import run_layers, weighted_loss
-from worker_agent.runtime.model_api import build_spec, sample_context
+from worker_agent.runtime.entrypoint import build_spec
+from worker_agent.runtime.model_api import sample_context
 from worker_agent.runtime.partition import PartitionedModel
 
 

@@ -34,8 +34,9 @@ def step_losses(*run_dirs: Path) -> dict[int, float]:
 def expected_first_loss(entry: str) -> float:
     """Step 0's global-batch loss computed here, in one process: what every layout must report."""
     from worker_agent.runtime.batch import count_target_tokens, run_layers, signature, stack_samples, weighted_loss
+    from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.job import step_indices
-    from worker_agent.runtime.model_api import build_spec, sample_context
+    from worker_agent.runtime.model_api import sample_context
 
     spec = build_spec(f"{MODELS}:{entry}", 0)
     modules = [m for _, m in spec.layers]

@@ -15,7 +15,7 @@ import pytest
 from spotmorph.cli import main
 from tests.runtime.helpers import run
 from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.model_api import load_entrypoint
+from worker_agent.runtime.entrypoint import load_entrypoint
 
 MODEL_FILE = textwrap.dedent(
     """

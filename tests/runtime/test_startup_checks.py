@@ -12,7 +12,8 @@ from torch import nn
 
 from spotmorph.cli import main
 from tests.runtime.helpers import REPO, run
-from worker_agent.runtime.model_api import Dropout, build_spec
+from worker_agent.runtime.entrypoint import build_spec
+from worker_agent.runtime.model_api import Dropout
 
 MISTAKES = f"{REPO}/tests/runtime/mistake_models.py"
 

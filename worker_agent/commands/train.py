@@ -36,9 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from morphing.layout import make_layout
     from worker_agent.runtime.checkpoint import check_same_job
+    from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.job import JobSpec
     from worker_agent.runtime.launcher import LocalRun, run_local
-    from worker_agent.runtime.model_api import build_spec
 
     job = JobSpec(
         entrypoint=args.entrypoint,

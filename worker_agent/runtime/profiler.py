@@ -33,8 +33,9 @@ from worker_agent.runtime.batch import (
     signature,
     stack_samples,
 )
+from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.job import DTYPES
-from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, build_spec, sample_context
+from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, sample_context
 
 FORMAT = "spotmorph.profile/v1"
 

@@ -151,8 +151,9 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
 
     from worker_agent.runtime import checkpoint as ckpt_mod
     from worker_agent.runtime.engine import StageRunner, make_groups, module_for_dtype
+    from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.job import JobSpec, data_cursor
-    from worker_agent.runtime.model_api import assign_dropout_keys, build_spec
+    from worker_agent.runtime.model_api import assign_dropout_keys
     from worker_agent.runtime.partition import PartitionedModel
 
     job = JobSpec.load(cfg.job_path)
