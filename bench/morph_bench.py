@@ -398,7 +398,7 @@ def static_run(work: Path, steps: int, replicas: int) -> Path:
             "--dtype=float64",
             f"--seed={SEED}",
             f"--checkpoint-dir={out}",
-            f"--checkpoint-every={INTERVAL}",
+            f"--checkpoint-interval={INTERVAL}",
             "--keep=100000",
         ),
         cwd=ROOT,

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 from controller import agents
@@ -28,7 +27,7 @@ from controller.model import (
 )
 from controller.providers import Provider
 from controller.reconcile import Config, cancel, reconcile
-from controller.spec import JobSpec
+from controller.spec import JobSpec, profile_path
 from controller.store import Store
 from morphing.errors import UserInputError
 from morphing.layout import Layout
@@ -114,7 +113,7 @@ class Runner:
         cached = self._planners.get(job.id)
         if cached is None:
             try:
-                profile = parse_profile(Path(job.spec.profile).read_text(), what=f"profile {job.spec.profile}")
+                profile = parse_profile(profile_path(job.spec).read_text(), what=f"profile {job.spec.profile}")
                 cached = MemoPlanner(profile, job.spec.global_batch, job.spec.schedule)
             except (OSError, UserInputError) as exc:
                 cached = f"profile: {exc}"

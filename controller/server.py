@@ -23,8 +23,9 @@ from controller.lifecycle import JOB_TERMINAL
 from controller.model import JobRecord, NodeObservation, NodeRecord, ranks_by_node
 from controller.reconcile import assignment_for
 from controller.runner import Runner
-from controller.spec import JobSpec, parse_spec
+from controller.spec import JobSpec, entrypoint_problem, profile_problem
 from morphing.errors import UserInputError
+from morphing.jobspec import parse_job_spec
 from morphing.layout import Layout
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
@@ -47,10 +48,10 @@ class JobsService(rpc.JobsServicer):
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.SubmitJobResponse:
         try:
-            spec = parse_spec(convert.spec_to_dict(request.spec))
+            spec = parse_job_spec(convert.spec_to_dict(request.spec))
         except UserInputError as exc:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        problem = spec.entrypoint_problem() or spec.profile_problem()
+        problem = entrypoint_problem(spec) or profile_problem(spec)
         if problem:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
         job = await self.runner.submit(spec)

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from morphing.errors import UserInputError
+from morphing.jobspec import SCHEDULES, Schedule
 from morphing.layout import Layout, contiguous_placement, local_nodes
 from morphing.profile import Profile
-from morphing.simulator import SCHEDULES, Schedule, StageTiming, simulate
+from morphing.simulator import StageTiming, simulate
 from morphing.stages import GIB, LayerCosts, Partition, StageMemory, in_flight
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
@@ -19,15 +20,17 @@ def free_port() -> int:
 
 def spec(tmp_path: Path, steps: int) -> LaunchSpec:
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
-    job = {
-        "entrypoint": TINY,
-        "global_batch": 6,
-        "seed": 3,
-        "dtype": "float64",
-        "steps": steps,
-        "checkpoint_every": 0,
-        "timeout_seconds": 10.0,
-    }
+    job = JobSpec(
+        name="supervised",
+        entrypoint=TINY,
+        global_batch=6,
+        seed=3,
+        dtype="float64",
+        steps=steps,
+        checkpoint_interval=0,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        timeout_seconds=10.0,
+    )
     return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{free_port()}", tmp_path / "ckpt")
 
 

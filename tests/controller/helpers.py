@@ -8,7 +8,7 @@ from typing import Any
 
 from controller.lifecycle import JobState, NodeState
 from controller.model import JobRecord, NodeObservation, NodeRecord, RankReport
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 from morphing.planner import Planner
 from morphing.profile import parse_profile
 

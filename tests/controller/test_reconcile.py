@@ -21,7 +21,7 @@ from controller.model import (
     apply,
 )
 from controller.reconcile import Config, assignment_for, cancel, reconcile
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 from tests.controller.helpers import job, node, planner
 
 J, N = JobState, NodeState

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from morphing.jobspec import parse_job_spec
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as pb_grpc
 from worker_agent.agent.converge import (
@@ -362,16 +363,14 @@ def _assignment(message: Any) -> Assignment | None:
 
 
 def _launch_spec(message: Any) -> LaunchSpec:
-    spec = message.spec
-    job = {
-        "entrypoint": message.entrypoint or spec.entrypoint,
-        "global_batch": spec.global_batch,
-        "seed": spec.seed,
-        "dtype": spec.dtype or "float32",
-        "steps": spec.steps,
-        "schedule": spec.schedule or "1f1b",
-        "checkpoint_every": spec.checkpoint_interval,
+    fields = {
+        field.name: getattr(message.spec, field.name)
+        for field in message.spec.DESCRIPTOR.fields
+        if not field.has_presence or message.spec.HasField(field.name)
     }
+    if message.entrypoint:
+        fields["entrypoint"] = message.entrypoint
+    job = parse_job_spec(fields, what=f"job spec of {message.job}")
     checkpoint_dir = Path(message.checkpoint_dir)
     load_from = str(checkpoint_dir / f"step-{message.resume_step:08d}") if message.resume_step else None
     return LaunchSpec(job, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, load_from)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from morphing.jobspec import JobSpec
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.runtime.trainer import STOP_FILE
 from worker_agent.runtime.warm import ASSIGNMENT, READY
@@ -38,7 +39,7 @@ WARM_DIR = ".warm"
 class LaunchSpec:
     """Everything a trainer of one generation needs, as the controller's assignment gives it."""
 
-    job: dict[str, Any]
+    job: JobSpec
     layout: dict[str, Any]
     rendezvous: str
     checkpoint_dir: Path
@@ -123,7 +124,7 @@ class Supervisor:
         gen_dir = self.generation_dir(key.job_id, key.generation)
         (gen_dir / "control").mkdir(parents=True, exist_ok=True)
         job_path, layout_path = gen_dir / "job.json", gen_dir / "layout.json"
-        job_path.write_text(json.dumps(spec.job))
+        job_path.write_text(spec.job.model_dump_json())
         layout_path.write_text(json.dumps(spec.layout))
         progress = gen_dir / f"progress-rank-{key.rank}.jsonl"
         progress.unlink(missing_ok=True)

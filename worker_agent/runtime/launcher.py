@@ -18,8 +18,8 @@ from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
+from morphing.jobspec import JobSpec
 from morphing.layout import Layout
-from worker_agent.runtime.job import JobSpec
 from worker_agent.runtime.trainer import STOP_FILE
 
 
@@ -48,7 +48,7 @@ def run_local(run: LocalRun) -> int:
     (control / STOP_FILE).unlink(missing_ok=True)
     job_path = run.run_dir / "job.json"
     layout_path = run.run_dir / "layout.json"
-    job_path.write_text(json.dumps(run.job.to_dict(), indent=1))
+    job_path.write_text(run.job.model_dump_json(indent=1))
     layout_path.write_text(json.dumps(run.layout.to_dict(), indent=1))
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         "127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False

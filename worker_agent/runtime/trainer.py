@@ -151,11 +151,11 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
 
     from worker_agent.runtime import checkpoint as ckpt_mod
     from worker_agent.runtime.engine import StageRunner, make_groups, module_for_dtype
-    from worker_agent.runtime.job import JobSpec, data_cursor
+    from worker_agent.runtime.job import data_cursor, load_job_spec, torch_dtype
     from worker_agent.runtime.model_api import assign_dropout_keys, build_spec
     from worker_agent.runtime.partition import PartitionedModel
 
-    job = JobSpec.load(cfg.job_path)
+    job = load_job_spec(cfg.job_path)
     try:
         layout = Layout.from_dict(json.loads(cfg.layout_path.read_text()))
     except (OSError, json.JSONDecodeError) as exc:
@@ -168,7 +168,7 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
     spec = build_spec(job.entrypoint, job.seed)
     model = PartitionedModel(spec)
     model.check_layout(layout)
-    module_for_dtype(model, job.torch_dtype)
+    module_for_dtype(model, torch_dtype(job.dtype))
     assign_dropout_keys(spec.layers)
     stop = StopRequest(cfg.control_dir)
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
@@ -238,7 +238,7 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
                 last_checkpoint=writer.last_committed,
             )
         finishing = stopping or step >= job.steps
-        due = finishing or (job.checkpoint_every > 0 and step % job.checkpoint_every == 0)
+        due = finishing or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
         write_started = time.perf_counter()
         if due and step != already_written:
             manifest = None
