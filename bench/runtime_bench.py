@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, spotmorph
+from worker_agent.contract import GenerationDir, StepCompleted, events_of, read_progress
 
 ENTRY = "examples/tiny_gpt.py:build"
 GLOBAL_BATCH = 16
@@ -45,9 +46,8 @@ def measured_step_seconds(stages: int, replicas: int, work: Path) -> float:
         f"--run-dir={run_dir}",
     )
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    lines = (run_dir / "progress-rank-0.jsonl").read_text().splitlines()
-    steps = [json.loads(line) for line in lines]
-    times = [e["step_seconds"] for e in steps if e["event"] == "step" and e["step"] > WARMUP]
+    records = read_progress(GenerationDir(run_dir).progress_file(0))
+    times = [e.step_seconds for e in events_of(records, StepCompleted) if e.step > WARMUP]
     return float(statistics.median(times))
 
 

@@ -73,22 +73,20 @@ def test_trainer_entry_rejects_a_layout_that_does_not_fit_the_model(tmp_path: Pa
     """The agent's path: the trainer itself refuses before it joins the rendezvous."""
     from morphing.jobspec import JobSpec
     from morphing.layout import make_layout
+    from worker_agent.contract import ExitCode, GenerationDir, TrainerArguments, TrainerFailed, read_progress
 
+    directory = GenerationDir(tmp_path / "job-1" / "gen-1")
+    directory.path.mkdir(parents=True)
     layout = make_layout(num_layers=6, pipeline_stages=2, data_parallel=1, micro_batch_size=1, global_batch=4)
-    (tmp_path / "layout.json").write_text(json.dumps(layout.to_dict()))
-    (tmp_path / "job.json").write_text(
-        JobSpec(
-            name="t", entrypoint=TINY, global_batch=4, steps=1, checkpoint_dir=str(tmp_path / "ckpt")
-        ).model_dump_json()
-    )
-    cmd = [sys.executable, "-m", "worker_agent.runtime.trainer", f"--job={tmp_path / 'job.json'}"]
-    cmd += [f"--layout={tmp_path / 'layout.json'}", "--rank=0", "--rendezvous=127.0.0.1:1"]
-    cmd += [f"--checkpoint-dir={tmp_path / 'ckpt'}", f"--progress={tmp_path / 'progress.jsonl'}"]
-    result = run(cmd, timeout=60)
-    assert result.returncode == 2, result.explain()
+    directory.layout_file.write_text(json.dumps(layout.to_dict()))
+    job = JobSpec(name="t", entrypoint=TINY, global_batch=4, steps=1, checkpoint_dir=str(tmp_path / "ckpt"))
+    directory.job_file.write_text(job.model_dump_json())
+    arguments = TrainerArguments.in_generation_dir(directory, 0, "127.0.0.1:1", tmp_path / "ckpt")
+    result = run(arguments.command(sys.executable), timeout=60)
+    assert result.returncode == ExitCode.USER_ERROR, result.explain()
     assert "partitions 6 layers but the model has 4" in result.stderr
-    last = json.loads((tmp_path / "progress.jsonl").read_text().splitlines()[-1])
-    assert last["event"] == "error" and last["kind"] == "input"
+    last = read_progress(directory.progress_file(0))[-1].event
+    assert isinstance(last, TrainerFailed) and last.kind == "input"
     assert not (tmp_path / "ckpt").exists()
 
 

@@ -38,7 +38,8 @@ from worker_agent.agent.converge import (
     accept,
     converge,
 )
-from worker_agent.agent.supervisor import WARM_DIR, LaunchSpec, Supervisor, TrainerReport
+from worker_agent.agent.supervisor import LaunchSpec, Supervisor, TrainerReport
+from worker_agent.contract import AgentWorkDir
 from worker_agent.scheduled_events import (
     EvictionNoticed,
     EvictionWatcher,
@@ -105,8 +106,9 @@ class AgentState:
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.work_dir = AgentWorkDir(config.work_dir)
         self.supervisor = Supervisor(
-            config.work_dir / "trainers", python=config.trainer_python, warm=config.warm_trainers
+            self.work_dir.trainers.path, python=config.trainer_python, warm=config.warm_trainers
         )
         self.state = AgentState()
         self.identity = _Identity(name=config.name)
@@ -118,7 +120,7 @@ class Agent:
 
     async def run(self) -> int:
         self.config.work_dir.mkdir(parents=True, exist_ok=True)
-        _kill_leftovers(self.config.work_dir)
+        _kill_leftovers(self.work_dir)
         self._write_pid()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -164,7 +166,7 @@ class Agent:
         self._wake.set()
 
     def _write_pid(self) -> None:
-        (self.config.work_dir / "agent.pid").write_text(str(os.getpid()))
+        self.work_dir.pid_file.write_text(str(os.getpid()))
 
     def _stub_now(self) -> Any:
         if self._stub is None:
@@ -185,7 +187,7 @@ class Agent:
         return (("authorization", f"Bearer {token}"),)
 
     async def _register(self) -> None:
-        remembered = self.config.work_dir / "node-name"
+        remembered = self.work_dir.node_name_file
         if not self.identity.name and remembered.exists():
             self.identity.name = remembered.read_text().strip()
         backoff = 0.2
@@ -216,7 +218,7 @@ class Agent:
                 reply.heartbeat_expiry_seconds or 10.0,
             )
             log.info("registered as %s incarnation %d", reply.node_name, reply.incarnation)
-            (self.config.work_dir / "node-name").write_text(reply.node_name)
+            self.work_dir.node_name_file.write_text(reply.node_name)
             return
 
     async def _beat(self) -> None:
@@ -392,13 +394,13 @@ def _status(report: TrainerReport) -> Any:
     return status
 
 
-def _kill_leftovers(work_dir: Path) -> None:
+def _kill_leftovers(work_dir: AgentWorkDir) -> None:
     """Trainers a previous incarnation of this agent left behind must never join a new generation."""
-    for pid_file in work_dir.glob("trainers/*/gen-*/rank-*.pid"):
+    for pid_file in work_dir.trainers.pid_files():
         with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)
         pid_file.unlink(missing_ok=True)
-    for pid_file in work_dir.glob(f"trainers/{WARM_DIR}/*/warm.pid"):
-        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
-            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-    shutil.rmtree(work_dir / "trainers" / WARM_DIR, ignore_errors=True)
+    for spool in work_dir.trainers.warm_spools():
+        with contextlib.suppress(OSError, ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(spool.pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(work_dir.trainers.warm_root, ignore_errors=True)
