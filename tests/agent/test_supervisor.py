@@ -12,6 +12,7 @@ from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.supervisor import LaunchSpec, Progress, Supervisor, absorb
 from worker_agent.contract import (
     CheckpointLoaded,
+    ProgressEvent,
     ProgressRecord,
     StepCompleted,
     TrainerFailed,
@@ -20,7 +21,7 @@ from worker_agent.contract import (
 
 
 def test_progress_folds_the_facts_the_agent_reports() -> None:
-    said = [
+    said: list[ProgressEvent] = [
         CheckpointLoaded(40, "/ckpt/step-00000040"),
         StepCompleted(41, 0.5, 0.1, 160.0, None),
         StepCompleted(42, 0.4, 0.1, 150.0, 40),

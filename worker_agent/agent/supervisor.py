@@ -298,3 +298,15 @@ class Supervisor:
             return ""
         text = trainer.log_path.read_text(errors="replace").strip().splitlines()
         return " | ".join(text[-lines:])
+
+
+def kill_leftovers(trainers: TrainersDir) -> None:
+    """Trainers a previous incarnation of this agent left behind must never join a new generation."""
+    for pid_file in trainers.pid_files():
+        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        pid_file.unlink(missing_ok=True)
+    for spool in trainers.warm_spools():
+        with contextlib.suppress(OSError, ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(spool.pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(trainers.warm_root, ignore_errors=True)

@@ -76,6 +76,30 @@ class StopRequest:
         return self.signalled or (self.control is not None and self.control.stop_requested())
 
 
+class CheckpointRequests:
+    """Checkpoint requests, agreed on in-band: rank 0's request counter rides the per-step all-reduce.
+
+    Only rank 0 contributes its counter (the others add 0), so every rank sees the same value at the same
+    step boundary even though each node's agent publishes it at its own moment. The first value seen is
+    the baseline (a request older than this generation is already covered by the checkpoint it resumed
+    from); any later change is one request.
+    """
+
+    def __init__(self, control: ControlDir | None, rank: int) -> None:
+        self.control = control if rank == 0 else None
+        self.acted_on: int | None = None
+
+    def contribution(self) -> float:
+        return float(self.control.checkpoint_request()) if self.control is not None else 0.0
+
+    def requested(self, agreed: float) -> bool:
+        """Whether the counter all ranks now share is a new request (remembering it as acted on)."""
+        counter = int(agreed)
+        new = self.acted_on is not None and counter != self.acted_on
+        self.acted_on = counter
+        return new
+
+
 def _rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
     """Join the generation's namespace of the store, wait for all ranks, then start gloo."""
     import torch.distributed as dist
@@ -129,6 +153,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     assign_dropout_keys(spec.layers)
     control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
     stop = StopRequest(control)
+    requests = CheckpointRequests(control, cfg.rank)
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
     _rendezvous(cfg, layout.world_size, job.timeout_seconds)
     progress.emit(
@@ -182,9 +207,11 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     last_time = time.perf_counter()
     loss_share = 0.0
     while True:
-        flags = torch.tensor([1.0 if stop.requested() else 0.0, loss_share], dtype=torch.float64)
+        stop_flag = 1.0 if stop.requested() else 0.0
+        flags = torch.tensor([stop_flag, loss_share, requests.contribution()], dtype=torch.float64)
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
         stopping = bool(flags[0] > 0)
+        requested = requests.requested(float(flags[2]))
         stop_at = time.time()
         now = time.perf_counter()
         if step > first_step:
@@ -198,7 +225,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                 )
             )
         finishing = stopping or step >= job.steps
-        due = finishing or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
+        due = finishing or requested or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
         write_started = time.perf_counter()
         if due and step != already_written:
             manifest = None
