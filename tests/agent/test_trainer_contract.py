@@ -14,7 +14,6 @@ from worker_agent.contract import (
     CheckpointWritten,
     ControlDir,
     ExitCode,
-    GenerationDir,
     ProgressLineError,
     ProgressReader,
     ProgressRecord,
@@ -175,7 +174,7 @@ def test_the_control_dir_carries_stop_and_checkpoint_requests(tmp_path: Path) ->
 
 
 def test_trainer_arguments_point_into_their_generation_dir(tmp_path: Path) -> None:
-    directory = GenerationDir(tmp_path / "job-1" / "gen-4")
+    directory = TrainersDir(tmp_path).generation_dir("job-1", 4)
     made = TrainerArguments.in_generation_dir(directory, 1, "10.0.0.1:29501", tmp_path / "ckpt", host_store=True)
     assert made.generation == 4 and made.progress_file == directory.progress_file(1)
     assert made.control_dir == directory.control.path and made.job_file == directory.job_file

@@ -73,9 +73,9 @@ def test_trainer_entry_rejects_a_layout_that_does_not_fit_the_model(tmp_path: Pa
     """The agent's path: the trainer itself refuses before it joins the rendezvous."""
     from morphing.jobspec import JobSpec
     from morphing.layout import make_layout
-    from worker_agent.contract import ExitCode, GenerationDir, TrainerArguments, TrainerFailed, read_progress
+    from worker_agent.contract import ExitCode, TrainerArguments, TrainerFailed, TrainersDir, read_progress
 
-    directory = GenerationDir(tmp_path / "job-1" / "gen-1")
+    directory = TrainersDir(tmp_path).generation_dir("job-1", 1)
     directory.path.mkdir(parents=True)
     layout = make_layout(num_layers=6, pipeline_stages=2, data_parallel=1, micro_batch_size=1, global_batch=4)
     directory.layout_file.write_text(json.dumps(layout.to_dict()))
