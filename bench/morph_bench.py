@@ -47,11 +47,26 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, spotmorph
+from worker_agent.contract import (
+    AgentWorkDir,
+    CheckpointLoaded,
+    CheckpointWritten,
+    ProgressRecord,
+    StepCompleted,
+    TrainerStarted,
+    TrainingFinished,
+    TrainingStopped,
+    read_progress,
+)
+
+E = TypeVar("E")
+# The progress events that say how many steps were done.
+HAS_STEP = (CheckpointLoaded, StepCompleted, CheckpointWritten, TrainingStopped, TrainingFinished)
 
 HEADING = "## Morph latency on the local cluster"
 NODES, SLOTS = 4, 1
@@ -133,12 +148,11 @@ class Cluster:
         if self.env.get("SPOTMORPH_WARM_TRAINERS") == "0":
             return True
         for vm in (self.dir / "vms").iterdir():
-            if not _alive(vm / "agent.pid"):
+            work_dir = AgentWorkDir(vm)
+            if not _alive(work_dir.pid_file):
                 continue
             spools = [
-                d
-                for d in vm.glob("trainers/.warm/*")
-                if (d / "ready").exists() and not (d / "assignment.json").exists() and _alive(d / "warm.pid")
+                s for s in work_dir.trainers.warm_spools() if s.ready() and not s.assigned() and _alive(s.pid_file)
             ]
             if len(spools) < SLOTS:
                 return False
@@ -146,17 +160,18 @@ class Cluster:
 
     def vm_dir(self, node: str) -> Path:
         for vm in (self.dir / "vms").iterdir():
-            name = vm / "node-name"
+            name = AgentWorkDir(vm).node_name_file
             if name.exists() and name.read_text().strip() == node:
                 return vm
         raise RuntimeError(f"no VM runs {node}")
 
-    def progress(self, job: str, generation: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
-        """Progress lines of one generation, by (vm, rank)."""
+    def progress(self, job: str, generation: int) -> dict[tuple[str, int], list[ProgressRecord]]:
+        """Progress records of one generation, by (vm, rank)."""
         out = {}
-        for path in self.dir.glob(f"vms/*/trainers/{job}/gen-{generation}/progress-rank-*.jsonl"):
-            lines = [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
-            out[(path.parts[-5], int(path.stem.rsplit("-", 1)[1]))] = lines
+        for vm in sorted((self.dir / "vms").glob("*")):
+            directory = AgentWorkDir(vm).trainers.generation_dir(job, generation)
+            for rank, path in directory.progress_files().items():
+                out[(vm.name, rank)] = read_progress(path)
         return out
 
     def preempt(self, node: str, notice: float) -> float:
@@ -193,13 +208,14 @@ def wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _first(lines: list[dict[str, Any]], event: str) -> dict[str, Any] | None:
-    return next((x for x in lines if x.get("event") == event), None)
+def _first(records: list[ProgressRecord], kind: type[E]) -> tuple[float, E] | None:
+    """When the first event of ``kind`` was written, and the event."""
+    return next(((r.time, r.event) for r in records if isinstance(r.event, kind)), None)
 
 
 def first_step_done(cluster: Cluster, job: str, generation: int, world: int) -> bool:
     files = cluster.progress(job, generation)
-    return len(files) >= world and all(_first(lines, "step") is not None for lines in files.values())
+    return len(files) >= world and all(_first(records, StepCompleted) is not None for records in files.values())
 
 
 def job_nodes(cluster: Cluster, job: str) -> list[str]:
@@ -240,12 +256,12 @@ def wait_new_generation(cluster: Cluster, job: str, after: int, timeout: float) 
 def measure(cluster: Cluster, job: str, morph: Morph, old: int) -> None:
     """Fill ``morph.milestones`` from the old and new generations' progress and the event log."""
     m = morph.milestones
-    stopped = [_first(lines, "stopped") for lines in cluster.progress(job, old).values()]
+    stopped = [_first(records, TrainingStopped) for records in cluster.progress(job, old).values()]
     if morph.cause == "preempt":
         if not all(stopped):
             raise RuntimeError(f"generation {old} did not stop cleanly: {stopped}")
-        m["stop"] = max(float(s["stop_at"]) for s in stopped if s)
-        m["checkpoint"] = max(float(s["stop_at"]) + float(s["checkpoint_seconds"]) for s in stopped if s)
+        m["stop"] = max(s.stop_at for _, s in filter(None, stopped))
+        m["checkpoint"] = max(s.stop_at + s.checkpoint_seconds for _, s in filter(None, stopped))
     issued = [
         e
         for e in cluster.events(job)
@@ -253,25 +269,25 @@ def measure(cluster: Cluster, job: str, morph: Morph, old: int) -> None:
     ]
     m["plan"] = float(issued[0]["at"])  # for a kill: detection (a trainer's peer died) and planning
     new = list(cluster.progress(job, morph.generation).values())
-    started = [_first(lines, "started") for lines in new]
-    resumed = [_first(lines, "resumed") for lines in new]
-    steps = [_first(lines, "step") for lines in new]
-    m["deliver"] = max(float(s["process_started_at"]) for s in started if s)
-    m["process start"] = max(float(s["ready_at"]) for s in started if s)
-    m["rendezvous"] = max(float(s["time"]) for s in started if s)
-    m["load"] = max(float(s["time"]) for s in resumed if s)
-    m["first step"] = max(float(s["time"]) for s in steps if s)
-    morph.step_seconds = statistics.median(float(s["step_seconds"]) for s in steps if s)
+    started = [s for records in new if (s := _first(records, TrainerStarted))]
+    resumed = [loaded for records in new if (loaded := _first(records, CheckpointLoaded))]
+    steps = [step for records in new if (step := _first(records, StepCompleted))]
+    m["deliver"] = max(float(s.process_started_at or 0.0) for _, s in started)
+    m["process start"] = max(s.ready_at for _, s in started)
+    m["rendezvous"] = max(at for at, _ in started)
+    m["load"] = max(at for at, _ in resumed)
+    m["first step"] = max(at for at, _ in steps)
+    morph.step_seconds = statistics.median(s.step_seconds for _, s in steps)
 
 
 def last_step(cluster: Cluster, job: str, generation: int) -> int:
-    steps = [int(x.get("step", 0)) for lines in cluster.progress(job, generation).values() for x in lines]
-    return max(steps, default=0)
+    records = [r for rank in cluster.progress(job, generation).values() for r in rank]
+    return max((r.event.step for r in records if isinstance(r.event, HAS_STEP)), default=0)
 
 
 def resume_step(cluster: Cluster, job: str, generation: int) -> int:
-    resumed = [_first(lines, "resumed") for lines in cluster.progress(job, generation).values()]
-    return max((int(r["step"]) for r in resumed if r), default=0)
+    resumed = [_first(records, CheckpointLoaded) for records in cluster.progress(job, generation).values()]
+    return max((r.step for _, r in filter(None, resumed)), default=0)
 
 
 # -- the floor -------------------------------------------------------------------------------------
@@ -398,7 +414,7 @@ def static_run(work: Path, steps: int, replicas: int) -> Path:
             "--dtype=float64",
             f"--seed={SEED}",
             f"--checkpoint-dir={out}",
-            f"--checkpoint-every={INTERVAL}",
+            f"--checkpoint-interval={INTERVAL}",
             "--keep=100000",
         ),
         cwd=ROOT,

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, spotmorph
+from worker_agent.contract import GenerationDir, StepCompleted, events_of, read_progress
 
 ENTRY = "examples/tiny_gpt.py:build"
 GLOBAL_BATCH = 16
@@ -45,9 +46,8 @@ def measured_step_seconds(stages: int, replicas: int, work: Path) -> float:
         f"--run-dir={run_dir}",
     )
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    lines = (run_dir / "progress-rank-0.jsonl").read_text().splitlines()
-    steps = [json.loads(line) for line in lines]
-    times = [e["step_seconds"] for e in steps if e["event"] == "step" and e["step"] > WARMUP]
+    records = read_progress(GenerationDir(run_dir).progress_file(0))
+    times = [e.step_seconds for e in events_of(records, StepCompleted) if e.step > WARMUP]
     return float(statistics.median(times))
 
 
@@ -99,10 +99,11 @@ def _raw_disk(path: Path, size: int) -> tuple[float, float]:
 def checkpoint_rows(work: Path) -> list[str]:
     import torch
 
+    from morphing.jobspec import identity_hash
     from morphing.layout import make_layout
     from worker_agent.runtime import checkpoint as ck
     from worker_agent.runtime.entrypoint import load_entrypoint
-    from worker_agent.runtime.job import data_cursor, identity_hash
+    from worker_agent.runtime.job import data_cursor
 
     build_config = load_entrypoint(f"{ROOT}/examples/tiny_gpt.py:build_config")
 

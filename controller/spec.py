@@ -1,92 +1,67 @@
-"""The job spec: YAML validated by pydantic; errors name the field and the fix.
+"""The job spec on the client and controller side: files, ``--set`` overrides, checks of this machine.
 
-Paths in a spec (entrypoint file, profile, checkpoint_dir) are resolved against the spec file's folder
-by the client, so the controller always receives absolute paths.
+The model itself is :class:`morphing.jobspec.JobSpec`, shared with the agent and the trainer. What
+stays here needs the file system: reading a YAML file, resolving its relative paths against the file's
+folder (so the controller always receives absolute paths) and checking that the entrypoint and the
+profile exist.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from morphing.errors import UserInputError
-from morphing.profile import describe_validation_error
+from morphing.jobspec import JobSpec, parse_job_spec
 
 # Fields ``--set`` may change; anything else in the spec may be set too, these are just documented.
 COMMON_OVERRIDES = ("steps", "global_batch", "dtype", "checkpoint_interval", "seed", "priority")
 
+# Re-exported: the controller's modules import the model from here.
+__all__ = [
+    "COMMON_OVERRIDES",
+    "JobSpec",
+    "apply_overrides",
+    "entrypoint_problem",
+    "load_spec_file",
+    "profile_path",
+    "profile_problem",
+]
 
-class JobSpec(BaseModel):
-    """What to train and how; the layout is the controller's business, not the user's."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    entrypoint: str = Field(min_length=3, max_length=1024, description="path/file.py:function or module:function")
-    global_batch: PositiveInt = Field(le=1_000_000_000, description="samples per optimizer step")
-    steps: PositiveInt = Field(le=1_000_000_000, description="train until this step")
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
-    dtype: Literal["float32", "float64"] = "float32"
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    micro_batch_size: PositiveInt | None = Field(default=None, le=1_000_000)
-    checkpoint_interval: int = Field(default=50, ge=0, le=1_000_000_000, description="steps; 0: only on morphs")
-    checkpoint_dir: str = Field(min_length=1, max_length=4096)
-    priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
-    profile: str = Field(min_length=1, max_length=4096, description="planner profile JSON")
-    max_pipeline_stages: PositiveInt | None = Field(default=None, le=4096)
-    min_gpus: PositiveInt = Field(default=1, le=1_000_000)
-    max_restarts: int = Field(default=3, ge=0, le=1000, description="trainer failures tolerated")
-
-    @field_validator("entrypoint")
-    @classmethod
-    def _entrypoint_shape(cls, value: str) -> str:
-        target, sep, function = value.rpartition(":")
-        if not sep or not target or not function.isidentifier():
-            raise ValueError("use path/file.py:function or package.module:function")
-        return value
-
-    def entrypoint_problem(self) -> str | None:
-        """Why the entrypoint cannot be found on this machine, without importing it."""
-        target = self.entrypoint.rpartition(":")[0]
-        if target.endswith(".py") or "/" in target:
-            if not Path(target).is_file():
-                return f"entrypoint: file {target} does not exist"
-            return None
-        try:
-            found = importlib.util.find_spec(target)
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
-            return f"entrypoint: module {target} cannot be found"
+def entrypoint_problem(spec: JobSpec) -> str | None:
+    """Why the entrypoint cannot be found on this machine, without importing it."""
+    target = spec.entrypoint.rpartition(":")[0]
+    if target.endswith(".py") or "/" in target:
+        if not Path(target).is_file():
+            return f"entrypoint: file {target} does not exist"
         return None
-
-    def profile_problem(self) -> str | None:
-        if not Path(self.profile).is_file():
-            return f"profile: file {self.profile} does not exist; measure one with `spotmorph profile`"
-        return None
-
-
-def parse_spec(data: Any, what: str = "job spec") -> JobSpec:
-    """A validated spec from parsed YAML/JSON; :class:`UserInputError` names the field."""
-    if not isinstance(data, dict):
-        raise UserInputError(f"{what}: expected a mapping of fields, got {type(data).__name__}")
     try:
-        return JobSpec.model_validate(data)
-    except ValidationError as exc:
-        raise UserInputError(describe_validation_error(exc, what)) from None
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        return f"entrypoint: module {target} cannot be found"
+    return None
 
 
-def spec_from_json(text: str) -> JobSpec:
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UserInputError(f"job spec is not JSON: {exc}") from None
-    return parse_spec(data)
+def profile_problem(spec: JobSpec) -> str | None:
+    """Why the controller could not plan this job: its profile is missing or not a file."""
+    if spec.profile is None:
+        return "profile: missing; the controller plans with it, measure one with `spotmorph profile`"
+    if not Path(spec.profile).is_file():
+        return f"profile: file {spec.profile} does not exist; measure one with `spotmorph profile`"
+    return None
+
+
+def profile_path(spec: JobSpec) -> Path:
+    """The planner profile of a submitted job (submission checked that it has one)."""
+    if spec.profile is None:
+        raise UserInputError(f"job {spec.name} names no profile; resubmit it with one")
+    return Path(spec.profile)
 
 
 def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
@@ -126,8 +101,4 @@ def load_spec_file(path: str, overrides: list[str] | None = None) -> JobSpec:
         target, sep, function = entry.rpartition(":")
         if sep and (target.endswith(".py") or "/" in target):
             data["entrypoint"] = f"{(base / target).resolve()}:{function}"
-    return parse_spec(data, what=f"job spec {path}")
-
-
-def json_schema() -> dict[str, Any]:
-    return JobSpec.model_json_schema()
+    return parse_job_spec(data, what=f"job spec {path}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from morphing.jobspec import Schedule
 from morphing.layout import Layout
-from morphing.simulator import Schedule
 from morphing.stages import StageMemory
 
 

@@ -25,10 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from morphing.errors import UserInputError
+from morphing.jobspec import SCHEDULES, Schedule
 from morphing.layout import Layout, contiguous_placement, local_nodes
 from morphing.plan_result import Infeasible, Plan, PlanResult, throughput
 from morphing.profile import Profile
-from morphing.simulator import SCHEDULES, Schedule, StageTiming, simulate
+from morphing.simulator import StageTiming, simulate
 from morphing.slots import SlotSpace, check_counts
 from morphing.stages import GIB, LayerCosts, Partition, in_flight
 

@@ -48,9 +48,10 @@ from pydantic import (
     model_validator,
 )
 
-from morphing.errors import UserInputError
+from morphing.errors import UserInputError, describe_validation_error
 
 PROFILE_FORMAT = "spotmorph.profile/v1"
+PROFILE_DOCS = "see the format in morphing/profile.py or docs/profile.md"
 
 
 class _Frozen(BaseModel):
@@ -118,22 +119,6 @@ class Profile(_Frozen):
         return self.model_dump_json(indent=2)
 
 
-def describe_validation_error(error: ValidationError, what: str) -> str:
-    """One line naming the first failing field (``layers[3].forward_seconds.2``) and what it needs."""
-    first = error.errors()[0]
-    location = ""
-    for part in first["loc"]:
-        location += f"[{part}]" if isinstance(part, int) else (f".{part}" if location else str(part))
-    message = first["msg"]
-    if first["type"] == "missing":
-        message = "missing; add it (see the format in morphing/profile.py or docs/profile.md)"
-    elif first["type"] == "extra_forbidden":
-        message = "unknown field; remove it or fix its spelling"
-    more = len(error.errors()) - 1
-    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{what} field {location or '(top level)'}: {message}{suffix}"
-
-
 def parse_profile(text: str, what: str = "profile") -> Profile:
     """A validated profile from JSON text; :class:`UserInputError` names the bad field otherwise."""
     try:
@@ -153,4 +138,4 @@ def parse_profile(text: str, what: str = "profile") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise UserInputError(describe_validation_error(exc, what)) from exc
+        raise UserInputError(describe_validation_error(exc, what, PROFILE_DOCS)) from exc

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
-Schedule = Literal["1f1b", "gpipe"]
-SCHEDULES: tuple[str, ...] = get_args(Schedule)
+from morphing.jobspec import SCHEDULES, Schedule
 
 
 @dataclass(frozen=True)

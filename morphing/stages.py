@@ -13,8 +13,8 @@ import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
+from morphing.jobspec import Schedule
 from morphing.profile import Profile
-from morphing.simulator import Schedule
 
 GIB = 1024**3
 

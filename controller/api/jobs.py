@@ -13,9 +13,10 @@ from controller.api.status import Context, abort, abort_for
 from controller.api.writes import Writes
 from controller.core.lifecycle import JOB_TERMINAL
 from controller.shell.views import StateView
-from controller.spec import parse_spec
+from controller.spec import entrypoint_problem, profile_problem
 from controller.spec_wire import spec_to_dict
 from morphing.errors import UserInputError
+from morphing.jobspec import parse_job_spec
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
@@ -31,10 +32,10 @@ class JobsService(rpc.JobsServicer):
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.SubmitJobResponse:
         try:
-            spec = parse_spec(spec_to_dict(request.spec))
+            spec = parse_job_spec(spec_to_dict(request.spec))
         except UserInputError as exc:
             await abort_for(context, exc)
-        problem = spec.entrypoint_problem() or spec.profile_problem()
+        problem = entrypoint_problem(spec) or profile_problem(spec)
         if problem:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
         job = await self.writes.submit(spec)

@@ -3,7 +3,8 @@
 It is the embedded default for trying spotmorph without a cloud. An instance lives in
 ``cluster_dir/vms/vm-<serial>/``: the agent's work directory, its ``agent.pid``, and, once it has
 registered, ``node-name`` (the controller names nodes ``node-1``, ``node-2``, ... in join order).
-Killing an instance kills what a dying VM takes with it: the agent and every trainer it started.
+Each agent leads a session of its own, and its trainers stay in it, so killing an instance kills what a
+dying VM takes with it, the whole session, without knowing where the agent keeps its trainers' files.
 The controller only starts processes by command line, so it never imports the agent.
 """
 
@@ -51,12 +52,10 @@ class LocalVm:
             return False
         return not _is_zombie(pid)
 
-    def trainer_pids(self) -> list[int]:
-        pids = []
-        for pid_file in self.directory.glob("trainers/*/gen-*/rank-*.pid"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.append(int(pid_file.read_text()))
-        return pids
+    def session_pids(self) -> list[int]:
+        """Every process still in the agent's session: the agent, its trainers, their warm spares."""
+        leader = self.pid
+        return [] if leader is None else session_members(leader)
 
 
 class LocalProcessProvider:
@@ -161,15 +160,36 @@ class LocalProcessProvider:
 
 
 def kill_vm(vm: LocalVm, sig: int = signal.SIGKILL) -> None:
-    """What a VM's death does: the agent and every trainer on it end at once (no notice, no checkpoint)."""
-    for pid in [vm.pid, *vm.trainer_pids()]:
-        if pid is None:
-            continue
+    """What a VM's death does: the agent and every trainer on it end at once (no notice, no checkpoint).
+
+    The agent goes first, so it cannot start another trainer while its session is being emptied."""
+    if vm.pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(vm.pid, sig)
+    members = vm.session_pids()
+    for pid in members:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-    for pid in [vm.pid, *vm.trainer_pids()]:
-        if pid is not None:
-            _reap(pid)
+            os.kill(pid, sig)
+    for pid in [vm.pid, *members]:
+        _reap(pid)
+
+
+def session_members(session: int) -> list[int]:
+    """Live processes whose session id is ``session`` (from /proc; none where there is no /proc)."""
+    members = []
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                # After "pid (command) ": state, parent, process group, session, ...
+                fields = (entry / "stat").read_text().rsplit(") ", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != "Z" and int(fields[3]) == session:
+                members.append(int(entry.name))
+    return members
 
 
 def _reap(pid: int) -> None:

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from controller.core import capacity
@@ -35,7 +34,7 @@ from controller.core.model import (
 from controller.core.reconcile import Config, cancel, reconcile
 from controller.persistence.store import Store
 from controller.providers.base import CannotList, Clock, Provider, ProviderInbox
-from controller.spec import JobSpec
+from controller.spec import JobSpec, profile_path
 from morphing.errors import UserInputError
 from morphing.layout import Layout
 from morphing.planner import Planner, PlanResult
@@ -139,7 +138,7 @@ class Runner:
         cached = self._planners.get(job.id)
         if cached is None:
             try:
-                profile = parse_profile(Path(job.spec.profile).read_text(), what=f"profile {job.spec.profile}")
+                profile = parse_profile(profile_path(job.spec).read_text(), what=f"profile {job.spec.profile}")
                 cached = MemoPlanner(profile, job.spec.global_batch, job.spec.schedule)
             except (OSError, UserInputError) as exc:
                 cached = f"profile: {exc}"

@@ -20,11 +20,24 @@ from pathlib import Path
 from typing import Any
 
 from morphing.errors import UserInputError
+from worker_agent.contract import (
+    AgentWorkDir,
+    CheckpointLoaded,
+    CheckpointWritten,
+    ProgressRecord,
+    StepCompleted,
+    TrainingFinished,
+    TrainingStopped,
+    events_of,
+    read_progress,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "tiny_gpt.yaml"
 ENTRYPOINT = f"{ROOT}/examples/tiny_gpt.py:build"
 TOLERANCE = 1e-9
+# The progress events that say how many steps were done.
+_HAS_STEP = (CheckpointLoaded, StepCompleted, CheckpointWritten, TrainingStopped, TrainingFinished)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,12 +96,13 @@ class _Demo:
     def job_nodes(self, job: str) -> list[str]:
         return sorted(n["name"] for n in json.loads(self.cli("nodes", "--json")) if n["job"] == job)
 
-    def progress_by_generation(self, job: str) -> dict[int, list[dict[str, Any]]]:
-        found: dict[int, list[dict[str, Any]]] = {}
-        for path in (self.home / "local" / "vms").glob(f"*/trainers/{job}/gen-*/progress-rank-0.jsonl"):
-            generation = int(path.parent.name.removeprefix("gen-"))
-            lines = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-            found[generation] = lines
+    def progress_by_generation(self, job: str) -> dict[int, list[ProgressRecord]]:
+        """Rank 0's progress of every generation of ``job``, whichever VM ran it."""
+        found: dict[int, list[ProgressRecord]] = {}
+        for vm in sorted((self.home / "local" / "vms").glob("*")):
+            for directory in AgentWorkDir(vm).trainers.generation_dirs(job):
+                if directory.progress_file(0).exists():
+                    found[directory.generation] = read_progress(directory.progress_file(0))
         return found
 
 
@@ -186,7 +200,7 @@ def _timeline(demo: _Demo, job: str, final: dict[str, Any]) -> None:
     for event in issued:
         data = event["data"]
         generation = int(data["generation"])
-        before = [int(r.get("step", 0)) for r in progress.get(generation - 1, []) if "step" in r]
+        before = [r.event.step for r in progress.get(generation - 1, []) if isinstance(r.event, _HAS_STEP)]
         lost = max(0, max(before, default=0) - int(data["resume_step"])) if generation > 1 else 0
         morph = seconds.get(generation)
         print(
@@ -194,9 +208,8 @@ def _timeline(demo: _Demo, job: str, final: dict[str, Any]) -> None:
             f"{'' if morph is None else f'{morph:.1f}':>8}  {data['cause']}"
         )
     last = progress.get(int(final["generation"]), [])
-    losses = [r["loss"] for r in last if r.get("event") == "step" and r.get("loss") is not None]
-    first = progress.get(1, [])
-    first_losses = [r["loss"] for r in first if r.get("event") == "step" and r.get("loss") is not None]
+    losses = [e.loss for e in events_of(last, StepCompleted)]
+    first_losses = [e.loss for e in events_of(progress.get(1, []), StepCompleted)]
     print(f"\n  steps lost in total: {final['steps_lost']}")
     if losses and first_losses:
         print(f"  loss: {first_losses[0]:.3f} at the first step -> {losses[-1]:.3f} at step {final['step']}")

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from morphing.errors import UserInputError
+from morphing.jobspec import SCHEDULES
 from morphing.planner import Plan, Planner, PlanResult
 from morphing.profile import Profile, parse_profile
-from morphing.simulator import SCHEDULES
 from morphing.stages import GIB
 
 EXIT_NO_FIT = 1

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from worker_agent.agent.converge import (
     Assignment,
     KillTrainer,
+    RequestCheckpoint,
     RequestStop,
     StartTrainer,
     TrainerKey,
@@ -46,6 +47,15 @@ def test_abort_kills_and_idle_clears_the_node() -> None:
     assert converge(None, []) == []
 
 
+def test_the_checkpoint_request_counter_goes_to_the_running_generation_only() -> None:
+    wanted = Assignment("j", 2, "run", (0,), checkpoint_request=3)
+    assert converge(wanted, [running("j", 2, 0)]) == [RequestCheckpoint("j", 2, 3)]
+    assert converge(Assignment("j", 2, "run", (0,)), [running("j", 2, 0)]) == []
+    stale = converge(wanted, [running("j", 1, 0)])
+    assert [type(c) for c in stale] == [KillTrainer], "no request reaches a generation that is not started yet"
+    assert converge(Assignment("j", 2, "stop", (0,), checkpoint_request=3), [running("j", 2, 0, True)]) == []
+
+
 def test_exited_trainers_are_not_restarted() -> None:
     exited = TrainerStatus(TrainerKey("j", 1, 0), False, 1)
     assert converge(Assignment("j", 1, "run", (0,)), [exited]) == []
@@ -66,6 +76,7 @@ assignments = st.builds(
     st.integers(1, 4),
     actions,
     st.lists(st.integers(0, 3), unique=True).map(tuple),
+    st.integers(0, 3),
 )
 
 
@@ -83,7 +94,7 @@ def test_two_generations_never_run_side_by_side(sequence: list[Assignment]) -> N
                     trainers[command.key] = TrainerStatus(command.key, True)
                 elif isinstance(command, KillTrainer):
                     trainers[command.key] = TrainerStatus(command.key, False, -9)
-                else:
+                elif isinstance(command, RequestStop):
                     for key, status in list(trainers.items()):
                         if (key.job_id, key.generation) == (command.job_id, command.generation):
                             trainers[key] = TrainerStatus(key, status.running, stop_requested=True)

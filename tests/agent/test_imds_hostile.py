@@ -266,4 +266,4 @@ def test_the_agent_outlives_a_bad_document_and_clears_a_withdrawn_notice(
         watching.cancel()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=20))
-    assert [r.WhichOneof("event") for r in reported] == ["eviction"]
+    assert [type(r).__name__ for r in reported] == ["EvictionNotice"]

@@ -5,10 +5,37 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
-from worker_agent.agent.supervisor import LaunchSpec, Supervisor
+from worker_agent.agent.supervisor import LaunchSpec, Progress, Supervisor, absorb
+from worker_agent.contract import (
+    CheckpointLoaded,
+    ProgressEvent,
+    ProgressRecord,
+    StepCompleted,
+    TrainerFailed,
+    TrainingFinished,
+)
+
+
+def test_progress_folds_the_facts_the_agent_reports() -> None:
+    said: list[ProgressEvent] = [
+        CheckpointLoaded(40, "/ckpt/step-00000040"),
+        StepCompleted(41, 0.5, 0.1, 160.0, None),
+        StepCompleted(42, 0.4, 0.1, 150.0, 40),
+        TrainingFinished(42, 42, 1.0, 0.2),
+    ]
+    progress = Progress()
+    seen = []
+    for event in said:
+        progress = absorb(progress, ProgressRecord(event, 0, 1, 9, 0.0))
+        seen.append((progress.step, progress.last_checkpoint_step, progress.stepped, progress.finished))
+    assert seen == [(40, None, False, False), (41, None, True, False), (42, 40, True, False), (42, 42, True, True)]
+    assert (progress.loss, progress.samples_per_second) == (0.4, 150.0)
+    failed = absorb(progress, ProgressRecord(TrainerFailed("abort", "peer gone"), 0, 1, 9, 0.0))
+    assert failed.error == "peer gone" and failed.step == 42
 
 
 def free_port() -> int:
@@ -19,15 +46,17 @@ def free_port() -> int:
 
 def spec(tmp_path: Path, steps: int) -> LaunchSpec:
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
-    job = {
-        "entrypoint": TINY,
-        "global_batch": 6,
-        "seed": 3,
-        "dtype": "float64",
-        "steps": steps,
-        "checkpoint_every": 0,
-        "timeout_seconds": 10.0,
-    }
+    job = JobSpec(
+        name="supervised",
+        entrypoint=TINY,
+        global_batch=6,
+        seed=3,
+        dtype="float64",
+        steps=steps,
+        checkpoint_interval=0,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        timeout_seconds=10.0,
+    )
     return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{free_port()}", tmp_path / "ckpt")
 
 

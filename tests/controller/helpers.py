@@ -11,7 +11,7 @@ from typing import Any
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord, NodeObservation, NodeRecord, RankReport
 from controller.persistence.store import Store
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 from morphing.planner import Planner
 from morphing.profile import parse_profile
 

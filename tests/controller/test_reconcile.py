@@ -23,7 +23,7 @@ from controller.core.model import (
 )
 from controller.core.reconcile import Config, assignment_for, cancel, reconcile
 from controller.core.reconcile.growth import measured_rate
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 from tests.controller.helpers import job, node, planner
 
 J, N = JobState, NodeState

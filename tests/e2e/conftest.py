@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from worker_agent.contract import AgentWorkDir
+
 REPO = Path(__file__).resolve().parents[2]
 DEMO = f"{REPO}/examples/tiny_gpt.py:build"
 
@@ -93,9 +95,13 @@ class LocalCluster:
         assert found["state"] not in {"FAILED", "CANCELLED"}, found
         return found
 
+    def vms(self) -> list[Path]:
+        """Every VM's folder, which is its agent's work dir."""
+        return sorted((self.cluster / "vms").glob("*"))
+
     def vm_of(self, node: str) -> Path:
-        for vm in (self.cluster / "vms").iterdir():
-            name = vm / "node-name"
+        for vm in self.vms():
+            name = AgentWorkDir(vm).node_name_file
             if name.exists() and name.read_text().strip() == node:
                 return vm
         raise AssertionError(f"no VM runs {node}")

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from worker_agent.contract import AgentWorkDir, read_progress
+
 from .conftest import LocalCluster, alive, max_rel_diff, reference
 
 pytestmark = pytest.mark.slow
@@ -112,7 +114,7 @@ def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_
     cluster.cli("cancel", job)
     assert cluster.wait_state(job, {"CANCELLED"}, 60)["state"] == "CANCELLED"
     cluster.wait(lambda: not any(n["job"] == job for n in cluster.nodes()), 60, "the job's nodes to be free")
-    trainers = [int(p.read_text()) for p in cluster.cluster.glob("vms/*/trainers/*/gen-*/rank-*.pid")]
+    trainers = [int(p.read_text()) for vm in cluster.vms() for p in AgentWorkDir(vm).trainers.pid_files()]
     cluster.wait(lambda: not any(alive(pid) for pid in trainers), 60, "the trainers to exit")
     verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
     assert verified["step"] > int(grown["step"]), "no checkpoint was written in the grown layout"
@@ -122,10 +124,10 @@ def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_
 
 def _rank0_progress_step(cluster: LocalCluster) -> int:
     steps = [0]
-    for path in cluster.cluster.glob("vms/*/trainers/*/gen-*/progress-rank-*.jsonl"):
-        for line in path.read_text().splitlines():
-            if line.endswith("}"):
-                steps.append(int(json.loads(line).get("step", 0)))
+    for vm in cluster.vms():
+        for directory in AgentWorkDir(vm).trainers.generation_dirs():
+            for path in directory.progress_files().values():
+                steps += [int(getattr(r.event, "step", 0)) for r in read_progress(path)]
     return max(steps)
 
 
@@ -152,13 +154,15 @@ def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp
     cluster.wait_step(job, 30, 120)
     victim = job_nodes(cluster, job)[-1]
     vm = cluster.vm_of(victim)
-    old_trainers = [int(p.read_text()) for p in vm.glob("trainers/*/gen-1/rank-*.pid")]
+    work_dir = AgentWorkDir(vm)
+    first_generation = [d for d in work_dir.trainers.generation_dirs() if d.generation == 1]
+    old_trainers = [int(p.read_text()) for d in first_generation for p in d.pid_files().values()]
     assert old_trainers and all(alive(pid) for pid in old_trainers)
-    os.kill(int((vm / "agent.pid").read_text()), signal.SIGKILL)
+    os.kill(int(work_dir.pid_file.read_text()), signal.SIGKILL)
     args = json.loads((vm / "agent.json").read_text())
     with open(vm / "agent.log", "ab") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=cluster.env, start_new_session=True)
-    (vm / "agent.pid").write_text(str(process.pid))
+    work_dir.pid_file.write_text(str(process.pid))
 
     def new_incarnation() -> bool:
         return any(n["name"] == victim and n.get("incarnation", 1) >= 2 for n in cluster.nodes())
@@ -168,7 +172,7 @@ def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
     assert final["generation"] >= 2
-    for path in vm.glob("trainers/*/gen-1/progress-rank-*.jsonl"):
-        generations = {json.loads(line)["generation"] for line in path.read_text().splitlines() if line.endswith("}")}
-        assert generations <= {1}
+    for directory in first_generation:
+        for path in directory.progress_files().values():
+            assert {r.generation for r in read_progress(path)} <= {1}
     assert_equals_reference(cluster, checkpoints, references)

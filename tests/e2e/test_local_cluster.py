@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from worker_agent.contract import AgentWorkDir
+
 from .conftest import LocalCluster, alive, max_rel_diff, reference
 from .test_elastic import BATCH, SEED, STEPS
 
@@ -56,7 +58,7 @@ def test_a_node_that_cannot_start_trainers_says_why_and_the_job_runs_without_it(
     args += ["--python", "/nonexistent/bin/python3"]
     with open(broken / "agent.log", "ab") as log:
         agent = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=cluster.env, start_new_session=True)
-    (broken / "agent.pid").write_text(str(agent.pid))
+    AgentWorkDir(broken).pid_file.write_text(str(agent.pid))
     cluster.wait(lambda: len(cluster.nodes()) == 2, 60, "the broken node to register")
     checkpoints = tmp_path / "ckpt"
     job = cluster.submit(

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runtime.helpers import REPO, Result, events, run
+from tests.runtime.helpers import REPO, Result, run
+from worker_agent.contract import StepCompleted, events_of, read_progress
 from worker_agent.runtime import checkpoint as ck
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,9 @@ def hf_train(ckpt: Path, entry: str, stages: int, replicas: int, steps: int, run
 
 
 def step_losses(*run_dirs: Path) -> dict[int, float]:
-    return {e["step"]: e["loss"] for d in run_dirs for e in events(d / "progress-rank-0.jsonl") if e["event"] == "step"}
+    return {
+        e.step: e.loss for d in run_dirs for e in events_of(read_progress(d / "progress-rank-0.jsonl"), StepCompleted)
+    }
 
 
 def expected_first_loss(entry: str) -> float:

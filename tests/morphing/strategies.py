@@ -6,8 +6,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from morphing.jobspec import SCHEDULES, Schedule
 from morphing.profile import Profile
-from morphing.simulator import Schedule
 
 
 @st.composite
@@ -49,5 +49,4 @@ def profiles(draw: st.DrawFn, max_layers: int = 8, memory_gib: tuple[float, floa
     )
 
 
-_SCHEDULES: list[Schedule] = ["1f1b", "gpipe"]
-schedules: st.SearchStrategy[Schedule] = st.sampled_from(_SCHEDULES)
+schedules: st.SearchStrategy[Schedule] = st.sampled_from(SCHEDULES)

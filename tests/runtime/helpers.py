@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = f"{REPO}/examples/tiny_gpt.py:build_tiny"
@@ -55,12 +53,6 @@ def train(checkpoint_dir: Path, stages: int, replicas: int, steps: int, *extra: 
     result = run(train_cmd(checkpoint_dir, stages, replicas, steps, "--dtype=float64", *extra))
     assert result.returncode == 0, result.explain()
     return result
-
-
-def events(progress: Path) -> list[dict[str, Any]]:
-    if not progress.exists():
-        return []
-    return [json.loads(line) for line in progress.read_text().splitlines() if line.endswith("}")]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -31,7 +31,7 @@ def _train(capsys: pytest.CaptureFixture[str], entrypoint: str, ckpt: Path, *ext
         (f"{REPO}/examples/tiny_gpt.py:no_such_function", "has no function 'no_such_function'"),
         (f"{BAD_MODELS}:returns_dict", "returned dict, expected"),
         (f"{BAD_MODELS}:raises", "model construction failed"),
-        ("build", "must look like"),
+        ("build", "field entrypoint: Value error, use path/file.py:function"),
     ],
 )
 def test_bad_entrypoint(capsys: pytest.CaptureFixture[str], tmp_path: Path, entrypoint: str, message: str) -> None:
@@ -71,20 +71,22 @@ def test_checkpoint_from_another_job_is_refused_and_left_alone(
 
 def test_trainer_entry_rejects_a_layout_that_does_not_fit_the_model(tmp_path: Path) -> None:
     """The agent's path: the trainer itself refuses before it joins the rendezvous."""
+    from morphing.jobspec import JobSpec
     from morphing.layout import make_layout
-    from worker_agent.runtime.job import JobSpec
+    from worker_agent.contract import ExitCode, TrainerArguments, TrainerFailed, TrainersDir, read_progress
 
+    directory = TrainersDir(tmp_path).generation_dir("job-1", 1)
+    directory.path.mkdir(parents=True)
     layout = make_layout(num_layers=6, pipeline_stages=2, data_parallel=1, micro_batch_size=1, global_batch=4)
-    (tmp_path / "layout.json").write_text(json.dumps(layout.to_dict()))
-    (tmp_path / "job.json").write_text(json.dumps(JobSpec(entrypoint=TINY, global_batch=4).to_dict()))
-    cmd = [sys.executable, "-m", "worker_agent.runtime.trainer", f"--job={tmp_path / 'job.json'}"]
-    cmd += [f"--layout={tmp_path / 'layout.json'}", "--rank=0", "--rendezvous=127.0.0.1:1"]
-    cmd += [f"--checkpoint-dir={tmp_path / 'ckpt'}", f"--progress={tmp_path / 'progress.jsonl'}"]
-    result = run(cmd, timeout=60)
-    assert result.returncode == 2, result.explain()
+    directory.layout_file.write_text(json.dumps(layout.to_dict()))
+    job = JobSpec(name="t", entrypoint=TINY, global_batch=4, steps=1, checkpoint_dir=str(tmp_path / "ckpt"))
+    directory.job_file.write_text(job.model_dump_json())
+    arguments = TrainerArguments.in_generation_dir(directory, 0, "127.0.0.1:1", tmp_path / "ckpt")
+    result = run(arguments.command(sys.executable), timeout=60)
+    assert result.returncode == ExitCode.USER_ERROR, result.explain()
     assert "partitions 6 layers but the model has 4" in result.stderr
-    last = json.loads((tmp_path / "progress.jsonl").read_text().splitlines()[-1])
-    assert last["event"] == "error" and last["kind"] == "input"
+    last = read_progress(directory.progress_file(0))[-1].event
+    assert isinstance(last, TrainerFailed) and last.kind == "input"
     assert not (tmp_path / "ckpt").exists()
 
 

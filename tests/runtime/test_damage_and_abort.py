@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import events, run, train, train_cmd, wait_for
+from tests.runtime.helpers import run, train, train_cmd, wait_for
+from worker_agent.contract import ExitCode, GenerationDir, StepCompleted, read_progress
 from worker_agent.runtime import checkpoint as ck
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Checkpoints at steps 1, 2, 3 of a 1x1 run."""
     root = tmp_path_factory.mktemp("pristine") / "ckpt"
-    train(root, 1, 1, 3, "--checkpoint-every=1")
+    train(root, 1, 1, 3, "--checkpoint-interval=1")
     assert [s for s, _ in ck.step_dirs(root)] == [3, 2, 1]
     return root
 
@@ -118,16 +119,16 @@ def _alive(pid: int) -> bool:
 
 def test_sigkill_of_a_peer_makes_survivors_exit_nonzero_within_30s(tmp_path: Path) -> None:
     root, run_dir = tmp_path / "ckpt", tmp_path / "run"
-    cmd = train_cmd(root, 2, 2, 100000, "--checkpoint-every=1", "--background-checkpoint", f"--run-dir={run_dir}")
+    cmd = train_cmd(root, 2, 2, 100000, "--checkpoint-interval=1", "--background-checkpoint", f"--run-dir={run_dir}")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pids: dict[int, int] = {}
 
         def started() -> bool:
             for rank in range(4):
-                for e in events(run_dir / f"progress-rank-{rank}.jsonl"):
-                    if e["event"] == "step" and e["step"] >= 3:
-                        pids[rank] = e["pid"]
+                for record in read_progress(GenerationDir(run_dir).progress_file(rank)):
+                    if isinstance(record.event, StepCompleted) and record.event.step >= 3:
+                        pids[rank] = record.pid
             return len(pids) == 4
 
         wait_for(started, 90, "all four ranks past step 3")
@@ -140,9 +141,9 @@ def test_sigkill_of_a_peer_makes_survivors_exit_nonzero_within_30s(tmp_path: Pat
     finally:
         proc.kill()
     assert elapsed < 30
-    assert proc.returncode == 1, f"{out}\n{err}"
+    assert proc.returncode == ExitCode.ABORTED, f"{out}\n{err}"
     codes = json.loads(re.search(r"exit codes by rank: (\[.*\])", err).group(1))  # type: ignore[union-attr]
-    assert codes[1] == -9 and all(codes[r] == 1 for r in (0, 2, 3)), err
+    assert codes[1] == -signal.SIGKILL and all(codes[r] == ExitCode.ABORTED for r in (0, 2, 3)), err
     assert "did not exit" not in err
     # Whatever the kill interrupted, every checkpoint that has a manifest verifies.
     committed = [p for _, p in ck.step_dirs(root) if (p / ck.MANIFEST).exists()]

@@ -38,7 +38,7 @@ def test_full_disk_fails_the_checkpoint_loudly_and_keeps_the_previous_one(small_
         f"{REPO}/examples/tiny_gpt.py:build",
         "--global-batch=8",
         "--steps=30",
-        "--checkpoint-every=10",
+        "--checkpoint-interval=10",
         f"--checkpoint-dir={checkpoints}",
         f"--run-dir={tmp_path / 'run'}",
     ]

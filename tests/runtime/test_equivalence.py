@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import events, run, train, train_cmd, wait_for
+from tests.runtime.helpers import run, train, train_cmd, wait_for
+from worker_agent.contract import ExitCode, GenerationDir, StepCompleted, TrainingStopped, events_of, read_progress
 from worker_agent.runtime import checkpoint as ck
 
 pytestmark = pytest.mark.slow
@@ -38,20 +39,21 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
         stderr=subprocess.PIPE,
         text=True,
     )
-    progress = run_dir / "progress-rank-0.jsonl"
+    directory = GenerationDir(run_dir)
+    progress = directory.progress_file(0)
     try:
-        wait_for(lambda: any(e.get("step", 0) >= 4 for e in events(progress) if e["event"] == "step"), 90, "step 4")
-        (run_dir / "control" / "stop").touch()
+        wait_for(lambda: any(e.step >= 4 for e in events_of(read_progress(progress), StepCompleted)), 90, "step 4")
+        directory.control.request_stop()
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err}"
-    stopped = [e for e in events(progress) if e["event"] == "stopped"]
+    assert proc.returncode == ExitCode.SUCCEEDED, f"exit {proc.returncode}\n{out}\n{err}"
+    stopped = events_of(read_progress(progress), TrainingStopped)
     assert stopped, err
-    s = int(stopped[0]["step"])
+    s = stopped[0].step
     # Later legs prune it (keep 3): keep a copy of the checkpoint the 2x2 layout wrote at the stop.
     shutil.copytree(ck.step_dir(root, s), base / "stopped-2x2" / ck.step_dir(root, s).name)
-    train(root, 3, 1, s + 2, "--background-checkpoint", "--checkpoint-every=1")
+    train(root, 3, 1, s + 2, "--background-checkpoint", "--checkpoint-interval=1")
     train(root, 1, 3, s + 4)
     train(root, 2, 1, s + 6)
     train(reference, 1, 1, s + 6)
@@ -67,11 +69,11 @@ def test_morphed_chain_matches_single_process_reference_float64(chain: Chain) ->
 
 
 def test_graceful_stop_loses_no_step(chain: Chain) -> None:
-    all_events = events(chain.run_dir / "progress-rank-0.jsonl")
-    last_step = max(e["step"] for e in all_events if e["event"] == "step")
-    stopped = next(e for e in all_events if e["event"] == "stopped")
-    assert stopped["step"] == last_step == chain.stopped_at
-    assert stopped["last_checkpoint"] == chain.stopped_at
+    records = read_progress(GenerationDir(chain.run_dir).progress_file(0))
+    last_step = max(e.step for e in events_of(records, StepCompleted))
+    stopped = events_of(records, TrainingStopped)[0]
+    assert stopped.step == last_step == chain.stopped_at
+    assert stopped.last_checkpoint == chain.stopped_at
     manifest = ck.verify(chain.stopped_checkpoint).manifest
     assert manifest.step == chain.stopped_at
     assert manifest.data_cursor.samples_consumed == 7 * chain.stopped_at
@@ -81,16 +83,18 @@ def test_graceful_stop_loses_no_step(chain: Chain) -> None:
 
 def test_every_rank_agrees_on_the_stop_step(chain: Chain) -> None:
     for rank in range(4):
-        rank_events = events(chain.run_dir / f"progress-rank-{rank}.jsonl")
-        assert [e["step"] for e in rank_events if e["event"] == "stopped"] == [chain.stopped_at]
+        records = read_progress(GenerationDir(chain.run_dir).progress_file(rank))
+        assert [e.step for e in events_of(records, TrainingStopped)] == [chain.stopped_at]
 
 
 def test_progress_lines_carry_step_loss_throughput_and_checkpoint(chain: Chain) -> None:
-    steps = [e for e in events(chain.run_dir / "progress-rank-0.jsonl") if e["event"] == "step"]
+    steps = [
+        r for r in read_progress(GenerationDir(chain.run_dir).progress_file(0)) if isinstance(r.event, StepCompleted)
+    ]
     assert steps
-    for e in steps:
-        assert {"step", "loss", "samples_per_second", "last_checkpoint", "generation", "pid"} <= set(e)
-        assert e["loss"] > 0 and e["samples_per_second"] > 0
+    for record in steps:
+        assert isinstance(record.event, StepCompleted) and record.generation == 0 and record.pid > 0
+        assert record.event.loss > 0 and record.event.samples_per_second > 0
 
 
 def test_checkpoints_keep_the_last_k(chain: Chain) -> None:

@@ -18,10 +18,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from morphing.jobspec import identity_hash
 from spotmorph.cli import main
-from tests.runtime.helpers import events, train
+from tests.runtime.helpers import train
+from worker_agent.contract import CheckpointLoaded, CheckpointSkipped, events_of, read_progress
 from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.job import identity_hash
 
 LAYERS = ["embed", "block0", "block1", "head"]
 JOB = {"entrypoint": "tiny_gpt.py:build_tiny", "global_batch": 7, "seed": 0, "dtype": "float64"}
@@ -298,15 +299,15 @@ def test_arbitrarily_mutated_manifest_is_valid_or_damaged(pristine: Path, root: 
 def test_trainer_falls_back_past_a_malformed_manifest_and_says_so(tmp_path: Path) -> None:
     """Today's failure: the trainer aborted on the newest checkpoint's malformed manifest."""
     root, run_dir = tmp_path / "ckpt", tmp_path / "run"
-    train(root, 1, 1, 3, "--checkpoint-every=1")
+    train(root, 1, 1, 3, "--checkpoint-interval=1")
     _entry_without_bytes(ck.step_dir(root, 3))
     result = train(root, 1, 1, 4, f"--run-dir={run_dir}")
     assert "skipping damaged checkpoint step-00000003: invalid manifest: files[0].bytes" in result.stderr
     assert "resuming from" in result.stderr and "step-00000002 (step 2)" in result.stderr, result.explain()
-    progress = events(run_dir / "progress-rank-0.jsonl")
-    skipped = [e for e in progress if e["event"] == "checkpoint_skipped"]
-    assert len(skipped) == 1 and "step-00000003" in skipped[0]["message"] and "bytes" in skipped[0]["message"]
-    assert [e["step"] for e in progress if e["event"] == "resumed"] == [2]
+    progress = read_progress(run_dir / "progress-rank-0.jsonl")
+    skipped = events_of(progress, CheckpointSkipped)
+    assert len(skipped) == 1 and "step-00000003" in skipped[0].message and "bytes" in skipped[0].message
+    assert [e.step for e in events_of(progress, CheckpointLoaded)] == [2]
     assert ck.verify(ck.step_dir(root, 4)).step == 4
 
 

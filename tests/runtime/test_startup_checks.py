@@ -78,13 +78,15 @@ def test_the_checks_leave_weights_buffers_and_modes_alone() -> None:
 @pytest.mark.slow
 def test_the_trainer_itself_refuses_before_the_rendezvous(tmp_path: Path) -> None:
     """The agent's path: no launcher in front, the trainer exits 2 and reports an input error."""
+    from morphing.jobspec import JobSpec
     from morphing.layout import make_layout
-    from worker_agent.runtime.job import JobSpec
 
     layout = make_layout(num_layers=2, pipeline_stages=2, data_parallel=1, micro_batch_size=1, global_batch=4)
     (tmp_path / "layout.json").write_text(json.dumps(layout.to_dict()))
-    job = JobSpec(entrypoint=f"{MISTAKES}:scalar_loss", global_batch=4)
-    (tmp_path / "job.json").write_text(json.dumps(job.to_dict()))
+    job = JobSpec(
+        name="mistake", entrypoint=f"{MISTAKES}:scalar_loss", global_batch=4, steps=2, checkpoint_dir=str(tmp_path)
+    )
+    (tmp_path / "job.json").write_text(job.model_dump_json())
     cmd = [sys.executable, "-m", "worker_agent.runtime.trainer", f"--job={tmp_path / 'job.json'}"]
     cmd += [f"--layout={tmp_path / 'layout.json'}", "--rank=1", "--rendezvous=127.0.0.1:1"]
     cmd += [f"--checkpoint-dir={tmp_path / 'ckpt'}", f"--progress={tmp_path / 'progress.jsonl'}"]

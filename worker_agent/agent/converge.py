@@ -24,6 +24,7 @@ class Assignment:
     generation: int
     action: Action
     ranks: tuple[int, ...] = ()
+    checkpoint_request: int = 0  # the controller bumps it to ask for a checkpoint at the next step boundary
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,21 @@ class RequestStop:
 
 
 @dataclass(frozen=True)
+class RequestCheckpoint:
+    """Pass the controller's checkpoint request counter on to a generation's trainers."""
+
+    job_id: str
+    generation: int
+    counter: int
+
+
+@dataclass(frozen=True)
 class KillTrainer:
     key: TrainerKey
     reason: str
 
 
-Command = StartTrainer | RequestStop | KillTrainer
+Command = StartTrainer | RequestStop | RequestCheckpoint | KillTrainer
 
 
 def accept(current: Assignment | None, incoming: Assignment) -> bool:
@@ -94,6 +104,8 @@ def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> l
             key = TrainerKey(wanted.job_id, wanted.generation, rank)
             if key not in known:
                 commands.append(StartTrainer(key))
+        if wanted.checkpoint_request > 0:
+            commands.append(RequestCheckpoint(wanted.job_id, wanted.generation, wanted.checkpoint_request))
     return commands
 
 

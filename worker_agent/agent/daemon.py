@@ -6,38 +6,46 @@ assignment it should run; :func:`worker_agent.agent.converge.converge` turns tha
 trainer exit, a committed checkpoint) are also pushed at once with ``ReportEvent``. When the
 controller is unreachable the trainers keep training and the agent retries with backoff as the same
 incarnation; only a controller that no longer knows this incarnation makes it register anew.
+
+This module is the loop only: the calls are in :mod:`~worker_agent.agent.transport`, the wire format in
+:mod:`~worker_agent.agent.wire` and every decision in :mod:`~worker_agent.agent.decisions`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-import grpc
-
-from protos.spotmorph.v1 import controller_pb2 as pb
-from protos.spotmorph.v1 import controller_pb2_grpc as pb_grpc
+from morphing.errors import UserInputError
+from worker_agent.agent import decisions
 from worker_agent.agent.converge import (
     Assignment,
     KillTrainer,
+    RequestCheckpoint,
     RequestStop,
     StartTrainer,
-    TrainerKey,
     accept,
     converge,
 )
-from worker_agent.agent.supervisor import WARM_DIR, LaunchSpec, Supervisor, TrainerReport
+from worker_agent.agent.decisions import EvictionNotice, Pushed
+from worker_agent.agent.supervisor import LaunchSpec, Supervisor, TrainerReport, kill_leftovers
+from worker_agent.agent.transport import (
+    CallFailed,
+    ControllerLink,
+    ControllerUnreachable,
+    Endpoint,
+    NodeOffer,
+    RegisterAgain,
+)
+from worker_agent.agent.wire import Incoming, Registration
+from worker_agent.contract import AgentWorkDir
 from worker_agent.scheduled_events import (
     EvictionNoticed,
     EvictionPoller,
@@ -48,9 +56,6 @@ from worker_agent.scheduled_events import (
 )
 
 log = logging.getLogger("spotmorph.agent")
-
-ACTIONS = {pb.ACTION_RUN: "run", pb.ACTION_STOP: "stop", pb.ACTION_ABORT: "abort"}
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL}
 
 
 @dataclass(frozen=True)
@@ -76,51 +81,34 @@ class AgentConfig:
 
 
 @dataclass
-class _Identity:
-    name: str = ""
-    incarnation: int = 0
-    node_token: str = ""
-    interval: float = 1.0
-    expiry: float = 10.0  # the controller declares a node LOST after this much silence
-
-
-@dataclass
-class _Notice:
-    event_id: str
-    not_before: float
-    reported: bool = False
-    acknowledged: bool = False
-
-
-@dataclass
 class AgentState:
     """What the agent remembers between beats (nothing here is needed to survive a restart)."""
 
+    node: Registration
+    interval: float = 1.0
+    healthy: bool = True
     desired: Assignment | None = None
     launch: dict[tuple[str, int], LaunchSpec] = field(default_factory=dict)
-    exits_reported: set[TrainerKey] = field(default_factory=set)
-    checkpoints_reported: dict[tuple[str, int], int] = field(default_factory=dict)
-    notice: _Notice | None = None
+    pushed: Pushed = field(default_factory=Pushed)
+    notice: EvictionNotice | None = None
 
 
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.work_dir = AgentWorkDir(config.work_dir)
         self.supervisor = Supervisor(
-            config.work_dir / "trainers", python=config.trainer_python, warm=config.warm_trainers
+            self.work_dir.trainers.path, python=config.trainer_python, warm=config.warm_trainers
         )
-        self.state = AgentState()
-        self.identity = _Identity(name=config.name)
+        self.link = ControllerLink(Endpoint(config.controller, config.ca, config.cert, config.key))
+        self.state = AgentState(Registration(config.name, 0, "", 1.0, 10.0))
         self._wake = asyncio.Event()
         self._stopping = False
-        self._healthy = True
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: Any = None  # grpc-stubs types the stub as synchronous; it is an aio stub
 
     async def run(self) -> int:
         self.config.work_dir.mkdir(parents=True, exist_ok=True)
-        _kill_leftovers(self.config.work_dir)
-        self._write_pid()
+        kill_leftovers(self.work_dir.trainers)
+        self.work_dir.pid_file.write_text(str(os.getpid()))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_shutdown)
@@ -128,7 +116,7 @@ class Agent:
         try:
             await self._register()
             while not self._stopping:
-                self._healthy = True
+                self.state.healthy = True
                 await self._beat()
                 if self.supervisor.settled():
                     self.supervisor.prewarm()
@@ -138,138 +126,79 @@ class Agent:
             if watcher:
                 watcher.cancel()
             self.supervisor.kill_all()
-            if self._channel is not None:
-                await self._channel.close(None)
+            await self.link.close()
         return 0
 
     async def _pause(self) -> None:
-        """Wait for the next beat: the heartbeat interval, or less when it matters. A trainer that exits
-        is reported at once (the controller plans the next generation when the last one has), and while
-        a morph is under way (this node's trainers are asked to stop or abort) the agent beats often,
-        because the next generation's assignment only reaches it in a heartbeat reply."""
+        """Wait for the next beat; a trainer that exits is reported at once (the controller plans the
+        next generation when the last one has), and an urgent fact wakes the loop too."""
         loop = asyncio.get_running_loop()
-        interval = self.identity.interval
-        desired = self.state.desired
-        if self._healthy and desired is not None and desired.action in ("stop", "abort"):
-            interval = min(interval, self.config.morph_beat_seconds)
+        interval = decisions.beat_interval(
+            self.state.interval, self.state.desired, self.state.healthy, self.config.morph_beat_seconds
+        )
         deadline = loop.time() + interval
         while (remaining := deadline - loop.time()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), min(remaining, self.config.local_poll_seconds))
                 return
-            if self.supervisor.exited_since(self.state.exits_reported):
+            if self.supervisor.exited_since(set(self.state.pushed.exits)):
                 return
 
     def _request_shutdown(self) -> None:
         self._stopping = True
         self._wake.set()
 
-    def _write_pid(self) -> None:
-        (self.config.work_dir / "agent.pid").write_text(str(os.getpid()))
-
-    def _stub_now(self) -> Any:
-        if self._stub is None:
-            options = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000)]
-            if self.config.ca:
-                creds = grpc.ssl_channel_credentials(
-                    self.config.ca.read_bytes(),
-                    self.config.key.read_bytes() if self.config.key else None,
-                    self.config.cert.read_bytes() if self.config.cert else None,
-                )
-                self._channel = grpc.aio.secure_channel(self.config.controller, creds, options=options)
-            else:
-                self._channel = grpc.aio.insecure_channel(self.config.controller, options=options)
-            self._stub = pb_grpc.AgentStub(self._channel)
-        return self._stub
-
-    def _auth(self, token: str) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {token}"),)
-
     async def _register(self) -> None:
-        remembered = self.config.work_dir / "node-name"
-        if not self.identity.name and remembered.exists():
-            self.identity.name = remembered.read_text().strip()
-        backoff = 0.2
-        while not self._stopping:
-            try:
-                reply = await self._stub_now().Register(
-                    pb.RegisterRequest(
-                        node_name=self.identity.name or self.config.name,
-                        slots=self.config.slots,
-                        address=self.config.address,
-                        instance_id=self.config.instance_id,
-                    ),
-                    metadata=self._auth(self.config.token),
-                    timeout=10,
-                )
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE:
-                    raise
-                log.warning("controller unreachable (%s); retrying in %.1fs", exc.code().name, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.config.max_backoff_seconds)
-                continue
-            self.identity = _Identity(
-                reply.node_name,
-                reply.incarnation,
-                reply.node_token,
-                reply.heartbeat_interval_seconds or 1.0,
-                reply.heartbeat_expiry_seconds or 10.0,
-            )
-            log.info("registered as %s incarnation %d", reply.node_name, reply.incarnation)
-            (self.config.work_dir / "node-name").write_text(reply.node_name)
+        remembered = self.work_dir.node_name_file
+        name = self.state.node.node_name
+        if not name and remembered.exists():
+            name = remembered.read_text().strip()
+        offer = NodeOffer(name or self.config.name, self.config.slots, self.config.address, self.config.instance_id)
+        node = await self.link.register(
+            offer, self.config.token, lambda: self._stopping, self.config.max_backoff_seconds
+        )
+        if node is None:
             return
+        self.state.node, self.state.interval = node, node.heartbeat_interval
+        log.info("registered as %s incarnation %d", node.node_name, node.incarnation)
+        remembered.write_text(node.node_name)
 
     async def _beat(self) -> None:
         reports = self.supervisor.reports()
         await self._push_urgent(reports)
         self._acknowledge_notice_if_done(reports)
-        request = pb.HeartbeatRequest(
-            node_name=self.identity.name,
-            incarnation=self.identity.incarnation,
-            trainers=[_status(r) for r in reports],
-        )
-        if self.state.notice is not None:
-            request.eviction.CopyFrom(pb.EvictionNotice(not_before=self.state.notice.not_before, source="imds"))
         try:
-            reply = await self._call("Heartbeat", request)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in RETRYABLE:
-                log.warning("heartbeat failed (%s); trainers keep running", exc.code().name)
-                self._healthy = False
-                # Back off, but never so far that a restarted controller finds this node silent for
-                # longer than its expiry and declares it LOST.
-                cap = min(self.config.max_backoff_seconds, self.identity.expiry / 3)
-                self.identity.interval = min(self.identity.interval * 2, cap)
-                return
-            if _must_register_again(exc):
-                log.warning("controller no longer knows this incarnation (%s); registering anew", exc.details())
-                self.supervisor.kill_all()
-                self.identity.name = self.identity.name or self.config.name
-                await self._register()
-                return
-            raise
-        if reply.heartbeat_interval_seconds:
-            self.identity.interval = reply.heartbeat_interval_seconds
-        self._apply(reply.assignment if reply.HasField("assignment") else None)
-
-    async def _call(self, method: str, request: Any) -> Any:
-        call = getattr(self._stub_now(), method)
-        return await call(request, metadata=self._auth(self.identity.node_token), timeout=10)
-
-    def _apply(self, message: Any) -> None:
-        """Converge to ``message`` against the trainers as they are now (an urgent report may just have
-        started some, so a list taken before it would start them twice)."""
-        incoming = _assignment(message)
-        if incoming is None:
-            incoming = Assignment("", 0, "idle")
-        elif not accept(self.state.desired, incoming):
-            log.warning("ignoring stale assignment generation %d", incoming.generation)
+            reply = await self.link.heartbeat(self.state.node, reports, self.state.notice)
+        except UserInputError as exc:
+            log.error("the controller's assignment is unusable: %s", exc)
             return
-        if incoming.action != "idle":
-            self.state.launch[(incoming.job_id, incoming.generation)] = _launch_spec(message)
-        self.state.desired = incoming
-        for command in converge(incoming, (r.status for r in self.supervisor.reports())):
+        except ControllerUnreachable as exc:
+            log.warning("heartbeat failed (%s); trainers keep running", exc)
+            self.state.healthy = False
+            self.state.interval = decisions.backed_off_interval(
+                self.state.interval, self.config.max_backoff_seconds, self.state.node.heartbeat_expiry
+            )
+            return
+        except RegisterAgain as exc:
+            log.warning("controller no longer knows this incarnation (%s); registering anew", exc)
+            self.supervisor.kill_all()
+            await self._register()
+            return
+        if reply.heartbeat_interval is not None:
+            self.state.interval = reply.heartbeat_interval
+        self._apply(reply.incoming)
+
+    def _apply(self, incoming: Incoming) -> None:
+        """Converge to ``incoming`` against the trainers as they are now (an urgent report may just have
+        started some, so a list taken before it would start them twice)."""
+        wanted = incoming.assignment
+        if not accept(self.state.desired, wanted):
+            log.warning("ignoring stale assignment generation %d", wanted.generation)
+            return
+        if incoming.launch is not None:
+            self.state.launch[(wanted.job_id, wanted.generation)] = incoming.launch
+        self.state.desired = wanted
+        for command in converge(wanted, (r.status for r in self.supervisor.reports())):
             if isinstance(command, StartTrainer):
                 spec = self.state.launch[(command.key.job_id, command.key.generation)]
                 log.info("starting %s", command.key)
@@ -277,62 +206,53 @@ class Agent:
             elif isinstance(command, RequestStop):
                 log.info("asking generation %d of %s to stop", command.generation, command.job_id)
                 self.supervisor.request_stop(command.job_id, command.generation)
+            elif isinstance(command, RequestCheckpoint):
+                self.supervisor.request_checkpoint(command.job_id, command.generation, command.counter)
             elif isinstance(command, KillTrainer):
                 log.info("killing %s: %s", command.key, command.reason)
                 self.supervisor.kill(command.key)
-        keep = {(incoming.job_id, incoming.generation)}
+        keep = {(wanted.job_id, wanted.generation)}
         self.supervisor.forget(keep)
         self.state.launch = {k: v for k, v in self.state.launch.items() if k in keep}
 
-    async def _push_urgent(self, reports: Iterable[TrainerReport]) -> None:
+    async def _push_urgent(self, reports: list[TrainerReport]) -> None:
         """Trainer exits and newly committed checkpoints, each pushed once."""
-        for report in reports:
-            key = report.status.key
-            if not report.status.running and key not in self.state.exits_reported:
-                self.state.exits_reported.add(key)
-                await self._report(pb.ReportEventRequest(trainer_exited=pb.TrainerExited(trainer=_status(report))))
-            step = report.last_checkpoint_step
-            generation = (key.job_id, key.generation)
-            if key.rank == 0 and step is not None and step > self.state.checkpoints_reported.get(generation, -1):
-                self.state.checkpoints_reported[generation] = step
-                event = pb.CheckpointCommitted(job=key.job_id, generation=key.generation, step=step)
-                await self._report(pb.ReportEventRequest(checkpoint_committed=event))
+        facts, self.state.pushed = decisions.urgent_facts(reports, self.state.pushed)
+        for fact in facts:
+            await self._report(fact)
 
-    async def _report(self, request: Any) -> None:
-        request.node_name = self.identity.name
-        request.incarnation = self.identity.incarnation
+    async def _report(self, fact: decisions.UrgentFact | EvictionNotice) -> None:
         try:
-            reply = await self._call("ReportEvent", request)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("report failed (%s); the next heartbeat carries the same facts", exc.code().name)
+            incoming = await self.link.report_event(self.state.node, fact)
+        except CallFailed as exc:
+            log.warning("report failed (%s); the next heartbeat carries the same facts", exc)
             return
-        if reply.HasField("assignment"):
-            self._apply(reply.assignment)
+        except UserInputError as exc:
+            log.error("the controller's assignment is unusable: %s", exc)
+            return
+        if incoming is not None:
+            self._apply(incoming)
 
     def _acknowledge_notice_if_done(self, reports: list[TrainerReport]) -> None:
-        """Tell the platform it may evict now: nothing runs here and what ran stopped cleanly (its
-        checkpoint is written), so waiting for ``NotBefore`` would only waste the notice."""
         notice = self.state.notice
-        if notice is None or notice.acknowledged or self.config.imds_url is None:
+        if self.config.imds_url is None or notice is None:
             return
-        if any(r.status.running for r in reports):
-            return
-        if any(r.status.exit_code not in (None, 0) for r in reports) and self.state.desired is not None:
+        if not decisions.may_acknowledge(notice, reports, self.state.desired):
             return
         try:
             ScheduledEventsClient(self.config.imds_url).acknowledge(notice.event_id)
-            notice.acknowledged = True
+            self.state.notice = replace(notice, acknowledged=True)
             log.info("acknowledged eviction %s: this node's trainers are stopped", notice.event_id)
         except ScheduledEventsError as exc:
             log.warning("could not acknowledge eviction: %s", exc)
 
     async def _watch_evictions(self) -> None:
         assert self.config.imds_url is not None
-        watcher = EvictionWatcher(self.config.vm_name or self.identity.name or self.config.name)
+        watcher = EvictionWatcher(self.config.vm_name or self.state.node.node_name or self.config.name)
         poller = EvictionPoller(ScheduledEventsClient(self.config.imds_url), watcher)
         while True:
             if not watcher.vm_name:
-                watcher.vm_name = self.identity.name
+                watcher.vm_name = self.state.node.node_name
             for fact in await asyncio.to_thread(poller.poll):
                 pending = self.state.notice
                 if isinstance(fact, EvictionWithdrawn) and pending is not None and pending.event_id == fact.event_id:
@@ -340,68 +260,10 @@ class Agent:
                     self.state.notice = None  # heartbeats stop carrying it
                     self._wake.set()
                 if isinstance(fact, EvictionNoticed) and self.state.notice is None:
-                    not_before = fact.not_before.timestamp() if fact.not_before else time.time()
-                    self.state.notice = _Notice(fact.event_id, not_before)
+                    not_before = fact.not_before.timestamp() if fact.not_before else None
+                    deadline = decisions.notice_deadline(not_before, time.time())
+                    self.state.notice = EvictionNotice(fact.event_id, deadline)
                     log.warning("eviction notice %s: gone at %s", fact.event_id, fact.not_before)
-                    notice = pb.EvictionNotice(not_before=not_before, source="azure-scheduled-events")
-                    await self._report(pb.ReportEventRequest(eviction=notice))
+                    await self._report(self.state.notice)
                     self._wake.set()
             await asyncio.sleep(self.config.poll_seconds)
-
-
-def _must_register_again(exc: grpc.aio.AioRpcError) -> bool:
-    """The controller no longer accepts this incarnation (forgotten, replaced or its token unknown)."""
-    code = exc.code()
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND):
-        return True
-    return code is grpc.StatusCode.FAILED_PRECONDITION and "register again" in (exc.details() or "")
-
-
-def _assignment(message: Any) -> Assignment | None:
-    if message is None or not message.job:
-        return None
-    return Assignment(message.job, message.generation, ACTIONS.get(message.action, "idle"), tuple(message.ranks))  # type: ignore[arg-type]
-
-
-def _launch_spec(message: Any) -> LaunchSpec:
-    spec = message.spec
-    job = {
-        "entrypoint": message.entrypoint or spec.entrypoint,
-        "global_batch": spec.global_batch,
-        "seed": spec.seed,
-        "dtype": spec.dtype or "float32",
-        "steps": spec.steps,
-        "schedule": spec.schedule or "1f1b",
-        "checkpoint_every": spec.checkpoint_interval,
-    }
-    checkpoint_dir = Path(message.checkpoint_dir)
-    load_from = str(checkpoint_dir / f"step-{message.resume_step:08d}") if message.resume_step else None
-    return LaunchSpec(job, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, load_from)
-
-
-def _status(report: TrainerReport) -> Any:
-    key = report.status.key
-    status = pb.TrainerStatus(
-        job=key.job_id,
-        generation=key.generation,
-        rank=key.rank,
-        running=report.status.running,
-        last_step=report.step,
-        last_checkpoint_step=report.last_checkpoint_step or 0,
-        error=report.error[-1000:],
-    )
-    if report.status.exit_code is not None:
-        status.exit_code = report.status.exit_code
-    return status
-
-
-def _kill_leftovers(work_dir: Path) -> None:
-    """Trainers a previous incarnation of this agent left behind must never join a new generation."""
-    for pid_file in work_dir.glob("trainers/*/gen-*/rank-*.pid"):
-        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
-            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-        pid_file.unlink(missing_ok=True)
-    for pid_file in work_dir.glob(f"trainers/{WARM_DIR}/*/warm.pid"):
-        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
-            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-    shutil.rmtree(work_dir / "trainers" / WARM_DIR, ignore_errors=True)

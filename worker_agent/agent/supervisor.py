@@ -1,12 +1,12 @@
-"""Trainer processes on this node: start, ask to stop, kill, and observe (exit codes and progress).
+"""Trainer processes on this node: start, ask to stop or to checkpoint, kill, and observe them.
 
-Each trainer is ``python -m worker_agent.runtime.trainer`` in its own process group, with its files
-under ``work_dir/<job>/gen-<g>/``: ``job.json`` and ``layout.json`` (inputs), ``control/stop`` (the
-graceful-stop request), ``progress-rank-<r>.jsonl`` (what it reports) and ``rank-<r>.log``
-(its stdout and stderr, kept for the operator and quoted when it fails) and ``rank-<r>.pid`` (so a
-restarted agent can kill what its previous incarnation left behind).
+Each trainer is ``python -m worker_agent.runtime.trainer`` with its files in its generation's dir
+(:class:`worker_agent.contract.GenerationDir`): inputs, control requests, progress, log and pid file.
+The contract says where each one is; this module decides when to write them. A trainer runs in a
+process group of its own (so it can be killed with whatever it started) but in the agent's session (so
+a host that kills the agent's session kills the whole node, as the local cluster does).
 
-With ``warm=N`` the supervisor also keeps up to N *warm* trainers under ``work_dir/.warm/``
+With ``warm=N`` the supervisor also keeps up to N *warm* trainers in the warm spools
 (``python -m worker_agent.runtime.warm``: torch imported, waiting for an assignment file), and a
 trainer start hands its arguments to one of them instead of starting a fresh interpreter; with none
 at hand it starts cold as before. Spent warm trainers are replaced only by :meth:`Supervisor.prewarm`,
@@ -23,27 +23,73 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from morphing.jobspec import JobSpec
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
-from worker_agent.runtime.trainer import STOP_FILE
-from worker_agent.runtime.warm import ASSIGNMENT, READY
-
-WARM_DIR = ".warm"
+from worker_agent.contract import (
+    CheckpointLoaded,
+    CheckpointWritten,
+    ExitCode,
+    GenerationDir,
+    ProgressReader,
+    ProgressRecord,
+    StepCompleted,
+    TrainerArguments,
+    TrainerFailed,
+    TrainersDir,
+    TrainingFinished,
+    TrainingStopped,
+    WarmArguments,
+    WarmAssignment,
+    WarmSpool,
+)
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything a trainer of one generation needs, as the controller's assignment gives it."""
 
-    job: dict[str, Any]
+    job: JobSpec
     layout: dict[str, Any]
     rendezvous: str
     checkpoint_dir: Path
     load_from: str | None = None
     store_rank: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a trainer's progress file has said so far, folded into the latest facts."""
+
+    step: int = 0
+    loss: float | None = None
+    samples_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+    stepped: bool = False
+    finished: bool = False
+    error: str = ""
+
+
+def absorb(progress: Progress, record: ProgressRecord) -> Progress:
+    """``progress`` updated with one more record (pure: the supervisor's reading of the contract)."""
+    event = record.event
+    if isinstance(event, StepCompleted):
+        progress = replace(
+            progress, step=event.step, loss=event.loss, samples_per_second=event.samples_per_second, stepped=True
+        )
+    elif isinstance(event, CheckpointLoaded):
+        progress = replace(progress, step=event.step)
+    elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
+        progress = replace(progress, step=event.step, finished=progress.finished or isinstance(event, TrainingFinished))
+    elif isinstance(event, TrainerFailed):
+        progress = replace(progress, error=event.message)
+    checkpoint = getattr(event, "last_checkpoint", None)
+    if checkpoint is not None:
+        progress = replace(progress, last_checkpoint_step=checkpoint)
+    return progress
 
 
 @dataclass(frozen=True)
@@ -69,115 +115,93 @@ class _Process(Protocol):
 
 
 class _FailedStart:
-    """A trainer whose process could not even be created: it has already exited, with 127."""
+    """A trainer whose process could not even be created: it has already exited."""
 
     pid = 0
 
     def poll(self) -> int:
-        return 127
+        return ExitCode.NOT_STARTED
 
     def wait(self, timeout: float | None = None) -> int:
-        return 127
+        return ExitCode.NOT_STARTED
 
 
 @dataclass
 class _Trainer:
     key: TrainerKey
     process: _Process
-    progress_path: Path
+    reader: ProgressReader
     log_path: Path
-    offset: int = 0
     stop_requested: bool = False
-    facts: dict[str, Any] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
 
 
 @dataclass
 class _Warm:
     process: subprocess.Popen[bytes]
-    spool: Path
-
-    @property
-    def ready(self) -> bool:
-        return (self.spool / READY).exists()
+    spool: WarmSpool
 
 
 class Supervisor:
     def __init__(
         self, work_dir: Path, python: str = sys.executable, env: dict[str, str] | None = None, warm: int = 0
     ) -> None:
-        self.work_dir = work_dir
+        self.trainers_dir = TrainersDir(work_dir)
         self.python = python
         self.env = env
         self.warm = warm
         self._trainers: dict[TrainerKey, _Trainer] = {}
         self._warm: list[_Warm] = []
         self._warm_serial = 0
+        self._checkpoint_requests: dict[tuple[str, int], int] = {}
 
-    def generation_dir(self, job_id: str, generation: int) -> Path:
-        return self.work_dir / job_id / f"gen-{generation}"
+    def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
+        return self.trainers_dir.generation_dir(job_id, generation)
 
     def start(self, key: TrainerKey, spec: LaunchSpec) -> None:
         """Start the trainer of ``key``; a key that was started before is never started again."""
         if key in self._trainers:
             return
-        gen_dir = self.generation_dir(key.job_id, key.generation)
-        (gen_dir / "control").mkdir(parents=True, exist_ok=True)
-        job_path, layout_path = gen_dir / "job.json", gen_dir / "layout.json"
-        job_path.write_text(json.dumps(spec.job))
-        layout_path.write_text(json.dumps(spec.layout))
-        progress = gen_dir / f"progress-rank-{key.rank}.jsonl"
-        progress.unlink(missing_ok=True)
-        log_path = gen_dir / f"rank-{key.rank}.log"
-        arguments = [
-            "--job",
-            str(job_path),
-            "--layout",
-            str(layout_path),
-            "--rank",
-            str(key.rank),
-            "--rendezvous",
-            spec.rendezvous,
-            "--generation",
-            str(key.generation),
-            "--checkpoint-dir",
-            str(spec.checkpoint_dir),
-            "--control-dir",
-            str(gen_dir / "control"),
-            "--progress",
-            str(progress),
-        ]
-        if key.rank == spec.store_rank:
-            arguments.append("--host-store")
-        if spec.load_from:
-            arguments += ["--load-from", spec.load_from]
-        process: _Process | None = self._hand_to_warm(arguments, log_path)
+        directory = self.generation_dir(key.job_id, key.generation)
+        directory.control.path.mkdir(parents=True, exist_ok=True)
+        directory.job_file.write_text(spec.job.model_dump_json())
+        directory.layout_file.write_text(json.dumps(spec.layout))
+        directory.progress_file(key.rank).unlink(missing_ok=True)
+        log_path = directory.log_file(key.rank)
+        arguments = TrainerArguments.in_generation_dir(
+            directory,
+            key.rank,
+            rendezvous=spec.rendezvous,
+            checkpoint_dir=spec.checkpoint_dir,
+            host_store=key.rank == spec.store_rank,
+            load_from=Path(spec.load_from) if spec.load_from else None,
+        )
+        process: _Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path))
         if process is None:
             with open(log_path, "ab") as log:
                 try:
                     process = subprocess.Popen(
-                        [self.python, "-m", "worker_agent.runtime.trainer", *arguments],
+                        arguments.command(self.python),
                         stdout=log,
                         stderr=subprocess.STDOUT,
-                        start_new_session=True,
+                        process_group=0,
                         env=self.env,
                     )
                 except OSError as exc:
                     log.write(f"cannot start a trainer with {self.python}: {exc.strerror or exc}\n".encode())
                     process = _FailedStart()
         if process.pid > 0:
-            (gen_dir / f"rank-{key.rank}.pid").write_text(str(process.pid))
-        self._trainers[key] = _Trainer(key, process, progress, log_path)
+            directory.pid_file(key.rank).write_text(str(process.pid))
+        self._trainers[key] = _Trainer(key, process, ProgressReader(directory.progress_file(key.rank)), log_path)
 
-    def _hand_to_warm(self, arguments: list[str], log_path: Path) -> subprocess.Popen[bytes] | None:
+    def _hand_to_warm(self, assignment: WarmAssignment) -> subprocess.Popen[bytes] | None:
         """Give the trainer's arguments to a warm process (a ready one first); None when there is none."""
         self._warm = [w for w in self._warm if w.process.poll() is None]
-        self._warm.sort(key=lambda w: not w.ready)
+        self._warm.sort(key=lambda w: not w.spool.ready())
         if not self._warm:
             return None
         warm = self._warm.pop(0)
-        temporary = warm.spool / f"{ASSIGNMENT}.tmp"
-        temporary.write_text(json.dumps({"argv": arguments, "log": str(log_path)}))
-        temporary.rename(warm.spool / ASSIGNMENT)
+        warm.spool.hand_over(assignment.to_json())
         return warm.process
 
     def prewarm(self) -> None:
@@ -185,39 +209,39 @@ class Supervisor:
         self._warm = [w for w in self._warm if w.process.poll() is None]
         while len(self._warm) < self.warm:
             self._warm_serial += 1
-            spool = self.work_dir / WARM_DIR / f"w-{os.getpid()}-{self._warm_serial}"
-            shutil.rmtree(spool, ignore_errors=True)
-            spool.mkdir(parents=True)
-            command = [self.python, "-m", "worker_agent.runtime.warm", "--spool", str(spool), "--parent"]
-            with open(spool / "warm.log", "ab") as log:
-                process = subprocess.Popen(
-                    [*command, str(os.getpid())],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=self.env,
-                )
-            (spool / "warm.pid").write_text(str(process.pid))
+            spool = self.trainers_dir.warm_spool(f"w-{os.getpid()}-{self._warm_serial}")
+            shutil.rmtree(spool.path, ignore_errors=True)
+            spool.path.mkdir(parents=True)
+            command = WarmArguments(spool.path, os.getpid()).command(self.python)
+            with open(spool.log_file, "ab") as log:
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, process_group=0, env=self.env)
+            spool.pid_file.write_text(str(process.pid))
             self._warm.append(_Warm(process, spool))
 
     def warm_ready(self) -> int:
         """Warm trainers that have finished their imports."""
-        return sum(1 for w in self._warm if w.process.poll() is None and w.ready)
+        return sum(1 for w in self._warm if w.process.poll() is None and w.spool.ready())
 
     def settled(self) -> bool:
         """No trainer is between its start and its first step (a good moment to start warm ones)."""
-        return all(t.process.poll() is not None or t.facts.get("stepped", False) for t in self._trainers.values())
+        return all(t.process.poll() is not None or t.progress.stepped for t in self._trainers.values())
 
     def exited_since(self, reported: set[TrainerKey]) -> bool:
         """Has a trainer exited that is not in ``reported``? (Cheap: no progress file is read.)"""
         return any(k not in reported and t.process.poll() is not None for k, t in self._trainers.items())
 
     def request_stop(self, job_id: str, generation: int) -> None:
-        (self.generation_dir(job_id, generation) / "control").mkdir(parents=True, exist_ok=True)
-        (self.generation_dir(job_id, generation) / "control" / STOP_FILE).touch()
+        self.generation_dir(job_id, generation).control.request_stop()
         for trainer in self._trainers.values():
             if (trainer.key.job_id, trainer.key.generation) == (job_id, generation):
                 trainer.stop_requested = True
+
+    def request_checkpoint(self, job_id: str, generation: int, counter: int) -> None:
+        """Pass the controller's checkpoint request counter to a generation's trainers (once per value)."""
+        if self._checkpoint_requests.get((job_id, generation)) == counter:
+            return
+        self.generation_dir(job_id, generation).control.request_checkpoint(counter)
+        self._checkpoint_requests[(job_id, generation)] = counter
 
     def kill(self, key: TrainerKey) -> None:
         trainer = self._trainers.get(key)
@@ -246,24 +270,26 @@ class Supervisor:
         for key, trainer in list(self._trainers.items()):
             if trainer.process.poll() is not None and (key.job_id, key.generation) not in keep:
                 del self._trainers[key]
+        self._checkpoint_requests = {k: v for k, v in self._checkpoint_requests.items() if k in keep}
 
     def _report(self, trainer: _Trainer) -> TrainerReport:
-        self._read_progress(trainer)
+        for record in trainer.reader.poll():
+            trainer.progress = absorb(trainer.progress, record)
         code = trainer.process.poll()
-        facts = trainer.facts
-        error = str(facts.get("error", ""))
-        if code not in (None, 0) and not error:
+        progress = trainer.progress
+        error = progress.error
+        if code not in (None, ExitCode.SUCCEEDED) and not error:
             error = f"exit code {code}: {self.log_tail(trainer.key)}"
         status = TrainerStatus(trainer.key, code is None, code, trainer.stop_requested)
         return TrainerReport(
             status=status,
             pid=trainer.process.pid,
-            step=int(facts.get("step", 0)),
-            loss=facts.get("loss"),
-            samples_per_second=facts.get("samples_per_second"),
-            last_checkpoint_step=facts.get("last_checkpoint_step"),
+            step=progress.step,
+            loss=progress.loss,
+            samples_per_second=progress.samples_per_second,
+            last_checkpoint_step=progress.last_checkpoint_step,
             error=error,
-            finished=bool(facts.get("finished", False)),
+            finished=progress.finished,
         )
 
     def log_tail(self, key: TrainerKey, lines: int = 5) -> str:
@@ -273,36 +299,14 @@ class Supervisor:
         text = trainer.log_path.read_text(errors="replace").strip().splitlines()
         return " | ".join(text[-lines:])
 
-    def _read_progress(self, trainer: _Trainer) -> None:
-        try:
-            with open(trainer.progress_path, "rb") as handle:
-                handle.seek(trainer.offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        trainer.offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            _absorb(trainer.facts, record)
 
-
-def _absorb(facts: dict[str, Any], record: dict[str, Any]) -> None:
-    event = record.get("event")
-    if "step" in record:
-        facts["step"] = record["step"]
-    for name in ("loss", "samples_per_second"):
-        if record.get(name) is not None:
-            facts[name] = record[name]
-    checkpoint = record.get("last_checkpoint")
-    if checkpoint is not None:
-        facts["last_checkpoint_step"] = checkpoint
-    if event == "step":
-        facts["stepped"] = True
-    if event == "finished":
-        facts["finished"] = True
-    if event == "error":
-        facts["error"] = str(record.get("message", "error"))
+def kill_leftovers(trainers: TrainersDir) -> None:
+    """Trainers a previous incarnation of this agent left behind must never join a new generation."""
+    for pid_file in trainers.pid_files():
+        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        pid_file.unlink(missing_ok=True)
+    for spool in trainers.warm_spools():
+        with contextlib.suppress(OSError, ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(spool.pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(trainers.warm_root, ignore_errors=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from morphing.jobspec import DTYPES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("entrypoint", help="path/to/file.py:function or package.module:function")
     parser.add_argument("--micro-batch-sizes", default="1,2,4", help="comma-separated sizes to measure")
     parser.add_argument("--out", type=Path, required=True, help="where to write the profile JSON")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per measurement")
     parser.add_argument("--no-network", action="store_true", help="skip the loopback gloo measurements")

@@ -1,7 +1,8 @@
 """``spotmorph train``: run a job on this machine with P x D local trainer processes.
 
 It resumes from the newest valid checkpoint in ``--checkpoint-dir``, trains until ``--steps`` and writes
-a checkpoint at the end; how a user tries a model before submitting it, and how tests run layouts.
+a checkpoint at the end; how a user tries a model before submitting it, and how tests run layouts. The
+flags build the same :class:`~morphing.jobspec.JobSpec` a submitted job has, with the same defaults.
 """
 
 from __future__ import annotations
@@ -11,50 +12,80 @@ import math
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from morphing.jobspec import DTYPES, SCHEDULES, JobSpec
+
+
+def _default(field: str) -> Any:
+    return JobSpec.model_fields[field].default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("entrypoint", help="path/to/file.py:function or package.module:function")
+    parser.add_argument("--name", default="local-train", help="the job's name (default local-train)")
     parser.add_argument("--stages", type=int, default=1, help="pipeline stages P (default 1)")
     parser.add_argument("--replicas", type=int, default=1, help="data-parallel replicas D (default 1)")
     parser.add_argument("--micro-batch-size", type=int, help="samples per micro-batch (default: ~2P per replica)")
     parser.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step B")
     parser.add_argument("--steps", type=int, required=True, help="train until this step")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps")
-    parser.add_argument("--keep", type=int, default=3, help="checkpoints kept (default 3)")
+    parser.add_argument("--dtype", choices=DTYPES, default=_default("dtype"))
+    parser.add_argument("--seed", type=int, default=_default("seed"))
+    parser.add_argument("--schedule", choices=SCHEDULES, default=_default("schedule"))
+    parser.add_argument(
+        "--checkpoint-interval",
+        "--checkpoint-every",
+        type=int,
+        default=_default("checkpoint_interval"),
+        help=f"also checkpoint every N steps; 0: only at the end (default {_default('checkpoint_interval')})",
+    )
+    parser.add_argument("--keep", type=int, default=_default("keep"), help="checkpoints kept (default 3)")
     parser.add_argument("--background-checkpoint", action="store_true", help="write checkpoints in a thread")
-    parser.add_argument("--timeout", type=float, default=20.0, help="collective timeout in seconds")
+    parser.add_argument(
+        "--timeout-seconds",
+        "--timeout",
+        type=float,
+        default=_default("timeout_seconds"),
+        help=f"collective timeout in seconds (default {_default('timeout_seconds'):g})",
+    )
     parser.add_argument("--load-from", type=Path, help="start from this checkpoint instead of the newest")
     parser.add_argument("--run-dir", type=Path, help="job/layout files, progress-rank-R.jsonl, control/stop")
     parser.add_argument("--log-every", type=int, default=10, help="print every N steps")
+
+
+def job_spec(args: argparse.Namespace) -> JobSpec:
+    """The job the flags describe; a bad value is a :class:`UserInputError` naming the field."""
+    from morphing.jobspec import parse_job_spec
+
+    fields = {
+        "name": args.name,
+        "entrypoint": args.entrypoint,
+        "global_batch": args.global_batch,
+        "steps": args.steps,
+        "seed": args.seed,
+        "dtype": args.dtype,
+        "schedule": args.schedule,
+        "micro_batch_size": args.micro_batch_size,
+        "checkpoint_interval": args.checkpoint_interval,
+        "checkpoint_dir": str(args.checkpoint_dir),
+        "keep": args.keep,
+        "background_checkpoint": args.background_checkpoint,
+        "timeout_seconds": args.timeout_seconds,
+    }
+    return parse_job_spec(fields, what="job")
 
 
 def run(args: argparse.Namespace) -> int:
     from morphing.layout import make_layout
     from worker_agent.runtime.checkpoint import check_same_job
     from worker_agent.runtime.entrypoint import build_spec
-    from worker_agent.runtime.job import JobSpec
     from worker_agent.runtime.launcher import LocalRun, run_local
 
-    job = JobSpec(
-        entrypoint=args.entrypoint,
-        global_batch=args.global_batch,
-        seed=args.seed,
-        dtype=args.dtype,
-        steps=args.steps,
-        schedule=args.schedule,
-        checkpoint_every=args.checkpoint_every,
-        keep=args.keep,
-        background_checkpoint=args.background_checkpoint,
-        timeout_seconds=args.timeout,
-    )
+    job = job_spec(args)
     spec = build_spec(job.entrypoint, job.seed)
     per_replica = math.ceil(args.global_batch / max(1, args.replicas))
-    micro = args.micro_batch_size or max(1, math.ceil(per_replica / (2 * max(1, args.stages))))
+    micro = job.micro_batch_size or max(1, math.ceil(per_replica / (2 * max(1, args.stages))))
     layout = make_layout(
         num_layers=len(spec.layers),
         pipeline_stages=args.stages,

@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from morphing.errors import UserInputError
+from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 from worker_agent.runtime.batch import (
     as_tuple,
@@ -32,7 +33,7 @@ from worker_agent.runtime.batch import (
     weighted_loss,
 )
 from worker_agent.runtime.checkpoint import Checkpoint, LayerPayload, load_tensors
-from worker_agent.runtime.job import JobSpec, step_indices
+from worker_agent.runtime.job import step_indices, torch_dtype
 from worker_agent.runtime.model_api import sample_context
 from worker_agent.runtime.partition import PartitionedModel
 
@@ -106,6 +107,7 @@ class _Stage(PipelineStage):
 class StageRunner:
     def __init__(self, job: JobSpec, layout: Layout, rank: int, model: PartitionedModel, groups: Groups) -> None:
         self.job = job
+        self.dtype = torch_dtype(job.dtype)
         self.layout = layout
         self.rank = rank
         self.model = model
@@ -158,7 +160,7 @@ class StageRunner:
         rows = indices + [indices[0]] * pad
         self.batch.step = step
         self.batch.sample_ids = torch.tensor(indices + [-1] * pad, dtype=torch.long)
-        self.batch.weights = torch.tensor([1.0] * len(indices) + [0.0] * pad, dtype=job.torch_dtype)
+        self.batch.weights = torch.tensor([1.0] * len(indices) + [0.0] * pad, dtype=self.dtype)
         args: tuple[torch.Tensor, ...] = ()
         if self.is_first or self.is_last:
             inputs, targets = stack_samples([dataset[i] for i in rows], self.signature)
@@ -183,7 +185,7 @@ class StageRunner:
         return float(sum(float(x.detach()) for x in losses)) if self.is_last else 0.0
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.job.torch_dtype) if tensor.is_floating_point() else tensor
+        return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
 
     def _reduce_gradients(self) -> None:
         for _, param in self.params:

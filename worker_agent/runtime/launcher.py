@@ -1,9 +1,10 @@
 """Run a layout on this machine: P x D trainer processes around a TCPStore hosted here.
 
 Each rank is a real OS process started with the same entry a worker agent uses
-(``python -m worker_agent.runtime.trainer``). A SIGINT/SIGTERM to the launcher becomes the control
-file that asks the trainers for a graceful stop. When one trainer fails the others are given time to
-notice (their process-group timeouts) and are killed only if they overstay it.
+(:class:`worker_agent.contract.TrainerArguments`), and the run dir is laid out as one generation dir of
+an agent (:class:`worker_agent.contract.GenerationDir`). A SIGINT/SIGTERM to the launcher becomes the
+control dir's stop request. When one trainer fails the others are given time to notice (their
+process-group timeouts) and are killed only if they overstay it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,19 @@ from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
+from morphing.jobspec import JobSpec
 from morphing.layout import Layout
-from worker_agent.runtime.job import JobSpec
-from worker_agent.runtime.trainer import STOP_FILE
+from worker_agent.contract import (
+    CheckpointWritten,
+    ExitCode,
+    GenerationDir,
+    ProgressReader,
+    ProgressRecord,
+    StepCompleted,
+    TrainerArguments,
+    TrainingFinished,
+    TrainingStopped,
+)
 
 
 @dataclass(frozen=True)
@@ -34,64 +45,50 @@ class LocalRun:
     load_from: Path | None = None
 
 
-def progress_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"progress-rank-{rank}.jsonl"
-
-
 def run_local(run: LocalRun) -> int:
-    """Start every rank, relay rank 0's progress, return 0 / 2 (bad input) / 1 (failure)."""
+    """Start every rank, relay rank 0's progress; return the :class:`ExitCode` of the run as a whole."""
     import torch.distributed as dist
 
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    control = run.run_dir / "control"
-    control.mkdir(exist_ok=True)
-    (control / STOP_FILE).unlink(missing_ok=True)
-    job_path = run.run_dir / "job.json"
-    layout_path = run.run_dir / "layout.json"
-    job_path.write_text(json.dumps(run.job.to_dict(), indent=1))
-    layout_path.write_text(json.dumps(run.layout.to_dict(), indent=1))
+    directory = GenerationDir(run.run_dir)
+    directory.control.path.mkdir(parents=True, exist_ok=True)
+    directory.control.clear_stop()
+    directory.job_file.write_text(run.job.model_dump_json(indent=1))
+    directory.layout_file.write_text(json.dumps(run.layout.to_dict(), indent=1))
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         "127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False
     )
     procs = []
     for rank in range(run.layout.world_size):
-        progress_path(run.run_dir, rank).unlink(missing_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "worker_agent.runtime.trainer",
-            f"--job={job_path}",
-            f"--layout={layout_path}",
-            f"--rank={rank}",
-            f"--rendezvous=127.0.0.1:{store.port}",
-            f"--generation={run.generation}",
-            f"--checkpoint-dir={run.checkpoint_dir}",
-            f"--control-dir={control}",
-            f"--progress={progress_path(run.run_dir, rank)}",
-        ]
-        if run.load_from is not None:
-            cmd.append(f"--load-from={run.load_from}")
-        procs.append(subprocess.Popen(cmd, start_new_session=True))
+        directory.progress_file(rank).unlink(missing_ok=True)
+        arguments = TrainerArguments.in_generation_dir(
+            directory,
+            rank,
+            rendezvous=f"127.0.0.1:{store.port}",
+            checkpoint_dir=run.checkpoint_dir,
+            load_from=run.load_from,
+            generation=run.generation,
+        )
+        procs.append(subprocess.Popen(arguments.command(sys.executable), start_new_session=True))
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
-        (control / STOP_FILE).touch()
+        directory.control.request_stop()
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _supervise(run, procs)
+        return _supervise(run, directory, procs)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         del store
 
 
-def _supervise(run: LocalRun, procs: list[subprocess.Popen[bytes]]) -> int:
-    relay = _Relay(progress_path(run.run_dir, 0), run.log_every)
+def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.Popen[bytes]]) -> int:
+    relay = _Relay(ProgressReader(directory.progress_file(0)), run.log_every)
     grace = 2 * run.job.timeout_seconds + 10
     failed_at: float | None = None
     while any(p.poll() is None for p in procs):
         relay.poll()
-        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+        if failed_at is None and any(p.returncode not in (None, ExitCode.SUCCEEDED) for p in procs):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace:
             for rank, proc in enumerate(procs):
@@ -105,42 +102,36 @@ def _supervise(run: LocalRun, procs: list[subprocess.Popen[bytes]]) -> int:
         time.sleep(0.05)
     relay.poll()
     codes = [p.returncode for p in procs]
-    if all(c == 0 for c in codes):
-        return 0
+    if all(c == ExitCode.SUCCEEDED for c in codes):
+        return ExitCode.SUCCEEDED
     print(f"spotmorph train: trainer exit codes by rank: {codes}", file=sys.stderr)
-    return 2 if 2 in codes else 1
+    return ExitCode.USER_ERROR if ExitCode.USER_ERROR in codes else ExitCode.ABORTED
 
 
 class _Relay:
-    """Prints rank 0's progress lines as they appear (every ``every`` steps, plus every event)."""
+    """Prints rank 0's progress as it appears (every ``every`` steps, plus every checkpoint and the end)."""
 
-    def __init__(self, path: Path, every: int) -> None:
-        self.path = path
+    def __init__(self, reader: ProgressReader, every: int) -> None:
+        self.reader = reader
         self.every = max(1, every)
-        self.offset = 0
 
     def poll(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path) as fh:
-            fh.seek(self.offset)
-            chunk = fh.read()
-        complete, _, _ = chunk.rpartition("\n")
-        if not complete:
-            return
-        self.offset += len(complete) + 1
-        for line in complete.split("\n"):
-            self._show(json.loads(line))
+        for record in self.reader.poll():
+            self._show(record)
 
-    def _show(self, rec: dict[str, object]) -> None:
-        event = rec["event"]
-        if event == "step":
-            step = int(str(rec["step"]))
-            if step % self.every == 0:
+    def _show(self, record: ProgressRecord) -> None:
+        event = record.event
+        if isinstance(event, StepCompleted):
+            if event.step % self.every == 0:
                 print(
-                    f"step {step:6d}  loss {float(str(rec['loss'])):.4f}  "
-                    f"{float(str(rec['samples_per_second'])):8.1f} samples/s",
+                    f"step {event.step:6d}  loss {event.loss:.4f}  {event.samples_per_second:8.1f} samples/s",
                     flush=True,
                 )
-        elif event in ("checkpoint", "stopped", "finished"):
-            print(f"{event} at step {rec['step']} (last checkpoint: step {rec['last_checkpoint']})", flush=True)
+        elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
+            print(
+                f"{_SAID[type(event)]} at step {event.step} (last checkpoint: step {event.last_checkpoint})", flush=True
+            )
+
+
+# How the relay words the facts it prints (for people; the progress file has its own names).
+_SAID: dict[type, str] = {CheckpointWritten: "checkpoint", TrainingStopped: "stopped", TrainingFinished: "finished"}

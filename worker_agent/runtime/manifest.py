@@ -23,8 +23,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from morphing.jobspec import identity_hash
 from worker_agent.runtime.errors import CheckpointError, ForeignCheckpoint
-from worker_agent.runtime.job import identity_hash
 
 MANIFEST = "manifest.json"
 FORMAT = "spotmorph.checkpoint/v1"

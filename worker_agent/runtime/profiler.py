@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from morphing.jobspec import DType
 from morphing.profile import parse_profile
 from worker_agent.runtime.batch import (
     Activation,
@@ -34,7 +35,7 @@ from worker_agent.runtime.batch import (
     stack_samples,
 )
 from worker_agent.runtime.entrypoint import build_spec
-from worker_agent.runtime.job import DTYPES
+from worker_agent.runtime.job import torch_dtype
 from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, sample_context
 
 FORMAT = "spotmorph.profile/v1"
@@ -44,7 +45,7 @@ FORMAT = "spotmorph.profile/v1"
 class ProfileRequest:
     entrypoint: str
     micro_batch_sizes: tuple[int, ...]
-    dtype: str = "float32"
+    dtype: DType = "float32"
     seed: int = 0
     repeats: int = 20
     network: bool = True
@@ -156,7 +157,7 @@ def _scale_to_chained(
 
 
 def profile_layers(spec: ModelSpec, request: ProfileRequest) -> list[dict[str, Any]]:
-    dtype = DTYPES[request.dtype]
+    dtype = torch_dtype(request.dtype)
     last = len(spec.layers) - 1
     result: list[dict[str, Any]] = [
         {"name": name, "forward_seconds": {}, "backward_seconds": {}} for name, _ in spec.layers
@@ -271,7 +272,7 @@ def _memory_share() -> int:
 def build_profile(request: ProfileRequest) -> dict[str, Any]:
     torch.set_num_threads(1)
     spec = build_spec(request.entrypoint, request.seed)
-    nn.ModuleList([m for _, m in spec.layers]).to(DTYPES[request.dtype])
+    nn.ModuleList([m for _, m in spec.layers]).to(torch_dtype(request.dtype))
     assign_dropout_keys(spec.layers)
     for _, layer in spec.layers:
         layer.train()

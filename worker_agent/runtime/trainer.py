@@ -1,16 +1,13 @@
 """The trainer process: one rank of a layout, started by ``spotmorph train`` or by a worker agent.
 
-``python -m worker_agent.runtime.trainer --job job.json --layout layout.json --rank R
---rendezvous HOST:PORT --generation G --checkpoint-dir DIR [--control-dir DIR] [--progress FILE]
-[--host-store]``. The generation prefixes every rendezvous key, so a trainer of generation g never
-meets one of g+1. Exit codes: 0 finished or stopped after a checkpoint, 2 bad input, 1 anything else
-(a dead peer shows up as a process-group timeout or a closed connection), 3 a checkpoint could not be
-written (the previous one is kept).
+``python -m worker_agent.runtime.trainer`` with the arguments of
+:class:`worker_agent.contract.TrainerArguments`; it reports :mod:`worker_agent.contract.events` and ends
+with an :class:`worker_agent.contract.ExitCode`. The generation prefixes every rendezvous key, so a
+trainer of generation g never meets one of g+1.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -18,7 +15,6 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -26,88 +22,50 @@ from typing import Any
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout
+from worker_agent.contract import (
+    CheckpointLoaded,
+    CheckpointSkipped,
+    CheckpointWritten,
+    ControlDir,
+    ExitCode,
+    ProgressEvent,
+    ProgressRecord,
+    StepCompleted,
+    TrainerArguments,
+    TrainerFailed,
+    TrainerStarted,
+    TrainingFinished,
+    TrainingStopped,
+    progress_line,
+)
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed
 
-STOP_FILE = "stop"
-EXIT_CHECKPOINT_FAILED = 3
 # Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
 # long before, so this is when the trainer "started".
 ASSIGNED_AT: float | None = None
 
 
-@dataclass(frozen=True)
-class TrainerConfig:
-    job_path: Path
-    layout_path: Path
-    rank: int
-    host: str
-    port: int
-    generation: int
-    checkpoint_dir: Path
-    control_dir: Path | None
-    progress_path: Path | None
-    host_store: bool
-    load_from: Path | None = None
-
-
-def parse_args(argv: list[str] | None) -> TrainerConfig:
-    parser = argparse.ArgumentParser(prog="python -m worker_agent.runtime.trainer")
-    parser.add_argument("--job", required=True, type=Path, help="job spec JSON (JobSpec.to_dict)")
-    parser.add_argument("--layout", required=True, type=Path, help="layout JSON (Layout.to_dict)")
-    parser.add_argument("--rank", required=True, type=int)
-    parser.add_argument("--rendezvous", required=True, help="HOST:PORT of the TCPStore")
-    parser.add_argument("--generation", type=int, default=0, help="fencing token; namespaces the store")
-    parser.add_argument("--checkpoint-dir", required=True, type=Path)
-    parser.add_argument("--control-dir", type=Path, help="a file named 'stop' here asks for a graceful stop")
-    parser.add_argument("--progress", type=Path, help="append JSON lines (step, loss, ...) to this file")
-    parser.add_argument("--host-store", action="store_true", help="this process hosts the TCPStore")
-    parser.add_argument(
-        "--load-from", type=Path, help="checkpoint (or checkpoint root) to start from instead of the newest"
-    )
-    args = parser.parse_args(argv)
-    host, _, port = str(args.rendezvous).rpartition(":")
-    return TrainerConfig(
-        args.job,
-        args.layout,
-        args.rank,
-        host or "127.0.0.1",
-        int(port),
-        args.generation,
-        args.checkpoint_dir,
-        args.control_dir,
-        args.progress,
-        args.host_store,
-        args.load_from,
-    )
-
-
 class Progress:
-    """JSON lines for the agent: one object per event, flushed at once."""
+    """JSON lines for the agent (:mod:`worker_agent.contract.events`): one per event, flushed at once."""
 
     def __init__(self, path: Path | None, rank: int, generation: int) -> None:
         self.rank = rank
         self.generation = generation
         self._fh = open(path, "a", buffering=1) if path is not None else None  # noqa: SIM115
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: ProgressEvent) -> None:
         if self._fh is None:
             return
-        record = {
-            "event": event,
-            "rank": self.rank,
-            "generation": self.generation,
-            "pid": os.getpid(),
-            "time": time.time(),
-        }
-        self._fh.write(json.dumps({**record, **fields}) + "\n")
+        record = ProgressRecord(event, self.rank, self.generation, os.getpid(), time.time())
+        self._fh.write(progress_line(record) + "\n")
         self._fh.flush()
 
 
 class StopRequest:
-    """Set by SIGTERM / SIGINT or by the control file; agreed on in-band by all ranks."""
+    """Set by SIGTERM / SIGINT or by the control dir's stop file; agreed on in-band by all ranks."""
 
-    def __init__(self, control_dir: Path | None) -> None:
-        self.control_dir = control_dir
+    def __init__(self, control: ControlDir | None) -> None:
+        self.control = control
         self.signalled = False
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -116,16 +74,40 @@ class StopRequest:
         self.signalled = True
 
     def requested(self) -> bool:
-        return self.signalled or (self.control_dir is not None and (self.control_dir / STOP_FILE).exists())
+        return self.signalled or (self.control is not None and self.control.stop_requested())
 
 
-def _rendezvous(cfg: TrainerConfig, world_size: int, timeout: float) -> None:
+class CheckpointRequests:
+    """Checkpoint requests, agreed on in-band: rank 0's request counter rides the per-step all-reduce.
+
+    Only rank 0 contributes its counter (the others add 0), so every rank sees the same value at the same
+    step boundary even though each node's agent publishes it at its own moment. The first value seen is
+    the baseline (a request older than this generation is already covered by the checkpoint it resumed
+    from); any later change is one request.
+    """
+
+    def __init__(self, control: ControlDir | None, rank: int) -> None:
+        self.control = control if rank == 0 else None
+        self.acted_on: int | None = None
+
+    def contribution(self) -> float:
+        return float(self.control.checkpoint_request()) if self.control is not None else 0.0
+
+    def requested(self, agreed: float) -> bool:
+        """Whether the counter all ranks now share is a new request (remembering it as acted on)."""
+        counter = int(agreed)
+        new = self.acted_on is not None and counter != self.acted_on
+        self.acted_on = counter
+        return new
+
+
+def _rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
     """Join the generation's namespace of the store, wait for all ranks, then start gloo."""
     import torch.distributed as dist
 
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
-        cfg.host,
-        cfg.port,
+        cfg.rendezvous_host,
+        cfg.rendezvous_port,
         None,
         cfg.host_store,
         timedelta(seconds=max(60.0, timeout)),
@@ -145,22 +127,22 @@ def _rendezvous(cfg: TrainerConfig, world_size: int, timeout: float) -> None:
     )
 
 
-def train(cfg: TrainerConfig, progress: Progress) -> int:
+def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     import torch
     import torch.distributed as dist
 
     from worker_agent.runtime import checkpoint as ckpt_mod
     from worker_agent.runtime.engine import StageRunner, make_groups, module_for_dtype
     from worker_agent.runtime.entrypoint import build_spec
-    from worker_agent.runtime.job import JobSpec, data_cursor
+    from worker_agent.runtime.job import data_cursor, load_job_spec, torch_dtype
     from worker_agent.runtime.model_api import assign_dropout_keys
     from worker_agent.runtime.partition import PartitionedModel
 
-    job = JobSpec.load(cfg.job_path)
+    job = load_job_spec(cfg.job_file)
     try:
-        layout = Layout.from_dict(json.loads(cfg.layout_path.read_text()))
+        layout = Layout.from_dict(json.loads(cfg.layout_file.read_text()))
     except (OSError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"cannot read layout {cfg.layout_path}: {exc}") from exc
+        raise UserInputError(f"cannot read layout {cfg.layout_file}: {exc}") from exc
     if layout.global_batch != job.global_batch:
         raise UserInputError(f"layout global_batch={layout.global_batch} but job has {job.global_batch}")
     if not 0 <= cfg.rank < layout.world_size:
@@ -169,22 +151,25 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
     spec = build_spec(job.entrypoint, job.seed)
     model = PartitionedModel(spec)
     model.check_layout(layout)
-    module_for_dtype(model, job.torch_dtype)
+    module_for_dtype(model, torch_dtype(job.dtype))
     assign_dropout_keys(spec.layers)
-    stop = StopRequest(cfg.control_dir)
+    control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
+    stop = StopRequest(control)
+    requests = CheckpointRequests(control, cfg.rank)
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
     _rendezvous(cfg, layout.world_size, job.timeout_seconds)
     progress.emit(
-        "started",
-        layout=layout.describe(),
-        process_started_at=ASSIGNED_AT or process_started_at(),
-        ready_at=ready_at,
-        warm=ASSIGNED_AT is not None,
+        TrainerStarted(
+            layout=layout.describe(),
+            process_started_at=ASSIGNED_AT or process_started_at(),
+            ready_at=ready_at,
+            warm=ASSIGNED_AT is not None,
+        )
     )
 
     def skipped(message: str) -> None:
         _warn(message)
-        progress.emit("checkpoint_skipped", message=message)
+        progress.emit(CheckpointSkipped(message=message))
 
     choice: list[Any] = [None, None, uuid.uuid4().hex[:12]]
     if cfg.rank == 0:
@@ -209,7 +194,7 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
         loaded = ckpt_mod.verify(path, job.identity(), read_files=False)
         runner.load(loaded)
         step = loaded.step
-        progress.emit("resumed", step=step, checkpoint=str(path))
+        progress.emit(CheckpointLoaded(step=step, checkpoint=str(path)))
         if cfg.rank == 0:
             print(f"spotmorph trainer: resuming from {loaded.path} (step {step})", file=sys.stderr)
     first_step = step
@@ -228,22 +213,25 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
     last_time = time.perf_counter()
     loss_share = 0.0
     while True:
-        flags = torch.tensor([1.0 if stop.requested() else 0.0, loss_share], dtype=torch.float64)
+        stop_flag = 1.0 if stop.requested() else 0.0
+        flags = torch.tensor([stop_flag, loss_share, requests.contribution()], dtype=torch.float64)
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
         stopping = bool(flags[0] > 0)
+        requested = requests.requested(float(flags[2]))
         stop_at = time.time()
         now = time.perf_counter()
         if step > first_step:
             progress.emit(
-                "step",
-                step=step,
-                loss=float(flags[1]),
-                step_seconds=now - last_time,
-                samples_per_second=job.global_batch / (now - last_time),
-                last_checkpoint=writer.last_committed,
+                StepCompleted(
+                    step=step,
+                    loss=float(flags[1]),
+                    step_seconds=now - last_time,
+                    samples_per_second=job.global_batch / (now - last_time),
+                    last_checkpoint=writer.last_committed,
+                )
             )
         finishing = stopping or step >= job.steps
-        due = finishing or (job.checkpoint_every > 0 and step % job.checkpoint_every == 0)
+        due = finishing or requested or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
         write_started = time.perf_counter()
         if due and step != already_written:
             manifest = None
@@ -259,16 +247,18 @@ def train(cfg: TrainerConfig, progress: Progress) -> int:
             writer.save(step, runner.payloads(), manifest)
             if finishing:
                 writer.wait()
-                progress.emit("checkpoint", step=step, last_checkpoint=writer.last_committed)
+                progress.emit(CheckpointWritten(step=step, last_checkpoint=writer.last_committed))
         if finishing:
+            ended = TrainingStopped if stopping else TrainingFinished
             progress.emit(
-                "stopped" if stopping else "finished",
-                step=step,
-                last_checkpoint=writer.last_committed,
-                stop_at=stop_at,
-                checkpoint_seconds=time.perf_counter() - write_started,
+                ended(
+                    step=step,
+                    last_checkpoint=writer.last_committed,
+                    stop_at=stop_at,
+                    checkpoint_seconds=time.perf_counter() - write_started,
+                )
             )
-            return 0
+            return ExitCode.SUCCEEDED
         last_time = time.perf_counter()
         loss_share = runner.run_step(step)
         step += 1
@@ -289,30 +279,30 @@ def _warn(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    progress = Progress(cfg.progress_path, cfg.rank, cfg.generation)
+    cfg = TrainerArguments.from_argv(argv)
+    progress = Progress(cfg.progress_file, cfg.rank, cfg.generation)
     try:
         code = train(cfg, progress)
     except UserInputError as exc:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
-        progress.emit("error", kind="input", message=str(exc))
-        code = 2
+        progress.emit(TrainerFailed(kind="input", message=str(exc)))
+        code = ExitCode.USER_ERROR
     except CheckpointWriteFailed as exc:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
-        progress.emit("error", kind="checkpoint", message=str(exc))
-        code = EXIT_CHECKPOINT_FAILED
+        progress.emit(TrainerFailed(kind="checkpoint", message=str(exc)))
+        code = ExitCode.CHECKPOINT_NOT_WRITTEN
     except CheckpointError as exc:
         # Rank 0 checked sizes and SHA-256, so a file changed since or is no layer file at all (a SHA-256
         # is only as trustworthy as the manifest that lists it).
         message = f"checkpoint cannot be loaded: {exc}; move that step directory aside to resume from the one before"
         print(f"spotmorph trainer (rank {cfg.rank}): error: {message}", file=sys.stderr, flush=True)
-        progress.emit("error", kind="checkpoint_damaged", message=message)
-        code = 1
+        progress.emit(TrainerFailed(kind="checkpoint_damaged", message=message))
+        code = ExitCode.ABORTED
     except BaseException as exc:
         traceback.print_exc()
         print(f"spotmorph trainer (rank {cfg.rank}): aborting: {exc!r}", file=sys.stderr, flush=True)
-        progress.emit("error", kind="abort", message=repr(exc))
-        code = 1
+        progress.emit(TrainerFailed(kind="abort", message=repr(exc)))
+        code = ExitCode.ABORTED
     sys.stdout.flush()
     sys.stderr.flush()
     # No destructors: a process group whose peer died can hang in teardown.

@@ -1,25 +1,22 @@
 """A warm trainer: a process that has imported torch and the runtime and waits for its assignment.
 
-``python -m worker_agent.runtime.warm --spool DIR --parent PID``. Once its imports are done it
-writes ``DIR/ready``; it then polls for ``DIR/assignment.json`` (written atomically by the agent's
-supervisor: ``{"argv": [...trainer arguments...], "log": PATH}``), points its stdout and stderr at
-the trainer's log and runs :func:`worker_agent.runtime.trainer.main` with those arguments, exactly
-as a cold ``python -m worker_agent.runtime.trainer`` would. A morph then pays no interpreter start
-and no ``import torch``. It exits by itself when the agent that started it is gone (its parent pid
-changes), so a dead VM leaves nothing behind.
+``python -m worker_agent.runtime.warm`` with :class:`worker_agent.contract.WarmArguments`. Once its
+imports are done it writes its spool's ready file; it then polls for the assignment file (a
+:class:`worker_agent.contract.WarmAssignment`, written atomically by the agent's supervisor), points its
+stdout and stderr at the trainer's log and runs :func:`worker_agent.runtime.trainer.main` with those
+arguments, exactly as a cold ``python -m worker_agent.runtime.trainer`` would. A morph then pays no
+interpreter start and no ``import torch``. It exits by itself when the agent that started it is gone
+(its parent pid changes), so a dead VM leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
-ASSIGNMENT = "assignment.json"
-READY = "ready"
+from worker_agent.contract import WarmArguments, WarmAssignment, WarmSpool
+
 POLL_SECONDS = 0.02
 
 
@@ -35,20 +32,17 @@ def _preload() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker_agent.runtime.warm")
-    parser.add_argument("--spool", required=True, type=Path, help="directory the assignment appears in")
-    parser.add_argument("--parent", required=True, type=int, help="exit when this process is no longer our parent")
-    args = parser.parse_args(argv)
+    args = WarmArguments.from_argv(argv)
+    spool = WarmSpool(args.spool)
     _preload()
-    (args.spool / READY).write_text(str(time.time()))
-    assignment = args.spool / ASSIGNMENT
-    while not assignment.exists():
+    spool.ready_file.write_text(str(time.time()))
+    while not spool.assigned():
         if os.getppid() != args.parent:
             return 0
         time.sleep(POLL_SECONDS)
     assigned_at = time.time()
-    task = json.loads(assignment.read_text())
-    log = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    task = WarmAssignment.from_json(spool.assignment_file.read_text())
+    log = os.open(task.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log, 1)
@@ -57,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from worker_agent.runtime import trainer
 
     trainer.ASSIGNED_AT = assigned_at
-    trainer.main([str(a) for a in task["argv"]])  # never returns: it ends the process
+    trainer.main(task.arguments.to_argv())  # never returns: it ends the process
     return 0
 
 

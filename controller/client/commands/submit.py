@@ -16,16 +16,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.spec import json_schema, load_spec_file
+    from controller.spec import entrypoint_problem, load_spec_file, profile_problem
     from morphing.errors import UserInputError
+    from morphing.jobspec import job_spec_schema
 
     if args.schema:
-        print(json.dumps(json_schema(), indent=2))
+        print(json.dumps(job_spec_schema(), indent=2))
         return 0
     if not args.file:
         raise UserInputError("give a job spec file (or --schema)")
     spec = load_spec_file(args.file, args.set)
-    problem = spec.entrypoint_problem() or spec.profile_problem()
+    problem = entrypoint_problem(spec) or profile_problem(spec)
     if problem:
         raise UserInputError(f"job spec {args.file}: {problem}")
 

@@ -103,6 +103,10 @@ Global___Action: _TypeAlias = Action  # noqa: Y015
 
 @_typing.final
 class JobSpec(_message.Message):
+    """morphing.jobspec.JobSpec on the wire, field for field. An optional field left unset takes the
+    model's default (so a default is written down once, in the model).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -120,6 +124,9 @@ class JobSpec(_message.Message):
     MAX_PIPELINE_STAGES_FIELD_NUMBER: _builtins.int
     MIN_GPUS_FIELD_NUMBER: _builtins.int
     MAX_RESTARTS_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
+    BACKGROUND_CHECKPOINT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     entrypoint: _builtins.str
     """path/file.py:function or package.module:function"""
@@ -141,6 +148,12 @@ class JobSpec(_message.Message):
     max_pipeline_stages: _builtins.int
     min_gpus: _builtins.int
     max_restarts: _builtins.int
+    keep: _builtins.int
+    """committed checkpoints kept"""
+    background_checkpoint: _builtins.bool
+    """write checkpoints while training goes on"""
+    timeout_seconds: _builtins.float
+    """collective timeout"""
     def __init__(
         self,
         *,
@@ -149,21 +162,32 @@ class JobSpec(_message.Message):
         global_batch: _builtins.int = ...,
         steps: _builtins.int = ...,
         seed: _builtins.int = ...,
-        dtype: _builtins.str = ...,
-        schedule: _builtins.str = ...,
+        dtype: _builtins.str | None = ...,
+        schedule: _builtins.str | None = ...,
         micro_batch_size: _builtins.int | None = ...,
-        checkpoint_interval: _builtins.int = ...,
+        checkpoint_interval: _builtins.int | None = ...,
         checkpoint_dir: _builtins.str = ...,
         priority: _builtins.int = ...,
-        profile: _builtins.str = ...,
+        profile: _builtins.str | None = ...,
         max_pipeline_stages: _builtins.int | None = ...,
         min_gpus: _builtins.int | None = ...,
         max_restarts: _builtins.int | None = ...,
+        keep: _builtins.int | None = ...,
+        background_checkpoint: _builtins.bool | None = ...,
+        timeout_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_dtype", b"_dtype", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "dtype", b"dtype", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "dtype", b"dtype", "entrypoint", b"entrypoint", "global_batch", b"global_batch", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_dtype", b"_dtype", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "dtype", b"dtype", "entrypoint", b"entrypoint", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__background_checkpoint: _TypeAlias = _typing.Literal["background_checkpoint"]  # noqa: Y015
+    _WhichOneofArgType__background_checkpoint: _TypeAlias = _typing.Literal["_background_checkpoint", b"_background_checkpoint"]  # noqa: Y015
+    _WhichOneofReturnType__checkpoint_interval: _TypeAlias = _typing.Literal["checkpoint_interval"]  # noqa: Y015
+    _WhichOneofArgType__checkpoint_interval: _TypeAlias = _typing.Literal["_checkpoint_interval", b"_checkpoint_interval"]  # noqa: Y015
+    _WhichOneofReturnType__dtype: _TypeAlias = _typing.Literal["dtype"]  # noqa: Y015
+    _WhichOneofArgType__dtype: _TypeAlias = _typing.Literal["_dtype", b"_dtype"]  # noqa: Y015
+    _WhichOneofReturnType__keep: _TypeAlias = _typing.Literal["keep"]  # noqa: Y015
+    _WhichOneofArgType__keep: _TypeAlias = _typing.Literal["_keep", b"_keep"]  # noqa: Y015
     _WhichOneofReturnType__max_pipeline_stages: _TypeAlias = _typing.Literal["max_pipeline_stages"]  # noqa: Y015
     _WhichOneofArgType__max_pipeline_stages: _TypeAlias = _typing.Literal["_max_pipeline_stages", b"_max_pipeline_stages"]  # noqa: Y015
     _WhichOneofReturnType__max_restarts: _TypeAlias = _typing.Literal["max_restarts"]  # noqa: Y015
@@ -172,6 +196,20 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__micro_batch_size: _TypeAlias = _typing.Literal["_micro_batch_size", b"_micro_batch_size"]  # noqa: Y015
     _WhichOneofReturnType__min_gpus: _TypeAlias = _typing.Literal["min_gpus"]  # noqa: Y015
     _WhichOneofArgType__min_gpus: _TypeAlias = _typing.Literal["_min_gpus", b"_min_gpus"]  # noqa: Y015
+    _WhichOneofReturnType__profile: _TypeAlias = _typing.Literal["profile"]  # noqa: Y015
+    _WhichOneofArgType__profile: _TypeAlias = _typing.Literal["_profile", b"_profile"]  # noqa: Y015
+    _WhichOneofReturnType__schedule: _TypeAlias = _typing.Literal["schedule"]  # noqa: Y015
+    _WhichOneofArgType__schedule: _TypeAlias = _typing.Literal["_schedule", b"_schedule"]  # noqa: Y015
+    _WhichOneofReturnType__timeout_seconds: _TypeAlias = _typing.Literal["timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__timeout_seconds: _TypeAlias = _typing.Literal["_timeout_seconds", b"_timeout_seconds"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__background_checkpoint) -> _WhichOneofReturnType__background_checkpoint | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_interval) -> _WhichOneofReturnType__checkpoint_interval | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dtype) -> _WhichOneofReturnType__dtype | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__keep) -> _WhichOneofReturnType__keep | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_pipeline_stages) -> _WhichOneofReturnType__max_pipeline_stages | None: ...
     @_typing.overload
@@ -180,6 +218,12 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__micro_batch_size) -> _WhichOneofReturnType__micro_batch_size | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_gpus) -> _WhichOneofReturnType__min_gpus | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__profile) -> _WhichOneofReturnType__profile | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule) -> _WhichOneofReturnType__schedule | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_seconds) -> _WhichOneofReturnType__timeout_seconds | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
 

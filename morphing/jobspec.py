@@ -1,0 +1,112 @@
+"""The job spec: one model for what a job is and how it runs, from the YAML file to the trainer.
+
+The client validates it before submitting, the controller plans and persists it, the agent hands it to
+its trainers unchanged (as ``job.json``) and ``spotmorph train`` builds it from its flags; so a field
+has one name and one default everywhere. Parsing from a mapping or JSON text lives here; reading files
+and checking that paths exist stays with the callers (this package does no I/O).
+
+:meth:`JobSpec.identity_hash` names the training result in every checkpoint manifest: it covers only
+the fields that change the parameters (entrypoint, global batch, seed, dtype), and its bytes must not
+change, or checkpoints written before would no longer resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+
+from morphing.errors import UserInputError, describe_validation_error
+
+Schedule = Literal["1f1b", "gpipe"]
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+DType = Literal["float32", "float64"]
+DTYPES: tuple[DType, ...] = get_args(DType)
+
+SPEC_DOCS = "`spotmorph submit --schema` lists every field; docs/jobspec.md explains them"
+
+
+class JobSpec(BaseModel):
+    """What to train and how; the layout is the controller's business, not the user's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    entrypoint: str = Field(min_length=3, max_length=1024, description="path/file.py:function or module:function")
+    global_batch: PositiveInt = Field(le=1_000_000_000, description="samples per optimizer step")
+    steps: PositiveInt = Field(le=1_000_000_000, description="train until this step")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    dtype: DType = "float32"
+    schedule: Schedule = "1f1b"
+    micro_batch_size: PositiveInt | None = Field(default=None, le=1_000_000)
+    checkpoint_interval: int = Field(default=50, ge=0, le=1_000_000_000, description="steps; 0: only on morphs")
+    checkpoint_dir: str = Field(min_length=1, max_length=4096)
+    keep: int = Field(default=3, ge=1, le=1000, description="committed checkpoints kept")
+    background_checkpoint: bool = Field(default=False, description="write checkpoints while training goes on")
+    timeout_seconds: float = Field(default=20.0, gt=0, le=86_400, description="collective timeout")
+    priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
+    profile: str | None = Field(
+        default=None, min_length=1, max_length=4096, description="planner profile JSON; needed to submit"
+    )
+    max_pipeline_stages: PositiveInt | None = Field(default=None, le=4096)
+    min_gpus: PositiveInt = Field(default=1, le=1_000_000)
+    max_restarts: int = Field(default=3, ge=0, le=1000, description="trainer failures tolerated")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, value: str) -> str:
+        target, sep, function = value.rpartition(":")
+        if not sep or not target or not function.isidentifier():
+            raise ValueError("use path/file.py:function or package.module:function")
+        return value
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define the training result (not the layout, not the target step)."""
+        return {
+            "entrypoint": normalise_entrypoint(self.entrypoint),
+            "global_batch": self.global_batch,
+            "seed": self.seed,
+            "dtype": self.dtype,
+        }
+
+    def identity_hash(self) -> str:
+        return identity_hash(self.identity())
+
+
+def identity_hash(identity: Mapping[str, Any]) -> str:
+    """SHA-256 of a job identity; a checkpoint's manifest records it beside the identity it hashes."""
+    return hashlib.sha256(json.dumps(dict(identity), sort_keys=True).encode()).hexdigest()
+
+
+def normalise_entrypoint(entrypoint: str) -> str:
+    """The entrypoint as written, without its folder (a file moved elsewhere is the same job)."""
+    target, _, func = entrypoint.rpartition(":")
+    if target.endswith(".py"):
+        target = PurePath(target).name
+    return f"{target}:{func}"
+
+
+def parse_job_spec(data: Any, what: str = "job spec") -> JobSpec:
+    """A validated spec from parsed YAML/JSON; :class:`UserInputError` names the field and the fix."""
+    if not isinstance(data, dict):
+        raise UserInputError(f"{what}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise UserInputError(describe_validation_error(exc, what, SPEC_DOCS)) from None
+
+
+def job_spec_from_json(text: str, what: str = "job spec") -> JobSpec:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UserInputError(f"{what} is not JSON: {exc}") from None
+    return parse_job_spec(data, what)
+
+
+def job_spec_schema() -> dict[str, Any]:
+    return JobSpec.model_json_schema()

@@ -1,0 +1,91 @@
+"""The agent's decisions about the controller, as pure functions: no server, no clock, no sleep."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
+from worker_agent.agent.decisions import (
+    CheckpointCommitted,
+    EvictionNotice,
+    Failure,
+    Pushed,
+    TrainerExited,
+    backed_off_interval,
+    beat_interval,
+    classify_failure,
+    may_acknowledge,
+    next_register_backoff,
+    notice_deadline,
+    urgent_facts,
+)
+from worker_agent.agent.supervisor import TrainerReport
+
+
+def report(rank: int, running: bool, code: int | None = None, checkpoint: int | None = None) -> TrainerReport:
+    return TrainerReport(
+        TrainerStatus(TrainerKey("j", 2, rank), running, code), pid=100 + rank, last_checkpoint_step=checkpoint
+    )
+
+
+def test_failures_mean_retry_register_again_or_surface() -> None:
+    assert classify_failure("UNAVAILABLE", "") is Failure.RETRY
+    assert classify_failure("DEADLINE_EXCEEDED", "") is Failure.RETRY
+    assert classify_failure("NOT_FOUND", "unknown node") is Failure.REGISTER_AGAIN
+    assert classify_failure("UNAUTHENTICATED", "") is Failure.REGISTER_AGAIN
+    assert classify_failure("FAILED_PRECONDITION", "incarnation 1 is gone; register again") is Failure.REGISTER_AGAIN
+    assert classify_failure("FAILED_PRECONDITION", "generation 7 was never issued") is Failure.FATAL
+    assert classify_failure("INVALID_ARGUMENT", "") is Failure.FATAL
+
+
+def test_registration_backs_off_by_doubling_up_to_the_cap() -> None:
+    waits = [0.2]
+    for _ in range(8):
+        waits.append(next_register_backoff(waits[-1], cap=10.0))
+    assert waits[:4] == [0.2, 0.4, 0.8, 1.6] and waits[-1] == 10.0
+
+
+@given(st.floats(0.05, 100), st.floats(0.1, 100), st.floats(0.3, 600))
+def test_a_failing_controller_never_sees_this_node_silent_past_a_third_of_its_expiry(
+    interval: float, max_backoff: float, expiry: float
+) -> None:
+    backed = backed_off_interval(interval, max_backoff, expiry)
+    assert backed <= max(expiry / 3, 0) and backed <= max_backoff and backed <= 2 * interval
+
+
+def test_the_agent_beats_fast_only_while_its_trainers_are_asked_to_stop() -> None:
+    stop, run = Assignment("j", 1, "stop", (0,)), Assignment("j", 1, "run", (0,))
+    assert beat_interval(1.0, stop, healthy=True, morph_beat=0.2) == 0.2
+    assert beat_interval(1.0, Assignment("j", 1, "abort"), healthy=True, morph_beat=0.2) == 0.2
+    assert beat_interval(1.0, run, healthy=True, morph_beat=0.2) == 1.0
+    assert beat_interval(4.0, stop, healthy=False, morph_beat=0.2) == 4.0
+    assert beat_interval(1.0, None, healthy=True, morph_beat=0.2) == 1.0
+
+
+def test_exits_and_checkpoints_are_pushed_once_in_report_order() -> None:
+    first = [report(0, True, checkpoint=20), report(1, False, code=0)]
+    facts, pushed = urgent_facts(first, Pushed())
+    assert facts == [CheckpointCommitted("j", 2, 20), TrainerExited(first[1])]
+    again, pushed = urgent_facts(first, pushed)
+    assert again == []
+    later = [report(0, False, code=0, checkpoint=25), report(1, False, code=0)]
+    facts, pushed = urgent_facts(later, pushed)
+    assert facts == [TrainerExited(later[0]), CheckpointCommitted("j", 2, 25)]
+    assert urgent_facts([report(1, True, checkpoint=99)], pushed)[0] == [], "only rank 0 commits"
+
+
+def test_eviction_is_acknowledged_once_nothing_runs_and_nothing_failed() -> None:
+    notice = EvictionNotice("e-1", 1000.0)
+    stopped = [report(0, False, code=0)]
+    assert may_acknowledge(notice, stopped, Assignment("j", 2, "stop"))
+    assert not may_acknowledge(notice, [report(0, True)], Assignment("j", 2, "stop"))
+    assert not may_acknowledge(notice, [report(0, False, code=1)], Assignment("j", 2, "stop"))
+    assert may_acknowledge(notice, [report(0, False, code=1)], None), "a failed trainer the controller dropped"
+    assert not may_acknowledge(EvictionNotice("e-1", 1000.0, acknowledged=True), stopped, None)
+    assert not may_acknowledge(None, stopped, None)
+
+
+def test_a_notice_without_a_time_means_now() -> None:
+    assert notice_deadline(None, now=1234.5) == 1234.5
+    assert notice_deadline(2000.0, now=1234.5) == 2000.0

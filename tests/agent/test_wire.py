@@ -1,0 +1,98 @@
+"""The agent's wire conversion: the spec crosses unchanged, defaults apply once, facts become requests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from controller.spec_wire import spec_to_pb
+from morphing.jobspec import JobSpec
+from morphing.layout import make_layout
+from protos.spotmorph.v1 import controller_pb2 as pb
+from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
+from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, TrainerExited
+from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.agent.wire import (
+    IDLE,
+    Registration,
+    heartbeat_reply_from_pb,
+    heartbeat_to_pb,
+    incoming_from_pb,
+    registration_from_pb,
+    report_reply_from_pb,
+    report_to_pb,
+    spec_from_pb,
+)
+
+NODE = Registration("node-2", 3, "secret", 1.0, 10.0)
+
+
+def job(**fields: Any) -> JobSpec:
+    base = {"name": "j", "entrypoint": "/m/tiny_gpt.py:build", "global_batch": 8, "steps": 9, "checkpoint_dir": "/c"}
+    return JobSpec.model_validate({**base, **fields})
+
+
+def assignment(spec: pb.JobSpec, **fields: Any) -> pb.Assignment:
+    layout = make_layout(num_layers=4, pipeline_stages=2, data_parallel=1, micro_batch_size=2, global_batch=8)
+    values: dict[str, Any] = {
+        "job": "job-1",
+        "generation": 2,
+        "ranks": [0, 1],
+        "layout": pb.Layout(json=json.dumps(layout.to_dict())),
+        "rendezvous_endpoint": "10.0.0.1:29501",
+        "checkpoint_dir": "/c",
+        "action": pb.ACTION_RUN,
+        "spec": spec,
+    }
+    return pb.Assignment(**{**values, **fields})
+
+
+def test_the_spec_the_controller_sends_is_the_spec_the_agent_launches() -> None:
+    for spec in (job(), job(checkpoint_interval=0, keep=1, background_checkpoint=True, timeout_seconds=5.5)):
+        assert spec_from_pb(spec_to_pb(spec), "spec") == spec
+
+
+def test_optional_fields_left_unset_on_the_wire_take_the_models_defaults() -> None:
+    bare = pb.JobSpec(name="j", entrypoint="m.py:f", global_batch=8, steps=9, checkpoint_dir="/c")
+    spec = spec_from_pb(bare, "spec")
+    assert (spec.dtype, spec.schedule, spec.checkpoint_interval, spec.keep) == ("float32", "1f1b", 50, 3)
+
+
+def test_an_assignment_becomes_what_to_run_and_how_to_launch_it() -> None:
+    incoming = incoming_from_pb(assignment(spec_to_pb(job()), checkpoint_request=4, resume_step=40))
+    assert incoming.assignment == Assignment("job-1", 2, "run", (0, 1), checkpoint_request=4)
+    assert incoming.launch is not None
+    assert incoming.launch.job == job() and incoming.launch.rendezvous == "10.0.0.1:29501"
+    assert incoming.launch.load_from == "/c/step-00000040"
+    assert incoming.launch.layout["pipeline_stages"] == 2
+    moved = incoming_from_pb(assignment(spec_to_pb(job()), entrypoint="/n/tiny_gpt.py:build"))
+    assert moved.launch is not None and moved.launch.job.entrypoint == "/n/tiny_gpt.py:build"
+    assert incoming_from_pb(assignment(spec_to_pb(job()))).launch.load_from is None  # type: ignore[union-attr]
+
+
+def test_no_assignment_means_idle_but_no_assignment_in_a_report_reply_means_unchanged() -> None:
+    assert incoming_from_pb(None).assignment == IDLE
+    assert heartbeat_reply_from_pb(pb.HeartbeatResponse()).incoming.assignment == IDLE
+    assert heartbeat_reply_from_pb(pb.HeartbeatResponse()).heartbeat_interval is None
+    assert report_reply_from_pb(pb.ReportEventResponse()) is None
+    stop = pb.ReportEventResponse(assignment=assignment(spec_to_pb(job()), action=pb.ACTION_STOP))
+    assert report_reply_from_pb(stop).assignment.action == "stop"  # type: ignore[union-attr]
+
+
+def test_registration_defaults_when_the_controller_leaves_intervals_out() -> None:
+    reply = pb.RegisterResponse(node_name="node-2", incarnation=3, node_token="t")
+    assert registration_from_pb(reply) == Registration("node-2", 3, "t", 1.0, 10.0)
+
+
+def test_reports_and_facts_become_requests() -> None:
+    exited = TrainerReport(TrainerStatus(TrainerKey("job-1", 2, 1), False, 3), pid=7, step=12, error="x" * 2000)
+    beat = heartbeat_to_pb(NODE, [exited], EvictionNotice("e", 99.0))
+    assert (beat.node_name, beat.incarnation, beat.eviction.not_before) == ("node-2", 3, 99.0)
+    status = beat.trainers[0]
+    assert (status.exit_code, status.last_step, len(status.error), status.last_checkpoint_step) == (3, 12, 1000, 0)
+    assert not heartbeat_to_pb(NODE, [], None).HasField("eviction")
+    assert report_to_pb(NODE, TrainerExited(exited)).WhichOneof("event") == "trainer_exited"
+    committed = report_to_pb(NODE, CheckpointCommitted("job-1", 2, 40))
+    assert committed.checkpoint_committed.step == 40 and committed.node_name == "node-2"
+    notice = report_to_pb(NODE, EvictionNotice("e", 99.0))
+    assert notice.eviction.source == "azure-scheduled-events"

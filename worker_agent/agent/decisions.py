@@ -1,0 +1,126 @@
+"""The agent's decisions about talking to the controller: pure functions of what it knows, time injected.
+
+Which facts are urgent enough to push at once, when to tell the platform it may evict, how long to wait
+before the next heartbeat, how far to back off, and what a failed call means. The loop
+(:mod:`worker_agent.agent.daemon`) performs the answers; keeping them here makes them testable without
+a server, a clock or a sleep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from worker_agent.agent.converge import Assignment, TrainerKey
+from worker_agent.agent.supervisor import TrainerReport
+
+FIRST_REGISTER_BACKOFF_SECONDS = 0.2
+
+
+class Failure(Enum):
+    """What a failed call to the controller means for the agent."""
+
+    RETRY = "retry"  # the controller is unreachable or overloaded: keep training, try again later
+    REGISTER_AGAIN = "register again"  # it no longer knows this incarnation (forgotten, replaced, token unknown)
+    FATAL = "fatal"  # a bug on one side or the other: let it surface
+
+
+RETRYABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL"})
+
+
+def classify_failure(code: str, details: str) -> Failure:
+    """``code``: the gRPC status code's name (``UNAVAILABLE``); ``details``: the server's message."""
+    if code in RETRYABLE_CODES:
+        return Failure.RETRY
+    if code in ("UNAUTHENTICATED", "NOT_FOUND"):
+        return Failure.REGISTER_AGAIN
+    if code == "FAILED_PRECONDITION" and "register again" in details:
+        return Failure.REGISTER_AGAIN
+    return Failure.FATAL
+
+
+def next_register_backoff(backoff: float, cap: float) -> float:
+    """The wait before the next registration attempt: doubling, up to ``cap``."""
+    return min(backoff * 2, cap)
+
+
+def backed_off_interval(interval: float, max_backoff: float, expiry: float) -> float:
+    """The heartbeat interval after a failed beat: doubling, but never so long that a restarted controller
+    finds this node silent for longer than its expiry (a third of it) and declares it LOST."""
+    return min(interval * 2, min(max_backoff, expiry / 3))
+
+
+def beat_interval(interval: float, desired: Assignment | None, healthy: bool, morph_beat: float) -> float:
+    """How long to wait for the next beat. While a morph is under way (this node's trainers are asked to
+    stop or abort) the agent beats often, because the next generation's assignment only reaches it in a
+    heartbeat reply; not while the controller is unreachable, where the backed-off interval holds."""
+    if healthy and desired is not None and desired.action in ("stop", "abort"):
+        return min(interval, morph_beat)
+    return interval
+
+
+@dataclass(frozen=True)
+class TrainerExited:
+    report: TrainerReport
+
+
+@dataclass(frozen=True)
+class CheckpointCommitted:
+    job_id: str
+    generation: int
+    step: int
+
+
+UrgentFact = TrainerExited | CheckpointCommitted
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """The urgent facts already pushed: each is pushed once (a lost push is carried by the next beat)."""
+
+    exits: frozenset[TrainerKey] = frozenset()
+    checkpoints: Mapping[tuple[str, int], int] = field(default_factory=dict)
+
+
+def urgent_facts(reports: Iterable[TrainerReport], pushed: Pushed) -> tuple[list[UrgentFact], Pushed]:
+    """Trainer exits and newly committed checkpoints (rank 0 commits) not pushed yet, in report order."""
+    facts: list[UrgentFact] = []
+    exits, checkpoints = set(pushed.exits), dict(pushed.checkpoints)
+    for report in reports:
+        key = report.status.key
+        if not report.status.running and key not in exits:
+            exits.add(key)
+            facts.append(TrainerExited(report))
+        step = report.last_checkpoint_step
+        generation = (key.job_id, key.generation)
+        if key.rank == 0 and step is not None and step > checkpoints.get(generation, -1):
+            checkpoints[generation] = step
+            facts.append(CheckpointCommitted(key.job_id, key.generation, step))
+    return facts, Pushed(frozenset(exits), checkpoints)
+
+
+@dataclass(frozen=True)
+class EvictionNotice:
+    event_id: str
+    not_before: float  # unix seconds
+    acknowledged: bool = False
+
+
+def notice_deadline(not_before: float | None, now: float) -> float:
+    """When the platform evicts (unix seconds); a notice without a time means now."""
+    return not_before if not_before is not None else now
+
+
+def may_acknowledge(
+    notice: EvictionNotice | None, reports: Iterable[TrainerReport], desired: Assignment | None
+) -> bool:
+    """Tell the platform it may evict now: nothing runs here and what ran stopped cleanly (its checkpoint
+    is written), so waiting for ``NotBefore`` would only waste the notice."""
+    if notice is None or notice.acknowledged:
+        return False
+    reports = list(reports)
+    if any(r.status.running for r in reports):
+        return False
+    failed = any(r.status.exit_code not in (None, 0) for r in reports)
+    return not (failed and desired is not None)

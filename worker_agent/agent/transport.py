@@ -1,0 +1,151 @@
+"""The agent's side of the ``spotmorph.v1.Agent`` service: one typed async method per RPC.
+
+Each method converts with :mod:`worker_agent.agent.wire` and turns a failed call into what it means
+(:class:`ControllerUnreachable`, :class:`RegisterAgain`); only registration retries here, with backoff,
+because nothing else can happen before it succeeds. A heartbeat that fails is the loop's business (the
+trainers keep training), and a failed report needs no retry (the next heartbeat carries the same facts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from protos.spotmorph.v1 import controller_pb2 as pb
+from protos.spotmorph.v1 import controller_pb2_grpc as pb_grpc
+from worker_agent.agent.decisions import (
+    FIRST_REGISTER_BACKOFF_SECONDS,
+    EvictionNotice,
+    Failure,
+    UrgentFact,
+    classify_failure,
+    next_register_backoff,
+)
+from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.agent.wire import (
+    HeartbeatReply,
+    Incoming,
+    Registration,
+    heartbeat_reply_from_pb,
+    heartbeat_to_pb,
+    registration_from_pb,
+    report_reply_from_pb,
+    report_to_pb,
+)
+
+log = logging.getLogger("spotmorph.agent")
+
+CALL_TIMEOUT_SECONDS = 10
+KEEPALIVE = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000)]
+
+
+class CallFailed(Exception):
+    """A call to the controller that did not get a reply; ``str()`` says why."""
+
+
+class ControllerUnreachable(CallFailed):
+    """The call may succeed later (the controller restarts, the network heals)."""
+
+
+class RegisterAgain(CallFailed):
+    """The controller no longer accepts this incarnation; only a new registration helps."""
+
+
+class CallRefused(CallFailed):
+    """The controller refused the call for a reason retrying cannot fix (a bug on one side)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the controller is and how to prove who we are to it."""
+
+    address: str
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+
+@dataclass(frozen=True)
+class NodeOffer:
+    """What a registration offers the controller (an empty name: let the controller choose one)."""
+
+    node_name: str
+    slots: int
+    address: str
+    instance_id: str
+
+
+class ControllerLink:
+    """One channel to the controller, opened on first use."""
+
+    def __init__(
+        self, endpoint: Endpoint, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, stub: Any = None
+    ) -> None:
+        """``sleep`` and ``stub`` are for tests: a fake clock, a fake server."""
+        self.endpoint = endpoint
+        self.sleep = sleep
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = stub  # grpc-stubs types the stub as synchronous; it is an aio stub
+
+    def _agent_stub(self) -> Any:
+        if self._stub is None:
+            if self.endpoint.ca:
+                creds = grpc.ssl_channel_credentials(
+                    self.endpoint.ca.read_bytes(),
+                    self.endpoint.key.read_bytes() if self.endpoint.key else None,
+                    self.endpoint.cert.read_bytes() if self.endpoint.cert else None,
+                )
+                self._channel = grpc.aio.secure_channel(self.endpoint.address, creds, options=KEEPALIVE)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.endpoint.address, options=KEEPALIVE)
+            self._stub = pb_grpc.AgentStub(self._channel)
+        return self._stub
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(None)
+
+    async def _call(self, method: str, request: Any, token: str) -> Any:
+        call = getattr(self._agent_stub(), method)
+        try:
+            return await call(request, metadata=(("authorization", f"Bearer {token}"),), timeout=CALL_TIMEOUT_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            failure = classify_failure(exc.code().name, exc.details() or "")
+            if failure is Failure.RETRY:
+                raise ControllerUnreachable(exc.code().name) from exc
+            if failure is Failure.REGISTER_AGAIN:
+                raise RegisterAgain(exc.details() or exc.code().name) from exc
+            raise CallRefused(f"{method}: {exc.code().name}: {exc.details()}") from exc
+
+    async def register(
+        self, offer: NodeOffer, agent_token: str, stopping: Callable[[], bool], max_backoff: float
+    ) -> Registration | None:
+        """Register, retrying with backoff while the controller is unreachable; None once ``stopping``."""
+        backoff = FIRST_REGISTER_BACKOFF_SECONDS
+        request = pb.RegisterRequest(
+            node_name=offer.node_name, slots=offer.slots, address=offer.address, instance_id=offer.instance_id
+        )
+        while not stopping():
+            try:
+                return registration_from_pb(await self._call("Register", request, agent_token))
+            except ControllerUnreachable as exc:
+                log.warning("controller unreachable (%s); retrying in %.1fs", exc, backoff)
+                await self.sleep(backoff)
+                backoff = next_register_backoff(backoff, max_backoff)
+        return None
+
+    async def heartbeat(
+        self, node: Registration, reports: list[TrainerReport], notice: EvictionNotice | None
+    ) -> HeartbeatReply:
+        reply = await self._call("Heartbeat", heartbeat_to_pb(node, reports, notice), node.node_token)
+        return heartbeat_reply_from_pb(reply)
+
+    async def report_event(self, node: Registration, fact: UrgentFact | EvictionNotice) -> Incoming | None:
+        """Push one urgent fact; the reply's assignment (None: unchanged)."""
+        return report_reply_from_pb(await self._call("ReportEvent", report_to_pb(node, fact), node.node_token))

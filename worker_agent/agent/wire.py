@@ -1,0 +1,141 @@
+"""Between the wire (protos/spotmorph/v1) and the agent's values; nothing else in the agent knows both.
+
+The job spec crosses unchanged: an optional field the controller left unset takes the model's default
+(:class:`morphing.jobspec.JobSpec`), exactly as on the controller's side.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from morphing.jobspec import JobSpec, parse_job_spec
+from protos.spotmorph.v1 import controller_pb2 as pb
+from worker_agent.agent.converge import Action, Assignment
+from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, TrainerExited, UrgentFact
+from worker_agent.agent.supervisor import LaunchSpec, TrainerReport
+
+ACTIONS: dict[int, Action] = {pb.ACTION_RUN: "run", pb.ACTION_STOP: "stop", pb.ACTION_ABORT: "abort"}
+IDLE = Assignment("", 0, "idle")
+ERROR_CHARACTERS = 1000  # of a trainer's error, the tail the controller keeps
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Who the controller says this node is, and how often it wants to hear from it."""
+
+    node_name: str
+    incarnation: int
+    node_token: str
+    heartbeat_interval: float
+    heartbeat_expiry: float  # the controller declares a node LOST after this much silence
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """An assignment as received: what to run and, unless idle, how to launch it."""
+
+    assignment: Assignment
+    launch: LaunchSpec | None = None
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    incoming: Incoming
+    heartbeat_interval: float | None  # None: keep the current one
+
+
+def registration_from_pb(reply: pb.RegisterResponse) -> Registration:
+    return Registration(
+        reply.node_name,
+        reply.incarnation,
+        reply.node_token,
+        reply.heartbeat_interval_seconds or 1.0,
+        reply.heartbeat_expiry_seconds or 10.0,
+    )
+
+
+def spec_from_pb(message: pb.JobSpec, what: str) -> JobSpec:
+    """The job spec a wire message carries; optional fields left unset take their defaults."""
+    fields = {
+        field.name: getattr(message, field.name)
+        for field in message.DESCRIPTOR.fields
+        if not field.has_presence or message.HasField(field.name)  # type: ignore[arg-type]
+    }
+    return parse_job_spec(fields, what=what)
+
+
+def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
+    """An assignment message (absent or without a job: idle); a bad spec is a ``UserInputError``."""
+    if message is None or not message.job:
+        return Incoming(IDLE)
+    assignment = Assignment(
+        message.job,
+        message.generation,
+        ACTIONS.get(message.action, "idle"),
+        tuple(message.ranks),
+        message.checkpoint_request,
+    )
+    if assignment.action == "idle":
+        return Incoming(assignment)
+    spec = spec_from_pb(message.spec, what=f"job spec of {message.job}")
+    if message.entrypoint:
+        spec = spec.model_copy(update={"entrypoint": message.entrypoint})
+    checkpoint_dir = Path(message.checkpoint_dir)
+    load_from = str(checkpoint_dir / f"step-{message.resume_step:08d}") if message.resume_step else None
+    launch = LaunchSpec(spec, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, load_from)
+    return Incoming(assignment, launch)
+
+
+def heartbeat_reply_from_pb(reply: pb.HeartbeatResponse) -> HeartbeatReply:
+    """A heartbeat reply without an assignment means: run nothing."""
+    incoming = incoming_from_pb(reply.assignment if reply.HasField("assignment") else None)
+    return HeartbeatReply(incoming, reply.heartbeat_interval_seconds or None)
+
+
+def report_reply_from_pb(reply: pb.ReportEventResponse) -> Incoming | None:
+    """A report's reply may carry the assignment as it now is; without one, nothing changes."""
+    return incoming_from_pb(reply.assignment) if reply.HasField("assignment") else None
+
+
+def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
+    key = report.status.key
+    status = pb.TrainerStatus(
+        job=key.job_id,
+        generation=key.generation,
+        rank=key.rank,
+        running=report.status.running,
+        last_step=report.step,
+        last_checkpoint_step=report.last_checkpoint_step or 0,
+        error=report.error[-ERROR_CHARACTERS:],
+    )
+    if report.status.exit_code is not None:
+        status.exit_code = report.status.exit_code
+    return status
+
+
+def heartbeat_to_pb(
+    node: Registration, reports: list[TrainerReport], notice: EvictionNotice | None
+) -> pb.HeartbeatRequest:
+    request = pb.HeartbeatRequest(
+        node_name=node.node_name,
+        incarnation=node.incarnation,
+        trainers=[trainer_status_to_pb(r) for r in reports],
+    )
+    if notice is not None:
+        request.eviction.CopyFrom(pb.EvictionNotice(not_before=notice.not_before, source="imds"))
+    return request
+
+
+def report_to_pb(node: Registration, fact: UrgentFact | EvictionNotice) -> pb.ReportEventRequest:
+    """An urgent fact as the ``ReportEvent`` request that pushes it."""
+    request = pb.ReportEventRequest(node_name=node.node_name, incarnation=node.incarnation)
+    if isinstance(fact, TrainerExited):
+        request.trainer_exited.CopyFrom(pb.TrainerExited(trainer=trainer_status_to_pb(fact.report)))
+    elif isinstance(fact, CheckpointCommitted):
+        committed = pb.CheckpointCommitted(job=fact.job_id, generation=fact.generation, step=fact.step)
+        request.checkpoint_committed.CopyFrom(committed)
+    else:
+        request.eviction.CopyFrom(pb.EvictionNotice(not_before=fact.not_before, source="azure-scheduled-events"))
+    return request

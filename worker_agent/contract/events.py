@@ -1,0 +1,202 @@
+"""What a trainer reports: one JSON object per line of its progress file, one class per kind of fact.
+
+A line is ``{"event": NAME, "rank", "generation", "pid", "time", ...the event's fields}``; the names on
+disk are the short ones the trainers have always written (``step``, ``checkpoint``, ...), so old progress
+files still parse. :func:`progress_line` writes a line and :func:`parse_progress_line` reads one back
+into the same value; nothing else spells an event name or a field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Literal, TypeVar
+
+FailureKind = Literal["input", "checkpoint", "checkpoint_damaged", "abort"]
+E = TypeVar("E")
+
+
+@dataclass(frozen=True)
+class TrainerStarted:
+    """Joined the rendezvous (its ``time`` is when the whole world was there)."""
+
+    layout: str  # Layout.describe()
+    process_started_at: float | None  # when the process (or the warm process it took over) began
+    ready_at: float  # torch imported and the model built
+    warm: bool  # a warm process took this assignment over
+
+
+@dataclass(frozen=True)
+class CheckpointLoaded:
+    """Resumed from a checkpoint: ``step`` steps are already done."""
+
+    step: int
+    checkpoint: str
+
+
+@dataclass(frozen=True)
+class CheckpointSkipped:
+    """A newer checkpoint was damaged (or another job's) and was passed over; ``message`` says which and why."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class StepCompleted:
+    """``step`` optimizer steps are done (on every rank: they all-reduce once per step)."""
+
+    step: int
+    loss: float  # the global-batch mean loss of that step
+    step_seconds: float
+    samples_per_second: float
+    last_checkpoint: int | None  # the newest committed step this rank knows of (rank 0 commits)
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    """The checkpoint of ``step`` is committed (written when training stops or finishes)."""
+
+    step: int
+    last_checkpoint: int | None
+
+
+@dataclass(frozen=True)
+class TrainingStopped:
+    """Stopped when asked, at step boundary ``step``, after writing its checkpoint."""
+
+    step: int
+    last_checkpoint: int | None
+    stop_at: float  # when the ranks agreed to stop
+    checkpoint_seconds: float  # how long the final checkpoint took
+
+
+@dataclass(frozen=True)
+class TrainingFinished:
+    """Reached the job's last step and wrote its checkpoint."""
+
+    step: int
+    last_checkpoint: int | None
+    stop_at: float
+    checkpoint_seconds: float
+
+
+@dataclass(frozen=True)
+class TrainerFailed:
+    """About to exit non-zero; ``message`` is what the operator needs to know."""
+
+    kind: FailureKind
+    message: str
+
+
+ProgressEvent = (
+    TrainerStarted
+    | CheckpointLoaded
+    | CheckpointSkipped
+    | StepCompleted
+    | CheckpointWritten
+    | TrainingStopped
+    | TrainingFinished
+    | TrainerFailed
+)
+
+EVENT_NAMES: dict[type[ProgressEvent], str] = {
+    TrainerStarted: "started",
+    CheckpointLoaded: "resumed",
+    CheckpointSkipped: "checkpoint_skipped",
+    StepCompleted: "step",
+    CheckpointWritten: "checkpoint",
+    TrainingStopped: "stopped",
+    TrainingFinished: "finished",
+    TrainerFailed: "error",
+}
+_EVENT_TYPES: dict[str, type[ProgressEvent]] = {name: kind for kind, name in EVENT_NAMES.items()}
+
+
+class ProgressLineError(ValueError):
+    """A line that is not a progress record (torn, from another version, or not JSON)."""
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """One line: which trainer said it, when, and what."""
+
+    event: ProgressEvent
+    rank: int
+    generation: int
+    pid: int
+    time: float
+
+
+def progress_line(record: ProgressRecord) -> str:
+    """The JSON line for ``record``, without the newline."""
+    header = {
+        "event": EVENT_NAMES[type(record.event)],
+        "rank": record.rank,
+        "generation": record.generation,
+        "pid": record.pid,
+        "time": record.time,
+    }
+    return json.dumps({**header, **asdict(record.event)})
+
+
+def parse_progress_line(line: str | bytes) -> ProgressRecord:
+    """The record a line holds; :class:`ProgressLineError` when it holds none. Unknown fields are ignored."""
+    try:
+        data = json.loads(line)
+    except ValueError as exc:
+        raise ProgressLineError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProgressLineError("not a JSON object")
+    kind = _EVENT_TYPES.get(str(data.get("event")))
+    if kind is None:
+        raise ProgressLineError(f"unknown event {data.get('event')!r}")
+    try:
+        event = kind(**{f.name: data[f.name] for f in fields(kind)})
+        return ProgressRecord(event, int(data["rank"]), int(data["generation"]), int(data["pid"]), float(data["time"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProgressLineError(f"{data.get('event')} line without {exc}") from None
+
+
+def read_progress(path: Path) -> list[ProgressRecord]:
+    """Every complete record in a progress file (a torn last line, or none at all, is not an error)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return ProgressReader.parse_lines(text.splitlines())
+
+
+class ProgressReader:
+    """Reads a progress file as it grows: each :meth:`poll` returns the records completed since the last."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def poll(self) -> list[ProgressRecord]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return self.parse_lines(complete.decode(errors="replace").splitlines())
+
+    @staticmethod
+    def parse_lines(lines: list[str]) -> list[ProgressRecord]:
+        out = []
+        for line in lines:
+            try:
+                out.append(parse_progress_line(line))
+            except ProgressLineError:
+                continue
+        return out
+
+
+def events_of(records: Iterable[ProgressRecord], kind: type[E]) -> list[E]:
+    """The events of one kind, in order (``events_of(records, StepCompleted)``)."""
+    return [r.event for r in records if isinstance(r.event, kind)]

@@ -1,0 +1,200 @@
+"""Where the agent and its trainers meet on disk: one class per folder, one method per file.
+
+An agent's work dir holds ``agent.pid``, ``node-name`` and ``trainers/``; under that, each generation
+of a job has ``<job>/gen-<g>/`` with the trainer's inputs (``job.json``, ``layout.json``), its
+``control/`` folder (``stop``: stop at the next step boundary; ``checkpoint-request``: a counter, a new
+value asks for a checkpoint at the next step boundary), and per rank ``progress-rank-<r>.jsonl`` (what
+it reports), ``rank-<r>.log`` (its stdout and stderr) and ``rank-<r>.pid`` (so a restarted agent can
+kill what its previous incarnation left behind). Warm trainers wait in ``trainers/.warm/<name>/``.
+``spotmorph train`` lays out its run dir as one generation dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+_GENERATION = re.compile(r"^gen-(\d+)$")
+_RANK_FILE = re.compile(r"^(?:progress-)?rank-(\d+)\.(?:jsonl|pid)$")
+
+
+@dataclass(frozen=True)
+class ControlDir:
+    """Requests from the agent (or ``spotmorph train``) to running trainers; the trainers only read it."""
+
+    path: Path
+
+    @property
+    def stop_file(self) -> Path:
+        return self.path / "stop"
+
+    @property
+    def checkpoint_request_file(self) -> Path:
+        return self.path / "checkpoint-request"
+
+    def request_stop(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.stop_file.touch()
+
+    def stop_requested(self) -> bool:
+        return self.stop_file.exists()
+
+    def clear_stop(self) -> None:
+        self.stop_file.unlink(missing_ok=True)
+
+    def request_checkpoint(self, counter: int) -> None:
+        """Publish the request counter (written whole: a reader never sees half a number)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        temporary = self.path / f".checkpoint-request.tmp-{os.getpid()}"
+        temporary.write_text(str(counter))
+        temporary.replace(self.checkpoint_request_file)
+
+    def checkpoint_request(self) -> int:
+        """The newest request counter; 0 when none was ever published."""
+        with contextlib.suppress(OSError, ValueError):
+            return int(self.checkpoint_request_file.read_text())
+        return 0
+
+
+@dataclass(frozen=True)
+class GenerationDir:
+    """One generation of one job on one node (or one ``spotmorph train`` run)."""
+
+    path: Path
+
+    @property
+    def job_file(self) -> Path:
+        return self.path / "job.json"
+
+    @property
+    def layout_file(self) -> Path:
+        return self.path / "layout.json"
+
+    @property
+    def control(self) -> ControlDir:
+        return ControlDir(self.path / "control")
+
+    @property
+    def job(self) -> str:
+        return self.path.parent.name
+
+    @property
+    def generation(self) -> int:
+        found = _GENERATION.match(self.path.name)
+        if found is None:
+            raise ValueError(f"{self.path} is not a generation dir (gen-<g>)")
+        return int(found.group(1))
+
+    def progress_file(self, rank: int) -> Path:
+        return self.path / f"progress-rank-{rank}.jsonl"
+
+    def log_file(self, rank: int) -> Path:
+        return self.path / f"rank-{rank}.log"
+
+    def pid_file(self, rank: int) -> Path:
+        return self.path / f"rank-{rank}.pid"
+
+    def progress_files(self) -> dict[int, Path]:
+        """Every rank's progress file here, by rank."""
+        return _by_rank(self.path.glob("progress-rank-*.jsonl"))
+
+    def pid_files(self) -> dict[int, Path]:
+        return _by_rank(self.path.glob("rank-*.pid"))
+
+
+@dataclass(frozen=True)
+class WarmSpool:
+    """A warm trainer's folder: it writes ``ready`` once imported, then waits for ``assignment.json``."""
+
+    path: Path
+
+    @property
+    def ready_file(self) -> Path:
+        return self.path / "ready"
+
+    @property
+    def assignment_file(self) -> Path:
+        return self.path / "assignment.json"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.path / "warm.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.path / "warm.log"
+
+    def ready(self) -> bool:
+        return self.ready_file.exists()
+
+    def hand_over(self, assignment_json: str) -> None:
+        """Write the assignment whole (temp file, rename): the warm trainer polls for it."""
+        temporary = self.path / f"{self.assignment_file.name}.tmp"
+        temporary.write_text(assignment_json)
+        temporary.rename(self.assignment_file)
+
+    def assigned(self) -> bool:
+        return self.assignment_file.exists()
+
+
+@dataclass(frozen=True)
+class TrainersDir:
+    """The agent's ``trainers/`` folder: every generation it ran, and its warm trainers."""
+
+    path: Path
+
+    def generation_dir(self, job: str, generation: int) -> GenerationDir:
+        return GenerationDir(self.path / job / f"gen-{generation}")
+
+    def generation_dirs(self, job: str | None = None) -> list[GenerationDir]:
+        """The generation dirs present (of ``job``, or of every job), oldest generation first."""
+        found = [GenerationDir(p) for p in self.path.glob(f"{job or '*'}/gen-*") if _GENERATION.match(p.name)]
+        return sorted(found, key=lambda d: (d.job, d.generation))
+
+    def pid_files(self) -> list[Path]:
+        """Every trainer pid file, of every job and generation."""
+        return [p for d in self.generation_dirs() for p in d.pid_files().values()]
+
+    @property
+    def warm_root(self) -> Path:
+        return self.path / ".warm"
+
+    def warm_spool(self, name: str) -> WarmSpool:
+        return WarmSpool(self.warm_root / name)
+
+    def warm_spools(self) -> list[WarmSpool]:
+        if not self.warm_root.is_dir():
+            return []
+        return [WarmSpool(p) for p in sorted(self.warm_root.iterdir()) if p.is_dir()]
+
+
+@dataclass(frozen=True)
+class AgentWorkDir:
+    """The agent's ``--work-dir``: its own pid and node name, and its trainers."""
+
+    path: Path
+
+    @property
+    def pid_file(self) -> Path:
+        return self.path / "agent.pid"
+
+    @property
+    def node_name_file(self) -> Path:
+        return self.path / "node-name"
+
+    @property
+    def trainers(self) -> TrainersDir:
+        return TrainersDir(self.path / "trainers")
+
+
+def _by_rank(paths: Iterable[Path]) -> dict[int, Path]:
+    out: dict[int, Path] = {}
+    for path in paths:
+        found = _RANK_FILE.match(path.name)
+        if found is not None:
+            out[int(found.group(1))] = path
+    return dict(sorted(out.items()))
