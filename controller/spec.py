@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -19,6 +19,27 @@ from morphing.jobspec import JobSpec, parse_job_spec
 
 # Fields ``--set`` may change; anything else in the spec may be set too, these are just documented.
 COMMON_OVERRIDES = ("steps", "global_batch", "dtype", "checkpoint_interval", "seed", "priority")
+MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; anything this large is a mistake
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice (the second would silently win)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise yaml.constructor.ConstructorError(None, None, f"field {key!r} is given twice (line {line})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(text: str) -> Any:
+    """YAML with duplicate keys refused; :class:`yaml.YAMLError` for anything malformed."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
 
 # Re-exported: the controller's modules import the model from here.
 __all__ = [
@@ -29,6 +50,7 @@ __all__ = [
     "load_spec_file",
     "profile_path",
     "profile_problem",
+    "read_yaml",
 ]
 
 
@@ -74,15 +96,38 @@ def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, A
             raise UserInputError(f"--set {item!r}: use key=value, e.g. --set steps=100")
         if key not in JobSpec.model_fields:
             raise UserInputError(f"--set {key}: unknown field; fields are {', '.join(JobSpec.model_fields)}")
-        out[key] = yaml.safe_load(raw) if raw else ""
+        if not raw.strip():
+            raise UserInputError(f"--set {key}=: give a value, e.g. --set {key}=VALUE (to drop a field, edit the file)")
+        try:
+            value = read_yaml(raw)
+        except yaml.YAMLError as exc:
+            problem = str(exc).splitlines()[0]
+            raise UserInputError(
+                f"--set {item!r}: the value is not a YAML scalar ({problem}); quote it, e.g. --set '{key}=\"{raw}\"'"
+            ) from None
+        if isinstance(value, dict | list):
+            raise UserInputError(f"--set {key}: give one value (a number or a string), not a list or a mapping")
+        out[key] = value
     return out
+
+
+def _resolvable(value: object) -> TypeGuard[str]:
+    """A path worth resolving; anything else (empty, control characters) is left for the model to refuse."""
+    return isinstance(value, str) and bool(value.strip()) and value.isprintable()
 
 
 def load_spec_file(path: str, overrides: list[str] | None = None) -> JobSpec:
     """Read, override and validate a spec; relative paths are taken from the spec file's folder."""
     file = Path(path)
     try:
-        data = yaml.safe_load(file.read_text())
+        with file.open("rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise UserInputError(
+                f"job spec {path} is over {MAX_SPEC_BYTES // 1024} KiB; a spec is a page of YAML "
+                "(put data and models in files it names)"
+            )
+        data = read_yaml(raw.decode())
     except FileNotFoundError:
         raise UserInputError(f"job spec {path} not found; try examples/tiny_gpt.yaml") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -94,10 +139,10 @@ def load_spec_file(path: str, overrides: list[str] | None = None) -> JobSpec:
     data = apply_overrides(data, overrides or [])
     base = file.resolve().parent
     for key in ("profile", "checkpoint_dir"):
-        if isinstance(data.get(key), str):
+        if _resolvable(data.get(key)):
             data[key] = str((base / data[key]).resolve())
     entry = data.get("entrypoint")
-    if isinstance(entry, str):
+    if _resolvable(entry):
         target, sep, function = entry.rpartition(":")
         if sep and (target.endswith(".py") or "/" in target):
             data["entrypoint"] = f"{(base / target).resolve()}:{function}"

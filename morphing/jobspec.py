@@ -33,7 +33,8 @@ SPEC_DOCS = "`spotmorph submit --schema` lists every field; docs/jobspec.md expl
 class JobSpec(BaseModel):
     """What to train and how; the layout is the controller's business, not the user's."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: `steps: true` or `global_batch: "8"` are mistakes, not 1 and 8
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     entrypoint: str = Field(min_length=3, max_length=1024, description="path/file.py:function or module:function")
@@ -55,6 +56,13 @@ class JobSpec(BaseModel):
     max_pipeline_stages: PositiveInt | None = Field(default=None, le=4096)
     min_gpus: PositiveInt = Field(default=1, le=1_000_000)
     max_restarts: int = Field(default=3, ge=0, le=1000, description="trainer failures tolerated")
+
+    @field_validator("name", "entrypoint", "checkpoint_dir", "profile")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        if value is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            raise ValueError("control characters (such as NUL or a newline) are not allowed")
+        return value
 
     @field_validator("entrypoint")
     @classmethod
