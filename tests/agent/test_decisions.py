@@ -32,6 +32,8 @@ def report(rank: int, running: bool, code: int | None = None, checkpoint: int | 
 def test_failures_mean_retry_register_again_or_surface() -> None:
     assert classify_failure("UNAVAILABLE", "") is Failure.RETRY
     assert classify_failure("DEADLINE_EXCEEDED", "") is Failure.RETRY
+    assert classify_failure("UNKNOWN", "Exception calling application") is Failure.RETRY
+    assert classify_failure("RESOURCE_EXHAUSTED", "") is Failure.RETRY
     assert classify_failure("NOT_FOUND", "unknown node") is Failure.REGISTER_AGAIN
     assert classify_failure("UNAUTHENTICATED", "") is Failure.REGISTER_AGAIN
     assert classify_failure("FAILED_PRECONDITION", "incarnation 1 is gone; register again") is Failure.REGISTER_AGAIN

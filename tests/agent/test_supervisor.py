@@ -95,3 +95,15 @@ def test_a_killed_peer_makes_the_survivor_exit_non_zero(tmp_path: Path) -> None:
         assert survivor.error
     finally:
         supervisor.kill_all()
+
+
+def test_an_argument_with_a_nul_byte_is_a_failed_trainer_not_an_agent_crash(tmp_path: Path) -> None:
+    """A hostile rendezvous address reaches ``Popen`` as an argument: that trainer fails, the agent goes on."""
+    supervisor = Supervisor(tmp_path / "work")
+    launch = spec(tmp_path, steps=10)
+    hostile = LaunchSpec(launch.job, launch.layout, "127.0.0.1\x00:29500", launch.checkpoint_dir)
+    key = TrainerKey("job-1", 1, 0)
+    supervisor.start(key, hostile)
+    (report,) = supervisor.reports()
+    assert not report.status.running and report.status.exit_code not in (None, 0)
+    assert "null byte" in supervisor.log_tail(key)

@@ -26,7 +26,11 @@ class Failure(Enum):
     FATAL = "fatal"  # a bug on one side or the other: let it surface
 
 
-RETRYABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL"})
+# UNKNOWN and INTERNAL: the controller failed on this call (a bug or a bad moment), not a verdict on the
+# node; RESOURCE_EXHAUSTED and ABORTED: try again later. None of them may stop an agent.
+RETRYABLE_CODES = frozenset(
+    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "UNKNOWN", "RESOURCE_EXHAUSTED", "ABORTED"}
+)
 
 
 def classify_failure(code: str, details: str) -> Failure:

@@ -187,8 +187,9 @@ class Supervisor:
                         process_group=0,
                         env=self.env,
                     )
-                except OSError as exc:
-                    log.write(f"cannot start a trainer with {self.python}: {exc.strerror or exc}\n".encode())
+                except (OSError, ValueError) as exc:  # ValueError: an argument with a NUL byte in it
+                    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                    log.write(f"cannot start a trainer with {self.python}: {reason}\n".encode())
                     process = _FailedStart()
         if process.pid > 0:
             directory.pid_file(key.rank).write_text(str(process.pid))
