@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,6 +27,7 @@ from controller.app.providers import make_provider
 from controller.app.settings import ControllerSettings, is_loopback
 from controller.app.state_lock import lock_state_dir
 from controller.core.reconcile import Config
+from controller.files import private_file, set_mode, write_public
 from controller.observability.metrics import serve_metrics
 from controller.persistence.store import Store
 from controller.providers.base import Clock, ProviderInbox
@@ -62,6 +64,15 @@ def reconcile_config(s: ControllerSettings) -> Config:
     )
 
 
+def private_database(path: Path) -> Path:
+    """``path`` made 0600 before SQLite opens it: SQLite gives its -wal and -shm files the database's mode."""
+    private_file(path)
+    for companion in (path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")):
+        if companion.exists():
+            set_mode(companion, 0o600)
+    return path
+
+
 class Controller:
     """A running controller; ``await start()``, then ``await stop()`` (also what SIGTERM does)."""
 
@@ -85,7 +96,7 @@ class Controller:
             read_or_create_token(settings.agent_token_file or state / "agent.token"): Role.AGENT,
         }
         self.tokens = Tokens(static, read_or_create_token(state / "node-secret").encode())
-        self.store = Store(state / "state.db")
+        self.store = Store(private_database(state / "state.db"))
         self.server = grpc.aio.server(interceptors=[AuthInterceptor(self.tokens)], options=grpc_options(settings))
         self.port = self._bind()
         self.inbox = ProviderInbox(clock)
@@ -141,11 +152,11 @@ class Controller:
         )
         await runner.tick()
         host = self.settings.listen.rsplit(":", 1)[0]
-        (self.settings.state_dir / "controller.addr").write_text(f"{host}:{self.port}\n")
+        write_public(self.settings.state_dir / "controller.addr", f"{host}:{self.port}\n".encode())
         if self.settings.metrics_listen:
             self.metrics_server, self.metrics_port = await serve_metrics(self.settings.metrics_listen, self.view)
             metrics_host = self.settings.metrics_listen.rsplit(":", 1)[0]
-            (self.settings.state_dir / "metrics.addr").write_text(f"{metrics_host}:{self.metrics_port}\n")
+            write_public(self.settings.state_dir / "metrics.addr", f"{metrics_host}:{self.metrics_port}\n".encode())
         log.info("controller listening on %s:%d (state in %s)", host, self.port, self.settings.state_dir)
 
     async def stop(self, grace: float | None = None) -> None:
