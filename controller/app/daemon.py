@@ -1,9 +1,10 @@
 """The controller process: the grpc.aio server with health and reflection, timers, SIGTERM.
 
 Listening beyond loopback needs TLS (tokens must not cross a network in clear text) unless
-``allow_plaintext`` says otherwise. Wiring order: lock the state directory, open the store, bind (the
-provider needs the real address for the agents it starts), build the provider on its port, then the
-runner with that provider, then the servicers on the runner.
+``allow_plaintext`` says otherwise; metrics likewise, unless ``metrics_allow_remote``. Wiring order:
+check the settings and the TLS files (a bad one leaves no trace), lock the state directory, open the
+store, bind (the provider needs the real address for the agents it starts), build the provider on its
+port, then the runner with that provider, then the servicers on the runner.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_to
 from controller.api.cluster import ClusterService
 from controller.api.jobs import JobsService
 from controller.app.providers import make_provider
-from controller.app.settings import ControllerSettings, is_loopback
+from controller.app.settings import ControllerSettings, check_exposure
 from controller.app.state_lock import lock_state_dir
+from controller.app.tls import load_server_tls
 from controller.core.reconcile import Config
 from controller.files import private_file, set_mode, write_public
 from controller.observability.metrics import serve_metrics
@@ -80,6 +82,9 @@ class Controller:
         # APScheduler logs every run of every interval job at INFO ("Running job Runner.tick" each second).
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
         self.settings = settings
+        self.tls = load_server_tls(settings)
+        check_exposure(settings, tls=self.tls is not None)
+        self.metrics_tls = self.tls.ssl_context() if self.tls and settings.metrics_listen else None
         self.state_lock = lock_state_dir(settings.state_dir)
         try:
             self._build(clock or SystemClock())
@@ -124,21 +129,10 @@ class Controller:
 
     def _bind(self) -> int:
         s = self.settings
-        if s.tls_cert and s.tls_key:
-            root = s.tls_ca.read_bytes() if s.tls_ca else None
-            credentials = grpc.ssl_server_credentials(
-                [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())],
-                root_certificates=root,
-                require_client_auth=root is not None,
-            )
-            port = self.server.add_secure_port(s.listen, credentials)
-        elif is_loopback(s.listen) or s.allow_plaintext:
+        if self.tls is not None:
+            port = self.server.add_secure_port(s.listen, self.tls.grpc_credentials())
+        else:  # check_exposure allowed plaintext here
             port = self.server.add_insecure_port(s.listen)
-        else:
-            raise UserInputError(
-                f"--listen {s.listen}: beyond loopback the controller needs TLS (--tls-cert/--tls-key, "
-                "see `spotmorph certs`), or --allow-plaintext on a network you trust"
-            )
         if port == 0:
             raise UserInputError(f"--listen {s.listen}: cannot bind (in use?)")
         return port
@@ -154,7 +148,8 @@ class Controller:
         host = self.settings.listen.rsplit(":", 1)[0]
         write_public(self.settings.state_dir / "controller.addr", f"{host}:{self.port}\n".encode())
         if self.settings.metrics_listen:
-            self.metrics_server, self.metrics_port = await serve_metrics(self.settings.metrics_listen, self.view)
+            listen = self.settings.metrics_listen
+            self.metrics_server, self.metrics_port = await serve_metrics(listen, self.view, self.metrics_tls)
             metrics_host = self.settings.metrics_listen.rsplit(":", 1)[0]
             write_public(self.settings.state_dir / "metrics.addr", f"{metrics_host}:{self.metrics_port}\n".encode())
         log.info("controller listening on %s:%d (state in %s)", host, self.port, self.settings.state_dir)
