@@ -1,8 +1,8 @@
 """The server's TLS material, read and checked before anything is created or listens.
 
-Left to grpc, a certificate without its key served plaintext, a missing file or a key of another
-certificate was a traceback; so the flags are paired, every file parsed, and the key matched to the
-certificate here, each problem one line naming the flag, the file and the fix (exit code 2).
+Left to grpc, a certificate without its key would mean plaintext, and a missing file or the key of
+another certificate a traceback; so the flags are paired, every file parsed and the key matched to
+the certificate here, each problem one line naming the flag, the file and the fix (exit code 2).
 """
 
 from __future__ import annotations
