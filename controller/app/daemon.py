@@ -170,12 +170,12 @@ class Controller:
 
 async def serve(settings: ControllerSettings) -> int:
     controller = Controller(settings)
-    await controller.start()
-    print(f"spotmorph controller listening on {settings.listen.rsplit(':', 1)[0]}:{controller.port}", flush=True)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before start writes controller.addr: from then on, a clean stop
         loop.add_signal_handler(sig, done.set)
+    await controller.start()
+    print(f"spotmorph controller listening on {settings.listen.rsplit(':', 1)[0]}:{controller.port}", flush=True)
     await done.wait()
     await controller.stop()
     return 0

@@ -7,6 +7,7 @@ beyond loopback need TLS (then HTTPS) or ``--metrics-allow-remote``.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import ssl
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.app import daemon
 from controller.app.daemon import Controller
 from controller.app.settings import ControllerSettings
 from controller.client.certs import make_cluster_certs
@@ -189,3 +191,25 @@ def test_a_refused_start_leaves_the_state_dir_free_for_the_next(certs: Path, tmp
         await good.stop(grace=0)
 
     asyncio.run(main())
+
+
+def test_sigterm_once_the_address_is_written_stops_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``start`` writes controller.addr; a supervisor that sees it may stop the controller at once."""
+    stopped: list[bool] = []
+
+    class Started:
+        port = 1
+
+        def __init__(self, _settings: ControllerSettings) -> None: ...
+
+        async def start(self) -> None:
+            handler = signal.getsignal(signal.SIGTERM)
+            assert handler not in (signal.SIG_DFL, None), "a SIGTERM now would kill the controller uncleanly"
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        async def stop(self) -> None:
+            stopped.append(True)
+
+    monkeypatch.setattr(daemon, "Controller", Started)
+    assert asyncio.run(daemon.serve(ControllerSettings())) == 0
+    assert stopped == [True]
