@@ -20,6 +20,8 @@ from typing import Any
 
 import grpc
 
+from controller.files import write_private
+
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.")
 
 
@@ -62,10 +64,9 @@ def read_or_create_token(path: Path) -> str:
         token = path.read_text().strip()
         if token:
             return token
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = "smt_" + secrets.token_urlsafe(32)
-    path.touch(mode=0o600)
-    path.write_text(token + "\n")
+    write_private(path, f"{token}\n".encode())
     return token
 
 

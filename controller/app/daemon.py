@@ -1,9 +1,10 @@
 """The controller process: the grpc.aio server with health and reflection, timers, SIGTERM.
 
 Listening beyond loopback needs TLS (tokens must not cross a network in clear text) unless
-``allow_plaintext`` says otherwise. Wiring order: lock the state directory, open the store, bind (the
-provider needs the real address for the agents it starts), build the provider on its port, then the
-runner with that provider, then the servicers on the runner.
+``allow_plaintext`` says otherwise; metrics likewise, unless ``metrics_allow_remote``. Wiring order:
+check the settings and the TLS files (a bad one leaves no trace), lock the state directory, open the
+store, bind (the provider needs the real address for the agents it starts), build the provider on its
+port, then the runner with that provider, then the servicers on the runner.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,9 +25,11 @@ from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_to
 from controller.api.cluster import ClusterService
 from controller.api.jobs import JobsService
 from controller.app.providers import make_provider
-from controller.app.settings import ControllerSettings, is_loopback
+from controller.app.settings import ControllerSettings, check_exposure
 from controller.app.state_lock import lock_state_dir
+from controller.app.tls import load_server_tls
 from controller.core.reconcile import Config
+from controller.files import private_file, set_mode, write_public
 from controller.observability.metrics import serve_metrics
 from controller.persistence.store import Store
 from controller.providers.base import Clock, ProviderInbox
@@ -62,6 +66,15 @@ def reconcile_config(s: ControllerSettings) -> Config:
     )
 
 
+def private_database(path: Path) -> Path:
+    """``path`` made 0600 before SQLite opens it: SQLite gives its -wal and -shm files the database's mode."""
+    private_file(path)
+    for companion in (path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")):
+        if companion.exists():
+            set_mode(companion, 0o600)
+    return path
+
+
 class Controller:
     """A running controller; ``await start()``, then ``await stop()`` (also what SIGTERM does)."""
 
@@ -69,6 +82,9 @@ class Controller:
         # APScheduler logs every run of every interval job at INFO ("Running job Runner.tick" each second).
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
         self.settings = settings
+        self.tls = load_server_tls(settings)
+        check_exposure(settings, tls=self.tls is not None)
+        self.metrics_tls = self.tls.ssl_context() if self.tls and settings.metrics_listen else None
         self.state_lock = lock_state_dir(settings.state_dir)
         try:
             self._build(clock or SystemClock())
@@ -85,7 +101,7 @@ class Controller:
             read_or_create_token(settings.agent_token_file or state / "agent.token"): Role.AGENT,
         }
         self.tokens = Tokens(static, read_or_create_token(state / "node-secret").encode())
-        self.store = Store(state / "state.db")
+        self.store = Store(private_database(state / "state.db"))
         self.server = grpc.aio.server(interceptors=[AuthInterceptor(self.tokens)], options=grpc_options(settings))
         self.port = self._bind()
         self.inbox = ProviderInbox(clock)
@@ -113,21 +129,10 @@ class Controller:
 
     def _bind(self) -> int:
         s = self.settings
-        if s.tls_cert and s.tls_key:
-            root = s.tls_ca.read_bytes() if s.tls_ca else None
-            credentials = grpc.ssl_server_credentials(
-                [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())],
-                root_certificates=root,
-                require_client_auth=root is not None,
-            )
-            port = self.server.add_secure_port(s.listen, credentials)
-        elif is_loopback(s.listen) or s.allow_plaintext:
+        if self.tls is not None:
+            port = self.server.add_secure_port(s.listen, self.tls.grpc_credentials())
+        else:  # check_exposure allowed plaintext here
             port = self.server.add_insecure_port(s.listen)
-        else:
-            raise UserInputError(
-                f"--listen {s.listen}: beyond loopback the controller needs TLS (--tls-cert/--tls-key, "
-                "see `spotmorph certs`), or --allow-plaintext on a network you trust"
-            )
         if port == 0:
             raise UserInputError(f"--listen {s.listen}: cannot bind (in use?)")
         return port
@@ -141,11 +146,12 @@ class Controller:
         )
         await runner.tick()
         host = self.settings.listen.rsplit(":", 1)[0]
-        (self.settings.state_dir / "controller.addr").write_text(f"{host}:{self.port}\n")
+        write_public(self.settings.state_dir / "controller.addr", f"{host}:{self.port}\n".encode())
         if self.settings.metrics_listen:
-            self.metrics_server, self.metrics_port = await serve_metrics(self.settings.metrics_listen, self.view)
+            listen = self.settings.metrics_listen
+            self.metrics_server, self.metrics_port = await serve_metrics(listen, self.view, self.metrics_tls)
             metrics_host = self.settings.metrics_listen.rsplit(":", 1)[0]
-            (self.settings.state_dir / "metrics.addr").write_text(f"{metrics_host}:{self.metrics_port}\n")
+            write_public(self.settings.state_dir / "metrics.addr", f"{metrics_host}:{self.metrics_port}\n".encode())
         log.info("controller listening on %s:%d (state in %s)", host, self.port, self.settings.state_dir)
 
     async def stop(self, grace: float | None = None) -> None:
@@ -164,12 +170,12 @@ class Controller:
 
 async def serve(settings: ControllerSettings) -> int:
     controller = Controller(settings)
-    await controller.start()
-    print(f"spotmorph controller listening on {settings.listen.rsplit(':', 1)[0]}:{controller.port}", flush=True)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before start writes controller.addr: from then on, a clean stop
         loop.add_signal_handler(sig, done.set)
+    await controller.start()
+    print(f"spotmorph controller listening on {settings.listen.rsplit(':', 1)[0]}:{controller.port}", flush=True)
     await done.wait()
     await controller.stop()
     return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controller.providers.azure_config import AzureSettings
@@ -72,7 +72,9 @@ class ControllerSettings(BaseSettings):
     morph_cost_seconds: float = 30.0
     """Expected price of a morph, weighed against the throughput growth would bring."""
     metrics_listen: str | None = None
-    """HOST:PORT for Prometheus (GET /metrics); None: off."""
+    """HOST:PORT for Prometheus (GET /metrics; HTTPS with the API's certificate when TLS is on); None: off."""
+    metrics_allow_remote: bool = False
+    """Serve metrics beyond loopback in plain HTTP, without TLS (only on a network you trust)."""
     provider: Literal["static", "local", "azure"] = "static"
     """Where VMs come from (static: only through their agents; azure: docs/azure.md)."""
     azure: AzureSettings | None = None
@@ -105,12 +107,32 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> Contro
             base = yaml.safe_load(config_file.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
             raise UserInputError(f"--config {config_file}: {exc}") from None
-    env = ControllerSettings()
-    from_env = {k: getattr(env, k) for k in env.model_fields_set}
-    return ControllerSettings(**{**base, **from_env, **{k: v for k, v in overrides.items() if v is not None}})
+    try:
+        env = ControllerSettings()
+        from_env = {k: getattr(env, k) for k in env.model_fields_set}
+        return ControllerSettings(**{**base, **from_env, **{k: v for k, v in overrides.items() if v is not None}})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise UserInputError(f"invalid settings: {problems} (see docs/controller.md, Settings)") from None
+
+
+def check_exposure(s: ControllerSettings, tls: bool) -> None:
+    """Beyond loopback the API needs TLS (tokens cross the network), and metrics TLS or an explicit yes."""
+    if not (tls or is_loopback(s.listen) or s.allow_plaintext):
+        raise UserInputError(
+            f"--listen {s.listen}: beyond loopback the controller needs TLS (--tls-cert/--tls-key, "
+            "see `spotmorph certs`), or --allow-plaintext on a network you trust"
+        )
+    if s.metrics_listen and not (tls or is_loopback(s.metrics_listen) or s.metrics_allow_remote):
+        raise UserInputError(
+            f"--metrics-listen {s.metrics_listen}: beyond loopback metrics need TLS (--tls-cert/--tls-key: they "
+            "are served over HTTPS), or --metrics-allow-remote for plain HTTP on a network you trust; "
+            "or listen on 127.0.0.1"
+        )
 
 
 def is_loopback(listen: str) -> bool:
+    """Whether HOST of HOST:PORT is this machine only (an empty host means every interface)."""
     host = listen.rsplit(":", 1)[0].strip("[]")
     if host == "localhost":
         return True

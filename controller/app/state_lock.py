@@ -12,6 +12,7 @@ import fcntl
 import os
 from pathlib import Path
 
+from controller.files import private_dir
 from morphing.errors import UserInputError
 
 LOCK_FILE = "controller.lock"
@@ -42,8 +43,14 @@ class StateDirLock:
 
 
 def lock_state_dir(state_dir: Path) -> StateDirLock:
-    """Take the directory or raise :class:`StateDirInUse` (the CLI's one line and exit code 2)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    """Take the directory (made 0700: it holds the tokens) or raise :class:`StateDirInUse` (exit code 2)."""
+    try:
+        private_dir(state_dir)
+    except OSError as exc:
+        raise UserInputError(
+            f"--state-dir {state_dir}: cannot create it or make it private ({exc.strerror or exc}); "
+            "use a directory this user owns"
+        ) from None
     path = state_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's pid is read below
     try:

@@ -11,6 +11,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from controller.files import private_dir, write_private, write_public
+
 VALID_DAYS = 825
 
 
@@ -21,18 +23,19 @@ def _name(common: str) -> x509.Name:
 
 
 def _write(folder: Path, stem: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
-    key_path = folder / f"{stem}.key"
-    key_path.touch(mode=0o600)
     key_bytes = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    key_path.write_bytes(key_bytes)
-    (folder / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_private(folder / f"{stem}.key", key_bytes)
+    write_public(folder / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM))
 
 
 def make_cluster_certs(folder: Path, hosts: list[str], clients: list[str]) -> list[Path]:
-    """ca.crt/key, server.crt/key for ``hosts`` (DNS names or IPs), and one pair per client name."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """ca.crt/key, server.crt/key for ``hosts`` (DNS names or IPs), and one pair per client name.
+
+    ``folder`` is made 0700 and the keys 0600 (the CA key signs anything); certificates are 0644.
+    """
+    private_dir(folder)
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (

@@ -10,6 +10,7 @@ scrape never blocks the loop, and rendering a frozen snapshot never races the ru
 from __future__ import annotations
 
 import socket
+import ssl
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -132,8 +133,11 @@ def render(snapshot: MetricsSnapshot) -> bytes:
     return generate_latest(registry)
 
 
-async def serve_metrics(listen: str, view: StateView) -> tuple[Any, int]:
-    """``GET /metrics`` on ``listen`` (HOST:PORT; port 0 picks one); returns (runner to clean up, port)."""
+async def serve_metrics(listen: str, view: StateView, tls: ssl.SSLContext | None = None) -> tuple[Any, int]:
+    """``GET /metrics`` on ``listen`` (HOST:PORT; port 0 picks one), over HTTPS with ``tls``.
+
+    Returns (runner to clean up, port). An empty HOST is every interface, as for the gRPC port.
+    """
     from aiohttp import web
 
     async def metrics(_request: web.Request) -> web.Response:
@@ -147,7 +151,7 @@ async def serve_metrics(listen: str, view: StateView) -> tuple[Any, int]:
     host, _, port = listen.rpartition(":")
     sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host.strip("[]") or "127.0.0.1", int(port)))
-    site = web.SockSite(runner, sock)
+    sock.bind((host.strip("[]"), int(port)))
+    site = web.SockSite(runner, sock, ssl_context=tls)
     await site.start()
     return runner, int(sock.getsockname()[1])

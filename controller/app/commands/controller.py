@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-expiry-seconds", type=float, help="a silent node is LOST after this")
     parser.add_argument("--debounce-seconds", type=float, help="wait this long after node arrivals")
     parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve Prometheus metrics at /metrics")
+    parser.add_argument(
+        "--metrics-allow-remote", action="store_true", default=None, help="metrics beyond loopback without TLS"
+    )
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
 
 
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     keys = ("state_dir", "listen", "token_file", "tls_cert", "tls_key", "tls_ca", "allow_plaintext")
-    more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen")
+    more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen", "metrics_allow_remote")
     overrides = {k: getattr(args, k) for k in (*keys, *more)}
     settings = load_settings(args.config, overrides)
     return asyncio.run(serve(settings))
