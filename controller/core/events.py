@@ -14,6 +14,7 @@ class EventKind(StrEnum):
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
     EVICTION_NOTICED = "EvictionNoticed"
     TRAINER_START_FAILED = "TrainerStartFailed"
+    GROWTH_DECLINED = "GrowthDeclined"
     # any provider: what the controller asked of it and what came of it
     CAPACITY_REQUESTED = "CapacityRequested"
     PROVIDER_CAPACITY_REQUEST_FAILED = "ProviderCapacityRequestFailed"

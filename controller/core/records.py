@@ -54,6 +54,7 @@ class JobRecord:
     morph_detail: str = ""  # the same in words, naming nodes and figures
     reason: str = ""
     excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
+    growth_declined: str = ""  # the (generation, free nodes) whose growth was last declined: said once
 
     @property
     def nodes(self) -> tuple[str, ...]:

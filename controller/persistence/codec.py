@@ -72,6 +72,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "morph_detail": job.morph_detail,
         "reason": job.reason,
         "excluded_nodes": list(job.excluded_nodes),
+        "growth_declined": job.growth_declined,
     }
 
 
@@ -83,6 +84,7 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     fields["layout"] = Layout.from_dict(data["layout"]) if data["layout"] else None
     fields["morph_cause"] = MorphCause(data["morph_cause"]) if data["morph_cause"] else None
     fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
+    fields["growth_declined"] = data.get("growth_declined", "")
     return JobRecord(**fields)
 
 

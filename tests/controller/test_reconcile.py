@@ -376,3 +376,36 @@ def test_when_every_node_fails_to_start_the_job_fails_with_the_error() -> None:
     sim.step(1)
     assert sim.job().state is J.FAILED
     assert error in sim.job().reason
+
+
+def test_declined_growth_is_explained_once_per_free_node_set_and_generation() -> None:
+    sim = Sim(cluster(1, job()), replace(CONFIG, debounce_seconds=5, morph_cost_seconds=1e9))
+    sim.beat("node-1")
+    sim.step(10)
+    assert sim.job().state is J.RUNNING
+
+    def arrive(*names: str) -> None:
+        nodes = dict(sim.world.nodes)
+        for name in names:
+            nodes[name] = node(name, at=sim.now)
+        sim.world = replace(sim.world, nodes=nodes)
+
+    def settle() -> None:
+        for _ in range(4):
+            for name in sim.world.nodes:
+                sim.beat(name, *sim.world.observed.get(name, NodeObservation(1, 0)).ranks)
+            sim.step(3)
+
+    def declined() -> list[RecordEvent]:
+        return [c for c in sim.log if isinstance(c, RecordEvent) and c.kind == "GrowthDeclined"]
+
+    arrive("node-2")
+    settle()
+    assert sim.job().state is J.RUNNING, "a morph that costs more than it gains is declined"
+    (first,) = declined()
+    assert first.job == "j1" and first.data["free_nodes"] == ["node-2"]
+    assert first.data["generation"] == sim.job().generation and first.data["morph_cost_seconds"] == 1e9
+    assert first.data["reason"] and first.data["detail"]
+    arrive("node-3")
+    settle()
+    assert [e.data["free_nodes"] for e in declined()] == [["node-2"], ["node-2", "node-3"]]

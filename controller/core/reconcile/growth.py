@@ -1,8 +1,13 @@
-"""Running jobs take free nodes when nobody waits, if the policy says the morph pays off."""
+"""Running jobs take free nodes when nobody waits, if the policy says the morph pays off.
+
+When it does not, one ``GrowthDeclined`` event per generation and set of free nodes says why, with the
+numbers the policy weighed, so an operator who sees idle nodes beside a running job can tell.
+"""
 
 from __future__ import annotations
 
 from controller.core.causes import MorphCause
+from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config, Planners
@@ -34,16 +39,33 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
         predicted = current.samples_per_second if isinstance(current, Plan) else None
         rate, scale = measured_rate(job, draft.now, predicted)
         remaining = max(0, job.spec.steps - job.step) * job.spec.global_batch / rate if rate else None
+        candidate_rate = candidate.samples_per_second * scale if isinstance(candidate, Plan) else None
         decision = decide_morph(
             current_samples_per_second=rate,
             current_layout_intact=True,
-            candidate_samples_per_second=candidate.samples_per_second * scale if isinstance(candidate, Plan) else None,
+            candidate_samples_per_second=candidate_rate,
             morph_cost_seconds=config.morph_cost_seconds,
             config=config.policy,
             remaining_seconds=remaining,
         )
         if decision.morph:
             start_morph(draft, job.id, Action.STOP, MorphCause.GROW, f"grow: {decision.detail}")
+            continue
+        offer = f"{job.generation}:{','.join(sorted(name for name, _ in usable))}"
+        if offer != job.growth_declined:
+            draft.amend_job(job.id, growth_declined=offer)
+            draft.event(
+                EventKind.GROWTH_DECLINED,
+                job.id,
+                generation=job.generation,
+                free_nodes=[name for name, _ in usable],
+                reason=str(decision.reason),
+                detail=decision.detail,
+                samples_per_second=rate,
+                candidate_samples_per_second=candidate_rate,
+                remaining_seconds=remaining,
+                morph_cost_seconds=config.morph_cost_seconds,
+            )
 
 
 def measured_rate(job: JobRecord, now: float, predicted: float | None) -> tuple[float | None, float]:
