@@ -125,5 +125,9 @@ def _find_gpus(chosen: tuple[int, ...] | None, python: str) -> tuple[Gpu, ...]:
         return ()
     found, source = gpu_probe.discover(python, os.environ)
     used = gpus.choose(found, chosen)
-    logging.getLogger("spotmorph.agent").info("GPUs: %s (found by %s)", gpus.describe(used), source)
+    log = logging.getLogger("spotmorph.agent")
+    if used:
+        log.info("GPUs: %s (found by %s)", gpus.describe(used), source)
+    else:
+        log.info("no GPU found: the slots train on the CPU")
     return used
