@@ -21,6 +21,7 @@ from worker_agent.agent.gpus import (
     gpus_from_nvml,
     gpus_from_torch,
     parse_gpu_choice,
+    parse_slots,
     slot_count,
     trainer_environment,
 )
@@ -181,6 +182,10 @@ def test_nvidia_device_nodes_are_looked_for() -> None:
 
 def test_slots_follow_the_gpus_unless_asked() -> None:
     eight = gpus_from_nvml(NVML_ND_H100_V5)
+    assert parse_slots("auto") is None and parse_slots("3") == 3
+    for bad in ("0", "-2", "two", ""):
+        with pytest.raises(UserInputError, match="--slots"):
+            parse_slots(bad)
     assert slot_count(None, eight) == 8 and slot_count(None, ()) == 1
     assert slot_count(2, eight) == 2 and slot_count(3, ()) == 3
 

@@ -108,6 +108,19 @@ def choose(found: Sequence[Gpu], chosen: tuple[int, ...] | None) -> tuple[Gpu, .
     return tuple(by_index[i] for i in chosen)
 
 
+def parse_slots(text: str) -> int | None:
+    """``--slots``: a count >= 1, or None for 'auto' (one per GPU)."""
+    if text.strip() == "auto":
+        return None
+    try:
+        slots = int(text)
+    except ValueError:
+        raise UserInputError(f"--slots {text!r}: give a number >= 1 or 'auto'") from None
+    if slots < 1:
+        raise UserInputError(f"--slots {slots}: a node needs at least 1 slot")
+    return slots
+
+
 def slot_count(requested: int | None, gpus: Sequence[Gpu]) -> int:
     """``--slots`` when given, else one slot per GPU (one slot on a node without GPUs)."""
     if requested is not None:

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserInputError(f"--token-file {args.token_file}: cannot read it ({exc.strerror})") from None
     if not token:
         raise UserInputError("no agent token: pass --token-file FILE or set SPOTMORPH_AGENT_TOKEN")
-    requested = _requested_slots(args.slots)
+    requested = gpu_values.parse_slots(args.slots)
     chosen = gpu_values.parse_gpu_choice(args.gpus)
     warm_per_slot = args.warm_trainers == "slots"
     try:
@@ -100,19 +100,6 @@ def run(args: argparse.Namespace) -> int:
         trainer_python=args.python,
     )
     return asyncio.run(Agent(config).run())
-
-
-def _requested_slots(text: str) -> int | None:
-    """``--slots``: a count >= 1, or None for 'auto'."""
-    if text == "auto":
-        return None
-    try:
-        slots = int(text)
-    except ValueError:
-        raise UserInputError(f"--slots {text!r}: give a number >= 1 or 'auto'") from None
-    if slots < 1:
-        raise UserInputError(f"--slots {slots}: a node needs at least 1 slot")
-    return slots
 
 
 def _find_gpus(chosen: tuple[int, ...] | None, python: str) -> tuple[Gpu, ...]:
