@@ -16,9 +16,9 @@ J, N = JobState, NodeState
 H100 = (Gpu(0, "NVIDIA H100 80GB HBM3", 85_520_809_984), Gpu(1, "NVIDIA H100 80GB HBM3", 85_520_809_984))
 
 
-def on(device: str, job_id: str = "j1", **fields: object) -> JobRecord:
+def on(device: str, job_id: str = "j1", priority: int = 0) -> JobRecord:
     """A queued job asking for ``device`` (the job spec field; the update works whether or not it is declared)."""
-    record = job(job_id, **fields)  # type: ignore[arg-type]
+    record = job(job_id, priority=priority)
     return replace(record, spec=record.spec.model_copy(update={"device": device}))
 
 
