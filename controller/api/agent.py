@@ -48,9 +48,13 @@ class AgentService(rpc.AgentServicer):
         if not request.address or len(request.address) > 255:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "address: the host other nodes reach this one at")
         registered: list[NodeRecord] = []
+        try:
+            gpus = wire.gpus_from_pb(request.gpus)
+        except ValueError as exc:
+            await abort_for(context, exc)
 
         def decide(world: World, now: float) -> list[Command]:
-            node, commands = intake.register(world, request.node_name, request.slots, request.address, now)
+            node, commands = intake.register(world, request.node_name, request.slots, request.address, now, gpus)
             registered.append(node)
             return commands
 

@@ -5,11 +5,29 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord, RankReport
+from controller.core.model import Assignment, Gpu, JobRecord, NodeObservation, NodeRecord, RankReport
 from controller.persistence.store import GenerationRow
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
 from protos.spotmorph.v1 import controller_pb2 as pb
+
+MAX_GPUS = 1024  # per node, like slots
+MAX_GPU_NAME = 256
+MAX_GPU_MEMORY = 1 << 50  # a PiB: anything larger is a broken report
+
+
+def gpus_from_pb(gpus: Sequence[pb.Gpu]) -> tuple[Gpu, ...]:
+    """A registration's GPUs; a ``ValueError`` naming the field for a report no real node makes."""
+    if len(gpus) > MAX_GPUS:
+        raise ValueError(f"gpus: at most {MAX_GPUS} per node")
+    if len({g.index for g in gpus}) != len(gpus):
+        raise ValueError("gpus: each index once")
+    for i, g in enumerate(gpus):
+        if not g.name or len(g.name) > MAX_GPU_NAME or not g.name.isprintable():
+            raise ValueError(f"gpus[{i}].name: 1..{MAX_GPU_NAME} printable characters")
+        if g.memory_bytes > MAX_GPU_MEMORY:
+            raise ValueError(f"gpus[{i}].memory_bytes: {g.memory_bytes} is more than a GPU has")
+    return tuple(Gpu(g.index, g.name, g.memory_bytes) for g in gpus)
 
 
 def layout_to_pb(layout: Layout | None) -> pb.Layout | None:
@@ -60,6 +78,7 @@ def node_to_pb(node: NodeRecord) -> pb.Node:
         job=node.job or "",
         address=node.address,
         state_since=node.state_since,
+        gpus=[pb.Gpu(index=g.index, name=g.name, memory_bytes=g.memory_bytes) for g in node.gpus],
     )
     if node.eviction_not_before is not None:
         message.eviction_not_before = node.eviction_not_before

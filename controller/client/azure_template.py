@@ -19,7 +19,10 @@ REQUIRED_TYPES = (
     "Microsoft.Storage/storageAccounts/fileServices/shares",
     "Microsoft.Network/virtualNetworks",
 )
+GPU_DRIVER_IMAGES = (("microsoft-dsvm", "ubuntu-hpc"),)  # (publisher, offer) of images with the NVIDIA driver
+GPU_DRIVER_EXTENSION = "NvidiaGpuDriverLinux"
 _REFERENCE = re.compile(r"(parameters|variables)\('([A-Za-z0-9_]+)'\)")
+_VARIABLE = re.compile(r"\[variables\('([A-Za-z0-9_]+)'\)\]")
 _PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
 
 
@@ -72,6 +75,11 @@ def check_template(template: Any) -> list[str]:
             problems.append("scale set: singlePlacementGroup must be false (more than 100 VMs, spot capacity)")
         if "customData" not in profile.get("osProfile", {}):
             problems.append("scale set: osProfile.customData (the agent's cloud-init) is missing")
+        if not has_gpu_driver(profile, variables):
+            problems.append(
+                "scale set: the workers need the NVIDIA driver: boot microsoft-dsvm ubuntu-hpc "
+                f"or add the {GPU_DRIVER_EXTENSION} extension"
+            )
     for vm in resources_of(template, "Microsoft.Compute/virtualMachines"):
         if "UserAssigned" not in str(vm.get("identity", {}).get("type", "")):
             problems.append("controller VM: needs the user-assigned managed identity")
@@ -92,6 +100,16 @@ def check_template(template: Any) -> list[str]:
         if share.get("properties", {}).get("enabledProtocols") not in ("NFS", "SMB"):
             problems.append("file share: enabledProtocols must be NFS (or SMB)")
     return problems
+
+
+def has_gpu_driver(profile: dict[str, Any], variables: dict[str, Any]) -> bool:
+    """Whether a scale set's VMs boot with the NVIDIA driver: an image that carries it, or the driver extension."""
+    image = profile.get("storageProfile", {}).get("imageReference")
+    if isinstance(image, str) and (match := _VARIABLE.fullmatch(image)):
+        image = variables.get(match.group(1))
+    if isinstance(image, dict) and (image.get("publisher"), image.get("offer")) in GPU_DRIVER_IMAGES:
+        return True
+    return GPU_DRIVER_EXTENSION in str(profile.get("extensionProfile", ""))
 
 
 def bicep_summary(text: str) -> dict[str, Any]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
+from dataclasses import asdict
 
 from controller.core.changes import amend, move
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import (
     Command,
+    Gpu,
     NodeRecord,
     RecordCheckpoint,
     RecordEvent,
@@ -35,8 +37,10 @@ def next_node_name(world: World) -> str:
     return f"node-{max(numbers, default=0) + 1}"
 
 
-def register(world: World, requested: str, slots: int, address: str, now: float) -> tuple[NodeRecord, list[Command]]:
-    """A new incarnation of a node; an older incarnation of the same name is GONE from now on."""
+def register(
+    world: World, requested: str, slots: int, address: str, now: float, gpus: tuple[Gpu, ...] = ()
+) -> tuple[NodeRecord, list[Command]]:
+    """A new incarnation of a node (with the GPUs its agent found); an older incarnation is GONE from now on."""
     name = requested or next_node_name(world)
     if not _NAME.match(name):
         raise ValueError(f"node_name {name!r}: use letters, digits, '.', '_' or '-' (at most 63)")
@@ -47,9 +51,9 @@ def register(world: World, requested: str, slots: int, address: str, now: float)
         incarnation = old.incarnation + 1
         if old.state is not NodeState.GONE:
             commands.append(move(old, NodeState.GONE, "re-registered as a new incarnation", now))
-    node = NodeRecord(name, incarnation, NodeState.JOINING, slots, address, joined_at=now, state_since=now)
+    node = NodeRecord(name, incarnation, NodeState.JOINING, slots, address, joined_at=now, state_since=now, gpus=gpus)
     commands.append(SetNode(node))
-    data = {"incarnation": incarnation, "slots": slots, "address": address}
+    data = {"incarnation": incarnation, "slots": slots, "address": address, "gpus": [asdict(g) for g in gpus]}
     commands.append(RecordEvent(EventKind.NODE_REGISTERED, now, None, name, data))
     return node, commands
 

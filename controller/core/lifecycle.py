@@ -53,6 +53,7 @@ NODE_TRANSITIONS: Mapping[tuple[NodeState, NodeState], str] = {
 
 JOB_TRANSITIONS: Mapping[tuple[JobState, JobState], str] = {
     (J.QUEUED, J.RUNNING): "admitted: the first (or next) generation was issued",
+    (J.QUEUED, J.QUEUED): "still queued: what it waits for changed (e.g. GPU nodes)",
     (J.QUEUED, J.CANCELLED): "cancelled by an operator",
     (J.QUEUED, J.FAILED): "cannot run: its profile or spec became unusable",
     (J.RUNNING, J.MORPHING): "eviction notice, lost node, trainer failure or growth that pays off",

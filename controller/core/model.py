@@ -23,12 +23,13 @@ from controller.core.commands import (
     StartGeneration,
 )
 from controller.core.observations import NodeObservation, RankReport
-from controller.core.records import Action, Assignment, JobRecord, NodeRecord, ranks_by_node
+from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, ranks_by_node
 
 __all__ = [
     "Action",
     "Assignment",
     "Command",
+    "Gpu",
     "JobRecord",
     "NodeObservation",
     "NodeRecord",

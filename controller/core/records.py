@@ -20,6 +20,15 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
+class Gpu:
+    """One GPU of a node as its agent reported it at registration."""
+
+    index: int  # the CUDA device index its trainers use
+    name: str
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
 class NodeRecord:
     name: str
     incarnation: int
@@ -30,6 +39,7 @@ class NodeRecord:
     state_since: float
     job: str | None = None
     eviction_not_before: float | None = None
+    gpus: tuple[Gpu, ...] = ()  # empty: a CPU node (or one registered before nodes reported GPUs)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from sqlalchemy import Row
 from controller.core.causes import MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState, Transition
-from controller.core.model import Action, JobRecord, NodeRecord
+from controller.core.model import Action, Gpu, JobRecord, NodeRecord
 from controller.spec import JobSpec
 from morphing.layout import Layout
 
@@ -43,7 +43,9 @@ def node_to_dict(node: NodeRecord) -> dict[str, Any]:
 
 
 def node_from_dict(data: dict[str, Any]) -> NodeRecord:
-    return NodeRecord(**{**data, "state": NodeState(data["state"])})
+    """A node row's record; rows written before nodes reported GPUs have none (a CPU node)."""
+    gpus = tuple(Gpu(**gpu) for gpu in data.get("gpus", ()))
+    return NodeRecord(**{**data, "state": NodeState(data["state"]), "gpus": gpus})
 
 
 def node_row(node: NodeRecord) -> dict[str, Any]:

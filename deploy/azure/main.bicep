@@ -45,6 +45,15 @@ var ubuntu = {
   sku: '22_04-lts-gen2'
   version: 'latest'
 }
+// The Spot VMs boot Azure's Ubuntu HPC image: the NVIDIA driver, CUDA and NCCL come with it, so a VM
+// trains as soon as it is up (the NvidiaGpuDriverLinux extension would install a driver for minutes on
+// every new VM, and an agent started before it finished would register without GPUs).
+var workerImage = {
+  publisher: 'microsoft-dsvm'
+  offer: 'ubuntu-hpc'
+  sku: '2204'
+  version: 'latest'
+}
 var linux = {
   disablePasswordAuthentication: true
   ssh: {
@@ -246,9 +255,10 @@ resource vmss 'Microsoft.Compute/virtualMachineScaleSets@2024-03-01' = {
         customData: agentCloudInit
       }
       storageProfile: {
-        imageReference: ubuntu
+        imageReference: workerImage
         osDisk: {
           createOption: 'FromImage'
+          diskSizeGB: 128 // the HPC image plus a venv with the CUDA build of torch
           managedDisk: {
             storageAccountType: 'Premium_LRS'
           }

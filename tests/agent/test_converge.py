@@ -24,7 +24,14 @@ def running(job: str, gen: int, rank: int, stop_requested: bool = False) -> Trai
 
 def test_starts_the_assigned_ranks() -> None:
     commands = converge(Assignment("j", 1, "run", (0, 1)), [])
-    assert commands == [StartTrainer(TrainerKey("j", 1, 0)), StartTrainer(TrainerKey("j", 1, 1))]
+    assert commands == [StartTrainer(TrainerKey("j", 1, 0), 0), StartTrainer(TrainerKey("j", 1, 1), 1)]
+
+
+def test_each_rank_starts_in_the_slot_the_controller_placed_it_in() -> None:
+    placed = converge(Assignment("j", 1, "run", (4, 5, 6), slots=(2, 0, 1)), [running("j", 1, 5)])
+    assert placed == [StartTrainer(TrainerKey("j", 1, 4), 2), StartTrainer(TrainerKey("j", 1, 6), 1)]
+    mismatched = converge(Assignment("j", 1, "run", (4, 5), slots=(3,)), [])
+    assert [c.slot for c in mismatched] == [0, 1]  # type: ignore[union-attr]  # by position on this node
 
 
 def test_stale_generation_is_killed_before_the_new_one_starts() -> None:
@@ -32,7 +39,7 @@ def test_stale_generation_is_killed_before_the_new_one_starts() -> None:
     assert commands == [KillTrainer(TrainerKey("j", 1, 0), commands[0].reason)]  # type: ignore[union-attr]
     assert "stale" in commands[0].reason  # type: ignore[union-attr]
     after = converge(Assignment("j", 2, "run", (0,)), [TrainerStatus(TrainerKey("j", 1, 0), False, -9)])
-    assert after == [StartTrainer(TrainerKey("j", 2, 0))]
+    assert after == [StartTrainer(TrainerKey("j", 2, 0), 0)]
 
 
 def test_stop_is_requested_once() -> None:

@@ -52,6 +52,7 @@ arguments = st.builds(
     progress_file=optional_paths,
     host_store=st.booleans(),
     load_from=optional_paths,
+    device_index=st.none() | st.integers(0, 4096),
 )
 
 finite = st.floats(allow_nan=False)
@@ -188,6 +189,15 @@ def test_a_bad_rendezvous_is_refused_like_any_bad_flag(endpoint: str, tmp_path: 
     argv = [a if not a.startswith("--rendezvous=") else f"--rendezvous={endpoint}" for a in argv]
     with pytest.raises(SystemExit) as info:
         TrainerArguments.from_argv(argv)
+    assert info.value.code == ExitCode.USER_ERROR
+
+
+def test_the_device_index_is_a_flag_of_its_own_and_never_negative(tmp_path: Path) -> None:
+    made = TrainerArguments(tmp_path, tmp_path, 0, "h:1", tmp_path, device_index=3)
+    assert "--device-index=3" in made.to_argv()
+    assert TrainerArguments(tmp_path, tmp_path, 0, "h:1", tmp_path).device_index is None
+    with pytest.raises(SystemExit) as info:
+        TrainerArguments.from_argv([*made.to_argv()[:-1], "--device-index=-1"])
     assert info.value.code == ExitCode.USER_ERROR
 
 

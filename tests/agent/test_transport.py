@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from protos.spotmorph.v1 import controller_pb2 as pb
+from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.transport import (
     CallRefused,
     ControllerLink,
@@ -66,6 +67,19 @@ def test_registration_retries_an_unreachable_controller_with_growing_waits() -> 
     method, request, metadata = stub.calls[-1]
     assert method == "Register" and request.instance_id == "vm-1" and request.slots == 2
     assert metadata == (("authorization", "Bearer agent-token"),)
+
+
+def test_registration_offers_the_gpus_the_agent_found() -> None:
+    h100 = Gpu(0, "NVIDIA H100 80GB HBM3", 85_520_809_984)
+    stub = FakeAgentStub(pb.RegisterResponse(node_name="node-1", incarnation=1, node_token="n"))
+    offer = NodeOffer("", 2, "127.0.0.1", "vm-1", (h100, Gpu(1, h100.name, h100.memory_bytes)))
+    asyncio.run(link(stub).register(offer, "agent-token", lambda: False, max_backoff=0.5))
+    sent = stub.calls[-1][1].gpus
+    assert [(g.index, g.name, g.memory_bytes) for g in sent] == [
+        (0, h100.name, h100.memory_bytes),
+        (1, h100.name, h100.memory_bytes),
+    ]
+    assert not OFFER.gpus  # a CPU node offers none
 
 
 def test_registration_gives_up_when_the_agent_stops_and_surfaces_a_refusal() -> None:

@@ -61,6 +61,8 @@ def test_optional_fields_left_unset_on_the_wire_take_the_models_defaults() -> No
 def test_an_assignment_becomes_what_to_run_and_how_to_launch_it() -> None:
     incoming = incoming_from_pb(assignment(spec_to_pb(job()), checkpoint_request=4, resume_step=40))
     assert incoming.assignment == Assignment("job-1", 2, "run", (0, 1), checkpoint_request=4)
+    placed = incoming_from_pb(assignment(spec_to_pb(job()), slots=[1, 0])).assignment
+    assert placed.slots == (1, 0) and placed.slot_of(0) == 1
     assert incoming.launch is not None
     assert incoming.launch.job == job() and incoming.launch.rendezvous == "10.0.0.1:29501"
     assert incoming.launch.load_from == "/c/step-00000040"

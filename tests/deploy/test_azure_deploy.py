@@ -166,3 +166,87 @@ def test_azure_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["azure", "check", str(config), "--template", str(broken)]) == 2
     assert "evictionPolicy must be Delete" in capsys.readouterr().err
     assert main(["azure", "check", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_the_workers_boot_an_image_with_the_nvidia_driver_in_both_templates() -> None:
+    arm = template()
+    vmss = resources_of(arm, "Microsoft.Compute/virtualMachineScaleSets")[0]
+    storage = vmss["properties"]["virtualMachineProfile"]["storageProfile"]
+    assert storage["imageReference"] == "[variables('workerImage')]"
+    hpc = {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", "version": "latest"}
+    assert arm["variables"]["workerImage"] == hpc and storage["osDisk"]["diskSizeGB"] == 128
+    controller = resources_of(arm, "Microsoft.Compute/virtualMachines")[0]
+    assert controller["properties"]["storageProfile"]["imageReference"] == "[variables('ubuntu')]"  # no GPU there
+    bicep = BICEP.read_text()
+    declared = bicep[bicep.index("var workerImage = {") :].split("}", 1)[0]
+    assert all(f"{key}: '{value}'" in declared for key, value in hpc.items())
+    scale_set = bicep[bicep.index("resource vmss ") :]
+    assert "imageReference: workerImage" in scale_set and "diskSizeGB: 128" in scale_set
+
+
+def test_the_check_catches_workers_without_a_gpu_driver() -> None:
+    broken = copy.deepcopy(template())
+    profile = resources_of(broken, "Microsoft.Compute/virtualMachineScaleSets")[0]["properties"]
+    profile["virtualMachineProfile"]["storageProfile"]["imageReference"] = "[variables('ubuntu')]"
+    assert any("NVIDIA driver" in p for p in check_template(broken))
+    profile["virtualMachineProfile"]["extensionProfile"] = {
+        "extensions": [
+            {"name": "gpu", "properties": {"publisher": "Microsoft.HpcCompute", "type": "NvidiaGpuDriverLinux"}}
+        ]
+    }
+    assert check_template(broken) == []
+
+
+def _cloud_init_args(tmp_path: Path, *extra: str) -> list[str]:
+    certs = tmp_path / "certs"
+    make_cluster_certs(certs, ["10.40.0.4"], ["agent"])
+    (tmp_path / "agent.token").write_text("agent-secret\n")
+    return [
+        "azure", "cloud-init", "--controller", "10.40.0.4:50051", "--token-file", str(tmp_path / "agent.token"),
+        "--ca", str(certs / "ca.crt"), "--cert", str(certs / "agent.crt"), "--key", str(certs / "agent.key"),
+        "--storage-account", "spotmorphabc", "--template", str(CLOUD_INIT),
+        "--unit", str(DEPLOY / "systemd" / "spotmorph-agent.service"), *extra,
+    ]  # fmt: skip
+
+
+def _render(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(_cloud_init_args(tmp_path, *extra)) == 0
+    rendered: dict[str, Any] = yaml.safe_load(buffer.getvalue())
+    return rendered
+
+
+def test_cloud_init_installs_the_cuda_build_of_torch_then_spotmorph_with_its_gpu_extra(tmp_path: Path) -> None:
+    rendered = _render(tmp_path)
+    install = next(" ".join(map(str, c)) for c in rendered["runcmd"] if "pip install" in " ".join(map(str, c)))
+    torch_at, spotmorph_at = install.index("pip install -q torch --index-url"), install.index("'spotmorph[gpu]'")
+    assert torch_at < spotmorph_at and "https://download.pytorch.org/whl/cu126" in install
+    files = {f["path"]: f["content"] for f in rendered["write_files"]}
+    assert "SPOTMORPH_SLOTS=auto" in files["/etc/spotmorph/agent.env.in"]  # one slot per GPU found
+    unit = files["/etc/systemd/system/spotmorph-agent.service"]
+    assert "Environment=NCCL_SOCKET_IFNAME=eth0" in unit
+    custom = _render(tmp_path / "b", "--slots", "4", "--torch-index", "https://example.invalid/cu128")
+    text = json.dumps(custom)
+    assert "SPOTMORPH_SLOTS=4" in text and "https://example.invalid/cu128" in text
+
+
+def test_cloud_init_refuses_a_slot_count_that_is_not_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_cloud_init_args(tmp_path, "--slots", "0")) == 2
+    assert "--slots '0'" in capsys.readouterr().err
+
+
+def test_azure_md_says_what_the_gpu_workers_get() -> None:
+    text = (ROOT / "docs" / "azure.md").read_text()
+    for needed in (
+        "ubuntu-hpc",
+        "NCCL_SOCKET_IFNAME",
+        "NCCL_IB_DISABLE",
+        "GLOO_SOCKET_IFNAME",
+        "spotmorph[gpu]",
+        "cu126",
+    ):
+        assert needed in text, needed

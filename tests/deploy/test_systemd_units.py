@@ -33,3 +33,23 @@ def test_systemd_analyze_verify(unit: Path, tmp_path: Path) -> None:
     result = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True, timeout=60)
     problems = [line for line in (result.stdout + result.stderr).splitlines() if unit.name in line]
     assert result.returncode == 0 and not problems, result.stdout + result.stderr
+
+
+def _settings(unit: Path) -> list[tuple[str, str]]:
+    """``Key=value`` lines of a unit, continuation lines joined (keys may repeat, as Environment= does)."""
+    joined = unit.read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in joined.splitlines()]
+    return [tuple(line.split("=", 1)) for line in lines if "=" in line and not line.startswith("#")]  # type: ignore[misc]
+
+
+def test_the_agent_gives_nccl_and_gloo_the_ethernet_nic_and_no_infiniband() -> None:
+    unit = next(u for u in UNITS if u.name == "spotmorph-agent.service")
+    settings = _settings(unit)
+    environment = [value for key, value in settings if key == "Environment"]
+    assert {"NCCL_SOCKET_IFNAME=eth0", "GLOO_SOCKET_IFNAME=eth0", "NCCL_IB_DISABLE=1"} <= set(environment)
+    keys = [key for key, _ in settings]
+    assert keys.index("EnvironmentFile") > max(i for i, k in enumerate(keys) if k == "Environment")  # it may override
+    after = " ".join(value for key, value in settings if key == "After")
+    assert "nvidia-persistenced.service" in after  # GPUs are discovered once, at start
+    exec_start = dict(settings)["ExecStart"]
+    assert "--slots ${SPOTMORPH_SLOTS}" in exec_start

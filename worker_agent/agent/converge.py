@@ -25,6 +25,11 @@ class Assignment:
     action: Action
     ranks: tuple[int, ...] = ()
     checkpoint_request: int = 0  # the controller bumps it to ask for a checkpoint at the next step boundary
+    slots: tuple[int, ...] = ()  # the slot of each rank, same order (empty: the i-th rank takes slot i)
+
+    def slot_of(self, position: int) -> int:
+        """The slot of ``ranks[position]``; by position when the controller sent no (or a mismatched) list."""
+        return self.slots[position] if len(self.slots) == len(self.ranks) else position
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class TrainerStatus:
 @dataclass(frozen=True)
 class StartTrainer:
     key: TrainerKey
+    slot: int  # which of the node's slots (and so which GPU) the rank runs on
 
 
 @dataclass(frozen=True)
@@ -100,10 +106,10 @@ def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> l
         commands.append(RequestStop(wanted.job_id, wanted.generation))
     if wanted is not None and wanted.action == "run" and not stale_running:
         known = {t.key for t in trainers}
-        for rank in wanted.ranks:
+        for position, rank in enumerate(wanted.ranks):
             key = TrainerKey(wanted.job_id, wanted.generation, rank)
             if key not in known:
-                commands.append(StartTrainer(key))
+                commands.append(StartTrainer(key, wanted.slot_of(position)))
         if wanted.checkpoint_request > 0:
             commands.append(RequestCheckpoint(wanted.job_id, wanted.generation, wanted.checkpoint_request))
     return commands

@@ -35,6 +35,7 @@ from worker_agent.agent.converge import (
     converge,
 )
 from worker_agent.agent.decisions import EvictionNotice, Pushed
+from worker_agent.agent.gpus import Gpu, device_for_slot, trainer_environment
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor, TrainerReport, kill_leftovers
 from worker_agent.agent.transport import (
     CallFailed,
@@ -64,6 +65,7 @@ class AgentConfig:
     token: str
     work_dir: Path
     slots: int = 1
+    gpus: tuple[Gpu, ...] = ()  # slot i trains on gpus[i] (round-robin when there are more slots)
     name: str = ""
     address: str = "127.0.0.1"
     instance_id: str = ""
@@ -98,7 +100,10 @@ class Agent:
         self.config = config
         self.work_dir = AgentWorkDir(config.work_dir)
         self.supervisor = Supervisor(
-            self.work_dir.trainers.path, python=config.trainer_python, warm=config.warm_trainers
+            self.work_dir.trainers.path,
+            python=config.trainer_python,
+            env=trainer_environment(os.environ, config.gpus),
+            warm=config.warm_trainers,
         )
         self.link = ControllerLink(Endpoint(config.controller, config.ca, config.cert, config.key))
         self.state = AgentState(Registration(config.name, 0, "", 1.0, 10.0))
@@ -153,7 +158,9 @@ class Agent:
         name = self.state.node.node_name
         if not name and remembered.exists():
             name = remembered.read_text().strip()
-        offer = NodeOffer(name or self.config.name, self.config.slots, self.config.address, self.config.instance_id)
+        offer = NodeOffer(
+            name or self.config.name, self.config.slots, self.config.address, self.config.instance_id, self.config.gpus
+        )
         node = await self.link.register(
             offer, self.config.token, lambda: self._stopping, self.config.max_backoff_seconds
         )
@@ -201,8 +208,10 @@ class Agent:
         for command in converge(wanted, (r.status for r in self.supervisor.reports())):
             if isinstance(command, StartTrainer):
                 spec = self.state.launch[(command.key.job_id, command.key.generation)]
-                log.info("starting %s", command.key)
-                self.supervisor.start(command.key, spec)
+                device = device_for_slot(command.slot, self.config.gpus)
+                on = "" if device is None else f" on cuda:{device}"
+                log.info("starting %s in slot %d%s", command.key, command.slot, on)
+                self.supervisor.start(command.key, spec, device)
             elif isinstance(command, RequestStop):
                 log.info("asking generation %d of %s to stop", command.generation, command.job_id)
                 self.supervisor.request_stop(command.job_id, command.generation)

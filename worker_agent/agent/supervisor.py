@@ -158,8 +158,8 @@ class Supervisor:
     def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
         return self.trainers_dir.generation_dir(job_id, generation)
 
-    def start(self, key: TrainerKey, spec: LaunchSpec) -> None:
-        """Start the trainer of ``key``; a key that was started before is never started again."""
+    def start(self, key: TrainerKey, spec: LaunchSpec, device_index: int | None = None) -> None:
+        """Start the trainer of ``key`` (on CUDA device ``device_index``, if any); never the same key twice."""
         if key in self._trainers:
             return
         directory = self.generation_dir(key.job_id, key.generation)
@@ -175,6 +175,7 @@ class Supervisor:
             checkpoint_dir=spec.checkpoint_dir,
             host_store=key.rank == spec.store_rank,
             load_from=Path(spec.load_from) if spec.load_from else None,
+            device_index=device_index,
         )
         process: _Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path))
         if process is None:

@@ -27,11 +27,13 @@ from worker_agent.agent.decisions import (
     classify_failure,
     next_register_backoff,
 )
+from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.supervisor import TrainerReport
 from worker_agent.agent.wire import (
     HeartbeatReply,
     Incoming,
     Registration,
+    gpus_to_pb,
     heartbeat_reply_from_pb,
     heartbeat_to_pb,
     registration_from_pb,
@@ -79,6 +81,7 @@ class NodeOffer:
     slots: int
     address: str
     instance_id: str
+    gpus: tuple[Gpu, ...] = ()
 
 
 class ControllerLink:
@@ -129,7 +132,11 @@ class ControllerLink:
         """Register, retrying with backoff while the controller is unreachable; None once ``stopping``."""
         backoff = FIRST_REGISTER_BACKOFF_SECONDS
         request = pb.RegisterRequest(
-            node_name=offer.node_name, slots=offer.slots, address=offer.address, instance_id=offer.instance_id
+            node_name=offer.node_name,
+            slots=offer.slots,
+            address=offer.address,
+            instance_id=offer.instance_id,
+            gpus=gpus_to_pb(offer.gpus),
         )
         while not stopping():
             try:

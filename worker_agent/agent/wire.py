@@ -14,6 +14,7 @@ from morphing.jobspec import JobSpec, parse_job_spec
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, TrainerExited, UrgentFact
+from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.supervisor import LaunchSpec, TrainerReport
 
 ACTIONS: dict[int, Action] = {pb.ACTION_RUN: "run", pb.ACTION_STOP: "stop", pb.ACTION_ABORT: "abort"}
@@ -56,6 +57,10 @@ def registration_from_pb(reply: pb.RegisterResponse) -> Registration:
     )
 
 
+def gpus_to_pb(gpus: tuple[Gpu, ...]) -> list[pb.Gpu]:
+    return [pb.Gpu(index=g.index, name=g.name, memory_bytes=g.memory_bytes) for g in gpus]
+
+
 def spec_from_pb(message: pb.JobSpec, what: str) -> JobSpec:
     """The job spec a wire message carries; optional fields left unset take their defaults."""
     fields = {
@@ -76,6 +81,7 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
         ACTIONS.get(message.action, "idle"),
         tuple(message.ranks),
         message.checkpoint_request,
+        tuple(message.slots),
     )
     if assignment.action == "idle":
         return Incoming(assignment)

@@ -7,15 +7,29 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from morphing.errors import UserInputError
+
+if TYPE_CHECKING:
+    from worker_agent.agent.gpus import Gpu
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--controller", default=os.environ.get("SPOTMORPH_CONTROLLER"), help="HOST:PORT")
     parser.add_argument("--token-file", type=Path, help="file holding the agent token (else SPOTMORPH_AGENT_TOKEN)")
     parser.add_argument("--name", default="", help="node name (default: the controller names it node-N)")
-    parser.add_argument("--slots", type=int, default=1, help="trainer slots (GPUs) on this node")
+    parser.add_argument(
+        "--slots",
+        default="auto",
+        help="trainer slots on this node; 'auto' (default): one per GPU found, or 1 on a node without GPUs",
+    )
+    parser.add_argument(
+        "--gpus",
+        default=os.environ.get("SPOTMORPH_GPUS") or "auto",
+        help="GPUs the trainers use: 'auto' (default: every GPU found by NVML, else torch), 'none' (CPU slots), "
+        "or CUDA device indices such as 0,1 (several agents on one host; env SPOTMORPH_GPUS)",
+    )
     parser.add_argument("--address", default="127.0.0.1", help="address other nodes reach this node at")
     parser.add_argument("--work-dir", type=Path, default=Path("/var/lib/spotmorph/agent"))
     parser.add_argument("--imds-url", help="Scheduled Events base URL (Azure: http://169.254.169.254)")
@@ -39,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from worker_agent.agent import gpus as gpu_values
     from worker_agent.agent.daemon import Agent, AgentConfig
 
     if not args.controller:
@@ -51,10 +66,11 @@ def run(args: argparse.Namespace) -> int:
             raise UserInputError(f"--token-file {args.token_file}: cannot read it ({exc.strerror})") from None
     if not token:
         raise UserInputError("no agent token: pass --token-file FILE or set SPOTMORPH_AGENT_TOKEN")
-    if args.slots < 1:
-        raise UserInputError(f"--slots {args.slots}: a node needs at least 1 slot")
+    requested = gpu_values.parse_slots(args.slots)
+    chosen = gpu_values.parse_gpu_choice(args.gpus)
+    warm_per_slot = args.warm_trainers == "slots"
     try:
-        warm = args.slots if args.warm_trainers == "slots" else int(args.warm_trainers)
+        warm = 0 if warm_per_slot else int(args.warm_trainers)
     except ValueError:
         raise UserInputError(f"--warm-trainers {args.warm_trainers!r}: give a number >= 0") from None
     if warm < 0:
@@ -62,11 +78,16 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s agent {args.name or socket.gethostname()} %(message)s"
     )
+    gpus = _find_gpus(chosen, args.python)
+    slots = gpu_values.slot_count(requested, gpus)
+    if len(gpus) < slots and gpus:
+        logging.getLogger("spotmorph.agent").warning("%d slots share %d GPUs round-robin", slots, len(gpus))
     config = AgentConfig(
         controller=args.controller,
         token=token,
         work_dir=args.work_dir,
-        slots=args.slots,
+        slots=slots,
+        gpus=gpus,
         name=args.name,
         address=args.address,
         instance_id=args.instance_id,
@@ -75,7 +96,25 @@ def run(args: argparse.Namespace) -> int:
         ca=args.ca,
         cert=args.cert,
         key=args.key,
-        warm_trainers=warm,
+        warm_trainers=slots if warm_per_slot else warm,
         trainer_python=args.python,
     )
     return asyncio.run(Agent(config).run())
+
+
+def _find_gpus(chosen: tuple[int, ...] | None, python: str) -> tuple[Gpu, ...]:
+    """The GPUs ``--gpus`` chose among those this node has; no probe at all for 'none'."""
+    import logging
+
+    from worker_agent.agent import gpu_probe, gpus
+
+    if chosen == ():
+        return ()
+    found, source = gpu_probe.discover(python, os.environ)
+    used = gpus.choose(found, chosen)
+    log = logging.getLogger("spotmorph.agent")
+    if used:
+        log.info("GPUs: %s (found by %s)", gpus.describe(used), source)
+    else:
+        log.info("no GPU found: the slots train on the CPU")
+    return used

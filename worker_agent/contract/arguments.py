@@ -32,6 +32,7 @@ class TrainerArguments:
     progress_file: Path | None = None  # JSON lines (worker_agent.contract.events)
     host_store: bool = False  # this process hosts the TCPStore
     load_from: Path | None = None  # a checkpoint (or a checkpoint root) to start from instead of the newest
+    device_index: int | None = None  # the CUDA device of this rank's slot (None: the node has no GPU)
 
     @classmethod
     def in_generation_dir(
@@ -43,6 +44,7 @@ class TrainerArguments:
         host_store: bool = False,
         load_from: Path | None = None,
         generation: int | None = None,
+        device_index: int | None = None,
     ) -> TrainerArguments:
         """A rank whose inputs, control and progress files are those of ``directory``."""
         return cls(
@@ -56,6 +58,7 @@ class TrainerArguments:
             progress_file=directory.progress_file(rank),
             host_store=host_store,
             load_from=load_from,
+            device_index=device_index,
         )
 
     @property
@@ -83,6 +86,8 @@ class TrainerArguments:
             argv.append("--host-store")
         if self.load_from is not None:
             argv.append(f"--load-from={self.load_from}")
+        if self.device_index is not None:
+            argv.append(f"--device-index={self.device_index}")
         return argv
 
     def command(self, python: str) -> list[str]:
@@ -96,6 +101,8 @@ class TrainerArguments:
         _host, sep, port = str(args.rendezvous).rpartition(":")
         if not sep or not (port.isascii() and port.isdigit()):
             _trainer_parser().error(f"--rendezvous {args.rendezvous!r}: use HOST:PORT")
+        if args.device_index is not None and args.device_index < 0:
+            _trainer_parser().error(f"--device-index {args.device_index}: a CUDA device index is >= 0")
         return cls(
             job_file=args.job,
             layout_file=args.layout,
@@ -107,6 +114,7 @@ class TrainerArguments:
             progress_file=args.progress,
             host_store=args.host_store,
             load_from=args.load_from,
+            device_index=args.device_index,
         )
 
 
@@ -123,6 +131,9 @@ def _trainer_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host-store", action="store_true", help="this process hosts the TCPStore")
     parser.add_argument(
         "--load-from", type=Path, help="checkpoint (or checkpoint root) to start from instead of the newest"
+    )
+    parser.add_argument(
+        "--device-index", type=int, help="CUDA device of this rank's slot (all GPUs stay visible, for NCCL)"
     )
     return parser
 

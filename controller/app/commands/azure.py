@@ -15,6 +15,8 @@ from pathlib import Path
 from morphing.errors import UserInputError
 
 DEFAULT_TEMPLATE = Path("deploy/azure/main.json")
+DEFAULT_PACKAGE = "spotmorph[gpu]"  # the gpu extra: NVML for the agent's GPU discovery
+TORCH_INDEX = "https://download.pytorch.org/whl/cu126"  # torch built with CUDA 12.6 (drivers >= 525)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--cert", type=Path, required=True, help="agent client certificate")
     init.add_argument("--key", type=Path, required=True, help="agent client key")
     init.add_argument("--storage-account", required=True, help="the storage account with the checkpoints share")
-    init.add_argument("--slots", type=int, default=1, help="GPUs per VM (default 1)")
-    init.add_argument("--package", default="spotmorph", help="pip requirement to install (default: spotmorph)")
+    init.add_argument(
+        "--slots", default="auto", help="trainer slots per VM (default auto: one per GPU the agent finds)"
+    )
+    init.add_argument(
+        "--package",
+        default=DEFAULT_PACKAGE,
+        help=f"pip requirement to install (default: {DEFAULT_PACKAGE}; a wheel: 'spotmorph[gpu] @ URL')",
+    )
+    init.add_argument(
+        "--torch-index", default=TORCH_INDEX, help=f"pip index of the torch build to install (default {TORCH_INDEX})"
+    )
     init.add_argument("--template", type=Path, default=Path("deploy/cloud-init/agent.yaml"))
     init.add_argument("--unit", type=Path, default=Path("deploy/systemd/spotmorph-agent.service"))
 
@@ -103,6 +114,8 @@ def cloud_init(args: argparse.Namespace) -> int:
     from controller.client.azure_template import render_cloud_init
 
     unit = _read(args.unit, "--unit")
+    if args.slots != "auto" and not (args.slots.isdigit() and int(args.slots) >= 1):
+        raise UserInputError(f"--slots {args.slots!r}: give a number >= 1 or 'auto'")
     values = {
         "CONTROLLER_ADDRESS": args.controller,
         "AGENT_TOKEN": _read(args.token_file, "--token-file").strip(),
@@ -110,8 +123,9 @@ def cloud_init(args: argparse.Namespace) -> int:
         "AGENT_CERT_PEM": _read(args.cert, "--cert"),
         "AGENT_KEY_PEM": _read(args.key, "--key"),
         "STORAGE_ACCOUNT": args.storage_account,
-        "SLOTS": str(args.slots),
+        "SLOTS": args.slots,
         "SPOTMORPH_PACKAGE": args.package,
+        "TORCH_INDEX": args.torch_index,
         "AGENT_UNIT": unit,
     }
     try:

@@ -1,10 +1,12 @@
-"""``spotmorph nodes``: the cluster's nodes in join order."""
+"""``spotmorph nodes``: the cluster's nodes in join order, with the GPUs each one reported."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from controller.client.commands.common import add_client_arguments, call, dump, table
+from morphing.gpus import describe_gpus
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,12 +28,18 @@ def run(args: argparse.Namespace) -> int:
             "job": n.job or None,
             "incarnation": n.incarnation,
             "address": n.address,
+            "gpus": [{"index": g.index, "name": g.name, "memory_bytes": g.memory_bytes} for g in n.gpus],
         }
         for n in reply.nodes
     ]
     if args.json:
         dump(nodes)
         return 0
-    rows = [(n["name"], n["state"], n["slots"], n["job"] or "-", n["incarnation"]) for n in nodes]
-    print(table(rows, ("NAME", "STATE", "SLOTS", "JOB", "INCARNATION")))
+    rows = [(n["name"], n["state"], n["slots"], gpus_cell(n["gpus"]), n["job"] or "-", n["incarnation"]) for n in nodes]
+    print(table(rows, ("NAME", "STATE", "SLOTS", "GPUS", "JOB", "INCARNATION")))
     return 0
+
+
+def gpus_cell(gpus: list[dict[str, Any]]) -> str:
+    """``2x H100 80GB``; ``-`` for a CPU node."""
+    return describe_gpus((g["name"], g["memory_bytes"]) for g in gpus)

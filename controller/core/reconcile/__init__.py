@@ -15,6 +15,7 @@ from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Assignment, Command, World, ranks_by_node
 from controller.core.reconcile.admission import admit_queued
 from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.devices import explain_gpu_waits
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.growth import grow
 from controller.core.reconcile.health import node_health
@@ -38,6 +39,7 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
         if draft.jobs[job_id].state is JobState.MORPHING:
             advance_morph(draft, config, planners, job_id)
     admit_queued(draft, config, planners)
+    explain_gpu_waits(draft)
     grow(draft, config, planners)
     return draft.commands
 

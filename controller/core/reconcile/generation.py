@@ -9,15 +9,19 @@ from controller.core.causes import MorphCause
 from controller.core.commands import StartGeneration
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft
 from morphing.planner import Plan, Planner
 
 
 def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str, int]]) -> Plan | None:
-    """The best plan for the job on ``nodes`` (less the ones it excluded), or ``None`` if none runs it."""
+    """The best plan for the job on ``nodes`` (less the ones it excluded or whose devices it cannot use),
+    or ``None`` if none runs it."""
     planner = planners.get(job_id)
     job = draft.jobs[job_id]
-    usable = [(name, slots) for name, slots in nodes if name not in job.excluded_nodes]
+    usable = [
+        (name, slots) for name, slots in nodes if name not in job.excluded_nodes and may_run_on(job, draft.nodes[name])
+    ]
     if not isinstance(planner, Planner) or not usable:
         return None
     result = planner.plan(usable)

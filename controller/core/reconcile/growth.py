@@ -11,6 +11,7 @@ from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.morph import start_morph
 from morphing.planner import Plan, Planner
@@ -30,7 +31,7 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
         planner = planners.get(job.id)
         if not free or not isinstance(planner, Planner) or job.layout is None:
             return
-        usable = [(n.name, n.slots) for n in free if n.name not in job.excluded_nodes]
+        usable = [(n.name, n.slots) for n in free if n.name not in job.excluded_nodes and may_run_on(job, n)]
         if not usable:
             continue
         current = planner.evaluate(job.layout)

@@ -533,6 +533,36 @@ class WatchEventsRequest(_message.Message):
 Global___WatchEventsRequest: _TypeAlias = WatchEventsRequest  # noqa: Y015
 
 @_typing.final
+class Gpu(_message.Message):
+    """One GPU of a node, as its agent found it (NVML, else torch in a subprocess)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """the CUDA device index the node's trainers use (PCI bus order)"""
+    name: _builtins.str
+    """the driver's name, e.g. "NVIDIA H100 80GB HBM3" """
+    memory_bytes: _builtins.int
+    """total memory"""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        name: _builtins.str = ...,
+        memory_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Gpu: _TypeAlias = Gpu  # noqa: Y015
+
+@_typing.final
 class Node(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -544,6 +574,7 @@ class Node(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     EVICTION_NOT_BEFORE_FIELD_NUMBER: _builtins.int
     STATE_SINCE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     incarnation: _builtins.int
     state: Global___NodeState.ValueType
@@ -552,6 +583,10 @@ class Node(_message.Message):
     address: _builtins.str
     eviction_not_before: _builtins.float
     state_since: _builtins.float
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]:
+        """empty: a CPU node"""
+
     def __init__(
         self,
         *,
@@ -563,10 +598,11 @@ class Node(_message.Message):
         address: _builtins.str = ...,
         eviction_not_before: _builtins.float | None = ...,
         state_since: _builtins.float = ...,
+        gpus: _abc.Iterable[Global___Gpu] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_eviction_not_before", b"_eviction_not_before", "eviction_not_before", b"eviction_not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_not_before", b"_eviction_not_before", "address", b"address", "eviction_not_before", b"eviction_not_before", "incarnation", b"incarnation", "job", b"job", "name", b"name", "slots", b"slots", "state", b"state", "state_since", b"state_since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_not_before", b"_eviction_not_before", "address", b"address", "eviction_not_before", b"eviction_not_before", "gpus", b"gpus", "incarnation", b"incarnation", "job", b"job", "name", b"name", "slots", b"slots", "state", b"state", "state_since", b"state_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__eviction_not_before: _TypeAlias = _typing.Literal["eviction_not_before"]  # noqa: Y015
     _WhichOneofArgType__eviction_not_before: _TypeAlias = _typing.Literal["_eviction_not_before", b"_eviction_not_before"]  # noqa: Y015
@@ -846,6 +882,7 @@ class RegisterRequest(_message.Message):
     SLOTS_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """empty: the controller names it node-N in join order"""
     slots: _builtins.int
@@ -853,6 +890,10 @@ class RegisterRequest(_message.Message):
     """host other nodes reach this node at (rendezvous)"""
     instance_id: _builtins.str
     """the provider's id for this VM"""
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]:
+        """what the agent found (empty: CPU only); slot i runs on gpus[i mod len]"""
+
     def __init__(
         self,
         *,
@@ -860,10 +901,11 @@ class RegisterRequest(_message.Message):
         slots: _builtins.int = ...,
         address: _builtins.str = ...,
         instance_id: _builtins.str = ...,
+        gpus: _abc.Iterable[Global___Gpu] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "instance_id", b"instance_id", "node_name", b"node_name", "slots", b"slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "gpus", b"gpus", "instance_id", b"instance_id", "node_name", b"node_name", "slots", b"slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,50 @@
+"""Which nodes a job may be placed on for the device it asks for, and what a job that needs GPUs waits for.
+
+A job with ``device: cuda`` (a job spec field: auto, cuda or cpu; ``auto`` when a spec does not say) is
+offered to its planner only nodes that registered at least one GPU; ``auto`` and ``cpu`` jobs run on
+any node. When no node qualifies the job stays QUEUED rather than FAILED: GPU VMs register minutes
+after they are asked for (the capacity a queued job asks for is what brings them), so a job submitted
+before they boot must wait for them, and its reason says so in ``spotmorph status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import JobRecord, NodeRecord
+from controller.core.reconcile.draft import Draft
+from controller.spec import JobSpec
+
+NO_GPU_NODE = "needs GPU nodes; none has registered a GPU"
+NO_FREE_GPU_NODE = "needs GPU nodes; waiting for free ones to fit it"
+PRESENT = frozenset({NodeState.JOINING, NodeState.READY, NodeState.ASSIGNED, NodeState.DRAINING})
+
+
+def needs_gpus(spec: JobSpec) -> bool:
+    """``device: cuda``; a spec without the field (written before it existed) runs anywhere."""
+    return getattr(spec, "device", "auto") == "cuda"
+
+
+def may_run_on(job: JobRecord, node: NodeRecord) -> bool:
+    return bool(node.gpus) or not needs_gpus(job.spec)
+
+
+def waiting_reason(job: JobRecord, nodes: Mapping[str, NodeRecord]) -> str | None:
+    """Why a queued job that needs GPUs is still queued; None for a job that runs anywhere."""
+    if not needs_gpus(job.spec):
+        return None
+    if not any(n.gpus and n.state in PRESENT for n in nodes.values()):
+        return NO_GPU_NODE
+    return NO_FREE_GPU_NODE
+
+
+def explain_gpu_waits(draft: Draft) -> None:
+    """Queued jobs that need GPUs say what they wait for (a new reason only when it changed)."""
+    for job_id in sorted(draft.jobs):
+        job = draft.jobs[job_id]
+        if job.state is not JobState.QUEUED:
+            continue
+        reason = waiting_reason(job, draft.nodes)
+        if reason is not None and reason != job.reason:
+            draft.move_job(job_id, JobState.QUEUED, reason)
