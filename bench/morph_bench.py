@@ -258,8 +258,10 @@ def rounds(
 
 
 def static_run(work: Path, steps: int, replicas: int) -> Path:
-    """An uninterrupted 1 x ``replicas`` run to ``steps``, with a checkpoint every INTERVAL steps kept."""
-    return train_reference(work, steps, BATCH, SEED, replicas=replicas, checkpoint_interval=INTERVAL, keep=100000)
+    """An uninterrupted 1 x ``replicas`` run to ``steps``, with a checkpoint every INTERVAL steps kept.
+
+    A job keeps at most 1,000 checkpoints (the job spec's bound): every one up to step 50,000."""
+    return train_reference(work, steps, BATCH, SEED, replicas=replicas, checkpoint_interval=INTERVAL, keep=1000)
 
 
 def run_cluster(work: Path, warm: bool, morphs: int, kills: int, log: Callable[[str], None]) -> dict[str, Any]:
