@@ -43,30 +43,23 @@ import sys
 import tempfile
 import textwrap
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, spotmorph
-from worker_agent.contract import (
-    AgentWorkDir,
-    CheckpointLoaded,
-    CheckpointWritten,
-    ProgressRecord,
-    StepCompleted,
-    TrainerStarted,
-    TrainingFinished,
-    TrainingStopped,
-    read_progress,
+from bench.common import ROOT
+from spotmorph.local.harness import (
+    LocalCluster,
+    first_event,
+    last_step,
+    max_rel_diff,
+    train_reference,
 )
-
-E = TypeVar("E")
-# The progress events that say how many steps were done.
-HAS_STEP = (CheckpointLoaded, StepCompleted, CheckpointWritten, TrainingStopped, TrainingFinished)
+from spotmorph.local.processes import alive, free_port, read_pid
+from worker_agent.contract import CheckpointLoaded, StepCompleted, TrainerStarted, TrainingStopped
 
 HEADING = "## Morph latency on the local cluster"
 NODES, SLOTS = 4, 1
@@ -105,158 +98,23 @@ class Morph:
         return out
 
 
-class Cluster:
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.env = {**os.environ, "SPOTMORPH_HOME": str(home)}
-        for name in ("SPOTMORPH_CONTROLLER", "SPOTMORPH_TOKEN"):
-            self.env.pop(name, None)
-
-    @property
-    def dir(self) -> Path:
-        return self.home / "local"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.home.parent / "ckpt"
-
-    def cli(self, *args: str, timeout: float = 120) -> str:
-        out = subprocess.run(
-            spotmorph(*args), capture_output=True, text=True, env=self.env, cwd=ROOT, timeout=timeout, check=False
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"spotmorph {' '.join(args)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
-        return out.stdout
-
-    def context(self) -> dict[str, Any]:
-        return dict(json.loads((self.home / "context.json").read_text()))
-
-    def status(self, job: str) -> dict[str, Any]:
-        return dict(json.loads(self.cli("status", job, "--json")))
-
-    def nodes(self) -> list[dict[str, Any]]:
-        return list(json.loads(self.cli("nodes", "--json")))
-
-    def events(self, job: str) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.cli("events", "--job", job, "--json").splitlines() if line.strip()]
-
-    def node_state(self, node: str) -> str:
-        return str({n["name"]: n["state"] for n in self.nodes()}.get(node, ""))
-
-    def warm_pools_full(self) -> bool:
-        """Every live agent has a ready warm trainer per slot (trivially true when they keep none)."""
-        if self.env.get("SPOTMORPH_WARM_TRAINERS") == "0":
-            return True
-        for vm in (self.dir / "vms").iterdir():
-            work_dir = AgentWorkDir(vm)
-            if not _alive(work_dir.pid_file):
-                continue
-            spools = [
-                s for s in work_dir.trainers.warm_spools() if s.ready() and not s.assigned() and _alive(s.pid_file)
-            ]
-            if len(spools) < SLOTS:
-                return False
+def warm_pools_full(cluster: LocalCluster) -> bool:
+    """Every live agent has a ready warm trainer per slot (trivially true when they keep none)."""
+    if cluster.env.get("SPOTMORPH_WARM_TRAINERS") == "0":
         return True
-
-    def vm_dir(self, node: str) -> Path:
-        for vm in (self.dir / "vms").iterdir():
-            name = AgentWorkDir(vm).node_name_file
-            if name.exists() and name.read_text().strip() == node:
-                return vm
-        raise RuntimeError(f"no VM runs {node}")
-
-    def progress(self, job: str, generation: int) -> dict[tuple[str, int], list[ProgressRecord]]:
-        """Progress records of one generation, by (vm, rank)."""
-        out = {}
-        for vm in sorted((self.dir / "vms").glob("*")):
-            directory = AgentWorkDir(vm).trainers.generation_dir(job, generation)
-            for rank, path in directory.progress_files().items():
-                out[(vm.name, rank)] = read_progress(path)
-        return out
-
-    def preempt(self, node: str, notice: float) -> float:
-        """Publish a Preempt event as ``spotmorph local preempt`` does; returns when it was published."""
-        body = json.dumps({"EventType": "Preempt", "Resources": [node], "NoticeSeconds": notice}).encode()
-        request = urllib.request.Request(f"{self.context()['imds_url']}/admin/events", data=body, method="POST")
-        at = time.time()
-        with urllib.request.urlopen(request, timeout=5) as response:
-            response.read()
-        return at
-
-    def kill(self, node: str) -> float:
-        from controller.providers.local import LocalVm, kill_vm
-
-        at = time.time()
-        kill_vm(LocalVm(self.vm_dir(node)))
-        return at
+    for vm in cluster.vms():
+        if not vm.alive():
+            continue
+        spools = vm.work_dir.trainers.warm_spools()
+        if sum(1 for s in spools if s.ready() and not s.assigned() and alive(read_pid(s.pid_file))) < SLOTS:
+            return False
+    return True
 
 
-def _alive(pid_file: Path) -> bool:
-    try:
-        pid = int(pid_file.read_text())
-        os.kill(pid, 0)
-        return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-def wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _first(records: list[ProgressRecord], kind: type[E]) -> tuple[float, E] | None:
-    """When the first event of ``kind`` was written, and the event."""
-    return next(((r.time, r.event) for r in records if isinstance(r.event, kind)), None)
-
-
-def first_step_done(cluster: Cluster, job: str, generation: int, world: int) -> bool:
-    files = cluster.progress(job, generation)
-    return len(files) >= world and all(_first(records, StepCompleted) is not None for records in files.values())
-
-
-def job_nodes(cluster: Cluster, job: str) -> list[str]:
-    return sorted((n["name"] for n in cluster.nodes() if n["job"] == job), key=lambda n: int(n.rsplit("-", 1)[1]))
-
-
-def world_size(status: dict[str, Any]) -> int:
-    layout = status["layout"]
-    return int(layout["pipeline_stages"]) * int(layout["data_parallel"])
-
-
-def wait_new_generation(cluster: Cluster, job: str, after: int, timeout: float) -> tuple[int, int]:
-    """Wait until the job runs a generation newer than ``after`` and all its ranks finished a step."""
-    found: dict[str, Any] = {}
-
-    def running() -> bool:
-        found.update(cluster.status(job))
-        if found["state"] in {"FAILED", "CANCELLED", "SUCCEEDED"}:
-            raise RuntimeError(f"job ended: {found}")
-        return found["state"] == "RUNNING" and int(found["generation"]) > after
-
-    wait(running, timeout, f"generation > {after} of {job}")
-    current = {"generation": int(found["generation"]), "world": world_size(found)}
-
-    def first_step() -> bool:
-        """Follows a generation that superseded this one before its first step (a late growth)."""
-        if first_step_done(cluster, job, current["generation"], current["world"]):
-            return True
-        status = cluster.status(job)
-        if status["state"] == "RUNNING" and int(status["generation"]) > current["generation"]:
-            current.update(generation=int(status["generation"]), world=world_size(status))
-        return False
-
-    wait(first_step, timeout, f"the first step of generation {current['generation']}+ of {job}")
-    return current["generation"], current["world"]
-
-
-def measure(cluster: Cluster, job: str, morph: Morph, old: int) -> None:
+def measure(cluster: LocalCluster, job: str, morph: Morph, old: int) -> None:
     """Fill ``morph.milestones`` from the old and new generations' progress and the event log."""
     m = morph.milestones
-    stopped = [_first(records, TrainingStopped) for records in cluster.progress(job, old).values()]
+    stopped = [first_event(records, TrainingStopped) for records in cluster.progress(job, old).values()]
     if morph.cause == "preempt":
         if not all(stopped):
             raise RuntimeError(f"generation {old} did not stop cleanly: {stopped}")
@@ -269,9 +127,9 @@ def measure(cluster: Cluster, job: str, morph: Morph, old: int) -> None:
     ]
     m["plan"] = float(issued[0]["at"])  # for a kill: detection (a trainer's peer died) and planning
     new = list(cluster.progress(job, morph.generation).values())
-    started = [s for records in new if (s := _first(records, TrainerStarted))]
-    resumed = [loaded for records in new if (loaded := _first(records, CheckpointLoaded))]
-    steps = [step for records in new if (step := _first(records, StepCompleted))]
+    started = [s for records in new if (s := first_event(records, TrainerStarted))]
+    resumed = [loaded for records in new if (loaded := first_event(records, CheckpointLoaded))]
+    steps = [step for records in new if (step := first_event(records, StepCompleted))]
     m["deliver"] = max(float(s.process_started_at or 0.0) for _, s in started)
     m["process start"] = max(s.ready_at for _, s in started)
     m["rendezvous"] = max(at for at, _ in started)
@@ -280,13 +138,12 @@ def measure(cluster: Cluster, job: str, morph: Morph, old: int) -> None:
     morph.step_seconds = statistics.median(s.step_seconds for _, s in steps)
 
 
-def last_step(cluster: Cluster, job: str, generation: int) -> int:
-    records = [r for rank in cluster.progress(job, generation).values() for r in rank]
-    return max((r.event.step for r in records if isinstance(r.event, HAS_STEP)), default=0)
+def generation_step(cluster: LocalCluster, job: str, generation: int) -> int:
+    return last_step(r for records in cluster.progress(job, generation).values() for r in records)
 
 
-def resume_step(cluster: Cluster, job: str, generation: int) -> int:
-    resumed = [_first(records, CheckpointLoaded) for records in cluster.progress(job, generation).values()]
+def resume_step(cluster: LocalCluster, job: str, generation: int) -> int:
+    resumed = [first_event(records, CheckpointLoaded) for records in cluster.progress(job, generation).values()]
     return max((r.step for _, r in filter(None, resumed)), default=0)
 
 
@@ -317,11 +174,7 @@ def concurrent_imports(processes: int) -> float:
 
 
 def process_group_setup(processes: int) -> float:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     go = time.time() + 8.0  # every process has imported torch by then
     children = [
         subprocess.Popen(
@@ -357,11 +210,15 @@ class Snapshot:
     path: Path
 
 
-def snapshot(cluster: Cluster, job: str, generation: int) -> Snapshot:
+def checkpoints_of(cluster: LocalCluster) -> Path:
+    return cluster.home.parent / "ckpt"
+
+
+def snapshot(cluster: LocalCluster, job: str, generation: int) -> Snapshot:
     """Copy the checkpoint two intervals ahead before the job's keep-K rotation removes it."""
-    target = (last_step(cluster, job, generation) // INTERVAL + 2) * INTERVAL
-    written = cluster.checkpoints / f"step-{target:08d}"
-    wait(lambda: (written / "manifest.json").exists(), 120, f"checkpoint {target}")
+    target = (generation_step(cluster, job, generation) // INTERVAL + 2) * INTERVAL
+    written = checkpoints_of(cluster) / f"step-{target:08d}"
+    cluster.wait(lambda: (written / "manifest.json").exists(), 120, f"checkpoint {target}")
     kept = cluster.home.parent / "compared" / written.name
     if not kept.exists():
         shutil.copytree(written, kept)
@@ -369,83 +226,59 @@ def snapshot(cluster: Cluster, job: str, generation: int) -> Snapshot:
 
 
 def rounds(
-    cluster: Cluster, job: str, cause: str, count: int, log: Callable[[str], None], snaps: list[Snapshot]
+    cluster: LocalCluster, job: str, cause: str, count: int, log: Callable[[str], None], snaps: list[Snapshot]
 ) -> list[Morph]:
     morphs = []
     for i in range(count):
         status = cluster.status(job)
         old = int(status["generation"])
-        victim = job_nodes(cluster, job)[-1]
+        victim = cluster.job_nodes(job)[-1]
         at = cluster.preempt(victim, NOTICE) if cause == "preempt" else cluster.kill(victim)
-        generation, _ = wait_new_generation(cluster, job, old, 120)
+        generation, _ = cluster.wait_new_generation(job, old, 120)
         morph = Morph(cause, victim, generation, at)
         measure(cluster, job, morph, old)
         if cause == "kill":
-            morph.steps_lost = max(0, last_step(cluster, job, old) - resume_step(cluster, job, generation))
+            morph.steps_lost = max(0, generation_step(cluster, job, old) - resume_step(cluster, job, generation))
         morphs.append(morph)
         log(
             f"{cause} {i + 1}/{count}: {victim} gen {old}->{generation} {morph.total:.2f}s "
             + " ".join(f"{k}={v:.2f}" for k, v in morph.phases().items())
             + (f" lost={morph.steps_lost}" if cause == "kill" else "")
         )
-        wait(lambda v=victim: cluster.node_state(v) in {"GONE", "LOST"}, 60, f"{victim} gone")  # type: ignore[misc]
-        cluster.cli("local", "add", "1")
+        cluster.wait(lambda v=victim: cluster.node_state(v) in {"GONE", "LOST"}, 60, f"{victim} gone")  # type: ignore[misc]
+        cluster.add(1)
         try:
-            wait_new_generation(cluster, job, generation, 180)
+            cluster.wait_new_generation(job, generation, 180)
         except RuntimeError:
             log("  (the job did not grow back onto the added node)")
-        wait(cluster.warm_pools_full, 120, "every agent's warm trainers")
+        cluster.wait(lambda: warm_pools_full(cluster), 120, "every agent's warm trainers")
         if i % 2 == 1 or i == count - 1:
             snaps.append(snapshot(cluster, job, int(cluster.status(job)["generation"])))
     return morphs
 
 
 def static_run(work: Path, steps: int, replicas: int) -> Path:
-    """An uninterrupted 1 x ``replicas`` run to ``steps``, with a checkpoint every INTERVAL steps kept."""
-    out = work / f"static-1x{replicas}"
-    subprocess.run(
-        spotmorph(
-            "train",
-            "examples/tiny_gpt.py:build",
-            "--stages=1",
-            f"--replicas={replicas}",
-            f"--global-batch={BATCH}",
-            f"--steps={steps}",
-            "--dtype=float64",
-            f"--seed={SEED}",
-            f"--checkpoint-dir={out}",
-            f"--checkpoint-interval={INTERVAL}",
-            "--keep=100000",
-        ),
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=1800,
-    )
-    return out
+    """An uninterrupted 1 x ``replicas`` run to ``steps``, with a checkpoint every INTERVAL steps kept.
+
+    A job keeps at most 1,000 checkpoints (the job spec's bound): every one up to step 50,000."""
+    return train_reference(work, steps, BATCH, SEED, replicas=replicas, checkpoint_interval=INTERVAL, keep=1000)
 
 
 def run_cluster(work: Path, warm: bool, morphs: int, kills: int, log: Callable[[str], None]) -> dict[str, Any]:
     """One cluster, one job: ``morphs`` evictions with notice, then ``kills`` kills; returns what it saw."""
-    cluster = Cluster(work / "home")
-    cluster.env["SPOTMORPH_WARM_TRAINERS"] = "1" if warm else "0"
-    checkpoints = cluster.checkpoints
-    cluster.cli("local", "up", "--nodes", str(NODES), "--slots", str(SLOTS), "--heartbeat-expiry", "5")
+    cluster = LocalCluster(work / "home", {"SPOTMORPH_WARM_TRAINERS": "1" if warm else "0"}, poll=0.2)
+    cluster.up(nodes=NODES, slots=SLOTS)
     try:
-        sets = {
-            "steps": STEPS,
-            "global_batch": BATCH,
-            "seed": SEED,
-            "dtype": "float64",
-            "checkpoint_interval": INTERVAL,
-            "checkpoint_dir": checkpoints,
-        }
-        args = [str(ROOT / "examples" / "tiny_gpt.yaml"), "--json"]
-        for key, value in sets.items():
-            args += ["--set", f"{key}={value}"]
-        job = str(json.loads(cluster.cli("submit", *args))["id"])
-        first, _ = wait_new_generation(cluster, job, 0, 180)
-        wait(cluster.warm_pools_full, 120, "every agent's warm trainers")
+        job = cluster.submit(
+            steps=STEPS,
+            global_batch=BATCH,
+            seed=SEED,
+            dtype="float64",
+            checkpoint_interval=INTERVAL,
+            checkpoint_dir=checkpoints_of(cluster),
+        )
+        first, _ = cluster.wait_new_generation(job, 0, 180)
+        cluster.wait(lambda: warm_pools_full(cluster), 120, "every agent's warm trainers")
         log(f"{'warm' if warm else 'cold'}: job {job} running generation {first}")
         snaps: list[Snapshot] = []
         preempts = rounds(cluster, job, "preempt", morphs, log, snaps)
@@ -459,20 +292,7 @@ def run_cluster(work: Path, warm: bool, morphs: int, kills: int, log: Callable[[
             "snapshots": snaps,
         }
     finally:
-        subprocess.run(spotmorph("local", "down"), env=cluster.env, cwd=ROOT, capture_output=True, check=False)
-
-
-def max_rel(expected: Path, actual: Path) -> float:
-    out = subprocess.run(
-        spotmorph("checkpoint", "diff", str(expected), str(actual), "--json"),
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    diff = json.loads(out.stdout)
-    assert not diff["missing"] and diff["step_a"] == diff["step_b"], diff
-    return float(diff["max_rel"])
+        cluster.down()
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float]:
@@ -524,7 +344,11 @@ def run() -> str:
         control = static_run(work, last, 2)
         compared = {
             name: [
-                (x, max_rel(expected / x.path.name, x.path), max_rel(expected / x.path.name, control / x.path.name))
+                (
+                    x,
+                    max_rel_diff(expected / x.path.name, x.path),
+                    max_rel_diff(expected / x.path.name, control / x.path.name),
+                )
                 for x in found
             ]
             for name, found in snaps.items()

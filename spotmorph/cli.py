@@ -27,7 +27,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("data", "worker_agent.commands.data", "prepare training data: tokenize text files into a token file"),
     ("agent", "worker_agent.commands.agent", "the worker agent daemon of one node"),
     ("local", "spotmorph.commands.local", "an embedded cluster of agent processes on this machine"),
-    ("controller", "controller.app.commands.controller", "the controller daemon (gRPC API, state, morphing decisions)"),
+    ("controller", "spotmorph.commands.controller", "the controller daemon (gRPC API, state, morphing decisions)"),
     ("submit", "controller.client.commands.submit", "submit a job spec (YAML) to the controller"),
     ("jobs", "controller.client.commands.jobs", "list jobs"),
     ("status", "controller.client.commands.status", "one job in detail: state, step, layout, morphs"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from controller.api.agent import AgentService
 from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_token
 from controller.api.cluster import ClusterService
 from controller.api.jobs import JobsService
-from controller.app.providers import make_provider
+from controller.app.providers import ProviderFactory, make_provider
 from controller.app.settings import ControllerSettings, check_exposure
 from controller.app.state_lock import lock_state_dir
 from controller.app.tls import load_server_tls
@@ -78,13 +79,19 @@ def private_database(path: Path) -> Path:
 class Controller:
     """A running controller; ``await start()``, then ``await stop()`` (also what SIGTERM does)."""
 
-    def __init__(self, settings: ControllerSettings, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        clock: Clock | None = None,
+        providers: Mapping[str, ProviderFactory] | None = None,
+    ) -> None:
         # APScheduler logs every run of every interval job at INFO ("Running job Runner.tick" each second).
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
         self.settings = settings
         self.tls = load_server_tls(settings)
         check_exposure(settings, tls=self.tls is not None)
         self.metrics_tls = self.tls.ssl_context() if self.tls and settings.metrics_listen else None
+        self.providers = providers  # factories of providers the controller does not hold (``local``)
         self.state_lock = lock_state_dir(settings.state_dir)
         try:
             self._build(clock or SystemClock())
@@ -106,7 +113,7 @@ class Controller:
         self.port = self._bind()
         self.inbox = ProviderInbox(clock)
         host = settings.listen.rsplit(":", 1)[0]
-        provider, poll_seconds = make_provider(settings, self.inbox, clock, f"{host}:{self.port}")
+        provider, poll_seconds = make_provider(settings, self.inbox, clock, f"{host}:{self.port}", self.providers)
         tuning = RunnerSettings(settings.reconcile_coalesce_seconds, settings.capacity_retry_seconds)
         self.runner = Runner(self.store, clock, reconcile_config(settings), provider, self.inbox, tuning)
         self.stopping = asyncio.Event()
@@ -168,8 +175,8 @@ class Controller:
         self.state_lock.release()
 
 
-async def serve(settings: ControllerSettings) -> int:
-    controller = Controller(settings)
+async def serve(settings: ControllerSettings, providers: Mapping[str, ProviderFactory] | None = None) -> int:
+    controller = Controller(settings, providers=providers)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before start writes controller.addr: from then on, a clean stop

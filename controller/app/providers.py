@@ -2,12 +2,14 @@
 
 The factory sees only settings and the provider port (events in, busy nodes out), never the runner or
 the daemon: the runner is built afterwards with the provider this returns. The Azure SDK is only
-imported when the Azure provider is chosen.
+imported when the Azure provider is chosen. ``local`` (agents as processes on this machine) lives with
+the local cluster in the composition root, which the controller never imports: whoever starts the
+controller passes its factory in ``extra`` (``spotmorph controller`` does).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from controller.app.settings import ControllerSettings
@@ -20,28 +22,31 @@ class ProviderWiring(NamedTuple):
     poll_seconds: float  # 0: never polled
 
 
+# (settings, port, clock, controller address) -> the provider and how often to poll it
+ProviderFactory = Callable[[ControllerSettings, ProviderPort, Clock, str], ProviderWiring]
+
+
 def make_provider(
-    settings: ControllerSettings, port: ProviderPort, clock: Clock, controller_address: str
+    settings: ControllerSettings,
+    port: ProviderPort,
+    clock: Clock,
+    controller_address: str,
+    extra: Mapping[str, ProviderFactory] | None = None,
 ) -> ProviderWiring:
-    """The provider, built on ``port``; ``controller_address`` is where agents it starts connect."""
+    """The provider, built on ``port``; ``controller_address`` is where agents it starts connect.
+
+    ``extra`` names factories of providers the controller does not hold itself (``local``)."""
+    factory = (extra or {}).get(settings.provider)
+    if factory is not None:
+        return factory(settings, port, clock, controller_address)
     if settings.provider == "static":
         return ProviderWiring(StaticProvider(), 0.0)
     if settings.provider == "local":
-        from controller.providers.local import LocalProcessProvider
-
-        local = settings.local
-        state = settings.state_dir
-        token = settings.agent_token_file or state / "agent.token"
-        provider = LocalProcessProvider(
-            Path(state).resolve().parent,
-            controller_address,
-            token,
-            local.slots,
-            local.imds_url,
-            max_nodes=local.max_nodes,
-            port=port,
+        raise UserInputError(
+            "provider: local starts agents as processes of the local cluster, which only the `spotmorph` "
+            "command provides: run the controller as `spotmorph controller` (or pass a factory for 'local' "
+            "to make_provider's `extra`)"
         )
-        return ProviderWiring(provider, local.poll_seconds)
     if settings.azure is None:
         raise UserInputError("provider: azure needs an `azure:` section (see docs/azure.md)")
     from controller.providers.azure import AzureScaleSetProvider

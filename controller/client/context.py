@@ -17,8 +17,9 @@ def spotmorph_home() -> Path:
     return Path(os.environ.get("SPOTMORPH_HOME") or "~/.spotmorph").expanduser()
 
 
-def context_path() -> Path:
-    return spotmorph_home() / "context.json"
+def context_path(home: Path | None = None) -> Path:
+    """The context file of ``home`` (default: ``$SPOTMORPH_HOME``)."""
+    return (home or spotmorph_home()) / "context.json"
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,16 @@ class Context:
             return ""
 
 
-def read_context() -> Context | None:
+def read_context(home: Path | None = None) -> Context | None:
     try:
-        data = json.loads(context_path().read_text())
+        data = json.loads(context_path(home).read_text())
         return Context(**data)
     except (OSError, json.JSONDecodeError, TypeError):
         return None
 
 
-def write_context(context: Context) -> Path:
-    path = context_path()
+def write_context(context: Context, home: Path | None = None) -> Path:
+    path = context_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(context), indent=2))
@@ -54,5 +55,5 @@ def write_context(context: Context) -> Path:
     return path
 
 
-def remove_context() -> None:
-    context_path().unlink(missing_ok=True)
+def remove_context(home: Path | None = None) -> None:
+    context_path(home).unlink(missing_ok=True)

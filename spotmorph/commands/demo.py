@@ -9,10 +9,7 @@ with an uninterrupted single-process run of the same job.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,24 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from morphing.errors import UserInputError
-from worker_agent.contract import (
-    AgentWorkDir,
-    CheckpointLoaded,
-    CheckpointWritten,
-    ProgressRecord,
-    StepCompleted,
-    TrainingFinished,
-    TrainingStopped,
-    events_of,
-    read_progress,
-)
+from spotmorph.local.harness import LocalCluster, checkpoint_diff, last_step, train_reference
+from worker_agent.contract import StepCompleted, events_of
 
-ROOT = Path(__file__).resolve().parents[2]
-SPEC = ROOT / "examples" / "tiny_gpt.yaml"
-ENTRYPOINT = f"{ROOT}/examples/tiny_gpt.py:build"
 TOLERANCE = 1e-9
-# The progress events that say how many steps were done.
-_HAS_STEP = (CheckpointLoaded, StepCompleted, CheckpointWritten, TrainingStopped, TrainingFinished)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,62 +31,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _Demo:
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.env = {**os.environ, "SPOTMORPH_HOME": str(home)}
-        for name in ("SPOTMORPH_CONTROLLER", "SPOTMORPH_TOKEN"):
-            self.env.pop(name, None)
-        self.started = time.monotonic()
+    """The demo's cluster, and what it prints while it waits."""
 
-    def cli(self, *args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "-m", "spotmorph.cli", *args], capture_output=True, text=True, env=self.env, cwd=ROOT
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"spotmorph {' '.join(args)} failed ({out.returncode}): {out.stderr.strip()}")
-        return out.stdout
+    def __init__(self, home: Path) -> None:
+        self.cluster = LocalCluster(home, poll=0.5)
+        self.started = time.monotonic()
+        self.shown = (-1, -1)
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:6.1f}s] {text}", flush=True)
 
-    def status(self, job: str) -> dict[str, Any]:
-        return dict(json.loads(self.cli("status", job, "--json")))
+    def show(self, status: dict[str, Any]) -> None:
+        """A progress line every 25 steps and every new generation."""
+        key = (int(status["step"]) // 25, int(status["generation"]))
+        if key == self.shown:
+            return
+        layout = status["layout"] or {}
+        shape = f"{layout.get('pipeline_stages', '-')}x{layout.get('data_parallel', '-')}"
+        bar = "#" * int(30 * int(status["step"]) / max(1, int(status["total_steps"])))
+        self.say(
+            f"{status['state']:<9} gen {status['generation']} layout {shape:<5} "
+            f"step {status['step']:>4}/{status['total_steps']} [{bar:<30}]"
+        )
+        self.shown = key
 
-    def follow(self, job: str, until: Any, timeout: float = 240.0) -> dict[str, Any]:
-        """Print progress until ``until(status)`` holds; fail loudly on a failed job or a timeout."""
-        deadline = time.monotonic() + timeout
-        shown = (-1, -1)
-        while True:
-            status = self.status(job)
-            layout = status["layout"] or {}
-            key = (int(status["step"]) // 25, int(status["generation"]))
-            if key != shown:
-                shape = f"{layout.get('pipeline_stages', '-')}x{layout.get('data_parallel', '-')}"
-                bar = "#" * int(30 * int(status["step"]) / max(1, int(status["total_steps"])))
-                self.say(
-                    f"{status['state']:<9} gen {status['generation']} layout {shape:<5} "
-                    f"step {status['step']:>4}/{status['total_steps']} [{bar:<30}]"
-                )
-                shown = key
-            if status["state"] in ("FAILED", "CANCELLED"):
-                raise RuntimeError(f"job {job} {status['state']}: {status['reason']}")
-            if until(status):
-                return status
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out waiting for job {job}; last status {status}")
-            time.sleep(0.5)
-
-    def job_nodes(self, job: str) -> list[str]:
-        return sorted(n["name"] for n in json.loads(self.cli("nodes", "--json")) if n["job"] == job)
-
-    def progress_by_generation(self, job: str) -> dict[int, list[ProgressRecord]]:
-        """Rank 0's progress of every generation of ``job``, whichever VM ran it."""
-        found: dict[int, list[ProgressRecord]] = {}
-        for vm in sorted((self.home / "local" / "vms").glob("*")):
-            for directory in AgentWorkDir(vm).trainers.generation_dirs(job):
-                if directory.progress_file(0).exists():
-                    found[directory.generation] = read_progress(directory.progress_file(0))
-        return found
+    def follow(self, job: str, until: Any, what: str, timeout: float = 240.0) -> dict[str, Any]:
+        return self.cluster.wait_status(job, until, timeout, what, seen=self.show)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,10 +67,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(demo, args)
     finally:
-        try:
-            demo.cli("local", "down")
-        except RuntimeError as exc:
-            print(f"warning: {exc}", file=sys.stderr)
+        down = demo.cluster.down()
+        if down.returncode != 0:
+            print(f"warning: spotmorph local down: {down.stderr.strip()}", file=sys.stderr)
         if args.keep:
             print(f"demo files kept in {home}")
         else:
@@ -125,58 +77,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(demo: _Demo, args: argparse.Namespace) -> int:
-    steps, batch = args.steps, args.global_batch
-    checkpoints = demo.home / "checkpoints"
+    steps, batch, cluster = args.steps, args.global_batch, demo.cluster
+    checkpoints = cluster.home / "checkpoints"
     demo.say("starting a local cluster: a controller, a Scheduled Events service, 2 nodes x 2 CPU slots")
-    demo.cli("local", "up", "--nodes", "2", "--slots", "2", "--heartbeat-expiry", "5")
-    sets = {
-        "steps": steps,
-        "global_batch": batch,
-        "dtype": "float64",
-        "seed": 0,
-        "checkpoint_interval": 20,
-        "checkpoint_dir": checkpoints,
-    }
-    submit = ["submit", str(SPEC), "--json"]
-    for key, value in sets.items():
-        submit += ["--set", f"{key}={value}"]
-    job = json.loads(demo.cli(*submit))["id"]
+    cluster.up(nodes=2, slots=2)
+    job = cluster.submit(
+        steps=steps, global_batch=batch, dtype="float64", seed=0, checkpoint_interval=20, checkpoint_dir=checkpoints
+    )
     demo.say(f"submitted {job}: the tiny GPT of examples/tiny_gpt.py, B={batch}, {steps} steps, float64")
 
-    demo.follow(job, lambda s: s["state"] == "RUNNING" and int(s["step"]) >= steps // 5)
-    victim = demo.job_nodes(job)[-1]
+    demo.follow(job, lambda s: s["state"] == "RUNNING" and int(s["step"]) >= steps // 5, f"step {steps // 5}")
+    victim = cluster.job_nodes(job)[-1]
     demo.say(f"evicting {victim} with {args.notice:.0f}s notice (Azure Scheduled Events, served locally)")
-    demo.cli("local", "preempt", victim, "--notice", str(args.notice))
-    demo.follow(job, lambda s: int(s["generation"]) >= 2 and int(s["step"]) >= steps * 2 // 5)
+    cluster.cli("local", "preempt", victim, "--notice", str(args.notice))
+    demo.follow(job, lambda s: int(s["generation"]) >= 2 and int(s["step"]) >= steps * 2 // 5, "the morph")
 
     demo.say("a new node arrives; the controller grows the job after the debounce if the planner says it pays")
-    demo.cli("local", "add", "1")
-    demo.follow(job, lambda s: int(s["generation"]) >= 3 or s["state"] == "SUCCEEDED")
-    final = demo.follow(job, lambda s: s["state"] == "SUCCEEDED")
+    cluster.add(1)
+    demo.follow(job, lambda s: int(s["generation"]) >= 3 or s["state"] == "SUCCEEDED", "growth")
+    final = demo.follow(job, lambda s: s["state"] == "SUCCEEDED", "the end")
 
-    _timeline(demo, job, final)
+    _timeline(cluster, job, final)
     demo.say("training the same job as one uninterrupted process (the reference) ...")
-    reference = demo.home / "reference"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spotmorph.cli",
-            "train",
-            ENTRYPOINT,
-            "--stages=1",
-            "--replicas=1",
-            f"--global-batch={batch}",
-            f"--steps={steps}",
-            "--dtype=float64",
-            "--seed=0",
-            f"--checkpoint-dir={reference}",
-        ],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
-    diff = json.loads(demo.cli("checkpoint", "diff", str(reference), str(checkpoints), "--json"))
+    reference = train_reference(cluster.home, steps, batch, seed=0)
+    diff = checkpoint_diff(reference, checkpoints)
     same = diff["max_rel"] <= TOLERANCE and not diff["missing"]
     verdict = "EQUAL" if same else "DIFFERENT"
     demo.say(
@@ -190,18 +114,16 @@ def _run(demo: _Demo, args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
-def _timeline(demo: _Demo, job: str, final: dict[str, Any]) -> None:
-    progress = demo.progress_by_generation(job)
-    events = [json.loads(line) for line in demo.cli("events", "--json").splitlines() if line.strip()]
-    issued = [e for e in events if e["kind"] == "GenerationIssued" and e.get("job") == job]
+def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
+    progress = cluster.rank_progress(job)
+    issued = [e for e in cluster.events(job) if e["kind"] == "GenerationIssued"]
     seconds = {m["generation"]: m["seconds"] for m in final["morphs"]}
     print("\nmorph timeline")
     print(f"  {'gen':>3}  {'layout':<18} {'resumed at':>10} {'steps lost':>10} {'morph s':>8}  cause")
     for event in issued:
         data = event["data"]
         generation = int(data["generation"])
-        before = [r.event.step for r in progress.get(generation - 1, []) if isinstance(r.event, _HAS_STEP)]
-        lost = max(0, max(before, default=0) - int(data["resume_step"])) if generation > 1 else 0
+        lost = max(0, last_step(progress.get(generation - 1, [])) - int(data["resume_step"])) if generation > 1 else 0
         morph = seconds.get(generation)
         print(
             f"  {generation:>3}  {data['layout']:<18} {data['resume_step']:>10} {lost:>10} "

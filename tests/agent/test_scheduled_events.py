@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from spotmorph.local.imds_server import ScheduledEventsServer, ScheduledEventsState
 from worker_agent.scheduled_events import (
     EvictionNoticed,
     EvictionWatcher,
@@ -18,7 +19,6 @@ from worker_agent.scheduled_events import (
     parse_document,
     seconds_until,
 )
-from worker_agent.scheduled_events_server import ScheduledEventsServer, ScheduledEventsState
 
 
 class FakeClock:

@@ -17,8 +17,9 @@ from pydantic import BaseModel
 from controller.app.daemon import Controller, grpc_options
 from controller.app.settings import ControllerSettings, LocalSettings
 from controller.app.state_lock import LOCK_FILE, StateDirInUse
-from controller.providers.local import LocalProcessProvider
 from morphing.errors import UserInputError
+from spotmorph.commands.controller import PROVIDERS
+from spotmorph.local.provider import LocalProcessProvider
 from tests.controller.helpers import REPO
 
 DOCS = REPO / "docs" / "controller.md"
@@ -57,7 +58,7 @@ def test_one_controller_per_state_dir_in_one_process_and_the_lock_goes_with_it(t
 def test_the_local_provider_gives_agents_the_bound_address(tmp_path: Path) -> None:
     async def main() -> None:
         settings = ControllerSettings(state_dir=tmp_path / "state", listen="127.0.0.1:0", provider="local")
-        controller = Controller(settings)
+        controller = Controller(settings, providers=PROVIDERS)
         provider = controller.runner.provider
         assert isinstance(provider, LocalProcessProvider)
         assert provider.controller == f"127.0.0.1:{controller.port}" and controller.port != 0

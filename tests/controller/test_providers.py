@@ -13,7 +13,9 @@ import pytest
 from controller.app.providers import make_provider
 from controller.app.settings import ControllerSettings, LocalSettings
 from controller.providers.base import CannotList, ProviderInbox, StaticProvider
-from controller.providers.local import LocalProcessProvider, kill_vm
+from morphing.errors import UserInputError
+from spotmorph.commands.controller import PROVIDERS
+from spotmorph.local.provider import LocalProcessProvider, kill_vm
 
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(120)")  # an "agent" that never registers
 
@@ -79,7 +81,9 @@ def test_the_factory_builds_each_provider_on_the_port_it_is_given(tmp_path: Path
         asyncio.run(static.provider.list_instances())
     local = LocalSettings(poll_seconds=0.5, slots=4, max_nodes=2, imds_url="http://127.0.0.1:9")
     settings = ControllerSettings(state_dir=tmp_path / "state", provider="local", local=local)
-    built = make_provider(settings, inbox, Clock(), "127.0.0.1:4242")
+    with pytest.raises(UserInputError, match="spotmorph controller"):  # the controller does not hold `local`
+        make_provider(settings, inbox, Clock(), "127.0.0.1:4242")
+    built = make_provider(settings, inbox, Clock(), "127.0.0.1:4242", PROVIDERS)
     provider = built.provider
     assert isinstance(provider, LocalProcessProvider) and built.poll_seconds == 0.5
     assert (provider.controller, provider.slots, provider.max_nodes) == ("127.0.0.1:4242", 4, 2)

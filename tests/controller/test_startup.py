@@ -200,7 +200,7 @@ def test_sigterm_once_the_address_is_written_stops_cleanly(monkeypatch: pytest.M
     class Started:
         port = 1
 
-        def __init__(self, _settings: ControllerSettings) -> None: ...
+        def __init__(self, _settings: ControllerSettings, **_wiring: object) -> None: ...
 
         async def start(self) -> None:
             handler = signal.getsignal(signal.SIGTERM)

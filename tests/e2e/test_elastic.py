@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from worker_agent.contract import AgentWorkDir, read_progress
-
-from .conftest import LocalCluster, alive, max_rel_diff, reference
+from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference, world_size
+from spotmorph.local.processes import alive
+from worker_agent.contract import read_progress
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +34,9 @@ def submit(cluster: LocalCluster, checkpoints: Path) -> str:
     )
 
 
-def job_nodes(cluster: LocalCluster, job: str) -> list[str]:
-    return sorted(n["name"] for n in cluster.nodes() if n["job"] == job)
-
-
-def assert_equals_reference(cluster: LocalCluster, checkpoints: Path, references: Path) -> None:
-    expected = reference(references, STEPS, BATCH, SEED)
-    assert max_rel_diff(cluster, expected, checkpoints) <= 1e-9
+def assert_equals_reference(checkpoints: Path, references: Path) -> None:
+    expected = train_reference(references, STEPS, BATCH, SEED)
+    assert max_rel_diff(expected, checkpoints) <= 1e-9
 
 
 def test_eviction_with_notice_loses_no_step(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
@@ -49,7 +44,7 @@ def test_eviction_with_notice_loses_no_step(cluster: LocalCluster, tmp_path: Pat
     checkpoints = tmp_path / "ckpt"
     job = submit(cluster, checkpoints)
     before = cluster.wait_step(job, 40, 120)
-    victim = job_nodes(cluster, job)[-1]
+    victim = cluster.job_nodes(job)[-1]
     cluster.cli("local", "preempt", victim, "--notice", "20")
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
     assert final["state"] == "SUCCEEDED", final
@@ -57,8 +52,8 @@ def test_eviction_with_notice_loses_no_step(cluster: LocalCluster, tmp_path: Pat
     assert final["generation"] >= 2
     assert final["layout"] != before["layout"]
     assert any("eviction" in m["cause"] for m in final["morphs"])
-    cluster.wait(lambda: {n["name"]: n["state"] for n in cluster.nodes()}[victim] == "GONE", 60, f"{victim} gone")
-    assert_equals_reference(cluster, checkpoints, references)
+    cluster.wait(lambda: cluster.node_state(victim) == "GONE", 60, f"{victim} gone")
+    assert_equals_reference(checkpoints, references)
 
 
 def test_node_killed_without_notice_resumes_from_the_newest_checkpoint(
@@ -68,14 +63,14 @@ def test_node_killed_without_notice_resumes_from_the_newest_checkpoint(
     checkpoints = tmp_path / "ckpt"
     job = submit(cluster, checkpoints)
     cluster.wait_step(job, 50, 120)
-    victim = job_nodes(cluster, job)[-1]
+    victim = cluster.job_nodes(job)[-1]
     cluster.cli("local", "kill", victim)
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
     assert final["generation"] >= 2
     assert 0 <= final["steps_lost"] <= INTERVAL
     assert any("lost" in m["cause"] or "failed" in m["cause"] for m in final["morphs"])
-    assert_equals_reference(cluster, checkpoints, references)
+    assert_equals_reference(checkpoints, references)
 
 
 def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
@@ -97,38 +92,24 @@ def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_
     )
     before = cluster.wait_step(job, 20, 120)
     cluster.cli("local", "add", "1")
-    grown: dict[str, Any] = {}
-    width_before = int(before["layout"]["pipeline_stages"]) * int(before["layout"]["data_parallel"])
+    width_before = world_size(before)
 
-    def bigger() -> bool:
-        grown.update(cluster.status(job))
-        layout = grown["layout"]
-        return (
-            grown["state"] == "RUNNING" and int(layout["pipeline_stages"]) * int(layout["data_parallel"]) > width_before
-        )
+    def bigger(status: dict[str, Any]) -> bool:
+        return status["state"] == "RUNNING" and world_size(status) > width_before
 
-    cluster.wait(bigger, 180, "the job to grow onto the new node")
+    grown = cluster.wait_status(job, bigger, 180, "growth onto the new node")
     assert any(m["cause"].startswith("grow") for m in grown["morphs"])
     assert grown["steps_lost"] == 0
     cluster.wait_step(job, int(grown["step"]) + 2 * INTERVAL, 180)
     cluster.cli("cancel", job)
     assert cluster.wait_state(job, {"CANCELLED"}, 60)["state"] == "CANCELLED"
     cluster.wait(lambda: not any(n["job"] == job for n in cluster.nodes()), 60, "the job's nodes to be free")
-    trainers = [int(p.read_text()) for vm in cluster.vms() for p in AgentWorkDir(vm).trainers.pid_files()]
+    trainers = [int(p.read_text()) for vm in cluster.vms() for p in vm.work_dir.trainers.pid_files()]
     cluster.wait(lambda: not any(alive(pid) for pid in trainers), 60, "the trainers to exit")
     verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
     assert verified["step"] > int(grown["step"]), "no checkpoint was written in the grown layout"
-    expected = reference(references, int(verified["step"]), BATCH, SEED)
-    assert max_rel_diff(cluster, expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
-
-
-def _rank0_progress_step(cluster: LocalCluster) -> int:
-    steps = [0]
-    for vm in cluster.vms():
-        for directory in AgentWorkDir(vm).trainers.generation_dirs():
-            for path in directory.progress_files().values():
-                steps += [int(getattr(r.event, "step", 0)) for r in read_progress(path)]
-    return max(steps)
+    expected = train_reference(references, int(verified["step"]), BATCH, SEED)
+    assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
 
 
 def test_controller_kill_9_mid_training(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
@@ -137,14 +118,14 @@ def test_controller_kill_9_mid_training(cluster: LocalCluster, tmp_path: Path, r
     job = submit(cluster, checkpoints)
     cluster.wait_step(job, 30, 120)
     cluster.kill_controller()
-    at_kill = _rank0_progress_step(cluster)
-    cluster.wait(lambda: _rank0_progress_step(cluster) >= at_kill + 20, 60, "training to go on without a controller")
+    at_kill = cluster.steps_reported()
+    cluster.wait(lambda: cluster.steps_reported() >= at_kill + 20, 60, "training to go on without a controller")
     cluster.start_controller()
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 240)
     assert final["state"] == "SUCCEEDED", final
     assert final["steps_lost"] == 0
     assert final["generation"] == 1, "a controller restart is not a morph"
-    assert_equals_reference(cluster, checkpoints, references)
+    assert_equals_reference(checkpoints, references)
 
 
 def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
@@ -152,17 +133,14 @@ def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp
     checkpoints = tmp_path / "ckpt"
     job = submit(cluster, checkpoints)
     cluster.wait_step(job, 30, 120)
-    victim = job_nodes(cluster, job)[-1]
+    victim = cluster.job_nodes(job)[-1]
     vm = cluster.vm_of(victim)
-    work_dir = AgentWorkDir(vm)
-    first_generation = [d for d in work_dir.trainers.generation_dirs() if d.generation == 1]
+    first_generation = [d for d in vm.work_dir.trainers.generation_dirs() if d.generation == 1]
     old_trainers = [int(p.read_text()) for d in first_generation for p in d.pid_files().values()]
     assert old_trainers and all(alive(pid) for pid in old_trainers)
-    os.kill(int(work_dir.pid_file.read_text()), signal.SIGKILL)
-    args = json.loads((vm / "agent.json").read_text())
-    with open(vm / "agent.log", "ab") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=cluster.env, start_new_session=True)
-    work_dir.pid_file.write_text(str(process.pid))
+    assert vm.pid is not None
+    os.kill(vm.pid, signal.SIGKILL)
+    cluster.start_agent(vm)
 
     def new_incarnation() -> bool:
         return any(n["name"] == victim and n.get("incarnation", 1) >= 2 for n in cluster.nodes())
@@ -175,4 +153,4 @@ def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp
     for directory in first_generation:
         for path in directory.progress_files().values():
             assert {r.generation for r in read_progress(path)} <= {1}
-    assert_equals_reference(cluster, checkpoints, references)
+    assert_equals_reference(checkpoints, references)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from worker_agent.contract import AgentWorkDir
+from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
+from spotmorph.local.processes import alive, read_pid
 
-from .conftest import LocalCluster, alive, max_rel_diff, reference
 from .test_elastic import BATCH, SEED, STEPS
 
 pytestmark = pytest.mark.slow
@@ -38,11 +36,11 @@ def test_replay_follows_the_trace_and_down_cleans_everything(cluster: LocalClust
     bad = cluster.cli("local", "preempt", live()[0], "--notice", "-3", check=False)
     assert bad.returncode == 2 and "--notice" in bad.stderr
 
-    pids = [int(p.read_text()) for p in cluster.cluster.rglob("*.pid")]
+    pids = [read_pid(p) for p in cluster.files.root.rglob("*.pid")]
     assert pids
     cluster.cli("local", "down")
     cluster.wait(lambda: not any(alive(pid) for pid in pids), 30, "every process to end")
-    assert not cluster.cluster.exists()
+    assert not cluster.files.root.exists()
     assert not (cluster.home / "context.json").exists()
 
 
@@ -50,15 +48,10 @@ def test_a_node_that_cannot_start_trainers_says_why_and_the_job_runs_without_it(
     cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:
     cluster.up(nodes=1, slots=2)
-    good = cluster.cluster / "vms" / "vm-1"
-    args = json.loads((good / "agent.json").read_text())
-    broken = cluster.cluster / "vms" / "vm-9"
-    broken.mkdir(parents=True)
-    args[args.index("--work-dir") + 1] = str(broken)
-    args += ["--python", "/nonexistent/bin/python3"]
-    with open(broken / "agent.log", "ab") as log:
-        agent = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=cluster.env, start_new_session=True)
-    AgentWorkDir(broken).pid_file.write_text(str(agent.pid))
+    args = cluster.files.vm(1).command()
+    broken = cluster.files.vm(9)
+    args[args.index("--work-dir") + 1] = str(broken.path)
+    cluster.start_agent(broken, [*args, "--python", "/nonexistent/bin/python3"])
     cluster.wait(lambda: len(cluster.nodes()) == 2, 60, "the broken node to register")
     checkpoints = tmp_path / "ckpt"
     job = cluster.submit(
@@ -66,8 +59,8 @@ def test_a_node_that_cannot_start_trainers_says_why_and_the_job_runs_without_it(
     )
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
-    events = cluster.events()
+    events = cluster.event_log()
     assert "TrainerStartFailed" in events
     assert "/nonexistent/bin/python3" in events
     assert final["generation"] >= 2
-    assert max_rel_diff(cluster, reference(references, STEPS, BATCH, SEED), checkpoints) <= 1e-9
+    assert max_rel_diff(train_reference(references, STEPS, BATCH, SEED), checkpoints) <= 1e-9

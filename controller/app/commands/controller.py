@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from controller.app.providers import ProviderFactory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +49,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, providers: Mapping[str, ProviderFactory] | None = None) -> int:
+    """The daemon; ``providers`` adds provider factories the controller does not hold (``local``)."""
     import asyncio
 
     from controller.app.daemon import serve
@@ -57,4 +63,4 @@ def run(args: argparse.Namespace) -> int:
     more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen", "metrics_allow_remote")
     overrides = {k: getattr(args, k) for k in (*keys, *more)}
     settings = load_settings(args.config, overrides)
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, providers))

@@ -1,11 +1,14 @@
 """The local provider: every "VM" is a ``spotmorph agent`` process with K CPU slots on this machine.
 
 It is the embedded default for trying spotmorph without a cloud. An instance lives in
-``cluster_dir/vms/vm-<serial>/``: the agent's work directory, its ``agent.pid``, and, once it has
-registered, ``node-name`` (the controller names nodes ``node-1``, ``node-2``, ... in join order).
-Each agent leads a session of its own, and its trainers stay in it, so killing an instance kills what a
-dying VM takes with it, the whole session, without knowing where the agent keeps its trainers' files.
-The controller only starts processes by command line, so it never imports the agent.
+``cluster_dir/vms/vm-<serial>/`` (:class:`~spotmorph.local.layout.VmDir`): the agent's work directory,
+its command line and log; once it has registered, ``node-name`` (the controller names nodes ``node-1``,
+``node-2``, ... in join order). Each agent leads a session of its own, and its trainers stay in it, so
+killing an instance kills what a dying VM takes with it, the whole session, without knowing where the
+agent keeps its trainers' files.
+
+The controller never imports this module: ``spotmorph controller`` registers it as the factory of
+``provider: local`` (``controller.app.providers.make_provider``'s ``extra``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,35 +24,18 @@ from pathlib import Path
 
 from controller.core.events import EventKind
 from controller.providers.base import ProviderPort, SilentPort, instances_for
+from spotmorph.local.layout import ClusterDir, VmDir
+from spotmorph.local.processes import alive, reap, session_members, spawn
+
+AGENT_COMMAND = (sys.executable, "-m", "spotmorph.cli", "agent")
 
 
 @dataclass(frozen=True)
-class LocalVm:
-    directory: Path
-
-    @property
-    def pid(self) -> int | None:
-        try:
-            return int((self.directory / "agent.pid").read_text())
-        except (OSError, ValueError):
-            return None
-
-    @property
-    def node_name(self) -> str | None:
-        try:
-            return (self.directory / "node-name").read_text().strip() or None
-        except OSError:
-            return None
+class LocalVm(VmDir):
+    """A VM's folder and the processes in it."""
 
     def alive(self) -> bool:
-        pid = self.pid
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return not _is_zombie(pid)
+        return alive(self.pid)
 
     def session_pids(self) -> list[int]:
         """Every process still in the agent's session: the agent, its trainers, their warm spares."""
@@ -68,12 +53,13 @@ class LocalProcessProvider:
         agent_token_file: Path,
         slots: int = 1,
         imds_url: str | None = None,
-        command: Sequence[str] = (sys.executable, "-m", "spotmorph.cli", "agent"),
+        command: Sequence[str] = AGENT_COMMAND,
         *,
         max_nodes: int = 0,
         port: ProviderPort | None = None,
     ) -> None:
         self.cluster_dir = cluster_dir
+        self.files = ClusterDir(cluster_dir)
         self.controller = controller
         self.agent_token_file = agent_token_file
         self.slots = slots
@@ -82,14 +68,8 @@ class LocalProcessProvider:
         self.max_nodes = max_nodes  # request_capacity starts agents up to this many alive VMs (0: never)
         self.port: ProviderPort = port or SilentPort()
 
-    @property
-    def vms_dir(self) -> Path:
-        return self.cluster_dir / "vms"
-
     def vms(self) -> list[LocalVm]:
-        if not self.vms_dir.exists():
-            return []
-        return sorted((LocalVm(d) for d in self.vms_dir.iterdir() if d.is_dir()), key=lambda v: _serial(v.directory))
+        return [LocalVm(vm.path) for vm in self.files.vm_dirs()]
 
     def find(self, node: str) -> LocalVm | None:
         return next((vm for vm in self.vms() if vm.node_name == node), None)
@@ -102,11 +82,11 @@ class LocalProcessProvider:
 
         Booting VMs count, so asking again before they register starts nothing more.
         """
-        alive = sum(1 for vm in self.vms() if vm.alive())
-        missing = min(self.max_nodes, instances_for(slots, self.slots)) - alive
+        alive_vms = sum(1 for vm in self.vms() if vm.alive())
+        missing = min(self.max_nodes, instances_for(slots, self.slots)) - alive_vms
         if missing > 0:
             started = self.start(missing)
-            names = [vm.directory.name for vm in started]
+            names = [vm.name for vm in started]
             self.port.report(
                 EventKind.LOCAL_VMS_STARTED, {"vms": names, "slots": self.slots, "message": ", ".join(names)}
             )
@@ -121,13 +101,13 @@ class LocalProcessProvider:
 
     def start(self, count: int) -> list[LocalVm]:
         """Start ``count`` agents now; each registers and gets its node name from the controller."""
-        self.vms_dir.mkdir(parents=True, exist_ok=True)
-        serial = max((_serial(vm.directory) for vm in self.vms()), default=0)
+        self.files.vms.mkdir(parents=True, exist_ok=True)
+        serial = max((vm.serial for vm in self.files.vm_dirs()), default=0)
         started = []
         for _ in range(count):
             serial += 1
-            vm = LocalVm(self.vms_dir / f"vm-{serial}")
-            vm.directory.mkdir(parents=True)
+            vm = LocalVm(self.files.vm(serial).path)
+            vm.path.mkdir(parents=True)
             args = [
                 *self.command,
                 "--controller",
@@ -137,26 +117,21 @@ class LocalProcessProvider:
                 "--slots",
                 str(self.slots),
                 "--work-dir",
-                str(vm.directory),
+                str(vm.path),
                 "--instance-id",
-                f"vm-{serial}",
+                vm.name,
             ]
             if self.imds_url:
                 args += ["--imds-url", self.imds_url]
-            (vm.directory / "agent.json").write_text(json.dumps(args))
-            self._spawn(vm)
+            vm.command_file.write_text(json.dumps(args))
+            self.respawn(vm)
             started.append(vm)
         return started
 
-    def respawn(self, vm: LocalVm) -> None:
-        """Start a VM's agent again (a restart after a crash): same node name, a new incarnation."""
-        self._spawn(vm)
-
-    def _spawn(self, vm: LocalVm) -> None:
-        args = json.loads((vm.directory / "agent.json").read_text())
-        with open(vm.directory / "agent.log", "ab") as log:
-            process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        (vm.directory / "agent.pid").write_text(str(process.pid))
+    def respawn(self, vm: VmDir) -> None:
+        """Start a VM's agent (again, after a crash: same node name, a new incarnation) from its command line."""
+        pid = spawn(vm.command(), vm.log)
+        vm.pid_file.write_text(str(pid))
 
 
 def kill_vm(vm: LocalVm, sig: int = signal.SIGKILL) -> None:
@@ -172,38 +147,4 @@ def kill_vm(vm: LocalVm, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
     for pid in [vm.pid, *members]:
-        _reap(pid)
-
-
-def session_members(session: int) -> list[int]:
-    """Live processes whose session id is ``session`` (from /proc; none where there is no /proc)."""
-    members = []
-    with contextlib.suppress(OSError):
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                # After "pid (command) ": state, parent, process group, session, ...
-                fields = (entry / "stat").read_text().rsplit(") ", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[0] != "Z" and int(fields[3]) == session:
-                members.append(int(entry.name))
-    return members
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return False
-
-
-def _serial(directory: Path) -> int:
-    suffix = directory.name.rsplit("-", 1)[-1]
-    return int(suffix) if suffix.isdigit() else 0
+        reap(pid)

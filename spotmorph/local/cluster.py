@@ -1,0 +1,139 @@
+"""Bringing a local cluster up and down, and finding the one that is up (the client context).
+
+``up`` starts a controller on loopback with generated tokens, the platform (a Scheduled Events
+service) and N agent processes, and writes the client context, so that plain ``spotmorph jobs`` talks
+to the cluster; ``down`` stops every process and removes the cluster's files and the context.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
+from morphing.errors import UserInputError
+from spotmorph.local import platform
+from spotmorph.local.layout import ClusterDir
+from spotmorph.local.processes import alive, free_port, read_pid, spawn, terminate, wait_for
+from spotmorph.local.provider import LocalProcessProvider, LocalVm, kill_vm
+
+# A local morph is a process restart (bench/morph_bench.py measures it), not a VM boot.
+MORPH_COST_SECONDS = 8.0
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    nodes: int = 2  # agent processes
+    slots: int = 2  # CPU slots per node
+    heartbeat_expiry: float = 6.0  # seconds before a silent node is LOST
+    debounce: float = 3.0  # seconds to wait after arrivals before growing
+
+    def check(self) -> None:
+        if self.nodes < 0 or self.slots < 1:
+            raise UserInputError("--nodes must be >= 0 and --slots >= 1")
+
+
+def require_context(home: Path | None = None) -> Context:
+    """The context of the local cluster that is up, or a UserInputError saying how to start one."""
+    context = read_context(home)
+    if context is None or not context.cluster_dir:
+        raise UserInputError("no local cluster is up; start one with `spotmorph local up`")
+    return context
+
+
+def provider_of(context: Context) -> LocalProcessProvider:
+    """The cluster's VMs, as the provider that starts and lists them."""
+    return LocalProcessProvider(
+        Path(context.cluster_dir),
+        context.controller,
+        Path(context.agent_token_file),
+        context.slots,
+        context.imds_url,
+    )
+
+
+def require_node(provider: LocalProcessProvider, node: str) -> LocalVm:
+    vm = provider.find(node)
+    if vm is None or not vm.alive():
+        known = sorted(n for v in provider.vms() if v.alive() and (n := v.node_name))
+        raise UserInputError(f"node {node!r} is not running here; running nodes: {', '.join(known) or 'none'}")
+    return vm
+
+
+def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[str, float | int]:
+    return {
+        "heartbeat_expiry_seconds": options.heartbeat_expiry,
+        "debounce_seconds": options.debounce,
+        "rendezvous_port_base": rendezvous_port_base,
+        "morph_cost_seconds": MORPH_COST_SECONDS,
+    }
+
+
+def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]]:
+    """Start a cluster in ``home/local`` (default ``$SPOTMORPH_HOME``); returns its context and node names."""
+    options.check()
+    home = home or spotmorph_home()
+    existing = read_context(home)
+    if existing is not None and existing.cluster_dir and _controller_alive(ClusterDir(Path(existing.cluster_dir))):
+        raise UserInputError("a local cluster is already up; run `spotmorph local down` first")
+    cluster = ClusterDir.of_home(home)
+    shutil.rmtree(cluster.root, ignore_errors=True)
+    cluster.state.mkdir(parents=True)
+    controller_port, imds_port = free_port(), free_port()
+    address = f"127.0.0.1:{controller_port}"
+    cluster.controller_settings.write_text(json.dumps(controller_settings(options, free_port())))
+    controller = [sys.executable, "-m", "spotmorph.cli", "controller", "--state-dir", str(cluster.state)]
+    controller += ["--listen", address, "--config", str(cluster.controller_settings)]
+    cluster.controller_command.write_text(json.dumps(controller))
+    start_controller(cluster)
+    cluster.platform_pid.write_text(str(spawn(platform.command(cluster, imds_port), cluster.platform_log)))
+    wait_for(
+        lambda: cluster.operator_token.exists() and cluster.agent_token.exists(),
+        60,
+        "the controller to start",
+        log=cluster.controller_log,
+    )
+    context = Context(
+        controller=address,
+        token_file=str(cluster.operator_token),
+        cluster_dir=str(cluster.root),
+        imds_url=f"http://127.0.0.1:{imds_port}",
+        agent_token_file=str(cluster.agent_token),
+        slots=options.slots,
+    )
+    write_context(context, home)
+    provider = provider_of(context)
+    provider.start(options.nodes)
+    wait_for(
+        lambda: len([v for v in provider.vms() if v.node_name]) >= options.nodes,
+        90,
+        "the nodes to register",
+        log=cluster.controller_log,
+    )
+    return context, [v.node_name or "?" for v in provider.vms()]
+
+
+def _controller_alive(cluster: ClusterDir) -> bool:
+    return alive(read_pid(cluster.controller_pid))
+
+
+def start_controller(cluster: ClusterDir, env: Mapping[str, str] | None = None) -> int:
+    """Start (or restart, after a crash) the cluster's controller with its recorded command line."""
+    pid = spawn(json.loads(cluster.controller_command.read_text()), cluster.controller_log, env)
+    cluster.controller_pid.write_text(str(pid))
+    return pid
+
+
+def down(context: Context, home: Path | None = None) -> None:
+    """Stop the controller, the platform, every agent and trainer; remove the files and the context."""
+    cluster = ClusterDir(Path(context.cluster_dir))
+    for pid_file in (cluster.controller_pid, cluster.platform_pid):
+        terminate(read_pid(pid_file))
+    for vm in provider_of(context).vms():
+        kill_vm(vm)
+    remove_context(home)
+    shutil.rmtree(cluster.root, ignore_errors=True)

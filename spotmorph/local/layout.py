@@ -1,0 +1,155 @@
+"""The local cluster's directory, ``$SPOTMORPH_HOME/local``: one class naming every file in it.
+
+::
+
+    local/
+      controller.yaml   the controller's settings        controller.json  its command line
+      controller.pid    controller.log                   platform.pid     platform.log
+      state/            the controller's --state-dir: SQLite store, operator.token, agent.token
+      vms/vm-N/         one "VM": the agent's --work-dir (agent.pid, node-name, trainers/, see
+                        worker_agent.contract.AgentWorkDir), its command line agent.json and agent.log
+
+Nothing here starts or reads a process; :mod:`spotmorph.local.provider` and :mod:`.cluster` do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker_agent.contract import AgentWorkDir
+
+LOCAL = "local"  # the cluster's folder in $SPOTMORPH_HOME
+VM_PREFIX = "vm-"
+
+
+@dataclass(frozen=True)
+class VmDir:
+    """``vms/vm-N/``: one VM's folder, which is its agent's work directory."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def serial(self) -> int:
+        suffix = self.path.name.rsplit("-", 1)[-1]
+        return int(suffix) if suffix.isdigit() else 0
+
+    @property
+    def work_dir(self) -> AgentWorkDir:
+        return AgentWorkDir(self.path)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.work_dir.pid_file
+
+    @property
+    def node_name_file(self) -> Path:
+        return self.work_dir.node_name_file
+
+    @property
+    def command_file(self) -> Path:
+        """The agent's command line (JSON), so the VM's agent can be started again the same way."""
+        return self.path / "agent.json"
+
+    @property
+    def log(self) -> Path:
+        return self.path / "agent.log"
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def node_name(self) -> str | None:
+        """The name the controller gave the agent when it registered (``node-1``, ...), else None."""
+        try:
+            return self.node_name_file.read_text().strip() or None
+        except OSError:
+            return None
+
+    def command(self) -> list[str]:
+        return [str(arg) for arg in json.loads(self.command_file.read_text())]
+
+
+@dataclass(frozen=True)
+class ClusterDir:
+    """The cluster's folder and every file in it."""
+
+    root: Path
+
+    @classmethod
+    def of_home(cls, home: Path) -> ClusterDir:
+        """The cluster of ``$SPOTMORPH_HOME`` = ``home``."""
+        return cls(home / LOCAL)
+
+    @classmethod
+    def of_state_dir(cls, state_dir: Path) -> ClusterDir:
+        """The cluster whose controller keeps its state in ``state_dir``."""
+        return cls(Path(state_dir).resolve().parent)
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def operator_token(self) -> Path:
+        return self.state / "operator.token"
+
+    @property
+    def agent_token(self) -> Path:
+        return self.state / "agent.token"
+
+    @property
+    def controller_settings(self) -> Path:
+        return self.root / "controller.yaml"
+
+    @property
+    def controller_command(self) -> Path:
+        """The controller's command line (JSON), so a crashed controller can be started again."""
+        return self.root / "controller.json"
+
+    @property
+    def controller_pid(self) -> Path:
+        return self.root / "controller.pid"
+
+    @property
+    def controller_log(self) -> Path:
+        return self.root / "controller.log"
+
+    @property
+    def platform_pid(self) -> Path:
+        return self.root / "platform.pid"
+
+    @property
+    def platform_log(self) -> Path:
+        return self.root / "platform.log"
+
+    @property
+    def vms(self) -> Path:
+        return self.root / "vms"
+
+    def vm(self, serial: int) -> VmDir:
+        return VmDir(self.vms / f"{VM_PREFIX}{serial}")
+
+    def vm_dirs(self) -> list[VmDir]:
+        """Every VM's folder, in the order they were started."""
+        if not self.vms.is_dir():
+            return []
+        return sorted((VmDir(d) for d in self.vms.iterdir() if d.is_dir()), key=lambda v: v.serial)
+
+    def pid_files(self) -> list[Path]:
+        """Where every process of the cluster wrote its pid: controller, platform, agents."""
+        files = [self.controller_pid, self.platform_pid, *(vm.pid_file for vm in self.vm_dirs())]
+        return [f for f in files if f.exists()]
+
+    def logs(self) -> list[Path]:
+        """Every log in the cluster (controller, platform, agents, trainers)."""
+        return sorted(self.root.rglob("*.log")) if self.root.is_dir() else []
