@@ -13,6 +13,7 @@ class EventKind(StrEnum):
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
     EVICTION_NOTICED = "EvictionNoticed"
+    EVICTION_WITHDRAWN = "EvictionWithdrawn"
     TRAINER_START_FAILED = "TrainerStartFailed"
     # any provider: what the controller asked of it and what came of it
     CAPACITY_REQUESTED = "CapacityRequested"
