@@ -15,6 +15,8 @@ class EventKind(StrEnum):
     EVICTION_NOTICED = "EvictionNoticed"
     EVICTION_WITHDRAWN = "EvictionWithdrawn"
     TRAINER_START_FAILED = "TrainerStartFailed"
+    REPORT_REFUSED = "ReportRefused"  # deciding on a node's report failed; it was set aside
+    DECISIONS_RESUMED = "DecisionsResumed"  # the first decision after decisions had failed
     # any provider: what the controller asked of it and what came of it
     CAPACITY_REQUESTED = "CapacityRequested"
     PROVIDER_CAPACITY_REQUEST_FAILED = "ProviderCapacityRequestFailed"

@@ -30,6 +30,7 @@ class NodeRecord:
     state_since: float
     job: str | None = None
     eviction_not_before: float | None = None
+    instance: str = ""  # what registered it (instance id or address, certificate); "" in records older than that
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class JobRecord:
     morph_detail: str = ""  # the same in words, naming nodes and figures
     reason: str = ""
     excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
+    idempotency_key: str | None = None  # the key its SubmitJob carried: a retry with it gets this job back
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -72,6 +72,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "morph_detail": job.morph_detail,
         "reason": job.reason,
         "excluded_nodes": list(job.excluded_nodes),
+        "idempotency_key": job.idempotency_key,
     }
 
 
