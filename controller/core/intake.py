@@ -44,6 +44,13 @@ class Conflict(Exception):
     """What a request needs is held by another job (its checkpoint directory)."""
 
 
+class Full(Exception):
+    """The controller already keeps as many of something as it may (live nodes, a node's trainers)."""
+
+
+MAX_LIVE_NODES = 10_000  # nodes not GONE; beyond it registrations are refused (JOINING floods included)
+
+
 def submit(world: World, spec: JobSpec, key: str | None, now: float) -> tuple[JobRecord, list[Command]]:
     """A new queued job; the job ``key`` already made when a retry brings it again (no commands)."""
     if key:
@@ -95,6 +102,10 @@ def register(
     if not _NAME.fullmatch(name):
         raise ValueError(f"node_name {name[:80]!r}: use letters, digits, '.', '_' or '-' (at most 63)")
     old = world.nodes.get(name)
+    if old is None or old.state is NodeState.GONE:
+        live = sum(1 for n in world.nodes.values() if n.state is not NodeState.GONE)
+        if live >= MAX_LIVE_NODES:
+            raise Full(f"{live} nodes are registered and not gone, the most a controller keeps; release some first")
     incarnation = 1
     if old is not None:
         if old.state not in GONE_OR_LOST and old.instance and old.instance != instance:
