@@ -59,7 +59,10 @@ def _essence(seen: NodeObservation | None) -> object:
     """What in an observation can change a decision (not the time, not the step)."""
     if seen is None:
         return None
-    ranks = sorted((r.job, r.generation, r.rank, r.running, r.exit_code, r.last_checkpoint_step) for r in seen.ranks)
+    ranks = sorted(
+        (r.job, r.generation, r.rank, r.running, r.exit_code is None, r.exit_code or 0, r.last_checkpoint_step)
+        for r in seen.ranks
+    )  # exit_code None and a number never compared: a node may report a rank twice
     return (seen.incarnation, seen.eviction_not_before, tuple(ranks))
 
 
