@@ -127,7 +127,9 @@ class AgentService(rpc.AgentServicer):
         name = request.node_name
         await self._fence(name, request.incarnation, context)
         now = self.view.now()
-        seen = self.view.observation(name) or NodeObservation(request.incarnation, now)
+        seen = self.view.observation(name)
+        if seen is None or seen.incarnation != request.incarnation:  # what an older incarnation said is void
+            seen = NodeObservation(request.incarnation, now)
         kind = request.WhichOneof("event")
         async with answered(context):
             if kind == "eviction":

@@ -3,7 +3,7 @@
 Like :mod:`controller.core.reconcile`, these take the world and ``now`` and return commands. Refusals
 are exceptions the server maps to a status: the fencing checks (incarnation, generation) raise
 :class:`Stale`, a name or key bound to something else :class:`Taken`, a resource another job holds
-:class:`Conflict`.
+:class:`Conflict`, a limit reached :class:`Full`.
 """
 
 from __future__ import annotations

@@ -202,7 +202,8 @@ class Runner:
             self._deciding(False, failure)
             why = f"the state database cannot be written ({describe(failure)}); retry later"
             raise DecisionsFailed(why) from failure
-        log.error("deciding failed (%s); looking for the report that caused it", describe(failure), exc_info=failure)
+        if self.deciding:  # while decisions keep failing, every tick would log the same traceback
+            log.error("deciding failed (%s); looking for its cause", describe(failure), exc_info=failure)
         held = {name: self.observed[name] for name in sorted(self._fresh) if name in self.observed}
         if held:
             self._set_aside(held)
