@@ -15,7 +15,8 @@ from typing import Any, NoReturn, TypeAlias
 import grpc
 
 from controller.core.intake import Conflict, Full, Stale, Taken
-from controller.shell.failures import DecisionsFailed
+from controller.shell.failures import DecisionsFailed, Refused
+from morphing.errors import UserInputError
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -29,7 +30,8 @@ STATUS_OF_ERROR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (LookupError, grpc.StatusCode.NOT_FOUND),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),  # UserInputError and a refused report are ones
 )
-REFUSALS = tuple(kind for kind, _ in STATUS_OF_ERROR)
+# What a handler may refuse a call with; any other exception (a KeyError included) is a bug, not an answer.
+REFUSALS = (Stale, Conflict, Taken, Full, DecisionsFailed, LookupError, UserInputError, Refused)
 
 
 async def abort(context: Context, code: grpc.StatusCode, detail: str) -> NoReturn:
@@ -48,5 +50,7 @@ async def answered(context: Context) -> AsyncIterator[None]:
     """Any refusal raised inside ends the call with its status (``async with answered(context): ...``)."""
     try:
         yield
+    except (KeyError, IndexError):
+        raise
     except REFUSALS as exc:
         await abort_for(context, exc)

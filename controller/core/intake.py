@@ -26,6 +26,7 @@ from controller.core.model import (
     World,
 )
 from controller.spec import JobSpec
+from morphing.errors import UserInputError
 
 ACTIVE = frozenset({JobState.RUNNING, JobState.MORPHING})
 GONE_OR_LOST = frozenset({NodeState.GONE, NodeState.LOST})
@@ -100,7 +101,7 @@ def register(
         name, seq = next_node_name(world)
         commands.append(SetNodeSeq(seq))
     if not _NAME.fullmatch(name):
-        raise ValueError(f"node_name {name[:80]!r}: use letters, digits, '.', '_' or '-' (at most 63)")
+        raise UserInputError(f"node_name {name[:80]!r}: use letters, digits, '.', '_' or '-' (at most 63)")
     old = world.nodes.get(name)
     if old is None or old.state is NodeState.GONE:
         live = sum(1 for n in world.nodes.values() if n.state is not NodeState.GONE)
