@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from controller.api import wire
 from controller.core.intake import Full, Stale
 from controller.core.model import JobRecord, RankReport
 from controller.shell.views import StateView
@@ -63,16 +64,7 @@ def trainer(view: StateView, field: str, status: pb.TrainerStatus) -> RankReport
             f"{field}.last_checkpoint_step",
             f"checkpoint step {status.last_checkpoint_step} is past the rank's last_step {status.last_step}",
         )
-    return RankReport(
-        job=job.id,
-        generation=status.generation,
-        rank=status.rank,
-        running=status.running,
-        exit_code=status.exit_code if status.HasField("exit_code") else None,
-        last_step=status.last_step,
-        last_checkpoint_step=status.last_checkpoint_step,
-        error=printable(status.error, MAX_ERROR_CHARACTERS),
-    )
+    return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS))
 
 
 def trainers(view: StateView, statuses: Any) -> tuple[RankReport, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord, RankReport
+from controller.core.model import Assignment, JobRecord, NodeRecord, RankReport
 from controller.persistence.store import GenerationRow
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
@@ -89,7 +89,8 @@ def assignment_to_pb(
     )
 
 
-def rank_from_pb(status: pb.TrainerStatus) -> RankReport:
+def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
+    """A trainer's status as a rank report (``error``: its error text as the caller keeps it)."""
     return RankReport(
         job=status.job,
         generation=status.generation,
@@ -98,11 +99,5 @@ def rank_from_pb(status: pb.TrainerStatus) -> RankReport:
         exit_code=status.exit_code if status.HasField("exit_code") else None,
         last_step=status.last_step,
         last_checkpoint_step=status.last_checkpoint_step,
-        error=status.error,
+        error=error,
     )
-
-
-def observation_from_pb(request: pb.HeartbeatRequest, now: float) -> NodeObservation:
-    notice = request.eviction.not_before if request.HasField("eviction") else None
-    ranks = tuple(rank_from_pb(t) for t in request.trainers)
-    return NodeObservation(request.incarnation, now, ranks, notice)
