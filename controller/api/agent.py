@@ -113,7 +113,7 @@ class AgentService(rpc.AgentServicer):
         try:
             await self._fence(request.node_name, request.incarnation, context)
             async with answered(context):
-                ranks = reports.trainers(self.view, request.trainers)
+                ranks = reports.trainers(self.view, request.node_name, request.trainers)
                 notice = reports.notice("eviction", request.eviction) if request.HasField("eviction") else None
                 seen = NodeObservation(request.incarnation, self.view.now(), ranks, notice)
                 await self.writes.observe(request.node_name, seen)
@@ -136,7 +136,7 @@ class AgentService(rpc.AgentServicer):
                 not_before = reports.notice("eviction", request.eviction)
                 await self.writes.observe(name, replace(seen, last_seen=now, eviction_not_before=not_before))
             elif kind == "trainer_exited":
-                ranks = reports.exited(self.view, request.trainer_exited.trainer, seen.ranks)
+                ranks = reports.exited(self.view, name, request.trainer_exited.trainer, seen.ranks)
                 await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks))
             elif kind == "checkpoint_committed":
                 c = request.checkpoint_committed

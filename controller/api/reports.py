@@ -50,14 +50,17 @@ def issued(job: JobRecord, field: str, generation: int) -> None:
         raise Stale(f"{field}: job {job.id} generation {generation} was never issued (newest {job.generation})")
 
 
-def trainer(view: StateView, field: str, status: pb.TrainerStatus) -> RankReport:
-    """One trainer's status as a rank report, every field checked against its job."""
+def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) -> RankReport:
+    """One trainer's status as a rank report, every field checked against its job.
+
+    A rank of the current generation must be one the layout placed on ``node``: the census counts
+    each rank once, so a node must not speak for another node's ranks.
+    """
     job = known_job(view, f"{field}.job", status.job)
     issued(job, field, status.generation)
-    if status.generation == job.generation and job.layout is not None and status.rank >= job.layout.world_size:
-        raise InvalidField(
-            f"{field}.rank", f"rank {status.rank} is beyond generation {job.generation}'s {job.layout.world_size} ranks"
-        )
+    layout = job.layout if status.generation == job.generation else None
+    if layout is not None and (status.rank >= layout.world_size or layout.placement[status.rank].node != node):
+        raise InvalidField(f"{field}.rank", f"generation {job.generation} placed no rank {status.rank} on {node}")
     check_step(f"{field}.last_step", status.last_step, job.spec.steps)
     if status.last_checkpoint_step > status.last_step:
         raise InvalidField(
@@ -67,11 +70,11 @@ def trainer(view: StateView, field: str, status: pb.TrainerStatus) -> RankReport
     return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS))
 
 
-def trainers(view: StateView, statuses: Any) -> tuple[RankReport, ...]:
+def trainers(view: StateView, node: str, statuses: Any) -> tuple[RankReport, ...]:
     """A heartbeat's trainers: at most :data:`MAX_TRAINERS`, each rank once."""
     if len(statuses) > MAX_TRAINERS:
         raise InvalidField("trainers", f"{len(statuses)} trainers; a node reports at most {MAX_TRAINERS}")
-    ranks = tuple(trainer(view, f"trainers[{i}]", status) for i, status in enumerate(statuses))
+    ranks = tuple(trainer(view, node, f"trainers[{i}]", status) for i, status in enumerate(statuses))
     return once_each(ranks)
 
 
@@ -85,9 +88,11 @@ def once_each(ranks: Iterable[RankReport]) -> tuple[RankReport, ...]:
     return tuple(ranks)
 
 
-def exited(view: StateView, status: pb.TrainerStatus, others: tuple[RankReport, ...]) -> tuple[RankReport, ...]:
+def exited(
+    view: StateView, node: str, status: pb.TrainerStatus, others: tuple[RankReport, ...]
+) -> tuple[RankReport, ...]:
     """The node's ranks with this exited one replacing its earlier report; bounded like a heartbeat's."""
-    rank = trainer(view, "trainer_exited.trainer", status)
+    rank = trainer(view, node, "trainer_exited.trainer", status)
     if rank.running:
         raise InvalidField("trainer_exited.trainer.running", "an exited trainer is not running; set running=false")
     kept = tuple(r for r in others if (r.job, r.generation, r.rank) != (rank.job, rank.generation, rank.rank))

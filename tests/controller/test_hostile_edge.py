@@ -236,3 +236,17 @@ def test_a_withdrawn_notice_returns_the_node_to_its_live_state(live: Live) -> No
     assert node_state(live, node.name) == pb.NODE_STATE_ASSIGNED
     kinds = [e.kind for e in live.jobs().WatchEvents(pb.WatchEventsRequest(), timeout=5)]
     assert "EvictionWithdrawn" in kinds
+
+
+def test_a_node_speaks_only_for_the_ranks_placed_on_it(live: Live) -> None:
+    nodes = [Node(live, slots=1), Node(live, slots=1)]
+    for node in nodes:
+        node.beat()
+    job_id = live.jobs().SubmitJob(pb.SubmitJobRequest(spec=spec(live, min_gpus=2))).id
+    first, second = (node.beat().assignment for node in nodes)
+    assert first.job == second.job == job_id and list(first.ranks) != list(second.ranks)
+    theirs = pb.TrainerStatus(job=job_id, generation=first.generation, rank=second.ranks[0], running=True)
+    code, detail = refusal(lambda: nodes[0].beat(theirs))
+    assert code == INVALID and "rank" in detail and nodes[0].name in detail
+    mine = pb.TrainerStatus(job=job_id, generation=first.generation, rank=first.ranks[0], running=True)
+    assert nodes[0].beat(mine).assignment.job == job_id
