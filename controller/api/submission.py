@@ -19,6 +19,7 @@ from morphing.validation import (
     InvalidField,
     check_absolute_path,
     check_entrypoint,
+    check_name,
     check_text,
     entrypoint_file,
     shown,
@@ -26,12 +27,14 @@ from morphing.validation import (
 from protos.spotmorph.v1 import controller_pb2 as pb
 
 MAX_IDEMPOTENCY_KEY = 128
+MAX_JOB_NAME = 128
 
 
 def checked(request: pb.SubmitJobRequest) -> tuple[JobSpec, str | None]:
     """The request's spec and idempotency key, every field checked (nothing read from disk yet)."""
     spec = parse_spec(spec_to_dict(request.spec))
     key = check_text("idempotency_key", request.idempotency_key, MAX_IDEMPOTENCY_KEY) or None
+    check_name("name", spec.name, MAX_JOB_NAME)
     check_entrypoint("entrypoint", spec.entrypoint)
     check_absolute_path("checkpoint_dir", spec.checkpoint_dir)
     check_absolute_path("profile", spec.profile)
