@@ -132,7 +132,7 @@ def parse_profile(text: str, what: str = "profile") -> Profile:
         raise UserInputError(f"{what} must be a JSON object with 'format', 'layers' and 'cluster'")
     if data.get("format") != PROFILE_FORMAT:
         raise UserInputError(
-            f"{what} field format: expected {PROFILE_FORMAT!r}, got {data.get('format')!r}; "
+            f"{what} field format: expected {PROFILE_FORMAT!r}, got {repr(data.get('format'))[:60]}; "
             "re-create it with `spotmorph profile` or set the field"
         )
     try:

@@ -1,20 +1,22 @@
 """The Agent service: registration, heartbeats and urgent reports from the nodes' agents.
 
-Every call of a node is fenced first (its token, its incarnation, the generations it reports); what it
-observed goes to the runner, and the reply is its assignment as the view sees it after that.
+Every call of a node is fenced first (its token, its incarnation) and its fields checked
+(:mod:`controller.api.reports`: the jobs, generations, ranks and steps it reports); what it observed
+goes to the runner, and the reply is its assignment as the view sees it after that. A registration
+binds its name to the instance that made it (instance id or address, and the client certificate under
+mutual TLS): while that node is alive, only the same instance may register the name again.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
 import grpc
 
-from controller.api import wire
+from controller.api import reports, wire
 from controller.api.auth import Principal, Role, Tokens, principal_of
-from controller.api.status import Context, abort, abort_for
+from controller.api.status import Context, abort, abort_for, answered
 from controller.api.writes import Writes
 from controller.core import intake
 from controller.core.model import Command, JobRecord, NodeObservation, NodeRecord, World, ranks_by_node
@@ -23,11 +25,15 @@ from controller.shell.views import StateView
 from controller.spec import JobSpec
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
+from morphing.validation import shown
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
-MAX_TRAINERS = 4096
-MAX_SLOTS = 1024
+
+def certificate_name(context: Context) -> str | None:
+    """The common name of the client certificate (mutual TLS), if the caller presented one."""
+    names = list(context.auth_context().get("x509_common_name") or ())
+    return names[0].decode(errors="replace") if names else None
 
 
 class AgentService(rpc.AgentServicer):
@@ -43,25 +49,20 @@ class AgentService(rpc.AgentServicer):
         self._layouts: dict[str, tuple[Layout, JobSpec, pb.Layout | None, pb.JobSpec, dict[str, tuple[int, ...]]]] = {}
 
     async def Register(self, request: pb.RegisterRequest, context: Context) -> pb.RegisterResponse:
-        if not 1 <= request.slots <= MAX_SLOTS:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"slots={request.slots}: use 1..{MAX_SLOTS}")
-        if not request.address or len(request.address) > 255:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "address: the host other nodes reach this one at")
         registered: list[NodeRecord] = []
-        try:
+        async with answered(context):
+            reports.registration(request)
             gpus = wire.gpus_from_pb(request.gpus)
-        except ValueError as exc:
-            await abort_for(context, exc)
+            instance = intake.instance_of(request.instance_id, request.address, certificate_name(context))
 
-        def decide(world: World, now: float) -> list[Command]:
-            node, commands = intake.register(world, request.node_name, request.slots, request.address, now, gpus)
-            registered.append(node)
-            return commands
+            def decide(world: World, now: float) -> list[Command]:
+                node, commands = intake.register(
+                    world, request.node_name, request.slots, request.address, now, instance, gpus
+                )
+                registered.append(node)
+                return commands
 
-        try:
             await self.writes.decide(decide)
-        except ValueError as exc:
-            await abort_for(context, exc)
         node = registered[0]
         return pb.RegisterResponse(
             node_name=node.name,
@@ -74,25 +75,13 @@ class AgentService(rpc.AgentServicer):
     async def _fence(self, name: str, incarnation: int, context: Context) -> None:
         principal: Principal | None = principal_of(context, self.tokens)
         if principal is None or principal.role is not Role.NODE or principal.node != name:
-            await abort(context, grpc.StatusCode.PERMISSION_DENIED, f"this token may not act as node {name!r}")
+            await abort(context, grpc.StatusCode.PERMISSION_DENIED, f"this token may not act as node {shown(name)}")
         if principal.incarnation != incarnation:
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "token and incarnation differ; register again")
         try:
             self.view.check_incarnation(name, incarnation)
         except (LookupError, intake.Stale) as exc:
             await abort_for(context, exc)
-
-    async def _check_generations(self, trainers: Any, context: Context) -> None:
-        if len(trainers) > MAX_TRAINERS:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"trainers: at most {MAX_TRAINERS}")
-        for t in trainers:
-            job = self.view.job(t.job)
-            if job is not None and t.generation > job.generation:
-                await abort(
-                    context,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"trainers: job {t.job} generation {t.generation} was never issued (newest {job.generation})",
-                )
 
     def _reply_assignment(self, name: str) -> pb.Assignment | None:
         """The node's assignment on the wire, rebuilt only when its node or job record changed.
@@ -124,9 +113,11 @@ class AgentService(rpc.AgentServicer):
         started = time.perf_counter()
         try:
             await self._fence(request.node_name, request.incarnation, context)
-            await self._check_generations(request.trainers, context)
-            seen = wire.observation_from_pb(request, self.view.now())
-            await self.writes.observe(request.node_name, seen)
+            async with answered(context):
+                ranks = reports.trainers(self.view, request.node_name, request.trainers)
+                notice = reports.notice("eviction", request.eviction) if request.HasField("eviction") else None
+                seen = NodeObservation(request.incarnation, self.view.now(), ranks, notice)
+                await self.writes.observe(request.node_name, seen)
             return pb.HeartbeatResponse(
                 assignment=self._reply_assignment(request.node_name), heartbeat_interval_seconds=self.interval
             )
@@ -137,30 +128,27 @@ class AgentService(rpc.AgentServicer):
         name = request.node_name
         await self._fence(name, request.incarnation, context)
         now = self.view.now()
-        seen = self.view.observation(name) or NodeObservation(request.incarnation, now)
+        seen = self.view.observation(name)
+        if seen is None or seen.incarnation != request.incarnation:  # what an older incarnation said is void
+            seen = NodeObservation(request.incarnation, now)
         kind = request.WhichOneof("event")
-        if kind == "eviction":
-            notice = replace(seen, last_seen=now, eviction_not_before=request.eviction.not_before)
-            await self.writes.observe(name, notice)
-        elif kind == "trainer_exited":
-            await self._check_generations([request.trainer_exited.trainer], context)
-            rank = wire.rank_from_pb(request.trainer_exited.trainer)
-            others = tuple(
-                r for r in seen.ranks if (r.job, r.generation, r.rank) != (rank.job, rank.generation, rank.rank)
-            )
-            await self.writes.observe(name, replace(seen, last_seen=now, ranks=(*others, rank)))
-        elif kind == "checkpoint_committed":
-            c = request.checkpoint_committed
-            try:
+        async with answered(context):
+            if kind == "eviction":
+                not_before = reports.notice("eviction", request.eviction)
+                await self.writes.observe(name, replace(seen, last_seen=now, eviction_not_before=not_before))
+            elif kind == "trainer_exited":
+                ranks = reports.exited(self.view, name, request.trainer_exited.trainer, seen.ranks)
+                await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks))
+            elif kind == "checkpoint_committed":
+                c = request.checkpoint_committed
+                reports.checkpoint(self.view, c)
                 await self.writes.decide(
                     lambda world, t: intake.commit_checkpoint(world, c.job, c.generation, c.step, t)
                 )
-            except (LookupError, intake.Stale) as exc:
-                await abort_for(context, exc)
-        else:
-            await abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "event: set one of eviction, trainer_exited, checkpoint_committed",
-            )
+            else:
+                await abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "event: set one of eviction, trainer_exited, checkpoint_committed",
+                )
         return pb.ReportEventResponse(assignment=self._reply_assignment(name))

@@ -1,4 +1,9 @@
-"""The Jobs service: submit and cancel through the runner; list, get and watch through the view."""
+"""The Jobs service: submit and cancel through the runner; list, get and watch through the view.
+
+A submission is checked at the edge (:mod:`controller.api.submission`) and decided on atomically: a
+SubmitJob that fails leaves no job behind, and a retry carrying the same idempotency key gets the job
+the first one made.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from controller.api import wire
-from controller.api.status import Context, abort, abort_for
+from controller.api import submission, wire
+from controller.api.status import Context, abort, answered
 from controller.api.writes import Writes
 from controller.core.lifecycle import JOB_TERMINAL
 from controller.shell.views import StateView
-from controller.spec import entrypoint_problem, profile_problem
-from controller.spec_wire import spec_to_dict
-from morphing.errors import UserInputError
-from morphing.jobspec import parse_job_spec
+from morphing.validation import MAX_NAME_LENGTH, check_count, check_name, shown
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
@@ -31,20 +33,16 @@ class JobsService(rpc.JobsServicer):
         self.stopping = stopping
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.SubmitJobResponse:
-        try:
-            spec = parse_job_spec(spec_to_dict(request.spec))
-        except UserInputError as exc:
-            await abort_for(context, exc)
-        problem = entrypoint_problem(spec) or profile_problem(spec)
-        if problem:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
-        job = await self.writes.submit(spec)
+        async with answered(context):
+            spec, key = submission.checked(request)
+            await asyncio.to_thread(submission.check_files, spec)
+            job = await self.writes.submit(spec, key)
         return pb.SubmitJobResponse(id=job.id)
 
     async def GetJob(self, request: pb.GetJobRequest, context: Context) -> pb.Job:
         detail = await self.view.job_detail(request.id)
         if detail is None:
-            await abort(context, grpc.StatusCode.NOT_FOUND, f"job {request.id!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"job {shown(request.id)} not found")
         return wire.job_to_pb(detail.job, detail.generations)
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Context) -> pb.ListJobsResponse:
@@ -54,7 +52,7 @@ class JobsService(rpc.JobsServicer):
     async def CancelJob(self, request: pb.CancelJobRequest, context: Context) -> pb.Job:
         job = self.view.job(request.id)
         if job is None:
-            await abort(context, grpc.StatusCode.NOT_FOUND, f"job {request.id!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"job {shown(request.id)} not found")
         if job.state in JOB_TERMINAL:
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"job {job.id} already {job.state}")
         await self.writes.cancel(job.id, "an operator")
@@ -63,7 +61,10 @@ class JobsService(rpc.JobsServicer):
         return wire.job_to_pb(detail.job, detail.generations)
 
     async def WatchEvents(self, request: pb.WatchEventsRequest, context: Context) -> AsyncIterator[pb.Event]:
-        after = request.after_seq
+        async with answered(context):
+            after = check_count("after_seq", request.after_seq)
+            if request.job:
+                check_name("job", request.job, 2 * MAX_NAME_LENGTH)
         while True:
             changed = self.view.next_change()
             rows = await self.view.events(after, request.job or None, EVENTS_PER_READ)

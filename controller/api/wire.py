@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from controller.core.model import Assignment, Gpu, JobRecord, NodeObservation, NodeRecord, RankReport
+from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport
 from controller.persistence.store import GenerationRow
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
+from morphing.validation import InvalidField
 from protos.spotmorph.v1 import controller_pb2 as pb
 
 MAX_GPUS = 1024  # per node, like slots
@@ -17,16 +18,16 @@ MAX_GPU_MEMORY = 1 << 50  # a PiB: anything larger is a broken report
 
 
 def gpus_from_pb(gpus: Sequence[pb.Gpu]) -> tuple[Gpu, ...]:
-    """A registration's GPUs; a ``ValueError`` naming the field for a report no real node makes."""
+    """A registration's GPUs; :class:`InvalidField` for a report no real node makes."""
     if len(gpus) > MAX_GPUS:
-        raise ValueError(f"gpus: at most {MAX_GPUS} per node")
+        raise InvalidField("gpus", f"at most {MAX_GPUS} per node")
     if len({g.index for g in gpus}) != len(gpus):
-        raise ValueError("gpus: each index once")
+        raise InvalidField("gpus", "each index once")
     for i, g in enumerate(gpus):
         if not g.name or len(g.name) > MAX_GPU_NAME or not g.name.isprintable():
-            raise ValueError(f"gpus[{i}].name: 1..{MAX_GPU_NAME} printable characters")
+            raise InvalidField(f"gpus[{i}].name", f"1..{MAX_GPU_NAME} printable characters")
         if g.memory_bytes > MAX_GPU_MEMORY:
-            raise ValueError(f"gpus[{i}].memory_bytes: {g.memory_bytes} is more than a GPU has")
+            raise InvalidField(f"gpus[{i}].memory_bytes", f"{g.memory_bytes} is more than a GPU has")
     return tuple(Gpu(g.index, g.name, g.memory_bytes) for g in gpus)
 
 
@@ -108,7 +109,8 @@ def assignment_to_pb(
     )
 
 
-def rank_from_pb(status: pb.TrainerStatus) -> RankReport:
+def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
+    """A trainer's status as a rank report (``error``: its error text as the caller keeps it)."""
     return RankReport(
         job=status.job,
         generation=status.generation,
@@ -117,11 +119,5 @@ def rank_from_pb(status: pb.TrainerStatus) -> RankReport:
         exit_code=status.exit_code if status.HasField("exit_code") else None,
         last_step=status.last_step,
         last_checkpoint_step=status.last_checkpoint_step,
-        error=status.error,
+        error=error,
     )
-
-
-def observation_from_pb(request: pb.HeartbeatRequest, now: float) -> NodeObservation:
-    notice = request.eviction.not_before if request.HasField("eviction") else None
-    ranks = tuple(rank_from_pb(t) for t in request.trainers)
-    return NodeObservation(request.incarnation, now, ranks, notice)

@@ -115,9 +115,11 @@ class Controller:
         host = settings.listen.rsplit(":", 1)[0]
         provider, poll_seconds = make_provider(settings, self.inbox, clock, f"{host}:{self.port}", self.providers)
         tuning = RunnerSettings(settings.reconcile_coalesce_seconds, settings.capacity_retry_seconds)
-        self.runner = Runner(self.store, clock, reconcile_config(settings), provider, self.inbox, tuning)
         self.stopping = asyncio.Event()
         self.health = AsyncHealthServicer()
+        self._health_updates: set[asyncio.Task[None]] = set()
+        config = reconcile_config(settings)
+        self.runner = Runner(self.store, clock, config, provider, self.inbox, tuning, self._decisions_work)
         checkpoints = settings.checkpoint_request_seconds
         timers = TimerConfig(checkpoint_request_seconds=checkpoints, provider_poll_seconds=poll_seconds)
         self.timers = Timers(timers)
@@ -133,6 +135,15 @@ class Controller:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Jobs", "Cluster", "Agent")]
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+
+    def _decisions_work(self, ok: bool) -> None:
+        """The runner's health port: while decisions fail, the health service says NOT_SERVING."""
+        if self.stopping.is_set():
+            return
+        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+        task = asyncio.ensure_future(self.health.set("", status))
+        self._health_updates.add(task)
+        task.add_done_callback(self._health_updates.discard)
 
     def _bind(self) -> int:
         s = self.settings

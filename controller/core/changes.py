@@ -41,8 +41,8 @@ class Entering:
 
 NODE_ENTERING: Mapping[NodeState, Entering] = {
     N.JOINING: Entering(),  # records start here (no edge leads back)
-    N.READY: Entering(sets={"job": None}),  # free: a ready node holds no job
-    N.ASSIGNED: Entering(requires=("job",)),  # the job whose generation placed ranks on it
+    N.READY: Entering(sets={"job": None, "eviction_not_before": None}),  # free, and no notice pending
+    N.ASSIGNED: Entering(sets={"eviction_not_before": None}, requires=("job",)),  # the job that placed ranks on it
     N.DRAINING: Entering(requires=("eviction_not_before",)),  # when the provider takes it
     N.LOST: Entering(),  # keeps its job, which sees the loss and aborts
     N.GONE: Entering(sets={"job": None}),  # a gone VM runs nothing

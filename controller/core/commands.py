@@ -26,6 +26,21 @@ class SetJob:
 
 
 @dataclass(frozen=True)
+class AddJob:
+    """Store a submitted job as job number ``seq`` (with its ``JobSubmitted`` event and its idempotency key)."""
+
+    job: JobRecord
+    seq: int
+
+
+@dataclass(frozen=True)
+class SetNodeSeq:
+    """Remember that ``seq`` node names were generated (``node-1`` .. ``node-<seq>``), whatever names were asked for."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
 class StartGeneration:
     """Persist generation ``generation`` of ``job_id`` (unique per job: issuing one twice fails)."""
 
@@ -72,4 +87,14 @@ class RequestCapacity:
     slots: int
 
 
-Command = SetNode | SetJob | StartGeneration | RecordCheckpoint | RecordEvent | ReleaseInstance | RequestCapacity
+Command = (
+    SetNode
+    | SetJob
+    | AddJob
+    | SetNodeSeq
+    | StartGeneration
+    | RecordCheckpoint
+    | RecordEvent
+    | ReleaseInstance
+    | RequestCapacity
+)

@@ -13,8 +13,11 @@ class EventKind(StrEnum):
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
     EVICTION_NOTICED = "EvictionNoticed"
+    EVICTION_WITHDRAWN = "EvictionWithdrawn"
     TRAINER_START_FAILED = "TrainerStartFailed"
     GROWTH_DECLINED = "GrowthDeclined"
+    REPORT_REFUSED = "ReportRefused"  # deciding on a node's report failed; it was set aside
+    DECISIONS_RESUMED = "DecisionsResumed"  # the first decision after decisions had failed
     # any provider: what the controller asked of it and what came of it
     CAPACITY_REQUESTED = "CapacityRequested"
     PROVIDER_CAPACITY_REQUEST_FAILED = "ProviderCapacityRequestFailed"

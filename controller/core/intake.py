@@ -1,7 +1,9 @@
-"""Pure decisions on input from outside the reconcile loop: registrations, commits, provider lists.
+"""Pure decisions on input from outside the reconcile loop: submissions, registrations, commits, provider lists.
 
-Like :mod:`controller.core.reconcile`, these take the world and ``now`` and return commands; the fencing
-checks (incarnation, generation) raise :class:`Stale` so the server can answer FAILED_PRECONDITION.
+Like :mod:`controller.core.reconcile`, these take the world and ``now`` and return commands. Refusals
+are exceptions the server maps to a status: the fencing checks (incarnation, generation) raise
+:class:`Stale`, a name or key bound to something else :class:`Taken`, a resource another job holds
+:class:`Conflict`, a limit reached :class:`Full`.
 """
 
 from __future__ import annotations
@@ -12,46 +14,128 @@ from dataclasses import asdict
 
 from controller.core.changes import amend, move
 from controller.core.events import EventKind
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
 from controller.core.model import (
+    AddJob,
     Command,
     Gpu,
+    JobRecord,
     NodeRecord,
     RecordCheckpoint,
     RecordEvent,
     SetNode,
+    SetNodeSeq,
     World,
 )
+from controller.spec import JobSpec
+from morphing.errors import UserInputError
 
 ACTIVE = frozenset({JobState.RUNNING, JobState.MORPHING})
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+GONE_OR_LOST = frozenset({NodeState.GONE, NodeState.LOST})
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 class Stale(Exception):
     """A write fenced off: an old incarnation or generation. ``str()`` says which and what to do."""
 
 
-def next_node_name(world: World) -> str:
-    """``node-N``: N is one more than the largest N used so far, so names follow join order."""
-    numbers = [int(n[5:]) for n in world.nodes if n.startswith("node-") and n[5:].isdigit()]
-    return f"node-{max(numbers, default=0) + 1}"
+class Taken(Exception):
+    """A name or key already bound to something else (a live node's name, a key of another spec)."""
+
+
+class Conflict(Exception):
+    """What a request needs is held by another job (its checkpoint directory)."""
+
+
+class Full(Exception):
+    """The controller already keeps as many of something as it may (live nodes, a node's trainers)."""
+
+
+MAX_LIVE_NODES = 10_000  # nodes not GONE; beyond it registrations are refused (JOINING floods included)
+
+
+def submit(world: World, spec: JobSpec, key: str | None, now: float) -> tuple[JobRecord, list[Command]]:
+    """A new queued job; the job ``key`` already made when a retry brings it again (no commands)."""
+    if key:
+        first = next((j for j in world.jobs.values() if j.idempotency_key == key), None)
+        if first is not None and first.spec != spec:
+            raise Taken(f"idempotency_key {key!r} was used for {first.id} with another spec; use a new key")
+        if first is not None:
+            return first, []
+    live = (j for j in world.jobs.values() if j.state not in JOB_TERMINAL)
+    holder = next((j for j in live if j.spec.checkpoint_dir == spec.checkpoint_dir), None)
+    if holder is not None:
+        raise Conflict(
+            f"checkpoint_dir {spec.checkpoint_dir} is in use by {holder.id} ({holder.state}); "
+            f"give this job its own directory, or cancel {holder.id} first"
+        )
+    seq = world.job_seq + 1
+    job = JobRecord(f"job-{seq}", spec, JobState.QUEUED, now, now, idempotency_key=key or None)
+    return job, [AddJob(job, seq)]
+
+
+def next_node_name(world: World) -> tuple[str, int]:
+    """``node-N`` for the next N of a counter no requested name moves (names asked for are skipped)."""
+    seq = world.node_seq + 1
+    while f"node-{seq}" in world.nodes:
+        seq += 1
+    return f"node-{seq}", seq
+
+
+def instance_of(instance_id: str, address: str, certificate: str | None) -> str:
+    """What a registration proves it comes from: its instance id (else its address), and its certificate."""
+    who = f"instance {instance_id}" if instance_id else f"address {address}"
+    return f"{who}, certificate {certificate}" if certificate else who
 
 
 def register(
-    world: World, requested: str, slots: int, address: str, now: float, gpus: tuple[Gpu, ...] = ()
+    world: World,
+    requested: str,
+    slots: int,
+    address: str,
+    now: float,
+    instance: str = "",
+    gpus: tuple[Gpu, ...] = (),
 ) -> tuple[NodeRecord, list[Command]]:
-    """A new incarnation of a node (with the GPUs its agent found); an older incarnation is GONE from now on."""
-    name = requested or next_node_name(world)
-    if not _NAME.match(name):
-        raise ValueError(f"node_name {name!r}: use letters, digits, '.', '_' or '-' (at most 63)")
+    """A new incarnation of a node (with the GPUs its agent found); an older incarnation is GONE from now on.
+
+    A live name (not LOST or GONE) is taken over only by the instance it is bound to (an agent
+    restarting on the same VM): anyone else with the agent token could otherwise evict its job.
+    ``instance`` is :func:`instance_of` the request; "" binds the name to nothing.
+    """
     commands: list[Command] = []
+    name = requested
+    if not name:
+        name, seq = next_node_name(world)
+        commands.append(SetNodeSeq(seq))
+    if not _NAME.fullmatch(name):
+        raise UserInputError(f"node_name {name[:80]!r}: use letters, digits, '.', '_' or '-' (at most 63)")
     old = world.nodes.get(name)
+    if old is None or old.state is NodeState.GONE:
+        live = sum(1 for n in world.nodes.values() if n.state is not NodeState.GONE)
+        if live >= MAX_LIVE_NODES:
+            raise Full(f"{live} nodes are registered and not gone, the most a controller keeps; release some first")
     incarnation = 1
     if old is not None:
+        if old.state not in GONE_OR_LOST and old.instance and old.instance != instance:
+            raise Taken(
+                f"node {name} is alive ({old.state}, incarnation {old.incarnation}) and belongs to another "
+                "instance; wait until it is LOST (its heartbeats stopped) or register under another node_name"
+            )
         incarnation = old.incarnation + 1
         if old.state is not NodeState.GONE:
             commands.append(move(old, NodeState.GONE, "re-registered as a new incarnation", now))
-    node = NodeRecord(name, incarnation, NodeState.JOINING, slots, address, joined_at=now, state_since=now, gpus=gpus)
+    node = NodeRecord(
+        name,
+        incarnation,
+        NodeState.JOINING,
+        slots,
+        address,
+        joined_at=now,
+        state_since=now,
+        instance=instance,
+        gpus=gpus,
+    )
     commands.append(SetNode(node))
     data = {"incarnation": incarnation, "slots": slots, "address": address, "gpus": [asdict(g) for g in gpus]}
     commands.append(RecordEvent(EventKind.NODE_REGISTERED, now, None, name, data))

@@ -45,6 +45,8 @@ NODE_TRANSITIONS: Mapping[tuple[NodeState, NodeState], str] = {
     (N.ASSIGNED, N.DRAINING): "eviction notice",
     (N.READY, N.LOST): "heartbeats stopped",
     (N.ASSIGNED, N.LOST): "heartbeats stopped",
+    (N.DRAINING, N.READY): "eviction notice withdrawn (it held no job by then)",
+    (N.DRAINING, N.ASSIGNED): "eviction notice withdrawn while its job still held it",
     (N.DRAINING, N.GONE): "evicted: heartbeats stopped, the provider released it, or the agent re-registered",
     (N.LOST, N.GONE): "the provider no longer lists it, or the agent came back as a new incarnation",
     (N.READY, N.GONE): "the provider no longer lists it, or the agent re-registered",

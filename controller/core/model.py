@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controller.core.commands import (
+    AddJob,
     Command,
     RecordCheckpoint,
     RecordEvent,
@@ -20,6 +21,7 @@ from controller.core.commands import (
     RequestCapacity,
     SetJob,
     SetNode,
+    SetNodeSeq,
     StartGeneration,
 )
 from controller.core.observations import NodeObservation, RankReport
@@ -27,6 +29,7 @@ from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeReco
 
 __all__ = [
     "Action",
+    "AddJob",
     "Assignment",
     "Command",
     "Gpu",
@@ -40,6 +43,7 @@ __all__ = [
     "RequestCapacity",
     "SetJob",
     "SetNode",
+    "SetNodeSeq",
     "StartGeneration",
     "World",
     "apply",
@@ -49,21 +53,29 @@ __all__ = [
 
 @dataclass(frozen=True)
 class World:
-    """Everything reconcile may look at: stored records, observations, and when this controller started."""
+    """Everything decisions may look at: stored records, observations, when this controller started, counters."""
 
     nodes: Mapping[str, NodeRecord]
     jobs: Mapping[str, JobRecord]
     observed: Mapping[str, NodeObservation] = field(default_factory=dict)
     started_at: float = 0.0
+    job_seq: int = 0  # jobs submitted so far (the next is job-<job_seq + 1>)
+    node_seq: int = 0  # node names generated so far
 
 
 def apply(world: World, commands: list[Command]) -> World:
     """The world after ``commands``: what the store holds once the runner persisted them."""
     nodes = dict(world.nodes)
     jobs = dict(world.jobs)
+    job_seq, node_seq = world.job_seq, world.node_seq
     for command in commands:
         if isinstance(command, SetNode):
             nodes[command.node.name] = command.node
         elif isinstance(command, SetJob):
             jobs[command.job.id] = command.job
-    return World(nodes, jobs, world.observed, world.started_at)
+        elif isinstance(command, AddJob):
+            jobs[command.job.id] = command.job
+            job_seq = max(job_seq, command.seq)
+        elif isinstance(command, SetNodeSeq):
+            node_seq = command.seq
+    return World(nodes, jobs, world.observed, world.started_at, job_seq, node_seq)

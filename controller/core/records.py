@@ -40,6 +40,7 @@ class NodeRecord:
     job: str | None = None
     eviction_not_before: float | None = None
     gpus: tuple[Gpu, ...] = ()  # empty: a CPU node (or one registered before nodes reported GPUs)
+    instance: str = ""  # what registered it (instance id or address, certificate); "" in records older than that
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class JobRecord:
     reason: str = ""
     excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
     growth_declined: str = ""  # the (generation, free nodes) whose growth was last declined: said once
+    idempotency_key: str | None = None  # the key its SubmitJob carried: a retry with it gets this job back
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -75,6 +75,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "reason": job.reason,
         "excluded_nodes": list(job.excluded_nodes),
         "growth_declined": job.growth_declined,
+        "idempotency_key": job.idempotency_key,
     }
 
 

@@ -7,6 +7,7 @@ migration is never edited, only appended to, so any older state directory still 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 
 from sqlalchemy import (
@@ -26,7 +27,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -80,6 +81,12 @@ checkpoints = Table(
     Column("step", Integer, primary_key=True),
     Column("generation", Integer, nullable=False),
     Column("committed_at", Float, nullable=False),
+)
+idempotency_keys = Table(  # the primary key makes a key name one job at most
+    "idempotency_keys",
+    metadata,
+    Column("key", String, primary_key=True),
+    Column("job", String, nullable=False),
 )
 events = Table(
     "events",
@@ -143,7 +150,19 @@ def _v3(conn: Connection) -> None:
         conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(data)})
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3)
+GENERATED_NAME = re.compile(r"node-([0-9]{1,9})")  # longer numbers would make names past 63 characters
+
+
+def _v4(conn: Connection) -> None:
+    """Idempotency keys of submissions; generated node names counted, no longer derived from the largest one."""
+    metadata.create_all(conn, tables=[idempotency_keys])
+    if conn.execute(select(meta.c.value).where(meta.c.key == "node_seq")).scalar() is None:
+        names = conn.execute(select(nodes.c.name)).scalars()
+        found = [int(m.group(1)) for m in map(GENERATED_NAME.fullmatch, names) if m]
+        conn.execute(meta.insert().values(key="node_seq", value=str(max(found, default=0))))
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

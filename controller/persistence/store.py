@@ -9,15 +9,18 @@ migrations live in :mod:`.schema`, the mapping of records to rows in :mod:`.code
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import OperationalError
 
 from controller.core.events import EventKind
 from controller.core.model import (
+    AddJob,
     Command,
     JobRecord,
     NodeRecord,
@@ -25,6 +28,7 @@ from controller.core.model import (
     RecordEvent,
     SetJob,
     SetNode,
+    SetNodeSeq,
     StartGeneration,
     ranks_by_node,
 )
@@ -48,6 +52,7 @@ from controller.persistence.schema import (
     checkpoints,
     events,
     generations,
+    idempotency_keys,
     incarnations,
     jobs,
     meta,
@@ -56,7 +61,12 @@ from controller.persistence.schema import (
     version,
 )
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "EventRow", "GenerationRow", "Store", "StoreError", "migrate"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "EventRow", "GenerationRow", "Store", "StoreError", "migrate", "unavailable"]
+
+
+def unavailable(error: BaseException) -> bool:
+    """The database cannot be written now (disk full, locked, an I/O error): no report's or job's doing."""
+    return isinstance(error, OperationalError | sqlite3.OperationalError | OSError)
 
 
 class Store:
@@ -83,22 +93,17 @@ class Store:
             loaded_jobs = {j.id: j for j in map(job_from_dict, job_rows)}
         return loaded_nodes, loaded_jobs
 
-    def next_job_id(self, conn: Connection) -> tuple[str, int]:
-        seq = int(conn.execute(select(meta.c.value).where(meta.c.key == "job_seq")).scalar() or 0) + 1
-        conn.execute(
-            sqlite_insert(meta)
-            .values(key="job_seq", value=str(seq))
-            .on_conflict_do_update(index_elements=["key"], set_={"value": str(seq)})
-        )
-        return f"job-{seq}", seq
+    def counters(self) -> tuple[int, int]:
+        """(jobs submitted, node names generated) so far: where the next job id and node name continue."""
+        with self.engine.connect() as conn:
+            return _counter(conn, "job_seq"), _counter(conn, "node_seq")
 
     def add_job(self, make: Callable[[str], JobRecord]) -> JobRecord:
         """A new job with the next id, stored with its JobSubmitted event in one transaction."""
         with self.engine.begin() as conn:
-            job_id, seq = self.next_job_id(conn)
-            job = make(job_id)
-            conn.execute(insert(jobs).values(id=job.id, state=str(job.state), seq=seq, data=job_to_dict(job)))
-            _event(conn, job.submitted_at, EventKind.JOB_SUBMITTED, job.id, None, {"name": job.spec.name})
+            seq = _counter(conn, "job_seq") + 1
+            job = make(f"job-{seq}")
+            _write(conn, AddJob(job, seq))
         return job
 
     def persist(self, commands: Iterable[Command]) -> None:
@@ -177,9 +182,32 @@ def _write_nodes(conn: Connection, commands: Sequence[SetNode]) -> None:
         conn.execute(insert(events), changes)
 
 
+def _counter(conn: Connection, key: str) -> int:
+    return int(conn.execute(select(meta.c.value).where(meta.c.key == key)).scalar() or 0)
+
+
+def _set_counter(conn: Connection, key: str, value: int) -> None:
+    upsert = sqlite_insert(meta).values(key=key, value=str(value))
+    conn.execute(upsert.on_conflict_do_update(index_elements=["key"], set_={"value": str(value)}))
+
+
+def _add_job(conn: Connection, command: AddJob) -> None:
+    """The job row, the job counter, its idempotency key (unique: a second job under it fails) and JobSubmitted."""
+    job = command.job
+    conn.execute(insert(jobs).values(id=job.id, state=str(job.state), seq=command.seq, data=job_to_dict(job)))
+    _set_counter(conn, "job_seq", command.seq)
+    if job.idempotency_key:
+        conn.execute(insert(idempotency_keys).values(key=job.idempotency_key, job=job.id))
+    _event(conn, job.submitted_at, EventKind.JOB_SUBMITTED, job.id, None, {"name": job.spec.name})
+
+
 def _write(conn: Connection, command: Command) -> None:
     if isinstance(command, SetNode):
         _write_nodes(conn, [command])
+    elif isinstance(command, AddJob):
+        _add_job(conn, command)
+    elif isinstance(command, SetNodeSeq):
+        _set_counter(conn, "node_seq", command.seq)
     elif isinstance(command, SetJob):
         job = command.job
         conn.execute(jobs.update().where(jobs.c.id == job.id).values(state=str(job.state), data=job_to_dict(job)))

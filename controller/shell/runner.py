@@ -3,19 +3,25 @@
 One asyncio lock serialises decisions. Heartbeats that change nothing but the time and the step only
 update the in-memory observation (no database write); anything else (a trainer started or exited, a
 checkpoint, a notice) runs reconcile at once. A 1 s tick picks up step progress and expiries.
+
+A decision is the request's own commands (a registration, a submission), the provider's events and
+reconcile's commands, persisted in one transaction: a request whose decision fails leaves nothing
+behind. A failure is contained (:meth:`Runner._contain`): observations that arrived since the last
+decision are set aside and readmitted half by half, and the ones a decision still fails with are
+refused, so one node's report never stops decisions for the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.core import capacity
-from controller.core import intake as agents
+from controller.core import capacity, intake
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import (
@@ -31,16 +37,17 @@ from controller.core.model import (
     World,
     apply,
 )
-from controller.core.reconcile import Config, cancel, reconcile
-from controller.persistence.store import Store
-from controller.providers.base import CannotList, Clock, Provider, ProviderInbox
-from controller.spec import JobSpec, profile_path
-from morphing.errors import UserInputError
-from morphing.layout import Layout
-from morphing.planner import Planner, PlanResult
-from morphing.profile import parse_profile
+from controller.core.reconcile import Config, cancel, fail, reconcile
+from controller.persistence.store import Store, unavailable
+from controller.providers.base import CannotList, Clock, Provider, ProviderEvent, ProviderInbox
+from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
+from controller.shell.planning import MemoPlanner, Planners
+from controller.spec import JobSpec
+
+__all__ = ["MemoPlanner", "Runner", "RunnerSettings", "SystemClock"]
 
 log = logging.getLogger("spotmorph.controller")
+ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.MORPHING)
 
 
 class SystemClock:
@@ -52,39 +59,11 @@ def _essence(seen: NodeObservation | None) -> object:
     """What in an observation can change a decision (not the time, not the step)."""
     if seen is None:
         return None
-    ranks = sorted((r.job, r.generation, r.rank, r.running, r.exit_code, r.last_checkpoint_step) for r in seen.ranks)
+    ranks = sorted(
+        (r.job, r.generation, r.rank, r.running, r.exit_code is None, r.exit_code or 0, r.last_checkpoint_step)
+        for r in seen.ranks
+    )  # exit_code None and a number never compared: a node may report a rank twice
     return (seen.incarnation, seen.eviction_not_before, tuple(ranks))
-
-
-class MemoPlanner(Planner):
-    """A planner that remembers its recent answers (planning is a pure function of its inputs).
-
-    Reconcile runs at every state change and every tick, and the growth check asks the same question
-    each time (the best plan on the job's nodes plus the free ones): on ~1,000 GPUs that is most of a
-    second, so it is answered once per distinct set of nodes, not once per reconcile.
-    """
-
-    MAX_REMEMBERED = 32
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._plans: dict[tuple[tuple[tuple[str, int], ...], int | None], PlanResult] = {}
-        self._evaluated: tuple[Layout, PlanResult] | None = None
-
-    def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None) -> PlanResult:
-        key = (tuple(nodes), stages)
-        found = self._plans.get(key)
-        if found is None:
-            found = super().plan(nodes, stages)
-            if len(self._plans) >= self.MAX_REMEMBERED:
-                self._plans.clear()
-            self._plans[key] = found
-        return found
-
-    def evaluate(self, layout: Layout) -> PlanResult:
-        if self._evaluated is None or self._evaluated[0] is not layout:
-            self._evaluated = (layout, super().evaluate(layout))
-        return self._evaluated[1]
 
 
 @dataclass(frozen=True)
@@ -96,7 +75,8 @@ class RunnerSettings:
 class Runner:
     """Decides under one lock, persists, then performs side effects whose outcomes come back as events.
 
-    ``inbox`` is the port the provider was built with (a fresh one when the provider reports nothing).
+    ``inbox`` is the port the provider was built with (a fresh one when the provider reports nothing);
+    ``health`` is told when decisions start failing and when they work again.
     """
 
     def __init__(
@@ -107,6 +87,7 @@ class Runner:
         provider: Provider,
         inbox: ProviderInbox | None = None,
         settings: RunnerSettings | None = None,
+        health: HealthPort | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -114,14 +95,16 @@ class Runner:
         self.provider = provider
         self.inbox = inbox or ProviderInbox(clock)
         self.settings = settings or RunnerSettings()
+        self.health = health
         nodes, jobs = store.load()
+        self.job_seq, self.node_seq = store.counters()
         self.started_at = clock.now()
         self.nodes: dict[str, NodeRecord] = nodes
         self.jobs: dict[str, JobRecord] = jobs
         self.observed: dict[str, NodeObservation] = {}
         self.lock = asyncio.Lock()
         self.changed = asyncio.Event()  # set after every commit: wakes event followers
-        self._planners: dict[str, Planner | str] = {}
+        self.planner = Planners()
         self._tasks: set[asyncio.Task[None]] = set()
         self.reconciles = 0
         self.coalesce_seconds = self.settings.coalesce_seconds
@@ -129,21 +112,15 @@ class Runner:
         self.inbox.publish_busy(capacity.busy_nodes(self.nodes))
         self._wanted = 0  # observations that asked for a reconcile, counted
         self._decided = 0  # the newest of those that a finished reconcile included
+        self.deciding = True  # False while decisions fail (the health service says NOT_SERVING)
+        self._undelivered: list[ProviderEvent] = []  # drained from the inbox, not yet in the log
+        self._fresh: set[str] = set()  # nodes whose observation changed since the last decision
+        self._accepted: dict[str, NodeObservation] = {}  # their observations as that decision saw them
+        self._refused: dict[str, tuple[NodeObservation, str]] = {}  # observations set aside, and why
 
     @property
     def world(self) -> World:
-        return World(self.nodes, self.jobs, self.observed, self.started_at)
-
-    def planner(self, job: JobRecord) -> Planner | str:
-        cached = self._planners.get(job.id)
-        if cached is None:
-            try:
-                profile = parse_profile(profile_path(job.spec).read_text(), what=f"profile {job.spec.profile}")
-                cached = MemoPlanner(profile, job.spec.global_batch, job.spec.schedule)
-            except (OSError, UserInputError) as exc:
-                cached = f"profile: {exc}"
-            self._planners[job.id] = cached
-        return cached
+        return World(self.nodes, self.jobs, self.observed, self.started_at, self.job_seq, self.node_seq)
 
     def commit(self, commands: list[Command]) -> None:
         """Persist, then update the mirror, then act: a crash in between loses nothing decided."""
@@ -152,6 +129,7 @@ class Runner:
         self.store.persist(commands)
         world = apply(self.world, commands)
         self.nodes, self.jobs = dict(world.nodes), dict(world.jobs)
+        self.job_seq, self.node_seq = world.job_seq, world.node_seq
         if any(isinstance(command, SetNode) for command in commands):
             self.inbox.publish_busy(capacity.busy_nodes(self.nodes))
         for command in commands:
@@ -178,24 +156,131 @@ class Runner:
 
     async def tick(self) -> None:
         async with self.lock:
-            self._reconcile()
+            self._quietly(self._reconcile)
 
-    def _reconcile(self) -> None:
-        """Log what the provider reported, decide, and ask for capacity if the wanted level changed."""
-        active = (JobState.QUEUED, JobState.RUNNING, JobState.MORPHING)
-        planners = {j.id: self.planner(j) for j in self.jobs.values() if j.state in active}
+    def _quietly(self, decide: Callable[[], None]) -> None:
+        """For timers: a failed decision is logged and shown by health; the next tick tries again."""
+        with contextlib.suppress(DecisionsFailed):
+            decide()
+
+    def _reconcile(self, first: Sequence[Command] = ()) -> None:
+        """Decide on ``first`` (a request's own commands) with everything else; contain a failure."""
+        try:
+            self._decide(first)
+        except Exception as exc:
+            self._contain(first, exc)
+
+    def _decide(self, first: Sequence[Command]) -> None:
+        """``first``, the provider's events and what reconcile makes of them, committed in one transaction."""
+        world = apply(self.world, list(first)) if first else self.world
+        planners = {j.id: self.planner(j) for j in world.jobs.values() if j.state in ACTIVE}
         self.reconciles += 1
         included = self._wanted  # every observation recorded so far is seen by this reconcile
         now = self.clock.now()
-        commands = self._provider_events()
-        commands += reconcile(self.world, now, self.config, planners)
+        self._undelivered += self.inbox.drain()
+        commands = [*first, *(RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered)]
+        commands += reconcile(world, now, self.config, planners)
+        if not self.deciding:  # written even when nothing changed: proves the database takes writes again
+            commands.append(RecordEvent(EventKind.DECISIONS_RESUMED, now))
         decided = apply(self.world, commands) if commands else self.world
         ask = capacity.next_ask(decided, now, self.capacity_ask, self.settings.capacity_retry_seconds)
         self.commit([*commands, ask] if ask else commands)
+        self._undelivered = []
         self._decided = max(self._decided, included)
+        self._accepted.update((name, self.observed[name]) for name in self._fresh if name in self.observed)
+        self._fresh.clear()
+        self._deciding(True)
 
-    def _provider_events(self) -> list[Command]:
-        return [RecordEvent(e.kind, e.at, None, None, e.data) for e in self.inbox.drain()]
+    def _contain(self, first: Sequence[Command], failure: Exception) -> None:
+        """Decide without what caused ``failure``: refuse the observations or the request it came from,
+        or fail the job it came from.
+
+        Raises :class:`Refused` when the request (``first``) was the cause, :class:`DecisionsFailed`
+        when no decision can be made at all (then health says so until one can).
+        """
+        if unavailable(failure):
+            self._deciding(False, failure)
+            why = f"the state database cannot be written ({describe(failure)}); retry later"
+            raise DecisionsFailed(why) from failure
+        if self.deciding:  # while decisions keep failing, every tick would log the same traceback
+            log.error("deciding failed (%s); looking for its cause", describe(failure), exc_info=failure)
+        held = {name: self.observed[name] for name in sorted(self._fresh) if name in self.observed}
+        if held:
+            self._set_aside(held)
+            if self._attempt(first):
+                self._refuse({name: held[name] for name in self._readmit(held)}, failure)
+                return
+            self.observed.update(held)  # not (only) theirs: kept for the next decision
+        if first and self._attempt(()):
+            raise Refused(f"deciding on this request failed ({describe(failure)}); nothing of it was kept")
+        if not first and self._fail_culprit(failure):
+            return
+        self._deciding(False, failure)
+        raise DecisionsFailed(f"the controller cannot decide now ({describe(failure)}); retry later") from failure
+
+    def _attempt(self, first: Sequence[Command]) -> bool:
+        try:
+            self._decide(first)
+        except Exception as exc:
+            log.debug("deciding still fails: %s", describe(exc))
+            return False
+        return True
+
+    def _fail_culprit(self, failure: Exception) -> bool:
+        """Fail the first active job without which a decision succeeds (its own input breaks decisions)."""
+        reason = f"the controller failed deciding on this job ({describe(failure)})"
+        for job_id in sorted(j.id for j in self.jobs.values() if j.state in ACTIVE):
+            if self._attempt(fail(self.world, job_id, self.clock.now(), reason)):
+                log.error("job %s failed: %s", job_id, reason)
+                return True
+        return False
+
+    def _set_aside(self, held: dict[str, NodeObservation]) -> None:
+        """Back to what the last decision saw of these nodes (nothing, for a node never decided on)."""
+        for name in held:
+            if name in self._accepted:
+                self.observed[name] = self._accepted[name]
+            else:
+                self.observed.pop(name, None)
+
+    def _readmit(self, held: dict[str, NodeObservation]) -> list[str]:
+        """``held`` fails as a whole: readmit each half; a single observation that still fails is refused."""
+        if len(held) == 1:
+            return list(held)
+        names = sorted(held)
+        refused: list[str] = []
+        for part in (names[: len(names) // 2], names[len(names) // 2 :]):
+            group = {name: held[name] for name in part}
+            self.observed.update(group)
+            self._fresh.update(group)
+            if not self._attempt(()):
+                self._set_aside(group)
+                refused += self._readmit(group)
+        return refused
+
+    def _refuse(self, refused: dict[str, NodeObservation], failure: Exception) -> None:
+        """Tell the callers still waiting on these observations, and log the refusal."""
+        why = f"deciding on this report failed ({describe(failure)}); it was set aside"
+        for name, seen in refused.items():
+            log.warning("node %s: report refused: %s", name, why)
+            self._refused[name] = (seen, why)
+        now = self.clock.now()
+        try:
+            self.commit([RecordEvent(EventKind.REPORT_REFUSED, now, None, name, {"why": why}) for name in refused])
+        except Exception as exc:  # the refusal stands; only its record is missing
+            log.warning("recording refused reports failed: %s", describe(exc))
+
+    def _deciding(self, ok: bool, failure: Exception | None = None) -> None:
+        """Tell health when decisions start failing (logged once, with the error) and when they work again."""
+        if ok == self.deciding:
+            return
+        self.deciding = ok
+        if ok:
+            log.warning("decisions work again; health says SERVING")
+        else:
+            log.error("decisions fail; health says NOT_SERVING until one succeeds", exc_info=failure)
+        if self.health is not None:
+            self.health(ok)
 
     async def _release(self, command: ReleaseInstance) -> None:
         try:
@@ -221,19 +306,26 @@ class Runner:
             self.commit([RecordEvent(kind, now, None, None, data)])
 
     async def decide(self, make: Callable[[World, float], list[Command]]) -> None:
-        """Run a pure decision on the current world and commit it, then reconcile."""
+        """Run a pure decision on the current world; its commands are committed with the reconcile after it."""
         async with self.lock:
-            self.commit(make(self.world, self.clock.now()))
-            self._reconcile()
+            self._reconcile(make(self.world, self.clock.now()))
 
     async def observe(self, name: str, seen: NodeObservation) -> None:
-        """Record what a node reports; when it can change a decision, return only after a reconcile saw it."""
+        """Record what a node reports; when it can change a decision, return only after a reconcile saw it.
+
+        Raises :class:`Refused` when deciding on it failed (it is set aside), :class:`DecisionsFailed`
+        when no decision can be made now.
+        """
         previous = self.observed.get(name)
         self.observed[name] = seen
+        self._fresh.add(name)
         node = self.nodes.get(name)
         joining = node is not None and node.state.value == "JOINING"
         if joining or _essence(previous) != _essence(seen):
             await self._reconcile_soon()
+        refused = self._refused.pop(name, None)
+        if refused is not None and refused[0] is seen:
+            raise Refused(f"node {name}: {refused[1]}")
 
     async def _reconcile_soon(self) -> None:
         """Reconcile once for a burst of observations (e.g. 1,000 trainers exiting within a second).
@@ -250,14 +342,12 @@ class Runner:
             if self._decided < mine:
                 self._reconcile()
 
-    async def submit(self, spec: JobSpec) -> JobRecord:
+    async def submit(self, spec: JobSpec, key: str | None = None) -> JobRecord:
+        """A new job, stored with the decision on it in one transaction; a retry under ``key`` gets the first."""
         async with self.lock:
-            now = self.clock.now()
-            job = self.store.add_job(lambda job_id: JobRecord(job_id, spec, JobState.QUEUED, now, now))
-            self.jobs[job.id] = job
-            self._reconcile()
-            self.changed.set()
-            self.changed = asyncio.Event()
+            job, commands = intake.submit(self.world, spec, key, self.clock.now())
+            if commands:
+                self._reconcile(commands)
             return self.jobs[job.id]
 
     async def cancel(self, job_id: str, who: str) -> JobRecord:
@@ -270,10 +360,14 @@ class Runner:
             listed: frozenset[str] | None = await self.provider.list_instances()
         except CannotList:
             listed = None
-        await self.decide(lambda world, now: [] if listed is None else agents.provider_gone(world, listed, now))
+        async with self.lock:
+            gone = [] if listed is None else intake.provider_gone(self.world, listed, self.clock.now())
+            self._quietly(lambda: self._reconcile(gone))
 
     async def request_checkpoints(self) -> None:
-        await self.decide(agents.request_checkpoints)
+        async with self.lock:
+            asked = intake.request_checkpoints(self.world, self.clock.now())
+            self._quietly(lambda: self._reconcile(asked))
 
     async def settle(self) -> None:
         """Wait for the side effects under way (provider calls) and the outcomes they log."""
@@ -283,11 +377,13 @@ class Runner:
     async def close(self) -> None:
         """Persist the last decisions, finish the side effects under way, close the provider, log its last words."""
         async with self.lock:
-            self._reconcile()
+            self._quietly(self._reconcile)
         await self.settle()
         try:
             await self.provider.close()
         except Exception as exc:
             log.warning("closing the provider failed: %s", exc)
         async with self.lock:
-            self.commit(self._provider_events())
+            self._undelivered += self.inbox.drain()
+            self.commit([RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered])
+            self._undelivered = []

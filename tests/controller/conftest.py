@@ -6,6 +6,7 @@ import asyncio
 import threading
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from controller.app.daemon import Controller
 from controller.app.settings import ControllerSettings
 from controller.client import connection as client
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
-from tests.controller.helpers import write_profile
+from tests.controller.helpers import FakeClock, write_profile
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Live:
     address: str
     state_dir: Path
     profile: Path
+    clock: FakeClock | None = None  # the controller's time, when a test moves it
 
     def token(self, role: str) -> str:
         return (self.state_dir / f"{role}.token").read_text().strip()
@@ -56,29 +58,45 @@ class Live:
         return "\n".join(f"{r.seq} {r.at:.3f} {r.kind} job={r.job} node={r.node} {r.data}" for r in rows)
 
 
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[Live]:
+@contextmanager
+def running(tmp_path: Path, clock: FakeClock | None = None, **overrides: Any) -> Iterator[Live]:
+    """A controller serving on loopback until the block ends (``clock``: its time, moved by the test)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    settings = ControllerSettings(
-        state_dir=tmp_path / "state",
-        listen="127.0.0.1:0",
-        metrics_listen="127.0.0.1:0",
-        debounce_seconds=0.0,
-        heartbeat_expiry_seconds=5.0,
-    )
+    fields: dict[str, Any] = {
+        "state_dir": tmp_path / "state",
+        "listen": "127.0.0.1:0",
+        "metrics_listen": "127.0.0.1:0",
+        "debounce_seconds": 0.0,
+        "heartbeat_expiry_seconds": 5.0,
+    }
+    settings = ControllerSettings(**{**fields, **overrides})
 
     async def make() -> Controller:
-        controller = Controller(settings)
+        controller = Controller(settings, clock)
         await controller.start()
         return controller
 
     controller = asyncio.run_coroutine_threadsafe(make(), loop).result(30)
-    state = Live(controller, loop, f"127.0.0.1:{controller.port}", settings.state_dir, write_profile(tmp_path))
+    address = f"127.0.0.1:{controller.port}"
+    state = Live(controller, loop, address, settings.state_dir, write_profile(tmp_path), clock)
     try:
         yield state
     finally:
         asyncio.run_coroutine_threadsafe(controller.stop(grace=0.5), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Live]:
+    with running(tmp_path) as state:
+        yield state
+
+
+@pytest.fixture
+def live_clock(tmp_path: Path) -> Iterator[Live]:
+    """A live controller whose time moves only when the test moves ``live.clock``."""
+    with running(tmp_path, FakeClock(1_000_000.0)) as state:
+        yield state

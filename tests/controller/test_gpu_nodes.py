@@ -30,9 +30,10 @@ def h100s(count: int) -> list[pb.Gpu]:
 
 def test_a_registration_keeps_the_gpus_on_the_node_and_in_its_event() -> None:
     gpus = (Gpu(0, H100, H100_BYTES), Gpu(1, H100, H100_BYTES))
-    record, commands = intake.register(World({}, {}), "", 2, "10.0.0.5", 5.0, gpus)
+    record, commands = intake.register(World({}, {}), "", 2, "10.0.0.5", 5.0, gpus=gpus)
     assert record.gpus == gpus and record.state is NodeState.JOINING
-    assert isinstance(commands[0], SetNode) and commands[0].node.gpus == gpus
+    (added,) = [c for c in commands if isinstance(c, SetNode)]
+    assert added.node.gpus == gpus
     event = next(c for c in commands if isinstance(c, RecordEvent))
     assert event.data["gpus"] == [{"index": i, "name": H100, "memory_bytes": H100_BYTES} for i in (0, 1)]
     assert intake.register(World({}, {}), "", 1, "10.0.0.6", 5.0)[0].gpus == ()

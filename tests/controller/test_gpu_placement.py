@@ -106,9 +106,11 @@ def test_a_cuda_job_that_loses_its_only_gpu_node_requeues_with_the_reason() -> N
     sim.step()
     assert sim.job().nodes == ("node-1",)
     sim.run_ranks("j1", step=5, ckpt=5)
-    sim.beat("node-1", *sim.world.observed["node-1"].ranks, notice=sim.now + 30)
+    not_before = sim.now + 30
+    sim.beat("node-1", *sim.world.observed["node-1"].ranks, notice=not_before)
     sim.step(1)
     sim.run_ranks("j1", running=False, code=0, step=5, ckpt=5)
+    sim.beat("node-1", *sim.world.observed["node-1"].ranks, notice=not_before)  # heartbeats carry the notice
     sim.beat("node-2")
     sim.step(1)
     assert sim.job().state is J.QUEUED and sim.job().reason == NO_FREE_GPU_NODE  # it may yet withdraw

@@ -214,6 +214,7 @@ def test_no_fit_requeues_then_resumes_with_next_generation() -> None:
     sim.beat("node-1", *sim.world.observed["node-1"].ranks, notice=50.0)
     sim.step()
     sim.run_ranks("j1", running=False, code=0, step=5, ckpt=5)
+    sim.beat("node-1", *sim.world.observed["node-1"].ranks, notice=50.0)  # heartbeats carry a pending notice
     sim.step()
     assert sim.job().state is J.QUEUED and sim.job().generation == 1
     sim.world = replace(sim.world, nodes={**sim.world.nodes, "node-2": node("node-2", at=sim.now)})

@@ -43,7 +43,7 @@ class TlsServer:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[TlsServer]:
-    folder = certs(tmp_path / "certs", "--client", "operator")
+    folder = certs(tmp_path / "certs", "--client", "operator", "--client", "agent-a", "--client", "agent-b")
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -106,3 +106,19 @@ def test_plaintext_client_is_refused(server: TlsServer) -> None:
 
 def test_apscheduler_per_tick_logging_is_silenced(server: TlsServer) -> None:
     assert logging.getLogger("apscheduler").getEffectiveLevel() == logging.WARNING
+
+
+def test_a_live_node_name_is_bound_to_its_client_certificate(server: TlsServer) -> None:
+    """Under mutual TLS the certificate is part of an agent's identity: another one cannot take the name."""
+    c, agent_token = server.certs, (server.controller.settings.state_dir / "agent.token").read_text().strip()
+
+    def agent(name: str) -> rpc.AgentStub:
+        channel = client.channel(server.address, agent_token, c / "ca.crt", c / f"{name}.crt", c / f"{name}.key")
+        return rpc.AgentStub(channel)
+
+    request = pb.RegisterRequest(node_name="n1", slots=1, address="10.0.0.1", instance_id="vm-1")
+    assert agent("agent-a").Register(request, timeout=10).incarnation == 1
+    with pytest.raises(grpc.RpcError) as info:
+        agent("agent-b").Register(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert agent("agent-a").Register(request, timeout=10).incarnation == 2

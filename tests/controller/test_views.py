@@ -101,7 +101,8 @@ def test_events_after_a_sequence_number_of_one_job(tmp_path: Path) -> None:
         async with harness(tmp_path) as h:
             await h.join("n1")
             first = await h.runner.submit(spec(profile=str(h.profile)))
-            second = await h.runner.submit(spec(profile=str(h.profile)))  # queued: n1 is taken
+            # queued: n1 is taken
+            second = await h.runner.submit(spec(profile=str(h.profile), checkpoint_dir="/tmp/c2"))
             everything = await h.view.events()
             assert [e.seq for e in everything] == sorted(e.seq for e in everything)
             assert {"JobSubmitted", "NodeRegistered"} <= {e.kind for e in everything}
@@ -119,9 +120,9 @@ def test_the_cluster_snapshot_queues_by_priority_then_submission(tmp_path: Path)
             profile = str(h.profile)
             low = await h.runner.submit(spec(priority=0, profile=profile))
             h.clock.at += 1
-            high = await h.runner.submit(spec(priority=5, profile=profile))
+            high = await h.runner.submit(spec(priority=5, profile=profile, checkpoint_dir="/tmp/c2"))
             h.clock.at += 1
-            low_later = await h.runner.submit(spec(priority=0, profile=profile))
+            low_later = await h.runner.submit(spec(priority=0, profile=profile, checkpoint_dir="/tmp/c3"))
             h.latency.record(0.002)
             cluster = h.view.cluster()
             assert cluster.queue == (high.id, low.id, low_later.id)

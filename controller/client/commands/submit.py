@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import uuid
 
 from controller.client.commands.common import add_client_arguments, call, dump
 
@@ -34,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from protos.spotmorph.v1 import controller_pb2 as pb
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
-    reply, code = call(args, lambda ch: rpc.JobsStub(ch).SubmitJob(pb.SubmitJobRequest(spec=spec_to_pb(spec))))
+    request = pb.SubmitJobRequest(spec=spec_to_pb(spec), idempotency_key=str(uuid.uuid4()))  # a retry: no 2nd job
+    reply, code = call(args, lambda ch: rpc.JobsStub(ch).SubmitJob(request))
     if reply is None:
         return code
     if args.json:

@@ -17,12 +17,13 @@ from controller.core.reconcile.admission import admit_queued
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import explain_gpu_waits
 from controller.core.reconcile.draft import Draft, free_nodes
+from controller.core.reconcile.generation import fail_unplannable
 from controller.core.reconcile.growth import grow
 from controller.core.reconcile.health import node_health
 from controller.core.reconcile.morph import advance_morph, supervise
 from controller.core.reconcile.progress import progress
 
-__all__ = ["Config", "Planners", "assignment_for", "cancel", "free_nodes", "reconcile"]
+__all__ = ["Config", "Planners", "assignment_for", "cancel", "fail", "free_nodes", "reconcile"]
 
 ACTIVE_JOB = frozenset({JobState.RUNNING, JobState.MORPHING})
 
@@ -41,6 +42,7 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
     admit_queued(draft, config, planners)
     explain_gpu_waits(draft)
     grow(draft, config, planners)
+    fail_unplannable(draft)
     return draft.commands
 
 
@@ -81,8 +83,17 @@ def assignment_for(
 
 def cancel(world: World, job_id: str, now: float, who: str) -> list[Command]:
     """Commands that cancel a job and free its nodes (its agents then stop their trainers)."""
+    return _end(world, job_id, now, JobState.CANCELLED, f"cancelled by {who}")
+
+
+def fail(world: World, job_id: str, now: float, reason: str) -> list[Command]:
+    """Commands that fail a job the controller cannot decide on, and free its nodes."""
+    return _end(world, job_id, now, JobState.FAILED, reason)
+
+
+def _end(world: World, job_id: str, now: float, state: JobState, reason: str) -> list[Command]:
     draft = Draft(world, now)
     job = draft.jobs[job_id]
-    draft.move_job(job_id, JobState.CANCELLED, f"cancelled by {who}")
+    draft.move_job(job_id, state, reason)
     draft.release_nodes(job.id, job.nodes)
     return draft.commands

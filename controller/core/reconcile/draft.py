@@ -36,6 +36,7 @@ class Draft:
         self.started_at = world.started_at
         self.now = now
         self.commands: list[Command] = []
+        self.unplannable: dict[str, str] = {}  # job -> why its planner failed (the job fails at the end of the pass)
 
     def move_node(self, name: str, target: NodeState, reason: str, **fields: object) -> None:
         self._node(move(self.nodes[name], target, reason, self.now, **fields))

@@ -3,15 +3,40 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from controller.core.causes import MorphCause
 from controller.core.commands import StartGeneration
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft
-from morphing.planner import Plan, Planner
+from morphing.planner import Plan, Planner, PlanResult
+
+
+def planned(draft: Draft, job_id: str, ask: Callable[..., PlanResult], *args: Any) -> PlanResult | None:
+    """``ask(*args)``, a planner's answer; ``None`` when it raised, and the job is marked to fail with why.
+
+    A planner works on the job's own profile: one it cannot plan with fails that job, never the
+    decisions for every other job.
+    """
+    if job_id in draft.unplannable:
+        return None
+    try:
+        return ask(*args)
+    except Exception as exc:
+        draft.unplannable[job_id] = f"planning failed ({type(exc).__name__}: {str(exc)[:200]}); check its profile"
+        return None
+
+
+def fail_unplannable(draft: Draft) -> None:
+    """Jobs whose planner failed during this pass fail, and let go of their nodes."""
+    for job_id, reason in sorted(draft.unplannable.items()):
+        job = draft.jobs[job_id]
+        if job.state not in JOB_TERMINAL:
+            draft.move_job(job_id, JobState.FAILED, reason)
+            draft.release_nodes(job_id, job.nodes, "job failed")
 
 
 def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str, int]]) -> Plan | None:
@@ -24,7 +49,7 @@ def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str
     ]
     if not isinstance(planner, Planner) or not usable:
         return None
-    result = planner.plan(usable)
+    result = planned(draft, job_id, planner.plan, usable)
     if not isinstance(result, Plan) or result.gpus_used < job.spec.min_gpus:
         return None
     return result

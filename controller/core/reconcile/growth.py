@@ -13,6 +13,7 @@ from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft, free_nodes
+from controller.core.reconcile.generation import planned
 from controller.core.reconcile.morph import start_morph
 from morphing.planner import Plan, Planner
 from morphing.policy import decide_morph
@@ -34,9 +35,11 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
         usable = [(n.name, n.slots) for n in free if n.name not in job.excluded_nodes and may_run_on(job, n)]
         if not usable:
             continue
-        current = planner.evaluate(job.layout)
+        current = planned(draft, job.id, planner.evaluate, job.layout)
         held = [(n, draft.nodes[n].slots) for n in job.nodes]
-        candidate = planner.plan(held + usable)
+        candidate = planned(draft, job.id, planner.plan, held + usable)
+        if job.id in draft.unplannable:
+            continue
         predicted = current.samples_per_second if isinstance(current, Plan) else None
         rate, scale = measured_rate(job, draft.now, predicted)
         remaining = max(0, job.spec.steps - job.step) * job.spec.global_batch / rate if rate else None

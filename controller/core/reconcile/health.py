@@ -1,10 +1,10 @@
-"""Node liveness: first heartbeats, eviction notices, and silence (LOST, then GONE and released)."""
+"""Node liveness: first heartbeats, eviction notices (and their withdrawal), and silence (LOST, then GONE)."""
 
 from __future__ import annotations
 
 from controller.core.commands import ReleaseInstance
 from controller.core.events import EventKind
-from controller.core.lifecycle import NodeState
+from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import NodeRecord
 from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
@@ -25,6 +25,8 @@ def node_health(draft: Draft, config: Config) -> None:
         if current is not None and current.eviction_not_before is not None and node.state in LIVE:
             draft.event(EventKind.EVICTION_NOTICED, node.job, name, not_before=current.eviction_not_before)
             draft.move_node(name, N.DRAINING, "eviction notice", eviction_not_before=current.eviction_not_before)
+        elif current is not None and current.eviction_not_before is None and node.state is N.DRAINING and not silent:
+            withdrawn(draft, node)
         node = draft.nodes[name]
         if not silent:
             continue
@@ -36,6 +38,20 @@ def node_health(draft: Draft, config: Config) -> None:
         elif node.state is N.LOST and draft.now - node.state_since > config.lost_to_gone_seconds:
             draft.move_node(name, N.GONE, f"lost for {config.lost_to_gone_seconds:g} s")
             draft.issue(ReleaseInstance(name))
+
+
+def withdrawn(draft: Draft, node: NodeRecord) -> None:
+    """The agent's heartbeats stopped carrying the notice: the platform withdrew it, so the node stays.
+
+    It goes back to serving its job when the job still holds it (a STOP morph the notice began simply
+    finishes, and the next generation may use the node again), else it is free.
+    """
+    job = draft.jobs.get(node.job) if node.job is not None else None
+    draft.event(EventKind.EVICTION_WITHDRAWN, node.job, node.name, not_before=node.eviction_not_before)
+    if job is not None and job.state in {JobState.RUNNING, JobState.MORPHING}:
+        draft.move_node(node.name, N.ASSIGNED, "eviction notice withdrawn", job=job.id)
+    else:
+        draft.move_node(node.name, N.READY, "eviction notice withdrawn")
 
 
 def last_seen(draft: Draft, node: NodeRecord) -> float:

@@ -397,16 +397,23 @@ class SubmitJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPEC_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    idempotency_key: _builtins.str
+    """Optional (up to 128 printable characters; a uuid4 is a good one): a retried SubmitJob with the same
+    key returns the job the first one created instead of a second job; the same key with another spec
+    is refused with ALREADY_EXISTS.
+    """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     def __init__(
         self,
         *,
         spec: Global___JobSpec | None = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

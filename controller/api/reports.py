@@ -1,0 +1,124 @@
+"""What agents send, checked before it reaches the runner: every field in its range and against its job.
+
+A report names jobs this controller issued, generations it issued, ranks its layout has, and steps
+the job has; a number that cannot be stored, a NaN time or a step past the job's last is refused here
+(INVALID_ARGUMENT naming the field), so it never becomes an observation a decision could fail on.
+Reports of unknown jobs are NOT_FOUND, of generations never issued FAILED_PRECONDITION; neither is
+kept or decided on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from controller.api import wire
+from controller.core.intake import Full, Stale
+from controller.core.model import JobRecord, RankReport
+from controller.shell.views import StateView
+from morphing.validation import (
+    MAX_PATH_LENGTH,
+    InvalidField,
+    check_address,
+    check_name,
+    check_step,
+    check_text,
+    check_time,
+    printable,
+    shown,
+)
+from protos.spotmorph.v1 import controller_pb2 as pb
+
+MAX_TRAINERS = 4096  # trainers one node reports (or one node's reports add up to)
+MAX_SLOTS = 1024
+MAX_ERROR_CHARACTERS = 2000  # a trainer's error (its message or its log's tail) is cut to this
+MAX_INSTANCE_ID = 256
+MAX_JOB_ID = 128
+
+
+def known_job(view: StateView, field: str, job_id: str) -> JobRecord:
+    """The job a report names; NOT_FOUND for a job this controller never had."""
+    check_name(field, job_id, MAX_JOB_ID)
+    job = view.job(job_id)
+    if job is None:
+        raise LookupError(f"{field}: job {shown(job_id)} not found; report only jobs this controller assigned")
+    return job
+
+
+def issued(job: JobRecord, field: str, generation: int) -> None:
+    if generation > job.generation:
+        raise Stale(f"{field}: job {job.id} generation {generation} was never issued (newest {job.generation})")
+
+
+def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) -> RankReport:
+    """One trainer's status as a rank report, every field checked against its job.
+
+    A rank of the current generation must be one the layout placed on ``node``: the census counts
+    each rank once, so a node must not speak for another node's ranks.
+    """
+    job = known_job(view, f"{field}.job", status.job)
+    issued(job, field, status.generation)
+    layout = job.layout if status.generation == job.generation else None
+    if layout is not None and (status.rank >= layout.world_size or layout.placement[status.rank].node != node):
+        raise InvalidField(f"{field}.rank", f"generation {job.generation} placed no rank {status.rank} on {node}")
+    check_step(f"{field}.last_step", status.last_step, job.spec.steps)
+    if status.last_checkpoint_step > status.last_step:
+        raise InvalidField(
+            f"{field}.last_checkpoint_step",
+            f"checkpoint step {status.last_checkpoint_step} is past the rank's last_step {status.last_step}",
+        )
+    return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS))
+
+
+def trainers(view: StateView, node: str, statuses: Any) -> tuple[RankReport, ...]:
+    """A heartbeat's trainers: at most :data:`MAX_TRAINERS`, each rank once."""
+    if len(statuses) > MAX_TRAINERS:
+        raise InvalidField("trainers", f"{len(statuses)} trainers; a node reports at most {MAX_TRAINERS}")
+    ranks = tuple(trainer(view, node, f"trainers[{i}]", status) for i, status in enumerate(statuses))
+    return once_each(ranks)
+
+
+def once_each(ranks: Iterable[RankReport]) -> tuple[RankReport, ...]:
+    seen: set[tuple[str, int, int]] = set()
+    for r in ranks:
+        key = (r.job, r.generation, r.rank)
+        if key in seen:
+            raise InvalidField("trainers", f"job {r.job} generation {r.generation} rank {r.rank} is reported twice")
+        seen.add(key)
+    return tuple(ranks)
+
+
+def exited(
+    view: StateView, node: str, status: pb.TrainerStatus, others: tuple[RankReport, ...]
+) -> tuple[RankReport, ...]:
+    """The node's ranks with this exited one replacing its earlier report; bounded like a heartbeat's."""
+    rank = trainer(view, node, "trainer_exited.trainer", status)
+    if rank.running:
+        raise InvalidField("trainer_exited.trainer.running", "an exited trainer is not running; set running=false")
+    kept = tuple(r for r in others if (r.job, r.generation, r.rank) != (rank.job, rank.generation, rank.rank))
+    if len(kept) >= MAX_TRAINERS:
+        raise Full(f"trainer_exited: this node already reports {len(kept)} trainers, the most it may")
+    return (*kept, rank)
+
+
+def notice(field: str, message: pb.EvictionNotice) -> float:
+    check_text(f"{field}.source", message.source, MAX_INSTANCE_ID)
+    return check_time(f"{field}.not_before", message.not_before)
+
+
+def checkpoint(view: StateView, message: pb.CheckpointCommitted) -> None:
+    """A committed checkpoint of a known job, within its steps (the generation is fenced by the decision)."""
+    job = known_job(view, "checkpoint_committed.job", message.job)
+    issued(job, "checkpoint_committed", message.generation)
+    check_step("checkpoint_committed.step", message.step, job.spec.steps)
+    check_text("checkpoint_committed.path", message.path, MAX_PATH_LENGTH)
+
+
+def registration(request: pb.RegisterRequest) -> None:
+    """A registration's fields: its name in full, slots in range, an address others reach, a printable instance id."""
+    if not 1 <= request.slots <= MAX_SLOTS:
+        raise InvalidField("slots", f"{request.slots}: use 1..{MAX_SLOTS}")
+    if request.node_name:
+        check_name("node_name", request.node_name)
+    check_address("address", request.address)
+    check_text("instance_id", request.instance_id, MAX_INSTANCE_ID)

@@ -1,0 +1,25 @@
+"""What becomes of a decision that fails: the report that caused it is refused, or the loop is down for now.
+
+The API maps :class:`Refused` to INVALID_ARGUMENT and :class:`DecisionsFailed` to UNAVAILABLE (retry
+later); the health port tells the gRPC health service whether decisions are being made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+HealthPort = Callable[[bool], None]  # called with False when the decision loop starts failing, True once it recovers
+
+
+class Refused(ValueError):
+    """A report or request whose decision failed while the others' did not: nothing of it was kept."""
+
+
+class DecisionsFailed(RuntimeError):
+    """No decision could be made (the failure is not one report's or one job's); retried every tick."""
+
+
+def describe(error: BaseException) -> str:
+    """An error in one line for a message: its type and the start of its text."""
+    text = str(error).splitlines()[0][:200] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

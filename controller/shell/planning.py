@@ -1,0 +1,62 @@
+"""Planners per job: built from the job's profile file, and remembering their answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from controller.core.model import JobRecord
+from controller.shell.profiles import read_profile
+from morphing.errors import UserInputError
+from morphing.layout import Layout
+from morphing.planner import Planner, PlanResult
+
+
+class MemoPlanner(Planner):
+    """A planner that remembers its recent answers (planning is a pure function of its inputs).
+
+    Reconcile runs at every state change and every tick, and the growth check asks the same question
+    each time (the best plan on the job's nodes plus the free ones): on ~1,000 GPUs that is most of a
+    second, so it is answered once per distinct set of nodes, not once per reconcile.
+    """
+
+    MAX_REMEMBERED = 32
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plans: dict[tuple[tuple[tuple[str, int], ...], int | None], PlanResult] = {}
+        self._evaluated: tuple[Layout, PlanResult] | None = None
+
+    def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None) -> PlanResult:
+        key = (tuple(nodes), stages)
+        found = self._plans.get(key)
+        if found is None:
+            found = super().plan(nodes, stages)
+            if len(self._plans) >= self.MAX_REMEMBERED:
+                self._plans.clear()
+            self._plans[key] = found
+        return found
+
+    def evaluate(self, layout: Layout) -> PlanResult:
+        if self._evaluated is None or self._evaluated[0] is not layout:
+            self._evaluated = (layout, super().evaluate(layout))
+        return self._evaluated[1]
+
+
+class Planners:
+    """One planner per job, built once per spec (a job id reused after a rolled-back submit gets its own)."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, tuple[object, Planner | str]] = {}
+
+    def __call__(self, job: JobRecord) -> Planner | str:
+        """The job's planner, or why none can be built (its profile cannot be read or is not valid)."""
+        cached = self._built.get(job.id)
+        if cached is not None and cached[0] is job.spec:
+            return cached[1]
+        try:
+            built: Planner | str = MemoPlanner(read_profile(job.spec.profile), job.spec.global_batch, job.spec.schedule)
+        except UserInputError as exc:
+            built = str(exc)
+        self._built[job.id] = (job.spec, built)
+        return built

@@ -1,0 +1,252 @@
+"""Issue 12, one test per finding: every field from outside is hostile, and none stops the controller deciding."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.spotmorph.v1 import controller_pb2 as pb
+from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+from tests.controller.conftest import Live
+from tests.controller.test_contract import code_of, spec
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def refusal(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), info.value.details() or ""
+
+
+def wait_for(predicate: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.02)
+
+
+def node_state(live: Live, name: str) -> int:
+    nodes = live.cluster().ListNodes(pb.ListNodesRequest()).nodes
+    return next(n.state for n in nodes if n.name == name)
+
+
+class Node:
+    """A registered node speaking raw requests with its own token."""
+
+    def __init__(self, live: Live, name: str = "", address: str = "127.0.0.1", instance: str = "", slots: int = 2):
+        request = pb.RegisterRequest(node_name=name, slots=slots, address=address, instance_id=instance)
+        reply = live.agent(live.token("agent")).Register(request)
+        self.name, self.incarnation = reply.node_name, reply.incarnation
+        self.stub: rpc.AgentStub = live.agent(reply.node_token)
+
+    def beat(self, *trainers: pb.TrainerStatus, **fields: Any) -> pb.HeartbeatResponse:
+        request = pb.HeartbeatRequest(node_name=self.name, incarnation=self.incarnation, trainers=trainers, **fields)
+        return self.stub.Heartbeat(request, timeout=10)
+
+    def report(self, **event: Any) -> pb.ReportEventResponse:
+        request = pb.ReportEventRequest(node_name=self.name, incarnation=self.incarnation, **event)
+        return self.stub.ReportEvent(request, timeout=10)
+
+
+def running_job(live: Live, **fields: Any) -> tuple[Node, str, int]:
+    """A job of 20 steps (unless ``steps`` says otherwise) running on one new node."""
+    job_id = live.jobs().SubmitJob(pb.SubmitJobRequest(spec=spec(live, **fields))).id
+    node = Node(live)
+    assignment = node.beat().assignment
+    assert assignment.job == job_id
+    return node, job_id, assignment.generation
+
+
+def healthy(live: Live) -> int:
+    stub = health_pb2_grpc.HealthStub(live.channel(None))
+    return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status)
+
+
+def test_an_out_of_range_heartbeat_is_refused_and_decisions_go_on(live: Live) -> None:
+    node, job_id, generation = running_job(live, steps=100_000)
+    huge = pb.TrainerStatus(
+        job=job_id, generation=generation, rank=0, running=True, last_step=5, last_checkpoint_step=2**63
+    )
+    code, detail = refusal(lambda: node.beat(huge))
+    assert code == INVALID and "last_checkpoint_step" in detail
+    past = pb.TrainerStatus(job=job_id, generation=generation, rank=0, running=True, last_step=10**15)
+    code, detail = refusal(lambda: node.beat(past))
+    assert code == INVALID and "last_step" in detail and "100000" in detail
+    commit = pb.CheckpointCommitted(job=job_id, generation=generation, step=2**63)
+    code, detail = refusal(lambda: node.report(checkpoint_committed=commit))
+    assert code == INVALID and "checkpoint_committed.step" in detail
+    assert live.jobs().GetJob(pb.GetJobRequest(id=job_id)).step == 0
+    other = Node(live)
+    other.beat()
+    assert node_state(live, other.name) == pb.NODE_STATE_READY
+    second = live.jobs().SubmitJob(pb.SubmitJobRequest(spec=spec(live, checkpoint_dir=str(live.state_dir / "c2"))))
+    assert second.id and healthy(live) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_nul_bytes_in_an_address_or_a_checkpoint_dir_are_refused(live: Live) -> None:
+    agent = live.agent(live.token("agent"))
+    code, detail = refusal(lambda: agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1\x00")))
+    assert code == INVALID and detail.startswith("address:")
+    bad = spec(live, checkpoint_dir=str(live.state_dir / "ck\x00pt"))
+    code, detail = refusal(lambda: live.jobs().SubmitJob(pb.SubmitJobRequest(spec=bad)))
+    assert code == INVALID and "checkpoint_dir" in detail and "control characters" in detail
+    assert not live.jobs().ListJobs(pb.ListJobsRequest()).jobs
+
+
+def test_a_live_node_cannot_be_taken_over_but_its_own_instance_may_register_again(live: Live) -> None:
+    victim = Node(live, "victim", address="10.0.0.1", instance="vm-7")
+    victim.beat()
+    agent = live.agent(live.token("agent"))
+    thief = pb.RegisterRequest(node_name="victim", slots=1024, address="10.0.0.2")
+    code, detail = refusal(lambda: agent.Register(thief))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "wait until it is LOST" in detail
+    assert node_state(live, "victim") == pb.NODE_STATE_READY
+    same_vm_other_id = pb.RegisterRequest(node_name="victim", slots=2, address="10.0.0.1", instance_id="vm-8")
+    assert code_of(lambda: agent.Register(same_vm_other_id)) == grpc.StatusCode.ALREADY_EXISTS
+    restarted = Node(live, "victim", address="10.0.0.1", instance="vm-7")  # an agent restart on the same VM
+    assert restarted.incarnation == 2
+    assert code_of(victim.beat) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_requested_name_that_looks_generated_breaks_no_later_generated_name(live: Live) -> None:
+    long = "node-" + "9" * 58
+    assert Node(live, long).name == long
+    assert Node(live, "node-2").name == "node-2"
+    assert [Node(live).name for _ in range(3)] == ["node-1", "node-3", "node-4"]
+
+
+def test_low_severity_fields(live: Live) -> None:
+    jobs, agent = live.jobs(), live.agent(live.token("agent"))
+    code, detail = refusal(lambda: list(jobs.WatchEvents(pb.WatchEventsRequest(after_seq=2**63), timeout=5)))
+    assert code == INVALID and "after_seq" in detail
+    assert list(jobs.WatchEvents(pb.WatchEventsRequest(after_seq=2**63 - 1), timeout=5)) == []
+    code, detail = refusal(lambda: agent.Register(pb.RegisterRequest(node_name="abc\n", slots=1, address="h")))
+    assert code == INVALID and detail.startswith("node_name:")
+    node = Node(live)
+    node.beat()
+    for value in (math.nan, math.inf, -1.0):
+        notice = pb.EvictionNotice(not_before=value)
+        code, detail = refusal(partial(node.beat, eviction=notice))
+        assert code == INVALID and detail.startswith("eviction.not_before:") and "not a time" in detail
+        assert code_of(partial(node.report, eviction=notice)) == INVALID
+    assert node_state(live, node.name) == pb.NODE_STATE_READY
+
+
+def test_reports_for_unknown_jobs_are_refused_and_kept_nowhere(live: Live) -> None:
+    node = Node(live)
+    node.beat()
+    runner = live.controller.runner
+    before, decided = runner.observed[node.name], runner.reconciles
+    ghost = pb.TrainerStatus(job="job-999", generation=1, rank=0, running=False, exit_code=1)
+    for i in range(300):
+        ghost.rank = i
+        assert code_of(lambda: node.report(trainer_exited=pb.TrainerExited(trainer=ghost))) == grpc.StatusCode.NOT_FOUND
+    assert code_of(lambda: node.beat(ghost)) == grpc.StatusCode.NOT_FOUND
+    assert runner.observed[node.name] is before
+    assert runner.reconciles - decided < 20, "no decision pass per refused report (only the 1 s ticks)"
+
+
+def test_relative_paths_in_a_raw_submission_are_refused(live: Live) -> None:
+    jobs = live.jobs()
+    for field, value in [
+        ("checkpoint_dir", "ckpt"),
+        ("profile", "profile.json"),
+        ("entrypoint", "examples/tiny_gpt.py:build"),
+        ("checkpoint_dir", str(live.state_dir / ".." / "ckpt")),
+    ]:
+        code, detail = refusal(partial(jobs.SubmitJob, pb.SubmitJobRequest(spec=spec(live, **{field: value}))))
+        assert code == INVALID and detail.startswith(f"{field}:"), detail
+
+
+def test_a_profile_must_be_a_small_regular_file_holding_a_profile(live: Live, tmp_path: Path) -> None:
+    jobs = live.jobs()
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (17 << 20))
+    for path, words in [
+        ("/etc/passwd", "is not valid JSON"),
+        ("/dev/zero", "is not a regular file"),
+        (str(big), "more than a profile's"),
+        (str(tmp_path / "missing.json"), "does not exist"),
+    ]:
+        code, detail = refusal(partial(jobs.SubmitJob, pb.SubmitJobRequest(spec=spec(live, profile=path))))
+        assert code == INVALID and detail.startswith("profile") and words in detail, detail
+    (tmp_path / "folder.py").mkdir()
+    for entrypoint, words in [(f"{tmp_path}/folder.py:build", "not a regular file"), (f"{tmp_path}:build", ".py")]:
+        code, detail = refusal(partial(jobs.SubmitJob, pb.SubmitJobRequest(spec=spec(live, entrypoint=entrypoint))))
+        assert code == INVALID and detail.startswith("entrypoint:") and words in detail, detail
+    assert not jobs.ListJobs(pb.ListJobsRequest()).jobs
+
+
+def test_a_checkpoint_dir_another_live_job_uses_is_refused_at_submit(live: Live) -> None:
+    jobs = live.jobs()
+    first = jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live))).id
+    code, detail = refusal(lambda: jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, name="second"))))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and first in detail and "checkpoint_dir" in detail
+    jobs.CancelJob(pb.CancelJobRequest(id=first))
+    assert jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, name="second"))).id != first
+
+
+def test_a_retried_submission_returns_the_first_job(live: Live) -> None:
+    jobs = live.jobs()
+    request = pb.SubmitJobRequest(spec=spec(live), idempotency_key="3f1c2b1e-retry")
+    first = jobs.SubmitJob(request).id
+    assert jobs.SubmitJob(request).id == first
+    other = pb.SubmitJobRequest(spec=spec(live, steps=21), idempotency_key="3f1c2b1e-retry")
+    code, detail = refusal(lambda: jobs.SubmitJob(other))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "idempotency_key" in detail and first in detail
+    assert [j.id for j in jobs.ListJobs(pb.ListJobsRequest()).jobs] == [first]
+    long_key = pb.SubmitJobRequest(spec=spec(live), idempotency_key="k" * 129)
+    assert code_of(lambda: jobs.SubmitJob(long_key)) == INVALID
+
+
+def test_health_is_not_serving_while_decisions_fail_and_serving_once_they_work(live: Live) -> None:
+    store = live.controller.store
+    persist = store.persist
+
+    def full(commands: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    store.persist = full  # type: ignore[method-assign]
+    try:
+        code, detail = refusal(lambda: live.jobs().SubmitJob(pb.SubmitJobRequest(spec=spec(live))))
+        assert code == grpc.StatusCode.UNAVAILABLE and "retry" in detail
+        wait_for(lambda: healthy(live) == health_pb2.HealthCheckResponse.NOT_SERVING, "NOT_SERVING")
+        assert not live.jobs().ListJobs(pb.ListJobsRequest()).jobs, "a failed SubmitJob leaves no job behind"
+    finally:
+        store.persist = persist  # type: ignore[method-assign]
+    wait_for(lambda: healthy(live) == health_pb2.HealthCheckResponse.SERVING, "SERVING again (the next tick)")
+    assert live.jobs().SubmitJob(pb.SubmitJobRequest(spec=spec(live))).id == "job-1"
+
+
+def test_a_withdrawn_notice_returns_the_node_to_its_live_state(live: Live) -> None:
+    node, _, _ = running_job(live)
+    node.beat(eviction=pb.EvictionNotice(not_before=time.time() + 30, source="imds"))
+    assert node_state(live, node.name) == pb.NODE_STATE_DRAINING
+    node.beat()
+    assert node_state(live, node.name) == pb.NODE_STATE_ASSIGNED
+    kinds = [e.kind for e in live.jobs().WatchEvents(pb.WatchEventsRequest(), timeout=5)]
+    assert "EvictionWithdrawn" in kinds
+
+
+def test_a_node_speaks_only_for_the_ranks_placed_on_it(live: Live) -> None:
+    nodes = [Node(live, slots=1), Node(live, slots=1)]
+    for node in nodes:
+        node.beat()
+    job_id = live.jobs().SubmitJob(pb.SubmitJobRequest(spec=spec(live, min_gpus=2))).id
+    first, second = (node.beat().assignment for node in nodes)
+    assert first.job == second.job == job_id and list(first.ranks) != list(second.ranks)
+    theirs = pb.TrainerStatus(job=job_id, generation=first.generation, rank=second.ranks[0], running=True)
+    code, detail = refusal(lambda: nodes[0].beat(theirs))
+    assert code == INVALID and "rank" in detail and nodes[0].name in detail
+    mine = pb.TrainerStatus(job=job_id, generation=first.generation, rank=first.ranks[0], running=True)
+    assert nodes[0].beat(mine).assignment.job == job_id

@@ -1,0 +1,115 @@
+"""Pure decisions on registrations and submissions: names bound to instances, counters, idempotency keys."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import IntegrityError
+
+from controller.core import intake
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import AddJob, SetNodeSeq, World, apply
+from controller.persistence.store import MIGRATIONS, Store, migrate
+from tests.controller.helpers import job, node, spec
+
+VM = intake.instance_of("vm-1", "10.0.0.1", None)
+
+
+def registered(world: World, name: str, instance: str = VM) -> World:
+    return apply(world, intake.register(world, name, 1, "10.0.0.1", 0.0, instance)[1])
+
+
+@pytest.mark.parametrize("state", [NodeState.JOINING, NodeState.READY, NodeState.ASSIGNED, NodeState.DRAINING])
+def test_a_live_name_is_taken_over_only_by_its_own_instance(state: NodeState) -> None:
+    world = registered(World({}, {}), "victim")
+    world = replace(world, nodes={"victim": replace(world.nodes["victim"], state=state)})
+    with pytest.raises(intake.Taken, match="wait until it is LOST"):
+        intake.register(world, "victim", 1024, "10.0.0.2", 1.0, intake.instance_of("", "10.0.0.2", None))
+    with pytest.raises(intake.Taken):
+        intake.register(world, "victim", 1, "10.0.0.1", 1.0, intake.instance_of("vm-1", "10.0.0.1", "other-cn"))
+    again, _ = intake.register(world, "victim", 1, "10.0.0.1", 1.0, VM)
+    assert again.incarnation == 2
+
+
+@pytest.mark.parametrize("state", [NodeState.LOST, NodeState.GONE])
+def test_a_lost_or_gone_name_may_be_registered_by_anyone(state: NodeState) -> None:
+    world = registered(World({}, {}), "victim")
+    world = replace(world, nodes={"victim": replace(world.nodes["victim"], state=state)})
+    other = intake.instance_of("vm-2", "10.0.0.2", None)
+    assert intake.register(world, "victim", 1, "10.0.0.2", 1.0, other)[0].instance == other
+
+
+def test_a_record_from_before_the_binding_binds_nothing() -> None:
+    world = World({"old": node("old")}, {})
+    assert intake.register(world, "old", 1, "h", 1.0, VM)[0].incarnation == 2
+
+
+def test_the_binding_names_the_instance_else_the_address_and_the_certificate() -> None:
+    assert intake.instance_of("vm-1", "10.0.0.1", None) == "instance vm-1"
+    assert intake.instance_of("", "10.0.0.1", None) == "address 10.0.0.1"
+    assert intake.instance_of("vm-1", "10.0.0.1", "agent-7") == "instance vm-1, certificate agent-7"
+
+
+def test_generated_names_come_from_a_counter_no_requested_name_moves() -> None:
+    world = registered(World({}, {}), "node-" + "9" * 58)
+    world = registered(world, "node-2")
+    names = []
+    for _ in range(3):
+        created, commands = intake.register(world, "", 1, "h", 0.0, VM)
+        assert isinstance(commands[0], SetNodeSeq)
+        names.append(created.name)
+        world = apply(world, commands)
+    assert names == ["node-1", "node-3", "node-4"] and world.node_seq == 4
+
+
+def test_names_are_matched_in_full() -> None:
+    for bad in ["abc\n", "a" * 64, "-a", ""]:
+        with pytest.raises(ValueError, match="node_name"):
+            intake.register(World({}, {}), bad or "\n", 1, "h", 0.0)
+
+
+def test_registrations_stop_at_the_live_node_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(intake, "MAX_LIVE_NODES", 2)
+    world = registered(registered(World({}, {}), "a"), "b")
+    with pytest.raises(intake.Full):
+        intake.register(world, "c", 1, "h", 0.0)
+    assert intake.register(world, "a", 1, "10.0.0.1", 0.0, VM)[0].incarnation == 2  # an existing name is no new node
+
+
+def test_submission_ids_keys_and_checkpoint_dirs() -> None:
+    world = World({}, {}, job_seq=6)
+    first, commands = intake.submit(world, spec(checkpoint_dir="/c/a"), "key-1", 5.0)
+    assert first.id == "job-7" and commands == [AddJob(first, 7)] and first.idempotency_key == "key-1"
+    world = apply(world, commands)
+    assert world.job_seq == 7 and world.jobs["job-7"] is first
+    assert intake.submit(world, spec(checkpoint_dir="/c/a"), "key-1", 6.0) == (first, [])
+    with pytest.raises(intake.Taken, match="idempotency_key"):
+        intake.submit(world, spec(checkpoint_dir="/c/a", steps=7), "key-1", 6.0)
+    with pytest.raises(intake.Conflict, match="job-7"):
+        intake.submit(world, spec(checkpoint_dir="/c/a"), None, 6.0)
+    done = apply(world, [AddJob(replace(first, state=JobState.CANCELLED), 7)])
+    assert intake.submit(done, spec(checkpoint_dir="/c/a"), None, 6.0)[0].id == "job-8"
+
+
+def test_the_store_keeps_keys_unique_and_counters_across_restarts(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    keyed = replace(job("job-1"), idempotency_key="k")
+    store.persist([AddJob(keyed, 1), SetNodeSeq(3)])
+    with pytest.raises(IntegrityError):
+        store.persist([AddJob(replace(job("job-2"), idempotency_key="k"), 2)])
+    store.close()
+    reopened = Store(tmp_path / "state.db")
+    assert reopened.counters() == (1, 3) and reopened.load()[1]["job-1"] == keyed
+
+
+def test_migrating_to_v4_counts_the_generated_names_already_used(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    migrate(engine, MIGRATIONS[:3])
+    with engine.begin() as conn:
+        for name in ["node-4", "node-12", "node-" + "9" * 58, "worker"]:
+            conn.execute(text("INSERT INTO nodes VALUES (:n, 1, 'READY', '{}')"), {"n": name})
+    engine.dispose()
+    assert Store(tmp_path / "old.db").counters() == (0, 12)
