@@ -32,6 +32,7 @@ class TrainerArguments:
     progress_file: Path | None = None  # JSON lines (worker_agent.contract.events)
     host_store: bool = False  # this process hosts the TCPStore
     load_from: Path | None = None  # a checkpoint (or a checkpoint root) to start from instead of the newest
+    device_index: int | None = None  # the GPU of this rank's slot (cuda:N) when the job runs on CUDA; None: 0
 
     @classmethod
     def in_generation_dir(
@@ -43,6 +44,7 @@ class TrainerArguments:
         host_store: bool = False,
         load_from: Path | None = None,
         generation: int | None = None,
+        device_index: int | None = None,
     ) -> TrainerArguments:
         """A rank whose inputs, control and progress files are those of ``directory``."""
         return cls(
@@ -56,6 +58,7 @@ class TrainerArguments:
             progress_file=directory.progress_file(rank),
             host_store=host_store,
             load_from=load_from,
+            device_index=device_index,
         )
 
     @property
@@ -83,6 +86,8 @@ class TrainerArguments:
             argv.append("--host-store")
         if self.load_from is not None:
             argv.append(f"--load-from={self.load_from}")
+        if self.device_index is not None:
+            argv.append(f"--device-index={self.device_index}")
         return argv
 
     def command(self, python: str) -> list[str]:
@@ -107,6 +112,7 @@ class TrainerArguments:
             progress_file=args.progress,
             host_store=args.host_store,
             load_from=args.load_from,
+            device_index=args.device_index,
         )
 
 
@@ -124,7 +130,16 @@ def _trainer_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--load-from", type=Path, help="checkpoint (or checkpoint root) to start from instead of the newest"
     )
+    parser.add_argument(
+        "--device-index", type=_device_index, help="GPU of this rank's slot (cuda:N) when the job runs on CUDA"
+    )
     return parser
+
+
+def _device_index(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU index (0, 1, ...)")
+    return int(text)
 
 
 @dataclass(frozen=True)
