@@ -21,8 +21,8 @@ from morphing.jobspec import Device, Precision
 
 _AUTOCAST_DTYPES: dict[Precision, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 NO_CUDA = (
-    "the job asks for device cuda, but torch.cuda.is_available() is false here (no GPU, no driver, or a CPU "
-    "build of torch); set device: cpu (spotmorph train --device cpu), or run it on a node with a GPU and "
+    "device cuda was asked for, but torch.cuda.is_available() is false here (no GPU, no driver, or a CPU build "
+    "of torch); use device cpu (--device cpu, or device: cpu in the job spec), or run on a node with a GPU and "
     "the CUDA build of torch"
 )
 

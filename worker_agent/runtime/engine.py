@@ -266,26 +266,28 @@ class StageRunner:
                     raise ValueError(f"checkpoint tensor {name} is {tensor.dtype}{list(tensor.shape)}")
                 param.copy_(tensor)
                 if state:
-                    self.optimizer.state[param] = self._placed_state(param, state)
+                    self.optimizer.state[param] = placed_state(self.optimizer, param, state)
         if self.scaling and ckpt.manifest.loss_scale is not None:
             self.loss_scale = LossScale.from_dict(ckpt.manifest.loss_scale.model_dump())
 
-    def _placed_state(self, param: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
-        """Optimizer state moved next to its parameter, as ``Optimizer.load_state_dict`` places it: a scalar
-        ``step`` stays on the CPU unless the param group is fused or capturable."""
-        group = next((g for g in self.optimizer.param_groups if any(p is param for p in g["params"])), {})
-        on_device = bool(group.get("fused") or group.get("capturable"))
-        out: dict[str, Any] = {}
-        for key, value in state.items():
-            if not isinstance(value, torch.Tensor):
-                out[key] = value
-            elif key == "step":
-                out[key] = value.to(param.device, copy=True) if on_device else value.detach().clone()
-            elif value.is_floating_point():
-                out[key] = value.to(device=param.device, dtype=param.dtype, copy=True)
-            else:
-                out[key] = value.to(device=param.device, copy=True)
-        return out
+
+def placed_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
+    """Loaded optimizer state moved next to its parameter, as ``Optimizer.load_state_dict`` places it:
+    floating-point state in the parameter's device and dtype; a scalar ``step`` stays on the CPU unless the
+    param group is fused or capturable."""
+    group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
+    on_device = bool(group.get("fused") or group.get("capturable"))
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            out[key] = value
+        elif key == "step":
+            out[key] = value.to(param.device, copy=True) if on_device else value.detach().clone()
+        elif value.is_floating_point():
+            out[key] = value.to(device=param.device, dtype=param.dtype, copy=True)
+        else:
+            out[key] = value.to(device=param.device, copy=True)
+    return out
 
 
 def _host_state(state: dict[str, Any]) -> dict[str, Any]:
