@@ -95,7 +95,10 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         configure_nccl()
-    torch.set_num_threads(1)
+        # The node's cores are shared by its GPUs' trainers (start-up checks and batches run on the CPU).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, torch.cuda.device_count())))
+    else:
+        torch.set_num_threads(1)  # P x D ranks share this machine's cores
     spec = build_spec(job.entrypoint, job.seed)
     model = PartitionedModel(spec)
     model.check_layout(layout)
