@@ -143,3 +143,23 @@ def test_loaded_optimizer_state_is_placed_as_torch_places_it() -> None:
     assert placed["step"].device.type == "cpu" and placed["step"] is not state["step"]
     assert placed["exp_avg"].dtype == torch.float32  # floating-point state follows its parameter
     assert placed["flag"] == 1
+
+
+def test_aborting_communicators_is_best_effort_and_newest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker_agent.runtime import comm
+
+    aborted: list[str] = []
+
+    class Group:
+        def __init__(self, name: str, fails: bool) -> None:
+            self.name, self.fails = name, fails
+
+        def abort(self) -> None:
+            aborted.append(self.name)
+            if self.fails:
+                raise RuntimeError("communicator already gone")
+
+    monkeypatch.setattr(comm, "_NCCL_GROUPS", [Group("pipeline", False), Group("data", True), Group("tied", False)])
+    comm.abort_communicators()
+    assert aborted == ["tied", "data", "pipeline"] and comm._NCCL_GROUPS == []
+    assert comm.tensor_backend(torch.device("cpu")) == "gloo" and comm.tensor_backend(torch.device("cuda", 1)) == "nccl"
