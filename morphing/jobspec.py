@@ -7,7 +7,14 @@ and checking that paths exist stays with the callers (this package does no I/O).
 
 :meth:`JobSpec.identity_hash` names the training result in every checkpoint manifest: it covers only
 the fields that change the parameters (entrypoint, global batch, seed, dtype), and its bytes must not
-change, or checkpoints written before would no longer resume.
+change, or checkpoints written before would no longer resume. ``device``, ``precision`` and
+``activation_recomputation`` stay out of it: checkpoints hold the ``dtype`` master weights whatever the
+device or the autocast precision, so any run of a job may change them.
+
+``dtype`` is the type of the master parameters, the optimizer state, float inputs and checkpoints;
+``precision`` is what the forward and backward compute in: ``fp32`` runs without autocast (in ``dtype``),
+``bf16`` and ``fp16`` run under ``torch.autocast`` over float32 masters (fp16 with a loss scale).
+``float64`` is the exactness mode and takes no autocast.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, ValidationInfo, field_validator
 
 from morphing.errors import UserInputError, describe_validation_error
 
@@ -26,6 +33,10 @@ Schedule = Literal["1f1b", "gpipe"]
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 DType = Literal["float32", "float64"]
 DTYPES: tuple[DType, ...] = get_args(DType)
+Device = Literal["auto", "cuda", "cpu"]
+DEVICES: tuple[Device, ...] = get_args(Device)
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 SPEC_DOCS = "`spotmorph submit --schema` lists every field; docs/jobspec.md explains them"
 
@@ -56,6 +67,11 @@ class JobSpec(BaseModel):
     max_pipeline_stages: PositiveInt | None = Field(default=None, le=4096)
     min_gpus: PositiveInt = Field(default=1, le=1_000_000)
     max_restarts: int = Field(default=3, ge=0, le=1000, description="trainer failures tolerated")
+    device: Device = Field(default="auto", description="auto: CUDA where the trainer's node has a GPU, else CPU")
+    precision: Precision = Field(default="fp32", description="compute under autocast (bf16, fp16) over fp32 masters")
+    activation_recomputation: bool = Field(
+        default=False, description="keep only layer inputs for backward and recompute the rest (less memory)"
+    )
 
     @field_validator("name", "entrypoint", "checkpoint_dir", "profile")
     @classmethod
@@ -70,6 +86,17 @@ class JobSpec(BaseModel):
         target, sep, function = value.rpartition(":")
         if not sep or not target or not function.isidentifier():
             raise ValueError("use path/file.py:function or package.module:function")
+        return value
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_needs_float32_masters(cls, value: Precision, info: ValidationInfo) -> Precision:
+        dtype = info.data.get("dtype")
+        if value != "fp32" and dtype is not None and dtype != "float32":
+            raise ValueError(
+                f"{value} computes under autocast over float32 master weights, so it needs dtype float32 "
+                f"(got {dtype}); dtype float64 is the exactness mode: use it with precision fp32"
+            )
         return value
 
     def identity(self) -> dict[str, Any]:

@@ -72,6 +72,7 @@ class Planner:
         global_batch: int,
         schedule: Schedule = "1f1b",
         gpu_memory_bytes: int | None = None,
+        recomputation: bool = False,
     ) -> None:
         if global_batch <= 0:
             raise UserInputError(f"global batch {global_batch}: it must be >= 1 (samples per optimizer step)")
@@ -85,7 +86,8 @@ class Planner:
         self.global_batch = global_batch
         self.schedule: Schedule = schedule
         self.memory_limit = float(profile.cluster.gpu_memory_bytes)
-        self.costs = {m: LayerCosts(profile, m) for m in profile.micro_batch_sizes}
+        self.recomputation = recomputation  # the job's activation_recomputation: less memory, slower backward
+        self.costs = {m: LayerCosts(profile, m, recomputation) for m in profile.micro_batch_sizes}
         self._partitions: dict[tuple[int, int, int], Partition | None] = {}
         self._pipelines: dict[tuple[object, ...], tuple[float, ...]] = {}
         self._bases: dict[tuple[int, tuple[tuple[int, int], ...], float], _StageBase] = {}

@@ -16,7 +16,8 @@ Format (JSON, ``"format": "spotmorph.profile/v1"``)::
          "backward_seconds": {"1": 0.002, "2": 0.0035},  # same keys as forward_seconds
          "output_activation_bytes_per_sample": 65536,    # what this layer sends to the next, per sample
          "parameter_bytes": 1048576,
-         "activation_memory_bytes_per_sample": 262144}   # held for backward, per sample in flight
+         "activation_memory_bytes_per_sample": 262144,   # held for backward, per sample in flight
+         "peak_memory_bytes_per_sample": 393216}         # optional (GPU): allocator peak of one fwd+bwd
       ],
       "cluster": {
         "gpu_memory_bytes": 17179869184,
@@ -65,6 +66,15 @@ class LayerProfile(_Frozen):
     output_activation_bytes_per_sample: NonNegativeInt
     parameter_bytes: NonNegativeInt
     activation_memory_bytes_per_sample: NonNegativeInt
+    # Allocator peak of one forward + backward of the layer alone, per sample, parameter gradients excluded
+    # (measured on a GPU): the held activations plus the workspace and temporaries. None: not measured.
+    peak_memory_bytes_per_sample: NonNegativeInt | None = None
+
+    @property
+    def transient_bytes_per_sample(self) -> int:
+        """What running the layer needs on top of the activations it holds for backward."""
+        peak = self.peak_memory_bytes_per_sample
+        return max(0, peak - self.activation_memory_bytes_per_sample) if peak is not None else 0
 
     @model_validator(mode="after")
     def _same_sizes(self) -> LayerProfile:
@@ -90,6 +100,7 @@ class Profile(_Frozen):
     model: str = Field(min_length=1)
     source: str = ""
     dtype: str = "float32"
+    precision: str = "fp32"  # the autocast precision the layers were measured under
     gradient_bytes_per_parameter_byte: NonNegativeFloat = 1.0
     optimizer_bytes_per_parameter_byte: NonNegativeFloat = 2.0
     layers: tuple[LayerProfile, ...] = Field(min_length=1)

@@ -3,13 +3,21 @@
 Partitioning balances the *time* of the bottleneck stage (forward + backward at the chosen
 micro-batch size), not the layer count, under each stage's memory limit. The memory a stage needs
 depends on its position: under 1F1B stage ``s`` of ``P`` holds the activations of ``min(P - s, M)``
-micro-batches in flight, under GPipe all ``M``.
+micro-batches in flight, under GPipe all ``M``. On top of what it holds, running one layer's forward and
+backward needs that layer's transient memory (the profile's allocator peak above its held activations,
+where it was measured on a GPU) for one micro-batch.
+
+With activation recomputation a stage holds, per micro-batch in flight, only the layers' inputs and the
+stage's output (each layer's ``output_activation_bytes_per_sample``), and while one layer runs its
+backward it needs that layer's whole peak again (its activations are recomputed); the backward also
+reruns the forward, so it costs forward + backward.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -39,6 +47,27 @@ class StageMemory:
 
 
 @dataclass(frozen=True)
+class MemoryCheck:
+    """A stage's predicted peak memory against a measured one (``bench/gpu_bench.py`` measures on a GPU)."""
+
+    stage: int
+    predicted: int
+    measured: int
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured: positive when the model overestimates."""
+        return (self.predicted - self.measured) / self.measured if self.measured else float("inf")
+
+
+def compare_memory(predicted: Sequence[StageMemory], measured: Sequence[int]) -> list[MemoryCheck]:
+    """Stage by stage, the planner's memory (``Plan.stage_memory``) against measured peaks in bytes."""
+    if len(predicted) != len(measured):
+        raise ValueError(f"{len(predicted)} predicted stages but {len(measured)} measured")
+    return [MemoryCheck(s, p.total, m) for s, (p, m) in enumerate(zip(predicted, measured, strict=True))]
+
+
+@dataclass(frozen=True)
 class Partition:
     stage_layers: tuple[tuple[int, int], ...]
     bottleneck_seconds: float
@@ -47,16 +76,31 @@ class Partition:
 class LayerCosts:
     """Prefix sums over the profile's layers at one micro-batch size, so any stage costs O(1)."""
 
-    def __init__(self, profile: Profile, micro_batch_size: int) -> None:
+    def __init__(self, profile: Profile, micro_batch_size: int, recomputation: bool = False) -> None:
         self.profile = profile
         self.micro_batch_size = micro_batch_size
+        self.recomputation = recomputation
         layers = profile.layers
         self.forward = [layer.forward_seconds[micro_batch_size] for layer in layers]
-        self.backward = [layer.backward_seconds[micro_batch_size] for layer in layers]
+        self.backward = [
+            layer.backward_seconds[micro_batch_size] + (f if recomputation else 0.0)
+            for layer, f in zip(layers, self.forward, strict=True)
+        ]
         self._fwd = _prefix(self.forward)
         self._bwd = _prefix(self.backward)
         self._params = _prefix([float(layer.parameter_bytes) for layer in layers])
         self._act = _prefix([float(layer.activation_memory_bytes_per_sample) for layer in layers])
+        self._out = _prefix([float(layer.output_activation_bytes_per_sample) for layer in layers])
+        # Per sample, what running one layer needs beyond what the stage holds for it.
+        self._transient = [
+            float(max(layer.activation_memory_bytes_per_sample, layer.peak_memory_bytes_per_sample or 0))
+            if recomputation
+            else float(layer.transient_bytes_per_sample)
+            for layer in layers
+        ]
+        # Stage memory is a difference of prefix sums unless a transient term (a max over the stage's
+        # layers) or the recomputed stage's input (the previous layer's output) enters it.
+        self._additive = not recomputation and not any(self._transient)
         self.state_factor = 1.0 + profile.gradient_bytes_per_parameter_byte + profile.optimizer_bytes_per_parameter_byte
         self._compute = [f + b for f, b in zip(self._fwd, self._bwd, strict=True)]
         self._memory_prefixes: dict[int, list[float]] = {}
@@ -85,17 +129,29 @@ class LayerCosts:
         """Bytes a stage ending before layer ``last`` sends per micro-batch."""
         return self.profile.layers[last - 1].output_activation_bytes_per_sample * self.micro_batch_size
 
+    def activation_bytes(self, first: int, last: int, held_micro_batches: int) -> float:
+        """Activation memory of a stage at its peak: what it holds for the micro-batches in flight, plus the
+        transient memory of its most demanding layer for one micro-batch."""
+        m = self.micro_batch_size
+        if self.recomputation:
+            kept = self._out[last] - self._out[max(first - 1, 0)]  # layer inputs and the stage's output
+        else:
+            kept = self._act[last] - self._act[first]
+        return kept * held_micro_batches * m + m * max(self._transient[first:last], default=0.0)
+
     def memory(self, first: int, last: int, held_micro_batches: int) -> StageMemory:
         params = self.parameter_bytes(first, last)
-        acts = self._act[last] - self._act[first]
         return StageMemory(
             parameters=round(params),
             gradients=round(params * self.profile.gradient_bytes_per_parameter_byte),
             optimizer=round(params * self.profile.optimizer_bytes_per_parameter_byte),
-            activations=round(acts * held_micro_batches * self.micro_batch_size),
+            activations=round(self.activation_bytes(first, last, held_micro_batches)),
         )
 
     def memory_total(self, first: int, last: int, held_micro_batches: int) -> float:
+        if not self._additive:
+            params = self._params[last] - self._params[first]
+            return params * self.state_factor + self.activation_bytes(first, last, held_micro_batches)
         memory = self._memory_prefix(held_micro_batches)
         return memory[last] - memory[first]
 
@@ -163,10 +219,9 @@ class LayerCosts:
             if stage >= stages:
                 return None
             held = in_flight(schedule, stage, stages, micro_batches)
-            memory = self._memory_prefix(held)
             last = min(
                 self._furthest(self._compute, first, limit),
-                self._furthest(memory, first, memory_limit),
+                self._furthest_in_memory(first, held, memory_limit),
             )
             if last == first:
                 return None
@@ -180,6 +235,17 @@ class LayerCosts:
         while last > first and prefix[last] - prefix[first] > limit:
             last -= 1
         while last + 1 < len(prefix) and prefix[last + 1] - prefix[first] <= limit:
+            last += 1
+        return last
+
+    def _furthest_in_memory(self, first: int, held: int, memory_limit: float) -> int:
+        """Largest ``last`` whose stage ``[first, last)`` fits in ``memory_limit`` (memory grows with ``last``)."""
+        if self._additive:
+            return self._furthest(self._memory_prefix(held), first, memory_limit)
+        if memory_limit == float("inf"):
+            return self.num_layers
+        last = first
+        while last < self.num_layers and self.memory_total(first, last + 1, held) <= memory_limit:
             last += 1
         return last
 

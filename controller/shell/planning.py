@@ -55,7 +55,11 @@ class Planners:
         if cached is not None and cached[0] is job.spec:
             return cached[1]
         try:
-            built: Planner | str = MemoPlanner(read_profile(job.spec.profile), job.spec.global_batch, job.spec.schedule)
+            spec = job.spec
+            profile = read_profile(spec.profile)
+            built: Planner | str = MemoPlanner(
+                profile, spec.global_batch, spec.schedule, recomputation=spec.activation_recomputation
+            )
         except UserInputError as exc:
             built = str(exc)
         self._built[job.id] = (job.spec, built)

@@ -73,3 +73,28 @@ def test_bad_values_name_the_field() -> None:
         parse_job_spec({**json.loads(spec().model_dump_json()), "checkpoint_every": 5})
     with pytest.raises(UserInputError, match="is not JSON"):
         job_spec_from_json("{")
+
+
+def test_device_precision_and_recomputation_default_to_todays_behaviour_and_stay_out_of_the_identity() -> None:
+    made = spec()
+    assert (made.device, made.precision, made.activation_recomputation) == ("auto", "fp32", False)
+    other = spec(device="cuda", precision="bf16", activation_recomputation=True)
+    # Checkpoints hold the float32 masters whatever the device or autocast precision: any run may change them.
+    assert other.identity() == made.identity() and other.identity_hash() == made.identity_hash()
+    assert spec(precision="fp16", device="cpu").identity_hash() == made.identity_hash()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_autocast_precisions_need_float32_masters(precision: str) -> None:
+    with pytest.raises(UserInputError, match=r"field precision: .*needs dtype float32 \(got float64\)"):
+        parse_job_spec({**json.loads(spec().model_dump_json()), "dtype": "float64", "precision": precision})
+    assert spec(dtype="float64", precision="fp32").dtype == "float64"
+
+
+def test_unknown_device_or_precision_names_the_field() -> None:
+    with pytest.raises(UserInputError, match="field device"):
+        parse_job_spec({**json.loads(spec().model_dump_json()), "device": "tpu"})
+    with pytest.raises(UserInputError, match="field precision"):
+        parse_job_spec({**json.loads(spec().model_dump_json()), "precision": "float16"})
+    with pytest.raises(UserInputError, match="field activation_recomputation"):
+        parse_job_spec({**json.loads(spec().model_dump_json()), "activation_recomputation": "yes"})

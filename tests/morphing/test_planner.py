@@ -127,3 +127,31 @@ def test_batch_smaller_than_gpus_caps_replicas() -> None:
     assert isinstance(result, Plan)
     assert result.layout.data_parallel <= 3
     assert sum(result.layout.samples_per_replica) == 3
+
+
+def test_recomputation_fits_activation_heavy_models_on_fewer_gpus_and_predicts_a_slower_step() -> None:
+    layer = {
+        "forward_seconds": {"1": 0.01},
+        "backward_seconds": {"1": 0.02},
+        "output_activation_bytes_per_sample": 2**20,
+        "parameter_bytes": 2**20,
+        "activation_memory_bytes_per_sample": 2**28,
+    }
+    profile = Profile.model_validate(
+        {
+            "format": "spotmorph.profile/v1",
+            "model": "activation-heavy",
+            "layers": [{"name": f"l{i}", **layer} for i in range(8)],
+            "cluster": {
+                "gpu_memory_bytes": 2 * GIB,
+                "intra_node_bandwidth_bytes_per_second": 1e10,
+                "inter_node_bandwidth_bytes_per_second": 1e10,
+                "allreduce_bandwidth_bytes_per_second": 1e10,
+            },
+        }
+    )
+    plain, recomputed = Planner(profile, 4), Planner(profile, 4, recomputation=True)
+    assert plain.smallest_pipeline() == 2 and recomputed.smallest_pipeline() == 1
+    assert isinstance(plain.plan_gpus(1), Infeasible)
+    one = recomputed.plan_gpus(1)
+    assert isinstance(one, Plan) and one.predicted_step_seconds == pytest.approx(4 * 8 * (0.01 + 0.02 + 0.01))

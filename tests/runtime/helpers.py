@@ -40,6 +40,7 @@ def train_cmd(
         "--global-batch=7",
         "--micro-batch-size=2",
         "--log-every=1",
+        "--device=cpu",  # the same numbers on a machine with GPUs; GPU tests append --device=cuda
         *extra,
     ]
 

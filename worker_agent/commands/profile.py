@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from morphing.jobspec import DTYPES
+from morphing.jobspec import DEVICES, DTYPES, PRECISIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,6 +13,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-sizes", default="1,2,4", help="comma-separated sizes to measure")
     parser.add_argument("--out", type=Path, required=True, help="where to write the profile JSON")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast precision, as the job's")
+    parser.add_argument(
+        "--device", choices=DEVICES, default="auto", help="auto (default): the GPU when there is one, else the CPU"
+    )
+    parser.add_argument("--device-index", type=int, default=None, help="which GPU (default 0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per measurement")
     parser.add_argument("--no-network", action="store_true", help="skip the loopback gloo measurements")
@@ -22,7 +27,21 @@ def run(args: argparse.Namespace) -> int:
     from worker_agent.runtime.profiler import ProfileRequest, write_profile
 
     sizes = _parse_sizes(args.micro_batch_sizes)
-    request = ProfileRequest(args.entrypoint, sizes, args.dtype, args.seed, args.repeats, not args.no_network)
+    if args.precision != "fp32" and args.dtype != "float32":
+        from morphing.errors import UserInputError
+
+        raise UserInputError(f"--precision {args.precision} runs over float32 masters; use --dtype float32")
+    request = ProfileRequest(
+        args.entrypoint,
+        sizes,
+        args.dtype,
+        args.seed,
+        args.repeats,
+        not args.no_network,
+        device=args.device,
+        precision=args.precision,
+        device_index=args.device_index,
+    )
     write_profile(request, args.out)
     print(f"wrote {args.out}")
     return 0

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from morphing.jobspec import DTYPES, SCHEDULES, JobSpec
+from morphing.jobspec import DEVICES, DTYPES, PRECISIONS, SCHEDULES, JobSpec
 
 
 def _default(field: str) -> Any:
@@ -30,7 +30,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step B")
     parser.add_argument("--steps", type=int, required=True, help="train until this step")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
-    parser.add_argument("--dtype", choices=DTYPES, default=_default("dtype"))
+    parser.add_argument("--dtype", choices=DTYPES, default=_default("dtype"), help="master weights and checkpoints")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=_default("precision"),
+        help="compute: fp32, or bf16 / fp16 under autocast over float32 masters (default fp32)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=_default("device"),
+        help="auto (default): one GPU per rank when there are enough, else CPU; cuda: refuse to run without",
+    )
+    parser.add_argument(
+        "--activation-recomputation",
+        action="store_true",
+        help="recompute each layer during backward instead of keeping its activations (less memory)",
+    )
     parser.add_argument("--seed", type=int, default=_default("seed"))
     parser.add_argument("--schedule", choices=SCHEDULES, default=_default("schedule"))
     parser.add_argument(
@@ -65,6 +82,9 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         "steps": args.steps,
         "seed": args.seed,
         "dtype": args.dtype,
+        "precision": args.precision,
+        "device": args.device,
+        "activation_recomputation": args.activation_recomputation,
         "schedule": args.schedule,
         "micro_batch_size": args.micro_batch_size,
         "checkpoint_interval": args.checkpoint_interval,
@@ -80,9 +100,10 @@ def run(args: argparse.Namespace) -> int:
     from morphing.layout import make_layout
     from worker_agent.runtime.checkpoint import check_same_job
     from worker_agent.runtime.entrypoint import build_spec
-    from worker_agent.runtime.launcher import LocalRun, run_local
+    from worker_agent.runtime.launcher import LocalRun, local_device, run_local
 
     job = job_spec(args)
+    job = job.model_copy(update={"device": local_device(job.device, args.stages * args.replicas)})
     spec = build_spec(job.entrypoint, job.seed)
     per_replica = math.ceil(args.global_batch / max(1, args.replicas))
     micro = job.micro_batch_size or max(1, math.ceil(per_replica / (2 * max(1, args.stages))))
@@ -98,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
         from worker_agent.runtime.checkpoint import resolve
 
         resolve(args.load_from, job.identity())
-    print(f"spotmorph train: {spec.name}, layout {layout.describe()}, B={job.global_batch}", file=sys.stderr)
+    print(
+        f"spotmorph train: {spec.name}, layout {layout.describe()}, B={job.global_batch}, on {job.device}",
+        file=sys.stderr,
+    )
     with tempfile.TemporaryDirectory(prefix="spotmorph-run-") as tmp:
         run_dir = args.run_dir or Path(tmp)
         local = LocalRun(job, layout, args.checkpoint_dir, run_dir, log_every=args.log_every, load_from=args.load_from)

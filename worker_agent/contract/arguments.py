@@ -32,7 +32,7 @@ class TrainerArguments:
     progress_file: Path | None = None  # JSON lines (worker_agent.contract.events)
     host_store: bool = False  # this process hosts the TCPStore
     load_from: Path | None = None  # a checkpoint (or a checkpoint root) to start from instead of the newest
-    device_index: int | None = None  # the CUDA device of this rank's slot (None: the node has no GPU)
+    device_index: int | None = None  # the GPU of this rank's slot (cuda:N) when the job runs on CUDA; None: 0
 
     @classmethod
     def in_generation_dir(
@@ -133,9 +133,15 @@ def _trainer_parser() -> argparse.ArgumentParser:
         "--load-from", type=Path, help="checkpoint (or checkpoint root) to start from instead of the newest"
     )
     parser.add_argument(
-        "--device-index", type=int, help="CUDA device of this rank's slot (all GPUs stay visible, for NCCL)"
+        "--device-index", type=_device_index, help="GPU of this rank's slot (cuda:N) when the job runs on CUDA"
     )
     return parser
+
+
+def _device_index(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU index (0, 1, ...)")
+    return int(text)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -56,10 +56,17 @@ class StepCompleted:
 
 @dataclass(frozen=True)
 class CheckpointWritten:
-    """The checkpoint of ``step`` is committed (written when training stops or finishes)."""
+    """This rank has handed over its share of the checkpoint of ``step`` (after every checkpoint it takes).
+
+    ``last_checkpoint`` is the newest step this rank knows is committed: ``step`` itself once the write
+    is done, an older one while a background write is still going. ``stall_seconds`` is how long training
+    paused for it: the copy to host memory at the step boundary (pinned memory on a GPU), plus the write
+    when it is not in the background; None in lines written before it was reported.
+    """
 
     step: int
     last_checkpoint: int | None
+    stall_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,8 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord:
     if kind is None:
         raise ProgressLineError(f"unknown event {data.get('event')!r}")
     try:
-        event = kind(**{f.name: data[f.name] for f in fields(kind)})
+        # A field added later has a default, so lines written before it still parse.
+        event = kind(**{f.name: data[f.name] for f in fields(kind) if f.name in data or f.default is MISSING})
         return ProgressRecord(event, int(data["rank"]), int(data["generation"]), int(data["pid"]), float(data["time"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProgressLineError(f"{data.get('event')} line without {exc}") from None

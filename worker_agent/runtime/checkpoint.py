@@ -167,7 +167,8 @@ def _load_payload(path: Path, entry: FileEntry) -> LayerPayload:
     data = read_layer_file(path, entry)
     where = f"{path.name}/{entry.path}"
     try:
-        payload: object = torch.load(io.BytesIO(data), weights_only=True)
+        # Files hold CPU tensors; a tensor saved from a GPU by another writer still loads on a CPU-only node.
+        payload: object = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"{where}: not a layer file ({exc})") from exc
     if not isinstance(payload, dict):

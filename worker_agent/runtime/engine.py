@@ -6,13 +6,16 @@ micro-batch contributes ``sum(weight * per-sample loss) / B`` (the schedule's ow
 token mode ``sum(weight * per-token loss) / N`` with ``N`` the non-ignored targets of all ``B`` samples,
 counted from the step's indices before it runs.
 Gradients are summed over replicas per stage, and tied copies over every rank that holds one, so the
-update is the same whatever the layout.
+update is the same whatever the layout. On a GPU the stage's layers, the micro-batches and the optimizer
+state live on the rank's device; parameters and optimizer state stay in the job's dtype (the masters) and
+bf16 / fp16 only change what the forward computes in. fp16 multiplies the loss by a layout-free loss
+scale (:mod:`worker_agent.runtime.loss_scale`); a step whose gradients overflow on any rank is skipped by
+every rank.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,42 +36,12 @@ from worker_agent.runtime.batch import (
     weighted_loss,
 )
 from worker_agent.runtime.checkpoint import Checkpoint, LayerPayload, load_tensors
+from worker_agent.runtime.comm import Groups
+from worker_agent.runtime.device import compute_context, synchronize, to_host
 from worker_agent.runtime.job import step_indices, torch_dtype
+from worker_agent.runtime.loss_scale import LossScale
 from worker_agent.runtime.model_api import sample_context
 from worker_agent.runtime.partition import PartitionedModel
-
-
-@dataclass(frozen=True)
-class Groups:
-    """Process groups this rank belongs to (``None`` where the group would have one member)."""
-
-    replica: dist.ProcessGroup
-    pipeline: dist.ProcessGroup | None
-    data_parallel: dist.ProcessGroup | None
-    tied: dict[str, dist.ProcessGroup]
-
-
-def make_groups(layout: Layout, model: PartitionedModel, rank: int) -> Groups:
-    """Create every group in the same order on every rank (a collective requirement), keep ours."""
-    p, d = layout.pipeline_stages, layout.data_parallel
-    replica, stage = layout.coords(rank)
-    pipeline = data_parallel = own = None
-    for r in range(d):
-        group = dist.new_group([layout.rank(r, s) for s in range(p)])
-        if r == replica:
-            own = group
-            pipeline = group if p > 1 else None
-    for s in range(p):
-        group = dist.new_group([layout.rank(r, s) for r in range(d)])
-        if s == stage and d > 1:
-            data_parallel = group
-    tied: dict[str, dist.ProcessGroup] = {}
-    for name, holders in model.tied_across_stages(layout):
-        group = dist.new_group(sorted(layout.rank(r, s) for r in range(d) for s in holders))
-        if stage in holders:
-            tied[name] = group
-    assert own is not None
-    return Groups(own, pipeline, data_parallel, tied)
 
 
 class _Batch:
@@ -105,15 +78,30 @@ class _Stage(PipelineStage):
 
 
 class StageRunner:
-    def __init__(self, job: JobSpec, layout: Layout, rank: int, model: PartitionedModel, groups: Groups) -> None:
+    def __init__(
+        self,
+        job: JobSpec,
+        layout: Layout,
+        rank: int,
+        model: PartitionedModel,
+        groups: Groups,
+        device: torch.device | None = None,
+    ) -> None:
         self.job = job
         self.dtype = torch_dtype(job.dtype)
+        self.device = device or torch.device("cpu")
+        self.compute = compute_context(self.device, job.precision)
+        self.scaling = job.precision == "fp16"
+        self.loss_scale = LossScale()
         self.layout = layout
         self.rank = rank
         self.model = model
         self.groups = groups
         self.replica, self.stage = layout.coords(rank)
         self.spec = model.spec
+        module = model.stage_module(layout, self.stage, job.activation_recomputation, self.compute)
+        module.to(self.device)  # before the optimizer sees the parameters; masters keep the job's dtype
+        module.train()
         self.params = model.stage_params(layout, self.stage)
         self.optimizer = self.spec.optimizer(self.params)
         self.first, self.last = layout.stage_layers[self.stage]
@@ -122,15 +110,13 @@ class StageRunner:
         self.batch = _Batch()
         self.batch.micro_batch_size = layout.micro_batch_size
         self.n_micro = layout.micro_batches_per_replica[self.replica]
-        module = model.stage_module(layout, self.stage)
-        module.train()
         pipe_stage = _Stage(
             self.batch,
             job.seed,
             submodule=module,
             stage_index=self.stage,
             num_stages=layout.pipeline_stages,
-            device=torch.device("cpu"),
+            device=self.device,
             group=groups.replica,
         )
         use_gpipe = job.schedule == "gpipe" or self.n_micro < layout.pipeline_stages
@@ -141,13 +127,15 @@ class StageRunner:
 
     def _loss(self, output: Any, slots: torch.Tensor) -> torch.Tensor:
         targets = self.batch.targets[slots]
-        per_item = self.spec.loss(output, targets)
+        with self.compute():
+            per_item = self.spec.loss(output, targets)
         problem = check_loss_shape(per_item, targets, self.spec.loss_normalization)
         if problem is not None:
             raise UserInputError(problem)
-        return weighted_loss(
+        loss = weighted_loss(
             per_item, targets, self.batch.weights[slots], self.spec.loss_normalization, self.batch.denominator
         )
+        return loss * self.loss_scale.scale if self.scaling else loss
 
     def run_step(self, step: int) -> float:
         """Forward, backward, reduce, clip and update for ``step``; returns this replica's loss share."""
@@ -159,8 +147,8 @@ class StageRunner:
         pad = padded - len(indices)
         rows = indices + [indices[0]] * pad
         self.batch.step = step
-        self.batch.sample_ids = torch.tensor(indices + [-1] * pad, dtype=torch.long)
-        self.batch.weights = torch.tensor([1.0] * len(indices) + [0.0] * pad, dtype=self.dtype)
+        self.batch.sample_ids = torch.tensor(indices + [-1] * pad, dtype=torch.long, device=self.device)
+        self.batch.weights = torch.tensor([1.0] * len(indices) + [0.0] * pad, dtype=self.dtype, device=self.device)
         args: tuple[torch.Tensor, ...] = ()
         if self.is_first or self.is_last:
             inputs, targets = stack_samples([dataset[i] for i in rows], self.signature)
@@ -173,19 +161,44 @@ class StageRunner:
                 every = step_indices(step, job.global_batch, len(dataset), job.seed)
                 self.batch.denominator = float(max(1, count_target_tokens(dataset, every)))
         losses: list[torch.Tensor] = []
-        slots = torch.arange(padded)
+        slots = torch.arange(padded, device=self.device)
         target = slots if self.is_last else None
         self.schedule.step(*args, target=target, losses=losses if self.is_last else None)
+        # One device-to-host copy; summed in Python floats in micro-batch order, as on a CPU.
+        values = torch.stack([x.detach() for x in losses]).double().cpu().tolist() if losses else []
+        scale = self.loss_scale.scale if self.scaling else 1.0
         self._reduce_gradients()
+        if self.scaling and not self._unscale():
+            self.optimizer.zero_grad(set_to_none=True)
+            return float(sum(values)) / scale if self.is_last else 0.0
         self._clip()
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec.lr_schedule(step) * group.get("lr_scale", 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(sum(float(x.detach()) for x in losses)) if self.is_last else 0.0
+        return float(sum(values)) / scale if self.is_last else 0.0
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+        tensor = tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+        return tensor.to(self.device, non_blocking=True)
+
+    def _unscale(self) -> bool:
+        """fp16: whether this step may update (no rank saw an inf or NaN); divides gradients by the scale.
+
+        The overflow flag is all-reduced over every rank (the world's control group), so all ranks skip or
+        take the step together and move the scale the same way.
+        """
+        grads = [p.grad for _, p in self.params if p.grad is not None]
+        finite = torch.stack([torch.isfinite(g).all() for g in grads]).all() if grads else torch.tensor(True)
+        flag = torch.tensor([0.0 if bool(finite) else 1.0], dtype=torch.float64)
+        dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+        overflow = bool(flag[0] > 0)
+        inverse = 1.0 / self.loss_scale.scale  # a power of two: unscaling is exact
+        self.loss_scale = self.loss_scale.after(overflow)
+        if not overflow:
+            for grad in grads:
+                grad.mul_(inverse)
+        return not overflow
 
     def _reduce_gradients(self) -> None:
         for _, param in self.params:
@@ -204,7 +217,7 @@ class StageRunner:
         if max_norm is None:
             return
         owned = [p.grad for n, p in self.params if self.model.owned_by_stage(self.layout, n, self.stage)]
-        squares = torch.zeros((), dtype=torch.float64)
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
         for grad in owned:
             if grad is not None:
                 squares += grad.detach().double().pow(2).sum()
@@ -221,7 +234,10 @@ class StageRunner:
         return [i for i in range(self.first, self.last) if (i - self.first) % self.layout.data_parallel == self.replica]
 
     def payloads(self) -> dict[str, LayerPayload]:
-        """Copies of the tensors this rank writes, taken at the step boundary."""
+        """Host copies of the tensors this rank writes, taken at the step boundary (pinned memory on a GPU).
+
+        The file format does not depend on the device: every tensor in it is a CPU tensor.
+        """
         held = dict(self.params)
         out: dict[str, LayerPayload] = {}
         for layer in self.layers_to_write():
@@ -229,13 +245,14 @@ class StageRunner:
             out[self.model.layer_names[layer]] = {
                 "format": "spotmorph.layer/v1",
                 "layer": self.model.layer_names[layer],
-                "tensors": {n: held[n].detach().clone() for n in names},
-                "optimizer": {n: _copy_state(self.optimizer.state.get(held[n], {})) for n in names},
+                "tensors": {n: to_host(held[n]) for n in names},
+                "optimizer": {n: _host_state(self.optimizer.state.get(held[n], {})) for n in names},
             }
+        synchronize(self.device)  # the copies to pinned memory are asynchronous
         return out
 
     def load(self, ckpt: Checkpoint) -> None:
-        """Parameters and optimizer state of this stage from ``ckpt`` (any writer layout)."""
+        """Parameters and optimizer state of this stage from ``ckpt`` (any writer layout, precision or device)."""
         names = {n for n, _ in self.params}
         files = load_tensors(ckpt, names)
         found: dict[str, tuple[torch.Tensor, dict[str, Any]]] = {}
@@ -249,11 +266,32 @@ class StageRunner:
                     raise ValueError(f"checkpoint tensor {name} is {tensor.dtype}{list(tensor.shape)}")
                 param.copy_(tensor)
                 if state:
-                    self.optimizer.state[param] = _copy_state(state)
+                    self.optimizer.state[param] = placed_state(self.optimizer, param, state)
+        if self.scaling and ckpt.manifest.loss_scale is not None:
+            self.loss_scale = LossScale.from_dict(ckpt.manifest.loss_scale.model_dump())
 
 
-def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+def placed_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
+    """Loaded optimizer state moved next to its parameter, as ``Optimizer.load_state_dict`` places it:
+    floating-point state in the parameter's device and dtype; a scalar ``step`` stays on the CPU unless the
+    param group is fused or capturable."""
+    group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
+    on_device = bool(group.get("fused") or group.get("capturable"))
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            out[key] = value
+        elif key == "step":
+            out[key] = value.to(param.device, copy=True) if on_device else value.detach().clone()
+        elif value.is_floating_point():
+            out[key] = value.to(device=param.device, dtype=param.dtype, copy=True)
+        else:
+            out[key] = value.to(device=param.device, copy=True)
+    return out
+
+
+def _host_state(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def _all_reduce_coalesced(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:

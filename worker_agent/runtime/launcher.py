@@ -4,7 +4,8 @@ Each rank is a real OS process started with the same entry a worker agent uses
 (:class:`worker_agent.contract.TrainerArguments`), and the run dir is laid out as one generation dir of
 an agent (:class:`worker_agent.contract.GenerationDir`). A SIGINT/SIGTERM to the launcher becomes the
 control dir's stop request. When one trainer fails the others are given time to notice (their
-process-group timeouts) and are killed only if they overstay it.
+process-group timeouts) and are killed only if they overstay it. On CUDA, rank ``r`` uses GPU ``r``
+(its local rank), so a layout needs a GPU per rank.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
-from morphing.jobspec import JobSpec
+from morphing.errors import UserInputError
+from morphing.jobspec import Device, JobSpec
 from morphing.layout import Layout
 from worker_agent.contract import (
     CheckpointWritten,
@@ -45,6 +47,32 @@ class LocalRun:
     load_from: Path | None = None
 
 
+def local_device(requested: Device, ranks: int) -> Device:
+    """The device ``ranks`` local trainers use: ``auto`` is CUDA when every rank can have a GPU of its own.
+
+    Asking for ``cuda`` without CUDA, or with fewer GPUs than ranks, is a :class:`UserInputError`.
+    """
+    from worker_agent.runtime.device import NO_CUDA, cuda_available
+
+    if requested == "cpu":
+        return "cpu"
+    if not cuda_available():
+        if requested == "cuda":
+            raise UserInputError(NO_CUDA)
+        return "cpu"
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus >= ranks:
+        return "cuda"
+    if requested == "cuda":
+        raise UserInputError(
+            f"{ranks} ranks need a GPU each, but this machine has {gpus}; use fewer stages x replicas or --device cpu"
+        )
+    print(f"spotmorph train: {ranks} ranks but {gpus} GPU(s): running on the CPU (device auto)", file=sys.stderr)
+    return "cpu"
+
+
 def run_local(run: LocalRun) -> int:
     """Start every rank, relay rank 0's progress; return the :class:`ExitCode` of the run as a whole."""
     import torch.distributed as dist
@@ -67,6 +95,7 @@ def run_local(run: LocalRun) -> int:
             checkpoint_dir=run.checkpoint_dir,
             load_from=run.load_from,
             generation=run.generation,
+            device_index=rank if run.job.device == "cuda" else None,
         )
         procs.append(subprocess.Popen(arguments.command(sys.executable), start_new_session=True))
 

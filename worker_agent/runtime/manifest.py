@@ -50,6 +50,13 @@ class JobIdentity(_Strict):
     dtype: str
 
 
+class LossScaleState(_Strict):
+    """fp16's loss scale (:mod:`worker_agent.runtime.loss_scale`), the same on every rank."""
+
+    scale: float = Field(gt=0)
+    good_steps: Count
+
+
 class DataCursor(_Strict):
     samples_consumed: Count
     epoch: Count
@@ -102,6 +109,7 @@ class Manifest(_Strict):
     layout: dict[str, Any]
     generation: int
     layer_names: tuple[str, ...]
+    loss_scale: LossScaleState | None = None  # written by fp16 runs only, so other manifests keep their bytes
 
     @field_validator("format")
     @classmethod

@@ -8,6 +8,8 @@ stay equal because their gradients are summed over all holders before the (ident
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,9 @@ from morphing.errors import UserInputError
 from morphing.layout import Layout
 from worker_agent.runtime.batch import run_layers
 from worker_agent.runtime.model_api import ModelSpec
+from worker_agent.runtime.recompute import recomputed
+
+ComputeContext = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 @dataclass(frozen=True)
@@ -37,14 +42,27 @@ class StageModule(nn.Module):
 
     A tuple a layer returns becomes the next layer's positional arguments here exactly as it does when
     ``PipelineStage`` sends it to the next stage, so a model runs the same whichever way it is cut.
+    ``compute`` is the context the layers run in (autocast for bf16 / fp16; it is entered here, so the
+    pipeline's shape inference sees the dtypes the real forward sends); with ``recompute`` each layer
+    keeps only its input for backward (:mod:`worker_agent.runtime.recompute`).
     """
 
-    def __init__(self, layers: list[nn.Module]) -> None:
+    def __init__(
+        self, layers: list[nn.Module], recompute: bool = False, compute: ComputeContext = contextlib.nullcontext
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)  # unnamed: the stable names live in PartitionedModel
+        self.recompute = recompute
+        self.compute = compute
 
     def forward(self, *args: torch.Tensor) -> Any:
-        return run_layers(list(self.layers), args if len(args) > 1 else args[0])
+        x: Any = args if len(args) > 1 else args[0]
+        with self.compute():
+            if not self.recompute:
+                return run_layers(list(self.layers), x)
+            for layer in self.layers:
+                x = recomputed(layer, x)
+            return x
 
 
 class PartitionedModel:
@@ -76,9 +94,11 @@ class PartitionedModel:
                 f"{len(self.layer_names)} stages"
             )
 
-    def stage_module(self, layout: Layout, stage: int) -> StageModule:
+    def stage_module(
+        self, layout: Layout, stage: int, recompute: bool = False, compute: ComputeContext = contextlib.nullcontext
+    ) -> StageModule:
         first, last = layout.stage_layers[stage]
-        return StageModule([self.modules[i] for i in range(first, last)])
+        return StageModule([self.modules[i] for i in range(first, last)], recompute, compute)
 
     def stage_params(self, layout: Layout, stage: int) -> list[tuple[str, nn.Parameter]]:
         """Parameters a stage holds (each once, under its canonical name), in model order."""

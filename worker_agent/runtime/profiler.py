@@ -2,13 +2,16 @@
 
 Layers are timed one at a time on real samples (the input of layer ``i`` is what layers ``0..i-1``
 produce), with one thread and autograd recording, as a trainer process runs them (layout-free dropout
-included). The last layer's time includes the loss. The
+included), on the job's device and under its precision's autocast. The last layer's time includes the
+loss. On a GPU, times come from CUDA events (kernels run asynchronously) and each layer's allocator peak
+over one forward and backward (``torch.cuda.max_memory_allocated`` after a reset) is recorded as well. The
 network figures come from two gloo processes on this machine (point-to-point and all-reduce at a few
 sizes, fitted as latency + bytes / bandwidth); there is one machine, so inter-node = intra-node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from morphing.jobspec import DType
+from morphing.jobspec import Device, DType, Precision
 from morphing.profile import parse_profile
 from worker_agent.runtime.batch import (
     Activation,
@@ -34,6 +37,7 @@ from worker_agent.runtime.batch import (
     signature,
     stack_samples,
 )
+from worker_agent.runtime.device import compute_context, median_seconds, resolve_device, stopwatch, synchronize
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.job import torch_dtype
 from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, sample_context
@@ -49,16 +53,20 @@ class ProfileRequest:
     seed: int = 0
     repeats: int = 20
     network: bool = True
+    device: Device = "cpu"
+    precision: Precision = "fp32"
+    device_index: int | None = None
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return max(statistics.median(times), 1e-9)
+@dataclass(frozen=True)
+class _Where:
+    """The device layers run on and the context their forward (and the loss) runs in."""
+
+    device: torch.device
+    compute: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+
+    def median_seconds(self, fn: Callable[[], Any], repeats: int) -> float:
+        return median_seconds(fn, repeats, self.device)
 
 
 def _saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
@@ -75,15 +83,15 @@ def _saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype) -> tuple[list[Activation], torch.Tensor]:
-    """The input of every layer for a micro-batch of ``m`` samples, and the targets."""
+def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype, where: _Where) -> tuple[list[Activation], torch.Tensor]:
+    """The input of every layer for a micro-batch of ``m`` samples, and the targets (on the device)."""
     samples = [spec.dataset[i % len(spec.dataset)] for i in range(m)]
     x, targets = stack_samples(samples, signature(samples[0]))
-    x = map_tensors(x, lambda t: t.to(dtype) if t.is_floating_point() else t)
-    targets = targets.to(dtype) if targets.is_floating_point() else targets
+    x = map_tensors(x, lambda t: (t.to(dtype) if t.is_floating_point() else t).to(where.device))
+    targets = (targets.to(dtype) if targets.is_floating_point() else targets).to(where.device)
     inputs = []
-    ids = torch.arange(m)
-    with torch.no_grad(), sample_context(0, 0, ids):
+    ids = torch.arange(m, device=where.device)
+    with torch.no_grad(), sample_context(0, 0, ids), where.compute():
         for _, layer in spec.layers:
             inputs.append(x)
             x = call_layer(layer, x)
@@ -98,18 +106,26 @@ class _LayerTiming:
     """Forward (with autograd recording, as in training) and backward of one layer on a fixed input."""
 
     def __init__(
-        self, spec: ModelSpec, layer: nn.Module, x: Activation, targets: torch.Tensor, seed: int, last: bool
+        self,
+        spec: ModelSpec,
+        layer: nn.Module,
+        x: Activation,
+        targets: torch.Tensor,
+        seed: int,
+        last: bool,
+        where: _Where,
     ) -> None:
         self.spec, self.layer, self.targets, self.seed, self.last = spec, layer, targets, seed, last
+        self.where = where
         self.x = map_tensors(x, lambda t: t.detach().requires_grad_(t.is_floating_point()))
-        self.ids = torch.arange(as_tuple(x)[0].shape[0])
+        self.ids = torch.arange(as_tuple(x)[0].shape[0], device=where.device)
 
     def forward(self) -> torch.Tensor:
         """The loss (last layer) or the layer output's differentiable tensors, flattened into one."""
-        with sample_context(self.seed, 0, self.ids):
+        with sample_context(self.seed, 0, self.ids), self.where.compute():
             out = call_layer(self.layer, self.x)
-        if self.last:
-            return self.spec.loss(out, self.targets).sum()
+            if self.last:
+                return self.spec.loss(out, self.targets).sum()
         grads = [t for t in as_tuple(out) if t.requires_grad]
         if len(grads) == 1:
             return grads[0]
@@ -119,11 +135,27 @@ class _LayerTiming:
         times = []
         for _ in range(repeats + 1):
             out = self.forward()
-            start = time.perf_counter()
-            torch.autograd.backward(out, torch.ones_like(out))
-            times.append(time.perf_counter() - start)
+            with stopwatch(self.where.device) as elapsed:
+                torch.autograd.backward(out, torch.ones_like(out))
+            times.append(elapsed())
         self.layer.zero_grad(set_to_none=True)
         return max(statistics.median(times[1:]), 1e-9)
+
+    def peak_bytes(self) -> int:
+        """Allocator peak of one forward and backward above what was allocated before, less the parameter
+        gradients (the planner counts those with the parameters); GPU only."""
+        device = self.where.device
+        self.layer.zero_grad(set_to_none=True)
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        out = self.forward()
+        torch.autograd.backward(out, torch.ones_like(out))
+        synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in self.layer.parameters() if p.grad is not None)
+        self.layer.zero_grad(set_to_none=True)
+        return max(0, peak - grads)
 
 
 def _scale_to_chained(
@@ -133,20 +165,21 @@ def _scale_to_chained(
     x: Activation,
     targets: torch.Tensor,
     request: ProfileRequest,
+    where: _Where,
 ) -> None:
     """Scale one size's layer times so they add up to a forward + backward of the chained model.
 
     Layers timed alone run with warm caches and a one-layer autograd graph; chained, the same work takes
     longer (about 20% for the demo model on a CPU). The ratio is applied to every layer.
     """
-    ids = torch.arange(as_tuple(x)[0].shape[0])
+    ids = torch.arange(as_tuple(x)[0].shape[0], device=where.device)
 
     def chained() -> None:
-        with sample_context(request.seed, 0, ids):
-            out = run_layers([layer for _, layer in spec.layers], x)
-        torch.autograd.backward(spec.loss(out, targets).sum())
+        with sample_context(request.seed, 0, ids), where.compute():
+            loss = spec.loss(run_layers([layer for _, layer in spec.layers], x), targets).sum()
+        torch.autograd.backward(loss)
 
-    whole = _median_seconds(chained, request.repeats)
+    whole = where.median_seconds(chained, request.repeats)
     for _, layer in spec.layers:
         layer.zero_grad(set_to_none=True)
     parts = sum(r["forward_seconds"][key] + r["backward_seconds"][key] for r in result)
@@ -156,28 +189,32 @@ def _scale_to_chained(
         r["backward_seconds"][key] *= ratio
 
 
-def profile_layers(spec: ModelSpec, request: ProfileRequest) -> list[dict[str, Any]]:
+def profile_layers(spec: ModelSpec, request: ProfileRequest, where: _Where | None = None) -> list[dict[str, Any]]:
+    where = where or _Where(torch.device("cpu"))
     dtype = torch_dtype(request.dtype)
     last = len(spec.layers) - 1
     result: list[dict[str, Any]] = [
         {"name": name, "forward_seconds": {}, "backward_seconds": {}} for name, _ in spec.layers
     ]
     for m in request.micro_batch_sizes:
-        inputs, targets = _layer_inputs(spec, m, dtype)
+        inputs, targets = _layer_inputs(spec, m, dtype, where)
         for i, (_, layer) in enumerate(spec.layers):
-            timing = _LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last)
-            result[i]["forward_seconds"][str(m)] = _median_seconds(timing.forward, request.repeats)
+            timing = _LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last, where)
+            result[i]["forward_seconds"][str(m)] = where.median_seconds(timing.forward, request.repeats)
             result[i]["backward_seconds"][str(m)] = timing.backward_seconds(request.repeats)
-        _scale_to_chained(spec, result, str(m), inputs[0], targets, request)
+        _scale_to_chained(spec, result, str(m), inputs[0], targets, request, where)
     m = max(request.micro_batch_sizes)
-    inputs, targets = _layer_inputs(spec, m, dtype)
+    inputs, targets = _layer_inputs(spec, m, dtype, where)
     for i, (_, layer) in enumerate(spec.layers):
-        with torch.no_grad(), sample_context(request.seed, 0, torch.arange(m)):
+        with torch.no_grad(), sample_context(request.seed, 0, torch.arange(m, device=where.device)), where.compute():
             out = call_layer(layer, inputs[i])
-        saved = _saved_bytes(_LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last).forward)
+        timing = _LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last, where)
+        saved = _saved_bytes(timing.forward)
         result[i]["output_activation_bytes_per_sample"] = 0 if i == last else _nbytes(out) // m
         result[i]["parameter_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
         result[i]["activation_memory_bytes_per_sample"] = saved // m
+        if where.device.type == "cuda":
+            result[i]["peak_memory_bytes_per_sample"] = timing.peak_bytes() // m
     return result
 
 
@@ -264,42 +301,53 @@ def measure_network(repeats: int = 10) -> dict[str, float]:
     return {"latency": latency, "bandwidth": bandwidth, "allreduce_bandwidth": allreduce_bw}
 
 
-def _memory_share() -> int:
+def _device_memory(device: torch.device) -> int:
+    """What one rank may use: the GPU's memory, or this machine's RAM shared by its cores."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(total // max(1, os.cpu_count() or 1))
 
 
 def build_profile(request: ProfileRequest) -> dict[str, Any]:
+    device = resolve_device(request.device, request.device_index)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     torch.set_num_threads(1)
     spec = build_spec(request.entrypoint, request.seed)
-    nn.ModuleList([m for _, m in spec.layers]).to(torch_dtype(request.dtype))
+    nn.ModuleList([m for _, m in spec.layers]).to(torch_dtype(request.dtype)).to(device)
     assign_dropout_keys(spec.layers)
     for _, layer in spec.layers:
         layer.train()
-    layers = profile_layers(spec, request)
+    layers = profile_layers(spec, request, _Where(device, compute_context(device, request.precision)))
+    where = f"this GPU ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "this CPU machine"
+    timing = "CUDA events per layer" if device.type == "cuda" else "1 thread per layer timing"
     if request.network:
         net = measure_network()
-        source = "measured on this CPU machine: 1 thread per layer timing; loopback gloo for the network"
+        source = f"measured on {where}: {timing}; loopback gloo for the network"
     else:
         net = {"latency": 5e-5, "bandwidth": 1e9, "allreduce_bandwidth": 5e8}
-        source = "measured on this CPU machine: 1 thread per layer timing; network figures assumed"
+        source = f"measured on {where}: {timing}; network figures assumed"
+    if request.precision != "fp32":
+        source += f"; {request.precision} autocast"
     return {
         "format": FORMAT,
         "model": spec.name,
         "source": source,
         "dtype": request.dtype,
+        **({"precision": request.precision} if request.precision != "fp32" else {}),
         "gradient_bytes_per_parameter_byte": 1.0,
         "optimizer_bytes_per_parameter_byte": optimizer_bytes_ratio(spec),
         "layers": layers,
         "cluster": {
-            "gpu_memory_bytes": _memory_share(),
+            "gpu_memory_bytes": _device_memory(device),
             "intra_node_bandwidth_bytes_per_second": net["bandwidth"],
             "inter_node_bandwidth_bytes_per_second": net["bandwidth"],
             "allreduce_bandwidth_bytes_per_second": net["allreduce_bandwidth"],
             "intra_node_latency_seconds": net["latency"],
             "inter_node_latency_seconds": net["latency"],
-            # Timed on one CPU thread: ranks beyond the cores of a node share them.
-            "compute_slots_per_node": os.cpu_count() or 1,
+            # Timed on one CPU thread: ranks beyond the cores of a node share them; a GPU is a rank's own.
+            "compute_slots_per_node": None if device.type == "cuda" else os.cpu_count() or 1,
         },
     }
 

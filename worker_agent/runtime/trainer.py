@@ -3,21 +3,20 @@
 ``python -m worker_agent.runtime.trainer`` with the arguments of
 :class:`worker_agent.contract.TrainerArguments`; it reports :mod:`worker_agent.contract.events` and ends
 with an :class:`worker_agent.contract.ExitCode`. The generation prefixes every rendezvous key, so a
-trainer of generation g never meets one of g+1.
+trainer of generation g never meets one of g+1. The job's device is resolved before the rendezvous
+(CUDA asked for on a node without it exits 2 at once), and a rank on a GPU uses ``cuda:<device_index>``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 import traceback
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from morphing.errors import UserInputError
@@ -28,16 +27,14 @@ from worker_agent.contract import (
     CheckpointWritten,
     ControlDir,
     ExitCode,
-    ProgressEvent,
-    ProgressRecord,
     StepCompleted,
     TrainerArguments,
     TrainerFailed,
     TrainerStarted,
     TrainingFinished,
     TrainingStopped,
-    progress_line,
 )
+from worker_agent.runtime.control import CheckpointRequests, Progress, StopRequest
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed
 
 # Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
@@ -45,64 +42,9 @@ from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed
 ASSIGNED_AT: float | None = None
 
 
-class Progress:
-    """JSON lines for the agent (:mod:`worker_agent.contract.events`): one per event, flushed at once."""
-
-    def __init__(self, path: Path | None, rank: int, generation: int) -> None:
-        self.rank = rank
-        self.generation = generation
-        self._fh = open(path, "a", buffering=1) if path is not None else None  # noqa: SIM115
-
-    def emit(self, event: ProgressEvent) -> None:
-        if self._fh is None:
-            return
-        record = ProgressRecord(event, self.rank, self.generation, os.getpid(), time.time())
-        self._fh.write(progress_line(record) + "\n")
-        self._fh.flush()
-
-
-class StopRequest:
-    """Set by SIGTERM / SIGINT or by the control dir's stop file; agreed on in-band by all ranks."""
-
-    def __init__(self, control: ControlDir | None) -> None:
-        self.control = control
-        self.signalled = False
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signalled = True
-
-    def requested(self) -> bool:
-        return self.signalled or (self.control is not None and self.control.stop_requested())
-
-
-class CheckpointRequests:
-    """Checkpoint requests, agreed on in-band: rank 0's request counter rides the per-step all-reduce.
-
-    Only rank 0 contributes its counter (the others add 0), so every rank sees the same value at the same
-    step boundary even though each node's agent publishes it at its own moment. The first value seen is
-    the baseline (a request older than this generation is already covered by the checkpoint it resumed
-    from); any later change is one request.
-    """
-
-    def __init__(self, control: ControlDir | None, rank: int) -> None:
-        self.control = control if rank == 0 else None
-        self.acted_on: int | None = None
-
-    def contribution(self) -> float:
-        return float(self.control.checkpoint_request()) if self.control is not None else 0.0
-
-    def requested(self, agreed: float) -> bool:
-        """Whether the counter all ranks now share is a new request (remembering it as acted on)."""
-        counter = int(agreed)
-        new = self.acted_on is not None and counter != self.acted_on
-        self.acted_on = counter
-        return new
-
-
 def _rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
-    """Join the generation's namespace of the store, wait for all ranks, then start gloo."""
+    """Join the generation's namespace of the store, wait for all ranks, then start gloo (the control group;
+    :mod:`worker_agent.runtime.comm` adds the groups that move model tensors)."""
     import torch.distributed as dist
 
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
@@ -132,7 +74,9 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     import torch.distributed as dist
 
     from worker_agent.runtime import checkpoint as ckpt_mod
-    from worker_agent.runtime.engine import StageRunner, make_groups, module_for_dtype
+    from worker_agent.runtime.comm import configure_nccl, make_groups
+    from worker_agent.runtime.device import resolve_device
+    from worker_agent.runtime.engine import StageRunner, module_for_dtype
     from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.job import data_cursor, load_job_spec, torch_dtype
     from worker_agent.runtime.model_api import assign_dropout_keys
@@ -147,7 +91,14 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         raise UserInputError(f"layout global_batch={layout.global_batch} but job has {job.global_batch}")
     if not 0 <= cfg.rank < layout.world_size:
         raise UserInputError(f"rank {cfg.rank} is outside the layout's {layout.world_size} ranks")
-    torch.set_num_threads(1)
+    device = resolve_device(job.device, cfg.device_index)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        configure_nccl()
+        # The node's cores are shared by its GPUs' trainers (start-up checks and batches run on the CPU).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, torch.cuda.device_count())))
+    else:
+        torch.set_num_threads(1)  # P x D ranks share this machine's cores
     spec = build_spec(job.entrypoint, job.seed)
     model = PartitionedModel(spec)
     model.check_layout(layout)
@@ -185,8 +136,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     dist.broadcast_object_list(choice, src=0)
     if choice[1]:
         raise UserInputError(choice[1])
-    groups = make_groups(layout, model, cfg.rank)
-    runner = StageRunner(job, layout, cfg.rank, model, groups)
+    groups = make_groups(layout, model, cfg.rank, device, job.timeout_seconds)
+    runner = StageRunner(job, layout, cfg.rank, model, groups, device)
     step = 0
     if choice[0]:
         # Rank 0 verified every file; each rank re-checks the manifest and the files it reads.
@@ -244,10 +195,15 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                     "generation": cfg.generation,
                     "layer_names": model.layer_names,
                 }
+                if runner.scaling:
+                    manifest["loss_scale"] = runner.loss_scale.to_dict()
+            writer.wait()  # the previous write is done before new host copies are taken
             writer.save(step, runner.payloads(), manifest)
             if finishing:
                 writer.wait()
-                progress.emit(CheckpointWritten(step=step, last_checkpoint=writer.last_committed))
+            # How long training paused: the copy to host memory, plus the write itself unless in the background.
+            stall = time.perf_counter() - write_started
+            progress.emit(CheckpointWritten(step=step, last_checkpoint=writer.last_committed, stall_seconds=stall))
         if finishing:
             ended = TrainingStopped if stopping else TrainingFinished
             progress.emit(
@@ -305,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         code = ExitCode.ABORTED
     sys.stdout.flush()
     sys.stderr.flush()
+    if "worker_agent.runtime.comm" in sys.modules:
+        from worker_agent.runtime.comm import abort_communicators
+
+        abort_communicators()
     # No destructors: a process group whose peer died can hang in teardown.
     os._exit(code)
 

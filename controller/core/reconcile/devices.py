@@ -22,8 +22,8 @@ PRESENT = frozenset({NodeState.JOINING, NodeState.READY, NodeState.ASSIGNED, Nod
 
 
 def needs_gpus(spec: JobSpec) -> bool:
-    """``device: cuda``; a spec without the field (written before it existed) runs anywhere."""
-    return getattr(spec, "device", "auto") == "cuda"
+    """``device: cuda`` (``auto``, also the default of specs stored before the field existed, runs anywhere)."""
+    return spec.device == "cuda"
 
 
 def may_run_on(job: JobRecord, node: NodeRecord) -> bool:

@@ -127,6 +127,9 @@ class JobSpec(_message.Message):
     KEEP_FIELD_NUMBER: _builtins.int
     BACKGROUND_CHECKPOINT_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    DEVICE_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
+    ACTIVATION_RECOMPUTATION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     entrypoint: _builtins.str
     """path/file.py:function or package.module:function"""
@@ -154,6 +157,12 @@ class JobSpec(_message.Message):
     """write checkpoints while training goes on"""
     timeout_seconds: _builtins.float
     """collective timeout"""
+    device: _builtins.str
+    """auto | cuda | cpu"""
+    precision: _builtins.str
+    """fp32 | bf16 | fp16 (compute; masters stay float32)"""
+    activation_recomputation: _builtins.bool
+    """recompute each layer's activations in backward"""
     def __init__(
         self,
         *,
@@ -175,15 +184,22 @@ class JobSpec(_message.Message):
         keep: _builtins.int | None = ...,
         background_checkpoint: _builtins.bool | None = ...,
         timeout_seconds: _builtins.float | None = ...,
+        device: _builtins.str | None = ...,
+        precision: _builtins.str | None = ...,
+        activation_recomputation: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_dtype", b"_dtype", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "dtype", b"dtype", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_dtype", b"_dtype", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "dtype", b"dtype", "entrypoint", b"entrypoint", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__activation_recomputation: _TypeAlias = _typing.Literal["activation_recomputation"]  # noqa: Y015
+    _WhichOneofArgType__activation_recomputation: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation"]  # noqa: Y015
     _WhichOneofReturnType__background_checkpoint: _TypeAlias = _typing.Literal["background_checkpoint"]  # noqa: Y015
     _WhichOneofArgType__background_checkpoint: _TypeAlias = _typing.Literal["_background_checkpoint", b"_background_checkpoint"]  # noqa: Y015
     _WhichOneofReturnType__checkpoint_interval: _TypeAlias = _typing.Literal["checkpoint_interval"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_interval: _TypeAlias = _typing.Literal["_checkpoint_interval", b"_checkpoint_interval"]  # noqa: Y015
+    _WhichOneofReturnType__device: _TypeAlias = _typing.Literal["device"]  # noqa: Y015
+    _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015
     _WhichOneofReturnType__dtype: _TypeAlias = _typing.Literal["dtype"]  # noqa: Y015
     _WhichOneofArgType__dtype: _TypeAlias = _typing.Literal["_dtype", b"_dtype"]  # noqa: Y015
     _WhichOneofReturnType__keep: _TypeAlias = _typing.Literal["keep"]  # noqa: Y015
@@ -196,6 +212,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__micro_batch_size: _TypeAlias = _typing.Literal["_micro_batch_size", b"_micro_batch_size"]  # noqa: Y015
     _WhichOneofReturnType__min_gpus: _TypeAlias = _typing.Literal["min_gpus"]  # noqa: Y015
     _WhichOneofArgType__min_gpus: _TypeAlias = _typing.Literal["_min_gpus", b"_min_gpus"]  # noqa: Y015
+    _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
+    _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
     _WhichOneofReturnType__profile: _TypeAlias = _typing.Literal["profile"]  # noqa: Y015
     _WhichOneofArgType__profile: _TypeAlias = _typing.Literal["_profile", b"_profile"]  # noqa: Y015
     _WhichOneofReturnType__schedule: _TypeAlias = _typing.Literal["schedule"]  # noqa: Y015
@@ -203,9 +221,13 @@ class JobSpec(_message.Message):
     _WhichOneofReturnType__timeout_seconds: _TypeAlias = _typing.Literal["timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__timeout_seconds: _TypeAlias = _typing.Literal["_timeout_seconds", b"_timeout_seconds"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__activation_recomputation) -> _WhichOneofReturnType__activation_recomputation | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__background_checkpoint) -> _WhichOneofReturnType__background_checkpoint | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_interval) -> _WhichOneofReturnType__checkpoint_interval | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__device) -> _WhichOneofReturnType__device | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__dtype) -> _WhichOneofReturnType__dtype | None: ...
     @_typing.overload
@@ -218,6 +240,8 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__micro_batch_size) -> _WhichOneofReturnType__micro_batch_size | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_gpus) -> _WhichOneofReturnType__min_gpus | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__precision) -> _WhichOneofReturnType__precision | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__profile) -> _WhichOneofReturnType__profile | None: ...
     @_typing.overload

@@ -1,0 +1,118 @@
+"""On a machine with CUDA (``make test-gpu``): the GPU runtime against the CPU reference.
+
+Skipped with a reason elsewhere; the last test is the opposite (what a machine without CUDA sees). The
+float64 checks hold the GPU to the same 1e-9 as a layout change: the device is one more thing the result
+must not depend on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.runtime.helpers import TINY, run, train, train_cmd
+from worker_agent.contract import CheckpointWritten, GenerationDir, StepCompleted, events_of, read_progress
+from worker_agent.runtime import checkpoint as ck
+
+pytestmark = pytest.mark.slow
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu on a GPU machine)"
+)
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_float64_on_cuda_equals_the_cpu_reference(tmp_path: Path) -> None:
+    train(tmp_path / "gpu", 1, 1, 6, "--device=cuda")
+    train(tmp_path / "cpu", 1, 1, 6)
+    diff = ck.diff(ck.resolve(tmp_path / "cpu"), ck.resolve(tmp_path / "gpu"))
+    assert diff["missing"] == [] and diff["max_rel"] <= 1e-9, diff
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_checkpoint_written_on_a_gpu_resumes_in_a_cpu_2x2_layout(tmp_path: Path) -> None:
+    root = tmp_path / "morphed"
+    train(root, 1, 1, 3, "--device=cuda", "--background-checkpoint", f"--run-dir={tmp_path / 'run'}")
+    written = events_of(read_progress(GenerationDir(tmp_path / "run").progress_file(0)), CheckpointWritten)
+    assert written and written[-1].stall_seconds is not None
+    train(root, 2, 2, 6, "--device=cpu")
+    train(tmp_path / "reference", 1, 1, 6)
+    diff = ck.diff(ck.resolve(tmp_path / "reference"), ck.resolve(root))
+    assert diff["missing"] == [] and diff["max_rel"] <= 1e-9, diff
+    # And back onto the GPU.
+    train(root, 1, 1, 8, "--device=cuda")
+    train(tmp_path / "reference", 1, 1, 8)
+    assert ck.diff(ck.resolve(tmp_path / "reference"), ck.resolve(root))["max_rel"] <= 1e-9
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.skipif(GPUS < 4, reason="needs 4 GPUs (one per rank of a 2x2 layout, NCCL)")
+def test_a_2x2_nccl_layout_equals_the_cpu_reference(tmp_path: Path) -> None:
+    train(tmp_path / "gpu", 2, 2, 6, "--device=cuda")
+    train(tmp_path / "cpu", 1, 1, 6)
+    assert ck.diff(ck.resolve(tmp_path / "cpu"), ck.resolve(tmp_path / "gpu"))["max_rel"] <= 1e-9
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_on_cuda_and_checkpoints_float32(tmp_path: Path, precision: str) -> None:
+    run_dir = tmp_path / "run"
+    cmd = train_cmd(tmp_path / "c", 1, 1, 30, "--dtype=float32", f"--precision={precision}", "--device=cuda")
+    result = run([*cmd, f"--run-dir={run_dir}"])
+    assert result.returncode == 0, result.explain()
+    losses = [e.loss for e in events_of(read_progress(GenerationDir(run_dir).progress_file(0)), StepCompleted)]
+    assert sum(losses[-5:]) < 0.95 * sum(losses[:5]), losses
+    floats = {t.dtype for t in ck.read_all(ck.resolve(tmp_path / "c")).values() if t.is_floating_point()}
+    assert floats == {torch.float32}
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_profile_on_cuda_records_allocator_peaks(tmp_path: Path) -> None:
+    from spotmorph.cli import main
+
+    out = tmp_path / "p.json"
+    assert (
+        main(
+            ["profile", TINY, "--device=cuda", "--micro-batch-sizes=1,2", "--repeats=3", "--no-network", f"--out={out}"]
+        )
+        == 0
+    )
+    profile = json.loads(out.read_text())
+    assert profile["cluster"]["compute_slots_per_node"] is None
+    assert all(layer["peak_memory_bytes_per_sample"] > 0 for layer in profile["layers"])
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_measured_stage_peaks_are_positive_and_recomputation_lowers_them() -> None:
+    from morphing.layout import make_layout
+    from worker_agent.runtime.memory import StageMemoryRequest, measure_stage_peaks
+
+    layout = make_layout(num_layers=4, pipeline_stages=2, data_parallel=1, micro_batch_size=4, global_batch=32)
+    device = torch.device("cuda", 0)
+    plain = measure_stage_peaks(StageMemoryRequest(TINY, layout), device)
+    recomputed = measure_stage_peaks(StageMemoryRequest(TINY, layout, recomputation=True), device)
+    assert len(plain) == 2 and all(p > 0 for p in plain)
+    assert recomputed[0] <= plain[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the GPU bench does without a GPU")
+def test_the_gpu_bench_skips_without_cuda() -> None:
+    """Not a GPU test: it is what CI and `python bench/gpu_bench.py` on a CPU machine see."""
+    import subprocess
+    import sys
+
+    from tests.runtime.helpers import REPO
+
+    result = subprocess.run(
+        [sys.executable, "bench/gpu_bench.py"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "no CUDA device: skipped", result

@@ -1,0 +1,88 @@
+"""Process groups, one per purpose, and their backends.
+
+The world group is gloo on every device: it carries the small control collectives (the per-step stop /
+checkpoint-request / loss all-reduce, the fp16 overflow flag, the checkpoint choice), whose tensors live on
+the CPU. The groups that move model tensors (each replica's pipeline: point-to-point and the clipping
+norm; each stage's data-parallel gradient all-reduce; tied copies) use NCCL when the tensors are on a GPU
+and gloo otherwise, so a CPU run is exactly what it always was. Every group has the job's timeout, and
+NCCL's watchdog tears a rank down when a collective outlives it (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``), so
+a lost peer never hangs a rank; a rank that exits aborts its NCCL communicators first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from morphing.layout import Layout
+from worker_agent.runtime.partition import PartitionedModel
+
+# Communicators this process created on a GPU, aborted before it exits (see abort_communicators).
+_NCCL_GROUPS: list[dist.ProcessGroup] = []
+
+
+def configure_nccl() -> None:
+    """NCCL's watchdog aborts communicators and tears the process down when a collective times out."""
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+
+
+def tensor_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Process groups this rank belongs to (``None`` where the group would have one member)."""
+
+    replica: dist.ProcessGroup
+    pipeline: dist.ProcessGroup | None
+    data_parallel: dist.ProcessGroup | None
+    tied: dict[str, dist.ProcessGroup] = field(default_factory=dict)
+
+
+def make_groups(
+    layout: Layout, model: PartitionedModel, rank: int, device: torch.device, timeout_seconds: float
+) -> Groups:
+    """Create every group in the same order on every rank (a collective requirement), keep ours."""
+    backend = tensor_backend(device)
+    timeout = timedelta(seconds=timeout_seconds)
+
+    def new_group(ranks: list[int]) -> dist.ProcessGroup:
+        group: dist.ProcessGroup = dist.new_group(ranks, timeout=timeout, backend=backend)
+        if backend == "nccl" and rank in ranks:
+            _NCCL_GROUPS.append(group)
+        return group
+
+    p, d = layout.pipeline_stages, layout.data_parallel
+    replica, stage = layout.coords(rank)
+    pipeline = data_parallel = own = None
+    for r in range(d):
+        group = new_group([layout.rank(r, s) for s in range(p)])
+        if r == replica:
+            own = group
+            pipeline = group if p > 1 else None
+    for s in range(p):
+        group = new_group([layout.rank(r, s) for r in range(d)])
+        if s == stage and d > 1:
+            data_parallel = group
+    tied: dict[str, dist.ProcessGroup] = {}
+    for name, holders in model.tied_across_stages(layout):
+        group = new_group(sorted(layout.rank(r, s) for r in range(d) for s in holders))
+        if stage in holders:
+            tied[name] = group
+    assert own is not None
+    return Groups(own, pipeline, data_parallel, tied)
+
+
+def abort_communicators() -> None:
+    """Abort this process's NCCL communicators (newest first), so no GPU kernel waits on a peer that is gone."""
+    while _NCCL_GROUPS:
+        group = _NCCL_GROUPS.pop()
+        try:
+            group.abort()
+        except Exception:  # best effort on the way out: the process exits next
+            continue
