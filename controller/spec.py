@@ -17,8 +17,6 @@ import yaml
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec, parse_job_spec
 
-# Fields ``--set`` may change; anything else in the spec may be set too, these are just documented.
-COMMON_OVERRIDES = ("steps", "global_batch", "dtype", "checkpoint_interval", "seed", "priority")
 MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; anything this large is a mistake
 
 
@@ -39,19 +37,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_yaml(text: str) -> Any:
     """YAML with duplicate keys refused; :class:`yaml.YAMLError` for anything malformed."""
     return yaml.load(text, Loader=_UniqueKeyLoader)
-
-
-# Re-exported: the controller's modules import the model from here.
-__all__ = [
-    "COMMON_OVERRIDES",
-    "JobSpec",
-    "apply_overrides",
-    "entrypoint_problem",
-    "load_spec_file",
-    "profile_path",
-    "profile_problem",
-    "read_yaml",
-]
 
 
 def entrypoint_problem(spec: JobSpec) -> str | None:
@@ -77,13 +62,6 @@ def profile_problem(spec: JobSpec) -> str | None:
     if not Path(spec.profile).is_file():
         return f"profile: file {spec.profile} does not exist; measure one with `spotmorph profile`"
     return None
-
-
-def profile_path(spec: JobSpec) -> Path:
-    """The planner profile of a submitted job (submission checked that it has one)."""
-    if spec.profile is None:
-        raise UserInputError(f"job {spec.name} names no profile; resubmit it with one")
-    return Path(spec.profile)
 
 
 def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:

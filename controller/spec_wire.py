@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 from protos.spotmorph.v1 import controller_pb2 as pb
 
 

@@ -22,8 +22,8 @@ from controller.core import intake
 from controller.core.model import Command, JobRecord, NodeObservation, NodeRecord, World, ranks_by_node
 from controller.shell.latency import Histogram
 from controller.shell.views import StateView
-from controller.spec import JobSpec
 from controller.spec_wire import spec_to_pb
+from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 from morphing.validation import shown
 from protos.spotmorph.v1 import controller_pb2 as pb
@@ -141,7 +141,7 @@ class AgentService(rpc.AgentServicer):
                 await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks))
             elif kind == "checkpoint_committed":
                 c = request.checkpoint_committed
-                reports.checkpoint(self.view, c)
+                reports.checkpoint(self.view, name, c)
                 await self.writes.decide(
                     lambda world, t: intake.commit_checkpoint(world, c.job, c.generation, c.step, t)
                 )

@@ -16,7 +16,6 @@ import grpc
 from controller.api import submission, wire
 from controller.api.status import Context, abort, answered
 from controller.api.writes import Writes
-from controller.core.lifecycle import JOB_TERMINAL
 from controller.shell.views import StateView
 from morphing.validation import MAX_NAME_LENGTH, check_count, check_name, shown
 from protos.spotmorph.v1 import controller_pb2 as pb
@@ -53,9 +52,8 @@ class JobsService(rpc.JobsServicer):
         job = self.view.job(request.id)
         if job is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"job {shown(request.id)} not found")
-        if job.state in JOB_TERMINAL:
-            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"job {job.id} already {job.state}")
-        await self.writes.cancel(job.id, "an operator")
+        async with answered(context):  # it may end meanwhile (Stale), or decisions may be down
+            await self.writes.cancel(job.id, "an operator")
         detail = await self.view.job_detail(job.id)
         assert detail is not None  # jobs are never deleted
         return wire.job_to_pb(detail.job, detail.generations)

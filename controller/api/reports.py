@@ -106,10 +106,19 @@ def notice(field: str, message: pb.EvictionNotice) -> float:
     return check_time(f"{field}.not_before", message.not_before)
 
 
-def checkpoint(view: StateView, message: pb.CheckpointCommitted) -> None:
-    """A committed checkpoint of a known job, within its steps (the generation is fenced by the decision)."""
+def checkpoint(view: StateView, node: str, message: pb.CheckpointCommitted) -> None:
+    """A committed checkpoint of a known job, within its steps, from a node the job runs on.
+
+    The generation is fenced by the decision; a node outside the job's layout could otherwise move the
+    step the next generation resumes from to a checkpoint that does not exist.
+    """
     job = known_job(view, "checkpoint_committed.job", message.job)
     issued(job, "checkpoint_committed", message.generation)
+    layout = job.layout if message.generation == job.generation else None  # older ones: Stale, decided below
+    if layout is not None and node not in layout.nodes():
+        raise InvalidField(
+            "checkpoint_committed.job", f"{node} runs no rank of {job.id} generation {message.generation}"
+        )
     check_step("checkpoint_committed.step", message.step, job.spec.steps)
     check_text("checkpoint_committed.path", message.path, MAX_PATH_LENGTH)
 

@@ -13,9 +13,8 @@ import os
 import stat
 
 from controller.shell.profiles import read_profile
-from controller.spec import JobSpec
 from controller.spec_wire import spec_to_dict
-from morphing.jobspec import parse_job_spec
+from morphing.jobspec import JobSpec, parse_job_spec
 from morphing.validation import (
     InvalidField,
     check_absolute_path,

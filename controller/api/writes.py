@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from controller.core.model import Command, JobRecord, NodeObservation, World
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 
 
 class Writes(Protocol):

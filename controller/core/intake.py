@@ -27,8 +27,8 @@ from controller.core.model import (
     SetNodeSeq,
     World,
 )
-from controller.spec import JobSpec
 from morphing.errors import UserInputError
+from morphing.jobspec import JobSpec
 
 ACTIVE = frozenset({JobState.RUNNING, JobState.MORPHING})
 GONE_OR_LOST = frozenset({NodeState.GONE, NodeState.LOST})
@@ -63,7 +63,7 @@ def submit(world: World, spec: JobSpec, key: str | None, now: float) -> tuple[Jo
         if first is not None:
             return first, []
     live = (j for j in world.jobs.values() if j.state not in JOB_TERMINAL)
-    holder = next((j for j in live if j.spec.checkpoint_dir == spec.checkpoint_dir), None)
+    holder = next((j for j in live if _nested(j.spec.checkpoint_dir, spec.checkpoint_dir)), None)
     if holder is not None:
         raise Conflict(
             f"checkpoint_dir {spec.checkpoint_dir} is in use by {holder.id} ({holder.state}); "
@@ -72,6 +72,12 @@ def submit(world: World, spec: JobSpec, key: str | None, now: float) -> tuple[Jo
     seq = world.job_seq + 1
     job = JobRecord(f"job-{seq}", spec, JobState.QUEUED, now, now, idempotency_key=key or None)
     return job, [AddJob(job, seq)]
+
+
+def _nested(a: str, b: str) -> bool:
+    """One directory is the other or inside it: one job's checkpoint pruning could delete the other's."""
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
 
 
 def next_node_name(world: World) -> tuple[str, int]:

@@ -100,11 +100,3 @@ def transition(
     if cause is None:
         raise IllegalTransition(f"{kind} {subject}: {source} -> {target} is not an edge ({reason})")
     return Transition(kind, subject, str(source), str(target), cause, reason, now)
-
-
-def node_transition(name: str, source: NodeState, target: NodeState, reason: str, now: float) -> Transition:
-    return transition(NODE_TRANSITIONS, "node", name, source, target, reason, now)
-
-
-def job_transition(job_id: str, source: JobState, target: JobState, reason: str, now: float) -> Transition:
-    return transition(JOB_TRANSITIONS, "job", job_id, source, target, reason, now)

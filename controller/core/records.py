@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 
 

@@ -12,7 +12,7 @@ from controller.core.causes import MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState, Transition
 from controller.core.model import Action, Gpu, JobRecord, NodeRecord
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 
 

@@ -10,7 +10,7 @@ migrations live in :mod:`.schema`, the mapping of records to rows in :mod:`.code
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +97,6 @@ class Store:
         """(jobs submitted, node names generated) so far: where the next job id and node name continue."""
         with self.engine.connect() as conn:
             return _counter(conn, "job_seq"), _counter(conn, "node_seq")
-
-    def add_job(self, make: Callable[[str], JobRecord]) -> JobRecord:
-        """A new job with the next id, stored with its JobSubmitted event in one transaction."""
-        with self.engine.begin() as conn:
-            seq = _counter(conn, "job_seq") + 1
-            job = make(f"job-{seq}")
-            _write(conn, AddJob(job, seq))
-        return job
 
     def persist(self, commands: Iterable[Command]) -> None:
         """One transaction; consecutive node updates (a generation issued on 1,000 nodes) are batched."""

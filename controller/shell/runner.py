@@ -42,7 +42,7 @@ from controller.persistence.store import Store, unavailable
 from controller.providers.base import CannotList, Clock, Provider, ProviderEvent, ProviderInbox
 from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
 from controller.shell.planning import MemoPlanner, Planners
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 
 __all__ = ["MemoPlanner", "Runner", "RunnerSettings", "SystemClock"]
 

@@ -8,6 +8,7 @@ import pytest
 
 from controller.core.lifecycle import JOB_TRANSITIONS, JobState, NodeState
 from controller.core.model import Gpu, JobRecord, NodeRecord, SetJob, StartGeneration, World
+from controller.core.reconcile import assignment_for
 from controller.core.reconcile.devices import NO_FREE_GPU_NODE, NO_GPU_NODE, may_run_on, needs_gpus, waiting_reason
 from tests.controller.helpers import job, node, spec
 from tests.controller.test_reconcile import Sim
@@ -129,3 +130,23 @@ def test_waiting_reasons_count_only_nodes_that_are_still_there() -> None:
     joining = {"g": gpu_node("g", state=N.JOINING)}
     assert waiting_reason(cuda, joining) == NO_FREE_GPU_NODE
     assert waiting_reason(on("auto"), lost) is None
+
+
+@pytest.mark.parametrize(
+    ("nodes", "device"),
+    [
+        (("g1", "g2"), "cuda"),  # every placed node has GPUs
+        (("g1", "c1"), "cpu"),  # a mix: CUDA on some ranks and gloo on others would hang
+        (("c1", "c2"), "cpu"),
+    ],
+)
+def test_auto_is_resolved_once_for_a_whole_generation(nodes: tuple[str, ...], device: str) -> None:
+    made = [gpu_node(n) if n.startswith("g") else cpu_node(n) for n in nodes]
+    sim = sim_of(*made, jobs=(on("auto"),))
+    sim.step()
+    job_now = sim.job()
+    assert sorted(job_now.nodes) == sorted(nodes)
+    for name in job_now.nodes:
+        a = assignment_for(sim.world, name)
+        assert a is not None and a.spec.device == device
+    assert job_now.spec.device == "auto", "the stored spec keeps what the user asked for"

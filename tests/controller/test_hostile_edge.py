@@ -250,3 +250,16 @@ def test_a_node_speaks_only_for_the_ranks_placed_on_it(live: Live) -> None:
     assert code == INVALID and "rank" in detail and nodes[0].name in detail
     mine = pb.TrainerStatus(job=job_id, generation=first.generation, rank=first.ranks[0], running=True)
     assert nodes[0].beat(mine).assignment.job == job_id
+
+
+def test_a_node_outside_the_job_cannot_commit_its_checkpoint(live: Live) -> None:
+    """Only a node the current generation runs on may move the step the next generation resumes from."""
+    node, job_id, generation = running_job(live, steps=100)
+    outsider = Node(live)
+    outsider.beat()
+    commit = pb.CheckpointCommitted(job=job_id, generation=generation, step=5, path="/x")
+    code, detail = refusal(lambda: outsider.report(checkpoint_committed=commit))
+    assert code == INVALID and "runs no rank" in detail
+    assert live.jobs().GetJob(pb.GetJobRequest(id=job_id)).last_checkpoint_step == 0
+    node.report(checkpoint_committed=commit)
+    assert live.jobs().GetJob(pb.GetJobRequest(id=job_id)).last_checkpoint_step == 5

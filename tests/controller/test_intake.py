@@ -88,8 +88,10 @@ def test_submission_ids_keys_and_checkpoint_dirs() -> None:
     assert intake.submit(world, spec(checkpoint_dir="/c/a"), "key-1", 6.0) == (first, [])
     with pytest.raises(intake.Taken, match="idempotency_key"):
         intake.submit(world, spec(checkpoint_dir="/c/a", steps=7), "key-1", 6.0)
-    with pytest.raises(intake.Conflict, match="job-7"):
-        intake.submit(world, spec(checkpoint_dir="/c/a"), None, 6.0)
+    for nested in ("/c/a", "/c/a/", "/c/a/inner", "/c"):  # the same folder, one inside the other
+        with pytest.raises(intake.Conflict, match="job-7"):
+            intake.submit(world, spec(checkpoint_dir=nested), None, 6.0)
+    assert intake.submit(world, spec(checkpoint_dir="/c/ab"), None, 6.0)[0].id == "job-8"
     done = apply(world, [AddJob(replace(first, state=JobState.CANCELLED), 7)])
     assert intake.submit(done, spec(checkpoint_dir="/c/a"), None, 6.0)[0].id == "job-8"
 

@@ -16,9 +16,17 @@ from controller.core.lifecycle import (
     IllegalTransition,
     JobState,
     NodeState,
-    job_transition,
-    node_transition,
+    Transition,
+    transition,
 )
+
+
+def node_transition(name: str, source: NodeState, target: NodeState, reason: str, now: float) -> Transition:
+    return transition(NODE_TRANSITIONS, "node", name, source, target, reason, now)
+
+
+def job_transition(job_id: str, source: JobState, target: JobState, reason: str, now: float) -> Transition:
+    return transition(JOB_TRANSITIONS, "job", job_id, source, target, reason, now)
 
 
 @pytest.mark.parametrize(("source", "target"), list(itertools.product(NodeState, NodeState)))

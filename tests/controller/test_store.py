@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
 from controller.core.causes import MorphCause
+from controller.core.commands import AddJob
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action, RankReport, SetJob, StartGeneration, World, apply
 from controller.core.reconcile import Config, reconcile
@@ -21,7 +22,8 @@ from tests.controller.helpers import job, node, planner, seen
 
 
 def _running_world(store: Store) -> World:
-    added = store.add_job(lambda job_id: job(job_id))
+    added = job("job-1")
+    store.persist([AddJob(added, 1)])
     nodes = {f"node-{i}": node(f"node-{i}", at=-1.0) for i in (1, 2)}
     observed = {name: seen(0.0) for name in nodes}
     world = World(nodes, {added.id: added}, observed)
@@ -44,7 +46,7 @@ def test_round_trip_of_a_decision(tmp_path: Path) -> None:
     store.close()
     reopened = Store(tmp_path / "state.db")
     assert reopened.load() == (nodes, jobs)
-    assert reopened.add_job(lambda job_id: job(job_id)).id == "job-2"
+    assert reopened.counters()[0] == 1, "the next job id continues after job-1"
 
 
 def test_a_generation_is_never_issued_twice(tmp_path: Path) -> None:

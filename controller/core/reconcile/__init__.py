@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.intake import Stale
+from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
 from controller.core.model import Assignment, Command, World, ranks_by_node
 from controller.core.reconcile.admission import admit_queued
 from controller.core.reconcile.config import Config, Planners
-from controller.core.reconcile.devices import explain_gpu_waits
+from controller.core.reconcile.devices import explain_gpu_waits, spec_for_generation
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fail_unplannable
 from controller.core.reconcile.growth import grow
@@ -76,13 +77,19 @@ def assignment_for(
         resume_step=job.resume_step,
         action=job.action,
         entrypoint=job.spec.entrypoint,
-        spec=job.spec,
+        spec=spec_for_generation(job, world.nodes),
         checkpoint_request=job.checkpoint_request,
     )
 
 
 def cancel(world: World, job_id: str, now: float, who: str) -> list[Command]:
-    """Commands that cancel a job and free its nodes (its agents then stop their trainers)."""
+    """Commands that cancel a job and free its nodes (its agents then stop their trainers).
+
+    :class:`Stale` when the job ended meanwhile (two cancels at once, or it finished first).
+    """
+    job = world.jobs[job_id]
+    if job.state in JOB_TERMINAL:
+        raise Stale(f"job {job_id} already {job.state}")
     return _end(world, job_id, now, JobState.CANCELLED, f"cancelled by {who}")
 
 

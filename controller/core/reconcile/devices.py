@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord, NodeRecord
 from controller.core.reconcile.draft import Draft
-from controller.spec import JobSpec
+from morphing.jobspec import JobSpec
 
 NO_GPU_NODE = "needs GPU nodes; none has registered a GPU"
 NO_FREE_GPU_NODE = "needs GPU nodes; waiting for free ones to fit it"
@@ -48,3 +48,16 @@ def explain_gpu_waits(draft: Draft) -> None:
         reason = waiting_reason(job, draft.nodes)
         if reason is not None and reason != job.reason:
             draft.move_job(job_id, JobState.QUEUED, reason)
+
+
+def spec_for_generation(job: JobRecord, nodes: Mapping[str, NodeRecord]) -> JobSpec:
+    """The spec a generation's trainers get: ``device: auto`` resolved once for all of its ranks.
+
+    Each trainer would otherwise pick CUDA where its node has a GPU and the CPU where not, and ranks of
+    one generation on both kinds of node would build NCCL and gloo groups with each other and hang.
+    """
+    if job.spec.device != "auto" or job.layout is None:
+        return job.spec
+    placed = [nodes.get(name) for name in job.layout.nodes()]
+    every_one_has_gpus = all(node is not None and node.gpus for node in placed)
+    return job.spec.model_copy(update={"device": "cuda" if every_one_has_gpus else "cpu"})
