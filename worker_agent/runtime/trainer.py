@@ -78,6 +78,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     from worker_agent.runtime.device import resolve_device
     from worker_agent.runtime.engine import StageRunner, module_for_dtype
     from worker_agent.runtime.entrypoint import build_spec
+    from worker_agent.runtime.hf_export import write_config as write_hf_config
     from worker_agent.runtime.job import data_cursor, load_job_spec, torch_dtype
     from worker_agent.runtime.model_api import assign_dropout_keys
     from worker_agent.runtime.partition import PartitionedModel
@@ -149,6 +150,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         if cfg.rank == 0:
             print(f"spotmorph trainer: resuming from {loaded.path} (step {step})", file=sys.stderr)
     first_step = step
+    if cfg.rank == 0:
+        write_hf_config(cfg.checkpoint_dir, spec)
     # A checkpoint loaded from elsewhere is written here even when no step is left to train.
     same_dir = choice[0] is None or Path(choice[0]).resolve().parent == cfg.checkpoint_dir.resolve()
     already_written = step if same_dir else None
