@@ -249,6 +249,7 @@ def causal_lm_spec(
         lr_schedule=lr_schedule or (lambda step: 1.0),
         clip_grad_norm=clip_grad_norm,
         name=f"hf-{config.model_type}-{len(layers) - 2}x{getattr(config, 'hidden_size', '?')}",
-        extra={"eval_dataset": eval_dataset, "hf_config": config},
+        extra={"hf_config": config},
         loss_normalization=loss_normalization,
+        eval_dataset=eval_dataset,
     )
