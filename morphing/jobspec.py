@@ -56,6 +56,9 @@ class JobSpec(BaseModel):
     schedule: Schedule = "1f1b"
     micro_batch_size: PositiveInt | None = Field(default=None, le=1_000_000)
     checkpoint_interval: int = Field(default=50, ge=0, le=1_000_000_000, description="steps; 0: only on morphs")
+    eval_interval: int = Field(
+        default=0, ge=0, le=1_000_000_000, description="steps between evaluations of the eval_dataset; 0: off"
+    )
     checkpoint_dir: str = Field(min_length=1, max_length=4096)
     keep: int = Field(default=3, ge=1, le=1000, description="committed checkpoints kept")
     background_checkpoint: bool = Field(default=False, description="write checkpoints while training goes on")

@@ -6,7 +6,22 @@ or its attention is switched, not before.
 
 from __future__ import annotations
 
-from worker_agent.runtime.hf_adapter import FAMILIES, Family, causal_lm_spec, sample_losses, token_losses
+from worker_agent.runtime.hf_adapter import (
+    FAMILIES,
+    Family,
+    causal_lm_spec,
+    default_optimizer,
+    sample_losses,
+    token_losses,
+)
 from worker_agent.runtime.hf_attention import make_hf_attention_layout_free
 
-__all__ = ["FAMILIES", "Family", "causal_lm_spec", "make_hf_attention_layout_free", "sample_losses", "token_losses"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "causal_lm_spec",
+    "default_optimizer",
+    "make_hf_attention_layout_free",
+    "sample_losses",
+    "token_losses",
+]

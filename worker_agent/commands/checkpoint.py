@@ -1,4 +1,4 @@
-"""``spotmorph checkpoint verify DIR`` and ``spotmorph checkpoint diff DIR_A DIR_B [--json]``.
+"""``spotmorph checkpoint verify DIR``, ``diff DIR_A DIR_B [--json]`` and ``export DIR --hf OUT``.
 
 DIR is a checkpoint root as ``train`` uses it (its newest valid checkpoint is meant) or one
 ``step-*`` checkpoint inside it. A damaged checkpoint (a bad file, or a manifest that is malformed or
@@ -28,11 +28,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     diff.add_argument("dir_a", type=Path)
     diff.add_argument("dir_b", type=Path)
     diff.add_argument("--json", action="store_true")
+    export = sub.add_parser("export", help="write a checkpoint of a spotmorph.hf model as a save_pretrained dir")
+    export.add_argument("dir", type=Path)
+    export.add_argument("--hf", type=Path, required=True, metavar="OUT", help="a new directory for from_pretrained")
+    export.add_argument(
+        "--config-from",
+        metavar="MODEL_DIR_OR_ENTRYPOINT",
+        help="the model's save_pretrained dir or the job's file.py:function (default: hf_config.json beside DIR)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.checkpoint_command == "verify":
         return _verify(args)
+    if args.checkpoint_command == "export":
+        return _export(args)
     return _diff(args)
 
 
@@ -71,4 +81,15 @@ def _diff(args: argparse.Namespace) -> int:
         print(f"max_abs {max_abs:.3e}  max_rel {max_rel:.3e}" + (f" ({worst})" if worst else ""))
         if missing:
             print(f"missing on one side: {', '.join(missing)}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.hf_export import export, read_config
+
+    found = ck.resolve(args.dir)
+    config = read_config(found, args.config_from)
+    names = export(found, config, args.hf)
+    print(f"{found.path} (step {found.step}): {len(names)} tensors -> {args.hf} ({config.model_type})")
     return 0

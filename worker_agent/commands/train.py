@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_default("checkpoint_interval"),
         help=f"also checkpoint every N steps; 0: only at the end (default {_default('checkpoint_interval')})",
     )
+    parser.add_argument(
+        "--eval-interval",
+        type=int,
+        default=_default("eval_interval"),
+        help="evaluate the model's eval_dataset every N steps; 0 (default): never",
+    )
     parser.add_argument("--keep", type=int, default=_default("keep"), help="checkpoints kept (default 3)")
     parser.add_argument("--background-checkpoint", action="store_true", help="write checkpoints in a thread")
     parser.add_argument(
@@ -88,6 +94,7 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         "schedule": args.schedule,
         "micro_batch_size": args.micro_batch_size,
         "checkpoint_interval": args.checkpoint_interval,
+        "eval_interval": args.eval_interval,
         "checkpoint_dir": str(args.checkpoint_dir),
         "keep": args.keep,
         "background_checkpoint": args.background_checkpoint,

@@ -55,6 +55,15 @@ class StepCompleted:
 
 
 @dataclass(frozen=True)
+class EvaluationCompleted:
+    """After ``step`` steps, the mean loss over the model's whole eval dataset (the same in every layout)."""
+
+    step: int
+    eval_loss: float
+    eval_seconds: float
+
+
+@dataclass(frozen=True)
 class CheckpointWritten:
     """This rank has handed over its share of the checkpoint of ``step`` (after every checkpoint it takes).
 
@@ -102,6 +111,7 @@ ProgressEvent = (
     | CheckpointLoaded
     | CheckpointSkipped
     | StepCompleted
+    | EvaluationCompleted
     | CheckpointWritten
     | TrainingStopped
     | TrainingFinished
@@ -113,6 +123,7 @@ EVENT_NAMES: dict[type[ProgressEvent], str] = {
     CheckpointLoaded: "resumed",
     CheckpointSkipped: "checkpoint_skipped",
     StepCompleted: "step",
+    EvaluationCompleted: "eval",
     CheckpointWritten: "checkpoint",
     TrainingStopped: "stopped",
     TrainingFinished: "finished",

@@ -54,6 +54,7 @@ class _Batch:
         self.sample_ids = torch.empty(0, dtype=torch.long)
         self.micro_batch_size = 1
         self.denominator = 1.0  # B, or the step's non-ignored target tokens in token mode
+        self.evaluating = False  # forward only: the loss is not scaled
 
 
 class _Stage(PipelineStage):
@@ -102,6 +103,7 @@ class StageRunner:
         module = model.stage_module(layout, self.stage, job.activation_recomputation, self.compute)
         module.to(self.device)  # before the optimizer sees the parameters; masters keep the job's dtype
         module.train()
+        self.module = module
         self.params = model.stage_params(layout, self.stage)
         self.optimizer = self.spec.optimizer(self.params)
         self.first, self.last = layout.stage_layers[self.stage]
@@ -135,17 +137,13 @@ class StageRunner:
         loss = weighted_loss(
             per_item, targets, self.batch.weights[slots], self.spec.loss_normalization, self.batch.denominator
         )
-        return loss * self.loss_scale.scale if self.scaling else loss
+        return loss * self.loss_scale.scale if self.scaling and not self.batch.evaluating else loss
 
-    def run_step(self, step: int) -> float:
-        """Forward, backward, reduce, clip and update for ``step``; returns this replica's loss share."""
-        job, layout = self.job, self.layout
-        dataset = self.spec.dataset
-        lo, hi = layout.replica_slice(self.replica)
-        indices = step_indices(step, job.global_batch, len(dataset), job.seed)[lo:hi]
-        padded = self.n_micro * layout.micro_batch_size
-        pad = padded - len(indices)
-        rows = indices + [indices[0]] * pad
+    def _prepare(self, dataset: Any, step: int, indices: list[int], fill: int) -> tuple[torch.Tensor, ...]:
+        """The batch state for this replica's ``indices``, padded with weight-0 copies of item ``fill``;
+        returns the first stage's inputs."""
+        pad = self.n_micro * self.layout.micro_batch_size - len(indices)
+        rows = indices + [fill] * pad
         self.batch.step = step
         self.batch.sample_ids = torch.tensor(indices + [-1] * pad, dtype=torch.long, device=self.device)
         self.batch.weights = torch.tensor([1.0] * len(indices) + [0.0] * pad, dtype=self.dtype, device=self.device)
@@ -155,6 +153,50 @@ class StageRunner:
             self.batch.targets = self._cast(targets)
             if self.is_first:
                 args = as_tuple(map_tensors(inputs, self._cast))
+        return args
+
+    def evaluate(self, step: int) -> float:
+        """Mean loss over the whole ``eval_dataset``, forward only with dropout off; the same in every layout.
+
+        Chunk ``k`` holds eval items ``[kB, (k+1)B)``, cut among replicas as a step's batch is; every sample
+        (token, in token mode) weighs 1 / its count over the whole set, so the sum over chunks and ranks is
+        the mean, normalised as training normalises.
+        """
+        data = self.spec.eval_dataset
+        if data is None:
+            raise UserInputError("eval_interval is set but the model's spec has no eval_dataset")
+        size, batch = len(data), self.job.global_batch
+        lo, hi = self.layout.replica_slice(self.replica)
+        token = self.spec.loss_normalization == "token"
+        self.batch.denominator = float(max(1, count_target_tokens(data, list(range(size))) if token else size))
+        slots = torch.arange(self.n_micro * self.layout.micro_batch_size, device=self.device)
+        values: list[float] = []
+        self.batch.evaluating = True
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, size, batch):
+                    chunk = list(range(start, min(start + batch, size)))[lo:hi]
+                    args = self._prepare(data, step, chunk, fill=start)
+                    losses: list[torch.Tensor] = []
+                    target = slots if self.is_last else None
+                    self.schedule.eval(*args, target=target, losses=losses if self.is_last else None)
+                    values += torch.stack(losses).double().cpu().tolist() if losses else []
+        finally:
+            self.module.train()
+            self.batch.evaluating = False
+        total = torch.tensor([float(sum(values))], dtype=torch.float64)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return float(total[0])
+
+    def run_step(self, step: int) -> float:
+        """Forward, backward, reduce, clip and update for ``step``; returns this replica's loss share."""
+        job, layout = self.job, self.layout
+        dataset = self.spec.dataset
+        lo, hi = layout.replica_slice(self.replica)
+        indices = step_indices(step, job.global_batch, len(dataset), job.seed)[lo:hi]
+        padded = self.n_micro * layout.micro_batch_size
+        args = self._prepare(dataset, step, indices, fill=indices[0])
         if self.is_last:
             self.batch.denominator = float(job.global_batch)
             if self.spec.loss_normalization == "token":

@@ -168,6 +168,27 @@ def hf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return layers
 
 
+def hf_parameter_name(model_type: str, name: str) -> str | None:
+    """The Hugging Face state-dict name of the adapter's parameter ``name`` (``layer3.block.mlp.c_fc.weight``
+    -> ``transformer.h.3.mlp.c_fc.weight``), from the family's row alone; None if it is no such name."""
+    family = FAMILIES.get(model_type)
+    layer, _, rest = name.partition(".")
+    if family is None or not rest:
+        return None
+    base = family.base
+    prefixes: dict[str, str | None] = {
+        "embed.tokens": f"{base}.{family.tokens}",
+        "embed.positions": f"{base}.{family.positions}" if family.positions else None,
+        "head.norm": f"{base}.{family.norm}",
+        "head.lm_head": family.head,
+    }
+    if layer.startswith("layer") and layer[5:].isdigit() and rest.startswith("block."):
+        return f"{base}.{family.layers}.{int(layer[5:])}.{rest[len('block.') :]}"
+    sub, _, leaf = rest.partition(".")
+    prefix = prefixes.get(f"{layer}.{sub}")
+    return f"{prefix}.{leaf}" if prefix and leaf else None
+
+
 def default_optimizer(lr: float = 3e-4, weight_decay: float = 0.1) -> OptimizerFactory:
     """AdamW with weight decay on matrices only (not on norms, biases)."""
 
@@ -228,6 +249,7 @@ def causal_lm_spec(
         lr_schedule=lr_schedule or (lambda step: 1.0),
         clip_grad_norm=clip_grad_norm,
         name=f"hf-{config.model_type}-{len(layers) - 2}x{getattr(config, 'hidden_size', '?')}",
-        extra={"eval_dataset": eval_dataset, "hf_config": config},
+        extra={"hf_config": config},
         loss_normalization=loss_normalization,
+        eval_dataset=eval_dataset,
     )

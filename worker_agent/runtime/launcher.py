@@ -25,6 +25,7 @@ from morphing.jobspec import Device, JobSpec
 from morphing.layout import Layout
 from worker_agent.contract import (
     CheckpointWritten,
+    EvaluationCompleted,
     ExitCode,
     GenerationDir,
     ProgressReader,
@@ -156,6 +157,8 @@ class _Relay:
                     f"step {event.step:6d}  loss {event.loss:.4f}  {event.samples_per_second:8.1f} samples/s",
                     flush=True,
                 )
+        elif isinstance(event, EvaluationCompleted):
+            print(f"eval at step {event.step}  loss {event.eval_loss:.4f}  ({event.eval_seconds:.1f} s)", flush=True)
         elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
             print(
                 f"{_SAID[type(event)]} at step {event.step} (last checkpoint: step {event.last_checkpoint})", flush=True

@@ -45,7 +45,8 @@ class ModelSpec:
     average over tokens. Tied weights are expressed by sharing one ``nn.Parameter`` object between layers;
     the runtime keeps copies on the stages that hold them and sums their gradients.
     ``lr_schedule(step)`` gives the learning rate of step ``step`` (from 0); a param group's ``lr_scale``
-    (default 1) multiplies it.
+    (default 1) multiplies it. ``eval_dataset`` (items shaped as ``dataset``'s) is evaluated whole every
+    ``eval_interval`` steps of the job.
     """
 
     layers: Sequence[tuple[str, nn.Module]]
@@ -57,6 +58,7 @@ class ModelSpec:
     name: str = "model"
     extra: dict[str, Any] = field(default_factory=dict)
     loss_normalization: str = "sample"
+    eval_dataset: Dataset | None = None
 
 
 @dataclass(frozen=True)

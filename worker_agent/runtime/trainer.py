@@ -26,6 +26,7 @@ from worker_agent.contract import (
     CheckpointSkipped,
     CheckpointWritten,
     ControlDir,
+    EvaluationCompleted,
     ExitCode,
     StepCompleted,
     TrainerArguments,
@@ -78,6 +79,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     from worker_agent.runtime.device import resolve_device
     from worker_agent.runtime.engine import StageRunner, module_for_dtype
     from worker_agent.runtime.entrypoint import build_spec
+    from worker_agent.runtime.hf_export import write_config as write_hf_config
     from worker_agent.runtime.job import data_cursor, load_job_spec, torch_dtype
     from worker_agent.runtime.model_api import assign_dropout_keys
     from worker_agent.runtime.partition import PartitionedModel
@@ -100,6 +102,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     else:
         torch.set_num_threads(1)  # P x D ranks share this machine's cores
     spec = build_spec(job.entrypoint, job.seed)
+    check_eval(spec, job.eval_interval)
     model = PartitionedModel(spec)
     model.check_layout(layout)
     module_for_dtype(model, torch_dtype(job.dtype))
@@ -149,6 +152,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         if cfg.rank == 0:
             print(f"spotmorph trainer: resuming from {loaded.path} (step {step})", file=sys.stderr)
     first_step = step
+    if cfg.rank == 0:
+        write_hf_config(cfg.checkpoint_dir, spec)
     # A checkpoint loaded from elsewhere is written here even when no step is left to train.
     same_dir = choice[0] is None or Path(choice[0]).resolve().parent == cfg.checkpoint_dir.resolve()
     already_written = step if same_dir else None
@@ -181,6 +186,11 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                     last_checkpoint=writer.last_committed,
                 )
             )
+        if step > first_step and job.eval_interval > 0 and step % job.eval_interval == 0:
+            started = time.perf_counter()
+            eval_loss = runner.evaluate(step)
+            seconds = time.perf_counter() - started
+            progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
         finishing = stopping or step >= job.steps
         due = finishing or requested or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
         write_started = time.perf_counter()
@@ -218,6 +228,21 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         last_time = time.perf_counter()
         loss_share = runner.run_step(step)
         step += 1
+
+
+def check_eval(spec: Any, eval_interval: int) -> None:
+    """An eval dataset, shaped as the training items, when the job evaluates (exit 2 at start-up otherwise)."""
+    from worker_agent.runtime.batch import signature
+
+    if eval_interval <= 0:
+        return
+    data = spec.eval_dataset
+    if data is None or len(data) == 0:
+        raise UserInputError(f"eval_interval={eval_interval} but the model's spec has no eval_dataset; set 0")
+    if signature(data[0]) != signature(spec.dataset[0]):
+        raise UserInputError(
+            f"eval_dataset items ({signature(data[0])}) differ from the training items ({signature(spec.dataset[0])})"
+        )
 
 
 def process_started_at() -> float | None:

@@ -130,6 +130,7 @@ class JobSpec(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     PRECISION_FIELD_NUMBER: _builtins.int
     ACTIVATION_RECOMPUTATION_FIELD_NUMBER: _builtins.int
+    EVAL_INTERVAL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     entrypoint: _builtins.str
     """path/file.py:function or package.module:function"""
@@ -163,6 +164,8 @@ class JobSpec(_message.Message):
     """fp32 | bf16 | fp16 (compute; masters stay float32)"""
     activation_recomputation: _builtins.bool
     """recompute each layer's activations in backward"""
+    eval_interval: _builtins.int
+    """steps between evaluations of the eval_dataset; 0: off"""
     def __init__(
         self,
         *,
@@ -187,10 +190,11 @@ class JobSpec(_message.Message):
         device: _builtins.str | None = ...,
         precision: _builtins.str | None = ...,
         activation_recomputation: _builtins.bool | None = ...,
+        eval_interval: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation_recomputation: _TypeAlias = _typing.Literal["activation_recomputation"]  # noqa: Y015
     _WhichOneofArgType__activation_recomputation: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation"]  # noqa: Y015
@@ -202,6 +206,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015
     _WhichOneofReturnType__dtype: _TypeAlias = _typing.Literal["dtype"]  # noqa: Y015
     _WhichOneofArgType__dtype: _TypeAlias = _typing.Literal["_dtype", b"_dtype"]  # noqa: Y015
+    _WhichOneofReturnType__eval_interval: _TypeAlias = _typing.Literal["eval_interval"]  # noqa: Y015
+    _WhichOneofArgType__eval_interval: _TypeAlias = _typing.Literal["_eval_interval", b"_eval_interval"]  # noqa: Y015
     _WhichOneofReturnType__keep: _TypeAlias = _typing.Literal["keep"]  # noqa: Y015
     _WhichOneofArgType__keep: _TypeAlias = _typing.Literal["_keep", b"_keep"]  # noqa: Y015
     _WhichOneofReturnType__max_pipeline_stages: _TypeAlias = _typing.Literal["max_pipeline_stages"]  # noqa: Y015
@@ -230,6 +236,8 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__device) -> _WhichOneofReturnType__device | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__dtype) -> _WhichOneofReturnType__dtype | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__eval_interval) -> _WhichOneofReturnType__eval_interval | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__keep) -> _WhichOneofReturnType__keep | None: ...
     @_typing.overload

@@ -1,0 +1,114 @@
+"""``spotmorph checkpoint export --hf``: a trained checkpoint loads with ``from_pretrained`` and computes the
+logits spotmorph computes; bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from spotmorph.cli import main
+from tests.hf import hf_models
+from tests.runtime.helpers import REPO, TINY, run, train_cmd
+from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.batch import run_layers
+from worker_agent.runtime.hf_adapter import hf_parameter_name
+from worker_agent.runtime.hf_export import CONFIG_FILE
+from worker_agent.runtime.partition import PartitionedModel
+
+ENTRY = f"{REPO}/tests/hf/hf_models.py"
+
+
+def trained(root: Path, entrypoint: str, steps: int = 2) -> Path:
+    cmd = train_cmd(root, 1, 1, steps, "--dtype=float64", entrypoint=entrypoint)
+    result = run(cmd, timeout=300)
+    assert result.returncode == 0, result.explain()
+    return root
+
+
+def spotmorph_logits(build: Any, ckpt: ck.Checkpoint | None, ids: torch.Tensor) -> torch.Tensor:
+    """The adapter's layers run in order in eval mode, with the checkpoint's parameters (if given)."""
+    torch.manual_seed(0)
+    spec = build()
+    model = PartitionedModel(spec)
+    params = ck.read_all(ckpt) if ckpt is not None else {}
+    with torch.no_grad():
+        for name, tensor in model.tensors.items():
+            tensor.data = params.get(f"param/{name}", tensor.data.double()).clone()
+        for _, layer in spec.layers:
+            layer.eval()
+        return run_layers([m for _, m in spec.layers], ids)  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("entry", "cls"), [("gpt2_token", "GPT2LMHeadModel"), ("llama_token", "LlamaForCausalLM")])
+def test_an_exported_checkpoint_loads_in_transformers_with_the_same_logits(
+    tmp_path: Path, entry: str, cls: str
+) -> None:
+    import transformers
+
+    root = trained(tmp_path / "ckpt", f"{ENTRY}:{entry}")
+    assert (root / CONFIG_FILE).is_file()
+    out = tmp_path / "hf"
+    assert main(["checkpoint", "export", str(root), "--hf", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
+    hf = getattr(transformers, cls).from_pretrained(str(out), dtype=torch.float64).eval()
+    ids = hf_models.LabelledSequences()[3][0].unsqueeze(0)
+    ckpt = ck.resolve(root)
+    ours = spotmorph_logits(getattr(hf_models, entry), ckpt, ids)
+    with torch.no_grad():
+        theirs = hf(ids).logits
+    assert theirs.dtype == torch.float64
+    assert torch.allclose(theirs, ours, rtol=0, atol=1e-10), (theirs - ours).abs().max()
+    fresh = spotmorph_logits(getattr(hf_models, entry), None, ids)
+    assert (fresh - ours).abs().max() > 1e-3  # the checkpoint's weights, not a freshly built model's
+    again = tmp_path / "again"
+    assert main(["checkpoint", "export", str(root / ckpt.path.name), "--hf", str(again), f"--config-from={out}"]) == 0
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_names_map_back_to_the_hugging_face_state_dict() -> None:
+    assert hf_parameter_name("gpt2", "layer3.block.mlp.c_fc.weight") == "transformer.h.3.mlp.c_fc.weight"
+    assert hf_parameter_name("gpt2", "embed.positions.weight") == "transformer.wpe.weight"
+    assert hf_parameter_name("llama", "head.norm.weight") == "model.norm.weight"
+    assert hf_parameter_name("llama", "head.lm_head.weight") == "lm_head.weight"
+    assert hf_parameter_name("llama", "embed.positions.weight") is None
+    assert hf_parameter_name("gpt2", "block0.weight") is None
+    assert hf_parameter_name("bert", "embed.tokens.weight") is None
+
+
+def _fails(args: list[str], capsys: pytest.CaptureFixture[str], *words: str) -> None:
+    assert main(["checkpoint", "export", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for word in words:
+        assert word in err, err
+
+
+@pytest.mark.slow
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "out")
+    _fails([str(tmp_path / "nope"), "--hf", out], capsys, "not a directory")
+    root = trained(tmp_path / "gpt2", f"{ENTRY}:gpt2_token", steps=1)
+    step = ck.resolve(root).path
+    damaged = tmp_path / "damaged" / step.name
+    shutil.copytree(step, damaged)
+    layer = damaged / "layer0.pt"
+    layer.write_bytes(layer.read_bytes()[:-5] + b"xxxxx")
+    _fails([str(damaged), "--hf", out], capsys, "damaged")
+    _fails([str(damaged.parent), "--hf", out], capsys, "no valid checkpoint")
+    no_config = tmp_path / "no-config" / step.name
+    shutil.copytree(step, no_config)
+    _fails([str(no_config), "--hf", out], capsys, CONFIG_FILE, "--config-from")
+    (tmp_path / "no-config" / CONFIG_FILE).write_text("{not json")
+    _fails([str(no_config), "--hf", out], capsys, "damaged")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("x")
+    _fails([str(root), "--hf", str(tmp_path / "busy")], capsys, "not an empty directory")
+    tiny = trained(tmp_path / "tiny", TINY, steps=1)
+    _fails([str(tiny), "--hf", out, f"--config-from={ENTRY}:gpt2_token"], capsys, "another model")
+    _fails([str(tiny), "--hf", out, f"--config-from={TINY}"], capsys, "causal_lm_spec")
+    assert not Path(out).exists()
