@@ -42,3 +42,16 @@ def machine() -> str:
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def replace_section(heading: str, section: str) -> None:
+    """Put ``section`` (which starts with ``heading``) in docs/benchmarks.md in place of the one there."""
+    path = ROOT / "docs" / "benchmarks.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if heading in text:
+        before, _, rest = text.partition(heading)
+        after = rest[rest.find("\n## ") :] if "\n## " in rest else ""
+        text = before + section + "\n" + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, spotmorph
+from bench.common import ROOT, replace_section, spotmorph
 
 HEADING = "## GPU runtime (`bench/gpu_bench.py`)"
 TINY = "examples/tiny_gpt.py:build_tiny"
@@ -296,18 +296,6 @@ def run() -> str:
     )
 
 
-def _update_docs(section: str) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if HEADING in text:
-        before, _, rest = text.partition(HEADING)
-        after = rest[rest.find("\n## ") :] if "\n## " in rest else ""
-        text = before + section + "\n" + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 def main() -> int:
     import torch
 
@@ -316,7 +304,7 @@ def main() -> int:
         return 0
     section = run()
     print(section)
-    _update_docs(section)
+    replace_section(HEADING, section)
     return 0
 
 

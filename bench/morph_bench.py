@@ -50,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT
+from bench.common import ROOT, replace_section
 from spotmorph.local.harness import (
     LocalCluster,
     first_event,
@@ -437,15 +437,7 @@ def run() -> str:
 def main() -> int:
     section = run()
     print(section)
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if HEADING in text:
-        head, _, rest = text.partition(HEADING)
-        tail = rest.split("\n## ", 1)
-        text = head + section + ("\n\n## " + tail[1] if len(tail) > 1 else "\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    replace_section(HEADING, section)
     return 0
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, spotmorph
+from bench.common import ROOT, replace_section, spotmorph
 from worker_agent.contract import GenerationDir, StepCompleted, events_of, read_progress
 
 ENTRY = "examples/tiny_gpt.py:build"
@@ -205,19 +205,7 @@ def run() -> str:
     )
 
 
-def _update_docs(section: str) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if HEADING in text:
-        before, _, rest = text.partition(HEADING)
-        after = rest[rest.find("\n## ") :] if "\n## " in rest else ""
-        text = before + section + "\n" + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 if __name__ == "__main__":
     result = run()
     print(result)
-    _update_docs(result)
+    replace_section(HEADING, result)
