@@ -20,15 +20,15 @@ def _splits(layers: int, stages: int) -> list[tuple[tuple[int, int], ...]]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
-@given(profiles(max_layers=7, memory_gib=(0.2, 40.0)), st.data())
-def test_balanced_partition_is_the_best_split_that_fits(profile: Profile, data: st.DataObject) -> None:
+def check_against_every_split(profile: Profile, data: st.DataObject, recomputation: bool = False) -> None:
+    """``balanced_partition`` equals trying every split: it finds one exactly when one fits, covers every
+    layer once in order, fits, and has the smallest bottleneck of all that fit."""
     layers = len(profile.layers)
     stages = data.draw(st.integers(1, layers))
     m = data.draw(st.sampled_from(profile.micro_batch_sizes))
     schedule = data.draw(schedules)
     micro_batches = data.draw(st.integers(1, 12))
-    costs = LayerCosts(profile, m)
+    costs = LayerCosts(profile, m, recomputation)
     limit = float(profile.cluster.gpu_memory_bytes)
 
     def fits(split: tuple[tuple[int, int], ...]) -> bool:
@@ -48,6 +48,12 @@ def test_balanced_partition_is_the_best_split_that_fits(profile: Profile, data: 
     assert fits(found.stage_layers)
     best = min(max(costs.compute_seconds(a, b) for a, b in split) for split in feasible)
     assert abs(found.bottleneck_seconds - best) <= 1e-12 * max(1.0, best)
+
+
+@settings(max_examples=150, deadline=None)
+@given(profiles(max_layers=7, memory_gib=(0.2, 40.0)), st.data())
+def test_balanced_partition_is_the_best_split_that_fits(profile: Profile, data: st.DataObject) -> None:
+    check_against_every_split(profile, data)
 
 
 def test_partition_balances_time_not_layer_count() -> None:
@@ -97,28 +103,7 @@ def test_partition_stays_exact_with_transient_memory_and_recomputation(
 ) -> None:
     """Memory is no longer a prefix sum (a max over the stage's layers), but it still grows with the stage,
     so greedy packing stays optimal: the search equals trying every split."""
-    layers = len(profile.layers)
-    stages = data.draw(st.integers(1, layers))
-    m = data.draw(st.sampled_from(profile.micro_batch_sizes))
-    schedule = data.draw(schedules)
-    micro_batches = data.draw(st.integers(1, 12))
-    costs = LayerCosts(profile, m, recomputation)
-    limit = float(profile.cluster.gpu_memory_bytes)
-
-    def fits(split: tuple[tuple[int, int], ...]) -> bool:
-        return all(
-            costs.memory_total(a, b, in_flight(schedule, s, stages, micro_batches)) <= limit
-            for s, (a, b) in enumerate(split)
-        )
-
-    feasible = [split for split in _splits(layers, stages) if fits(split)]
-    found = costs.balanced_partition(stages, schedule, micro_batches, limit)
-    if not feasible:
-        assert found is None
-        return
-    assert found is not None and fits(found.stage_layers)
-    best = min(max(costs.compute_seconds(a, b) for a, b in split) for split in feasible)
-    assert abs(found.bottleneck_seconds - best) <= 1e-12 * max(1.0, best)
+    check_against_every_split(profile, data, recomputation)
 
 
 def _three_layers(peak: int | None) -> Profile:
