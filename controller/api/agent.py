@@ -57,7 +57,7 @@ class AgentService(rpc.AgentServicer):
 
             def decide(world: World, now: float) -> list[Command]:
                 node, commands = intake.register(
-                    world, request.node_name, request.slots, request.address, now, instance, gpus
+                    world, request.node_name, request.slots, request.address, now, instance, gpus, self.view.damping
                 )
                 registered.append(node)
                 return commands

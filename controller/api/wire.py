@@ -101,6 +101,7 @@ def assignment_to_pb(
         rendezvous_endpoint=assignment.rendezvous,
         checkpoint_dir=assignment.checkpoint_dir,
         resume_step=assignment.resume_step,
+        resume_generation=assignment.resume_generation,
         action=pb.Action.Value(f"ACTION_{assignment.action}"),
         entrypoint=assignment.entrypoint,
         spec=spec or spec_to_pb(assignment.spec),

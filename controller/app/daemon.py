@@ -29,6 +29,7 @@ from controller.app.providers import ProviderFactory, make_provider
 from controller.app.settings import ControllerSettings, check_exposure
 from controller.app.state_lock import lock_state_dir
 from controller.app.tls import load_server_tls
+from controller.core.flapping import Damping
 from controller.core.reconcile import Config
 from controller.files import private_file, set_mode, write_public
 from controller.observability.metrics import serve_metrics
@@ -64,6 +65,7 @@ def reconcile_config(s: ControllerSettings) -> Config:
         stop_timeout_seconds=s.stop_timeout_seconds,
         rendezvous_port_base=s.rendezvous_port_base,
         morph_cost_seconds=s.morph_cost_seconds,
+        damping=Damping(s.rejoin_hold_seconds, s.rejoin_hold_max_seconds, s.flap_memory_seconds),
     )
 
 

@@ -61,6 +61,12 @@ class ControllerSettings(BaseSettings):
     """How often agents are told to send heartbeats."""
     heartbeat_expiry_seconds: float = 10.0
     """A node silent for this long is LOST."""
+    rejoin_hold_seconds: float = Field(default=10.0, ge=0)
+    """A node back soon after it was LOST waits in JOINING this long before it gets work (0: at once)."""
+    rejoin_hold_max_seconds: float = Field(default=300.0, ge=0)
+    """The hold doubles with each further flap within the memory, up to this."""
+    flap_memory_seconds: float = Field(default=600.0, ge=0)
+    """How long a LOST counts: a node back later is not held, and its flaps are forgotten."""
     debounce_seconds: float = 5.0
     """Wait this long after node arrivals before admitting or growing jobs onto them."""
     stop_timeout_seconds: float = 120.0

@@ -44,7 +44,7 @@ NODE_ENTERING: Mapping[NodeState, Entering] = {
     N.READY: Entering(sets={"job": None, "eviction_not_before": None}),  # free, and no notice pending
     N.ASSIGNED: Entering(sets={"eviction_not_before": None}, requires=("job",)),  # the job that placed ranks on it
     N.DRAINING: Entering(requires=("eviction_not_before",)),  # when the provider takes it
-    N.LOST: Entering(),  # keeps its job, which sees the loss and aborts
+    N.LOST: Entering(stamps=("lost_at",)),  # keeps its job, which sees the loss and aborts; a flap if it returns
     N.GONE: Entering(sets={"job": None}),  # a gone VM runs nothing
 }
 

@@ -52,6 +52,7 @@ class StartGeneration:
     morph_detail: str  # the cause in words, for people
     morph_seconds: float | None
     at: float
+    resume_generation: int = 0  # the generation that committed the checkpoint of ``resume_step``
 
 
 @dataclass(frozen=True)

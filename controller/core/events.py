@@ -10,6 +10,7 @@ class EventKind(StrEnum):
     JOB_STATE_CHANGED = "JobStateChanged"
     NODE_REGISTERED = "NodeRegistered"
     NODE_STATE_CHANGED = "NodeStateChanged"
+    NODE_HELD = "NodeHeld"  # came back soon after being LOST: waits in JOINING before it gets work
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
     EVICTION_NOTICED = "EvictionNoticed"

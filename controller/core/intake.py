@@ -14,6 +14,7 @@ from dataclasses import asdict
 
 from controller.core.changes import amend, move
 from controller.core.events import EventKind
+from controller.core.flapping import Damping, rejoin
 from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
 from controller.core.model import (
     AddJob,
@@ -102,12 +103,14 @@ def register(
     now: float,
     instance: str = "",
     gpus: tuple[Gpu, ...] = (),
+    damping: Damping | None = None,
 ) -> tuple[NodeRecord, list[Command]]:
     """A new incarnation of a node (with the GPUs its agent found); an older incarnation is GONE from now on.
 
     A live name (not LOST or GONE) is taken over only by the instance it is bound to (an agent
     restarting on the same VM): anyone else with the agent token could otherwise evict its job.
-    ``instance`` is :func:`instance_of` the request; "" binds the name to nothing.
+    ``instance`` is :func:`instance_of` the request; "" binds the name to nothing. A name whose previous
+    incarnation was LOST a short while ago waits in JOINING (:mod:`controller.core.flapping`).
     """
     commands: list[Command] = []
     name = requested
@@ -122,6 +125,7 @@ def register(
         if live >= MAX_LIVE_NODES:
             raise Full(f"{live} nodes are registered and not gone, the most a controller keeps; release some first")
     incarnation = 1
+    back = rejoin(old, now, damping or Damping())
     if old is not None:
         if old.state not in GONE_OR_LOST and old.instance and old.instance != instance:
             raise Taken(
@@ -141,10 +145,22 @@ def register(
         state_since=now,
         instance=instance,
         gpus=gpus,
+        lost_at=back.lost_at,
+        flaps=back.flaps,
+        held_until=back.held_until,
     )
     commands.append(SetNode(node))
     data = {"incarnation": incarnation, "slots": slots, "address": address, "gpus": [asdict(g) for g in gpus]}
     commands.append(RecordEvent(EventKind.NODE_REGISTERED, now, None, name, data))
+    if back.held_until is not None:
+        seconds = back.hold_seconds(now)
+        message = (
+            f"back {now - (back.lost_at or now):.1f} s after it was LOST (flap {back.flaps}): held in JOINING "
+            f"for {seconds:g} s before it gets work"
+        )
+        hold: dict[str, object] = {"flaps": back.flaps, "lost_at": back.lost_at, "hold_seconds": seconds}
+        hold.update(until=back.held_until, message=message)
+        commands.append(RecordEvent(EventKind.NODE_HELD, now, None, name, hold))
     return node, commands
 
 
@@ -152,7 +168,8 @@ def check_incarnation(world: World, name: str, incarnation: int) -> NodeRecord:
     node = world.nodes.get(name)
     if node is None:
         raise LookupError(f"node {name} is not registered")
-    if node.incarnation != incarnation or node.state is NodeState.GONE:
+    if node.incarnation != incarnation or node.state in GONE_OR_LOST:
+        # A LOST incarnation is over too: its job has moved on, so it kills its trainers and comes back anew.
         raise Stale(
             f"node {name} incarnation {incarnation} is stale (current {node.incarnation}, {node.state}); register again"
         )
@@ -171,7 +188,7 @@ def commit_checkpoint(world: World, job_id: str, generation: int, step: int, now
     return [
         RecordCheckpoint(job_id, generation, step, now),
         RecordEvent(EventKind.CHECKPOINT_COMMITTED, now, job_id, None, {"generation": generation, "step": step}),
-        amend(job, last_checkpoint_step=step, step=max(step, job.step)),
+        amend(job, last_checkpoint_step=step, last_checkpoint_generation=generation, step=max(step, job.step)),
     ]
 
 

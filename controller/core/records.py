@@ -41,6 +41,9 @@ class NodeRecord:
     eviction_not_before: float | None = None
     gpus: tuple[Gpu, ...] = ()  # empty: a CPU node (or one registered before nodes reported GPUs)
     instance: str = ""  # what registered it (instance id or address, certificate); "" in records older than that
+    lost_at: float | None = None  # when this name was last declared LOST (carried to its next incarnations)
+    flaps: int = 0  # times it came back soon after being LOST (controller.core.flapping)
+    held_until: float | None = None  # a JOINING node that flapped gets no work before this
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,10 @@ class JobRecord:
     action: Action = Action.RUN
     rendezvous: str = ""
     resume_step: int = 0  # checkpoint step ``generation`` started from (0: from scratch)
+    resume_generation: int = 0  # the generation that committed it (its directory, step-NNNNNNNN-gG)
     step: int = 0  # newest step any rank of the job finished
     last_checkpoint_step: int = 0
+    last_checkpoint_generation: int = 0  # the generation that committed ``last_checkpoint_step``
     steps_lost: int = 0
     restarts: int = 0
     checkpoint_request: int = 0  # bumped to ask for a checkpoint at the next step boundary
@@ -93,6 +98,7 @@ class Assignment:
     rendezvous: str
     checkpoint_dir: str
     resume_step: int
+    resume_generation: int
     action: Action
     entrypoint: str
     spec: JobSpec

@@ -64,8 +64,10 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "action": str(job.action),
         "rendezvous": job.rendezvous,
         "resume_step": job.resume_step,
+        "resume_generation": job.resume_generation,
         "step": job.step,
         "last_checkpoint_step": job.last_checkpoint_step,
+        "last_checkpoint_generation": job.last_checkpoint_generation,
         "steps_lost": job.steps_lost,
         "restarts": job.restarts,
         "checkpoint_request": job.checkpoint_request,
@@ -88,6 +90,10 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     fields["morph_cause"] = MorphCause(data["morph_cause"]) if data["morph_cause"] else None
     fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
     fields["growth_declined"] = data.get("growth_declined", "")
+    # Rows written before checkpoints were named by generation: their checkpoints are named by step alone,
+    # which generation 0 names (step-NNNNNNNN).
+    fields["resume_generation"] = data.get("resume_generation", 0)
+    fields["last_checkpoint_generation"] = data.get("last_checkpoint_generation", 0)
     return JobRecord(**fields)
 
 

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from controller.core import intake
+from controller.core.flapping import Damping
 from controller.core.lifecycle import JobState
 from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord
 from controller.core.reconcile import assignment_for
@@ -89,6 +90,10 @@ class StateView:
     @property
     def heartbeat_expiry_seconds(self) -> float:
         return self._runner.config.heartbeat_expiry_seconds
+
+    @property
+    def damping(self) -> Damping:
+        return self._runner.config.damping
 
     def job(self, job_id: str) -> JobRecord | None:
         return self._runner.jobs.get(job_id)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointWritten,
+    CommittedCheckpoint,
     ControlDir,
     ExitCode,
     ProgressLineError,
@@ -40,19 +41,28 @@ hosts = st.sampled_from(["127.0.0.1", "node-3.internal", "10.0.0.7", "::1"])
 rendezvous = st.builds(lambda h, p: f"{h}:{p}", hosts, st.integers(0, 65535))
 counts = st.integers(0, 2**40)
 
-arguments = st.builds(
-    TrainerArguments,
-    job_file=paths,
-    layout_file=paths,
-    rank=st.integers(0, 4096),
-    rendezvous=rendezvous,
-    checkpoint_dir=paths,
-    generation=counts,
-    control_dir=optional_paths,
-    progress_file=optional_paths,
-    host_store=st.booleans(),
-    load_from=optional_paths,
-    device_index=st.none() | st.integers(0, 4096),
+job_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True)
+committed = st.none() | st.builds(CommittedCheckpoint, counts, counts)
+# A standalone run may name a checkpoint to load; a controller generation loads only the committed one.
+origins = st.one_of(
+    st.fixed_dictionaries({"load_from": optional_paths}),
+    st.fixed_dictionaries({"fence_job": job_ids, "resume": committed}),
+)
+arguments = origins.flatmap(
+    lambda origin: st.builds(
+        TrainerArguments,
+        job_file=paths,
+        layout_file=paths,
+        rank=st.integers(0, 4096),
+        rendezvous=rendezvous,
+        checkpoint_dir=paths,
+        generation=counts,
+        control_dir=optional_paths,
+        progress_file=optional_paths,
+        host_store=st.booleans(),
+        device_index=st.none() | st.integers(0, 4096),
+        **{key: st.just(value) for key, value in origin.items()},
+    )
 )
 
 finite = st.floats(allow_nan=False)
@@ -65,7 +75,7 @@ events = st.one_of(
     st.builds(CheckpointWritten, steps, last_checkpoint),
     st.builds(TrainingStopped, steps, last_checkpoint, finite, finite),
     st.builds(TrainingFinished, steps, last_checkpoint, finite, finite),
-    st.builds(TrainerFailed, st.sampled_from(["input", "checkpoint", "abort"]), st.text()),
+    st.builds(TrainerFailed, st.sampled_from(["input", "checkpoint", "abort", "lease_expired", "fenced"]), st.text()),
 )
 records = st.builds(ProgressRecord, events, st.integers(0, 4096), counts, st.integers(1, 2**22), finite)
 
@@ -201,6 +211,20 @@ def test_the_device_index_is_a_flag_of_its_own_and_never_negative(tmp_path: Path
     assert info.value.code == ExitCode.USER_ERROR
 
 
+def test_a_committed_checkpoint_belongs_to_a_fenced_controller_generation(tmp_path: Path) -> None:
+    base = TrainerArguments(tmp_path, tmp_path, 0, "h:1", tmp_path, generation=4).to_argv()
+    fenced = TrainerArguments.from_argv([*base, "--fence-job=job-3", "--resume=200:3"])
+    assert (fenced.fence_job, fenced.resume) == ("job-3", CommittedCheckpoint(200, 3))
+    for wrong in (
+        ["--resume=200:3"],
+        ["--fence-job=job-3", f"--load-from={tmp_path}"],
+        ["--fence-job=j", "--resume=7"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            TrainerArguments.from_argv([*base, *wrong])
+        assert info.value.code == ExitCode.USER_ERROR
+
+
 def test_warm_arguments_round_trip(tmp_path: Path) -> None:
     made = WarmArguments(tmp_path / "spool", 1234)
     assert WarmArguments.from_argv(made.command("py")[3:]) == made
@@ -212,5 +236,7 @@ def test_exit_codes_are_the_documented_statuses() -> None:
         "ABORTED": 1,
         "USER_ERROR": 2,
         "CHECKPOINT_NOT_WRITTEN": 3,
+        "LEASE_EXPIRED": 4,
+        "FENCED": 5,
         "NOT_STARTED": 127,
     }

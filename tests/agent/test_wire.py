@@ -23,6 +23,7 @@ from worker_agent.agent.wire import (
     report_to_pb,
     spec_from_pb,
 )
+from worker_agent.contract import CommittedCheckpoint
 
 NODE = Registration("node-2", 3, "secret", 1.0, 10.0)
 
@@ -59,17 +60,21 @@ def test_optional_fields_left_unset_on_the_wire_take_the_models_defaults() -> No
 
 
 def test_an_assignment_becomes_what_to_run_and_how_to_launch_it() -> None:
-    incoming = incoming_from_pb(assignment(spec_to_pb(job()), checkpoint_request=4, resume_step=40))
+    incoming = incoming_from_pb(
+        assignment(spec_to_pb(job()), checkpoint_request=4, resume_step=40, resume_generation=3)
+    )
     assert incoming.assignment == Assignment("job-1", 2, "run", (0, 1), checkpoint_request=4)
     placed = incoming_from_pb(assignment(spec_to_pb(job()), slots=[1, 0])).assignment
     assert placed.slots == (1, 0) and placed.slot_of(0) == 1
     assert incoming.launch is not None
     assert incoming.launch.job == job() and incoming.launch.rendezvous == "10.0.0.1:29501"
-    assert incoming.launch.load_from == "/c/step-00000040"
+    assert incoming.launch.resume == CommittedCheckpoint(40, 3), "exactly the committed checkpoint"
     assert incoming.launch.layout["pipeline_stages"] == 2
     moved = incoming_from_pb(assignment(spec_to_pb(job()), entrypoint="/n/tiny_gpt.py:build"))
     assert moved.launch is not None and moved.launch.job.entrypoint == "/n/tiny_gpt.py:build"
-    assert incoming_from_pb(assignment(spec_to_pb(job()))).launch.load_from is None  # type: ignore[union-attr]
+    assert incoming_from_pb(assignment(spec_to_pb(job()))).launch.resume is None  # type: ignore[union-attr]
+    older = incoming_from_pb(assignment(spec_to_pb(job()), resume_step=40)).launch  # a controller before v2
+    assert older is not None and older.resume == CommittedCheckpoint(40, 0)
 
 
 def test_no_assignment_means_idle_but_no_assignment_in_a_report_reply_means_unchanged() -> None:

@@ -5,7 +5,11 @@ assignment it should run; :func:`worker_agent.agent.converge.converge` turns tha
 :class:`~worker_agent.agent.supervisor.Supervisor` performs. Urgent facts (an eviction notice, a
 trainer exit, a committed checkpoint) are also pushed at once with ``ReportEvent``. When the
 controller is unreachable the trainers keep training and the agent retries with backoff as the same
-incarnation; only a controller that no longer knows this incarnation makes it register anew.
+incarnation, for as long as the trainers' lease holds (half the heartbeat expiry unless ``lease_seconds``
+says otherwise): every answered heartbeat renews it, and once the controller has been silent for longer
+the agent kills its trainers, which also stop by themselves when the lease file goes stale (a frozen
+agent). A controller that no longer knows this incarnation (it was LOST) makes it kill its trainers and
+register anew, as a new incarnation, before anything new starts.
 
 This module is the loop only: the calls are in :mod:`~worker_agent.agent.transport`, the wire format in
 :mod:`~worker_agent.agent.wire` and every decision in :mod:`~worker_agent.agent.decisions`.
@@ -80,6 +84,7 @@ class AgentConfig:
     trainer_python: str = sys.executable
     local_poll_seconds: float = 0.1
     morph_beat_seconds: float = 0.2
+    lease_seconds: float | None = None  # None: half the controller's heartbeat expiry
 
 
 @dataclass
@@ -93,6 +98,7 @@ class AgentState:
     launch: dict[tuple[str, int], LaunchSpec] = field(default_factory=dict)
     pushed: Pushed = field(default_factory=Pushed)
     notice: EvictionNotice | None = None
+    last_contact: float = 0.0  # time.monotonic() of the controller's last answer
 
 
 class Agent:
@@ -167,6 +173,8 @@ class Agent:
         if node is None:
             return
         self.state.node, self.state.interval = node, node.heartbeat_interval
+        self.state.last_contact = time.monotonic()
+        self.supervisor.lease_seconds = decisions.lease_seconds(self.config.lease_seconds, node.heartbeat_expiry)
         log.info("registered as %s incarnation %d", node.node_name, node.incarnation)
         remembered.write_text(node.node_name)
 
@@ -185,15 +193,28 @@ class Agent:
             self.state.interval = decisions.backed_off_interval(
                 self.state.interval, self.config.max_backoff_seconds, self.state.node.heartbeat_expiry
             )
+            self._stop_trainers_if_lease_lapsed()
             return
         except RegisterAgain as exc:
             log.warning("controller no longer knows this incarnation (%s); registering anew", exc)
             self.supervisor.kill_all()
             await self._register()
             return
+        self.state.last_contact = time.monotonic()
         if reply.heartbeat_interval is not None:
             self.state.interval = reply.heartbeat_interval
         self._apply(reply.incoming)
+        desired = self.state.desired
+        if desired is not None and desired.action in ("run", "stop"):
+            self.supervisor.renew_leases(desired.job_id, desired.generation)
+
+    def _stop_trainers_if_lease_lapsed(self) -> None:
+        lease = self.supervisor.lease_seconds
+        if lease is None or not decisions.lease_lapsed(self.state.last_contact, time.monotonic(), lease):
+            return
+        for key in self.supervisor.running():
+            log.warning("no answer from the controller for over %.1f s (the lease): killing %s", lease, key)
+            self.supervisor.kill(key)
 
     def _apply(self, incoming: Incoming) -> None:
         """Converge to ``incoming`` against the trainers as they are now (an urgent report may just have

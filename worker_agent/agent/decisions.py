@@ -55,6 +55,18 @@ def backed_off_interval(interval: float, max_backoff: float, expiry: float) -> f
     return min(interval * 2, min(max_backoff, expiry / 3))
 
 
+def lease_seconds(configured: float | None, expiry: float) -> float:
+    """How long the trainers' lease holds after the controller last answered: half the heartbeat expiry unless
+    set, so a node cut off from the controller has stopped its trainers well before the controller declares
+    it LOST and gives its ranks to a new generation."""
+    return configured if configured is not None else expiry / 2
+
+
+def lease_lapsed(last_contact: float, now: float, lease: float) -> bool:
+    """The controller has not answered for longer than the lease: this node's trainers must stop."""
+    return now - last_contact > lease
+
+
 def beat_interval(interval: float, desired: Assignment | None, healthy: bool, morph_beat: float) -> float:
     """How long to wait for the next beat. While a morph is under way (this node's trainers are asked to
     stop or abort) the agent beats often, because the next generation's assignment only reaches it in a

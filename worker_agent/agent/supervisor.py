@@ -32,6 +32,7 @@ from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointWritten,
+    CommittedCheckpoint,
     ExitCode,
     GenerationDir,
     ProgressReader,
@@ -56,7 +57,7 @@ class LaunchSpec:
     layout: dict[str, Any]
     rendezvous: str
     checkpoint_dir: Path
-    load_from: str | None = None
+    resume: CommittedCheckpoint | None = None  # the checkpoint the controller committed (None: from scratch)
     store_rank: int = 0
 
 
@@ -154,6 +155,7 @@ class Supervisor:
         self._warm: list[_Warm] = []
         self._warm_serial = 0
         self._checkpoint_requests: dict[tuple[str, int], int] = {}
+        self.lease_seconds: float | None = None  # set once the agent registered: trainers started after get a lease
 
     def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
         return self.trainers_dir.generation_dir(job_id, generation)
@@ -174,9 +176,12 @@ class Supervisor:
             rendezvous=spec.rendezvous,
             checkpoint_dir=spec.checkpoint_dir,
             host_store=key.rank == spec.store_rank,
-            load_from=Path(spec.load_from) if spec.load_from else None,
             device_index=device_index,
+            fence_job=key.job_id,
+            resume=spec.resume,
         )
+        if self.lease_seconds is not None:
+            directory.control.renew_lease(self.lease_seconds)  # before the trainer can look for it
         process: _Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path))
         if process is None:
             with open(log_path, "ab") as log:
@@ -244,6 +249,19 @@ class Supervisor:
             return
         self.generation_dir(job_id, generation).control.request_checkpoint(counter)
         self._checkpoint_requests[(job_id, generation)] = counter
+
+    def renew_leases(self, job_id: str, generation: int) -> None:
+        """Renew the lease of the generation's running trainers (the controller just answered a heartbeat)."""
+        if self.lease_seconds is None:
+            return
+        if any(
+            k.job_id == job_id and k.generation == generation and t.process.poll() is None
+            for k, t in self._trainers.items()
+        ):
+            self.generation_dir(job_id, generation).control.renew_lease(self.lease_seconds)
+
+    def running(self) -> list[TrainerKey]:
+        return [k for k, t in self._trainers.items() if t.process.poll() is None]
 
     def kill(self, key: TrainerKey) -> None:
         trainer = self._trainers.get(key)

@@ -16,6 +16,7 @@ from worker_agent.agent.converge import Action, Assignment
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, TrainerExited, UrgentFact
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.supervisor import LaunchSpec, TrainerReport
+from worker_agent.contract import CommittedCheckpoint
 
 ACTIONS: dict[int, Action] = {pb.ACTION_RUN: "run", pb.ACTION_STOP: "stop", pb.ACTION_ABORT: "abort"}
 IDLE = Assignment("", 0, "idle")
@@ -89,8 +90,10 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
     if message.entrypoint:
         spec = spec.model_copy(update={"entrypoint": message.entrypoint})
     checkpoint_dir = Path(message.checkpoint_dir)
-    load_from = str(checkpoint_dir / f"step-{message.resume_step:08d}") if message.resume_step else None
-    launch = LaunchSpec(spec, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, load_from)
+    # Exactly the checkpoint the controller committed; a controller that sends no generation (older than
+    # format v2) committed one of the directories named by step alone, which generation 0 names.
+    resume = CommittedCheckpoint(message.resume_step, message.resume_generation) if message.resume_step else None
+    launch = LaunchSpec(spec, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, resume)
     return Incoming(assignment, launch)
 
 

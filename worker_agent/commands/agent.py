@@ -45,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pays no process start; N per node, or 'slots' for one per slot (default 0: every trainer starts "
         "cold; env SPOTMORPH_WARM_TRAINERS)",
     )
+    parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        help="how long this node's trainers keep training after the controller last answered a heartbeat; "
+        "then the agent kills them, and a trainer whose lease file goes stale (a frozen agent) stops by itself "
+        "(default: half the controller's heartbeat expiry)",
+    )
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the trainers")
     parser.add_argument("--log-level", default="INFO")
 
@@ -75,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--warm-trainers {args.warm_trainers!r}: give a number >= 0") from None
     if warm < 0:
         raise UserInputError(f"--warm-trainers {warm}: give a number >= 0")
+    if args.lease_seconds is not None and not args.lease_seconds > 0:
+        raise UserInputError(f"--lease-seconds {args.lease_seconds}: give a number of seconds > 0")
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s agent {args.name or socket.gethostname()} %(message)s"
     )
@@ -98,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         key=args.key,
         warm_trainers=slots if warm_per_slot else warm,
         trainer_python=args.python,
+        lease_seconds=args.lease_seconds,
     )
     return asyncio.run(Agent(config).run())
 

@@ -9,6 +9,7 @@ name itself. Torch-free (checked by import-linter), so the agent never pays for 
 from worker_agent.contract.arguments import (
     TRAINER_MODULE,
     WARM_MODULE,
+    CommittedCheckpoint,
     TrainerArguments,
     WarmArguments,
     WarmAssignment,
@@ -34,7 +35,7 @@ from worker_agent.contract.events import (
     read_progress,
 )
 from worker_agent.contract.exit_codes import ExitCode
-from worker_agent.contract.files import AgentWorkDir, ControlDir, GenerationDir, TrainersDir, WarmSpool
+from worker_agent.contract.files import AgentWorkDir, ControlDir, GenerationDir, Lease, TrainersDir, WarmSpool
 
 __all__ = [
     "TRAINER_MODULE",
@@ -43,11 +44,13 @@ __all__ = [
     "CheckpointLoaded",
     "CheckpointSkipped",
     "CheckpointWritten",
+    "CommittedCheckpoint",
     "ControlDir",
     "EvaluationCompleted",
     "ExitCode",
     "FailureKind",
     "GenerationDir",
+    "Lease",
     "ProgressEvent",
     "ProgressLineError",
     "ProgressReader",

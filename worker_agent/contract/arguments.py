@@ -19,6 +19,24 @@ WARM_MODULE = "worker_agent.runtime.warm"
 
 
 @dataclass(frozen=True)
+class CommittedCheckpoint:
+    """A checkpoint the controller committed: the one of ``step`` that generation ``generation`` wrote."""
+
+    step: int
+    generation: int
+
+    def to_arg(self) -> str:
+        return f"{self.step}:{self.generation}"
+
+    @classmethod
+    def from_arg(cls, text: str) -> CommittedCheckpoint:
+        step, sep, generation = text.partition(":")
+        if not (sep and step.isascii() and step.isdigit() and generation.isascii() and generation.isdigit()):
+            raise argparse.ArgumentTypeError(f"{text!r} is not STEP:GENERATION (e.g. 200:3)")
+        return cls(int(step), int(generation))
+
+
+@dataclass(frozen=True)
 class TrainerArguments:
     """One rank of one generation: its inputs, where it meets its peers, where it reports."""
 
@@ -33,6 +51,10 @@ class TrainerArguments:
     host_store: bool = False  # this process hosts the TCPStore
     load_from: Path | None = None  # a checkpoint (or a checkpoint root) to start from instead of the newest
     device_index: int | None = None  # the GPU of this rank's slot (cuda:N) when the job runs on CUDA; None: 0
+    # A controller generation: the job's id. The trainer raises the checkpoint dir's fence to (job, generation)
+    # before it loads anything, checks it before every commit and deletion, and loads exactly ``resume``.
+    fence_job: str | None = None
+    resume: CommittedCheckpoint | None = None  # with fence_job: the committed checkpoint (None: from scratch)
 
     @classmethod
     def in_generation_dir(
@@ -45,6 +67,8 @@ class TrainerArguments:
         load_from: Path | None = None,
         generation: int | None = None,
         device_index: int | None = None,
+        fence_job: str | None = None,
+        resume: CommittedCheckpoint | None = None,
     ) -> TrainerArguments:
         """A rank whose inputs, control and progress files are those of ``directory``."""
         return cls(
@@ -59,6 +83,8 @@ class TrainerArguments:
             host_store=host_store,
             load_from=load_from,
             device_index=device_index,
+            fence_job=fence_job,
+            resume=resume,
         )
 
     @property
@@ -88,6 +114,10 @@ class TrainerArguments:
             argv.append(f"--load-from={self.load_from}")
         if self.device_index is not None:
             argv.append(f"--device-index={self.device_index}")
+        if self.fence_job is not None:
+            argv.append(f"--fence-job={self.fence_job}")
+        if self.resume is not None:
+            argv.append(f"--resume={self.resume.to_arg()}")
         return argv
 
     def command(self, python: str) -> list[str]:
@@ -103,6 +133,10 @@ class TrainerArguments:
             _trainer_parser().error(f"--rendezvous {args.rendezvous!r}: use HOST:PORT")
         if args.device_index is not None and args.device_index < 0:
             _trainer_parser().error(f"--device-index {args.device_index}: a CUDA device index is >= 0")
+        if args.resume is not None and args.fence_job is None:
+            _trainer_parser().error("--resume names a committed checkpoint of a controller job: give --fence-job too")
+        if args.fence_job is not None and args.load_from is not None:
+            _trainer_parser().error("--fence-job loads only the committed checkpoint (--resume), not --load-from")
         return cls(
             job_file=args.job,
             layout_file=args.layout,
@@ -115,6 +149,8 @@ class TrainerArguments:
             host_store=args.host_store,
             load_from=args.load_from,
             device_index=args.device_index,
+            fence_job=args.fence_job,
+            resume=args.resume,
         )
 
 
@@ -134,6 +170,16 @@ def _trainer_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--device-index", type=_device_index, help="GPU of this rank's slot (cuda:N) when the job runs on CUDA"
+    )
+    parser.add_argument(
+        "--fence-job",
+        help="a controller job's id: raise the checkpoint dir's fence to this generation before loading anything, "
+        "commit and prune only while it holds, and load exactly --resume (or nothing)",
+    )
+    parser.add_argument(
+        "--resume",
+        type=CommittedCheckpoint.from_arg,
+        help="STEP:GENERATION of the checkpoint the controller committed (with --fence-job; absent: from scratch)",
     )
     return parser
 

@@ -3,7 +3,8 @@
 An agent's work dir holds ``agent.pid``, ``node-name`` and ``trainers/``; under that, each generation
 of a job has ``<job>/gen-<g>/`` with the trainer's inputs (``job.json``, ``layout.json``), its
 ``control/`` folder (``stop``: stop at the next step boundary; ``checkpoint-request``: a counter, a new
-value asks for a checkpoint at the next step boundary), and per rank ``progress-rank-<r>.jsonl`` (what
+value asks for a checkpoint at the next step boundary; ``lease``: renewed by the agent on every heartbeat the
+controller answers, a trainer whose lease lapsed stops by itself), and per rank ``progress-rank-<r>.jsonl`` (what
 it reports), ``rank-<r>.log`` (its stdout and stderr) and ``rank-<r>.pid`` (so a restarted agent can
 kill what its previous incarnation left behind). Warm trainers wait in ``trainers/.warm/<name>/``.
 ``spotmorph train`` lays out its run dir as one generation dir.
@@ -12,14 +13,29 @@ kill what its previous incarnation left behind). Warm trainers wait in ``trainer
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 _GENERATION = re.compile(r"^gen-(\d+)$")
 _RANK_FILE = re.compile(r"^(?:progress-)?rank-(\d+)\.(?:jsonl|pid)$")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The agent's word that the controller still knows this node: renewed at ``renewed`` (``time.monotonic()``,
+    one clock for every process of a host) for ``valid_for`` seconds."""
+
+    renewed: float
+    valid_for: float
+
+    def lapsed_for(self, now: float) -> float:
+        """How long ago it ran out (<= 0: it still holds)."""
+        return now - (self.renewed + self.valid_for)
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,34 @@ class ControlDir:
         with contextlib.suppress(OSError, ValueError):
             return int(self.checkpoint_request_file.read_text())
         return 0
+
+    @property
+    def lease_file(self) -> Path:
+        return self.path / "lease"
+
+    def renew_lease(self, valid_for: float, now: float | None = None) -> None:
+        """Renew the trainers' lease for ``valid_for`` seconds from ``now`` (``time.monotonic()``), written whole."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        renewed = time.monotonic() if now is None else now
+        temporary = self.path / f".lease.tmp-{os.getpid()}"
+        temporary.write_text(json.dumps({"renewed": renewed, "valid_for": valid_for}))
+        temporary.replace(self.lease_file)
+
+    def lease(self) -> Lease | None:
+        """The lease as last renewed; None when there is none (a run no agent supervises, e.g. ``spotmorph train``).
+
+        An unreadable lease counts as one that ran out long ago: only the agent writes it, and always whole."""
+        try:
+            text = self.lease_file.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return Lease(float("-inf"), 0.0)
+        try:
+            data = json.loads(text)
+            return Lease(float(data["renewed"]), float(data["valid_for"]))
+        except (ValueError, KeyError, TypeError):
+            return Lease(float("-inf"), 0.0)
 
 
 @dataclass(frozen=True)

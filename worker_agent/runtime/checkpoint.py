@@ -1,23 +1,19 @@
 """Per-layer checkpoints that load into any layout.
 
-``DIR/step-NNNNNNNN/`` holds one file per layer (``LAYER.pt``: the tensors the layer owns, keyed by
-stable parameter name, and their optimizer state) and ``manifest.json`` (step, data cursor, job hash,
-writer layout, file list with sizes and SHA-256). Each rank writes the layers it was given, then an
-atomic part file listing them; rank 0 waits for every part and writes the manifest last, atomically
-(temp file, fsync, rename). A directory without a valid manifest is not a checkpoint; what "valid"
-means, and how files are read without trusting the manifest, is :mod:`worker_agent.runtime.manifest`.
-No collective is involved, so writes can run in a background thread while training goes on.
+``DIR/step-NNNNNNNN-gG/`` (``step-NNNNNNNN/`` for generation 0, a standalone run) holds one file per layer
+(``LAYER.pt``: the tensors the layer owns, keyed by stable parameter name, and their optimizer state) and
+``manifest.json`` (step, generation, data cursor, job hash, writer layout, file list with sizes and
+SHA-256). How they are written (part files, the manifest last and atomically, the fence, pruning) is
+:mod:`worker_agent.runtime.writer`; a directory without a valid manifest is not a checkpoint, and what
+"valid" means, and how files are read without trusting the manifest, is :mod:`worker_agent.runtime.manifest`.
+A controller generation loads exactly the checkpoint the controller committed (:func:`committed`); a
+standalone run the newest valid one (:func:`newest_valid`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
-import shutil
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +22,11 @@ from typing import Any
 import torch
 
 from morphing.errors import UserInputError
+from worker_agent.runtime.durable import atomic_write as atomic_write
 from worker_agent.runtime.errors import CheckpointError as CheckpointError
-from worker_agent.runtime.errors import CheckpointWriteFailed
 from worker_agent.runtime.errors import ForeignCheckpoint as ForeignCheckpoint
 from worker_agent.runtime.manifest import FORMAT as FORMAT
+from worker_agent.runtime.manifest import FORMAT_V1 as FORMAT_V1
 from worker_agent.runtime.manifest import MANIFEST as MANIFEST
 from worker_agent.runtime.manifest import (
     STEP_DIR,
@@ -41,8 +38,12 @@ from worker_agent.runtime.manifest import (
     read_layer_file,
     step_directory,
 )
+from worker_agent.runtime.writer import CheckpointWriter as CheckpointWriter
+from worker_agent.runtime.writer import LayerPayload as LayerPayload
+from worker_agent.runtime.writer import checkpoint_dirs as checkpoint_dirs
+from worker_agent.runtime.writer import serialise as serialise
+from worker_agent.runtime.writer import step_dir as step_dir
 
-LayerPayload = dict[str, Any]
 # This job's identity (``JobSpec.identity()``) or just its hash: checkpoints of any other job are refused.
 Job = Mapping[str, Any] | str | None
 _OTHER_JOB_FIX = "use another checkpoint directory, or the same entrypoint, global batch, seed and dtype"
@@ -61,35 +62,6 @@ class Checkpoint:
         return {name: f.path for f in self.manifest.files for name in f.tensors}
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file, fsync it, rename it over ``path`` and fsync the directory."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def serialise(payload: LayerPayload) -> bytes:
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    return buf.getvalue()
-
-
 def verify(path: Path, job: Job = None, *, read_files: bool = True) -> Checkpoint:
     """The checkpoint at ``path`` if its manifest (and, with ``read_files``, every file) checks out.
 
@@ -106,11 +78,8 @@ def verify(path: Path, job: Job = None, *, read_files: bool = True) -> Checkpoin
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step-*`` directory, newest first."""
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
-    return sorted(found, reverse=True)
+    """``(step, path)`` of every ``step-*`` directory, newest first (of one step, the newest generation first)."""
+    return [(step, path) for step, _, path in checkpoint_dirs(root)]
 
 
 def newest_valid(root: Path, job: Job = None, warn: Callable[[str], None] | None = None) -> Checkpoint | None:
@@ -131,6 +100,39 @@ def newest_valid(root: Path, job: Job = None, warn: Callable[[str], None] | None
     if foreign is not None:
         raise UserInputError(f"{root} holds no checkpoint of this job; {foreign}; {_OTHER_JOB_FIX}")
     return None
+
+
+def committed(root: Path, step: int, generation: int, job: Job = None) -> Checkpoint:
+    """The checkpoint the controller committed: exactly ``step`` written by ``generation``, never another one.
+
+    Before format v2 a generation wrote ``step-NNNNNNNN``; such a (v1) checkpoint is the committed one only
+    when its manifest names the same generation. Missing or damaged, it is a :class:`UserInputError`: falling
+    back to any other directory could load what a generation the controller moved past wrote.
+    """
+    path = step_dir(root, step, generation)
+    if generation and not os.path.lexists(path) and _legacy_of(step_dir(root, step), generation):
+        path = step_dir(root, step)
+    what = f"the committed checkpoint (step {step} of generation {generation})"
+    if not os.path.lexists(path):
+        raise UserInputError(
+            f"{what} is not in {root} ({path.name} is missing); a job resumes only from what the controller "
+            "committed: restore that directory, or cancel the job"
+        )
+    try:
+        return verify(path, job)
+    except CheckpointError as exc:
+        fix = f"; {_OTHER_JOB_FIX}" if isinstance(exc, ForeignCheckpoint) else "; restore it, or cancel the job"
+        raise UserInputError(f"{what} is damaged: {exc}{fix}") from exc
+
+
+def _legacy_of(path: Path, generation: int) -> bool:
+    """A v1 checkpoint directory (no generation in its name) whose manifest says ``generation`` wrote it."""
+    try:
+        with step_directory(path) as dir_fd:
+            manifest = parse_manifest(path, dir_fd)
+    except CheckpointError:
+        return False
+    return manifest.format == FORMAT_V1 and manifest.generation == generation
 
 
 def resolve(path: Path, job: Job = None, warn: Callable[[str], None] | None = None) -> Checkpoint:
@@ -196,123 +198,13 @@ def read_all(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     return flat
 
 
-class CheckpointWriter:
-    """Writes this rank's share of each checkpoint; rank 0 also commits the manifest and prunes."""
-
-    def __init__(
-        self, root: Path, rank: int, world_size: int, run_id: str, keep: int, background: bool, timeout: float
-    ) -> None:
-        self.root = root
-        self.rank = rank
-        self.world_size = world_size
-        self.run_id = run_id
-        self.keep = keep
-        self.background = background
-        self.timeout = timeout
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.last_committed: int | None = None
-        self.bytes_written = 0
-        self.seconds_writing = 0.0
-
-    def save(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
-        """Write ``payloads`` (already copied off the live tensors); ``manifest`` only on rank 0."""
-        self.wait()
-        if self.background:
-            self._thread = threading.Thread(
-                target=self._guarded, args=(step, payloads, manifest), name="checkpoint-writer", daemon=True
-            )
-            self._thread.start()
-        else:
-            self._write(step, payloads, manifest)
-
-    def wait(self) -> None:
-        """Block until the previous write is done; re-raise its error."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def _guarded(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
-        try:
-            self._write(step, payloads, manifest)
-        except BaseException as exc:
-            self._error = exc
-
-    def _write(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
-        try:
-            self._write_files(step, payloads, manifest)
-        except OSError as exc:
-            directory = step_dir(self.root, step)
-            if not (directory / MANIFEST).exists():
-                shutil.rmtree(directory, ignore_errors=True)
-            kept = f"step {self.last_committed}" if self.last_committed is not None else "none written by this run"
-            raise CheckpointWriteFailed(
-                f"checkpoint step {step} could not be written to {self.root}: {exc.strerror or exc}; "
-                f"its partial files were removed and the previous checkpoint ({kept}) is kept; "
-                "free space or point the job at another checkpoint_dir"
-            ) from exc
-
-    def _write_files(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
-        started = time.perf_counter()
-        directory = step_dir(self.root, step)
-        parts = directory / ".parts"
-        parts.mkdir(parents=True, exist_ok=True)
-        entries = []
-        for layer, payload in payloads.items():
-            data = serialise(payload)
-            path = directory / f"{layer}.pt"
-            atomic_write(path, data)
-            self.bytes_written += len(data)
-            entries.append(
-                {
-                    "path": path.name,
-                    "layer": layer,
-                    "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "tensors": sorted(payload["tensors"]),
-                    "writer_rank": self.rank,
-                }
-            )
-        atomic_write(parts / f"{self.run_id}-rank-{self.rank}.json", json.dumps(entries).encode())
-        if manifest is not None:
-            self._commit(step, directory, parts, manifest)
-        self.seconds_writing += time.perf_counter() - started
-
-    def _commit(self, step: int, directory: Path, parts: Path, manifest: dict[str, Any]) -> None:
-        deadline = time.monotonic() + self.timeout
-        names = [parts / f"{self.run_id}-rank-{r}.json" for r in range(self.world_size)]
-        while not all(p.exists() for p in names):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"checkpoint step {step}: not every rank wrote its part in {self.timeout}s")
-            time.sleep(0.02)
-        files = sorted((e for p in names for e in json.loads(p.read_text())), key=lambda e: e["path"])
-        body = {"format": FORMAT, **manifest, "step": step, "files": files, "committed_at": time.time()}
-        atomic_write(directory / MANIFEST, json.dumps(body, indent=1, sort_keys=True).encode())
-        shutil.rmtree(parts, ignore_errors=True)
-        self.last_committed = step
-        self._prune(step)
-
-    def _prune(self, committed: int) -> None:
-        valid = 0
-        for step, path in step_dirs(self.root):
-            if step > committed:
-                continue
-            if (path / MANIFEST).exists() and valid < self.keep:
-                valid += 1
-                continue
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def check_same_job(root: Path, job: Mapping[str, Any] | str) -> None:
     """Refuse a checkpoint directory that holds only another job's checkpoints (before anything is written).
 
     Only manifests are read: the files are verified when the trainer loads the newest checkpoint.
     """
     foreign: ForeignCheckpoint | None = None
-    for _, path in step_dirs(root):
+    for _, _, path in checkpoint_dirs(root):
         try:
             with step_directory(path) as dir_fd:
                 check_job(path, parse_manifest(path, dir_fd), job)

@@ -1,5 +1,8 @@
 """A trainer's side of the agent's control: its progress file, stop requests and checkpoint requests.
 
+The lease (:meth:`worker_agent.contract.ControlDir.lease`) is checked at every step boundary too, and agreed on
+in the same all-reduce: a rank whose agent stopped renewing it stops the whole generation.
+
 Stop and checkpoint requests arrive on one rank at a time (a signal, a file the agent writes); the trainer
 agrees on them in-band, in the per-step all-reduce, so every rank acts at the same step boundary.
 """
@@ -45,6 +48,31 @@ class StopRequest:
 
     def requested(self) -> bool:
         return self.signalled or (self.control is not None and self.control.stop_requested())
+
+
+class LeaseWatch:
+    """The agent's lease on this node's trainers; without a control dir or a lease file there is none."""
+
+    def __init__(self, control: ControlDir | None) -> None:
+        self.control = control
+        self._lapsed_for = 0.0
+
+    def lapsed(self) -> bool:
+        lease = self.control.lease() if self.control is not None else None
+        if lease is None:
+            return False
+        self._lapsed_for = lease.lapsed_for(time.monotonic())
+        return self._lapsed_for > 0
+
+    def explain(self, step: int) -> str:
+        if self._lapsed_for > 0:
+            why = f"this node's lease ran out {self._lapsed_for:.1f} s ago"
+        else:
+            why = "the lease of another rank's node ran out"
+        return (
+            f"{why} (its agent no longer reaches the controller, or is frozen): the controller will give this "
+            f"generation up, so every rank stops at step {step} without a checkpoint"
+        )
 
 
 class CheckpointRequests:

@@ -16,3 +16,12 @@ class CheckpointError(Exception):
 class ForeignCheckpoint(CheckpointError):
     """A well-formed checkpoint of another job: skipped like a damaged one, but a directory that holds
     nothing else is refused (it is someone else's, and pruning would delete it)."""
+
+
+class FenceError(RuntimeError):
+    """A checkpoint directory's fence refuses this writer (or cannot be read); it must not commit anything."""
+
+
+class GenerationFenced(FenceError):
+    """A newer generation of the job (or another job) owns the checkpoint directory now: the controller has
+    moved past this generation, which stops without committing, loading or deleting anything there."""

@@ -2,10 +2,11 @@
 
 A checkpoint directory may be damaged, copied from another job or written by someone hostile, so nothing
 in a manifest is believed before it is checked: a strict schema (types, no missing or unknown fields), a
-``job_hash`` that is the hash of the recorded ``job``, the step of its own ``step-*`` directory, and file
-entries that are plain ``LAYER.pt`` names inside that directory. Files are opened through the directory's
-descriptor without following links, only when lstat shows a regular file of the declared size, and never
-read past it. Every problem is a :class:`CheckpointError`: readers treat it as a damaged checkpoint.
+``job_hash`` that is the hash of the recorded ``job``, the step (and, from format v2 on, the generation) of
+its own ``step-*`` directory, and file entries that are plain ``LAYER.pt`` names inside that directory.
+Files are opened through the directory's descriptor without following links, only when lstat shows a
+regular file of the declared size, and never read past it. Every problem is a :class:`CheckpointError`:
+readers treat it as a damaged checkpoint.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from morphing.jobspec import identity_hash
 from worker_agent.runtime.errors import CheckpointError, ForeignCheckpoint
 
 MANIFEST = "manifest.json"
-FORMAT = "spotmorph.checkpoint/v1"
-STEP_DIR = re.compile(r"^step-(\d{8,})$")
+# v2: the directory is named by step and writer generation (step-NNNNNNNN-gG; generation 0, a standalone run,
+# keeps the v1 name step-NNNNNNNN) and the manifest's generation must be the directory's. v1 still loads.
+FORMAT_V1 = "spotmorph.checkpoint/v1"
+FORMAT = "spotmorph.checkpoint/v2"
+FORMATS = (FORMAT_V1, FORMAT)
+STEP_DIR = re.compile(r"^step-(\d{8,})(?:-g([1-9]\d*))?$")
 # Far above any real manifest (an entry is a few hundred bytes plus its tensor names), far below memory.
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 _ERRORS_SHOWN = 3
@@ -114,8 +119,10 @@ class Manifest(_Strict):
     @field_validator("format")
     @classmethod
     def _known_format(cls, value: str) -> str:
-        if value != FORMAT:
-            raise ValueError(f"unknown format {value!r}; this spotmorph reads {FORMAT} (a newer one wrote it?)")
+        if value not in FORMATS:
+            raise ValueError(
+                f"unknown format {value!r}; this spotmorph reads {' and '.join(FORMATS)} (a newer one wrote it?)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -228,10 +235,28 @@ def parse_manifest(path: Path, dir_fd: int) -> Manifest:
         manifest = Manifest.model_validate_json(data)
     except ValidationError as exc:
         raise CheckpointError(f"{path.name}: {_explain(exc)}") from None
-    named = STEP_DIR.match(path.name)
-    if named is not None and int(named.group(1)) != manifest.step:
+    named = parse_dir_name(path.name)
+    if named is not None and named[0] != manifest.step:
         raise CheckpointError(f"{path.name}: manifest says step {manifest.step}, not this directory's step")
+    if named is not None and manifest.format != FORMAT_V1 and named[1] != manifest.generation:
+        raise CheckpointError(
+            f"{path.name}: manifest says generation {manifest.generation}, not this directory's generation "
+            f"{named[1]} (moved or copied under another generation's name?)"
+        )
     return manifest
+
+
+def dir_name(step: int, generation: int = 0) -> str:
+    """The directory of the checkpoint of ``step`` written by ``generation``; two generations never share one."""
+    return f"step-{step:08d}" if generation == 0 else f"step-{step:08d}-g{generation}"
+
+
+def parse_dir_name(name: str) -> tuple[int, int] | None:
+    """``(step, generation)`` of a checkpoint directory's name (a v1 name is generation 0); None for others."""
+    found = STEP_DIR.match(name)
+    if found is None:
+        return None
+    return int(found.group(1)), int(found.group(2) or 0)
 
 
 def check_job(path: Path, manifest: Manifest, job: Mapping[str, Any] | str) -> None:

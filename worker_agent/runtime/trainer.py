@@ -35,8 +35,9 @@ from worker_agent.contract import (
     TrainingFinished,
     TrainingStopped,
 )
-from worker_agent.runtime.control import CheckpointRequests, Progress, StopRequest
-from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed
+from worker_agent.runtime import resume
+from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress, StopRequest
+from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError
 
 # Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
 # long before, so this is when the trainer "started".
@@ -110,6 +111,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
     stop = StopRequest(control)
     requests = CheckpointRequests(control, cfg.rank)
+    lease = LeaseWatch(control)
+    fence = resume.fence_of(cfg)  # before the rendezvous: before this generation loads anything
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
     _rendezvous(cfg, layout.world_size, job.timeout_seconds)
     progress.emit(
@@ -125,17 +128,9 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         _warn(message)
         progress.emit(CheckpointSkipped(message=message))
 
-    choice: list[Any] = [None, None, uuid.uuid4().hex[:12]]
+    choice: list[Any] = [None, "", uuid.uuid4().hex[:12]]
     if cfg.rank == 0:
-        found: ckpt_mod.Checkpoint | None
-        try:
-            if cfg.load_from is not None:
-                found = ckpt_mod.resolve(cfg.load_from, job.identity(), skipped)
-            else:
-                found = ckpt_mod.newest_valid(cfg.checkpoint_dir, job.identity(), skipped)
-            choice[0] = str(found.path) if found else None
-        except UserInputError as exc:
-            choice[1] = str(exc)
+        choice[0], choice[1] = resume.choose(cfg, job.identity(), skipped)
     dist.broadcast_object_list(choice, src=0)
     if choice[1]:
         raise UserInputError(choice[1])
@@ -155,8 +150,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     if cfg.rank == 0:
         write_hf_config(cfg.checkpoint_dir, spec)
     # A checkpoint loaded from elsewhere is written here even when no step is left to train.
-    same_dir = choice[0] is None or Path(choice[0]).resolve().parent == cfg.checkpoint_dir.resolve()
-    already_written = step if same_dir else None
+    already_written = step if resume.same_directory(choice[0], cfg.checkpoint_dir) else None
     writer = ckpt_mod.CheckpointWriter(
         cfg.checkpoint_dir,
         cfg.rank,
@@ -165,13 +159,24 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         job.keep,
         job.background_checkpoint,
         timeout=max(60.0, 3 * job.timeout_seconds),
+        generation=cfg.generation,
+        fence=fence,
+        resumed_from=step,
     )
     last_time = time.perf_counter()
     loss_share = 0.0
     while True:
         stop_flag = 1.0 if stop.requested() else 0.0
-        flags = torch.tensor([stop_flag, loss_share, requests.contribution()], dtype=torch.float64)
+        lapsed = 1.0 if lease.lapsed() else 0.0
+        flags = torch.tensor([stop_flag, loss_share, requests.contribution(), lapsed], dtype=torch.float64)
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        if flags[3] > 0:
+            # Some rank's agent stopped renewing its lease: the controller has lost (or will lose) that node, so
+            # this generation is over. Every rank stops at this same boundary, without a checkpoint.
+            message = lease.explain(step)
+            _warn(message)
+            progress.emit(TrainerFailed(kind="lease_expired", message=message))
+            return ExitCode.LEASE_EXPIRED
         stopping = bool(flags[0] > 0)
         requested = requests.requested(float(flags[2]))
         stop_at = time.time()
@@ -272,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="checkpoint", message=str(exc)))
         code = ExitCode.CHECKPOINT_NOT_WRITTEN
+    except FenceError as exc:
+        print(f"spotmorph trainer (rank {cfg.rank}): stopping: {exc}", file=sys.stderr, flush=True)
+        progress.emit(TrainerFailed(kind="fenced", message=str(exc)))
+        code = ExitCode.FENCED
     except CheckpointError as exc:
         # Rank 0 checked sizes and SHA-256, so a file changed since or is no layer file at all (a SHA-256
         # is only as trustworthy as the manifest that lists it).

@@ -75,6 +75,7 @@ def assignment_for(
         rendezvous=job.rendezvous,
         checkpoint_dir=job.spec.checkpoint_dir,
         resume_step=job.resume_step,
+        resume_generation=job.resume_generation,
         action=job.action,
         entrypoint=job.spec.entrypoint,
         spec=spec_for_generation(job, world.nodes),

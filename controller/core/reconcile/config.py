@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from controller.core.flapping import Damping
 from morphing.planner import Planner
 from morphing.policy import PolicyConfig
 
@@ -20,6 +21,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rendezvous_port_base: int = 29500
     rendezvous_port_span: int = 500
+    damping: Damping = field(default_factory=Damping)  # nodes that come back soon after LOST wait in JOINING
 
 
 Planners = Mapping[str, Planner | str]  # job id -> planner, or why none could be built

@@ -56,16 +56,19 @@ def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str
 
 
 def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, cause: MorphCause, detail: str) -> None:
-    """Issue generation g+1 on the plan's nodes, resuming from the newest committed checkpoint."""
+    """Issue generation g+1 on the plan's nodes, resuming from the newest committed checkpoint: exactly that one
+    (its step and the generation that committed it), never whatever else an older generation left on disk."""
     job = draft.jobs[job_id]
     generation = job.generation + 1
     layout = plan.layout
     rank0 = draft.nodes[layout.placement[0].node]
     port = config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
-    resume = job.last_checkpoint_step
+    resume, resume_generation = job.last_checkpoint_step, job.last_checkpoint_generation
     lost = max(0, job.step - resume) if job.generation else 0
     seconds = draft.now - job.morph_started_at if job.morph_started_at is not None else None
-    draft.issue(StartGeneration(job_id, generation, layout, resume, cause, detail, seconds, draft.now))
+    draft.issue(
+        StartGeneration(job_id, generation, layout, resume, cause, detail, seconds, draft.now, resume_generation)
+    )
     draft.move_job(
         job_id,
         JobState.RUNNING,
@@ -74,6 +77,7 @@ def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, caus
         layout=layout,
         rendezvous=f"{rank0.address}:{port}",
         resume_step=resume,
+        resume_generation=resume_generation,
         step=resume,
         steps_lost=job.steps_lost + lost,
     )

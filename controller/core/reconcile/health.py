@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from controller.core.commands import ReleaseInstance
 from controller.core.events import EventKind
+from controller.core.flapping import held, release_reason
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import NodeRecord
 from controller.core.reconcile.config import Config
@@ -19,8 +20,9 @@ def node_health(draft: Draft, config: Config) -> None:
     for name in sorted(draft.nodes):
         current = observation(draft, name)
         silent = draft.now - last_seen(draft, draft.nodes[name]) > expiry
-        if draft.nodes[name].state is N.JOINING and current is not None and not silent:
-            draft.move_node(name, N.READY, "first heartbeat")
+        joining = draft.nodes[name]
+        if joining.state is N.JOINING and current is not None and not silent and not held(joining, draft.now):
+            draft.move_node(name, N.READY, release_reason(joining))
         node = draft.nodes[name]
         if current is not None and current.eviction_not_before is not None and node.state in LIVE:
             draft.event(EventKind.EVICTION_NOTICED, node.job, name, not_before=current.eviction_not_before)

@@ -863,6 +863,7 @@ class Assignment(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     CHECKPOINT_REQUEST_FIELD_NUMBER: _builtins.int
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    RESUME_GENERATION_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     """fencing token: never act on one older than the newest seen"""
@@ -876,6 +877,8 @@ class Assignment(_message.Message):
     checkpoint_request: _builtins.int
     """when it grows, checkpoint at the next step boundary"""
     world_size: _builtins.int
+    resume_generation: _builtins.int
+    """the generation that committed resume_step's checkpoint (its directory)"""
     @_builtins.property
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """global ranks this node runs"""
@@ -904,10 +907,11 @@ class Assignment(_message.Message):
         spec: Global___JobSpec | None = ...,
         checkpoint_request: _builtins.int = ...,
         world_size: _builtins.int = ...,
+        resume_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "job", b"job", "layout", b"layout", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "resume_step", b"resume_step", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "job", b"job", "layout", b"layout", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

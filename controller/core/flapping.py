@@ -1,0 +1,57 @@
+"""Damping a node whose link flaps: one that comes back soon after it was LOST waits in JOINING before work.
+
+A node LOST (its heartbeats stopped for the expiry) that heals registers again as a new incarnation. If it
+gets work at once, a link that drops now and then flips it between LOST and ASSIGNED, and every flip
+costs its job a morph. So a node whose previous incarnation was LOST within ``flap_memory_seconds`` is held
+in JOINING for ``rejoin_hold_seconds``, doubled for every further flap in that memory, up to
+``rejoin_hold_max_seconds``, and it must keep beating all that time (silent, it is GONE as any JOINING
+node). The hold is recorded as a ``NodeHeld`` event; the move to READY says why it waited. A node that
+registers again without having been LOST (an agent restart) is not held. Pure: time is passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.core.records import NodeRecord
+
+
+@dataclass(frozen=True)
+class Damping:
+    rejoin_hold_seconds: float = 10.0  # 0: no damping
+    rejoin_hold_max_seconds: float = 300.0
+    flap_memory_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """How a new incarnation starts: its flap count, its last LOST, and until when it waits in JOINING."""
+
+    flaps: int = 0
+    lost_at: float | None = None
+    held_until: float | None = None
+
+    def hold_seconds(self, now: float) -> float:
+        return 0.0 if self.held_until is None else self.held_until - now
+
+
+def rejoin(previous: NodeRecord | None, now: float, damping: Damping) -> Rejoin:
+    """What the previous incarnation of a name says about the next one."""
+    if previous is None or previous.lost_at is None or now - previous.lost_at > damping.flap_memory_seconds:
+        return Rejoin()
+    if previous.lost_at < previous.joined_at:  # LOST was an older incarnation's: this one was not, so no flap
+        return Rejoin(previous.flaps, previous.lost_at)
+    flaps = previous.flaps + 1
+    hold = min(damping.rejoin_hold_max_seconds, damping.rejoin_hold_seconds * 2 ** (flaps - 1))
+    return Rejoin(flaps, previous.lost_at, now + hold if hold > 0 else None)
+
+
+def held(node: NodeRecord, now: float) -> bool:
+    """Whether a JOINING node still waits out its hold."""
+    return node.held_until is not None and now < node.held_until
+
+
+def release_reason(node: NodeRecord) -> str:
+    if node.held_until is None:
+        return "first heartbeat"
+    return f"stable for {node.held_until - node.joined_at:g} s after flapping ({node.flaps} LOST within memory)"

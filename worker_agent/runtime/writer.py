@@ -1,0 +1,227 @@
+"""Writing checkpoints: each rank its layers and a part file, rank 0 the manifest, then pruning.
+
+Each rank writes the layers it was given (``LAYER.pt``), then an atomic part file
+``.parts/gen-G-RUN-rank-R.json`` holding its generation, its rank and its file entries; rank 0 waits for
+every part of its generation and writes the manifest last, atomically. Every generation writes its own
+directories (``step-NNNNNNNN-gG``), so two generations never write the same path. A fenced writer (a
+controller generation, :mod:`worker_agent.runtime.fence`) checks the fence before it writes, right before
+the manifest's rename, and before each directory it deletes: once a newer generation raised the fence it
+commits and deletes nothing (:class:`GenerationFenced`), and it removes its own unfinished directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker_agent.runtime.durable import atomic_write
+from worker_agent.runtime.errors import CheckpointWriteFailed, FenceError
+from worker_agent.runtime.fence import Fence, check_fence
+from worker_agent.runtime.manifest import FORMAT, MANIFEST, dir_name, parse_dir_name
+
+LayerPayload = dict[str, Any]
+TRASH = ".trash-"  # a directory being deleted is renamed first, so it stops being a checkpoint at once
+
+
+def step_dir(root: Path, step: int, generation: int = 0) -> Path:
+    return root / dir_name(step, generation)
+
+
+def checkpoint_dirs(root: Path) -> list[tuple[int, int, Path]]:
+    """``(step, generation, path)`` of every checkpoint directory, newest first (by step, then generation)."""
+    if not root.is_dir():
+        return []
+    found = [(*named, p) for p in root.iterdir() if (named := parse_dir_name(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def serialise(payload: LayerPayload) -> bytes:
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return buf.getvalue()
+
+
+def part_name(generation: int, run_id: str, rank: int) -> str:
+    return f"gen-{generation}-{run_id}-rank-{rank}.json"
+
+
+class CheckpointWriter:
+    """Writes this rank's share of each checkpoint; rank 0 also commits the manifest and prunes.
+
+    ``fence``: the fence this run raised (a controller generation), checked before every commit and
+    deletion; None for a standalone run. ``resumed_from``: the step the run loaded (0: none); a fenced
+    run deletes the checkpoints older generations wrote past it (written after the controller moved on).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        rank: int,
+        world_size: int,
+        run_id: str,
+        keep: int,
+        background: bool,
+        timeout: float,
+        generation: int = 0,
+        fence: Fence | None = None,
+        resumed_from: int = 0,
+    ) -> None:
+        self.root = root
+        self.rank = rank
+        self.world_size = world_size
+        self.run_id = run_id
+        self.keep = keep
+        self.background = background
+        self.timeout = timeout
+        self.generation = generation
+        self.fence = fence
+        self.resumed_from = resumed_from
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_committed: int | None = None
+        self.bytes_written = 0
+        self.seconds_writing = 0.0
+
+    def save(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
+        """Write ``payloads`` (already copied off the live tensors); ``manifest`` only on rank 0."""
+        self.wait()
+        if self.background:
+            self._thread = threading.Thread(
+                target=self._guarded, args=(step, payloads, manifest), name="checkpoint-writer", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._write(step, payloads, manifest)
+
+    def wait(self) -> None:
+        """Block until the previous write is done; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def check_fence(self) -> None:
+        """:class:`GenerationFenced` when a newer generation (or another job) owns the directory now."""
+        if self.fence is not None:
+            check_fence(self.root, self.fence)
+
+    def _guarded(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
+        try:
+            self._write(step, payloads, manifest)
+        except BaseException as exc:
+            self._error = exc
+
+    def _write(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
+        directory = step_dir(self.root, step, self.generation)
+        try:
+            self._write_files(step, directory, payloads, manifest)
+        except FenceError:
+            if not (directory / MANIFEST).exists():
+                shutil.rmtree(directory, ignore_errors=True)  # this generation's own unfinished directory
+            raise
+        except OSError as exc:
+            if not (directory / MANIFEST).exists():
+                shutil.rmtree(directory, ignore_errors=True)
+            kept = f"step {self.last_committed}" if self.last_committed is not None else "none written by this run"
+            raise CheckpointWriteFailed(
+                f"checkpoint step {step} could not be written to {self.root}: {exc.strerror or exc}; "
+                f"its partial files were removed and the previous checkpoint ({kept}) is kept; "
+                "free space or point the job at another checkpoint_dir"
+            ) from exc
+
+    def _write_files(
+        self, step: int, directory: Path, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None
+    ) -> None:
+        started = time.perf_counter()
+        self.check_fence()  # a fenced-off generation writes nothing more
+        parts = directory / ".parts"
+        parts.mkdir(parents=True, exist_ok=True)
+        entries = []
+        for layer, payload in payloads.items():
+            data = serialise(payload)
+            path = directory / f"{layer}.pt"
+            atomic_write(path, data)
+            self.bytes_written += len(data)
+            entries.append(
+                {
+                    "path": path.name,
+                    "layer": layer,
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "tensors": sorted(payload["tensors"]),
+                    "writer_rank": self.rank,
+                }
+            )
+        part = {"generation": self.generation, "rank": self.rank, "files": entries}
+        atomic_write(parts / part_name(self.generation, self.run_id, self.rank), json.dumps(part).encode())
+        if manifest is not None:
+            self._commit(step, directory, parts, manifest)
+        self.seconds_writing += time.perf_counter() - started
+
+    def _commit(self, step: int, directory: Path, parts: Path, manifest: dict[str, Any]) -> None:
+        deadline = time.monotonic() + self.timeout
+        names = [parts / part_name(self.generation, self.run_id, r) for r in range(self.world_size)]
+        while not all(p.exists() for p in names):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint step {step}: not every rank wrote its part in {self.timeout}s")
+            time.sleep(0.02)
+        files = sorted((e for p in names for e in _part_entries(p, self.generation)), key=lambda e: e["path"])
+        body = {
+            "format": FORMAT,
+            **manifest,
+            "generation": self.generation,
+            "step": step,
+            "files": files,
+            "committed_at": time.time(),
+        }
+        data = json.dumps(body, indent=1, sort_keys=True).encode()
+        atomic_write(directory / MANIFEST, data, before_rename=self.check_fence)
+        shutil.rmtree(parts, ignore_errors=True)
+        self.last_committed = step
+        self._prune(step)
+
+    def _prune(self, committed: int) -> None:
+        """Keep the newest ``keep`` committed checkpoints up to ``committed`` of this and older generations; never
+        touch a newer generation's directories; a fenced run also drops what older generations wrote past the
+        step it resumed from (the controller never committed those)."""
+        for leftover in self.root.glob(f"{TRASH}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        valid = 0
+        for step, generation, path in checkpoint_dirs(self.root):
+            if generation > self.generation:
+                continue
+            stale = self.fence is not None and generation < self.generation and step > self.resumed_from
+            if not stale and step > committed:
+                continue
+            if not stale and (path / MANIFEST).exists() and valid < self.keep:
+                valid += 1
+                continue
+            self._remove(path)
+
+    def _remove(self, path: Path) -> None:
+        self.check_fence()  # right before each deletion: a newer generation may be loading what is here
+        trash = path.with_name(f"{TRASH}{path.name}-{os.getpid()}")
+        try:
+            path.rename(trash)
+        except OSError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _part_entries(path: Path, generation: int) -> list[dict[str, Any]]:
+    part = json.loads(path.read_text())
+    if part.get("generation") != generation:
+        raise CheckpointWriteFailed(f"{path}: a part of generation {part.get('generation')}, not of {generation}")
+    entries: list[dict[str, Any]] = part["files"]
+    return entries
