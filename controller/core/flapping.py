@@ -25,10 +25,10 @@ class Damping:
 
 @dataclass(frozen=True)
 class Rejoin:
-    """How a new incarnation starts: its flap count, its last LOST, and until when it waits in JOINING."""
+    """How a new incarnation starts: its flap count, when the name last flapped, until when it waits in JOINING."""
 
     flaps: int = 0
-    lost_at: float | None = None
+    flapped_at: float | None = None  # when the incarnation before was LOST (the flap being counted)
     held_until: float | None = None
 
     def hold_seconds(self, now: float) -> float:
@@ -37,11 +37,14 @@ class Rejoin:
 
 def rejoin(previous: NodeRecord | None, now: float, damping: Damping) -> Rejoin:
     """What the previous incarnation of a name says about the next one."""
-    if previous is None or previous.lost_at is None or now - previous.lost_at > damping.flap_memory_seconds:
+    if previous is None:
         return Rejoin()
-    if previous.lost_at < previous.joined_at:  # LOST was an older incarnation's: this one was not, so no flap
-        return Rejoin(previous.flaps, previous.lost_at)
-    flaps = previous.flaps + 1
+    memory = damping.flap_memory_seconds
+    remembered = previous.flapped_at is not None and now - previous.flapped_at <= memory
+    earlier = (previous.flaps, previous.flapped_at) if remembered else (0, None)
+    if previous.lost_at is None or now - previous.lost_at > memory:  # not LOST itself (an agent restart), or long ago
+        return Rejoin(*earlier)
+    flaps = earlier[0] + 1
     hold = min(damping.rejoin_hold_max_seconds, damping.rejoin_hold_seconds * 2 ** (flaps - 1))
     return Rejoin(flaps, previous.lost_at, now + hold if hold > 0 else None)
 

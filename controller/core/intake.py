@@ -145,8 +145,8 @@ def register(
         state_since=now,
         instance=instance,
         gpus=gpus,
-        lost_at=back.lost_at,
         flaps=back.flaps,
+        flapped_at=back.flapped_at,
         held_until=back.held_until,
     )
     commands.append(SetNode(node))
@@ -155,10 +155,10 @@ def register(
     if back.held_until is not None:
         seconds = back.hold_seconds(now)
         message = (
-            f"back {now - (back.lost_at or now):.1f} s after it was LOST (flap {back.flaps}): held in JOINING "
+            f"back {now - (back.flapped_at or now):.1f} s after it was LOST (flap {back.flaps}): held in JOINING "
             f"for {seconds:g} s before it gets work"
         )
-        hold: dict[str, object] = {"flaps": back.flaps, "lost_at": back.lost_at, "hold_seconds": seconds}
+        hold: dict[str, object] = {"flaps": back.flaps, "lost_at": back.flapped_at, "hold_seconds": seconds}
         hold.update(until=back.held_until, message=message)
         commands.append(RecordEvent(EventKind.NODE_HELD, now, None, name, hold))
     return node, commands

@@ -41,8 +41,9 @@ class NodeRecord:
     eviction_not_before: float | None = None
     gpus: tuple[Gpu, ...] = ()  # empty: a CPU node (or one registered before nodes reported GPUs)
     instance: str = ""  # what registered it (instance id or address, certificate); "" in records older than that
-    lost_at: float | None = None  # when this name was last declared LOST (carried to its next incarnations)
-    flaps: int = 0  # times it came back soon after being LOST (controller.core.flapping)
+    lost_at: float | None = None  # when this incarnation was declared LOST
+    flaps: int = 0  # times the name came back soon after being LOST (controller.core.flapping)
+    flapped_at: float | None = None  # when the incarnation before this one was LOST, if that was a flap
     held_until: float | None = None  # a JOINING node that flapped gets no work before this
 
 

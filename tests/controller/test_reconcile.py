@@ -130,6 +130,7 @@ def test_planned_morph_on_eviction_notice_loses_no_step() -> None:
     sim.step(2)
     j = sim.job()
     assert j.state is J.RUNNING and j.generation == 2 and j.resume_step == 41 and j.steps_lost == 0
+    assert j.resume_generation == 1
     assert victim not in j.nodes and sim.world.nodes[victim].job is None
     assert any(isinstance(c, RecordCheckpoint) and c.step == 41 for c in sim.log)
     gens = [c for c in sim.log if isinstance(c, StartGeneration)]
@@ -161,6 +162,10 @@ def test_unplanned_loss_aborts_survivors_and_resumes_from_checkpoint() -> None:
     sim.step()
     j = sim.job()
     assert j.state is J.RUNNING and j.generation == 2 and j.resume_step == 50 and j.steps_lost == 7
+    # exactly the checkpoint generation 1 committed: its step and its generation (its directory)
+    assert (j.resume_step, j.resume_generation) == (50, 1)
+    resume = assignment_for(sim.world, j.nodes[0])
+    assert resume is not None and (resume.resume_step, resume.resume_generation) == (50, 1)
     assert victim not in j.nodes
     assert (j.morph_cause, j.morph_detail) == (MorphCause.NODE_LOST, f"node lost: {victim}")
 

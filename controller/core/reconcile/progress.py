@@ -17,4 +17,5 @@ def progress(draft: Draft, job_id: str) -> None:
         draft.issue(RecordCheckpoint(job.id, job.generation, ckpt, draft.now))
         draft.event(EventKind.CHECKPOINT_COMMITTED, job.id, generation=job.generation, step=ckpt)
     if (step, ckpt) != (job.step, job.last_checkpoint_step):
-        draft.amend_job(job_id, step=step, last_checkpoint_step=ckpt)
+        generation = job.generation if ckpt > job.last_checkpoint_step else job.last_checkpoint_generation
+        draft.amend_job(job_id, step=step, last_checkpoint_step=ckpt, last_checkpoint_generation=generation)

@@ -1,0 +1,107 @@
+"""Trainers started by the real supervisor stop by themselves once their lease lapses, a generation whose
+fence was raised past it commits nothing more, and the next generation loads exactly the committed
+checkpoint (tiny model, gloo on loopback, real processes)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.agent.test_supervisor import spec
+from tests.runtime.helpers import wait_for
+from worker_agent.agent.converge import TrainerKey
+from worker_agent.agent.supervisor import Supervisor
+from worker_agent.contract import CheckpointLoaded, CommittedCheckpoint, ExitCode, TrainerFailed, read_progress
+from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.fence import Fence, raise_fence
+
+pytestmark = pytest.mark.slow
+
+
+def failures(supervisor: Supervisor, job: str, generation: int) -> list[TrainerFailed]:
+    directory = supervisor.generation_dir(job, generation)
+    return [
+        r.event
+        for path in directory.progress_files().values()
+        for r in read_progress(path)
+        if isinstance(r.event, TrainerFailed)
+    ]
+
+
+def committed_steps(root: Path, generation: int) -> list[int]:
+    return sorted(s for s, g, p in ck.checkpoint_dirs(root) if g == generation and (p / ck.MANIFEST).exists())
+
+
+def test_trainers_stop_by_themselves_when_their_lease_lapses(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path / "work")
+    supervisor.lease_seconds = 3.0
+    launch = spec(tmp_path, steps=100_000)
+    launch = replace(launch, job=launch.job.model_copy(update={"checkpoint_interval": 2}))
+    keys = [TrainerKey("job-1", 1, rank) for rank in range(2)]
+    try:
+        for key in keys:
+            supervisor.start(key, launch)
+
+        def renewing_until_three_steps() -> bool:
+            supervisor.renew_leases("job-1", 1)  # what every answered heartbeat does
+            return all(r.step >= 3 for r in supervisor.reports())
+
+        wait_for(renewing_until_three_steps, 90, "three steps on both ranks")
+        lapsed_at = time.monotonic() + supervisor.lease_seconds  # the agent is silent from now on
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "the trainers to stop")
+        reports = supervisor.reports()
+        assert [r.status.exit_code for r in reports] == [ExitCode.LEASE_EXPIRED] * 2, [
+            supervisor.log_tail(k) for k in keys
+        ]
+        assert time.monotonic() >= lapsed_at
+        said = failures(supervisor, "job-1", 1)
+        assert [f.kind for f in said] == ["lease_expired"] * 2 and "lease ran out" in said[0].message
+        stopped_at = {r.step for r in reports}
+        assert len(stopped_at) == 1, "every rank stops at the same step boundary"
+        assert max(committed_steps(launch.checkpoint_dir, 1), default=0) <= stopped_at.pop()
+    finally:
+        supervisor.kill_all()
+
+
+def test_a_fenced_generation_commits_nothing_more_and_the_next_loads_exactly_the_committed_one(
+    tmp_path: Path,
+) -> None:
+    supervisor = Supervisor(tmp_path / "work")
+    launch = spec(tmp_path, steps=100_000)
+    launch = replace(launch, job=launch.job.model_copy(update={"checkpoint_interval": 1, "keep": 100}))
+    root = launch.checkpoint_dir
+    old = [TrainerKey("job-1", 1, rank) for rank in range(2)]
+    try:
+        for key in old:
+            supervisor.start(key, launch)
+        wait_for(lambda: len(committed_steps(root, 1)) >= 4, 90, "four checkpoints of generation 1")
+        # The controller committed an older one (say the commits of the newer ones never reached it), and
+        # generation 2 raises the fence before it loads anything, while generation 1 still trains.
+        committed = committed_steps(root, 1)[1]
+        raise_fence(root, Fence("job-1", 2))
+        raised = committed_steps(root, 1)
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "generation 1 to stop")
+        assert [r.status.exit_code for r in supervisor.reports()] == [ExitCode.FENCED] * 2
+        assert {f.kind for f in failures(supervisor, "job-1", 1)} == {"fenced"}
+        late = set(committed_steps(root, 1)) - set(raised)
+        assert len(late) <= 1, f"at most the commit already past its fence check when the fence rose: {late}"
+
+        new = [TrainerKey("job-1", 2, rank) for rank in range(2)]
+        resumed = replace(launch, rendezvous=spec(tmp_path, 1).rendezvous, resume=CommittedCheckpoint(committed, 1))
+        for key in new:
+            supervisor.start(key, resumed)
+        wait_for(lambda: len(committed_steps(root, 2)) >= 1, 90, "a checkpoint of generation 2")
+        loaded = [
+            r.event
+            for path in supervisor.generation_dir("job-1", 2).progress_files().values()
+            for r in read_progress(path)
+            if isinstance(r.event, CheckpointLoaded)
+        ]
+        assert {(e.step, Path(e.checkpoint).name) for e in loaded} == {(committed, f"step-{committed:08d}-g1")}
+        # Generation 2 dropped what generation 1 wrote past the committed checkpoint.
+        assert max(committed_steps(root, 1)) == committed
+    finally:
+        supervisor.kill_all()
