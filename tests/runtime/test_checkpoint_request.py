@@ -77,7 +77,7 @@ def test_a_request_checkpoints_between_intervals_on_every_rank(tmp_path: Path) -
     assert 4 <= first < second < INTERVAL
     assert [step for step, _ in ck.step_dirs(root)] == [second, first]
     for step in written:
-        manifest = ck.verify(ck.step_dir(root, step)).manifest
+        manifest = ck.verify(ck.step_dir(root, step, 1)).manifest  # the directory of generation 1
         assert manifest.step == step
         # The manifest is committed only when both ranks wrote their layers for this very step.
         assert sorted({f.writer_rank for f in manifest.files}) == [0, 1]

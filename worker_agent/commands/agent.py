@@ -47,10 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lease-seconds",
-        type=float,
+        default=os.environ.get("SPOTMORPH_LEASE_SECONDS"),
         help="how long this node's trainers keep training after the controller last answered a heartbeat; "
         "then the agent kills them, and a trainer whose lease file goes stale (a frozen agent) stops by itself "
-        "(default: half the controller's heartbeat expiry)",
+        "(default: half the controller's heartbeat expiry; env SPOTMORPH_LEASE_SECONDS)",
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the trainers")
     parser.add_argument("--log-level", default="INFO")
@@ -82,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--warm-trainers {args.warm_trainers!r}: give a number >= 0") from None
     if warm < 0:
         raise UserInputError(f"--warm-trainers {warm}: give a number >= 0")
-    if args.lease_seconds is not None and not args.lease_seconds > 0:
-        raise UserInputError(f"--lease-seconds {args.lease_seconds}: give a number of seconds > 0")
+    lease = _lease_seconds(args.lease_seconds)
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s agent {args.name or socket.gethostname()} %(message)s"
     )
@@ -107,9 +106,22 @@ def run(args: argparse.Namespace) -> int:
         key=args.key,
         warm_trainers=slots if warm_per_slot else warm,
         trainer_python=args.python,
-        lease_seconds=args.lease_seconds,
+        lease_seconds=lease,
     )
     return asyncio.run(Agent(config).run())
+
+
+def _lease_seconds(text: str | None) -> float | None:
+    """``--lease-seconds`` (or SPOTMORPH_LEASE_SECONDS) as seconds > 0; None: derived from the heartbeat expiry."""
+    if text is None or text == "":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise UserInputError(f"--lease-seconds {text!r}: give a number of seconds > 0")
+    return seconds
 
 
 def _find_gpus(chosen: tuple[int, ...] | None, python: str) -> tuple[Gpu, ...]:

@@ -1,0 +1,195 @@
+"""Split brain and flapping on one host, with real processes: a frozen agent whose trainers keep going.
+
+SIGSTOP on an agent cuts its node off from the controller exactly as a partition would (no heartbeat
+leaves it) while its trainers, in process groups of their own, keep training and writing to the shared
+checkpoint directory. The agents here hold a long lease (``SPOTMORPH_LEASE_SECONDS``), so the trainers do
+not stop by themselves: only the fence and the next incarnation's clean-up stand between them and the job.
+
+Namespace variant (issue 15, for ``spotmorph local partition NODE --from controller``): the same tests with
+:func:`partition_from_controller` and :func:`heal` below swapped for the netns verbs; nothing else in them
+depends on how the node was cut off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
+from worker_agent.contract import CheckpointLoaded, ProgressRecord, TrainerFailed, TrainerStarted
+from worker_agent.runtime import checkpoint as ck
+
+pytestmark = pytest.mark.slow
+
+BATCH, SEED, INTERVAL = 16, 11, 10
+LONG_LEASE = {"SPOTMORPH_LEASE_SECONDS": "600"}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "home", env=LONG_LEASE)
+    try:
+        yield local
+    finally:
+        for vm in local.vms():
+            signal_all([vm.pid or 0, *vm.session_pids()], signal.SIGCONT)
+        local.down()
+
+
+def signal_all(pids: Any, sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if pid > 0:
+                os.kill(pid, sig)
+
+
+def partition_from_controller(cluster: LocalCluster, node: str) -> None:
+    """Cut ``node`` off from the controller; its trainers keep running (the netns variant partitions instead)."""
+    signal_all([cluster.vm_of(node).pid or 0], signal.SIGSTOP)
+
+
+def heal(cluster: LocalCluster, node: str) -> None:
+    signal_all([cluster.vm_of(node).pid or 0], signal.SIGCONT)
+
+
+def records(cluster: LocalCluster, job: str, generation: int) -> list[ProgressRecord]:
+    return [r for found in cluster.progress(job, generation).values() for r in found]
+
+
+def trainer_pids(found: list[ProgressRecord]) -> set[int]:
+    return {r.pid for r in found if isinstance(r.event, TrainerStarted)}
+
+
+def failures(found: list[ProgressRecord]) -> list[TrainerFailed]:
+    return [r.event for r in found if isinstance(r.event, TrainerFailed)]
+
+
+def loaded(found: list[ProgressRecord]) -> set[str]:
+    return {Path(r.event.checkpoint).name for r in found if isinstance(r.event, CheckpointLoaded)}
+
+
+def valid_steps(root: Path, generation: int) -> list[int]:
+    return sorted(s for s, g, p in ck.checkpoint_dirs(root) if g == generation and (p / ck.MANIFEST).exists())
+
+
+def issued(cluster: LocalCluster, job: str) -> dict[int, dict[str, Any]]:
+    """Each generation's ``GenerationIssued`` event data, by generation."""
+    found = [e for e in cluster.events(job) if e.get("kind") == "GenerationIssued"]
+    return {int(e["data"]["generation"]): dict(e["data"]) for e in found}
+
+
+def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints_loadable(
+    cluster: LocalCluster, tmp_path: Path, references: Path
+) -> None:
+    steps = 300
+    cluster.up(nodes=1, heartbeat_expiry=4)
+    root = tmp_path / "ckpt"
+    sets: dict[str, Any] = {
+        "steps": steps,
+        "global_batch": BATCH,
+        "seed": SEED,
+        "dtype": "float64",
+        "checkpoint_dir": root,
+    }
+    job = cluster.submit(**sets, checkpoint_interval=INTERVAL)
+    cluster.wait_step(job, 40, 180)
+    (alone,) = cluster.job_nodes(job)  # it runs the whole of generation 1
+    committed = int(cluster.status(job)["last_checkpoint_step"])
+    partition_from_controller(cluster, alone)
+    stale = trainer_pids(records(cluster, job, 1))
+    # Generation 1 keeps training and writing: checkpoints the controller never hears of.
+    cluster.wait(lambda: max(valid_steps(root, 1)) > committed + INTERVAL, 120, "generation 1 to write on")
+    cluster.add(1)  # somewhere for generation 2 to run
+    signal_all(stale, signal.SIGSTOP)  # it stalls (a slow VM) while generation 2 starts, then goes on below
+    written_unheard = max(valid_steps(root, 1))
+    generation, _ = cluster.wait_new_generation(job, 1, 180)
+    signal_all(stale, signal.SIGCONT)
+    cluster.wait(lambda: bool(failures(records(cluster, job, 1))), 120, "generation 1 to run into the fence")
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 400)
+    assert final["state"] == "SUCCEEDED", final
+
+    assert {f.kind for f in failures(records(cluster, job, 1))} == {"fenced"}
+    generations = issued(cluster, job)
+    resume = generations[generation]
+    assert resume["resume_generation"] == 1 and resume["resume_step"] >= committed
+    assert written_unheard > resume["resume_step"], "generation 1 wrote a valid checkpoint past the committed one"
+    for g in range(generation, int(final["generation"]) + 1):
+        data = generations[g]
+        expected = (
+            {ck.step_dir(root, data["resume_step"], data["resume_generation"]).name} if data["resume_step"] else set()
+        )
+        assert loaded(records(cluster, job, g)) == expected, f"generation {g} loaded exactly what was committed"
+    # Nothing generation 1 wrote past the committed checkpoint is loadable now (fenced, or pruned as stale).
+    assert all(s <= resume["resume_step"] for s in valid_steps(root, 1)), valid_steps(root, 1)
+    expected_params = train_reference(references, steps, BATCH, SEED)
+    assert max_rel_diff(expected_params, root) <= 1e-9
+    heal(cluster, alone)
+
+
+class DeathWatch:
+    """When each of some processes was first seen dead (gone, or a zombie), polled every few milliseconds."""
+
+    def __init__(self, pids: set[int]) -> None:
+        self.dead_at: dict[int, float] = {}
+        self._pids = pids
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and len(self.dead_at) < len(self._pids):
+            for pid in self._pids - set(self.dead_at):
+                try:
+                    state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    state = "gone"
+                if state in ("gone", "Z", "X"):
+                    self.dead_at[pid] = time.time()
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_a_new_incarnation_never_overlaps_its_predecessors_trainers(cluster: LocalCluster, tmp_path: Path) -> None:
+    cluster.up(nodes=1, heartbeat_expiry=4)
+    sets: dict[str, Any] = {
+        "steps": 100_000,
+        "global_batch": BATCH,
+        "seed": SEED,
+        "dtype": "float64",
+        "checkpoint_dir": tmp_path / "c",
+    }
+    job = cluster.submit(**sets, checkpoint_interval=INTERVAL)
+    cluster.wait_step(job, 20, 180)
+    (node,) = cluster.job_nodes(job)
+    old = trainer_pids(records(cluster, job, 1))
+    assert len(old) == 2
+    partition_from_controller(cluster, node)
+    cluster.wait(lambda: cluster.node_state(node) == "LOST", 60, f"{node} to be LOST")
+    assert all(Path(f"/proc/{pid}").exists() for pid in old), "the long lease keeps its trainers going"
+    watch = DeathWatch(old)
+    heal(cluster, node)  # the link heals: the LOST incarnation kills its trainers and registers anew
+    generation, world = cluster.wait_new_generation(job, 1, 240)
+    watch.stop()
+    new = records(cluster, job, generation)
+    started = [r.event.process_started_at for r in new if isinstance(r.event, TrainerStarted)]
+    assert len(started) == world and all(t is not None for t in started)
+    assert set(watch.dead_at) == old, "the old trainers are gone"
+    assert max(watch.dead_at.values()) <= min(t for t in started if t is not None), (
+        f"a trainer of the new incarnation started before its predecessor's died: {watch.dead_at} vs {started}"
+    )
+    nodes = {n["name"]: n for n in cluster.nodes()}
+    assert nodes[node]["incarnation"] >= 2
+    held = [e for e in cluster.events() if e.get("kind") == "NodeHeld" and e.get("node") == node]
+    assert held, "the node back soon after LOST waited in JOINING"
+    cluster.cli("cancel", job)
