@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from morphing.errors import UserInputError
 from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
 from worker_agent.agent.decisions import (
     CheckpointCommitted,
@@ -15,12 +17,15 @@ from worker_agent.agent.decisions import (
     backed_off_interval,
     beat_interval,
     classify_failure,
+    lease_lapsed,
+    lease_seconds,
     may_acknowledge,
     next_register_backoff,
     notice_deadline,
     urgent_facts,
 )
 from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.commands.agent import _lease_seconds
 
 
 def report(rank: int, running: bool, code: int | None = None, checkpoint: int | None = None) -> TrainerReport:
@@ -91,3 +96,16 @@ def test_eviction_is_acknowledged_once_nothing_runs_and_nothing_failed() -> None
 def test_a_notice_without_a_time_means_now() -> None:
     assert notice_deadline(None, now=1234.5) == 1234.5
     assert notice_deadline(2000.0, now=1234.5) == 2000.0
+
+
+def test_the_lease_is_a_bound_derived_from_the_expiry_unless_set() -> None:
+    assert lease_seconds(None, 10.0) == 60.0 and lease_seconds(4.0, 10.0) == 4.0
+    assert not lease_lapsed(last_contact=100.0, now=160.0, lease=60.0)
+    assert lease_lapsed(last_contact=100.0, now=160.5, lease=60.0)
+
+
+def test_a_lease_that_is_no_number_of_seconds_is_refused() -> None:
+    assert _lease_seconds(None) is None and _lease_seconds("2.5") == 2.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        with pytest.raises(UserInputError, match="--lease-seconds"):
+            _lease_seconds(bad)

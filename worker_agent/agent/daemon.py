@@ -5,7 +5,7 @@ assignment it should run; :func:`worker_agent.agent.converge.converge` turns tha
 :class:`~worker_agent.agent.supervisor.Supervisor` performs. Urgent facts (an eviction notice, a
 trainer exit, a committed checkpoint) are also pushed at once with ``ReportEvent``. When the
 controller is unreachable the trainers keep training and the agent retries with backoff as the same
-incarnation, for as long as the trainers' lease holds (half the heartbeat expiry unless ``lease_seconds``
+incarnation, for as long as the trainers' lease holds (six heartbeat expiries unless ``lease_seconds``
 says otherwise): every answered heartbeat renews it, and once the controller has been silent for longer
 the agent kills its trainers, which also stop by themselves when the lease file goes stale (a frozen
 agent). A controller that no longer knows this incarnation (it was LOST) makes it kill its trainers and
@@ -84,7 +84,7 @@ class AgentConfig:
     trainer_python: str = sys.executable
     local_poll_seconds: float = 0.1
     morph_beat_seconds: float = 0.2
-    lease_seconds: float | None = None  # None: half the controller's heartbeat expiry
+    lease_seconds: float | None = None  # None: six times the controller's heartbeat expiry
 
 
 @dataclass

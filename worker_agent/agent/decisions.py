@@ -55,11 +55,15 @@ def backed_off_interval(interval: float, max_backoff: float, expiry: float) -> f
     return min(interval * 2, min(max_backoff, expiry / 3))
 
 
+LEASE_EXPIRIES = 6.0  # the default lease, in heartbeat expiries
+
+
 def lease_seconds(configured: float | None, expiry: float) -> float:
-    """How long the trainers' lease holds after the controller last answered: half the heartbeat expiry unless
-    set, so a node cut off from the controller has stopped its trainers well before the controller declares
-    it LOST and gives its ranks to a new generation."""
-    return configured if configured is not None else expiry / 2
+    """How long the trainers' lease holds after the controller last answered (``LEASE_EXPIRIES`` heartbeat
+    expiries unless set). It bounds how long a node cut off from the controller keeps training; it is not
+    what keeps the job safe (the checkpoint directory's fence is), so it is long enough that a controller
+    restart, during which every node is cut off alike, does not stop training."""
+    return configured if configured is not None else LEASE_EXPIRIES * expiry
 
 
 def lease_lapsed(last_contact: float, now: float, lease: float) -> bool:

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("SPOTMORPH_LEASE_SECONDS"),
         help="how long this node's trainers keep training after the controller last answered a heartbeat; "
         "then the agent kills them, and a trainer whose lease file goes stale (a frozen agent) stops by itself "
-        "(default: half the controller's heartbeat expiry; env SPOTMORPH_LEASE_SECONDS)",
+        "(default: six times the controller's heartbeat expiry; env SPOTMORPH_LEASE_SECONDS)",
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the trainers")
     parser.add_argument("--log-level", default="INFO")
