@@ -84,8 +84,11 @@ def test_a_fenced_generation_commits_nothing_more_and_the_next_loads_exactly_the
         raise_fence(root, Fence("job-1", 2))
         raised = committed_steps(root, 1)
         wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "generation 1 to stop")
-        assert [r.status.exit_code for r in supervisor.reports()] == [ExitCode.FENCED] * 2
-        assert {f.kind for f in failures(supervisor, "job-1", 1)} == {"fenced"}
+        # The ranks agree on the fence at a step boundary and stop together; only a fence raised between that
+        # check and a rank's write can stop one rank alone, and its peer then loses it (ABORTED).
+        codes = [r.status.exit_code for r in supervisor.reports()]
+        assert ExitCode.FENCED in codes and set(codes) <= {ExitCode.FENCED, ExitCode.ABORTED}, codes
+        assert "fenced" in {f.kind for f in failures(supervisor, "job-1", 1)}
         late = set(committed_steps(root, 1)) - set(raised)
         assert len(late) <= 1, f"at most the commit already past its fence check when the fence rose: {late}"
 

@@ -106,7 +106,7 @@ def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints
     partition_from_controller(cluster, alone)
     stale = trainer_pids(records(cluster, job, 1))
     # Generation 1 keeps training and writing: checkpoints the controller never hears of.
-    cluster.wait(lambda: max(valid_steps(root, 1)) > committed + INTERVAL, 120, "generation 1 to write on")
+    cluster.wait(lambda: max(valid_steps(root, 1), default=0) > committed + INTERVAL, 120, "generation 1 to write on")
     cluster.add(1)  # somewhere for generation 2 to run
     signal_all(stale, signal.SIGSTOP)  # it stalls (a slow VM) while generation 2 starts, then goes on below
     written_unheard = max(valid_steps(root, 1))
@@ -116,7 +116,8 @@ def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 400)
     assert final["state"] == "SUCCEEDED", final
 
-    assert {f.kind for f in failures(records(cluster, job, 1))} == {"fenced"}
+    kinds = {f.kind for f in failures(records(cluster, job, 1))}
+    assert "fenced" in kinds and kinds <= {"fenced", "abort"}, kinds  # abort: a peer fenced alone mid-write
     generations = issued(cluster, job)
     resume = generations[generation]
     assert resume["resume_generation"] == 1 and resume["resume_step"] >= committed

@@ -168,8 +168,17 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     while True:
         stop_flag = 1.0 if stop.requested() else 0.0
         lapsed = 1.0 if lease.lapsed() else 0.0
-        flags = torch.tensor([stop_flag, loss_share, requests.contribution(), lapsed], dtype=torch.float64)
+        fenced = writer.fenced_off()
+        flags = torch.tensor(
+            [stop_flag, loss_share, requests.contribution(), lapsed, 1.0 if fenced else 0.0], dtype=torch.float64
+        )
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        if flags[4] > 0:
+            # A newer generation raised the fence: the controller moved past this one. All ranks stop here.
+            message = fenced or "another rank found the checkpoint directory's fence raised past this generation"
+            _warn(message)
+            progress.emit(TrainerFailed(kind="fenced", message=message))
+            return ExitCode.FENCED
         if flags[3] > 0:
             # Some rank's agent stopped renewing its lease: the controller has lost (or will lose) that node, so
             # this generation is over. Every rank stops at this same boundary, without a checkpoint.

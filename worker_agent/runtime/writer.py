@@ -116,6 +116,14 @@ class CheckpointWriter:
         if self.fence is not None:
             check_fence(self.root, self.fence)
 
+    def fenced_off(self) -> str:
+        """Why this run may no longer write here ("" while its fence holds); checked at every step boundary."""
+        try:
+            self.check_fence()
+        except FenceError as exc:
+            return str(exc)
+        return ""
+
     def _guarded(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
         try:
             self._write(step, payloads, manifest)
