@@ -196,3 +196,26 @@ def test_a_v2_manifest_of_a_named_generation_in_a_v1_directory_is_refused(tmp_pa
     shutil.move(ck.step_dir(tmp_path, 20, 2), ck.step_dir(tmp_path, 20))
     with pytest.raises(ck.CheckpointError, match="generation 2, not this directory's generation 0"):
         ck.verify(ck.step_dir(tmp_path, 20), JOB)
+
+
+def test_a_generation_cut_off_from_the_controller_keeps_the_checkpoint_it_last_had_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """The controller acknowledged step 20; what follows goes unheard, so 20 is what the next generation loads."""
+    raise_fence(tmp_path, Fence("job-1", 1))
+    acknowledged = [0]
+    w = ck.CheckpointWriter(
+        tmp_path, 0, 1, "r", 1, False, 5.0, generation=1, fence=Fence("job-1", 1), acknowledged=lambda: acknowledged[0]
+    )
+    save(w, 10)
+    acknowledged[0] = 10
+    save(w, 20)
+    acknowledged[0] = 20
+    save(w, 30)
+    assert committed_dirs(tmp_path) == ["step-00000020-g1", "step-00000030-g1"], "keep=1, and the acknowledged one"
+    for step in (40, 50):  # cut off: nothing more is acknowledged
+        save(w, step)
+    assert committed_dirs(tmp_path) == [f"step-000000{s}-g1" for s in (20, 30, 40, 50)]
+    acknowledged[0] = 50
+    save(w, 60)
+    assert committed_dirs(tmp_path) == ["step-00000050-g1", "step-00000060-g1"]

@@ -207,6 +207,14 @@ class Agent:
         desired = self.state.desired
         if desired is not None and desired.action in ("run", "stop"):
             self.supervisor.renew_leases(desired.job_id, desired.generation)
+            # The controller takes the checkpoints of its current generation from this heartbeat.
+            current = (desired.job_id, desired.generation)
+            steps = [
+                r.last_checkpoint_step or 0
+                for r in reports
+                if (r.status.key.job_id, r.status.key.generation) == current
+            ]
+            self.supervisor.acknowledge(desired.job_id, desired.generation, max(steps, default=0))
 
     def _stop_trainers_if_lease_lapsed(self) -> None:
         lease = self.supervisor.lease_seconds
@@ -260,6 +268,8 @@ class Agent:
         except UserInputError as exc:
             log.error("the controller's assignment is unusable: %s", exc)
             return
+        if isinstance(fact, decisions.CheckpointCommitted):
+            self.supervisor.acknowledge(fact.job_id, fact.generation, fact.step)  # committed, else it was refused
         if incoming is not None:
             self._apply(incoming)
 

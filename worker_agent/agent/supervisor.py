@@ -260,6 +260,13 @@ class Supervisor:
         ):
             self.generation_dir(job_id, generation).control.renew_lease(self.lease_seconds)
 
+    def acknowledge(self, job_id: str, generation: int, step: int) -> None:
+        """The controller has this generation's checkpoint of ``step``: its writer may prune what is older."""
+        if step > 0 and (job_id, generation) in {(k.job_id, k.generation) for k in self._trainers}:
+            control = self.generation_dir(job_id, generation).control
+            if step > control.acknowledged_checkpoint():
+                control.acknowledge_checkpoint(step)
+
     def running(self) -> list[TrainerKey]:
         return [k for k, t in self._trainers.items() if t.process.poll() is None]
 

@@ -76,6 +76,23 @@ class ControlDir:
         return 0
 
     @property
+    def acknowledged_file(self) -> Path:
+        return self.path / "acknowledged"
+
+    def acknowledge_checkpoint(self, step: int) -> None:
+        """The newest checkpoint step the controller has acknowledged for this generation (written whole)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        temporary = self.path / f".acknowledged.tmp-{os.getpid()}"
+        temporary.write_text(str(step))
+        temporary.replace(self.acknowledged_file)
+
+    def acknowledged_checkpoint(self) -> int:
+        """What :meth:`acknowledge_checkpoint` last wrote; 0 when nothing was acknowledged."""
+        with contextlib.suppress(OSError, ValueError):
+            return int(self.acknowledged_file.read_text())
+        return 0
+
+    @property
     def lease_file(self) -> Path:
         return self.path / "lease"
 

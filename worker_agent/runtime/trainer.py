@@ -162,6 +162,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         generation=cfg.generation,
         fence=fence,
         resumed_from=step,
+        acknowledged=control.acknowledged_checkpoint if control is not None else None,
     )
     last_time = time.perf_counter()
     loss_share = 0.0

@@ -18,6 +18,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ class CheckpointWriter:
         generation: int = 0,
         fence: Fence | None = None,
         resumed_from: int = 0,
+        acknowledged: Callable[[], int] | None = None,
     ) -> None:
         self.root = root
         self.rank = rank
@@ -85,6 +87,7 @@ class CheckpointWriter:
         self.generation = generation
         self.fence = fence
         self.resumed_from = resumed_from
+        self.acknowledged = acknowledged
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_committed: int | None = None
@@ -202,9 +205,14 @@ class CheckpointWriter:
     def _prune(self, committed: int) -> None:
         """Keep the newest ``keep`` committed checkpoints up to ``committed`` of this and older generations; never
         touch a newer generation's directories; a fenced run also drops what older generations wrote past the
-        step it resumed from (the controller never committed those)."""
+        step it resumed from (the controller never committed those), and keeps every checkpoint from the newest
+        one the controller acknowledged on (a run cut off from the controller must not delete the checkpoint
+        the next generation will resume from)."""
         for leftover in self.root.glob(f"{TRASH}*"):
             shutil.rmtree(leftover, ignore_errors=True)
+        floor = None
+        if self.fence is not None:
+            floor = max(self.resumed_from, self.acknowledged() if self.acknowledged is not None else 0)
         valid = 0
         for step, generation, path in checkpoint_dirs(self.root):
             if generation > self.generation:
@@ -212,7 +220,8 @@ class CheckpointWriter:
             stale = self.fence is not None and generation < self.generation and step > self.resumed_from
             if not stale and step > committed:
                 continue
-            if not stale and (path / MANIFEST).exists() and valid < self.keep:
+            has_manifest = (path / MANIFEST).exists()
+            if not stale and has_manifest and (valid < self.keep or (floor is not None and step >= floor)):
                 valid += 1
                 continue
             self._remove(path)
