@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CUDA build. GPU users: `make TORCH_SPEC=torch install` (pyproject keeps a range, not a pin).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-dev demo test test-gpu lint typecheck layers unit bench clean protos
+.PHONY: install install-dev demo test test-gpu soak lint typecheck layers unit bench clean protos
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,11 @@ layers: install-dev
 	$(VENV)/bin/lint-imports
 
 unit: install-dev
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -m "not soak" tests
+
+# The long chaos and soak runs (each has a short variant in `make test`).
+soak: install-dev
+	$(VENV)/bin/pytest -q -m soak -rs tests
 
 test: lint typecheck layers unit
 
