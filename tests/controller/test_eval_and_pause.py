@@ -179,3 +179,14 @@ def test_the_timeline_draws_the_eval_loss_and_each_pause_beside_its_decision_tim
     assert "no evaluation reported" in render_html(build(log[:1], "job-1", 8), "job-1")
     render_png(timeline, "job-1", tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_watch_view_shows_the_newest_eval_loss() -> None:
+    from controller.client.commands.status import watch_view
+
+    job = {
+        "id": "job-1", "name": "demo", "state": "RUNNING", "step": 150, "total_steps": 300, "generation": 2,
+        "layout": None, "last_checkpoint_step": 140, "steps_lost": 0, "reason": "", "eval_loss": 1.5, "eval_step": 150,
+    }  # fmt: skip
+    assert "eval loss 1.5000 at step 150" in watch_view(job, None, 0.0)
+    assert "eval loss" not in watch_view({**job, "eval_loss": None, "eval_step": None}, None, 0.0)
