@@ -20,6 +20,7 @@ from morphing.validation import (
     MAX_PATH_LENGTH,
     InvalidField,
     check_address,
+    check_finite,
     check_name,
     check_step,
     check_text,
@@ -34,6 +35,7 @@ MAX_SLOTS = 1024
 MAX_ERROR_CHARACTERS = 2000  # a trainer's error (its message or its log's tail) is cut to this
 MAX_INSTANCE_ID = 256
 MAX_JOB_ID = 128
+MAX_LOSS = 1e30  # a loss larger in magnitude is a broken report, not a diverged model (that is inf or NaN)
 
 
 def known_job(view: StateView, field: str, job_id: str) -> JobRecord:
@@ -67,7 +69,34 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
             f"{field}.last_checkpoint_step",
             f"checkpoint step {status.last_checkpoint_step} is past the rank's last_step {status.last_step}",
         )
+    evaluation(field, status)
+    step_times(field, status)
     return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS))
+
+
+def evaluation(field: str, status: pb.TrainerStatus) -> None:
+    """An evaluation is a finite loss after a step the rank finished (no loss: no step, and the other way round)."""
+    has_loss = status.HasField("eval_loss")
+    if status.eval_step > status.last_step:
+        raise InvalidField(
+            f"{field}.eval_step", f"step {status.eval_step} is past the rank's last_step {status.last_step}"
+        )
+    if has_loss != (status.eval_step > 0):
+        raise InvalidField(f"{field}.eval_loss", "an evaluation needs both eval_loss and its eval_step (>= 1)")
+    if has_loss:
+        check_finite(f"{field}.eval_loss", status.eval_loss, MAX_LOSS)
+
+
+def step_times(field: str, status: pb.TrainerStatus) -> None:
+    """Wall-clock times of the rank's first and newest step: unix seconds, the first not after the newest."""
+    first = status.first_step_at if status.HasField("first_step_at") else None
+    last = status.last_step_at if status.HasField("last_step_at") else None
+    if first is not None:
+        check_time(f"{field}.first_step_at", first)
+    if last is not None:
+        check_time(f"{field}.last_step_at", last)
+    if first is not None and (last is None or first > last):
+        raise InvalidField(f"{field}.first_step_at", f"{first!r} needs a last_step_at at or after it (got {last!r})")
 
 
 def trainers(view: StateView, node: str, statuses: Any) -> tuple[RankReport, ...]:

@@ -63,6 +63,15 @@ class RecordCheckpoint:
 
 
 @dataclass(frozen=True)
+class RecordPause:
+    """Generation ``generation`` of ``job_id`` completed its first step ``seconds`` after the last step before it."""
+
+    job_id: str
+    generation: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class RecordEvent:
     """A past-tense fact for the event log (``NodeRegistered``, ``EvictionNoticed``, ...)."""
 
@@ -94,6 +103,7 @@ Command = (
     | SetNodeSeq
     | StartGeneration
     | RecordCheckpoint
+    | RecordPause
     | RecordEvent
     | ReleaseInstance
     | RequestCapacity

@@ -12,6 +12,8 @@ class EventKind(StrEnum):
     NODE_STATE_CHANGED = "NodeStateChanged"
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
+    EVALUATION_COMPLETED = "EvaluationCompleted"  # a generation's trainers reported a new eval loss
+    TRAINING_RESUMED = "TrainingResumed"  # a new generation's first step: the pause its morph caused
     EVICTION_NOTICED = "EvictionNoticed"
     EVICTION_WITHDRAWN = "EvictionWithdrawn"
     TRAINER_START_FAILED = "TrainerStartFailed"

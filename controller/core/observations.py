@@ -20,6 +20,10 @@ class RankReport:
     last_step: int = 0
     last_checkpoint_step: int = 0
     error: str = ""
+    eval_step: int = 0  # the step of its newest evaluation (0: none yet)
+    eval_loss: float | None = None
+    first_step_at: float | None = None  # the node's wall clock when this rank completed its first step
+    last_step_at: float | None = None  # ... and ``last_step``
 
 
 @dataclass(frozen=True)

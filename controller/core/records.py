@@ -67,6 +67,11 @@ class JobRecord:
     excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
     growth_declined: str = ""  # the (generation, free nodes) whose growth was last declined: said once
     idempotency_key: str | None = None  # the key its SubmitJob carried: a retry with it gets this job back
+    eval_step: int = 0  # the step of the newest evaluation reported (0: none yet)
+    eval_loss: float | None = None  # its mean loss over the eval dataset (the same in every layout)
+    last_step_at: float | None = None  # trainers' wall clock when the newest step reported was completed
+    paused_since: float | None = None  # while generation's first step is awaited: the last step before the pause
+    decision_seconds: float | None = None  # how long the controller took to issue the current generation
 
     @property
     def nodes(self) -> tuple[str, ...]:

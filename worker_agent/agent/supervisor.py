@@ -32,6 +32,7 @@ from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointWritten,
+    EvaluationCompleted,
     ExitCode,
     GenerationDir,
     ProgressReader,
@@ -71,15 +72,28 @@ class Progress:
     stepped: bool = False
     finished: bool = False
     error: str = ""
+    eval_step: int = 0  # the step of the newest evaluation (0: none yet)
+    eval_loss: float | None = None
+    first_step_at: float | None = None  # the trainer's wall clock when it completed its first step
+    last_step_at: float | None = None  # ... and its newest one
 
 
 def absorb(progress: Progress, record: ProgressRecord) -> Progress:
     """``progress`` updated with one more record (pure: the supervisor's reading of the contract)."""
     event = record.event
     if isinstance(event, StepCompleted):
+        first = progress.first_step_at if progress.first_step_at is not None else record.time
         progress = replace(
-            progress, step=event.step, loss=event.loss, samples_per_second=event.samples_per_second, stepped=True
+            progress,
+            step=event.step,
+            loss=event.loss,
+            samples_per_second=event.samples_per_second,
+            stepped=True,
+            first_step_at=first,
+            last_step_at=record.time,
         )
+    elif isinstance(event, EvaluationCompleted):
+        progress = replace(progress, eval_step=event.step, eval_loss=event.eval_loss)
     elif isinstance(event, CheckpointLoaded):
         progress = replace(progress, step=event.step)
     elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
@@ -104,6 +118,10 @@ class TrainerReport:
     last_checkpoint_step: int | None = None
     error: str = ""
     finished: bool = False
+    eval_step: int = 0
+    eval_loss: float | None = None
+    first_step_at: float | None = None
+    last_step_at: float | None = None
 
 
 class _Process(Protocol):
@@ -292,6 +310,10 @@ class Supervisor:
             last_checkpoint_step=progress.last_checkpoint_step,
             error=error,
             finished=progress.finished,
+            eval_step=progress.eval_step,
+            eval_loss=progress.eval_loss,
+            first_step_at=progress.first_step_at,
+            last_step_at=progress.last_step_at,
         )
 
     def log_tail(self, key: TrainerKey, lines: int = 5) -> str:

@@ -7,6 +7,7 @@ The job spec crosses unchanged: an optional field the controller left unset take
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,12 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
     )
     if report.status.exit_code is not None:
         status.exit_code = report.status.exit_code
+    if report.eval_loss is not None and math.isfinite(report.eval_loss):  # a diverged one stays in the logs
+        status.eval_step, status.eval_loss = report.eval_step, report.eval_loss
+    if report.first_step_at is not None:
+        status.first_step_at = report.first_step_at
+    if report.last_step_at is not None:
+        status.last_step_at = report.last_step_at
     return status
 
 

@@ -8,7 +8,6 @@ flags build the same :class:`~morphing.jobspec.JobSpec` a submitted job has, wit
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default="local-train", help="the job's name (default local-train)")
     parser.add_argument("--stages", type=int, default=1, help="pipeline stages P (default 1)")
     parser.add_argument("--replicas", type=int, default=1, help="data-parallel replicas D (default 1)")
-    parser.add_argument("--micro-batch-size", type=int, help="samples per micro-batch (default: ~2P per replica)")
+    parser.add_argument(
+        "--micro-batch-size",
+        type=int,
+        help="samples per micro-batch (default: one micro-batch per replica with 1 stage, about 2P with P stages)",
+    )
     parser.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step B")
     parser.add_argument("--steps", type=int, required=True, help="train until this step")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
@@ -104,7 +107,7 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
 
 
 def run(args: argparse.Namespace) -> int:
-    from morphing.layout import make_layout
+    from morphing.layout import default_micro_batch_size, make_layout
     from worker_agent.runtime.checkpoint import check_same_job
     from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.launcher import LocalRun, local_device, run_local
@@ -112,8 +115,7 @@ def run(args: argparse.Namespace) -> int:
     job = job_spec(args)
     job = job.model_copy(update={"device": local_device(job.device, args.stages * args.replicas)})
     spec = build_spec(job.entrypoint, job.seed)
-    per_replica = math.ceil(args.global_batch / max(1, args.replicas))
-    micro = job.micro_batch_size or max(1, math.ceil(per_replica / (2 * max(1, args.stages))))
+    micro = job.micro_batch_size or default_micro_batch_size(args.global_batch, args.stages, args.replicas)
     layout = make_layout(
         num_layers=len(spec.layers),
         pipeline_stages=args.stages,

@@ -298,23 +298,31 @@ class Morph(_message.Message):
     GENERATION_FIELD_NUMBER: _builtins.int
     CAUSE_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    PAUSE_SECONDS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     """the generation this morph issued"""
     cause: _builtins.str
     seconds: _builtins.float
-    """from the morph's start to the new generation's issue"""
+    """the decision: from the morph's start to the new generation's issue"""
+    pause_seconds: _builtins.float
+    """The pause training felt: from the last step generation - 1 completed to the first step this one
+    completed (trainers' wall clocks, NTP-synced across nodes); unset until that first step is reported.
+    """
     def __init__(
         self,
         *,
         generation: _builtins.int = ...,
         cause: _builtins.str = ...,
         seconds: _builtins.float = ...,
+        pause_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "pause_seconds", b"pause_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "generation", b"generation", "seconds", b"seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "cause", b"cause", "generation", b"generation", "pause_seconds", b"pause_seconds", "seconds", b"seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__pause_seconds: _TypeAlias = _typing.Literal["pause_seconds"]  # noqa: Y015
+    _WhichOneofArgType__pause_seconds: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pause_seconds) -> _WhichOneofReturnType__pause_seconds | None: ...
 
 Global___Morph: _TypeAlias = Morph  # noqa: Y015
 
@@ -339,6 +347,8 @@ class Job(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     RESTARTS_FIELD_NUMBER: _builtins.int
     RENDEZVOUS_ENDPOINT_FIELD_NUMBER: _builtins.int
+    EVAL_LOSS_FIELD_NUMBER: _builtins.int
+    EVAL_STEP_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -353,6 +363,10 @@ class Job(_message.Message):
     submitted_at: _builtins.float
     restarts: _builtins.int
     rendezvous_endpoint: _builtins.str
+    eval_loss: _builtins.float
+    """the newest evaluation's mean loss over the eval dataset (unset: none yet)"""
+    eval_step: _builtins.int
+    """the step it was evaluated after"""
     @_builtins.property
     def layout(self) -> Global___Layout: ...
     @_builtins.property
@@ -379,12 +393,16 @@ class Job(_message.Message):
         spec: Global___JobSpec | None = ...,
         restarts: _builtins.int = ...,
         rendezvous_endpoint: _builtins.str = ...,
+        eval_loss: _builtins.float | None = ...,
+        eval_step: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "eval_loss", b"eval_loss", "layout", b"layout", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "checkpoint_dir", b"checkpoint_dir", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
+    _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__eval_loss) -> _WhichOneofReturnType__eval_loss | None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
 
@@ -788,6 +806,10 @@ class TrainerStatus(_message.Message):
     LAST_STEP_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    EVAL_LOSS_FIELD_NUMBER: _builtins.int
+    EVAL_STEP_FIELD_NUMBER: _builtins.int
+    FIRST_STEP_AT_FIELD_NUMBER: _builtins.int
+    LAST_STEP_AT_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -800,6 +822,14 @@ class TrainerStatus(_message.Message):
     """newest committed checkpoint (manifest written) it knows of"""
     error: _builtins.str
     """why it exited non-zero (its own message or its log's tail)"""
+    eval_loss: _builtins.float
+    """its newest evaluation's mean loss (the same on every rank)"""
+    eval_step: _builtins.int
+    """the step eval_loss was evaluated after (0: none yet)"""
+    first_step_at: _builtins.float
+    """unix seconds (its wall clock) when it completed its first step"""
+    last_step_at: _builtins.float
+    """unix seconds when it completed last_step (unset: no step yet)"""
     def __init__(
         self,
         *,
@@ -811,14 +841,31 @@ class TrainerStatus(_message.Message):
         last_step: _builtins.int = ...,
         last_checkpoint_step: _builtins.int = ...,
         error: _builtins.str = ...,
+        eval_loss: _builtins.float | None = ...,
+        eval_step: _builtins.int = ...,
+        first_step_at: _builtins.float | None = ...,
+        last_step_at: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_last_step_at", b"_last_step_at", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "last_step_at", b"last_step_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "error", b"error", "exit_code", b"exit_code", "generation", b"generation", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "rank", b"rank", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_last_step_at", b"_last_step_at", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "rank", b"rank", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
+    _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__first_step_at: _TypeAlias = _typing.Literal["first_step_at"]  # noqa: Y015
+    _WhichOneofArgType__first_step_at: _TypeAlias = _typing.Literal["_first_step_at", b"_first_step_at"]  # noqa: Y015
+    _WhichOneofReturnType__last_step_at: _TypeAlias = _typing.Literal["last_step_at"]  # noqa: Y015
+    _WhichOneofArgType__last_step_at: _TypeAlias = _typing.Literal["_last_step_at", b"_last_step_at"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__eval_loss) -> _WhichOneofReturnType__eval_loss | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_step_at) -> _WhichOneofReturnType__first_step_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_step_at) -> _WhichOneofReturnType__last_step_at | None: ...
 
 Global___TrainerStatus: _TypeAlias = TrainerStatus  # noqa: Y015
 
