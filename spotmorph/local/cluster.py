@@ -92,7 +92,7 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
     existing = read_context(home)
     if existing is not None and existing.cluster_dir and _controller_alive(ClusterDir(Path(existing.cluster_dir))):
         raise UserInputError("a local cluster is already up; run `spotmorph local down` first")
-    _stop_everything(cluster)  # what a crashed cluster left behind
+    netns.teardown(cluster)  # the namespaces and links a crashed --netns cluster of this home left behind
     shutil.rmtree(cluster.root, ignore_errors=True)
     cluster.state.mkdir(parents=True)
     host = platform_host = "127.0.0.1"
