@@ -38,17 +38,17 @@ layers: install-dev
 	$(VENV)/bin/lint-imports
 
 unit: install-dev
-	$(VENV)/bin/pytest -q -m "not soak" tests
-
-# The long chaos and soak runs (each has a short variant in `make test`).
-soak: install-dev
-	$(VENV)/bin/pytest -q -m soak -rs tests
+	$(VENV)/bin/pytest -q tests
 
 test: lint typecheck layers unit
 
 # Only the tests marked `gpu`: on a machine with CUDA (install the CUDA build: make TORCH_SPEC=torch ...).
 test-gpu: install-dev
 	$(VENV)/bin/pytest -q -m gpu -rs tests
+
+# The long variants (marked `soak`), which the default run skips.
+soak: install-dev
+	$(VENV)/bin/pytest -q -m soak -rs tests
 
 bench: install-dev
 	$(PY) bench/run_all.py

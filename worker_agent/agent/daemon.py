@@ -68,6 +68,7 @@ class AgentConfig:
     gpus: tuple[Gpu, ...] = ()  # slot i trains on gpus[i] (round-robin when there are more slots)
     name: str = ""
     address: str = "127.0.0.1"
+    socket_interface: str | None = None  # the interface holding ``address``: trainers bind collectives to it
     instance_id: str = ""
     imds_url: str | None = None
     vm_name: str | None = None
@@ -102,7 +103,7 @@ class Agent:
         self.supervisor = Supervisor(
             self.work_dir.trainers.path,
             python=config.trainer_python,
-            env=trainer_environment(os.environ, config.gpus),
+            env=trainer_environment(os.environ, config.gpus, config.socket_interface),
             warm=config.warm_trainers,
         )
         self.link = ControllerLink(Endpoint(config.controller, config.ca, config.cert, config.key))

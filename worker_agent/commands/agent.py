@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format=f"%(asctime)s agent {args.name or socket.gethostname()} %(message)s"
     )
     gpus = _find_gpus(chosen, args.python)
+    interface = _socket_interface(args.address)
     slots = gpu_values.slot_count(requested, gpus)
     if len(gpus) < slots and gpus:
         logging.getLogger("spotmorph.agent").warning("%d slots share %d GPUs round-robin", slots, len(gpus))
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         gpus=gpus,
         name=args.name,
         address=args.address,
+        socket_interface=interface,
         instance_id=args.instance_id,
         imds_url=args.imds_url,
         vm_name=args.vm_name,
@@ -100,6 +102,23 @@ def run(args: argparse.Namespace) -> int:
         trainer_python=args.python,
     )
     return asyncio.run(Agent(config).run())
+
+
+def _socket_interface(address: str) -> str | None:
+    """The interface holding the advertised address, which trainers bind gloo and NCCL to (logged)."""
+    import logging
+
+    from worker_agent.agent.interfaces import GLOO, find_interface
+
+    log = logging.getLogger("spotmorph.agent")
+    interface = find_interface(address)
+    if interface is None:
+        log.warning("no interface here holds --address %s: gloo and NCCL pick their own", address)
+    elif os.environ.get(GLOO):
+        log.info("trainers keep %s=%s (set by the environment)", GLOO, os.environ[GLOO])
+    else:
+        log.info("trainers bind gloo and NCCL to %s, the interface of %s", interface, address)
+    return interface
 
 
 def _find_gpus(chosen: tuple[int, ...] | None, python: str) -> tuple[Gpu, ...]:
