@@ -63,10 +63,10 @@ class ChaosRun:
         start = time.monotonic()
         try:
             for fault in self.faults:
-                while time.monotonic() - start < fault.at:
+                while (remaining := fault.at - (time.monotonic() - start)) > 0:
                     if stop():
                         return self.result()
-                    time.sleep(min(0.5, fault.at - (time.monotonic() - start)))
+                    time.sleep(min(0.5, remaining))
                 if stop() and fault.verb is not Verb.HEAL:
                     continue
                 self.applied.append(self._apply(fault, time.monotonic() - start))

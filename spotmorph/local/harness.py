@@ -143,6 +143,7 @@ class LocalCluster:
         self.env = cluster_env(home, env)
         self.poll = poll  # seconds between two looks at whatever is waited for
         self.submitted: dict[str, dict[str, object]] = {}  # job -> the --set values it was submitted with
+        self.notes: list[str] = []  # what a test wants in its failure report (a chaos seed, the faults applied)
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -358,7 +359,9 @@ class LocalCluster:
             + " ".join(f"{k}={v}" for k, v in sets.items() if k != "seed")
             for job, sets in self.submitted.items()
         )
+        notes = "\n".join(self.notes)
         return (
+            f"===== test notes =====\n{notes or '(none)'}\n"
             f"===== controller event log =====\n{self.event_log()}\n"
             f"===== jobs submitted =====\n{jobs or '(none)'}\n"
             f"===== logs =====\n{self.logs()}"
