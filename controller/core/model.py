@@ -25,7 +25,7 @@ from controller.core.commands import (
     StartGeneration,
 )
 from controller.core.observations import NodeObservation, RankReport
-from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, ranks_by_node
+from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, Salvage, ranks_by_node
 
 __all__ = [
     "Action",
@@ -41,6 +41,7 @@ __all__ = [
     "RecordEvent",
     "ReleaseInstance",
     "RequestCapacity",
+    "Salvage",
     "SetJob",
     "SetNode",
     "SetNodeSeq",

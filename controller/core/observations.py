@@ -20,6 +20,7 @@ class RankReport:
     last_step: int = 0
     last_checkpoint_step: int = 0
     error: str = ""
+    held_step: int | None = None  # its collective failed: the last completed step it holds in memory
 
 
 @dataclass(frozen=True)
