@@ -71,6 +71,11 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
         )
     evaluation(field, status)
     step_times(field, status)
+    if status.HasField("held_step") and not status.last_step <= status.held_step <= status.last_step + 1:
+        raise InvalidField(
+            f"{field}.held_step",
+            f"a rank holds its last completed step: {status.last_step} or the one in flight, not {status.held_step}",
+        )
     return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS))
 
 
@@ -127,6 +132,30 @@ def exited(
     kept = tuple(r for r in others if (r.job, r.generation, r.rank) != (rank.job, rank.generation, rank.rank))
     if len(kept) >= MAX_TRAINERS:
         raise Full(f"trainer_exited: this node already reports {len(kept)} trainers, the most it may")
+    return (*kept, rank)
+
+
+def collective_failed(
+    view: StateView, node: str, message: pb.CollectiveFailed, others: tuple[RankReport, ...]
+) -> tuple[RankReport, ...]:
+    """The node's ranks with this holding one replacing its earlier report; its stage and replica must be
+    the ones the current layout gives its rank (an older generation's report is kept and fenced later)."""
+    field = "collective_failed.trainer"
+    rank = trainer(view, node, field, message.trainer)
+    if rank.held_step is None or not rank.running:
+        raise InvalidField(field, "a rank whose collective failed is running and holds a step; set held_step")
+    job = known_job(view, f"{field}.job", rank.job)
+    if rank.generation == job.generation and job.layout is not None:
+        replica, stage = job.layout.coords(rank.rank)
+        if (message.stage, message.replica) != (stage, replica):
+            raise InvalidField(
+                "collective_failed.stage",
+                f"rank {rank.rank} is stage {stage}, replica {replica} of generation {job.generation}, "
+                f"not stage {message.stage}, replica {message.replica}",
+            )
+    kept = tuple(r for r in others if (r.job, r.generation, r.rank) != (rank.job, rank.generation, rank.rank))
+    if len(kept) >= MAX_TRAINERS:
+        raise Full(f"collective_failed: this node already reports {len(kept)} trainers, the most it may")
     return (*kept, rank)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport
+from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport, Salvage
 from controller.persistence.store import GenerationRow
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
@@ -110,7 +110,14 @@ def assignment_to_pb(
         spec=spec or spec_to_pb(assignment.spec),
         checkpoint_request=assignment.checkpoint_request,
         world_size=assignment.layout.world_size,
+        salvage=salvage_to_pb(assignment.salvage),
     )
+
+
+def salvage_to_pb(salvage: Salvage | None) -> pb.Salvage | None:
+    if salvage is None:
+        return None
+    return pb.Salvage(step=salvage.step, writers=list(salvage.writers), deadline=salvage.deadline)
 
 
 def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
@@ -128,4 +135,5 @@ def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
         eval_loss=status.eval_loss if status.HasField("eval_loss") else None,
         first_step_at=status.first_step_at if status.HasField("first_step_at") else None,
         last_step_at=status.last_step_at if status.HasField("last_step_at") else None,
+        held_step=status.held_step if status.HasField("held_step") else None,
     )

@@ -17,6 +17,10 @@ class EventKind(StrEnum):
     EVICTION_NOTICED = "EvictionNoticed"
     EVICTION_WITHDRAWN = "EvictionWithdrawn"
     TRAINER_START_FAILED = "TrainerStartFailed"
+    COLLECTIVE_FAILED = "CollectiveFailed"  # the first survivor's report of an unplanned loss
+    NODES_SUSPECTED = "NodesSuspected"  # not heard from within the grace after it: left out of the next generation
+    SALVAGE_ORDERED = "SalvageOrdered"  # writers chosen for the just-in-time checkpoint
+    SALVAGE_ENDED = "SalvageEnded"  # committed, or why the job falls back to its newest periodic checkpoint
     GROWTH_DECLINED = "GrowthDeclined"
     REPORT_REFUSED = "ReportRefused"  # deciding on a node's report failed; it was set aside
     DECISIONS_RESUMED = "DecisionsResumed"  # the first decision after decisions had failed

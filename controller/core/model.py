@@ -26,7 +26,7 @@ from controller.core.commands import (
     StartGeneration,
 )
 from controller.core.observations import NodeObservation, RankReport
-from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, ranks_by_node
+from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, Salvage, ranks_by_node
 
 __all__ = [
     "Action",
@@ -43,6 +43,7 @@ __all__ = [
     "RecordPause",
     "ReleaseInstance",
     "RequestCapacity",
+    "Salvage",
     "SetJob",
     "SetNode",
     "SetNodeSeq",

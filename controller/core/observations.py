@@ -24,6 +24,7 @@ class RankReport:
     eval_loss: float | None = None
     first_step_at: float | None = None  # the node's wall clock when this rank completed its first step
     last_step_at: float | None = None  # ... and ``last_step``
+    held_step: int | None = None  # its collective failed: the last completed step it holds in memory
 
 
 @dataclass(frozen=True)

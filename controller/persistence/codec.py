@@ -82,6 +82,10 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "last_step_at": job.last_step_at,
         "paused_since": job.paused_since,
         "decision_seconds": job.decision_seconds,
+        "suspected": list(job.suspected),
+        "salvage_step": job.salvage_step,
+        "salvage_writers": list(job.salvage_writers),
+        "salvage_deadline": job.salvage_deadline,
     }
 
 
@@ -94,6 +98,8 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     fields["morph_cause"] = MorphCause(data["morph_cause"]) if data["morph_cause"] else None
     fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
     fields["growth_declined"] = data.get("growth_declined", "")
+    fields["suspected"] = tuple(data.get("suspected", ()))  # absent in rows written before unplanned-loss salvage
+    fields["salvage_writers"] = tuple(data.get("salvage_writers", ()))
     return JobRecord(**fields)
 
 

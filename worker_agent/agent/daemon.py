@@ -3,7 +3,7 @@
 Each beat reports what the node observes (its trainers, a pending eviction notice) and receives the
 assignment it should run; :func:`worker_agent.agent.converge.converge` turns that into commands the
 :class:`~worker_agent.agent.supervisor.Supervisor` performs. Urgent facts (an eviction notice, a
-trainer exit, a committed checkpoint) are also pushed at once with ``ReportEvent``. When the
+trainer exit, a failed collective, a committed checkpoint) are also pushed at once with ``ReportEvent``. When the
 controller is unreachable the trainers keep training and the agent retries with backoff as the same
 incarnation; only a controller that no longer knows this incarnation makes it register anew.
 
@@ -29,6 +29,7 @@ from worker_agent.agent.converge import (
     Assignment,
     KillTrainer,
     RequestCheckpoint,
+    RequestSalvage,
     RequestStop,
     StartTrainer,
     accept,
@@ -149,6 +150,8 @@ class Agent:
                 return
             if self.supervisor.exited_since(set(self.state.pushed.exits)):
                 return
+            if self.supervisor.newly_held(set(self.state.pushed.held)):
+                return  # a collective failed: the controller hears of it now, not at the next beat
 
     def _request_shutdown(self) -> None:
         self._stopping = True
@@ -218,6 +221,9 @@ class Agent:
                 self.supervisor.request_stop(command.job_id, command.generation)
             elif isinstance(command, RequestCheckpoint):
                 self.supervisor.request_checkpoint(command.job_id, command.generation, command.counter)
+            elif isinstance(command, RequestSalvage):
+                log.info("salvage order for generation %d of %s: %s", command.generation, command.job_id, command.order)
+                self.supervisor.request_salvage(command.job_id, command.generation, command.order)
             elif isinstance(command, KillTrainer):
                 log.info("killing %s: %s", command.key, command.reason)
                 self.supervisor.kill(command.key)

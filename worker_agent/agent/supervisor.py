@@ -32,11 +32,13 @@ from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointWritten,
+    CollectiveFailed,
     EvaluationCompleted,
     ExitCode,
     GenerationDir,
     ProgressReader,
     ProgressRecord,
+    SalvageWritten,
     StepCompleted,
     TrainerArguments,
     TrainerFailed,
@@ -62,6 +64,15 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A trainer whose collective failed: where it sits in the layout and the step it holds in memory."""
+
+    stage: int
+    replica: int
+    step: int
+
+
+@dataclass(frozen=True)
 class Progress:
     """What a trainer's progress file has said so far, folded into the latest facts."""
 
@@ -76,6 +87,7 @@ class Progress:
     eval_loss: float | None = None
     first_step_at: float | None = None  # the trainer's wall clock when it completed its first step
     last_step_at: float | None = None  # ... and its newest one
+    held: Held | None = None
 
 
 def absorb(progress: Progress, record: ProgressRecord) -> Progress:
@@ -100,6 +112,10 @@ def absorb(progress: Progress, record: ProgressRecord) -> Progress:
         progress = replace(progress, step=event.step, finished=progress.finished or isinstance(event, TrainingFinished))
     elif isinstance(event, TrainerFailed):
         progress = replace(progress, error=event.message)
+    elif isinstance(event, SalvageWritten):
+        progress = replace(progress, step=max(progress.step, event.step))
+    elif isinstance(event, CollectiveFailed):
+        progress = replace(progress, held=Held(event.stage, event.replica, event.step), error=event.error)
     checkpoint = getattr(event, "last_checkpoint", None)
     if checkpoint is not None:
         progress = replace(progress, last_checkpoint_step=checkpoint)
@@ -122,6 +138,7 @@ class TrainerReport:
     eval_loss: float | None = None
     first_step_at: float | None = None
     last_step_at: float | None = None
+    held: Held | None = None  # its collective failed; it holds this step in memory
 
 
 class _Process(Protocol):
@@ -172,6 +189,7 @@ class Supervisor:
         self._warm: list[_Warm] = []
         self._warm_serial = 0
         self._checkpoint_requests: dict[tuple[str, int], int] = {}
+        self._salvage_orders: dict[tuple[str, int], str] = {}
 
     def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
         return self.trainers_dir.generation_dir(job_id, generation)
@@ -263,6 +281,17 @@ class Supervisor:
         self.generation_dir(job_id, generation).control.request_checkpoint(counter)
         self._checkpoint_requests[(job_id, generation)] = counter
 
+    def request_salvage(self, job_id: str, generation: int, order_json: str) -> None:
+        """Publish the controller's salvage order to a generation's holding trainers (once per order)."""
+        if self._salvage_orders.get((job_id, generation)) == order_json:
+            return
+        self.generation_dir(job_id, generation).control.request_salvage(order_json)
+        self._salvage_orders[(job_id, generation)] = order_json
+
+    def newly_held(self, reported: set[TrainerKey]) -> bool:
+        """Has a running trainer not in ``reported`` said that its collective failed? (Reads progress files.)"""
+        return any(r.held is not None and r.status.key not in reported for r in self.reports() if r.status.running)
+
     def kill(self, key: TrainerKey) -> None:
         trainer = self._trainers.get(key)
         if trainer is None or trainer.process.poll() is not None:
@@ -291,6 +320,7 @@ class Supervisor:
             if trainer.process.poll() is not None and (key.job_id, key.generation) not in keep:
                 del self._trainers[key]
         self._checkpoint_requests = {k: v for k, v in self._checkpoint_requests.items() if k in keep}
+        self._salvage_orders = {k: v for k, v in self._salvage_orders.items() if k in keep}
 
     def _report(self, trainer: _Trainer) -> TrainerReport:
         for record in trainer.reader.poll():
@@ -314,6 +344,7 @@ class Supervisor:
             eval_loss=progress.eval_loss,
             first_step_at=progress.first_step_at,
             last_step_at=progress.last_step_at,
+            held=progress.held,
         )
 
     def log_tail(self, key: TrainerKey, lines: int = 5) -> str:

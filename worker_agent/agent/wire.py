@@ -11,14 +11,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec, parse_job_spec
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment
-from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, TrainerExited, UrgentFact
+from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.supervisor import LaunchSpec, TrainerReport
+from worker_agent.contract import SalvageOrder
 
-ACTIONS: dict[int, Action] = {pb.ACTION_RUN: "run", pb.ACTION_STOP: "stop", pb.ACTION_ABORT: "abort"}
+ACTIONS: dict[int, Action] = {
+    pb.ACTION_RUN: "run",
+    pb.ACTION_STOP: "stop",
+    pb.ACTION_ABORT: "abort",
+    pb.ACTION_HOLD: "hold",
+}
 IDLE = Assignment("", 0, "idle")
 ERROR_CHARACTERS = 1000  # of a trainer's error, the tail the controller keeps
 
@@ -76,13 +83,16 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
     """An assignment message (absent or without a job: idle); a bad spec is a ``UserInputError``."""
     if message is None or not message.job:
         return Incoming(IDLE)
+    action = ACTIONS.get(message.action, "idle")
+    salvage = salvage_from_pb(message) if action == "hold" and message.HasField("salvage") else None
     assignment = Assignment(
         message.job,
         message.generation,
-        ACTIONS.get(message.action, "idle"),
+        action,
         tuple(message.ranks),
         message.checkpoint_request,
         tuple(message.slots),
+        salvage,
     )
     if assignment.action == "idle":
         return Incoming(assignment)
@@ -93,6 +103,15 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
     load_from = str(checkpoint_dir / f"step-{message.resume_step:08d}") if message.resume_step else None
     launch = LaunchSpec(spec, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, load_from)
     return Incoming(assignment, launch)
+
+
+def salvage_from_pb(message: pb.Assignment) -> str:
+    """The salvage order as the trainers read it (JSON); writers outside the layout are a ``UserInputError``."""
+    order = message.salvage
+    world = message.world_size
+    if not order.writers or any(w >= world for w in order.writers) or len(set(order.writers)) != len(order.writers):
+        raise UserInputError(f"salvage writers {list(order.writers)} are not distinct ranks of a world of {world}")
+    return SalvageOrder(order.step, tuple(order.writers), order.deadline).to_json()
 
 
 def heartbeat_reply_from_pb(reply: pb.HeartbeatResponse) -> HeartbeatReply:
@@ -125,6 +144,8 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
         status.first_step_at = report.first_step_at
     if report.last_step_at is not None:
         status.last_step_at = report.last_step_at
+    if report.held is not None:
+        status.held_step = report.held.step
     return status
 
 
@@ -146,6 +167,11 @@ def report_to_pb(node: Registration, fact: UrgentFact | EvictionNotice) -> pb.Re
     request = pb.ReportEventRequest(node_name=node.node_name, incarnation=node.incarnation)
     if isinstance(fact, TrainerExited):
         request.trainer_exited.CopyFrom(pb.TrainerExited(trainer=trainer_status_to_pb(fact.report)))
+    elif isinstance(fact, PeerLost):
+        held = fact.report.held
+        assert held is not None  # a PeerLost is made only of a report that holds a step
+        failed = pb.CollectiveFailed(trainer=trainer_status_to_pb(fact.report), stage=held.stage, replica=held.replica)
+        request.collective_failed.CopyFrom(failed)
     elif isinstance(fact, CheckpointCommitted):
         committed = pb.CheckpointCommitted(job=fact.job_id, generation=fact.generation, step=fact.step)
         request.checkpoint_committed.CopyFrom(committed)

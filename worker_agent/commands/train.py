@@ -73,7 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         default=_default("timeout_seconds"),
-        help=f"collective timeout in seconds (default {_default('timeout_seconds'):g})",
+        help=f"rendezvous, checkpoint and evaluation waits in seconds (default {_default('timeout_seconds'):g})",
+    )
+    parser.add_argument(
+        "--peer-timeout-seconds",
+        type=float,
+        default=_default("peer_timeout_seconds"),
+        help="how long a training step's collective waits for a peer "
+        f"(default {_default('peer_timeout_seconds'):g}; above a step's time)",
     )
     parser.add_argument("--load-from", type=Path, help="start from this checkpoint instead of the newest")
     parser.add_argument("--run-dir", type=Path, help="job/layout files, progress-rank-R.jsonl, control/stop")
@@ -102,6 +109,7 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         "keep": args.keep,
         "background_checkpoint": args.background_checkpoint,
         "timeout_seconds": args.timeout_seconds,
+        "peer_timeout_seconds": args.peer_timeout_seconds,
     }
     return parse_job_spec(fields, what="job")
 

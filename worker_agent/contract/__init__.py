@@ -17,12 +17,14 @@ from worker_agent.contract.events import (
     CheckpointLoaded,
     CheckpointSkipped,
     CheckpointWritten,
+    CollectiveFailed,
     EvaluationCompleted,
     FailureKind,
     ProgressEvent,
     ProgressLineError,
     ProgressReader,
     ProgressRecord,
+    SalvageWritten,
     StepCompleted,
     TrainerFailed,
     TrainerStarted,
@@ -35,6 +37,7 @@ from worker_agent.contract.events import (
 )
 from worker_agent.contract.exit_codes import ExitCode
 from worker_agent.contract.files import AgentWorkDir, ControlDir, GenerationDir, TrainersDir, WarmSpool
+from worker_agent.contract.salvage import SalvageOrder
 
 __all__ = [
     "TRAINER_MODULE",
@@ -43,6 +46,7 @@ __all__ = [
     "CheckpointLoaded",
     "CheckpointSkipped",
     "CheckpointWritten",
+    "CollectiveFailed",
     "ControlDir",
     "EvaluationCompleted",
     "ExitCode",
@@ -52,6 +56,8 @@ __all__ = [
     "ProgressLineError",
     "ProgressReader",
     "ProgressRecord",
+    "SalvageOrder",
+    "SalvageWritten",
     "StepCompleted",
     "TrainerArguments",
     "TrainerFailed",
