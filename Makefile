@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CUDA build. GPU users: `make TORCH_SPEC=torch install` (pyproject keeps a range, not a pin).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-dev demo test test-gpu lint typecheck layers unit bench clean protos
+.PHONY: install install-dev demo test test-gpu soak lint typecheck layers unit bench clean protos
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ test: lint typecheck layers unit
 # Only the tests marked `gpu`: on a machine with CUDA (install the CUDA build: make TORCH_SPEC=torch ...).
 test-gpu: install-dev
 	$(VENV)/bin/pytest -q -m gpu -rs tests
+
+# The long variants (marked `soak`), which the default run skips.
+soak: install-dev
+	$(VENV)/bin/pytest -q -m soak -rs tests
 
 bench: install-dev
 	$(PY) bench/run_all.py

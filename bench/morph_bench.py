@@ -100,7 +100,7 @@ class Morph:
 
 def warm_pools_full(cluster: LocalCluster) -> bool:
     """Every live agent has a ready warm trainer per slot (trivially true when they keep none)."""
-    if cluster.env.get("SPOTMORPH_WARM_TRAINERS") == "0":
+    if cluster.env.get("SPOTMORPH_WARM_TRAINERS") in ("0", "off"):
         return True
     for vm in cluster.vms():
         if not vm.alive():

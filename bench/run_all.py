@@ -16,6 +16,7 @@ BENCHMARKS = (
     "bench.simulate_bench",
     "bench.runtime_bench",
     "bench.morph_bench",
+    "bench.warm_bench",
     "bench.controller_bench",
 )
 

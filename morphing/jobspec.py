@@ -62,7 +62,15 @@ class JobSpec(BaseModel):
     checkpoint_dir: str = Field(min_length=1, max_length=4096)
     keep: int = Field(default=3, ge=1, le=1000, description="committed checkpoints kept")
     background_checkpoint: bool = Field(default=False, description="write checkpoints while training goes on")
-    timeout_seconds: float = Field(default=20.0, gt=0, le=86_400, description="collective timeout")
+    timeout_seconds: float = Field(
+        default=20.0, gt=0, le=86_400, description="start-up, checkpoint and evaluation waits (rendezvous, load, write)"
+    )
+    peer_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=86_400,
+        description="a training step's collective: a peer silent this long is lost (keep it above a step's time)",
+    )
     priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
     profile: str | None = Field(
         default=None, min_length=1, max_length=4096, description="planner profile JSON; needed to submit"

@@ -188,6 +188,21 @@ class Layout:
             raise InvalidLayout(f"malformed layout: {exc!r}") from exc
 
 
+def default_micro_batch_size(global_batch: int, pipeline_stages: int, data_parallel: int) -> int:
+    """The micro-batch size ``spotmorph train`` runs when none is given.
+
+    One stage: the replica's whole share in one micro-batch. Splitting it gains nothing without a
+    pipeline to fill and costs a forward and a backward pass per micro-batch (smaller kernels, per-layer
+    overheads), so a single-stage layout micro-batches only when asked to, to save memory. P > 1 stages:
+    about 2P micro-batches per replica, so the pipeline's bubble is small. Results do not depend on it
+    (the batch invariant): only speed and memory do.
+    """
+    per_replica = -(-global_batch // max(1, data_parallel))
+    if pipeline_stages <= 1:
+        return max(1, per_replica)
+    return max(1, -(-per_replica // (2 * pipeline_stages)))
+
+
 def layout_problem(
     *, num_layers: int, pipeline_stages: int, data_parallel: int, micro_batch_size: int, global_batch: int
 ) -> str | None:

@@ -130,6 +130,13 @@ def check_step(field: str, value: int, steps: int) -> int:
     return value
 
 
+def check_finite(field: str, value: float, max_magnitude: float) -> float:
+    """A finite number no larger in magnitude than ``max_magnitude`` (a measurement: a loss, a duration)."""
+    if not math.isfinite(value) or abs(value) > max_magnitude:
+        raise InvalidField(field, f"{value!r} is not a finite number within +-{max_magnitude:g}")
+    return value
+
+
 def check_time(field: str, value: float) -> float:
     """Unix seconds: finite, not negative, not beyond :data:`LATEST_TIME`."""
     if not math.isfinite(value) or not 0 <= value <= LATEST_TIME:

@@ -139,6 +139,9 @@ class AgentService(rpc.AgentServicer):
             elif kind == "trainer_exited":
                 ranks = reports.exited(self.view, name, request.trainer_exited.trainer, seen.ranks)
                 await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks))
+            elif kind == "collective_failed":
+                ranks = reports.collective_failed(self.view, name, request.collective_failed, seen.ranks)
+                await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks))
             elif kind == "checkpoint_committed":
                 c = request.checkpoint_committed
                 reports.checkpoint(self.view, name, c)
@@ -149,6 +152,6 @@ class AgentService(rpc.AgentServicer):
                 await abort(
                     context,
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    "event: set one of eviction, trainer_exited, checkpoint_committed",
+                    "event: set one of eviction, trainer_exited, checkpoint_committed, collective_failed",
                 )
         return pb.ReportEventResponse(assignment=self._reply_assignment(name))

@@ -20,6 +20,7 @@ from morphing.validation import (
     MAX_PATH_LENGTH,
     InvalidField,
     check_address,
+    check_finite,
     check_name,
     check_step,
     check_text,
@@ -34,6 +35,7 @@ MAX_SLOTS = 1024
 MAX_ERROR_CHARACTERS = 2000  # a trainer's error (its message or its log's tail) is cut to this
 MAX_INSTANCE_ID = 256
 MAX_JOB_ID = 128
+MAX_LOSS = 1e30  # a loss larger in magnitude is a broken report, not a diverged model (that is inf or NaN)
 
 
 def known_job(view: StateView, field: str, job_id: str) -> JobRecord:
@@ -67,7 +69,39 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
             f"{field}.last_checkpoint_step",
             f"checkpoint step {status.last_checkpoint_step} is past the rank's last_step {status.last_step}",
         )
+    evaluation(field, status)
+    step_times(field, status)
+    if status.HasField("held_step") and not status.last_step <= status.held_step <= status.last_step + 1:
+        raise InvalidField(
+            f"{field}.held_step",
+            f"a rank holds its last completed step: {status.last_step} or the one in flight, not {status.held_step}",
+        )
     return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS))
+
+
+def evaluation(field: str, status: pb.TrainerStatus) -> None:
+    """An evaluation is a finite loss after a step the rank finished (no loss: no step, and the other way round)."""
+    has_loss = status.HasField("eval_loss")
+    if status.eval_step > status.last_step:
+        raise InvalidField(
+            f"{field}.eval_step", f"step {status.eval_step} is past the rank's last_step {status.last_step}"
+        )
+    if has_loss != (status.eval_step > 0):
+        raise InvalidField(f"{field}.eval_loss", "an evaluation needs both eval_loss and its eval_step (>= 1)")
+    if has_loss:
+        check_finite(f"{field}.eval_loss", status.eval_loss, MAX_LOSS)
+
+
+def step_times(field: str, status: pb.TrainerStatus) -> None:
+    """Wall-clock times of the rank's first and newest step: unix seconds, the first not after the newest."""
+    first = status.first_step_at if status.HasField("first_step_at") else None
+    last = status.last_step_at if status.HasField("last_step_at") else None
+    if first is not None:
+        check_time(f"{field}.first_step_at", first)
+    if last is not None:
+        check_time(f"{field}.last_step_at", last)
+    if first is not None and (last is None or first > last):
+        raise InvalidField(f"{field}.first_step_at", f"{first!r} needs a last_step_at at or after it (got {last!r})")
 
 
 def trainers(view: StateView, node: str, statuses: Any) -> tuple[RankReport, ...]:
@@ -98,6 +132,30 @@ def exited(
     kept = tuple(r for r in others if (r.job, r.generation, r.rank) != (rank.job, rank.generation, rank.rank))
     if len(kept) >= MAX_TRAINERS:
         raise Full(f"trainer_exited: this node already reports {len(kept)} trainers, the most it may")
+    return (*kept, rank)
+
+
+def collective_failed(
+    view: StateView, node: str, message: pb.CollectiveFailed, others: tuple[RankReport, ...]
+) -> tuple[RankReport, ...]:
+    """The node's ranks with this holding one replacing its earlier report; its stage and replica must be
+    the ones the current layout gives its rank (an older generation's report is kept and fenced later)."""
+    field = "collective_failed.trainer"
+    rank = trainer(view, node, field, message.trainer)
+    if rank.held_step is None or not rank.running:
+        raise InvalidField(field, "a rank whose collective failed is running and holds a step; set held_step")
+    job = known_job(view, f"{field}.job", rank.job)
+    if rank.generation == job.generation and job.layout is not None:
+        replica, stage = job.layout.coords(rank.rank)
+        if (message.stage, message.replica) != (stage, replica):
+            raise InvalidField(
+                "collective_failed.stage",
+                f"rank {rank.rank} is stage {stage}, replica {replica} of generation {job.generation}, "
+                f"not stage {message.stage}, replica {message.replica}",
+            )
+    kept = tuple(r for r in others if (r.job, r.generation, r.rank) != (rank.job, rank.generation, rank.rank))
+    if len(kept) >= MAX_TRAINERS:
+        raise Full(f"collective_failed: this node already reports {len(kept)} trainers, the most it may")
     return (*kept, rank)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport
+from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport, Salvage
 from controller.persistence.store import GenerationRow
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
@@ -45,11 +45,11 @@ def layout_to_pb(layout: Layout | None) -> pb.Layout | None:
 
 def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.Job:
     morphs = [
-        pb.Morph(generation=g.generation, cause=g.cause, seconds=g.morph_seconds or 0.0)
+        pb.Morph(generation=g.generation, cause=g.cause, seconds=g.morph_seconds or 0.0, pause_seconds=g.pause_seconds)
         for g in generations
         if g.morph_seconds is not None
     ]
-    return pb.Job(
+    message = pb.Job(
         id=job.id,
         name=job.spec.name,
         state=pb.JobState.Value(f"JOB_STATE_{job.state}"),
@@ -67,7 +67,11 @@ def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.J
         spec=spec_to_pb(job.spec),
         restarts=job.restarts,
         rendezvous_endpoint=job.rendezvous,
+        eval_step=job.eval_step,
     )
+    if job.eval_loss is not None:
+        message.eval_loss = job.eval_loss
+    return message
 
 
 def node_to_pb(node: NodeRecord) -> pb.Node:
@@ -107,7 +111,14 @@ def assignment_to_pb(
         spec=spec or spec_to_pb(assignment.spec),
         checkpoint_request=assignment.checkpoint_request,
         world_size=assignment.layout.world_size,
+        salvage=salvage_to_pb(assignment.salvage),
     )
+
+
+def salvage_to_pb(salvage: Salvage | None) -> pb.Salvage | None:
+    if salvage is None:
+        return None
+    return pb.Salvage(step=salvage.step, writers=list(salvage.writers), deadline=salvage.deadline)
 
 
 def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
@@ -121,4 +132,9 @@ def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
         last_step=status.last_step,
         last_checkpoint_step=status.last_checkpoint_step,
         error=error,
+        eval_step=status.eval_step,
+        eval_loss=status.eval_loss if status.HasField("eval_loss") else None,
+        first_step_at=status.first_step_at if status.HasField("first_step_at") else None,
+        last_step_at=status.last_step_at if status.HasField("last_step_at") else None,
+        held_step=status.held_step if status.HasField("held_step") else None,
     )

@@ -71,6 +71,10 @@ class ControllerSettings(BaseSettings):
     """Wait this long after node arrivals before admitting or growing jobs onto them."""
     stop_timeout_seconds: float = 120.0
     """A planned morph's STOP not done by then becomes ABORT."""
+    suspect_grace_seconds: float = Field(default=1.5, gt=0)
+    """After a survivor's collective failed: nodes of its generation silent this long are taken for lost."""
+    salvage_write_seconds: float = Field(default=30.0, gt=0)
+    """A just-in-time checkpoint of an unplanned loss not committed by then is given up (periodic fallback)."""
     checkpoint_request_seconds: float = 0.0
     """Ask running jobs for a checkpoint this often (0: off; trainers checkpoint every N steps anyway)."""
     rendezvous_port_base: int = 29500

@@ -1,9 +1,10 @@
 """One picture of a job over time, from the controller's event log: a self-contained HTML page.
 
 Pure: events (as ``spotmorph events --json`` prints them) in, HTML with inline SVG out. Panels share
-the time axis: nodes available, samples/s between checkpoints, and the generations as bands labelled
-with their layout; evictions, losses and arrivals are marked on the nodes panel, checkpoints on
-the throughput panel.
+the time axis: nodes available, samples/s between checkpoints, the generations as bands labelled
+with their layout, and the evaluation loss; evictions, losses and arrivals are marked on the nodes
+panel, checkpoints on the throughput panel, and on the generations panel the pause each morph caused
+(from ``TrainingResumed``: the last step before it to the first after it, on the trainers' clocks).
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ class Generation:
     cause: str
 
 
+@dataclass(frozen=True)
+class Pause:
+    generation: int
+    start: float  # the last step before the morph (trainers' clock)
+    end: float  # the new generation's first step
+    seconds: float
+    decision_seconds: float | None  # the controller's part: the morph's start to the generation's issue
+
+
 @dataclass
 class Timeline:
     job: str
@@ -35,6 +45,8 @@ class Timeline:
     checkpoints: list[tuple[float, int]] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
     marks: list[tuple[float, str, str]] = field(default_factory=list)  # (time, kind, node)
+    pauses: list[Pause] = field(default_factory=list)
+    evaluations: list[tuple[float, int, float]] = field(default_factory=list)  # (time, step, eval loss)
 
 
 def build(events: Iterable[Mapping[str, Any]], job: str, global_batch: int) -> Timeline:
@@ -77,9 +89,26 @@ def build(events: Iterable[Mapping[str, Any]], job: str, global_batch: int) -> T
                 rate = (step - last_checkpoint[1]) * global_batch / (at - last_checkpoint[0])
                 timeline.throughput.append((last_checkpoint[0], at, rate))
             last_checkpoint = (at, step)
+        elif kind == "EvaluationCompleted":
+            timeline.evaluations.append((at, int(data.get("step", 0)), float(data.get("loss", 0.0))))
+        elif kind == "TrainingResumed":
+            timeline.pauses.append(_pause(data, at))
     if times:
         timeline.start, timeline.end = min(times), max(times)
     return timeline
+
+
+def _pause(data: Mapping[str, Any], at: float) -> Pause:
+    seconds = float(data.get("pause_seconds", 0.0))
+    end = float(data.get("resumed_at", at))
+    decision = data.get("decision_seconds")
+    return Pause(
+        int(data.get("generation", 0)),
+        float(data.get("paused_since", end - seconds)),
+        end,
+        seconds,
+        None if decision is None else float(decision),
+    )
 
 
 def render_html(timeline: Timeline, title: str) -> str:
@@ -91,11 +120,12 @@ def render_html(timeline: Timeline, title: str) -> str:
     panels = [
         _panel("nodes available", _nodes(timeline, x), 0),
         _panel("samples/s (between checkpoints)", _throughput(timeline, x), 1),
-        _panel("generations (P x D)", _generations(timeline, x), 2),
+        _panel("generations (P x D); grey: training paused by a morph", _generations(timeline, x), 2),
+        _panel("eval loss", _evaluations(timeline, x), 3),
     ]
-    axis = _axis(timeline, x, 3 * PANEL)
+    axis = _axis(timeline, x, 4 * PANEL)
     body = "\n".join(panels) + axis
-    height = 3 * PANEL + 40
+    height = 4 * PANEL + 40
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title>"
@@ -175,6 +205,35 @@ def _generations(timeline: Timeline, x: Any) -> str:
             f"({html.escape(generation.cause)})</title></rect>"
             f"<text x='{left + 3:.1f}' y='64'>{html.escape(label)}</text>"
         )
+    for pause in timeline.pauses:
+        left, width = x(pause.start), max(x(pause.end) - x(pause.start), 1)
+        decided = "" if pause.decision_seconds is None else f", decided in {pause.decision_seconds:.1f} s"
+        parts.append(
+            f"<rect x='{left:.1f}' y='92' width='{width:.1f}' height='12' fill='#7f8c8d' opacity='0.9'>"
+            f"<title>training paused {pause.seconds:.1f} s before generation {pause.generation}{decided}</title></rect>"
+        )
+    return "".join(parts)
+
+
+def _evaluations(timeline: Timeline, x: Any) -> str:
+    if not timeline.evaluations:
+        return f"<text x='{MARGIN + 6}' y='40'>no evaluation reported (eval_interval 0 or no step yet)</text>"
+    losses = [loss for _, _, loss in timeline.evaluations]
+    low, high = min(losses), max(losses)
+    spread = (high - low) or max(abs(high), 1.0)
+
+    def y(loss: float) -> float:
+        return 10 + (PANEL - 30) * (0.9 - 0.8 * (loss - low) / spread)
+
+    points = " ".join(f"{x(at):.1f},{y(loss):.1f}" for at, _, loss in timeline.evaluations)
+    parts = [f"<polyline fill='none' stroke='#8e44ad' stroke-width='2' points='{points}'/>"]
+    for at, step, loss in timeline.evaluations:
+        parts.append(
+            f"<circle cx='{x(at):.1f}' cy='{y(loss):.1f}' r='3' fill='#8e44ad'>"
+            f"<title>eval loss {loss:.4f} at step {step}</title></circle>"
+        )
+    parts.append(f"<text x='{MARGIN - 6}' y='{y(high) + 4:.1f}' text-anchor='end'>{high:.3g}</text>")
+    parts.append(f"<text x='{MARGIN - 6}' y='{y(low) + 4:.1f}' text-anchor='end'>{low:.3g}</text>")
     return "".join(parts)
 
 

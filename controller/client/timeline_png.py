@@ -1,4 +1,4 @@
-"""The timeline as a PNG (matplotlib, Agg backend): the same three panels as the HTML page.
+"""The timeline as a PNG (matplotlib, Agg backend): the same four panels as the HTML page.
 
 Kept apart from ``timeline`` so the HTML path needs no plotting library; matplotlib comes with the
 ``plot`` extra (``pip install 'spotmorph[plot]'``) and with the dev extra.
@@ -34,7 +34,7 @@ def render_png(timeline: Timeline, title: str, out: Path) -> None:
         return at - start
 
     end = t(timeline.end) if timeline.end > start else 1.0
-    figure, (nodes, rate, bands) = plt.subplots(3, 1, sharex=True, figsize=(10, 6.5), constrained_layout=True)
+    figure, (nodes, rate, bands, evals) = plt.subplots(4, 1, sharex=True, figsize=(10, 8.5), constrained_layout=True)
     figure.suptitle(title)
     if timeline.nodes:
         xs = [t(at) for at, _ in timeline.nodes] + [end]
@@ -60,10 +60,15 @@ def render_png(timeline: Timeline, title: str, out: Path) -> None:
         bands.axvspan(t(generation.start), t(until), color=colour, alpha=0.7)
         label = f"g{generation.number} {generation.layout.split(' (')[0]}"
         bands.text(t(generation.start), 0.5, label, rotation=90, va="center", fontsize="small")
+    for pause in timeline.pauses:
+        bands.axvspan(t(pause.start), t(pause.end), ymin=0.0, ymax=0.12, color="#7f8c8d", alpha=0.9)
     bands.set_yticks([])
-    bands.set_ylabel("generations (P x D)")
-    bands.set_xlabel("seconds since the first event")
-    bands.set_xlim(0, end)
+    bands.set_ylabel("generations (P x D)\ngrey: paused")
+    if timeline.evaluations:
+        evals.plot([t(at) for at, _, _ in timeline.evaluations], [loss for _, _, loss in timeline.evaluations], "o-")
+    evals.set_ylabel("eval loss")
+    evals.set_xlabel("seconds since the first event")
+    evals.set_xlim(0, end)
     try:
         figure.savefig(out, format="png", dpi=100)
     except OSError as exc:

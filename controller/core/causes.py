@@ -16,5 +16,17 @@ class MorphCause(StrEnum):
     NODE_LOST = "node_lost"  # one of its nodes stopped beating or was released: ABORT
     TRAINER_START_FAILED = "start_failed"  # trainers could not start on some nodes: re-planned without them
     TRAINER_FAILED = "trainer_failed"  # trainers exited with an error: restarted, up to max_restarts
+    COLLECTIVE_FAILED = "collective_failed"  # a survivor's collective failed (a peer lost without notice)
     GROW = "grow"  # free nodes whose extra throughput pays for the morph
     OTHER = "other"  # generations stored before causes were, whose detail names none of the above
+
+
+class SalvageOutcome(StrEnum):
+    """What became of the just-in-time checkpoint of an unplanned loss (the ``reason`` of its events)."""
+
+    COMMITTED = "committed"  # the writers wrote the held step and it was committed: only the step in flight is lost
+    ALREADY_COMMITTED = "already_committed"  # the survivors hold a step already checkpointed: nothing to write
+    STAGE_LOST = "stage_lost"  # some stage lost every replica: resume from the newest periodic checkpoint
+    NO_COMMON_STEP = "no_common_step"  # the stages' survivors hold different steps
+    WRITER_FAILED = "writer_failed"  # a writer died or failed during the write: resume from the newest checkpoint
+    TIMED_OUT = "timed_out"  # not committed by the deadline

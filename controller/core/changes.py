@@ -50,7 +50,17 @@ NODE_ENTERING: Mapping[NodeState, Entering] = {
 
 JOB_ENTERING: Mapping[JobState, Entering] = {
     J.QUEUED: Entering(),  # keeps morph_started_at: a morph that waits for capacity counts the wait
-    J.RUNNING: Entering(sets={"action": Action.RUN, "morph_started_at": None}, requires=("generation", "layout")),
+    J.RUNNING: Entering(  # a new generation: no salvage of the last one pending
+        sets={
+            "action": Action.RUN,
+            "morph_started_at": None,
+            "suspected": (),
+            "salvage_step": 0,
+            "salvage_writers": (),
+            "salvage_deadline": 0.0,
+        },
+        requires=("generation", "layout"),
+    ),
     J.MORPHING: Entering(stamps=("morph_started_at",), requires=("action", "morph_cause")),
     J.SUCCEEDED: Entering(),
     J.FAILED: Entering(),

@@ -64,6 +64,15 @@ class RecordCheckpoint:
 
 
 @dataclass(frozen=True)
+class RecordPause:
+    """Generation ``generation`` of ``job_id`` completed its first step ``seconds`` after the last step before it."""
+
+    job_id: str
+    generation: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class RecordEvent:
     """A past-tense fact for the event log (``NodeRegistered``, ``EvictionNoticed``, ...)."""
 
@@ -95,6 +104,7 @@ Command = (
     | SetNodeSeq
     | StartGeneration
     | RecordCheckpoint
+    | RecordPause
     | RecordEvent
     | ReleaseInstance
     | RequestCapacity

@@ -13,9 +13,15 @@ class EventKind(StrEnum):
     NODE_HELD = "NodeHeld"  # came back soon after being LOST: waits in JOINING before it gets work
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
+    EVALUATION_COMPLETED = "EvaluationCompleted"  # a generation's trainers reported a new eval loss
+    TRAINING_RESUMED = "TrainingResumed"  # a new generation's first step: the pause its morph caused
     EVICTION_NOTICED = "EvictionNoticed"
     EVICTION_WITHDRAWN = "EvictionWithdrawn"
     TRAINER_START_FAILED = "TrainerStartFailed"
+    COLLECTIVE_FAILED = "CollectiveFailed"  # the first survivor's report of an unplanned loss
+    NODES_SUSPECTED = "NodesSuspected"  # not heard from within the grace after it: left out of the next generation
+    SALVAGE_ORDERED = "SalvageOrdered"  # writers chosen for the just-in-time checkpoint
+    SALVAGE_ENDED = "SalvageEnded"  # committed, or why the job falls back to its newest periodic checkpoint
     GROWTH_DECLINED = "GrowthDeclined"
     REPORT_REFUSED = "ReportRefused"  # deciding on a node's report failed; it was set aside
     DECISIONS_RESUMED = "DecisionsResumed"  # the first decision after decisions had failed

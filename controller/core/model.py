@@ -17,6 +17,7 @@ from controller.core.commands import (
     Command,
     RecordCheckpoint,
     RecordEvent,
+    RecordPause,
     ReleaseInstance,
     RequestCapacity,
     SetJob,
@@ -25,7 +26,7 @@ from controller.core.commands import (
     StartGeneration,
 )
 from controller.core.observations import NodeObservation, RankReport
-from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, ranks_by_node
+from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, Salvage, ranks_by_node
 
 __all__ = [
     "Action",
@@ -39,8 +40,10 @@ __all__ = [
     "RankReport",
     "RecordCheckpoint",
     "RecordEvent",
+    "RecordPause",
     "ReleaseInstance",
     "RequestCapacity",
+    "Salvage",
     "SetJob",
     "SetNode",
     "SetNodeSeq",

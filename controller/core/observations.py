@@ -20,6 +20,11 @@ class RankReport:
     last_step: int = 0
     last_checkpoint_step: int = 0
     error: str = ""
+    eval_step: int = 0  # the step of its newest evaluation (0: none yet)
+    eval_loss: float | None = None
+    first_step_at: float | None = None  # the node's wall clock when this rank completed its first step
+    last_step_at: float | None = None  # ... and ``last_step``
+    held_step: int | None = None  # its collective failed: the last completed step it holds in memory
 
 
 @dataclass(frozen=True)

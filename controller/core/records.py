@@ -17,6 +17,7 @@ class Action(StrEnum):
     RUN = "RUN"
     STOP = "STOP"  # agree on the next step boundary, checkpoint, exit 0
     ABORT = "ABORT"  # exit now: a peer is gone and collectives would hang
+    HOLD = "HOLD"  # a collective failed: survivors hold their last completed step; named writers write it
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,16 @@ class JobRecord:
     excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
     growth_declined: str = ""  # the (generation, free nodes) whose growth was last declined: said once
     idempotency_key: str | None = None  # the key its SubmitJob carried: a retry with it gets this job back
+    eval_step: int = 0  # the step of the newest evaluation reported (0: none yet)
+    eval_loss: float | None = None  # its mean loss over the eval dataset (the same in every layout)
+    last_step_at: float | None = None  # trainers' wall clock when the newest step reported was completed
+    paused_since: float | None = None  # while generation's first step is awaited: the last step before the pause
+    decision_seconds: float | None = None  # how long the controller took to issue the current generation
+    # an unplanned loss (action HOLD): the nodes not heard from since the failure, and the salvage ordered
+    suspected: tuple[str, ...] = ()
+    salvage_step: int = 0  # the step the writers write (0: none ordered yet)
+    salvage_writers: tuple[int, ...] = ()  # one rank per stage, in stage order
+    salvage_deadline: float = 0.0  # nothing is written after it; the controller falls back then
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -85,6 +96,15 @@ def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:
     for rank, slot in enumerate(layout.placement):
         found.setdefault(slot.node, []).append(rank)
     return {name: tuple(ranks) for name, ranks in found.items()}
+
+
+@dataclass(frozen=True)
+class Salvage:
+    """The just-in-time checkpoint the holding survivors of a generation write."""
+
+    step: int
+    writers: tuple[int, ...]
+    deadline: float
 
 
 @dataclass(frozen=True)
@@ -104,3 +124,4 @@ class Assignment:
     entrypoint: str
     spec: JobSpec
     checkpoint_request: int
+    salvage: Salvage | None = None

@@ -23,7 +23,7 @@ from controller.shell.latency import BOUNDS
 from controller.shell.views import MetricsSnapshot, StateView
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-MORPH_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+MORPH_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 def provider_error(kind: str) -> bool:
@@ -68,32 +68,53 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     rate = GaugeMetricFamily(
         "spotmorph_job_samples_per_second", "Samples/s measured in the running generation", labels=["job"]
     )
+    eval_loss = GaugeMetricFamily(
+        "spotmorph_job_eval_loss", "Mean loss over the eval dataset at the newest evaluation", labels=["job"]
+    )
+    eval_step = GaugeMetricFamily("spotmorph_job_eval_step", "Step of the newest evaluation", labels=["job"])
     for job in snapshot.jobs:
         lost.add_metric([job.id], job.steps_lost)
+        if job.eval_loss is not None:
+            eval_loss.add_metric([job.id], job.eval_loss)
+            eval_step.add_metric([job.id], job.eval_step)
         elapsed = snapshot.now - job.state_since
         if job.state is JobState.RUNNING and elapsed > 0 and job.step > job.resume_step:
             rate.add_metric([job.id], (job.step - job.resume_step) * job.spec.global_batch / elapsed)
     yield lost
     yield rate
+    yield eval_loss
+    yield eval_step
 
 
 def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     counts: Counter[str] = Counter()
     durations: list[float] = []
+    pauses: list[float] = []
     for row in snapshot.generations:
         if row.generation <= 1:
             continue
         counts[str(row.morph_cause)] += 1  # the stored label, never the words
         if row.morph_seconds is not None:
             durations.append(row.morph_seconds)
+        if row.pause_seconds is not None:
+            pauses.append(row.pause_seconds)
     morphs = CounterMetricFamily("spotmorph_morphs", "Morphs (generations after the first) by cause", labels=["cause"])
     for cause, count in sorted(counts.items()):
         morphs.add_metric([cause], count)
     yield morphs
-    buckets = [(bound, sum(1 for d in durations if d <= bound)) for bound in MORPH_BUCKETS]
-    yield _histogram(
-        "spotmorph_morph_seconds", "Morph durations", [*buckets, (float("inf"), len(durations))], sum(durations)
+    yield _seconds_histogram(
+        "spotmorph_morph_seconds", "Morph decision times (start of the morph to the new generation's issue)", durations
     )
+    yield _seconds_histogram(
+        "spotmorph_morph_pause_seconds",
+        "Pauses training felt (last step before a morph to the first step after it, trainers' clocks)",
+        pauses,
+    )
+
+
+def _seconds_histogram(name: str, documentation: str, values: list[float]) -> Metric:
+    buckets = [(bound, sum(1 for v in values if v <= bound)) for bound in MORPH_BUCKETS]
+    return _histogram(name, documentation, [*buckets, (float("inf"), len(values))], sum(values))
 
 
 def _cumulative(counts: Sequence[int], bounds: tuple[float, ...]) -> list[tuple[float, int]]:

@@ -36,6 +36,7 @@ class GenerationRow:
     morph_seconds: float | None
     issued_at: float
     morph_cause: MorphCause  # the label metrics count by
+    pause_seconds: float | None = None  # last step before the morph to the first after it (None: not yet)
 
 
 def node_to_dict(node: NodeRecord) -> dict[str, Any]:
@@ -78,6 +79,15 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "excluded_nodes": list(job.excluded_nodes),
         "growth_declined": job.growth_declined,
         "idempotency_key": job.idempotency_key,
+        "eval_step": job.eval_step,
+        "eval_loss": job.eval_loss,
+        "last_step_at": job.last_step_at,
+        "paused_since": job.paused_since,
+        "decision_seconds": job.decision_seconds,
+        "suspected": list(job.suspected),
+        "salvage_step": job.salvage_step,
+        "salvage_writers": list(job.salvage_writers),
+        "salvage_deadline": job.salvage_deadline,
     }
 
 
@@ -94,12 +104,16 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     # which generation 0 names (step-NNNNNNNN).
     fields["resume_generation"] = data.get("resume_generation", 0)
     fields["last_checkpoint_generation"] = data.get("last_checkpoint_generation", 0)
+    fields["suspected"] = tuple(data.get("suspected", ()))  # absent in rows written before unplanned-loss salvage
+    fields["salvage_writers"] = tuple(data.get("salvage_writers", ()))
     return JobRecord(**fields)
 
 
 def generation_from_row(row: Row[Any]) -> GenerationRow:
     r, cause = row, MorphCause(row.morph_cause)
-    return GenerationRow(r.job, r.generation, r.layout, r.resume_step, r.cause, r.morph_seconds, r.issued_at, cause)
+    return GenerationRow(
+        r.job, r.generation, r.layout, r.resume_step, r.cause, r.morph_seconds, r.issued_at, cause, r.pause_seconds
+    )
 
 
 def event_from_row(row: Row[Any]) -> EventRow:

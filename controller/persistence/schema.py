@@ -27,7 +27,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -65,6 +65,7 @@ generations = Table(
     Column("morph_seconds", Float),
     Column("issued_at", Float, nullable=False),
     Column("morph_cause", String),  # a MorphCause value; added by _v3 (nullable, as SQLite adds columns)
+    Column("pause_seconds", Float),  # the pause training felt (added by _v5; NULL until the first step)
 )
 assignments = Table(
     "assignments",
@@ -162,7 +163,14 @@ def _v4(conn: Connection) -> None:
         conn.execute(meta.insert().values(key="node_seq", value=str(max(found, default=0))))
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4)
+def _v5(conn: Connection) -> None:
+    """The pause a morph caused, beside its decision time (older generations have none: NULL)."""
+    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(generations)"))}
+    if "pause_seconds" not in columns:  # _v1 builds today's tables, so a database born at v5 has it
+        conn.execute(text("ALTER TABLE generations ADD COLUMN pause_seconds FLOAT"))
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -26,6 +26,7 @@ from controller.core.model import (
     NodeRecord,
     RecordCheckpoint,
     RecordEvent,
+    RecordPause,
     SetJob,
     SetNode,
     SetNodeSeq,
@@ -235,6 +236,9 @@ def _write(conn: Connection, command: Command) -> None:
             .values(job=command.job_id, step=command.step, generation=command.generation, committed_at=command.at)
             .on_conflict_do_nothing()
         )
+    elif isinstance(command, RecordPause):
+        where = (generations.c.job == command.job_id) & (generations.c.generation == command.generation)
+        conn.execute(generations.update().where(where).values(pause_seconds=command.seconds))
     elif isinstance(command, RecordEvent):
         _event(conn, command.at, command.kind, command.job, command.node, dict(command.data))
 

@@ -25,6 +25,7 @@ from controller.core import capacity, intake
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import (
+    Action,
     Command,
     JobRecord,
     NodeObservation,
@@ -60,7 +61,16 @@ def _essence(seen: NodeObservation | None) -> object:
     if seen is None:
         return None
     ranks = sorted(
-        (r.job, r.generation, r.rank, r.running, r.exit_code is None, r.exit_code or 0, r.last_checkpoint_step)
+        (
+            r.job,
+            r.generation,
+            r.rank,
+            r.running,
+            r.exit_code is None,
+            r.exit_code or 0,
+            r.last_checkpoint_step,
+            r.held_step or -1,
+        )
         for r in seen.ranks
     )  # exit_code None and a number never compared: a node may report a rank twice
     return (seen.incarnation, seen.eviction_not_before, tuple(ranks))
@@ -321,7 +331,8 @@ class Runner:
         self._fresh.add(name)
         node = self.nodes.get(name)
         joining = node is not None and node.state.value == "JOINING"
-        if joining or _essence(previous) != _essence(seen):
+        holding = any(j.action is Action.HOLD for j in self.jobs.values())  # a salvage's grace and writes are timed
+        if joining or holding or _essence(previous) != _essence(seen):
             await self._reconcile_soon()
         refused = self._refused.pop(name, None)
         if refused is not None and refused[0] is seen:

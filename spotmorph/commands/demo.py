@@ -118,16 +118,18 @@ def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
     progress = cluster.rank_progress(job)
     issued = [e for e in cluster.events(job) if e["kind"] == "GenerationIssued"]
     seconds = {m["generation"]: m["seconds"] for m in final["morphs"]}
-    print("\nmorph timeline")
-    print(f"  {'gen':>3}  {'layout':<18} {'resumed at':>10} {'steps lost':>10} {'morph s':>8}  cause")
+    pauses = {m["generation"]: m["pause_seconds"] for m in final["morphs"]}
+    print("\nmorph timeline (paused: last step before the morph to the first after it; decided: the controller's part)")
+    print(f"  {'gen':>3}  {'layout':<18} {'resumed at':>10} {'steps lost':>10} {'paused s':>8} {'decided s':>9}  cause")
     for event in issued:
         data = event["data"]
         generation = int(data["generation"])
         lost = max(0, last_step(progress.get(generation - 1, [])) - int(data["resume_step"])) if generation > 1 else 0
-        morph = seconds.get(generation)
+        morph, pause = seconds.get(generation), pauses.get(generation)
+        paused, decided = ("" if s is None else f"{s:.1f}" for s in (pause, morph))
         print(
             f"  {generation:>3}  {data['layout']:<18} {data['resume_step']:>10} {lost:>10} "
-            f"{'' if morph is None else f'{morph:.1f}':>8}  {data['cause']}"
+            f"{paused:>8} {decided:>9}  {data['cause']}"
         )
     last = progress.get(int(final["generation"]), [])
     losses = [e.loss for e in events_of(last, StepCompleted)]

@@ -5,7 +5,8 @@ N agent processes with K CPU slots each, and writes the client context so that p
 jobs`` talks to it. ``preempt`` announces an eviction through the same IMDS protocol Azure uses;
 when its ``NotBefore`` passes (or the agent acknowledges it) the platform kills the "VM". ``kill``
 ends a VM without notice; ``replay`` drives adds and evictions from a trace; ``down`` stops
-everything and removes the cluster's files. The work is done in :mod:`spotmorph.local`.
+everything and removes the cluster's files. With ``up --netns`` every VM is a network namespace, and
+``partition``, ``heal`` and ``netem`` break and slow its links. The work is done in :mod:`spotmorph.local`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import argparse
 from pathlib import Path
 
 from morphing.errors import UserInputError
-from spotmorph.local import cluster, platform, replay
+from spotmorph.local import cluster, faults, platform, replay
+from spotmorph.local.network import PartitionFrom
 from spotmorph.local.provider import kill_vm
 
 
@@ -25,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--slots", type=int, default=2, help="CPU slots per node (default 2)")
     up.add_argument("--heartbeat-expiry", type=float, default=6.0, help="seconds before a silent node is LOST")
     up.add_argument("--debounce", type=float, default=3.0, help="seconds to wait after arrivals before growing")
+    up.add_argument(
+        "--netns",
+        action="store_true",
+        help="every VM a network namespace on a bridge (root; see docs/local-cluster.md)",
+    )
+    up.add_argument("--subnet", help="the --netns cluster's /24 (default: a free one of 10.77.0.0/16)")
     add = sub.add_parser("add", help="add nodes")
     add.add_argument("count", type=int, nargs="?", default=1)
     preempt = sub.add_parser("preempt", help="evict a node with notice (Scheduled Events)")
@@ -37,25 +45,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trace.add_argument("--speedup", type=float, default=60.0, help="trace seconds per wall second")
     trace.add_argument("--max-nodes", type=int, default=4, help="scale the trace to at most this many nodes")
     trace.add_argument("--notice", type=float, default=30.0, help="eviction notice in trace seconds (0: kill)")
-    sub.add_parser("down", help="stop everything and clean up")
+    partition = sub.add_parser("partition", help="cut a --netns node off the network (until `heal`)")
+    partition.add_argument("node")
+    partition.add_argument(
+        "--from", dest="cut_from", choices=[k.value for k in PartitionFrom], default=PartitionFrom.ALL.value
+    )
+    heal = sub.add_parser("heal", help="undo a node's partition and netem")
+    heal.add_argument("node")
+    netem = sub.add_parser("netem", help="delay, drop or rate-limit a --netns node's traffic (tc netem)")
+    netem.add_argument("node")
+    netem.add_argument("--delay", type=float, metavar="MS")
+    netem.add_argument("--loss", type=float, metavar="PCT")
+    netem.add_argument("--rate", type=float, metavar="MBIT")
+    sub.add_parser("down", help="stop everything and clean up (also after a crash)")
     hidden = sub.add_parser("platform", help=argparse.SUPPRESS)
     hidden.add_argument("--cluster-dir", type=Path, required=True)
+    hidden.add_argument("--host", default="127.0.0.1")
     hidden.add_argument("--port", type=int, required=True)
 
 
 def run(args: argparse.Namespace) -> int:
     action = args.local_command
     if action == "platform":
-        return platform.serve(args.cluster_dir, args.port)
+        return platform.serve(args.cluster_dir, args.port, args.host)
     if action == "up":
-        options = cluster.UpOptions(args.nodes, args.slots, args.heartbeat_expiry, args.debounce)
+        options = cluster.UpOptions(
+            args.nodes, args.slots, args.heartbeat_expiry, args.debounce, args.netns, args.subnet
+        )
         context, names = cluster.up(options)
         nodes = ", ".join(names) or "none"
-        print(f"local cluster up: controller {context.controller}, nodes {nodes} ({options.slots} slots each)")
+        where = " in network namespaces" if options.netns else ""
+        print(f"local cluster up: controller {context.controller}, nodes {nodes}{where} ({options.slots} slots each)")
         print(f"files in {context.cluster_dir}; try `spotmorph nodes`, `spotmorph submit examples/tiny_gpt.yaml`")
+        return 0
+    if action == "down":
+        removed = cluster.down()
+        network = f" (removed {len(removed)} namespaces and links)" if removed else ""
+        print(f"local cluster stopped and cleaned up{network}")
         return 0
     context = cluster.require_context()
     provider = cluster.provider_of(context)
+    if action in {"partition", "heal", "netem"}:
+        print(faults.run(provider, args))
+        return 0
     if action == "add":
         if args.count < 1:
             raise UserInputError(f"add {args.count}: add at least 1 node")
@@ -74,7 +106,4 @@ def run(args: argparse.Namespace) -> int:
         trace = replay.load_trace(args.trace)
         scaling = replay.ReplayOptions(args.speedup, args.max_nodes, args.notice)
         replay.replay(trace, provider, context.imds_url, scaling, say=lambda line: print(line, flush=True))
-    else:
-        cluster.down(context)
-        print("local cluster stopped and cleaned up")
     return 0

@@ -3,6 +3,11 @@
 ``up`` starts a controller on loopback with generated tokens, the platform (a Scheduled Events
 service) and N agent processes, and writes the client context, so that plain ``spotmorph jobs`` talks
 to the cluster; ``down`` stops every process and removes the cluster's files and the context.
+
+With ``netns`` every VM is a network namespace on a bridge (:mod:`spotmorph.local.netns`): the
+controller and the platform listen on the bridge's addresses, each agent runs in its namespace and
+advertises that namespace's address. ``down`` also removes the namespaces, veths and bridge, after a
+crash too (from the cluster's record and by its name prefix).
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from pathlib import Path
 
 from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
 from morphing.errors import UserInputError
-from spotmorph.local import platform
+from spotmorph.local import netns, platform
 from spotmorph.local.layout import ClusterDir
+from spotmorph.local.netns import leftovers
+from spotmorph.local.network import prefix_of
 from spotmorph.local.processes import alive, free_port, read_pid, spawn, terminate, wait_for
 from spotmorph.local.provider import LocalProcessProvider, LocalVm, kill_vm
 
@@ -31,6 +38,8 @@ class UpOptions:
     slots: int = 2  # CPU slots per node
     heartbeat_expiry: float = 6.0  # seconds before a silent node is LOST
     debounce: float = 3.0  # seconds to wait after arrivals before growing
+    netns: bool = False  # every VM a network namespace on a bridge
+    subnet: str | None = None  # the --netns cluster's /24 (None: a free one of 10.77.0.0/16)
 
     def check(self) -> None:
         if self.nodes < 0 or self.slots < 1:
@@ -77,20 +86,30 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
     """Start a cluster in ``home/local`` (default ``$SPOTMORPH_HOME``); returns its context and node names."""
     options.check()
     home = home or spotmorph_home()
+    cluster = ClusterDir.of_home(home)
+    if options.netns:
+        netns.require_rights(cluster.root)
     existing = read_context(home)
     if existing is not None and existing.cluster_dir and _controller_alive(ClusterDir(Path(existing.cluster_dir))):
         raise UserInputError("a local cluster is already up; run `spotmorph local down` first")
-    cluster = ClusterDir.of_home(home)
+    netns.teardown(cluster)  # the namespaces and links a crashed --netns cluster of this home left behind
     shutil.rmtree(cluster.root, ignore_errors=True)
     cluster.state.mkdir(parents=True)
+    host = platform_host = "127.0.0.1"
+    if options.netns:
+        plan = netns.make_network(cluster, options.subnet)
+        host, platform_host = plan.controller_address, plan.platform_address
     controller_port, imds_port = free_port(), free_port()
-    address = f"127.0.0.1:{controller_port}"
+    address = f"{host}:{controller_port}"
     cluster.controller_settings.write_text(json.dumps(controller_settings(options, free_port())))
     controller = [sys.executable, "-m", "spotmorph.cli", "controller", "--state-dir", str(cluster.state)]
     controller += ["--listen", address, "--config", str(cluster.controller_settings)]
+    if options.netns:
+        controller.append("--allow-plaintext")  # the cluster's own bridge, on this machine only
     cluster.controller_command.write_text(json.dumps(controller))
     start_controller(cluster)
-    cluster.platform_pid.write_text(str(spawn(platform.command(cluster, imds_port), cluster.platform_log)))
+    platform_command = platform.command(cluster, imds_port, platform_host)
+    cluster.platform_pid.write_text(str(spawn(platform_command, cluster.platform_log)))
     wait_for(
         lambda: cluster.operator_token.exists() and cluster.agent_token.exists(),
         60,
@@ -101,7 +120,7 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
         controller=address,
         token_file=str(cluster.operator_token),
         cluster_dir=str(cluster.root),
-        imds_url=f"http://127.0.0.1:{imds_port}",
+        imds_url=f"http://{platform_host}:{imds_port}",
         agent_token_file=str(cluster.agent_token),
         slots=options.slots,
     )
@@ -128,12 +147,26 @@ def start_controller(cluster: ClusterDir, env: Mapping[str, str] | None = None) 
     return pid
 
 
-def down(context: Context, home: Path | None = None) -> None:
-    """Stop the controller, the platform, every agent and trainer; remove the files and the context."""
-    cluster = ClusterDir(Path(context.cluster_dir))
-    for pid_file in (cluster.controller_pid, cluster.platform_pid):
-        terminate(read_pid(pid_file))
-    for vm in provider_of(context).vms():
-        kill_vm(vm)
+def down(home: Path | None = None) -> list[str]:
+    """Stop the controller, the platform, every agent and trainer; remove the network (``--netns``), the
+    files and the context. Works after a crash too, context or not; returns the namespaces and links removed.
+
+    A UserInputError when there is nothing at all to stop or remove."""
+    home = home or spotmorph_home()
+    context = read_context(home)
+    cluster = ClusterDir(Path(context.cluster_dir)) if context and context.cluster_dir else ClusterDir.of_home(home)
+    if context is None and not cluster.root.exists() and not any(leftovers(prefix_of(cluster.root))):
+        raise UserInputError("no local cluster is up; start one with `spotmorph local up`")
+    removed = _stop_everything(cluster)
     remove_context(home)
     shutil.rmtree(cluster.root, ignore_errors=True)
+    return removed
+
+
+def _stop_everything(cluster: ClusterDir) -> list[str]:
+    """End the cluster's processes, then remove its namespaces and links (whatever of them exists)."""
+    for pid_file in (cluster.controller_pid, cluster.platform_pid):
+        terminate(read_pid(pid_file))
+    for vm in cluster.vm_dirs():
+        kill_vm(LocalVm(vm.path))
+    return netns.teardown(cluster)

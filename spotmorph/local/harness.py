@@ -143,6 +143,7 @@ class LocalCluster:
         self.env = cluster_env(home, env)
         self.poll = poll  # seconds between two looks at whatever is waited for
         self.submitted: dict[str, dict[str, object]] = {}  # job -> the --set values it was submitted with
+        self.notes: list[str] = []  # what a test wants in its failure report (a chaos seed, the faults applied)
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -152,10 +153,9 @@ class LocalCluster:
     def cli_json(self, *args: str) -> Any:
         return json.loads(self.cli(*args, "--json").stdout)
 
-    def up(self, nodes: int, slots: int = 2, heartbeat_expiry: float = 5.0) -> None:
-        self.cli(
-            "local", "up", "--nodes", str(nodes), "--slots", str(slots), "--heartbeat-expiry", str(heartbeat_expiry)
-        )
+    def up(self, nodes: int, slots: int = 2, heartbeat_expiry: float = 5.0, *, netns: bool = False) -> None:
+        args = ["--nodes", str(nodes), "--slots", str(slots), "--heartbeat-expiry", str(heartbeat_expiry)]
+        self.cli("local", "up", *args, *(["--netns"] if netns else []))
 
     def add(self, count: int = 1) -> None:
         self.cli("local", "add", str(count))
@@ -359,7 +359,9 @@ class LocalCluster:
             + " ".join(f"{k}={v}" for k, v in sets.items() if k != "seed")
             for job, sets in self.submitted.items()
         )
+        notes = "\n".join(self.notes)
         return (
+            f"===== test notes =====\n{notes or '(none)'}\n"
             f"===== controller event log =====\n{self.event_log()}\n"
             f"===== jobs submitted =====\n{jobs or '(none)'}\n"
             f"===== logs =====\n{self.logs()}"

@@ -5,6 +5,8 @@
     local/
       controller.yaml   the controller's settings        controller.json  its command line
       controller.pid    controller.log                   platform.pid     platform.log
+      network.json      a --netns cluster's subnet and name prefix
+      network-made.jsonl  its namespaces and links, each recorded before it was made
       state/            the controller's --state-dir: SQLite store, operator.token, agent.token
       vms/vm-N/         one "VM": the agent's --work-dir (agent.pid, node-name, trainers/, see
                         worker_agent.contract.AgentWorkDir), its command line agent.json and agent.log
@@ -131,6 +133,16 @@ class ClusterDir:
     @property
     def platform_log(self) -> Path:
         return self.root / "platform.log"
+
+    @property
+    def network_plan(self) -> Path:
+        """A ``--netns`` cluster's subnet and name prefix (:class:`spotmorph.local.network.NetworkPlan`)."""
+        return self.root / "network.json"
+
+    @property
+    def network_made(self) -> Path:
+        """Every namespace and link of a ``--netns`` cluster, recorded before it was made (JSON lines)."""
+        return self.root / "network-made.jsonl"
 
     @property
     def vms(self) -> Path:

@@ -22,10 +22,10 @@ from spotmorph.local.provider import LocalProcessProvider, kill_vm
 EVICTIONS = ("Preempt", "Terminate")
 
 
-def command(cluster: ClusterDir, port: int) -> list[str]:
-    """The platform process's command line."""
+def command(cluster: ClusterDir, port: int, host: str = "127.0.0.1") -> list[str]:
+    """The platform process's command line (serving on ``host:port``)."""
     python = [sys.executable, "-m", "spotmorph.cli"]
-    return [*python, "local", "platform", "--cluster-dir", str(cluster.root), "--port", str(port)]
+    return [*python, "local", "platform", "--cluster-dir", str(cluster.root), "--host", host, "--port", str(port)]
 
 
 def schedule_eviction(imds_url: str, node: str, notice: float, event_type: str = "Preempt") -> str:
@@ -51,9 +51,9 @@ def evict_started(state: ScheduledEventsState, provider: LocalProcessProvider) -
     return done
 
 
-def serve(cluster_dir: Path, port: int, poll: float = 0.2) -> int:
+def serve(cluster_dir: Path, port: int, host: str = "127.0.0.1", poll: float = 0.2) -> int:
     """The platform process: runs until SIGTERM or SIGINT."""
-    server = ScheduledEventsServer(port=port).start()
+    server = ScheduledEventsServer(host, port).start()
     provider = LocalProcessProvider(cluster_dir, "", Path())
     running = True
 

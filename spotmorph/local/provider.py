@@ -24,6 +24,7 @@ from pathlib import Path
 
 from controller.core.events import EventKind
 from controller.providers.base import ProviderPort, SilentPort, instances_for
+from spotmorph.local import netns
 from spotmorph.local.layout import ClusterDir, VmDir
 from spotmorph.local.processes import alive, reap, session_members, spawn
 
@@ -100,15 +101,25 @@ class LocalProcessProvider:
         return None  # agents outlive the controller, as VMs would
 
     def start(self, count: int) -> list[LocalVm]:
-        """Start ``count`` agents now; each registers and gets its node name from the controller."""
+        """Start ``count`` agents now; each registers and gets its node name from the controller.
+
+        In a ``--netns`` cluster each VM gets a network namespace of its own first, its agent runs in it
+        (``ip netns exec``) and advertises the namespace's address."""
         self.files.vms.mkdir(parents=True, exist_ok=True)
         serial = max((vm.serial for vm in self.files.vm_dirs()), default=0)
+        plan = netns.load_plan(self.files)
         started = []
         for _ in range(count):
             serial += 1
             vm = LocalVm(self.files.vm(serial).path)
+            where: list[str] = []
+            if plan is not None:
+                plan.check_serial(serial)
+                netns.add_vm(self.files, plan, serial)
+                where = netns.exec_prefix(plan.namespace(serial))
             vm.path.mkdir(parents=True)
             args = [
+                *where,
                 *self.command,
                 "--controller",
                 self.controller,
@@ -123,6 +134,8 @@ class LocalProcessProvider:
             ]
             if self.imds_url:
                 args += ["--imds-url", self.imds_url]
+            if plan is not None:
+                args += ["--address", plan.vm_address(serial)]
             vm.command_file.write_text(json.dumps(args))
             self.respawn(vm)
             started.append(vm)

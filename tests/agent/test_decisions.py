@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +14,7 @@ from worker_agent.agent.decisions import (
     CheckpointCommitted,
     EvictionNotice,
     Failure,
+    PeerLost,
     Pushed,
     TrainerExited,
     backed_off_interval,
@@ -24,7 +27,7 @@ from worker_agent.agent.decisions import (
     notice_deadline,
     urgent_facts,
 )
-from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.agent.supervisor import Held, TrainerReport
 from worker_agent.commands.agent import _lease_seconds
 
 
@@ -79,7 +82,19 @@ def test_exits_and_checkpoints_are_pushed_once_in_report_order() -> None:
     later = [report(0, False, code=0, checkpoint=25), report(1, False, code=0)]
     facts, pushed = urgent_facts(later, pushed)
     assert facts == [TrainerExited(later[0]), CheckpointCommitted("j", 2, 25)]
-    assert urgent_facts([report(1, True, checkpoint=99)], pushed)[0] == [], "only rank 0 commits"
+    assert urgent_facts([report(1, True, checkpoint=25)], pushed)[0] == [], "a step already pushed is not again"
+    # a salvage's first writer commits whatever its rank
+    assert urgent_facts([report(2, False, code=0, checkpoint=31)], pushed)[0][1] == CheckpointCommitted("j", 2, 31)
+
+
+def test_a_failed_collective_is_pushed_once_before_the_exit() -> None:
+    holding = replace(report(3, True), held=Held(stage=1, replica=1, step=40))
+    facts, pushed = urgent_facts([holding], Pushed())
+    assert facts == [PeerLost(holding)]
+    assert urgent_facts([holding], pushed)[0] == []
+    exited = replace(holding, status=TrainerStatus(TrainerKey("j", 2, 3), False, 0))
+    assert urgent_facts([exited], pushed)[0] == [TrainerExited(exited)]
+    assert beat_interval(1.0, Assignment("j", 2, "hold"), healthy=True, morph_beat=0.2) == 0.2
 
 
 def test_eviction_is_acknowledged_once_nothing_runs_and_nothing_failed() -> None:

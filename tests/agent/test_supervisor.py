@@ -80,7 +80,7 @@ def test_stop_request_checkpoints_and_exits_zero(tmp_path: Path) -> None:
         supervisor.kill_all()
 
 
-def test_a_killed_peer_makes_the_survivor_exit_non_zero(tmp_path: Path) -> None:
+def test_a_killed_peer_makes_the_survivor_hold_its_step_until_told(tmp_path: Path) -> None:
     supervisor = Supervisor(tmp_path / "work")
     launch = spec(tmp_path, steps=100_000)
     keys = [TrainerKey("job-1", 4, rank) for rank in range(2)]
@@ -89,10 +89,14 @@ def test_a_killed_peer_makes_the_survivor_exit_non_zero(tmp_path: Path) -> None:
             supervisor.start(key, launch)
         wait_for(lambda: all(r.step >= 1 for r in supervisor.reports()), 90, "a step on both ranks")
         supervisor.kill(keys[1])
-        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 40, "the survivor to exit")
+        wait_for(lambda: supervisor.newly_held(set()), 40, "the survivor to report its failed collective")
         survivor = supervisor.reports()[0]
-        assert survivor.status.exit_code not in (None, 0)
-        assert survivor.error
+        assert survivor.status.running and survivor.held is not None and survivor.error
+        assert survivor.step <= survivor.held.step <= survivor.step + 1
+        assert not supervisor.newly_held({keys[0]})
+        supervisor.request_stop("job-1", 4)  # no salvage order: the holder gives up
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 40, "the survivor to exit")
+        assert supervisor.reports()[0].status.exit_code not in (None, 0)
     finally:
         supervisor.kill_all()
 

@@ -123,6 +123,7 @@ def _legacy_database(path: Path) -> None:
     layout = json.dumps({"unused": True})
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE generations DROP COLUMN morph_cause"))
+        conn.execute(text("ALTER TABLE generations DROP COLUMN pause_seconds"))
         conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)"), {"data": json.dumps(old)})
         for generation, words in enumerate(["admitted", "eviction notice: node-2", "grow: 3 vs 2", "why not"], 1):
             conn.execute(

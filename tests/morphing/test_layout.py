@@ -10,6 +10,7 @@ from morphing.layout import (
     Layout,
     Slot,
     contiguous_placement,
+    default_micro_batch_size,
     even_partition,
     local_nodes,
     make_layout,
@@ -137,3 +138,23 @@ def test_split_evenly_puts_larger_parts_first() -> None:
 
 def test_local_nodes_last_node_partial() -> None:
     assert local_nodes(10, 4) == (("node-1", 4), ("node-2", 4), ("node-3", 2))
+
+
+@given(st.integers(1, 10_000), st.integers(1, 64), st.integers(1, 64))
+def test_the_default_micro_batch_splits_a_replica_only_to_fill_a_pipeline(
+    batch: int, stages: int, replicas: int
+) -> None:
+    replicas = min(replicas, batch)
+    micro = default_micro_batch_size(batch, stages, replicas)
+    share = -(-batch // replicas)
+    if stages == 1:
+        assert micro == share  # one micro-batch per replica: nothing to fill, so nothing to pay for
+    else:
+        assert micro == max(1, -(-share // (2 * stages)))
+        assert -(-share // micro) <= 2 * stages  # about 2P micro-batches, never more
+
+
+def test_the_default_micro_batch_of_the_issue_14_user() -> None:
+    assert default_micro_batch_size(12, 1, 1) == 12  # was 6: two micro-batches on one GPU
+    assert default_micro_batch_size(12, 1, 5) == 3  # D not dividing B: the largest share in one micro-batch
+    assert default_micro_batch_size(12, 2, 1) == 3  # 2 stages: 4 micro-batches fill the pipeline

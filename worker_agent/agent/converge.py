@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-Action = Literal["run", "stop", "abort", "idle"]
+Action = Literal["run", "stop", "abort", "hold", "idle"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Assignment:
     ranks: tuple[int, ...] = ()
     checkpoint_request: int = 0  # the controller bumps it to ask for a checkpoint at the next step boundary
     slots: tuple[int, ...] = ()  # the slot of each rank, same order (empty: the i-th rank takes slot i)
+    salvage: str | None = None  # with "hold": the salvage order (SalvageOrder JSON) for the holding trainers
 
     def slot_of(self, position: int) -> int:
         """The slot of ``ranks[position]``; by position when the controller sent no (or a mismatched) list."""
@@ -76,7 +77,16 @@ class KillTrainer:
     reason: str
 
 
-Command = StartTrainer | RequestStop | RequestCheckpoint | KillTrainer
+@dataclass(frozen=True)
+class RequestSalvage:
+    """Pass the controller's salvage order on to a generation's holding trainers."""
+
+    job_id: str
+    generation: int
+    order: str  # SalvageOrder JSON
+
+
+Command = StartTrainer | RequestStop | RequestCheckpoint | RequestSalvage | KillTrainer
 
 
 def accept(current: Assignment | None, incoming: Assignment) -> bool:
@@ -104,6 +114,8 @@ def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> l
     stoppable = (t.running and not t.stop_requested and _same(t.key, wanted) for t in trainers if wanted)
     if wanted is not None and wanted.action == "stop" and any(stoppable):
         commands.append(RequestStop(wanted.job_id, wanted.generation))
+    if wanted is not None and wanted.action == "hold" and wanted.salvage is not None:
+        commands.append(RequestSalvage(wanted.job_id, wanted.generation, wanted.salvage))
     if wanted is not None and wanted.action == "run" and not stale_running:
         known = {t.key for t in trainers}
         for position, rank in enumerate(wanted.ranks):

@@ -3,7 +3,7 @@
 Each beat reports what the node observes (its trainers, a pending eviction notice) and receives the
 assignment it should run; :func:`worker_agent.agent.converge.converge` turns that into commands the
 :class:`~worker_agent.agent.supervisor.Supervisor` performs. Urgent facts (an eviction notice, a
-trainer exit, a committed checkpoint) are also pushed at once with ``ReportEvent``. When the
+trainer exit, a failed collective, a committed checkpoint) are also pushed at once with ``ReportEvent``. When the
 controller is unreachable the trainers keep training and the agent retries with backoff as the same
 incarnation, for as long as the trainers' lease holds (six heartbeat expiries unless ``lease_seconds``
 says otherwise): every answered heartbeat renews it, and once the controller has been silent for longer
@@ -33,6 +33,7 @@ from worker_agent.agent.converge import (
     Assignment,
     KillTrainer,
     RequestCheckpoint,
+    RequestSalvage,
     RequestStop,
     StartTrainer,
     accept,
@@ -72,6 +73,7 @@ class AgentConfig:
     gpus: tuple[Gpu, ...] = ()  # slot i trains on gpus[i] (round-robin when there are more slots)
     name: str = ""
     address: str = "127.0.0.1"
+    socket_interface: str | None = None  # the interface holding ``address``: trainers bind collectives to it
     instance_id: str = ""
     imds_url: str | None = None
     vm_name: str | None = None
@@ -108,7 +110,7 @@ class Agent:
         self.supervisor = Supervisor(
             self.work_dir.trainers.path,
             python=config.trainer_python,
-            env=trainer_environment(os.environ, config.gpus),
+            env=trainer_environment(os.environ, config.gpus, config.socket_interface),
             warm=config.warm_trainers,
         )
         self.link = ControllerLink(Endpoint(config.controller, config.ca, config.cert, config.key))
@@ -154,6 +156,8 @@ class Agent:
                 return
             if self.supervisor.exited_since(set(self.state.pushed.exits)):
                 return
+            if self.supervisor.newly_held(set(self.state.pushed.held)):
+                return  # a collective failed: the controller hears of it now, not at the next beat
 
     def _request_shutdown(self) -> None:
         self._stopping = True
@@ -246,6 +250,9 @@ class Agent:
                 self.supervisor.request_stop(command.job_id, command.generation)
             elif isinstance(command, RequestCheckpoint):
                 self.supervisor.request_checkpoint(command.job_id, command.generation, command.counter)
+            elif isinstance(command, RequestSalvage):
+                log.info("salvage order for generation %d of %s: %s", command.generation, command.job_id, command.order)
+                self.supervisor.request_salvage(command.job_id, command.generation, command.order)
             elif isinstance(command, KillTrainer):
                 log.info("killing %s: %s", command.key, command.reason)
                 self.supervisor.kill(command.key)

@@ -75,7 +75,7 @@ def beat_interval(interval: float, desired: Assignment | None, healthy: bool, mo
     """How long to wait for the next beat. While a morph is under way (this node's trainers are asked to
     stop or abort) the agent beats often, because the next generation's assignment only reaches it in a
     heartbeat reply; not while the controller is unreachable, where the backed-off interval holds."""
-    if healthy and desired is not None and desired.action in ("stop", "abort"):
+    if healthy and desired is not None and desired.action in ("stop", "abort", "hold"):
         return min(interval, morph_beat)
     return interval
 
@@ -92,7 +92,14 @@ class CheckpointCommitted:
     step: int
 
 
-UrgentFact = TrainerExited | CheckpointCommitted
+@dataclass(frozen=True)
+class PeerLost:
+    """A trainer's collective failed: it holds its last completed step (``report.held``)."""
+
+    report: TrainerReport
+
+
+UrgentFact = TrainerExited | CheckpointCommitted | PeerLost
 
 
 @dataclass(frozen=True)
@@ -101,23 +108,30 @@ class Pushed:
 
     exits: frozenset[TrainerKey] = frozenset()
     checkpoints: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    held: frozenset[TrainerKey] = frozenset()
 
 
 def urgent_facts(reports: Iterable[TrainerReport], pushed: Pushed) -> tuple[list[UrgentFact], Pushed]:
-    """Trainer exits and newly committed checkpoints (rank 0 commits) not pushed yet, in report order."""
+    """Failed collectives, trainer exits and newly committed checkpoints not pushed yet, in report order.
+
+    A checkpoint is committed by rank 0 (periodic, planned) or by the first writer of a salvage, which may
+    be any rank; only a committing rank ever reports a committed step."""
     facts: list[UrgentFact] = []
-    exits, checkpoints = set(pushed.exits), dict(pushed.checkpoints)
+    exits, checkpoints, held = set(pushed.exits), dict(pushed.checkpoints), set(pushed.held)
     for report in reports:
         key = report.status.key
+        if report.held is not None and key not in held:
+            held.add(key)
+            facts.append(PeerLost(report))
         if not report.status.running and key not in exits:
             exits.add(key)
             facts.append(TrainerExited(report))
         step = report.last_checkpoint_step
         generation = (key.job_id, key.generation)
-        if key.rank == 0 and step is not None and step > checkpoints.get(generation, -1):
+        if step is not None and step > checkpoints.get(generation, -1):
             checkpoints[generation] = step
             facts.append(CheckpointCommitted(key.job_id, key.generation, step))
-    return facts, Pushed(frozenset(exits), checkpoints)
+    return facts, Pushed(frozenset(exits), checkpoints, frozenset(held))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from morphing.errors import UserInputError
 from morphing.gpus import describe_gpus
+from worker_agent.agent.interfaces import socket_environment
 
 MAX_NAME = 256  # characters of a GPU's name the agent keeps (the controller refuses longer ones)
 
@@ -138,11 +139,15 @@ def device_for_slot(slot: int, gpus: Sequence[Gpu]) -> int | None:
     return gpus[slot % len(gpus)].index
 
 
-def trainer_environment(environ: Mapping[str, str], gpus: Sequence[Gpu]) -> dict[str, str] | None:
-    """The trainers' environment: the agent's, with CUDA in PCI bus order when there are GPUs (None: as is)."""
-    if not gpus:
-        return None
-    return {**environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+def trainer_environment(
+    environ: Mapping[str, str], gpus: Sequence[Gpu], socket_interface: str | None = None
+) -> dict[str, str] | None:
+    """The trainers' environment: the agent's, with CUDA in PCI bus order when there are GPUs, and gloo and
+    NCCL bound to ``socket_interface`` (:func:`worker_agent.agent.interfaces.socket_environment`); None: as is."""
+    extra = socket_environment(environ, socket_interface)
+    if gpus:
+        extra["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return {**environ, **extra} if extra else None
 
 
 def describe(gpus: Sequence[Gpu]) -> str:

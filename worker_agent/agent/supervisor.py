@@ -32,11 +32,14 @@ from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointWritten,
+    CollectiveFailed,
     CommittedCheckpoint,
+    EvaluationCompleted,
     ExitCode,
     GenerationDir,
     ProgressReader,
     ProgressRecord,
+    SalvageWritten,
     StepCompleted,
     TrainerArguments,
     TrainerFailed,
@@ -62,6 +65,15 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A trainer whose collective failed: where it sits in the layout and the step it holds in memory."""
+
+    stage: int
+    replica: int
+    step: int
+
+
+@dataclass(frozen=True)
 class Progress:
     """What a trainer's progress file has said so far, folded into the latest facts."""
 
@@ -72,21 +84,39 @@ class Progress:
     stepped: bool = False
     finished: bool = False
     error: str = ""
+    eval_step: int = 0  # the step of the newest evaluation (0: none yet)
+    eval_loss: float | None = None
+    first_step_at: float | None = None  # the trainer's wall clock when it completed its first step
+    last_step_at: float | None = None  # ... and its newest one
+    held: Held | None = None
 
 
 def absorb(progress: Progress, record: ProgressRecord) -> Progress:
     """``progress`` updated with one more record (pure: the supervisor's reading of the contract)."""
     event = record.event
     if isinstance(event, StepCompleted):
+        first = progress.first_step_at if progress.first_step_at is not None else record.time
         progress = replace(
-            progress, step=event.step, loss=event.loss, samples_per_second=event.samples_per_second, stepped=True
+            progress,
+            step=event.step,
+            loss=event.loss,
+            samples_per_second=event.samples_per_second,
+            stepped=True,
+            first_step_at=first,
+            last_step_at=record.time,
         )
+    elif isinstance(event, EvaluationCompleted):
+        progress = replace(progress, eval_step=event.step, eval_loss=event.eval_loss)
     elif isinstance(event, CheckpointLoaded):
         progress = replace(progress, step=event.step)
     elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
         progress = replace(progress, step=event.step, finished=progress.finished or isinstance(event, TrainingFinished))
     elif isinstance(event, TrainerFailed):
         progress = replace(progress, error=event.message)
+    elif isinstance(event, SalvageWritten):
+        progress = replace(progress, step=max(progress.step, event.step))
+    elif isinstance(event, CollectiveFailed):
+        progress = replace(progress, held=Held(event.stage, event.replica, event.step), error=event.error)
     checkpoint = getattr(event, "last_checkpoint", None)
     if checkpoint is not None:
         progress = replace(progress, last_checkpoint_step=checkpoint)
@@ -105,6 +135,11 @@ class TrainerReport:
     last_checkpoint_step: int | None = None
     error: str = ""
     finished: bool = False
+    eval_step: int = 0
+    eval_loss: float | None = None
+    first_step_at: float | None = None
+    last_step_at: float | None = None
+    held: Held | None = None  # its collective failed; it holds this step in memory
 
 
 class _Process(Protocol):
@@ -156,6 +191,7 @@ class Supervisor:
         self._warm_serial = 0
         self._checkpoint_requests: dict[tuple[str, int], int] = {}
         self.lease_seconds: float | None = None  # set once the agent registered: trainers started after get a lease
+        self._salvage_orders: dict[tuple[str, int], str] = {}
 
     def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
         return self.trainers_dir.generation_dir(job_id, generation)
@@ -270,6 +306,17 @@ class Supervisor:
     def running(self) -> list[TrainerKey]:
         return [k for k, t in self._trainers.items() if t.process.poll() is None]
 
+    def request_salvage(self, job_id: str, generation: int, order_json: str) -> None:
+        """Publish the controller's salvage order to a generation's holding trainers (once per order)."""
+        if self._salvage_orders.get((job_id, generation)) == order_json:
+            return
+        self.generation_dir(job_id, generation).control.request_salvage(order_json)
+        self._salvage_orders[(job_id, generation)] = order_json
+
+    def newly_held(self, reported: set[TrainerKey]) -> bool:
+        """Has a running trainer not in ``reported`` said that its collective failed? (Reads progress files.)"""
+        return any(r.held is not None and r.status.key not in reported for r in self.reports() if r.status.running)
+
     def kill(self, key: TrainerKey) -> None:
         trainer = self._trainers.get(key)
         if trainer is None or trainer.process.poll() is not None:
@@ -298,6 +345,7 @@ class Supervisor:
             if trainer.process.poll() is not None and (key.job_id, key.generation) not in keep:
                 del self._trainers[key]
         self._checkpoint_requests = {k: v for k, v in self._checkpoint_requests.items() if k in keep}
+        self._salvage_orders = {k: v for k, v in self._salvage_orders.items() if k in keep}
 
     def _report(self, trainer: _Trainer) -> TrainerReport:
         for record in trainer.reader.poll():
@@ -317,6 +365,11 @@ class Supervisor:
             last_checkpoint_step=progress.last_checkpoint_step,
             error=error,
             finished=progress.finished,
+            eval_step=progress.eval_step,
+            eval_loss=progress.eval_loss,
+            first_step_at=progress.first_step_at,
+            last_step_at=progress.last_step_at,
+            held=progress.held,
         )
 
     def log_tail(self, key: TrainerKey, lines: int = 5) -> str:

@@ -7,18 +7,25 @@ The job spec crosses unchanged: an optional field the controller left unset take
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec, parse_job_spec
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment
-from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, TrainerExited, UrgentFact
+from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.supervisor import LaunchSpec, TrainerReport
-from worker_agent.contract import CommittedCheckpoint
+from worker_agent.contract import CommittedCheckpoint, SalvageOrder
 
-ACTIONS: dict[int, Action] = {pb.ACTION_RUN: "run", pb.ACTION_STOP: "stop", pb.ACTION_ABORT: "abort"}
+ACTIONS: dict[int, Action] = {
+    pb.ACTION_RUN: "run",
+    pb.ACTION_STOP: "stop",
+    pb.ACTION_ABORT: "abort",
+    pb.ACTION_HOLD: "hold",
+}
 IDLE = Assignment("", 0, "idle")
 ERROR_CHARACTERS = 1000  # of a trainer's error, the tail the controller keeps
 
@@ -76,13 +83,16 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
     """An assignment message (absent or without a job: idle); a bad spec is a ``UserInputError``."""
     if message is None or not message.job:
         return Incoming(IDLE)
+    action = ACTIONS.get(message.action, "idle")
+    salvage = salvage_from_pb(message) if action == "hold" and message.HasField("salvage") else None
     assignment = Assignment(
         message.job,
         message.generation,
-        ACTIONS.get(message.action, "idle"),
+        action,
         tuple(message.ranks),
         message.checkpoint_request,
         tuple(message.slots),
+        salvage,
     )
     if assignment.action == "idle":
         return Incoming(assignment)
@@ -95,6 +105,15 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
     resume = CommittedCheckpoint(message.resume_step, message.resume_generation) if message.resume_step else None
     launch = LaunchSpec(spec, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, resume)
     return Incoming(assignment, launch)
+
+
+def salvage_from_pb(message: pb.Assignment) -> str:
+    """The salvage order as the trainers read it (JSON); writers outside the layout are a ``UserInputError``."""
+    order = message.salvage
+    world = message.world_size
+    if not order.writers or any(w >= world for w in order.writers) or len(set(order.writers)) != len(order.writers):
+        raise UserInputError(f"salvage writers {list(order.writers)} are not distinct ranks of a world of {world}")
+    return SalvageOrder(order.step, tuple(order.writers), order.deadline).to_json()
 
 
 def heartbeat_reply_from_pb(reply: pb.HeartbeatResponse) -> HeartbeatReply:
@@ -121,6 +140,14 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
     )
     if report.status.exit_code is not None:
         status.exit_code = report.status.exit_code
+    if report.eval_loss is not None and math.isfinite(report.eval_loss):  # a diverged one stays in the logs
+        status.eval_step, status.eval_loss = report.eval_step, report.eval_loss
+    if report.first_step_at is not None:
+        status.first_step_at = report.first_step_at
+    if report.last_step_at is not None:
+        status.last_step_at = report.last_step_at
+    if report.held is not None:
+        status.held_step = report.held.step
     return status
 
 
@@ -142,6 +169,11 @@ def report_to_pb(node: Registration, fact: UrgentFact | EvictionNotice) -> pb.Re
     request = pb.ReportEventRequest(node_name=node.node_name, incarnation=node.incarnation)
     if isinstance(fact, TrainerExited):
         request.trainer_exited.CopyFrom(pb.TrainerExited(trainer=trainer_status_to_pb(fact.report)))
+    elif isinstance(fact, PeerLost):
+        held = fact.report.held
+        assert held is not None  # a PeerLost is made only of a report that holds a step
+        failed = pb.CollectiveFailed(trainer=trainer_status_to_pb(fact.report), stage=held.stage, replica=held.replica)
+        request.collective_failed.CopyFrom(failed)
     elif isinstance(fact, CheckpointCommitted):
         committed = pb.CheckpointCommitted(job=fact.job_id, generation=fact.generation, step=fact.step)
         request.checkpoint_committed.CopyFrom(committed)

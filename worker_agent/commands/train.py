@@ -8,7 +8,6 @@ flags build the same :class:`~morphing.jobspec.JobSpec` a submitted job has, wit
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default="local-train", help="the job's name (default local-train)")
     parser.add_argument("--stages", type=int, default=1, help="pipeline stages P (default 1)")
     parser.add_argument("--replicas", type=int, default=1, help="data-parallel replicas D (default 1)")
-    parser.add_argument("--micro-batch-size", type=int, help="samples per micro-batch (default: ~2P per replica)")
+    parser.add_argument(
+        "--micro-batch-size",
+        type=int,
+        help="samples per micro-batch (default: one micro-batch per replica with 1 stage, about 2P with P stages)",
+    )
     parser.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step B")
     parser.add_argument("--steps", type=int, required=True, help="train until this step")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
@@ -70,7 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         default=_default("timeout_seconds"),
-        help=f"collective timeout in seconds (default {_default('timeout_seconds'):g})",
+        help=f"rendezvous, checkpoint and evaluation waits in seconds (default {_default('timeout_seconds'):g})",
+    )
+    parser.add_argument(
+        "--peer-timeout-seconds",
+        type=float,
+        default=_default("peer_timeout_seconds"),
+        help="how long a training step's collective waits for a peer "
+        f"(default {_default('peer_timeout_seconds'):g}; above a step's time)",
     )
     parser.add_argument("--load-from", type=Path, help="start from this checkpoint instead of the newest")
     parser.add_argument("--run-dir", type=Path, help="job/layout files, progress-rank-R.jsonl, control/stop")
@@ -99,12 +109,13 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         "keep": args.keep,
         "background_checkpoint": args.background_checkpoint,
         "timeout_seconds": args.timeout_seconds,
+        "peer_timeout_seconds": args.peer_timeout_seconds,
     }
     return parse_job_spec(fields, what="job")
 
 
 def run(args: argparse.Namespace) -> int:
-    from morphing.layout import make_layout
+    from morphing.layout import default_micro_batch_size, make_layout
     from worker_agent.runtime.checkpoint import check_same_job
     from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.launcher import LocalRun, local_device, run_local
@@ -112,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
     job = job_spec(args)
     job = job.model_copy(update={"device": local_device(job.device, args.stages * args.replicas)})
     spec = build_spec(job.entrypoint, job.seed)
-    per_replica = math.ceil(args.global_batch / max(1, args.replicas))
-    micro = job.micro_batch_size or max(1, math.ceil(per_replica / (2 * max(1, args.stages))))
+    micro = job.micro_batch_size or default_micro_batch_size(args.global_batch, args.stages, args.replicas)
     layout = make_layout(
         num_layers=len(spec.layers),
         pipeline_stages=args.stages,

@@ -18,12 +18,14 @@ from worker_agent.contract.events import (
     CheckpointLoaded,
     CheckpointSkipped,
     CheckpointWritten,
+    CollectiveFailed,
     EvaluationCompleted,
     FailureKind,
     ProgressEvent,
     ProgressLineError,
     ProgressReader,
     ProgressRecord,
+    SalvageWritten,
     StepCompleted,
     TrainerFailed,
     TrainerStarted,
@@ -36,6 +38,7 @@ from worker_agent.contract.events import (
 )
 from worker_agent.contract.exit_codes import ExitCode
 from worker_agent.contract.files import AgentWorkDir, ControlDir, GenerationDir, Lease, TrainersDir, WarmSpool
+from worker_agent.contract.salvage import SalvageOrder
 
 __all__ = [
     "TRAINER_MODULE",
@@ -44,6 +47,7 @@ __all__ = [
     "CheckpointLoaded",
     "CheckpointSkipped",
     "CheckpointWritten",
+    "CollectiveFailed",
     "CommittedCheckpoint",
     "ControlDir",
     "EvaluationCompleted",
@@ -55,6 +59,8 @@ __all__ = [
     "ProgressLineError",
     "ProgressReader",
     "ProgressRecord",
+    "SalvageOrder",
+    "SalvageWritten",
     "StepCompleted",
     "TrainerArguments",
     "TrainerFailed",

@@ -99,6 +99,30 @@ class TrainingFinished:
 
 
 @dataclass(frozen=True)
+class CollectiveFailed:
+    """A collective failed or timed out (a peer is gone): the step in flight was abandoned, and this rank
+    holds the parameters and optimizer state of ``step`` completed steps in memory, waiting for the
+    controller's salvage order (:class:`worker_agent.contract.salvage.SalvageOrder`)."""
+
+    generation: int
+    stage: int
+    replica: int
+    step: int  # the last completed step: what it holds
+    error: str
+
+
+@dataclass(frozen=True)
+class SalvageWritten:
+    """This rank wrote its stage's layers of the just-in-time checkpoint of ``step`` (``committed``: and,
+    as the first writer, the manifest once every writer's part was there)."""
+
+    step: int
+    committed: bool
+    seconds: float
+    last_checkpoint: int | None  # ``step`` once committed
+
+
+@dataclass(frozen=True)
 class TrainerFailed:
     """About to exit non-zero; ``message`` is what the operator needs to know."""
 
@@ -115,6 +139,8 @@ ProgressEvent = (
     | CheckpointWritten
     | TrainingStopped
     | TrainingFinished
+    | CollectiveFailed
+    | SalvageWritten
     | TrainerFailed
 )
 
@@ -127,6 +153,8 @@ EVENT_NAMES: dict[type[ProgressEvent], str] = {
     CheckpointWritten: "checkpoint",
     TrainingStopped: "stopped",
     TrainingFinished: "finished",
+    CollectiveFailed: "collective_failed",
+    SalvageWritten: "salvage_written",
     TrainerFailed: "error",
 }
 _EVENT_TYPES: dict[str, type[ProgressEvent]] = {name: kind for kind, name in EVENT_NAMES.items()}

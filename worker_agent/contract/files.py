@@ -4,7 +4,8 @@ An agent's work dir holds ``agent.pid``, ``node-name`` and ``trainers/``; under 
 of a job has ``<job>/gen-<g>/`` with the trainer's inputs (``job.json``, ``layout.json``), its
 ``control/`` folder (``stop``: stop at the next step boundary; ``checkpoint-request``: a counter, a new
 value asks for a checkpoint at the next step boundary; ``lease``: renewed by the agent on every heartbeat the
-controller answers, a trainer whose lease lapsed stops by itself), and per rank ``progress-rank-<r>.jsonl`` (what
+controller answers, a trainer whose lease lapsed stops by itself; ``salvage.json``: after a failed collective, which
+ranks write the just-in-time checkpoint), and per rank ``progress-rank-<r>.jsonl`` (what
 it reports), ``rank-<r>.log`` (its stdout and stderr) and ``rank-<r>.pid`` (so a restarted agent can
 kill what its previous incarnation left behind). Warm trainers wait in ``trainers/.warm/<name>/``.
 ``spotmorph train`` lays out its run dir as one generation dir.
@@ -68,6 +69,23 @@ class ControlDir:
         temporary = self.path / f".checkpoint-request.tmp-{os.getpid()}"
         temporary.write_text(str(counter))
         temporary.replace(self.checkpoint_request_file)
+
+    @property
+    def salvage_file(self) -> Path:
+        return self.path / "salvage.json"
+
+    def request_salvage(self, order_json: str) -> None:
+        """Publish the controller's salvage order (written whole)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        temporary = self.path / f".salvage.tmp-{os.getpid()}"
+        temporary.write_text(order_json)
+        temporary.replace(self.salvage_file)
+
+    def salvage_request(self) -> str | None:
+        """The salvage order's text, if one was published."""
+        with contextlib.suppress(OSError):
+            return self.salvage_file.read_text()
+        return None
 
     def checkpoint_request(self) -> int:
         """The newest request counter; 0 when none was ever published."""

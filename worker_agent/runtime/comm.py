@@ -2,9 +2,11 @@
 
 The world group is gloo on every device: it carries the small control collectives (the per-step stop /
 checkpoint-request / loss all-reduce, the fp16 overflow flag, the checkpoint choice), whose tensors live on
-the CPU. The groups that move model tensors (each replica's pipeline: point-to-point and the clipping
-norm; each stage's data-parallel gradient all-reduce; tied copies) use NCCL when the tensors are on a GPU
-and gloo otherwise, so a CPU run is exactly what it always was. Every group has the job's timeout, and
+the CPU; its timeout is switched between the job's two (:class:`worker_agent.runtime.salvage.Timeouts`).
+The groups that move model tensors (each replica's pipeline: point-to-point and the clipping norm; each
+stage's data-parallel gradient all-reduce; tied copies) use NCCL when the tensors are on a GPU
+and gloo otherwise, so a CPU run is exactly what it always was. These groups have the job's
+``peer_timeout_seconds`` (a failed collective is a lost peer: :mod:`worker_agent.runtime.salvage`), and
 NCCL's watchdog tears a rank down when a collective outlives it (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``), so
 a lost peer never hangs a rank; a rank that exits aborts its NCCL communicators first.
 """

@@ -190,7 +190,19 @@ class StageRunner:
         return float(total[0])
 
     def run_step(self, step: int) -> float:
-        """Forward, backward, reduce, clip and update for ``step``; returns this replica's loss share."""
+        """Forward, backward, reduce, clip and update for ``step``; returns this replica's loss share.
+
+        Every collective comes before the optimizer update, so a step that fails in one (a peer lost)
+        leaves the parameters, the optimizer state and the loss scale at the last completed step.
+        """
+        scale = self.loss_scale
+        try:
+            return self._step(step)
+        except BaseException:
+            self.loss_scale = scale  # fp16: the overflow all-reduce may have moved it before a later failure
+            raise
+
+    def _step(self, step: int) -> float:
         job, layout = self.job, self.layout
         dataset = self.spec.dataset
         lo, hi = layout.replica_slice(self.replica)
@@ -275,14 +287,15 @@ class StageRunner:
         """This rank's share of its stage's layer files: spread round-robin over the replicas."""
         return [i for i in range(self.first, self.last) if (i - self.first) % self.layout.data_parallel == self.replica]
 
-    def payloads(self) -> dict[str, LayerPayload]:
-        """Host copies of the tensors this rank writes, taken at the step boundary (pinned memory on a GPU).
+    def payloads(self, layers: list[int] | None = None) -> dict[str, LayerPayload]:
+        """Host copies of the tensors this rank writes (``layers``: these instead of its share), taken at the
+        step boundary (pinned memory on a GPU).
 
         The file format does not depend on the device: every tensor in it is a CPU tensor.
         """
         held = dict(self.params)
         out: dict[str, LayerPayload] = {}
-        for layer in self.layers_to_write():
+        for layer in self.layers_to_write() if layers is None else layers:
             names = self.model.layer_params(layer)
             out[self.model.layer_names[layer]] = {
                 "format": "spotmorph.layer/v1",

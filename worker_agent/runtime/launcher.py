@@ -4,7 +4,9 @@ Each rank is a real OS process started with the same entry a worker agent uses
 (:class:`worker_agent.contract.TrainerArguments`), and the run dir is laid out as one generation dir of
 an agent (:class:`worker_agent.contract.GenerationDir`). A SIGINT/SIGTERM to the launcher becomes the
 control dir's stop request. When one trainer fails the others are given time to notice (their
-process-group timeouts) and are killed only if they overstay it. On CUDA, rank ``r`` uses GPU ``r``
+process-group timeouts) and are killed only if they overstay it; survivors that hold their last step for
+a just-in-time checkpoint (:mod:`worker_agent.runtime.salvage`) are asked to stop, since no controller
+orders one here. On CUDA, rank ``r`` uses GPU ``r``
 (its local rank), so a layout needs a GPU per rank.
 """
 
@@ -116,10 +118,11 @@ def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.P
     relay = _Relay(ProgressReader(directory.progress_file(0)), run.log_every)
     grace = 2 * run.job.timeout_seconds + 10
     failed_at: float | None = None
-    while any(p.poll() is None for p in procs):
+    while any([p.poll() is None for p in procs]):  # a list: poll every process, so an exit is seen at once
         relay.poll()
         if failed_at is None and any(p.returncode not in (None, ExitCode.SUCCEEDED) for p in procs):
             failed_at = time.monotonic()
+            directory.control.request_stop()  # survivors holding their step for a salvage: no one salvages here
         if failed_at is not None and time.monotonic() - failed_at > grace:
             for rank, proc in enumerate(procs):
                 if proc.poll() is None:

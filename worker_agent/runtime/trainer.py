@@ -76,6 +76,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     import torch.distributed as dist
 
     from worker_agent.runtime import checkpoint as ckpt_mod
+    from worker_agent.runtime import salvage
     from worker_agent.runtime.comm import configure_nccl, make_groups
     from worker_agent.runtime.device import resolve_device
     from worker_agent.runtime.engine import StageRunner, module_for_dtype
@@ -134,7 +135,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     dist.broadcast_object_list(choice, src=0)
     if choice[1]:
         raise UserInputError(choice[1])
-    groups = make_groups(layout, model, cfg.rank, device, job.timeout_seconds)
+    groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds)
     runner = StageRunner(job, layout, cfg.rank, model, groups, device)
     step = 0
     if choice[0]:
@@ -164,85 +165,112 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         resumed_from=step,
         acknowledged=control.acknowledged_checkpoint if control is not None else None,
     )
+
+    def manifest() -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "data_cursor": data_cursor(step, job.global_batch, len(spec.dataset)),
+            "job_hash": job.identity_hash(),
+            "job": job.identity(),
+            "layout": layout.to_dict(),
+            "generation": cfg.generation,
+            "layer_names": model.layer_names,
+        }
+        if runner.scaling:
+            out["loss_scale"] = runner.loss_scale.to_dict()
+        return out
+
+    timeouts = salvage.Timeouts(job.timeout_seconds, job.peer_timeout_seconds)
+    timeouts.settle()  # every rank loaded its checkpoint; from here on a silent peer is a lost one
     last_time = time.perf_counter()
     loss_share = 0.0
-    while True:
-        stop_flag = 1.0 if stop.requested() else 0.0
-        lapsed = 1.0 if lease.lapsed() else 0.0
-        fenced = writer.fenced_off()
-        flags = torch.tensor(
-            [stop_flag, loss_share, requests.contribution(), lapsed, 1.0 if fenced else 0.0], dtype=torch.float64
-        )
-        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-        if flags[4] > 0:
-            # A newer generation raised the fence: the controller moved past this one. All ranks stop here.
-            message = fenced or "another rank found the checkpoint directory's fence raised past this generation"
-            _warn(message)
-            progress.emit(TrainerFailed(kind="fenced", message=message))
-            return ExitCode.FENCED
-        if flags[3] > 0:
-            # Some rank's agent stopped renewing its lease: the controller has lost (or will lose) that node, so
-            # this generation is over. Every rank stops at this same boundary, without a checkpoint.
-            message = lease.explain(step)
-            _warn(message)
-            progress.emit(TrainerFailed(kind="lease_expired", message=message))
-            return ExitCode.LEASE_EXPIRED
-        stopping = bool(flags[0] > 0)
-        requested = requests.requested(float(flags[2]))
-        stop_at = time.time()
-        now = time.perf_counter()
-        if step > first_step:
-            progress.emit(
-                StepCompleted(
-                    step=step,
-                    loss=float(flags[1]),
-                    step_seconds=now - last_time,
-                    samples_per_second=job.global_batch / (now - last_time),
-                    last_checkpoint=writer.last_committed,
-                )
+    try:
+        while True:
+            stop_flag = 1.0 if stop.requested() else 0.0
+            lapsed = 1.0 if lease.lapsed() else 0.0
+            fenced = writer.fenced_off()
+            flags = torch.tensor(
+                [stop_flag, loss_share, requests.contribution(), lapsed, 1.0 if fenced else 0.0], dtype=torch.float64
             )
-        if step > first_step and job.eval_interval > 0 and step % job.eval_interval == 0:
-            started = time.perf_counter()
-            eval_loss = runner.evaluate(step)
-            seconds = time.perf_counter() - started
-            progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
-        finishing = stopping or step >= job.steps
-        due = finishing or requested or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
-        write_started = time.perf_counter()
-        if due and step != already_written:
-            manifest = None
-            if cfg.rank == 0:
-                manifest = {
-                    "data_cursor": data_cursor(step, job.global_batch, len(spec.dataset)),
-                    "job_hash": job.identity_hash(),
-                    "job": job.identity(),
-                    "layout": layout.to_dict(),
-                    "generation": cfg.generation,
-                    "layer_names": model.layer_names,
-                }
-                if runner.scaling:
-                    manifest["loss_scale"] = runner.loss_scale.to_dict()
-            writer.wait()  # the previous write is done before new host copies are taken
-            writer.save(step, runner.payloads(), manifest)
+            dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+            if flags[4] > 0:
+                # A newer generation raised the fence: the controller moved past this one. All ranks stop here.
+                message = fenced or "another rank found the checkpoint directory's fence raised past this generation"
+                _warn(message)
+                progress.emit(TrainerFailed(kind="fenced", message=message))
+                return ExitCode.FENCED
+            if flags[3] > 0:
+                # Some rank's agent stopped renewing its lease: the controller has lost (or will lose) that node, so
+                # this generation is over. Every rank stops at this same boundary, without a checkpoint.
+                message = lease.explain(step)
+                _warn(message)
+                progress.emit(TrainerFailed(kind="lease_expired", message=message))
+                return ExitCode.LEASE_EXPIRED
+            stopping = bool(flags[0] > 0)
+            requested = requests.requested(float(flags[2]))
+            stop_at = time.time()
+            now = time.perf_counter()
+            if step > first_step:
+                progress.emit(
+                    StepCompleted(
+                        step=step,
+                        loss=float(flags[1]),
+                        step_seconds=now - last_time,
+                        samples_per_second=job.global_batch / (now - last_time),
+                        last_checkpoint=writer.last_committed,
+                    )
+                )
+            if step > first_step and job.eval_interval > 0 and step % job.eval_interval == 0:
+                started = time.perf_counter()
+                eval_loss = runner.evaluate(step)
+                seconds = time.perf_counter() - started
+                progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
+                timeouts.settle()
+            finishing = stopping or step >= job.steps
+            due = finishing or requested or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
+            write_started = time.perf_counter()
+            if due and step != already_written:
+                writer.wait()  # the previous write is done before new host copies are taken
+                writer.save(step, runner.payloads(), manifest() if cfg.rank == 0 else None)
+                if finishing:
+                    writer.wait()
+                # How long training paused: the copy to host memory, plus the write itself unless in the background.
+                stall = time.perf_counter() - write_started
+                progress.emit(CheckpointWritten(step=step, last_checkpoint=writer.last_committed, stall_seconds=stall))
+                if not finishing:
+                    timeouts.settle()  # slower writers catch up before the next step's collectives
             if finishing:
-                writer.wait()
-            # How long training paused: the copy to host memory, plus the write itself unless in the background.
-            stall = time.perf_counter() - write_started
-            progress.emit(CheckpointWritten(step=step, last_checkpoint=writer.last_committed, stall_seconds=stall))
-        if finishing:
-            ended = TrainingStopped if stopping else TrainingFinished
-            progress.emit(
-                ended(
-                    step=step,
-                    last_checkpoint=writer.last_committed,
-                    stop_at=stop_at,
-                    checkpoint_seconds=time.perf_counter() - write_started,
+                ended = TrainingStopped if stopping else TrainingFinished
+                progress.emit(
+                    ended(
+                        step=step,
+                        last_checkpoint=writer.last_committed,
+                        stop_at=stop_at,
+                        checkpoint_seconds=time.perf_counter() - write_started,
+                    )
                 )
-            )
-            return ExitCode.SUCCEEDED
-        last_time = time.perf_counter()
-        loss_share = runner.run_step(step)
-        step += 1
+                return ExitCode.SUCCEEDED
+            last_time = time.perf_counter()
+            loss_share = runner.run_step(step)
+            step += 1
+    except Exception as exc:
+        if not salvage.is_collective_failure(exc):
+            raise
+        _warn(f"collective failed after step {step} ({exc!r}); holding step {step} for a just-in-time checkpoint")
+        return salvage.hold(
+            rank=cfg.rank,
+            generation=cfg.generation,
+            stage=runner.stage,
+            replica=runner.replica,
+            step=step,
+            error=exc,
+            progress=progress,
+            control=control,
+            root=cfg.checkpoint_dir,
+            hold_seconds=max(60.0, 3 * job.timeout_seconds),
+            payloads=lambda: runner.payloads(list(range(runner.first, runner.last))),
+            manifest=manifest,
+            fence=writer.fence,
+        )
 
 
 def check_eval(spec: Any, eval_interval: int) -> None:

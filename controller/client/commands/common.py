@@ -95,7 +95,17 @@ def job_dict(job: Any) -> dict[str, Any]:
         "checkpoint_dir": job.checkpoint_dir,
         "last_checkpoint_step": job.last_checkpoint_step,
         "steps_lost": job.steps_lost,
-        "morphs": [{"generation": m.generation, "cause": m.cause, "seconds": m.seconds} for m in job.morphs],
+        "morphs": [
+            {
+                "generation": m.generation,
+                "cause": m.cause,
+                "seconds": m.seconds,  # the decision: from the morph's start to the generation's issue
+                "pause_seconds": m.pause_seconds if m.HasField("pause_seconds") else None,  # what training felt
+            }
+            for m in job.morphs
+        ],
+        "eval_loss": job.eval_loss if job.HasField("eval_loss") else None,
+        "eval_step": job.eval_step if job.HasField("eval_loss") else None,
         "priority": job.priority,
         "reason": job.reason,
         "restarts": job.restarts,

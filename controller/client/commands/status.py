@@ -33,6 +33,8 @@ def watch_view(job: dict[str, Any], last_morph_at: float | None, now: float, wid
         f"  generation {job['generation']}, layout {describe_layout(job)}, last morph {since}",
         f"  last checkpoint at step {job['last_checkpoint_step']}, steps lost {job['steps_lost']}",
     ]
+    if job.get("eval_loss") is not None:
+        lines.append(f"  eval loss {job['eval_loss']:.4f} at step {job['eval_step']}")
     if job["reason"]:
         lines.append(f"  {job['reason']}")
     return "\n".join(lines)
@@ -57,9 +59,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"  steps lost {job['steps_lost']}, restarts {job['restarts']}")
     if job["reason"]:
         print(f"  {job['reason']}")
+    if job["eval_loss"] is not None:
+        print(f"  eval loss {job['eval_loss']:.4f} at step {job['eval_step']}")
     for morph in job["morphs"]:
-        print(f"  morph to generation {morph['generation']} in {morph['seconds']:.1f} s: {morph['cause']}")
+        print(f"  {morph_line(morph)}")
     return 0
+
+
+def morph_line(morph: dict[str, Any]) -> str:
+    """A morph as status shows it: the pause training felt beside the controller's decision time."""
+    pause = morph["pause_seconds"]
+    felt = "pause not measured yet" if pause is None else f"training paused {pause:.1f} s"
+    return f"morph to generation {morph['generation']}: {felt}, decided in {morph['seconds']:.1f} s: {morph['cause']}"
 
 
 def _watch(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from controller.core.intake import Stale
 from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
-from controller.core.model import Assignment, Command, World, ranks_by_node
+from controller.core.model import Action, Assignment, Command, Salvage, World, ranks_by_node
 from controller.core.reconcile.admission import admit_queued
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import explain_gpu_waits, spec_for_generation
@@ -80,6 +80,9 @@ def assignment_for(
         entrypoint=job.spec.entrypoint,
         spec=spec_for_generation(job, world.nodes),
         checkpoint_request=job.checkpoint_request,
+        salvage=Salvage(job.salvage_step, job.salvage_writers, job.salvage_deadline)
+        if job.action is Action.HOLD and job.salvage_writers
+        else None,
     )
 
 

@@ -17,6 +17,8 @@ class Config:
     debounce_seconds: float = 5.0
     stop_timeout_seconds: float = 120.0  # a STOP not done by then becomes ABORT
     abort_timeout_seconds: float = 30.0  # survivors that never confirm are given up on
+    suspect_grace_seconds: float = 1.5  # after a failed collective, nodes silent this long are taken for lost
+    salvage_write_seconds: float = 30.0  # a just-in-time checkpoint not committed by then is given up
     morph_cost_seconds: float = 30.0
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rendezvous_port_base: int = 29500

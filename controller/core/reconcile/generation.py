@@ -80,6 +80,9 @@ def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, caus
         resume_generation=resume_generation,
         step=resume,
         steps_lost=job.steps_lost + lost,
+        # the pause runs from the job's last step (a generation that never stepped carries it on)
+        paused_since=job.paused_since if job.paused_since is not None else job.last_step_at,
+        decision_seconds=seconds,
     )
     for name in layout.nodes():
         draft.move_node(name, NodeState.ASSIGNED, f"generation {generation} of {job_id}", job=job_id)

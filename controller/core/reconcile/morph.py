@@ -3,8 +3,10 @@
 - planned (eviction notice, growth): action STOP for generation g; trainers agree on a step boundary,
   checkpoint and exit 0; then generation g+1 is planned on the nodes left and resumes from that
   checkpoint;
-- unplanned (node lost, trainer failed): action ABORT for the survivors, then g+1 resumes from the
-  newest committed checkpoint.
+- unplanned, seen by a survivor (a failed collective): action HOLD while the survivors' last completed
+  step is salvaged (:mod:`~controller.core.reconcile.salvage`), then ABORT and g+1 resumes from it;
+- unplanned otherwise (node lost by heartbeat expiry, trainer failed), or a salvage that falls back:
+  action ABORT for the survivors, then g+1 resumes from the newest committed checkpoint.
 
 Generation g+1 is issued only when no rank of generation g still runs (or its node is gone), so two
 generations never share a slot.
@@ -20,6 +22,7 @@ from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
 from controller.core.reconcile.reports import census, first_error, start_failures
+from controller.core.reconcile.salvage import advance_salvage, first_failure
 
 J = JobState
 
@@ -32,6 +35,8 @@ def supervise(draft: Draft, job_id: str) -> None:
         return
     lost = [n for n in job.nodes if not draft.serves(job, n)]
     draining = [n for n in job.nodes if draft.serves(job, n) and draft.nodes[n].state is NodeState.DRAINING]
+    if first_failure(draft, job_id):  # survivors hold their last step: salvage it (reconcile.salvage)
+        return
     if lost:
         start_morph(draft, job_id, Action.ABORT, MorphCause.NODE_LOST, f"node lost: {', '.join(lost)}")
     elif counted.failed:
@@ -79,6 +84,11 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
     """Escalate a STOP that cannot finish; once the old generation is quiet, issue the next (or queue)."""
     job = draft.jobs[job_id]
     started = job.morph_started_at if job.morph_started_at is not None else draft.now
+    if job.action is Action.HOLD:
+        advance_salvage(draft, config, job_id)
+        job = draft.jobs[job_id]
+        if job.action is Action.HOLD or job.state is not J.MORPHING:
+            return
     if job.action is Action.STOP:
         gone = [n for n in job.nodes if not draft.serves(job, n)]
         if gone or draft.now - started > config.stop_timeout_seconds:
@@ -91,7 +101,7 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
     given_up = job.action is Action.ABORT and draft.now - started > config.abort_timeout_seconds
     if not counted.quiet and not given_up:
         return
-    keep = [n for n in job.nodes if draft.assigned(job, n)]
+    keep = [n for n in job.nodes if draft.assigned(job, n) and n not in job.suspected]
     draft.release_nodes(job_id, job.nodes, f"generation {job.generation} of {job_id} ended")
     nodes = [(n, draft.nodes[n].slots) for n in keep]
     nodes += [(n.name, n.slots) for n in free_nodes(draft.nodes) if n.name not in keep]

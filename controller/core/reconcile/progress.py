@@ -1,21 +1,72 @@
-"""Steps and checkpoints of active jobs, from reports of their current generation only (the fencing rule)."""
+"""Steps, checkpoints, evaluations and the pause a morph caused, from reports of the current generation only
+(the fencing rule).
+
+**The pause** is what a user feels of a morph: from the last step the job completed before it (in any
+earlier generation) to the first step the new generation completed. Both ends are the trainers' own wall
+clocks (``time.time()`` where each step ended), so the pause is right across nodes whose clocks are
+NTP-synced, as cloud VMs' are; a skewed clock could make it negative, and it is then reported as 0. The
+decision time (the morph's start to the new generation's issue) is the controller's clock, ``draft.now``.
+The pause is measured once, in the pass that first sees a step of the new generation; a generation that
+never completes a step carries the pause over to the next one.
+"""
 
 from __future__ import annotations
 
-from controller.core.commands import RecordCheckpoint
+from controller.core.commands import RecordCheckpoint, RecordPause
 from controller.core.events import EventKind
+from controller.core.model import JobRecord, RankReport
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports
 
 
 def progress(draft: Draft, job_id: str) -> None:
     job = draft.jobs[job_id]
-    step, ckpt = job.step, job.last_checkpoint_step
-    for _, report in current_reports(draft, job):
-        step, ckpt = max(step, report.last_step), max(ckpt, report.last_checkpoint_step)
+    reports = [report for _, report in current_reports(draft, job)]
+    step = max([job.step, *(r.last_step for r in reports)])
+    ckpt = max([job.last_checkpoint_step, *(r.last_checkpoint_step for r in reports)])
     if ckpt > job.last_checkpoint_step:
         draft.issue(RecordCheckpoint(job.id, job.generation, ckpt, draft.now))
         draft.event(EventKind.CHECKPOINT_COMMITTED, job.id, generation=job.generation, step=ckpt)
+    fields: dict[str, object] = {}
     if (step, ckpt) != (job.step, job.last_checkpoint_step):
         generation = job.generation if ckpt > job.last_checkpoint_step else job.last_checkpoint_generation
-        draft.amend_job(job_id, step=step, last_checkpoint_step=ckpt, last_checkpoint_generation=generation)
+        fields.update(step=step, last_checkpoint_step=ckpt, last_checkpoint_generation=generation)
+    fields.update(_evaluation(draft, job, reports))
+    fields.update(_pause(draft, job, reports))
+    if fields:
+        draft.amend_job(job_id, **fields)
+
+
+def _evaluation(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
+    """The newest evaluation any rank reported, once (every rank reports the same loss for a step)."""
+    newest = max((r for r in reports if r.eval_loss is not None), key=lambda r: r.eval_step, default=None)
+    if newest is None or newest.eval_step <= job.eval_step:
+        return {}
+    loss = newest.eval_loss
+    draft.event(EventKind.EVALUATION_COMPLETED, job.id, generation=job.generation, step=newest.eval_step, loss=loss)
+    return {"eval_step": newest.eval_step, "eval_loss": loss}
+
+
+def _pause(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
+    """The newest step's time; and, at the first step of a generation after a morph, the pause it caused."""
+    fields: dict[str, object] = {}
+    ended = [r.last_step_at for r in reports if r.last_step_at is not None]
+    if ended and (job.last_step_at is None or max(ended) > job.last_step_at):
+        fields["last_step_at"] = max(ended)
+    first = min((r.first_step_at for r in reports if r.first_step_at is not None), default=None)
+    if job.paused_since is None or first is None:
+        return fields
+    pause = max(0.0, first - job.paused_since)  # clocks are NTP-synced; a skewed one is no negative pause
+    draft.issue(RecordPause(job.id, job.generation, pause))
+    draft.event(
+        EventKind.TRAINING_RESUMED,
+        job.id,
+        generation=job.generation,
+        step=job.resume_step + 1,
+        pause_seconds=pause,
+        decision_seconds=job.decision_seconds,
+        paused_since=job.paused_since,
+        resumed_at=first,
+    )
+    fields["paused_since"] = None
+    return fields

@@ -48,7 +48,8 @@ class Census:
 
 
 def census(draft: Draft, job: JobRecord) -> Census:
-    serving = [name for name in job.nodes if draft.serves(job, name)]  # lost, gone, new incarnations run nothing
+    # lost, gone, new incarnations run nothing; nodes suspected lost after a failed collective are not waited for
+    serving = [name for name in job.nodes if draft.serves(job, name) and name not in job.suspected]
     reporting = [name for name in serving if _reported_since_morph(job, observation(draft, name))]
     quiet = len(reporting) == len(serving) and not any(
         r.running for name in reporting for r in _ranks_up_to_current(job, observation(draft, name))

@@ -88,6 +88,8 @@ class _ActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Action.ValueTy
     """stop at the next common step boundary, write a checkpoint, exit 0"""
     ACTION_ABORT: _Action.ValueType  # 3
     """exit now: a peer is gone and collectives would hang"""
+    ACTION_HOLD: _Action.ValueType  # 4
+    """a collective failed: keep the state of the last completed step in memory and wait;"""
 
 class Action(_Action, metaclass=_ActionEnumTypeWrapper):
     """What the trainers of an assignment's generation should do."""
@@ -99,6 +101,8 @@ ACTION_STOP: Action.ValueType  # 2
 """stop at the next common step boundary, write a checkpoint, exit 0"""
 ACTION_ABORT: Action.ValueType  # 3
 """exit now: a peer is gone and collectives would hang"""
+ACTION_HOLD: Action.ValueType  # 4
+"""a collective failed: keep the state of the last completed step in memory and wait;"""
 Global___Action: _TypeAlias = Action  # noqa: Y015
 
 @_typing.final
@@ -127,6 +131,7 @@ class JobSpec(_message.Message):
     KEEP_FIELD_NUMBER: _builtins.int
     BACKGROUND_CHECKPOINT_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    PEER_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     PRECISION_FIELD_NUMBER: _builtins.int
     ACTIVATION_RECOMPUTATION_FIELD_NUMBER: _builtins.int
@@ -157,7 +162,9 @@ class JobSpec(_message.Message):
     background_checkpoint: _builtins.bool
     """write checkpoints while training goes on"""
     timeout_seconds: _builtins.float
-    """collective timeout"""
+    """start-up, checkpoint and evaluation waits"""
+    peer_timeout_seconds: _builtins.float
+    """a training step's collective: a peer silent this long is lost"""
     device: _builtins.str
     """auto | cuda | cpu"""
     precision: _builtins.str
@@ -187,14 +194,15 @@ class JobSpec(_message.Message):
         keep: _builtins.int | None = ...,
         background_checkpoint: _builtins.bool | None = ...,
         timeout_seconds: _builtins.float | None = ...,
+        peer_timeout_seconds: _builtins.float | None = ...,
         device: _builtins.str | None = ...,
         precision: _builtins.str | None = ...,
         activation_recomputation: _builtins.bool | None = ...,
         eval_interval: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation_recomputation: _TypeAlias = _typing.Literal["activation_recomputation"]  # noqa: Y015
     _WhichOneofArgType__activation_recomputation: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation"]  # noqa: Y015
@@ -218,6 +226,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__micro_batch_size: _TypeAlias = _typing.Literal["_micro_batch_size", b"_micro_batch_size"]  # noqa: Y015
     _WhichOneofReturnType__min_gpus: _TypeAlias = _typing.Literal["min_gpus"]  # noqa: Y015
     _WhichOneofArgType__min_gpus: _TypeAlias = _typing.Literal["_min_gpus", b"_min_gpus"]  # noqa: Y015
+    _WhichOneofReturnType__peer_timeout_seconds: _TypeAlias = _typing.Literal["peer_timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__peer_timeout_seconds: _TypeAlias = _typing.Literal["_peer_timeout_seconds", b"_peer_timeout_seconds"]  # noqa: Y015
     _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
     _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
     _WhichOneofReturnType__profile: _TypeAlias = _typing.Literal["profile"]  # noqa: Y015
@@ -248,6 +258,8 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__micro_batch_size) -> _WhichOneofReturnType__micro_batch_size | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_gpus) -> _WhichOneofReturnType__min_gpus | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__peer_timeout_seconds) -> _WhichOneofReturnType__peer_timeout_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__precision) -> _WhichOneofReturnType__precision | None: ...
     @_typing.overload
@@ -298,23 +310,31 @@ class Morph(_message.Message):
     GENERATION_FIELD_NUMBER: _builtins.int
     CAUSE_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    PAUSE_SECONDS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     """the generation this morph issued"""
     cause: _builtins.str
     seconds: _builtins.float
-    """from the morph's start to the new generation's issue"""
+    """the decision: from the morph's start to the new generation's issue"""
+    pause_seconds: _builtins.float
+    """The pause training felt: from the last step generation - 1 completed to the first step this one
+    completed (trainers' wall clocks, NTP-synced across nodes); unset until that first step is reported.
+    """
     def __init__(
         self,
         *,
         generation: _builtins.int = ...,
         cause: _builtins.str = ...,
         seconds: _builtins.float = ...,
+        pause_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "pause_seconds", b"pause_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "generation", b"generation", "seconds", b"seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "cause", b"cause", "generation", b"generation", "pause_seconds", b"pause_seconds", "seconds", b"seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__pause_seconds: _TypeAlias = _typing.Literal["pause_seconds"]  # noqa: Y015
+    _WhichOneofArgType__pause_seconds: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pause_seconds) -> _WhichOneofReturnType__pause_seconds | None: ...
 
 Global___Morph: _TypeAlias = Morph  # noqa: Y015
 
@@ -339,6 +359,8 @@ class Job(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     RESTARTS_FIELD_NUMBER: _builtins.int
     RENDEZVOUS_ENDPOINT_FIELD_NUMBER: _builtins.int
+    EVAL_LOSS_FIELD_NUMBER: _builtins.int
+    EVAL_STEP_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -353,6 +375,10 @@ class Job(_message.Message):
     submitted_at: _builtins.float
     restarts: _builtins.int
     rendezvous_endpoint: _builtins.str
+    eval_loss: _builtins.float
+    """the newest evaluation's mean loss over the eval dataset (unset: none yet)"""
+    eval_step: _builtins.int
+    """the step it was evaluated after"""
     @_builtins.property
     def layout(self) -> Global___Layout: ...
     @_builtins.property
@@ -379,12 +405,16 @@ class Job(_message.Message):
         spec: Global___JobSpec | None = ...,
         restarts: _builtins.int = ...,
         rendezvous_endpoint: _builtins.str = ...,
+        eval_loss: _builtins.float | None = ...,
+        eval_step: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "eval_loss", b"eval_loss", "layout", b"layout", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "checkpoint_dir", b"checkpoint_dir", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
+    _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__eval_loss) -> _WhichOneofReturnType__eval_loss | None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
 
@@ -788,6 +818,11 @@ class TrainerStatus(_message.Message):
     LAST_STEP_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    EVAL_LOSS_FIELD_NUMBER: _builtins.int
+    EVAL_STEP_FIELD_NUMBER: _builtins.int
+    FIRST_STEP_AT_FIELD_NUMBER: _builtins.int
+    LAST_STEP_AT_FIELD_NUMBER: _builtins.int
+    HELD_STEP_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -800,6 +835,16 @@ class TrainerStatus(_message.Message):
     """newest committed checkpoint (manifest written) it knows of"""
     error: _builtins.str
     """why it exited non-zero (its own message or its log's tail)"""
+    eval_loss: _builtins.float
+    """its newest evaluation's mean loss (the same on every rank)"""
+    eval_step: _builtins.int
+    """the step eval_loss was evaluated after (0: none yet)"""
+    first_step_at: _builtins.float
+    """unix seconds (its wall clock) when it completed its first step"""
+    last_step_at: _builtins.float
+    """unix seconds when it completed last_step (unset: no step yet)"""
+    held_step: _builtins.int
+    """a collective failed: the last completed step it holds in memory"""
     def __init__(
         self,
         *,
@@ -811,14 +856,36 @@ class TrainerStatus(_message.Message):
         last_step: _builtins.int = ...,
         last_checkpoint_step: _builtins.int = ...,
         error: _builtins.str = ...,
+        eval_loss: _builtins.float | None = ...,
+        eval_step: _builtins.int = ...,
+        first_step_at: _builtins.float | None = ...,
+        last_step_at: _builtins.float | None = ...,
+        held_step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "held_step", b"held_step", "last_step_at", b"last_step_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "error", b"error", "exit_code", b"exit_code", "generation", b"generation", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "rank", b"rank", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "rank", b"rank", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
+    _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__first_step_at: _TypeAlias = _typing.Literal["first_step_at"]  # noqa: Y015
+    _WhichOneofArgType__first_step_at: _TypeAlias = _typing.Literal["_first_step_at", b"_first_step_at"]  # noqa: Y015
+    _WhichOneofReturnType__held_step: _TypeAlias = _typing.Literal["held_step"]  # noqa: Y015
+    _WhichOneofArgType__held_step: _TypeAlias = _typing.Literal["_held_step", b"_held_step"]  # noqa: Y015
+    _WhichOneofReturnType__last_step_at: _TypeAlias = _typing.Literal["last_step_at"]  # noqa: Y015
+    _WhichOneofArgType__last_step_at: _TypeAlias = _typing.Literal["_last_step_at", b"_last_step_at"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__eval_loss) -> _WhichOneofReturnType__eval_loss | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_step_at) -> _WhichOneofReturnType__first_step_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__held_step) -> _WhichOneofReturnType__held_step | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_step_at) -> _WhichOneofReturnType__last_step_at | None: ...
 
 Global___TrainerStatus: _TypeAlias = TrainerStatus  # noqa: Y015
 
@@ -864,6 +931,7 @@ class Assignment(_message.Message):
     CHECKPOINT_REQUEST_FIELD_NUMBER: _builtins.int
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
     RESUME_GENERATION_FIELD_NUMBER: _builtins.int
+    SALVAGE_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     """fencing token: never act on one older than the newest seen"""
@@ -891,6 +959,10 @@ class Assignment(_message.Message):
     def layout(self) -> Global___Layout: ...
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
+    @_builtins.property
+    def salvage(self) -> Global___Salvage:
+        """with ACTION_HOLD: the just-in-time checkpoint to write"""
+
     def __init__(
         self,
         *,
@@ -908,14 +980,48 @@ class Assignment(_message.Message):
         checkpoint_request: _builtins.int = ...,
         world_size: _builtins.int = ...,
         resume_generation: _builtins.int = ...,
+        salvage: Global___Salvage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "salvage", b"salvage", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "job", b"job", "layout", b"layout", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "job", b"job", "layout", b"layout", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "salvage", b"salvage", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Assignment: _TypeAlias = Assignment  # noqa: Y015
+
+@_typing.final
+class Salvage(_message.Message):
+    """A just-in-time checkpoint of an unplanned loss: the survivors that hold `step` in memory and write it,
+    one writer per pipeline stage (each layer written once); the first writer commits the manifest.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    WRITERS_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    deadline: _builtins.float
+    """unix seconds: nothing is written after it (the controller falls back)"""
+    @_builtins.property
+    def writers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """one rank per stage, in stage order"""
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        writers: _abc.Iterable[_builtins.int] | None = ...,
+        deadline: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "step", b"step", "writers", b"writers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Salvage: _TypeAlias = Salvage  # noqa: Y015
 
 @_typing.final
 class RegisterRequest(_message.Message):
@@ -1092,6 +1198,40 @@ class CheckpointCommitted(_message.Message):
 Global___CheckpointCommitted: _TypeAlias = CheckpointCommitted  # noqa: Y015
 
 @_typing.final
+class CollectiveFailed(_message.Message):
+    """A trainer whose collective failed or timed out: it aborted the step in flight and holds the state of
+    its last completed step in memory.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAINER_FIELD_NUMBER: _builtins.int
+    STAGE_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    stage: _builtins.int
+    """its pipeline stage in the generation's layout"""
+    replica: _builtins.int
+    """its data-parallel replica"""
+    @_builtins.property
+    def trainer(self) -> Global___TrainerStatus:
+        """held_step set; running"""
+
+    def __init__(
+        self,
+        *,
+        trainer: Global___TrainerStatus | None = ...,
+        stage: _builtins.int = ...,
+        replica: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["trainer", b"trainer"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replica", b"replica", "stage", b"stage", "trainer", b"trainer"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CollectiveFailed: _TypeAlias = CollectiveFailed  # noqa: Y015
+
+@_typing.final
 class ReportEventRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1100,6 +1240,7 @@ class ReportEventRequest(_message.Message):
     EVICTION_FIELD_NUMBER: _builtins.int
     TRAINER_EXITED_FIELD_NUMBER: _builtins.int
     CHECKPOINT_COMMITTED_FIELD_NUMBER: _builtins.int
+    COLLECTIVE_FAILED_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     incarnation: _builtins.int
     @_builtins.property
@@ -1108,6 +1249,8 @@ class ReportEventRequest(_message.Message):
     def trainer_exited(self) -> Global___TrainerExited: ...
     @_builtins.property
     def checkpoint_committed(self) -> Global___CheckpointCommitted: ...
+    @_builtins.property
+    def collective_failed(self) -> Global___CollectiveFailed: ...
     def __init__(
         self,
         *,
@@ -1116,12 +1259,13 @@ class ReportEventRequest(_message.Message):
         eviction: Global___EvictionNotice | None = ...,
         trainer_exited: Global___TrainerExited | None = ...,
         checkpoint_committed: Global___CheckpointCommitted | None = ...,
+        collective_failed: Global___CollectiveFailed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_committed", b"checkpoint_committed", "event", b"event", "eviction", b"eviction", "trainer_exited", b"trainer_exited"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_committed", b"checkpoint_committed", "collective_failed", b"collective_failed", "event", b"event", "eviction", b"eviction", "trainer_exited", b"trainer_exited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_committed", b"checkpoint_committed", "event", b"event", "eviction", b"eviction", "incarnation", b"incarnation", "node_name", b"node_name", "trainer_exited", b"trainer_exited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_committed", b"checkpoint_committed", "collective_failed", b"collective_failed", "event", b"event", "eviction", b"eviction", "incarnation", b"incarnation", "node_name", b"node_name", "trainer_exited", b"trainer_exited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["eviction", "trainer_exited", "checkpoint_committed"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["eviction", "trainer_exited", "checkpoint_committed", "collective_failed"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

@@ -1,0 +1,195 @@
+"""An unplanned loss: from the first survivor's failed collective to a just-in-time checkpoint (or a fallback).
+
+The trainers of generation g whose collective failed hold the parameters and optimizer state of their
+last completed step in memory and report it (``RankReport.held_step``). On the first such report the job
+morphs with action HOLD, with ``morph_started_at`` as the time of the failure; then, pure and timed by
+``draft.now`` (no heartbeat expiry is waited for):
+
+1. **suspect**: a node of the generation that neither reported a failed collective (or an exit) nor was
+   heard from since the first report, once ``suspect_grace_seconds`` have passed, is taken for lost
+   (``NodesSuspected``) and left out of g+1;
+   the ranks of the nodes heard from have until the grace plus the job's ``peer_timeout_seconds`` to
+   report the step they hold (or exit);
+2. **choose**: the newest step ``S`` that every pipeline stage has a holder of; one writer per stage (the
+   lowest replica holding ``S``), so each layer is written once (``SalvageOrdered``), with a deadline;
+   with no such step (a stage lost every replica, or the stages' holders differ), or ``S`` already
+   checkpointed, the job falls back (``SalvageEnded`` with the reason) to ABORT, which resumes from the
+   newest committed checkpoint as before;
+3. **write**: the writers write, the first one commits the manifest and reports the step, which the
+   progress step records like any commit of the generation; the job then goes on with ABORT (every
+   trainer of g has exited or is killed) and g+1 resumes from ``S``. A writer that fails or whose node is
+   lost or silent for the grace, or a deadline that passes, falls back instead (``SalvageEnded``).
+
+A collective that failed while every node is still heard from (a trainer crashed, or a step outlived
+the peer timeout) counts as a restart, bounded by ``max_restarts`` like any trainer failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.core.causes import MorphCause, SalvageOutcome
+from controller.core.events import EventKind
+from controller.core.lifecycle import JobState
+from controller.core.model import Action, JobRecord
+from controller.core.reconcile.config import Config
+from controller.core.reconcile.draft import Draft
+from controller.core.reconcile.reports import current_reports, observation
+
+DEADLINE_MARGIN_SECONDS = 2.0  # past the writers' deadline: what a late report may still need
+
+
+def holders(draft: Draft, job: JobRecord, names: tuple[str, ...] | None = None) -> dict[int, int]:
+    """Rank -> the step it holds, for running ranks of the current generation whose collective failed."""
+    return {r.rank: r.held_step for _, r in current_reports(draft, job, names) if r.held_step is not None and r.running}
+
+
+def first_failure(draft: Draft, job_id: str) -> bool:
+    """A rank of the running generation reports a failed collective: begin the salvage (True)."""
+    job = draft.jobs[job_id]
+    found = next(((n, r) for n, r in current_reports(draft, job) if r.held_step is not None and r.running), None)
+    if found is None or job.layout is None:
+        return False
+    name, report = found
+    replica, stage = job.layout.coords(report.rank)
+    where = f"rank {report.rank}, stage {stage}, replica {replica}"
+    detail = f"collective failed on {name} ({where}) after step {report.held_step}"
+    draft.event(
+        EventKind.COLLECTIVE_FAILED,
+        job_id,
+        name,
+        generation=job.generation,
+        rank=report.rank,
+        stage=stage,
+        replica=replica,
+        step=report.held_step,
+    )
+    draft.move_job(
+        job_id,
+        JobState.MORPHING,
+        detail,
+        action=Action.HOLD,
+        morph_cause=MorphCause.COLLECTIVE_FAILED,
+        morph_detail=detail,
+    )
+    return True
+
+
+def choose(held: Mapping[int, int], stage_of: Mapping[int, int], stages: int) -> tuple[int, tuple[int, ...]] | None:
+    """The newest step every stage has a holder of, and one writer per stage (its lowest rank); None if none."""
+    for step in sorted(set(held.values()), reverse=True):
+        writers = []
+        for stage in range(stages):
+            at = sorted(r for r, s in held.items() if s == step and stage_of[r] == stage)
+            if not at:
+                break
+            writers.append(at[0])
+        else:
+            return step, tuple(writers)
+    return None
+
+
+def advance_salvage(draft: Draft, config: Config, job_id: str) -> None:
+    """One pass of steps 1-3 of the module docstring for a job in HOLD."""
+    job = draft.jobs[job_id]
+    if job.salvage_writers:
+        _watch_writers(draft, config, job)
+    else:
+        _decide(draft, config, job)
+
+
+def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
+    layout = job.layout
+    assert layout is not None
+    failed_at = job.morph_started_at if job.morph_started_at is not None else draft.now
+    serving = [n for n in job.nodes if draft.serves(job, n)]
+    spoke = {n for n, r in current_reports(draft, job) if r.held_step is not None or not r.running}
+    heard = [n for n in serving if n in spoke or ((seen := observation(draft, n)) and seen.last_seen >= failed_at)]
+    waited = draft.now - failed_at
+    if len(heard) < len(serving) and waited < config.suspect_grace_seconds:
+        return
+    suspected = tuple(n for n in job.nodes if n not in heard)
+    on_heard = {r for r, slot in enumerate(layout.placement) if slot.node in heard}
+    accounted = {r.rank for _, r in current_reports(draft, job, heard) if r.held_step is not None or not r.running}
+    patience = config.suspect_grace_seconds + job.spec.peer_timeout_seconds
+    if not on_heard <= accounted and waited < patience:
+        return
+    if suspected:
+        draft.event(EventKind.NODES_SUSPECTED, job.id, generation=job.generation, nodes=list(suspected))
+    fields: dict[str, object] = {
+        "suspected": suspected,
+        "excluded_nodes": tuple(sorted({*job.excluded_nodes, *suspected})),
+    }
+    if not suspected:  # nothing was lost: a trainer failed or a step outlived the peer timeout
+        if job.restarts + 1 > job.spec.max_restarts:
+            draft.move_job(
+                job.id,
+                JobState.FAILED,
+                f"collective failed with every node alive; max_restarts={job.spec.max_restarts}",
+            )
+            draft.release_nodes(job.id, job.nodes, "job failed")
+            return
+        fields["restarts"] = job.restarts + 1
+    held = holders(draft, job, tuple(heard))
+    stage_of = {r: layout.coords(r)[1] for r in held}
+    chosen = choose(held, stage_of, layout.pipeline_stages)
+    if chosen is None:
+        covered = set(stage_of.values())
+        lost = [s for s in range(layout.pipeline_stages) if s not in covered]
+        reason = SalvageOutcome.STAGE_LOST if lost else SalvageOutcome.NO_COMMON_STEP
+        _fall_back(draft, job, reason, fields, stages_lost=lost)
+        return
+    step, writers = chosen
+    if step <= job.last_checkpoint_step:
+        _fall_back(draft, job, SalvageOutcome.ALREADY_COMMITTED, fields, step=step)
+        return
+    deadline = draft.now + config.salvage_write_seconds
+    draft.event(EventKind.SALVAGE_ORDERED, job.id, generation=job.generation, step=step, writers=list(writers))
+    draft.amend_job(job.id, salvage_step=step, salvage_writers=writers, salvage_deadline=deadline, **fields)
+
+
+def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
+    assert job.layout is not None
+    if job.last_checkpoint_step >= job.salvage_step:  # the first writer's commit, recorded by progress
+        draft.event(
+            EventKind.SALVAGE_ENDED,
+            job.id,
+            generation=job.generation,
+            reason=SalvageOutcome.COMMITTED,
+            step=job.salvage_step,
+        )
+        draft.amend_job(
+            job.id, action=Action.ABORT, morph_detail=f"{job.morph_detail}; salvaged step {job.salvage_step}"
+        )
+        return
+    writer_nodes = {job.layout.placement[w].node for w in job.salvage_writers}
+    failed = [
+        r.rank
+        for _, r in current_reports(draft, job)
+        if r.rank in job.salvage_writers and not r.running and r.exit_code != 0
+    ]
+    gone = sorted(
+        n for n in writer_nodes if not draft.serves(job, n) or _silent(draft, n, config.suspect_grace_seconds)
+    )
+    if failed or gone:
+        _fall_back(
+            draft, job, SalvageOutcome.WRITER_FAILED, {}, writers_failed=failed, nodes_gone=gone, step=job.salvage_step
+        )
+    elif draft.now > job.salvage_deadline + DEADLINE_MARGIN_SECONDS:
+        _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, step=job.salvage_step)
+
+
+def _fall_back(
+    draft: Draft, job: JobRecord, reason: SalvageOutcome, fields: Mapping[str, object], **data: object
+) -> None:
+    """Give the salvage up (or need none): ABORT resumes from the newest committed checkpoint, as before."""
+    facts: dict[str, object] = {**data, "generation": job.generation, "reason": reason}
+    draft.event(EventKind.SALVAGE_ENDED, job.id, None, **facts, resume_step=job.last_checkpoint_step)
+    detail = f"{job.morph_detail}; {reason}: resuming from step {job.last_checkpoint_step}"
+    draft.amend_job(job.id, action=Action.ABORT, morph_detail=detail, **fields)
+
+
+def _silent(draft: Draft, name: str, grace: float) -> bool:
+    """Not heard from for ``grace`` (agents beat several times a second while their job holds)."""
+    seen = observation(draft, name)
+    return seen is None or draft.now - seen.last_seen > grace

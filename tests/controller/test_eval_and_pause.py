@@ -1,0 +1,192 @@
+"""Evaluation losses and the pause a morph causes, decided by the pure core with a fake clock, and drawn.
+
+The pause runs from the last step the job completed before a morph to the first step the new generation
+completed, on the trainers' own clocks; the decision time is the controller's (``now``). Both travel
+into the job record, the generations table (through :class:`RecordPause`) and the event log.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+from pathlib import Path
+
+from controller.client.timeline import Pause, build, render_html
+from controller.client.timeline_png import render_png
+from controller.core.commands import RecordPause
+from controller.core.events import EventKind
+from controller.core.lifecycle import JobState
+from controller.core.model import RankReport, RecordEvent, StartGeneration
+from controller.core.reconcile import assignment_for
+from tests.controller.test_reconcile import Sim, started
+from tests.controller.test_timeline import SVG
+
+J = JobState
+
+
+def beat_all(
+    sim: Sim, step: int, *, first_at: float | None = None, last_at: float | None = None, **fields: object
+) -> None:
+    """Every node of j1 reports its ranks of the current generation, with step times and an evaluation."""
+    job = sim.job()
+    for name in job.nodes:
+        a = assignment_for(sim.world, name)
+        assert a is not None
+        ranks = [
+            RankReport("j1", a.generation, r, True, None, step, 0, first_step_at=first_at, last_step_at=last_at)
+            for r in a.ranks
+        ]
+        sim.beat(name, *(replace(r, **fields) for r in ranks))  # type: ignore[arg-type]
+
+
+def events(sim: Sim, kind: EventKind) -> list[RecordEvent]:
+    return [c for c in sim.log if isinstance(c, RecordEvent) and c.kind is kind]
+
+
+def test_the_newest_evaluation_reaches_the_job_once_and_the_event_log() -> None:
+    sim = started(2)
+    beat_all(sim, 10, eval_step=10, eval_loss=2.5)
+    sim.step(1)
+    assert (sim.job().eval_step, sim.job().eval_loss) == (10, 2.5)
+    sim.step(1)  # the same report again: no second event
+    assert [(e.data["step"], e.data["loss"]) for e in events(sim, EventKind.EVALUATION_COMPLETED)] == [(10, 2.5)]
+    beat_all(sim, 25, eval_step=20, eval_loss=2.25)
+    sim.step(1)
+    assert (sim.job().eval_step, sim.job().eval_loss) == (20, 2.25)
+    beat_all(sim, 26, eval_step=10, eval_loss=9.0)  # an older evaluation never replaces a newer one
+    sim.step(1)
+    assert (sim.job().eval_step, sim.job().eval_loss) == (20, 2.25)
+    assert len(events(sim, EventKind.EVALUATION_COMPLETED)) == 2
+
+
+def evict_one(sim: Sim, step: int, last_at: float) -> None:
+    """An eviction notice; every rank stops at ``step`` (completed at ``last_at``) and exits 0."""
+    victim = sim.job().nodes[-1]
+    sim.beat(victim, *sim.world.observed[victim].ranks, notice=sim.now + 30)
+    sim.step(1)
+    assert sim.job().state is J.MORPHING
+    for name in sim.job().nodes:
+        a = assignment_for(sim.world, name)
+        assert a is not None
+        ranks = [RankReport("j1", a.generation, r, False, 0, step, step, last_step_at=last_at) for r in a.ranks]
+        sim.beat(name, *ranks, notice=sim.now + 30 if name == victim else None)
+
+
+def test_the_pause_runs_from_the_last_step_before_a_morph_to_the_first_after_it() -> None:
+    sim = started(4)
+    beat_all(sim, 40, first_at=100.0, last_at=140.0)
+    sim.step(1)
+    assert sim.job().last_step_at == 140.0 and sim.job().paused_since is None  # generation 1: nothing paused
+    evict_one(sim, 41, last_at=141.5)
+    morph_started = sim.job().morph_started_at
+    sim.step(2)  # the controller decides 2 s after the notice came
+    job = sim.job()
+    assert job.state is J.RUNNING and job.generation == 2
+    assert job.paused_since == 141.5
+    assert morph_started is not None and job.decision_seconds == sim.now - morph_started
+    sim.step(5)  # generation 2 starts: no step yet, nothing measured
+    assert not [c for c in sim.log if isinstance(c, RecordPause)]
+    beat_all(sim, 42, first_at=148.0, last_at=148.0)
+    sim.step(1)
+    assert [c for c in sim.log if isinstance(c, RecordPause)] == [RecordPause("j1", 2, 6.5)]
+    [resumed] = events(sim, EventKind.TRAINING_RESUMED)
+    assert dict(resumed.data) == {
+        "generation": 2,
+        "step": 42,
+        "pause_seconds": 6.5,
+        "decision_seconds": job.decision_seconds,
+        "paused_since": 141.5,
+        "resumed_at": 148.0,
+    }
+    assert sim.job().paused_since is None and sim.job().last_step_at == 148.0
+    beat_all(sim, 60, first_at=148.0, last_at=170.0)
+    sim.step(1)
+    assert len(events(sim, EventKind.TRAINING_RESUMED)) == 1  # measured once
+
+
+def test_a_generation_that_never_stepped_carries_the_pause_to_the_next() -> None:
+    sim = started(4)
+    beat_all(sim, 40, first_at=100.0, last_at=140.0)
+    sim.step(1)
+    evict_one(sim, 41, last_at=141.0)
+    sim.step(1)
+    assert sim.job().generation == 2
+    for name in sim.job().nodes:  # generation 2's trainers fail before their first step
+        a = assignment_for(sim.world, name)
+        assert a is not None
+        sim.beat(name, *[RankReport("j1", 2, r, False, 1, 41, 41, error="boom") for r in a.ranks])
+    sim.step(1)
+    assert sim.job().state is J.MORPHING
+    for name in sim.job().nodes:
+        a = assignment_for(sim.world, name)
+        assert a is not None
+        sim.beat(name, *[RankReport("j1", 2, r, False, 1, 41, 41, error="boom") for r in a.ranks])
+    sim.step(1)
+    assert sim.job().generation == 3 and sim.job().paused_since == 141.0
+    beat_all(sim, 42, first_at=150.0, last_at=150.0)
+    sim.step(1)
+    assert [c for c in sim.log if isinstance(c, RecordPause)] == [RecordPause("j1", 3, 9.0)]
+
+
+def test_a_skewed_clock_never_makes_a_negative_pause() -> None:
+    sim = started(4)
+    beat_all(sim, 40, first_at=100.0, last_at=140.0)
+    sim.step(1)
+    evict_one(sim, 41, last_at=141.0)
+    sim.step(1)
+    beat_all(sim, 42, first_at=139.0, last_at=139.0)  # a node whose clock runs 2 s behind
+    sim.step(1)
+    assert [c for c in sim.log if isinstance(c, RecordPause)] == [RecordPause("j1", 2, 0.0)]
+
+
+def test_the_first_generation_has_a_decision_time_of_none_and_no_pause() -> None:
+    sim = started(2)
+    first = next(c for c in sim.log if isinstance(c, StartGeneration))
+    assert first.morph_seconds is None and sim.job().decision_seconds is None
+    beat_all(sim, 5, first_at=10.0, last_at=15.0)
+    sim.step(1)
+    assert not events(sim, EventKind.TRAINING_RESUMED)
+
+
+def test_the_timeline_draws_the_eval_loss_and_each_pause_beside_its_decision_time(tmp_path: Path) -> None:
+    def ev(at: float, kind: str, **data: object) -> dict[str, object]:
+        return {"at": at, "kind": kind, "job": "job-1", "node": None, "data": data}
+
+    log = [
+        ev(0, "GenerationIssued", generation=1, layout="1x2 (P x D), m=4", resume_step=0, cause="admitted"),
+        ev(5, "EvaluationCompleted", generation=1, step=10, loss=3.5),
+        ev(9, "GenerationIssued", generation=2, layout="1x1 (P x D), m=8", resume_step=12, cause="eviction"),
+        ev(
+            12,
+            "TrainingResumed",
+            generation=2,
+            step=13,
+            pause_seconds=4.0,
+            decision_seconds=0.25,
+            paused_since=7.5,
+            resumed_at=11.5,
+        ),
+        ev(15, "EvaluationCompleted", generation=2, step=20, loss=2.75),
+    ]
+    timeline = build(log, "job-1", global_batch=8)
+    assert timeline.evaluations == [(5.0, 10, 3.5), (15.0, 20, 2.75)]
+    assert timeline.pauses == [Pause(2, 7.5, 11.5, 4.0, 0.25)]
+    page = render_html(timeline, "job-1")
+    svg = ET.fromstring(page[page.index("<svg") : page.index("</svg>") + 6])
+    titles = [t.text or "" for t in svg.iter(f"{SVG}title")]
+    assert "training paused 4.0 s before generation 2, decided in 0.2 s" in titles
+    assert {"eval loss 3.5000 at step 10", "eval loss 2.7500 at step 20"} <= set(titles)
+    assert "no evaluation reported" in render_html(build(log[:1], "job-1", 8), "job-1")
+    render_png(timeline, "job-1", tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_watch_view_shows_the_newest_eval_loss() -> None:
+    from controller.client.commands.status import watch_view
+
+    job = {
+        "id": "job-1", "name": "demo", "state": "RUNNING", "step": 150, "total_steps": 300, "generation": 2,
+        "layout": None, "last_checkpoint_step": 140, "steps_lost": 0, "reason": "", "eval_loss": 1.5, "eval_step": 150,
+    }  # fmt: skip
+    assert "eval loss 1.5000 at step 150" in watch_view(job, None, 0.0)
+    assert "eval loss" not in watch_view({**job, "eval_loss": None, "eval_step": None}, None, 0.0)

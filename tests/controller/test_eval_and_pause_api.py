@@ -1,0 +1,145 @@
+"""Evaluation losses and morph pauses through a real controller: agent wire in, status, metrics, events out.
+
+Hostile values in the new TrainerStatus fields are refused with INVALID_ARGUMENT naming the field, and
+change nothing; good ones reach ``GetJob`` (what ``spotmorph status`` shows), ``/metrics`` and the log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import pytest
+
+from controller.api import wire
+from controller.client.commands.common import job_dict
+from controller.client.commands.status import morph_line
+from protos.spotmorph.v1 import controller_pb2 as pb
+from tests.controller.conftest import Live
+from tests.controller.test_hostile_edge import INVALID, Node, refusal, running_job, wait_for
+from tests.controller.test_metrics import parse
+from worker_agent.agent.converge import TrainerKey, TrainerStatus
+from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.agent.wire import trainer_status_to_pb
+
+
+def status(job_id: str, generation: int, rank: int = 0, last_step: int = 10, **fields: Any) -> pb.TrainerStatus:
+    return pb.TrainerStatus(job=job_id, generation=generation, rank=rank, running=True, last_step=last_step, **fields)
+
+
+def job_of(live: Live, job_id: str) -> pb.Job:
+    return live.jobs().GetJob(pb.GetJobRequest(id=job_id))
+
+
+def event_data(live: Live, kind: str) -> list[dict[str, Any]]:
+    found = live.jobs().WatchEvents(pb.WatchEventsRequest(), timeout=5)
+    return [json.loads(e.data_json) for e in found if e.kind == kind]
+
+
+def test_the_agent_wire_carries_evaluation_and_step_times_into_a_rank_report() -> None:
+    report = TrainerReport(
+        TrainerStatus(TrainerKey("job-1", 2, 1), True),
+        pid=7,
+        step=12,
+        eval_step=10,
+        eval_loss=2.125,
+        first_step_at=1_700_000_001.25,
+        last_step_at=1_700_000_009.5,
+    )
+    message = pb.TrainerStatus.FromString(trainer_status_to_pb(report).SerializeToString())
+    rank = wire.rank_from_pb(message, "")
+    assert (rank.eval_step, rank.eval_loss) == (10, 2.125)
+    assert (rank.first_step_at, rank.last_step_at) == (1_700_000_001.25, 1_700_000_009.5)
+    bare = wire.rank_from_pb(trainer_status_to_pb(TrainerReport(report.status, pid=7)), "")
+    assert (bare.eval_step, bare.eval_loss, bare.first_step_at, bare.last_step_at) == (0, None, None, None)
+    diverged = trainer_status_to_pb(TrainerReport(report.status, pid=7, step=12, eval_step=10, eval_loss=math.nan))
+    assert not diverged.HasField("eval_loss") and diverged.eval_step == 0  # never a value the controller refuses
+
+
+HOSTILE = [
+    ({"eval_step": 5, "eval_loss": math.nan}, "eval_loss"),
+    ({"eval_step": 5, "eval_loss": math.inf}, "eval_loss"),
+    ({"eval_step": 5, "eval_loss": 1e300}, "eval_loss"),
+    ({"eval_step": 11, "eval_loss": 1.0}, "eval_step"),  # after the rank's last step
+    ({"eval_step": 0, "eval_loss": 1.0}, "eval_loss"),  # a loss without its step
+    ({"eval_step": 4}, "eval_loss"),  # a step without its loss
+    ({"first_step_at": math.nan, "last_step_at": 100.0}, "first_step_at"),
+    ({"last_step_at": -1.0}, "last_step_at"),
+    ({"last_step_at": 1e300}, "last_step_at"),
+    ({"first_step_at": 200.0, "last_step_at": 100.0}, "first_step_at"),  # the first step after the newest
+    ({"first_step_at": 100.0}, "first_step_at"),  # a first step without a newest one
+]
+
+
+@pytest.mark.parametrize(("fields", "named"), HOSTILE)
+def test_hostile_evaluations_and_step_times_are_refused_and_change_nothing(
+    live: Live, fields: dict[str, Any], named: str
+) -> None:
+    node, job_id, generation = running_job(live, steps=100)
+    code, detail = refusal(lambda: node.beat(status(job_id, generation, **fields)))
+    assert code == INVALID and f"trainers[0].{named}" in detail, detail
+    job = job_of(live, job_id)
+    assert not job.HasField("eval_loss") and job.step == 0
+    node.beat(status(job_id, generation))  # the node is still heard
+    wait_for(lambda: job_of(live, job_id).step == 10, "the good report to count")
+
+
+def test_an_evaluation_reaches_status_metrics_and_the_event_log(live: Live) -> None:
+    node, job_id, generation = running_job(live, steps=100)
+    node.beat(status(job_id, generation, last_step=20, eval_step=20, eval_loss=1.8125))
+    wait_for(lambda: job_of(live, job_id).eval_step == 20, "the evaluation to reach the job")
+    shown = job_dict(job_of(live, job_id))
+    assert (shown["eval_loss"], shown["eval_step"]) == (1.8125, 20)
+    samples = parse(live.scrape())
+    assert samples["spotmorph_job_eval_loss"][(("job", job_id),)] == 1.8125
+    assert samples["spotmorph_job_eval_step"][(("job", job_id),)] == 20
+    assert event_data(live, "EvaluationCompleted") == [{"generation": generation, "step": 20, "loss": 1.8125}]
+    untouched = job_dict(job_of(live, running_job(live, checkpoint_dir=str(live.state_dir / "c2"))[1]))
+    assert (untouched["eval_loss"], untouched["eval_step"]) == (None, None)
+
+
+def test_a_morphs_pause_reaches_status_metrics_and_the_event_log(live: Live) -> None:
+    node, job_id, generation = running_job(live, steps=100)
+    ranks = list(node.beat().assignment.ranks)
+    before = [status(job_id, generation, r, 30, first_step_at=1000.0, last_step_at=1030.0) for r in ranks]
+    node.beat(*before)
+    node.beat(*before, eviction=pb.EvictionNotice(not_before=time.time() + 30, source="imds"))
+    spare = Node(live, slots=2)  # arrives while the job stops: the next generation runs on it
+    spare.beat()
+    stopped = [
+        pb.TrainerStatus(
+            job=job_id,
+            generation=generation,
+            rank=r,
+            running=False,
+            exit_code=0,
+            last_step=31,
+            last_checkpoint_step=31,
+            first_step_at=1000.0,
+            last_step_at=1031.25,
+        )
+        for r in ranks
+    ]
+    node.beat(*stopped, eviction=pb.EvictionNotice(not_before=time.time() + 30, source="imds"))
+    wait_for(lambda: job_of(live, job_id).generation == generation + 1, "the next generation")
+    assignment = spare.beat().assignment
+    assert assignment.generation == generation + 1 and assignment.resume_step == 31
+    morph = job_dict(job_of(live, job_id))["morphs"][0]
+    assert morph["pause_seconds"] is None and "pause not measured yet" in morph_line(morph)
+    after = [
+        status(job_id, assignment.generation, r, 33, first_step_at=1036.0, last_step_at=1037.0)
+        for r in assignment.ranks
+    ]
+    spare.beat(*after)
+    wait_for(lambda: job_of(live, job_id).morphs[0].HasField("pause_seconds"), "the pause to be measured")
+    morph = job_dict(job_of(live, job_id))["morphs"][0]
+    assert morph["pause_seconds"] == 4.75 and morph["seconds"] >= 0
+    assert "training paused 4.8 s" in morph_line(morph) and "decided in" in morph_line(morph)
+    samples = parse(live.scrape())
+    assert samples["spotmorph_morph_pause_seconds_count"][()] == 1
+    assert samples["spotmorph_morph_pause_seconds_sum"][()] == 4.75
+    [resumed] = event_data(live, "TrainingResumed")
+    assert resumed["generation"] == assignment.generation and resumed["pause_seconds"] == 4.75
+    assert resumed["decision_seconds"] == morph["seconds"]

@@ -1,0 +1,187 @@
+"""The unplanned-loss salvage, pure: a fake clock, the test plays the agents (reconcile.salvage).
+
+A 2 x 2 job (stage s of replica d on node-(2d+s+1)) loses nodes without notice; its survivors report
+the step they hold. The controller acts on the first report, suspects the nodes not heard from within
+the grace, orders one writer per stage, and issues the next generation from the salvaged step well
+before any heartbeat expiry, or falls back to the newest periodic checkpoint and says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controller.core.causes import MorphCause, SalvageOutcome
+from controller.core.events import EventKind
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import Action, NodeObservation, RankReport, RecordEvent, StartGeneration, World
+from controller.core.reconcile import Config, assignment_for
+from morphing.layout import make_layout
+from tests.controller.helpers import job, node
+from tests.controller.test_reconcile import Sim
+
+J, N = JobState, NodeState
+CONFIG = Config(heartbeat_expiry_seconds=10, debounce_seconds=0, suspect_grace_seconds=1.5, salvage_write_seconds=30)
+NODES = [f"node-{i}" for i in range(1, 5)]
+
+
+def running(last_checkpoint: int = 30, steps_done: int = 41) -> Sim:
+    layout = make_layout(
+        num_layers=6,
+        pipeline_stages=2,
+        data_parallel=2,
+        micro_batch_size=2,
+        global_batch=8,
+        nodes=[(n, 1) for n in NODES[:4]],
+    )
+    record = job(
+        state=J.RUNNING,
+        generation=1,
+        layout=layout,
+        step=steps_done,
+        last_checkpoint_step=last_checkpoint,
+        rendezvous="127.0.0.1:29501",
+    )
+    nodes = {n: node(n, N.ASSIGNED, job="j1") for n in NODES}
+    sim = Sim(World(nodes, {"j1": record}), CONFIG, now=100.0)
+    for name in NODES:
+        sim.beat(name, *ranks(sim, name, steps_done))
+    sim.step()
+    assert sim.job().state is J.RUNNING
+    return sim
+
+
+def ranks(sim: Sim, name: str, step: int, **fields: object) -> list[RankReport]:
+    a = assignment_for(sim.world, name)
+    if a is None:
+        return []
+    return [replace(RankReport("j1", a.generation, r, True, None, step, 30), **fields) for r in a.ranks]  # type: ignore[arg-type]
+
+
+def holds(sim: Sim, name: str, held: int, step: int = 41) -> None:
+    sim.beat(name, *ranks(sim, name, step, held_step=held))
+
+
+def kinds(sim: Sim) -> list[str]:
+    return [str(c.kind) for c in sim.log if isinstance(c, RecordEvent)]
+
+
+def event(sim: Sim, kind: EventKind) -> RecordEvent:
+    return next(c for c in sim.log if isinstance(c, RecordEvent) and c.kind is kind)
+
+
+def test_a_killed_node_is_suspected_and_the_held_step_is_salvaged_before_any_expiry() -> None:
+    sim = running()
+    holds(sim, "node-1", 42)  # node-2 (replica 0, stage 1) was killed; node-1's collective failed first
+    sim.step(0.1)
+    j = sim.job()
+    assert (j.state, j.action, j.morph_cause) == (J.MORPHING, Action.HOLD, MorphCause.COLLECTIVE_FAILED)
+    first = event(sim, EventKind.COLLECTIVE_FAILED)
+    assert (first.node, first.data["stage"], first.data["replica"], first.data["step"]) == ("node-1", 0, 0, 42)
+    holds(sim, "node-3", 42)
+    holds(sim, "node-4", 42)
+    sim.step(0.5)
+    assert sim.job().salvage_writers == ()  # node-2 may still speak within the grace
+    sim.step(1.1)
+    j = sim.job()
+    assert j.suspected == ("node-2",) and "node-2" in j.excluded_nodes
+    assert (j.salvage_step, j.salvage_writers) == (42, (0, 3))  # stage 0 from replica 0, stage 1 from replica 1
+    order = assignment_for(sim.world, "node-4")
+    assert order is not None and order.action is Action.HOLD and order.salvage is not None
+    assert (order.salvage.step, order.salvage.writers) == (42, (0, 3))
+    # The first writer commits and exits; every survivor's trainer has exited.
+    sim.beat("node-1", *ranks(sim, "node-1", 42, running=False, exit_code=0, last_checkpoint_step=42))
+    sim.beat("node-3", *ranks(sim, "node-3", 42, running=False, exit_code=0))
+    sim.beat("node-4", *ranks(sim, "node-4", 42, running=False, exit_code=0))
+    sim.step(0.2)
+    sim.step(0.2)
+    j = sim.job()
+    assert (j.state, j.generation, j.resume_step, j.steps_lost) == (J.RUNNING, 2, 42, 0)
+    assert j.layout is not None and "node-2" not in j.layout.nodes()
+    issued = next(c for c in sim.log if isinstance(c, StartGeneration))
+    assert (issued.resume_step, issued.morph_cause) == (42, MorphCause.COLLECTIVE_FAILED)
+    assert event(sim, EventKind.SALVAGE_ENDED).data["reason"] == SalvageOutcome.COMMITTED
+    order_of = [
+        k
+        for k in kinds(sim)
+        if k
+        in {
+            "CollectiveFailed",
+            "NodesSuspected",
+            "SalvageOrdered",
+            "CheckpointCommitted",
+            "SalvageEnded",
+            "GenerationIssued",
+        }
+    ]
+    assert order_of == ["CollectiveFailed", "NodesSuspected", "SalvageOrdered", "CheckpointCommitted", "SalvageEnded"]
+    assert sim.world.nodes["node-2"].state is not N.LOST  # all of it before the heartbeat expiry
+    assert sim.job().restarts == 0  # a lost node is no trainer failure
+
+
+def test_a_stage_that_lost_every_replica_falls_back_to_the_periodic_checkpoint_and_says_so() -> None:
+    sim = running(last_checkpoint=30)
+    holds(sim, "node-1", 42)  # node-2 and node-4 (both stage 1) were killed
+    holds(sim, "node-3", 42)
+    sim.step(0.1)
+    sim.step(1.6)
+    ended = event(sim, EventKind.SALVAGE_ENDED)
+    assert ended.data["reason"] == SalvageOutcome.STAGE_LOST and ended.data["stages_lost"] == [1]
+    assert ended.data["resume_step"] == 30
+    j = sim.job()
+    assert j.action is Action.ABORT and set(j.suspected) == {"node-2", "node-4"}
+    sim.beat("node-1", *ranks(sim, "node-1", 42, running=False, exit_code=-9))
+    sim.beat("node-3", *ranks(sim, "node-3", 42, running=False, exit_code=-9))
+    sim.step(0.2)
+    j = sim.job()
+    assert (j.state, j.generation, j.resume_step, j.steps_lost) == (J.RUNNING, 2, 30, 12)
+
+
+def test_a_writer_lost_during_the_write_falls_back_cleanly() -> None:
+    sim = running(last_checkpoint=30)
+    for name in ("node-1", "node-3", "node-4"):
+        holds(sim, name, 42)
+    sim.step(0.1)
+    sim.step(1.6)
+    assert sim.job().salvage_writers == (0, 3)
+    for name in ("node-1", "node-3", "node-4"):  # the order reaches every node
+        holds(sim, name, 42)
+    sim.step(1.0)  # node-4 (the stage 1 writer) dies in the write: it beats no more
+    assert sim.job().action is Action.HOLD
+    sim.beat("node-1", *ranks(sim, "node-1", 42, held_step=42))
+    sim.beat("node-3", *ranks(sim, "node-3", 42, held_step=42))
+    sim.step(0.6)
+    ended = event(sim, EventKind.SALVAGE_ENDED)
+    assert ended.data["reason"] == SalvageOutcome.WRITER_FAILED and ended.data["nodes_gone"] == ["node-4"]
+    j = sim.job()
+    assert j.action is Action.ABORT and j.last_checkpoint_step == 30  # nothing of step 42 was committed
+
+
+def test_a_failure_with_every_node_alive_counts_as_a_restart() -> None:
+    sim = running()
+    for name in ("node-1", "node-2", "node-3", "node-4"):
+        holds(sim, name, 42)  # a step outlived the peer timeout: nobody is gone
+    sim.step(0.1)
+    j = sim.job()
+    assert j.suspected == () and j.restarts == 1 and j.salvage_writers == (0, 1)
+
+
+def test_a_held_step_already_checkpointed_needs_no_write() -> None:
+    sim = running(last_checkpoint=42, steps_done=42)
+    for name in ("node-1", "node-3", "node-4"):
+        sim.beat(name, *ranks(sim, name, 42, held_step=42))
+    sim.step(0.1)
+    sim.step(1.6)
+    assert event(sim, EventKind.SALVAGE_ENDED).data["reason"] == SalvageOutcome.ALREADY_COMMITTED
+    assert sim.job().action is Action.ABORT
+
+
+def test_an_observation_of_the_dead_node_before_the_failure_does_not_make_it_heard() -> None:
+    sim = running()
+    stale = sim.world.observed["node-2"]
+    assert isinstance(stale, NodeObservation) and stale.last_seen < sim.now + 0.1
+    holds(sim, "node-1", 42)
+    sim.step(0.1)
+    for name in ("node-3", "node-4"):
+        holds(sim, name, 42)
+    sim.step(1.6)
+    assert sim.job().suspected == ("node-2",)

@@ -1,0 +1,66 @@
+"""A real cluster trains the Hugging Face example with evaluation, one node is evicted with notice, and
+``spotmorph status`` shows the evaluation loss the trainers computed and the pause the morph caused,
+equal to what the trainers' own progress files say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spotmorph.local.harness import ROOT, LocalCluster
+from worker_agent.contract import EvaluationCompleted, StepCompleted
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVAL_INTERVAL = 200, 50
+
+
+def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    cluster.up(nodes=2, slots=1)
+    job = cluster.submit(
+        ROOT / "examples" / "hf_gpt2.yaml",
+        steps=STEPS,
+        eval_interval=EVAL_INTERVAL,
+        checkpoint_interval=EVAL_INTERVAL,
+        checkpoint_dir=tmp_path / "ckpt",
+        seed=3,
+    )
+    cluster.wait_step(job, 12, 240)
+    victim = cluster.job_nodes(job)[-1]
+    cluster.cli("local", "preempt", victim, "--notice", "30")
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
+    assert final["state"] == "SUCCEEDED", final
+    assert final["generation"] == 2, final
+
+    # The evaluation: the last one, as rank 0 of the last generation computed it (every rank has the same).
+    last = cluster.rank_progress(job)[2]
+    evaluations = [(r.event.step, r.event.eval_loss) for r in last if isinstance(r.event, EvaluationCompleted)]
+    assert evaluations[-1] == (STEPS, final["eval_loss"]) and final["eval_step"] == STEPS
+
+    # The pause: the last step generation 1 completed (any rank) to the first generation 2 completed.
+    def step_times(generation: int) -> list[float]:
+        return [
+            r.time
+            for records in cluster.progress(job, generation).values()
+            for r in records
+            if isinstance(r.event, StepCompleted)
+        ]
+
+    expected = min(step_times(2)) - max(step_times(1))
+    [morph] = final["morphs"]
+    assert morph["generation"] == 2 and "eviction" in morph["cause"]
+    assert morph["pause_seconds"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    assert morph["pause_seconds"] > 0 and morph["seconds"] >= 0
+
+    shown = cluster.cli("status", job).stdout
+    assert f"eval loss {final['eval_loss']:.4f} at step {STEPS}" in shown, shown
+    assert f"training paused {morph['pause_seconds']:.1f} s, decided in {morph['seconds']:.1f} s" in shown, shown
+    logged = cluster.events(job)
+    evaluated = [e["data"]["step"] for e in logged if e["kind"] == "EvaluationCompleted"]
+    assert evaluated[-1] == STEPS and evaluated == sorted(
+        set(evaluated)
+    )  # each once (a beat may carry only the newest)
+    assert set(evaluated) <= set(range(EVAL_INTERVAL, STEPS + 1, EVAL_INTERVAL))
+    assert [e["data"]["generation"] for e in logged if e["kind"] == "TrainingResumed"] == [2]

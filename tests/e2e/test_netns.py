@@ -1,0 +1,221 @@
+"""``spotmorph local up --netns``: every VM a network namespace, and the network faults on it.
+
+These need root (network namespaces, veth pairs, a bridge) and skip with the reason where they cannot
+run. Every test ends with ``down`` and checks that no namespace or link of its cluster is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spotmorph.local import netns
+from spotmorph.local.harness import LocalCluster, spotmorph
+from spotmorph.local.layout import ClusterDir
+from spotmorph.local.network import NODE_INTERFACE, prefix_of
+from spotmorph.local.processes import alive
+
+from .netns_helpers import assert_nothing_left, listener, needs_netns, plan_of, reaches
+
+pytestmark = [pytest.mark.slow, needs_netns]
+PEER_PORT = 47001
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "home")
+    try:
+        yield local
+    finally:
+        local.down()
+        assert_nothing_left(local.files.root)
+
+
+def controller_port(cluster: LocalCluster) -> int:
+    return int(cluster.context().controller.rsplit(":", 1)[1])
+
+
+def platform_port(cluster: LocalCluster) -> int:
+    return int(cluster.context().imds_url.rsplit(":", 1)[1])
+
+
+def test_each_vm_is_a_namespace_with_its_own_address(cluster: LocalCluster) -> None:
+    cluster.up(nodes=2, slots=1, netns=True)
+    plan = plan_of(cluster)
+    context = cluster.context()
+    assert context.controller.startswith(f"{plan.controller_address}:")
+    assert context.imds_url.startswith(f"http://{plan.platform_address}:")
+    nodes = {n["name"]: n["address"] for n in cluster.nodes()}
+    assert nodes == {"node-1": plan.vm_address(1), "node-2": plan.vm_address(2)}
+    namespaces, links = netns.leftovers(plan.prefix)
+    assert sorted(namespaces) == [plan.namespace(1), plan.namespace(2)]
+    assert {plan.bridge, plan.veth(1), plan.veth(2)} <= set(links)
+    assert all(len(name) <= 15 for name in links)
+    # each agent runs inside its VM's namespace (the same network namespace as `ip netns exec` gives)
+    for vm in cluster.vms():
+        assert vm.pid is not None
+        ours = os.readlink(f"/proc/{vm.pid}/ns/net")
+        assert ours != os.readlink("/proc/self/ns/net")
+        assert os.stat(f"/run/netns/{plan.namespace(vm.serial)}").st_ino == os.stat(f"/proc/{vm.pid}/ns/net").st_ino
+    # `local add` gives the new VM a namespace too
+    cluster.add(1)
+    cluster.wait(lambda: len(cluster.nodes()) == 3, 60, "node-3 to register")
+    assert {n["name"]: n["address"] for n in cluster.nodes()}["node-3"] == plan.vm_address(3)
+
+
+@pytest.mark.parametrize("kind", ["controller", "peers", "all"])
+def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: LocalCluster, kind: str) -> None:
+    cluster.up(nodes=2, slots=1, netns=True)
+    plan = plan_of(cluster)
+    me, peer = plan.namespace(1), plan.namespace(2)
+    control, platform = (
+        (plan.controller_address, controller_port(cluster)),
+        (plan.platform_address, platform_port(cluster)),
+    )
+    with listener(me, plan.vm_address(1), PEER_PORT), listener(peer, plan.vm_address(2), PEER_PORT):
+
+        def links() -> dict[str, bool]:
+            return {
+                "controller": reaches(me, *control),
+                "to peer": reaches(me, plan.vm_address(2), PEER_PORT),
+                "from peer": reaches(peer, plan.vm_address(1), PEER_PORT),
+                "platform": reaches(me, *platform),
+                "peer to controller": reaches(peer, *control),
+            }
+
+        assert all(links().values())
+        out = cluster.cli("local", "partition", "node-1", "--from", kind)
+        assert f"partitioned from {kind}" in out.stdout
+        cut_controller, cut_peers = kind in {"controller", "all"}, kind in {"peers", "all"}
+        assert links() == {
+            "controller": not cut_controller,
+            "to peer": not cut_peers,
+            "from peer": not cut_peers,
+            "platform": True,  # eviction notices still arrive, as IMDS does on Azure
+            "peer to controller": True,
+        }
+        assert "healed" in cluster.cli("local", "heal", "node-1").stdout
+        assert all(links().values())
+        assert "no partition" in cluster.cli("local", "heal", "node-1").stdout
+
+
+def test_partitioned_from_the_controller_past_the_expiry_makes_the_node_lost(cluster: LocalCluster) -> None:
+    cluster.up(nodes=2, slots=1, heartbeat_expiry=2.0, netns=True)
+    cluster.cli("local", "partition", "node-1", "--from", "controller")
+    cluster.wait(lambda: cluster.node_state("node-1") == "LOST", 30, "node-1 to be LOST")
+    assert cluster.node_state("node-2") == "READY"
+    assert cluster.vm_of("node-1").alive(), "a partition is not a crash: the VM's agent still runs"
+    events = [e for e in cluster.events() if e.get("subject") == "node-1" or "node-1" in str(e)]
+    assert any("heartbeat" in str(e) for e in events), events
+    cluster.cli("local", "heal", "node-1")
+
+
+def test_netem_names_the_missing_module_or_shapes_the_link(cluster: LocalCluster) -> None:
+    cluster.up(nodes=1, slots=1, netns=True)
+    namespace = plan_of(cluster).namespace(1)
+
+    def qdisc() -> str:
+        return subprocess.run(
+            ["tc", "-n", namespace, "qdisc", "show", "dev", NODE_INTERFACE], capture_output=True, text=True, check=True
+        ).stdout
+
+    delayed = cluster.cli("local", "netem", "node-1", "--delay", "40", "--loss", "1", check=False)
+    if delayed.returncode == 2:
+        assert "sch_netem" in delayed.stderr and "--rate alone" in delayed.stderr, delayed.stderr
+        assert "netem" not in qdisc()
+    else:
+        assert delayed.returncode == 0, delayed.stderr
+        assert "delay 40ms" in qdisc() and "loss 1%" in qdisc()
+    rated = cluster.cli("local", "netem", "node-1", "--rate", "20")
+    assert "tbf" in rated.stdout and "rate 20Mbit" in qdisc()
+    nothing = cluster.cli("local", "netem", "node-1", check=False)
+    assert nothing.returncode == 2 and "--delay" in nothing.stderr
+    cluster.cli("local", "heal", "node-1")
+    assert "tbf" not in qdisc() and "netem" not in qdisc()
+
+
+def test_netem_delay_where_the_kernel_has_sch_netem(cluster: LocalCluster) -> None:
+    cluster.up(nodes=1, slots=1, netns=True)
+    out = cluster.cli("local", "netem", "node-1", "--delay", "25", "--loss", "2", "--rate", "50", check=False)
+    if out.returncode == 2 and "sch_netem" in out.stderr:
+        pytest.skip("this kernel has no sch_netem module (tc netem); the test above checks the message")
+    assert out.returncode == 0, out.stderr
+    shown = subprocess.run(
+        ["tc", "-n", plan_of(cluster).namespace(1), "qdisc", "show", "dev", NODE_INTERFACE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "netem" in shown and "delay 25ms" in shown and "loss 2%" in shown and "rate 50Mbit" in shown
+
+
+def test_faults_on_a_loopback_cluster_say_to_use_netns(cluster: LocalCluster) -> None:
+    cluster.up(nodes=1, slots=1)
+    out = cluster.cli("local", "partition", "node-1", check=False)
+    assert out.returncode == 2 and "local up --netns" in out.stderr
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def test_down_after_up_was_killed_leaves_nothing(tmp_path: Path, cluster: LocalCluster) -> None:
+    """SIGKILL the whole `local up` process tree midway (namespaces made, maybe no context yet), then `down`."""
+    root = ClusterDir.of_home(cluster.home).root
+    prefix = prefix_of(root)
+    up = subprocess.Popen(
+        spotmorph("local", "up", "--netns", "--nodes", "3", "--slots", "1"),
+        env=cluster.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    killed: list[int] = []
+    try:
+        cluster.wait(lambda: len(netns.leftovers(prefix)[0]) >= 2, 60, "`local up` to make namespaces")
+        killed = descendants(up.pid)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        up.kill()
+        up.wait()
+    assert any(netns.leftovers(prefix)), "the crash should have left namespaces and links behind"
+    first = cluster.down()
+    assert first.returncode == 0, first.stderr
+    assert "removed" in first.stdout
+    assert_nothing_left(root)
+    cluster.wait(lambda: not any(alive(pid) for pid in killed), 30, "every process of the cluster to end")
+    second = cluster.down()
+    assert second.returncode == 2 and "no local cluster" in second.stderr
+    assert_nothing_left(root)
+
+
+def test_without_the_rights_up_netns_exits_2_saying_what_is_missing(cluster: LocalCluster) -> None:
+    """Root without CAP_NET_ADMIN and CAP_SYS_ADMIN (as a non-root user would be), then without `ip`."""
+    args = spotmorph("local", "up", "--netns", "--nodes", "1")
+    dropped = subprocess.run(
+        ["setpriv", "--bounding-set=-net_admin,-sys_admin", *args], env=cluster.env, capture_output=True, text=True
+    )
+    assert dropped.returncode == 2, dropped.stderr
+    assert "CAP_NET_ADMIN and CAP_SYS_ADMIN" in dropped.stderr and "root" in dropped.stderr
+    no_ip = subprocess.run(args, env={**cluster.env, "PATH": "/nonexistent"}, capture_output=True, text=True)
+    assert no_ip.returncode == 2 and "`ip` command (iproute2)" in no_ip.stderr
+    assert not cluster.files.root.exists(), "nothing is made before the rights are checked"

@@ -1,0 +1,90 @@
+"""Training across network namespaces: VMs with addresses of their own, rendezvous over the bridge.
+
+Two VMs train (the planner puts the demo job on two slots); one is preempted with notice, a third VM is
+added and the job grows onto it. The job is float64 and its checkpoint is compared with an uninterrupted
+single-process run (max relative error <= 1e-9). Needs root; skips with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference, world_size
+
+from .netns_helpers import assert_nothing_left, needs_netns, plan_of
+
+pytestmark = [pytest.mark.slow, needs_netns]
+BATCH, SEED, INTERVAL = 16, 11, 10
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "home")
+    try:
+        yield local
+    finally:
+        local.down()
+        assert_nothing_left(local.files.root)
+
+
+def trainer_environments(cluster: LocalCluster, job: str, generation: int) -> list[dict[str, str]]:
+    """The environment of every live trainer of ``generation`` (from /proc)."""
+    found = []
+    for vm in cluster.vms():
+        for path in vm.work_dir.trainers.generation_dir(job, generation).pid_files().values():
+            try:
+                raw = Path(f"/proc/{int(path.read_text())}/environ").read_bytes()
+            except (OSError, ValueError):
+                continue
+            found.append(dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item))
+    return found
+
+
+def test_training_across_namespaces_survives_a_preemption_and_an_added_vm(
+    cluster: LocalCluster, tmp_path: Path, references: Path
+) -> None:
+    cluster.up(nodes=2, slots=1, netns=True)
+    plan = plan_of(cluster)
+    checkpoints = tmp_path / "ckpt"  # one directory on the shared filesystem, as NFS or Azure Files would be
+    job = cluster.submit(
+        steps=1_000_000,
+        global_batch=BATCH,
+        seed=SEED,
+        dtype="float64",
+        checkpoint_interval=INTERVAL,
+        checkpoint_dir=checkpoints,
+    )
+    first = cluster.wait_step(job, 5, 120)
+    host = first["rendezvous_endpoint"].rsplit(":", 1)[0]
+    assert ipaddress.ip_address(host) in plan.network, "trainers rendezvous at a VM's namespace address"
+    environments = trainer_environments(cluster, job, int(first["generation"]))
+    assert environments and all(env.get("GLOO_SOCKET_IFNAME") == "eth0" for env in environments)
+    assert all(env.get("NCCL_SOCKET_IFNAME") == "=eth0" for env in environments)
+
+    victim = cluster.job_nodes(job)[-1]
+    cluster.cli("local", "preempt", victim, "--notice", "20")
+    shrunk = cluster.wait_status(
+        job, lambda s: s["state"] == "RUNNING" and victim not in cluster.job_nodes(job), 120, "the shrink"
+    )
+    width = world_size(shrunk)
+    cluster.add(1)
+
+    def grown(status: dict[str, Any]) -> bool:
+        return status["state"] == "RUNNING" and world_size(status) > width
+
+    after = cluster.wait_status(job, grown, 120, "growth onto the added VM")
+    assert after["steps_lost"] == 0
+    causes = [m["cause"] for m in after["morphs"]]
+    assert any("eviction" in c for c in causes) and any(c.startswith("grow") for c in causes), causes
+    cluster.wait_step(job, int(after["step"]) + INTERVAL, 120)
+    cluster.cli("cancel", job)
+    cluster.wait_state(job, {"CANCELLED"}, 60)
+    verified = cluster.cli_json("checkpoint", "verify", str(checkpoints))
+    assert int(verified["step"]) > int(after["step"]), "no checkpoint was written after the growth"
+    expected = train_reference(references, int(verified["step"]), BATCH, SEED)
+    assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"

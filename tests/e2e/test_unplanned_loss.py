@@ -1,0 +1,61 @@
+"""A node killed without notice on a real local cluster: the survivors' last step is salvaged.
+
+Real controller, agents (warm trainers, the default) and trainers; ``local kill`` SIGKILLs a whole VM.
+The controller must start the next generation from the step the survivors held, before the heartbeat
+expiry (asserted on the order of events and their causes, never on wall-clock times), losing at most
+the step in flight, and the final checkpoint must equal an uninterrupted 1-process run (float64, 1e-9).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
+
+pytestmark = pytest.mark.slow
+
+STEPS, BATCH, SEED, INTERVAL = 200, 16, 7, 100
+
+
+def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
+    cluster: LocalCluster, tmp_path: Path, references: Path
+) -> None:
+    cluster.up(nodes=2, slots=2, heartbeat_expiry=30.0)  # an expiry far beyond what the salvage needs
+    checkpoints = tmp_path / "ckpt"
+    job = cluster.submit(
+        steps=STEPS,
+        global_batch=BATCH,
+        seed=SEED,
+        dtype="float64",
+        checkpoint_interval=INTERVAL,
+        checkpoint_dir=checkpoints,
+    )
+    before = cluster.wait_step(job, 30, 180)
+    assert int(before["layout"]["data_parallel"]) >= 2, before["layout"]
+    victim = cluster.job_nodes(job)[-1]
+    cluster.kill(victim)
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
+    assert final["state"] == "SUCCEEDED", final
+    events = cluster.events(job)
+    kinds = [e["kind"] for e in events]
+    first = kinds.index("CollectiveFailed")
+    ended = next(e for e in events if e["kind"] == "SalvageEnded")
+    issued = next(
+        i for i, e in enumerate(events) if e["kind"] == "GenerationIssued" and int(e["data"]["generation"]) == 2
+    )
+    lost = [
+        i
+        for i, e in enumerate(events)
+        if e["kind"] == "NodeStateChanged" and e["node"] == victim and e["data"]["to"] == "LOST"
+    ]
+    assert first < kinds.index("NodesSuspected") < issued
+    assert not lost or lost[0] > issued, "the next generation waited for the heartbeat expiry"
+    if ended["data"]["reason"] == "committed":
+        assert final["steps_lost"] <= 1
+        assert int(events[issued]["data"]["resume_step"]) == int(ended["data"]["step"])  # the salvaged step
+    else:  # the layout put a whole stage on the victim: the periodic checkpoint, and the log says so
+        assert ended["data"]["reason"] == "stage_lost", ended
+    expected = train_reference(references, STEPS, BATCH, SEED)
+    assert max_rel_diff(expected, checkpoints) <= 1e-9

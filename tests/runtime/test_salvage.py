@@ -1,0 +1,164 @@
+"""A peer killed mid-training: the survivors hold their last completed step and write it on order.
+
+Real trainer processes of a 2 x 2 layout (float64), started as an agent starts them, with a salvage
+order written into their control dir as an agent writes the controller's. Killing one rank makes the
+three others report ``CollectiveFailed`` within seconds, at the same step; the two writers the order
+names (one per stage) write that step from memory, the first commits the manifest, and the checkpoint
+equals an uninterrupted 1 x 1 run of as many steps (<= 1e-9). A writer killed during the write leaves
+no manifest: no checkpoint, nothing a reader would load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from morphing.jobspec import JobSpec
+from morphing.layout import Layout, make_layout
+from tests.runtime.helpers import TINY, train, wait_for
+from worker_agent.contract import (
+    CollectiveFailed,
+    ExitCode,
+    GenerationDir,
+    SalvageOrder,
+    SalvageWritten,
+    StepCompleted,
+    TrainerArguments,
+    read_progress,
+)
+from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.salvage import PAUSE_ENV
+
+pytestmark = pytest.mark.slow
+
+BATCH, SEED, LAYERS = 7, 0, 4
+
+
+def layout() -> Layout:
+    return make_layout(num_layers=LAYERS, pipeline_stages=2, data_parallel=2, micro_batch_size=2, global_batch=BATCH)
+
+
+class Run:
+    """Four trainer processes of one generation, the first hosting the store."""
+
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None) -> None:
+        from spotmorph.local.processes import free_port
+
+        self.root = tmp / "ckpt"
+        self.dir = GenerationDir(tmp / "job" / "gen-1")
+        self.dir.control.path.mkdir(parents=True)
+        job = JobSpec(
+            name="salvage",
+            entrypoint=TINY,
+            global_batch=BATCH,
+            steps=10**6,
+            seed=SEED,
+            dtype="float64",
+            checkpoint_interval=1000,
+            checkpoint_dir=str(self.root),
+            peer_timeout_seconds=5.0,
+            device="cpu",
+        )
+        self.dir.job_file.write_text(job.model_dump_json())
+        self.layout = layout()
+        self.dir.layout_file.write_text(json.dumps(self.layout.to_dict()))
+        port = free_port()
+        self.procs = []
+        for rank in range(4):
+            arguments = TrainerArguments.in_generation_dir(
+                self.dir, rank, f"127.0.0.1:{port}", self.root, host_store=rank == 0
+            )
+            log = open(self.dir.log_file(rank), "wb")  # noqa: SIM115
+            self.procs.append(
+                subprocess.Popen(
+                    arguments.command(sys.executable),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **(env or {})},
+                )
+            )
+
+    def events(self, rank: int, kind: type) -> list:  # type: ignore[type-arg]
+        return [r.event for r in read_progress(self.dir.progress_file(rank)) if isinstance(r.event, kind)]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- rank {r} ---\n{self.dir.log_file(r).read_text()[-1500:]}" for r in range(4))
+
+    def kill(self, rank: int) -> None:
+        os.kill(self.procs[rank].pid, signal.SIGKILL)
+        self.procs[rank].wait()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[Run]:
+    started = Run(tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def held_after_killing(run: Run, victim: int) -> dict[int, int]:
+    """Kill ``victim`` once every rank is past step 3; the step each survivor says it holds."""
+    wait_for(lambda: all(len(run.events(r, StepCompleted)) >= 3 for r in range(4)), 120, "four ranks at step 3")
+    run.kill(victim)
+    survivors = [r for r in range(4) if r != victim]
+    wait_for(lambda: all(run.events(r, CollectiveFailed) for r in survivors), 30, "survivors to report")
+    return {r: run.events(r, CollectiveFailed)[0].step for r in survivors}
+
+
+def test_survivors_hold_the_same_step_and_their_salvage_equals_the_reference(run: Run, tmp_path: Path) -> None:
+    held = held_after_killing(run, victim=1)  # replica 0's stage 1
+    assert len(set(held.values())) == 1, (held, run.logs())
+    step = next(iter(held.values()))
+    reported = max(e.step for r in held for e in run.events(r, StepCompleted))
+    assert reported <= step <= reported + 1  # at most the step in flight is lost
+    for rank, failure in ((r, run.events(r, CollectiveFailed)[0]) for r in held):
+        assert (failure.replica, failure.stage) == run.layout.coords(rank) and failure.generation == 1
+    order = SalvageOrder(step, (0, 3), time.time() + 60)  # stage 0 from replica 0, stage 1 from replica 1
+    run.dir.control.request_salvage(order.to_json())
+    for rank in held:
+        assert run.procs[rank].wait(60) == ExitCode.SUCCEEDED, run.logs()
+    written = run.events(0, SalvageWritten)
+    assert written and written[0].committed and written[0].last_checkpoint == step
+    assert not run.events(2, SalvageWritten)  # not named: writes nothing
+    salvaged = ck.verify(ck.step_dir(run.root, step))
+    assert {f.writer_rank for f in salvaged.manifest.files} == {0, 3}
+    assert sorted(f.layer for f in salvaged.manifest.files) == sorted(salvaged.manifest.layer_names)
+    reference = tmp_path / "reference"
+    train(reference, 1, 1, step, f"--checkpoint-interval={step}")
+    diff = ck.diff(ck.verify(ck.step_dir(reference, step)), salvaged)
+    assert not diff["missing"] and diff["max_rel"] <= 1e-9, diff
+
+
+def test_a_writer_killed_during_the_salvage_leaves_no_checkpoint(tmp_path: Path) -> None:
+    run = Run(tmp_path, {PAUSE_ENV: "4"})
+    try:
+        held = held_after_killing(run, victim=1)
+        step = max(held.values())
+        writers = (0, 3) if held[3] == step else (2, 3)
+        run.dir.control.request_salvage(SalvageOrder(step, writers, time.time() + 8).to_json())
+        layer_files = ck.step_dir(run.root, step)
+        wait_for(lambda: len(list(layer_files.glob("*.pt"))) >= LAYERS, 30, "the writers' layer files")
+        run.kill(3)  # in its pause: layer files written, no part file yet
+        assert run.procs[writers[0]].wait(60) == ExitCode.CHECKPOINT_NOT_WRITTEN, run.logs()
+        assert not (layer_files / ck.MANIFEST).exists()
+        with pytest.raises(ck.CheckpointError, match="no manifest"):
+            ck.verify(layer_files)
+        assert ck.newest_valid(run.root) is None  # a reader finds nothing to load, not half a checkpoint
+    finally:
+        run.stop()

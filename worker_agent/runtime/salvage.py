@@ -1,0 +1,225 @@
+"""After a failed collective: hold the last completed step, and write it when the controller says so.
+
+A rank whose collective fails or times out (a peer is gone: its connections were reset, or it stayed
+silent for ``peer_timeout_seconds``) abandons the step in flight. Every collective of a step comes
+before its optimizer update (:meth:`worker_agent.runtime.engine.StageRunner.run_step`), so the
+parameters and optimizer state in memory are those of the last completed step. The rank then
+
+1. severs its connections (shuts down every connected TCP socket: gloo's pairs and the store's
+   client; aborts NCCL communicators), so peers blocked on it fail at once instead of waiting out
+   their timeout, and the failure spreads through the generation in milliseconds;
+2. reports :class:`~worker_agent.contract.CollectiveFailed` (its stage, replica and held step), which
+   its agent pushes to the controller at once;
+3. waits for the controller's :class:`~worker_agent.contract.SalvageOrder`: a rank it names writes
+   every layer of its stage from memory into ``step-NNNNNNNN-gG/`` (G: its generation) with a part file
+   of its own, and the first writer commits the manifest once every writer's part is there, before the order's deadline.
+   A rank it does not name exits; so does one that waits longer than the hold limit or is asked to stop
+   meanwhile (``spotmorph train``, which has no controller, asks that of every survivor).
+
+A half-written just-in-time checkpoint has no manifest, so it is no checkpoint; and only the step the
+controller records as committed is named in the next generation's assignment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import stat
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from worker_agent.contract import (
+    CollectiveFailed,
+    ControlDir,
+    ExitCode,
+    SalvageOrder,
+    SalvageWritten,
+    TrainerFailed,
+)
+from worker_agent.runtime.checkpoint import FORMAT, MANIFEST, LayerPayload, atomic_write, serialise, step_dir
+from worker_agent.runtime.control import Progress
+from worker_agent.runtime.errors import GenerationFenced
+from worker_agent.runtime.fence import Fence, check_fence
+
+POLL_SECONDS = 0.02
+# Only for tests: the writers pause this long after their layer files, before their part file (a kill
+# can then land inside the write).
+PAUSE_ENV = "SPOTMORPH_TEST_SALVAGE_PAUSE_SECONDS"
+_MARKERS = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "broken pipe")
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """A failure of communication with a peer (not a bug in the model or bad input)."""
+    if isinstance(exc, dist.DistError | TimeoutError | ConnectionError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _MARKERS)
+
+
+def sever() -> int:
+    """Shut down every connected TCP socket of this process (listening ones stay); returns how many.
+
+    Peers blocked on this rank in gloo then see the connection close at once. Closing is left to the
+    owners of the descriptors (shutdown only ends the connection), so nothing is freed twice.
+    """
+    if "worker_agent.runtime.comm" in sys.modules:
+        from worker_agent.runtime.comm import abort_communicators
+
+        abort_communicators()
+    count = 0
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        with contextlib.suppress(OSError, ValueError):
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=fd)
+            try:
+                inet = sock.family in (socket.AF_INET, socket.AF_INET6)
+                if inet and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    count += 1
+            finally:
+                sock.detach()
+    return count
+
+
+class Timeouts:
+    """The world group's timeout: ``long`` in the phases that wait on slow local work (start-up, checkpoint
+    writes, evaluation), ``peer`` during steps. The groups that move model tensors are created with
+    ``peer`` (a point-to-point receive keeps the timeout of its group's creation)."""
+
+    def __init__(self, long: float, peer: float) -> None:
+        self.long = timedelta(seconds=max(long, peer))
+        self.peer = timedelta(seconds=peer)
+
+    def settle(self) -> None:
+        """Wait (up to ``long``) until every rank is here, then bound the next collectives by ``peer``."""
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(self.long)
+        dist.barrier()
+        _set_pg_timeout(self.peer)
+
+
+def part_name(generation: int, rank: int) -> str:
+    return f"salvage-g{generation}-rank-{rank}.json"
+
+
+def write_part(
+    root: Path, step: int, generation: int, rank: int, payloads: dict[str, LayerPayload], fence: Fence | None = None
+) -> None:
+    """This writer's layer files, then its part file (the list of them, with sizes and SHA-256)."""
+    if fence is not None:
+        check_fence(root, fence)  # a newer generation has started: the controller fell back, write nothing
+    directory = step_dir(root, step, generation)
+    parts = directory / ".parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for layer, payload in payloads.items():
+        data = serialise(payload)
+        path = directory / f"{layer}.pt"
+        atomic_write(path, data)
+        entries.append(
+            {
+                "path": path.name,
+                "layer": layer,
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "tensors": sorted(payload["tensors"]),
+                "writer_rank": rank,
+            }
+        )
+    pause = float(os.environ.get(PAUSE_ENV) or 0)
+    if pause > 0:
+        time.sleep(pause)
+    atomic_write(parts / part_name(generation, rank), json.dumps(entries).encode())
+
+
+def commit(
+    root: Path, step: int, order: SalvageOrder, generation: int, manifest: dict[str, Any], fence: Fence | None = None
+) -> bool:
+    """The manifest, once every writer's part is there; False when the deadline came first.
+
+    The fence is checked right before the manifest's rename (:class:`GenerationFenced` when a newer generation
+    started meanwhile), as for every other checkpoint."""
+    directory = step_dir(root, step, generation)
+    names = [directory / ".parts" / part_name(generation, r) for r in order.writers]
+    while not all(p.exists() for p in names):
+        if time.time() >= order.deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    files = sorted((e for p in names for e in json.loads(p.read_text())), key=lambda e: e["path"])
+    if time.time() >= order.deadline:
+        return False
+    body = {"format": FORMAT, **manifest, "step": step, "files": files, "committed_at": time.time()}
+    before_rename = None if fence is None else (lambda: check_fence(root, fence))
+    atomic_write(directory / MANIFEST, json.dumps(body, indent=1, sort_keys=True).encode(), before_rename)
+    return True
+
+
+def wait_for_order(control: ControlDir | None, limit: float) -> SalvageOrder | None:
+    """The controller's order once the agent publishes it; None after ``limit`` seconds, on a bad file, or
+    when a stop is requested meanwhile (``spotmorph train`` asks that of the survivors: no one salvages)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if control is None or control.stop_requested():
+            return None
+        text = control.salvage_request()
+        if text:
+            try:
+                return SalvageOrder.from_json(text)
+            except ValueError:
+                return None
+        time.sleep(POLL_SECONDS)
+    return None
+
+
+def hold(
+    *,
+    rank: int,
+    generation: int,
+    stage: int,
+    replica: int,
+    step: int,
+    error: BaseException,
+    progress: Progress,
+    control: ControlDir | None,
+    root: Path,
+    hold_seconds: float,
+    payloads: Callable[[], dict[str, LayerPayload]],
+    manifest: Callable[[], dict[str, Any]],
+    fence: Fence | None = None,
+) -> ExitCode:
+    """Steps 1-3 of the module docstring; the exit code of the trainer."""
+    sever()
+    progress.emit(CollectiveFailed(generation, stage, replica, step, repr(error)[:500]))
+    order = wait_for_order(control, hold_seconds)
+    if order is None:
+        progress.emit(TrainerFailed(kind="abort", message=f"collective failed ({error!r}); no salvage order came"))
+        return ExitCode.ABORTED
+    if rank not in order.writers:
+        return ExitCode.SUCCEEDED
+    if order.step != step or time.time() >= order.deadline:
+        why = f"salvage order for step {order.step} (this rank holds {step}) or past its deadline"
+        progress.emit(TrainerFailed(kind="abort", message=why))
+        return ExitCode.ABORTED
+    started = time.perf_counter()
+    try:
+        write_part(root, step, generation, rank, payloads(), fence)
+        committed = rank == order.committer and commit(root, step, order, generation, manifest(), fence)
+    except GenerationFenced as exc:
+        progress.emit(TrainerFailed(kind="fenced", message=str(exc)))
+        return ExitCode.FENCED
+    seconds = time.perf_counter() - started
+    progress.emit(SalvageWritten(step, committed, seconds, step if committed else None))
+    if rank == order.committer and not committed:
+        return ExitCode.CHECKPOINT_NOT_WRITTEN
+    return ExitCode.SUCCEEDED
