@@ -25,7 +25,7 @@ from spotmorph.local import netns, platform
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.netns import leftovers
 from spotmorph.local.network import prefix_of
-from spotmorph.local.processes import alive, free_port, read_pid, spawn, terminate, wait_for
+from spotmorph.local.processes import alive, free_port, port_range_base, read_pid, spawn, terminate, wait_for
 from spotmorph.local.provider import LocalProcessProvider, LocalVm, kill_vm
 
 # A local morph is a process restart (bench/morph_bench.py measures it), not a VM boot.
@@ -101,7 +101,8 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
         host, platform_host = plan.controller_address, plan.platform_address
     controller_port, imds_port = free_port(), free_port()
     address = f"{host}:{controller_port}"
-    cluster.controller_settings.write_text(json.dumps(controller_settings(options, free_port())))
+    base = port_range_base(500)  # the controller's default span of rendezvous ports
+    cluster.controller_settings.write_text(json.dumps(controller_settings(options, base)))
     controller = [sys.executable, "-m", "spotmorph.cli", "controller", "--state-dir", str(cluster.state)]
     controller += ["--listen", address, "--config", str(cluster.controller_settings)]
     if options.netns:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -120,6 +121,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_range_base(span: int) -> int:
+    """The first of ``span`` ports below the kernel's ephemeral range, for rendezvous ports chosen per generation.
+
+    A base from ``free_port`` lies inside the ephemeral range, where every outgoing connection on this machine
+    (gRPC clients, gloo's mesh) may hold one of the ``span`` ports just when a trainer wants to listen on it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = max(low - span, 10_000 + span)
+    rng = random.Random()
+    for _ in range(64):
+        base = rng.randrange(10_000, top)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", base))
+            except OSError:
+                continue
+        return base
+    return free_port()
 
 
 def _is_zombie(pid: int) -> bool:

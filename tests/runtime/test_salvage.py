@@ -136,7 +136,7 @@ def test_survivors_hold_the_same_step_and_their_salvage_equals_the_reference(run
     written = run.events(0, SalvageWritten)
     assert written and written[0].committed and written[0].last_checkpoint == step
     assert not run.events(2, SalvageWritten)  # not named: writes nothing
-    salvaged = ck.verify(ck.step_dir(run.root, step))
+    salvaged = ck.verify(ck.step_dir(run.root, step, 1))
     assert {f.writer_rank for f in salvaged.manifest.files} == {0, 3}
     assert sorted(f.layer for f in salvaged.manifest.files) == sorted(salvaged.manifest.layer_names)
     reference = tmp_path / "reference"
@@ -152,7 +152,7 @@ def test_a_writer_killed_during_the_salvage_leaves_no_checkpoint(tmp_path: Path)
         step = max(held.values())
         writers = (0, 3) if held[3] == step else (2, 3)
         run.dir.control.request_salvage(SalvageOrder(step, writers, time.time() + 8).to_json())
-        layer_files = ck.step_dir(run.root, step)
+        layer_files = ck.step_dir(run.root, step, 1)
         wait_for(lambda: len(list(layer_files.glob("*.pt"))) >= LAYERS, 30, "the writers' layer files")
         run.kill(3)  # in its pause: layer files written, no part file yet
         assert run.procs[writers[0]].wait(60) == ExitCode.CHECKPOINT_NOT_WRITTEN, run.logs()
