@@ -16,6 +16,7 @@ class MorphCause(StrEnum):
     NODE_LOST = "node_lost"  # one of its nodes stopped beating or was released: ABORT
     TRAINER_START_FAILED = "start_failed"  # trainers could not start on some nodes: re-planned without them
     TRAINER_FAILED = "trainer_failed"  # trainers exited with an error: restarted, up to max_restarts
+    PEER_UNREACHABLE = "peer_unreachable"  # a node its peers could not reach (reconcile.unreachable): left out a while
     COLLECTIVE_FAILED = "collective_failed"  # a survivor's collective failed (a peer lost without notice)
     GROW = "grow"  # free nodes whose extra throughput pays for the morph
     OTHER = "other"  # generations stored before causes were, whose detail names none of the above

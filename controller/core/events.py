@@ -18,6 +18,7 @@ class EventKind(StrEnum):
     EVICTION_NOTICED = "EvictionNoticed"
     EVICTION_WITHDRAWN = "EvictionWithdrawn"
     TRAINER_START_FAILED = "TrainerStartFailed"
+    NODE_IMPLICATED = "NodeImplicated"  # its peers could not reach it, start after start: left out of the job a while
     COLLECTIVE_FAILED = "CollectiveFailed"  # the first survivor's report of an unplanned loss
     NODES_SUSPECTED = "NodesSuspected"  # not heard from within the grace after it: left out of the next generation
     SALVAGE_ORDERED = "SalvageOrdered"  # writers chosen for the just-in-time checkpoint

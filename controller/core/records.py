@@ -72,6 +72,9 @@ class JobRecord:
     morph_detail: str = ""  # the same in words, naming nodes and figures
     reason: str = ""
     excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
+    # nodes its peers could not reach (reconcile.unreachable): the failed starts seen, and who is left out until when
+    rendezvous_failures: tuple[tuple[str, str, float], ...] = ()  # (node, rendezvous host it could not reach, when)
+    excluded_until: tuple[tuple[str, float], ...] = ()
     growth_declined: str = ""  # the (generation, free nodes) whose growth was last declined: said once
     idempotency_key: str | None = None  # the key its SubmitJob carried: a retry with it gets this job back
     eval_step: int = 0  # the step of the newest evaluation reported (0: none yet)

@@ -77,6 +77,8 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "morph_detail": job.morph_detail,
         "reason": job.reason,
         "excluded_nodes": list(job.excluded_nodes),
+        "rendezvous_failures": [list(e) for e in job.rendezvous_failures],
+        "excluded_until": [list(e) for e in job.excluded_until],
         "growth_declined": job.growth_declined,
         "idempotency_key": job.idempotency_key,
         "eval_step": job.eval_step,
@@ -100,6 +102,9 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     fields["morph_cause"] = MorphCause(data["morph_cause"]) if data["morph_cause"] else None
     fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
     fields["growth_declined"] = data.get("growth_declined", "")
+    failures = data.get("rendezvous_failures", ())  # absent in rows written before reconcile.unreachable
+    fields["rendezvous_failures"] = tuple((str(n), str(h), float(t)) for n, h, t in failures)
+    fields["excluded_until"] = tuple((str(n), float(t)) for n, t in data.get("excluded_until", ()))
     # Rows written before checkpoints were named by generation: their checkpoints are named by step alone,
     # which generation 0 names (step-NNNNNNNN).
     fields["resume_generation"] = data.get("resume_generation", 0)

@@ -1,13 +1,16 @@
-"""Split brain and flapping on one host, with real processes: a frozen agent whose trainers keep going.
+"""Split brain and flapping with real processes: a node cut off from the controller whose trainers keep going.
 
-SIGSTOP on an agent cuts its node off from the controller exactly as a partition would (no heartbeat
-leaves it) while its trainers, in process groups of their own, keep training and writing to the shared
-checkpoint directory. The agents here hold a long lease (``SPOTMORPH_LEASE_SECONDS``), so the trainers do
-not stop by themselves: only the fence and the next incarnation's clean-up stand between them and the job.
+Each test runs twice, once per way of cutting the node off (the ``cut`` fixture):
 
-Namespace variant (issue 15, for ``spotmorph local partition NODE --from controller``): the same tests with
-:func:`partition_from_controller` and :func:`heal` below swapped for the netns verbs; nothing else in them
-depends on how the node was cut off.
+- ``frozen-agent`` (any host): SIGSTOP on its agent cuts the node off from the controller exactly as a
+  partition would (no heartbeat leaves it) while its trainers, in process groups of their own, keep
+  training and writing to the shared checkpoint directory;
+- ``netns`` (root; skipped with the reason elsewhere): every VM is a network namespace and the node is
+  partitioned for real, ``spotmorph local partition NODE --from controller``: its agent runs on and keeps
+  trying, its peers and the checkpoint share stay reachable; ``spotmorph local heal NODE`` ends it.
+
+The agents hold a long lease (``SPOTMORPH_LEASE_SECONDS``), so the trainers do not stop by themselves: only
+the fence and the next incarnation's clean-up stand between them and the job.
 """
 
 from __future__ import annotations
@@ -27,21 +30,32 @@ from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from worker_agent.contract import CheckpointLoaded, ProgressRecord, TrainerFailed, TrainerStarted
 from worker_agent.runtime import checkpoint as ck
 
+from .netns_helpers import assert_nothing_left, needs_netns
+
 pytestmark = pytest.mark.slow
 
 BATCH, SEED, INTERVAL = 16, 11, 10
 LONG_LEASE = {"SPOTMORPH_LEASE_SECONDS": "600"}
 
 
+@pytest.fixture(params=["frozen-agent", pytest.param("netns", marks=needs_netns)])
+def cut(request: pytest.FixtureRequest) -> str:
+    """How a node is cut off from the controller: its agent frozen, or a real partition of its namespace."""
+    return str(request.param)
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+def cluster(tmp_path: Path, cut: str) -> Iterator[LocalCluster]:
     local = LocalCluster(tmp_path / "home", env=LONG_LEASE)
+    local.notes.append(f"node cut off from the controller by: {cut}")
     try:
         yield local
     finally:
         for vm in local.vms():
             signal_all([vm.pid or 0, *vm.session_pids()], signal.SIGCONT)
         local.down()
+        if cut == "netns":
+            assert_nothing_left(local.files.root)
 
 
 def signal_all(pids: Any, sig: int) -> None:
@@ -51,13 +65,31 @@ def signal_all(pids: Any, sig: int) -> None:
                 os.kill(pid, sig)
 
 
-def partition_from_controller(cluster: LocalCluster, node: str) -> None:
-    """Cut ``node`` off from the controller; its trainers keep running (the netns variant partitions instead)."""
-    signal_all([cluster.vm_of(node).pid or 0], signal.SIGSTOP)
+def up(cluster: LocalCluster, cut: str, nodes: int) -> None:
+    cluster.up(nodes=nodes, heartbeat_expiry=4, netns=cut == "netns")
 
 
-def heal(cluster: LocalCluster, node: str) -> None:
-    signal_all([cluster.vm_of(node).pid or 0], signal.SIGCONT)
+def partition_from_controller(cluster: LocalCluster, cut: str, node: str) -> None:
+    """Cut ``node`` off from the controller (not from its peers or the share); its trainers keep running."""
+    if cut == "netns":
+        cluster.cli("local", "partition", node, "--from", "controller")
+    else:
+        signal_all([cluster.vm_of(node).pid or 0], signal.SIGSTOP)
+
+
+def heal(cluster: LocalCluster, cut: str, node: str) -> None:
+    if cut == "netns":
+        cluster.cli("local", "heal", node)
+    else:
+        signal_all([cluster.vm_of(node).pid or 0], signal.SIGCONT)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def records(cluster: LocalCluster, job: str, generation: int) -> list[ProgressRecord]:
@@ -87,10 +119,10 @@ def issued(cluster: LocalCluster, job: str) -> dict[int, dict[str, Any]]:
 
 
 def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints_loadable(
-    cluster: LocalCluster, tmp_path: Path, references: Path
+    cluster: LocalCluster, cut: str, tmp_path: Path, references: Path
 ) -> None:
     steps = 300
-    cluster.up(nodes=1, heartbeat_expiry=4)
+    up(cluster, cut, nodes=1)
     root = tmp_path / "ckpt"
     sets: dict[str, Any] = {
         "steps": steps,
@@ -103,7 +135,7 @@ def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints
     cluster.wait_step(job, 40, 180)
     (alone,) = cluster.job_nodes(job)  # it runs the whole of generation 1
     committed = int(cluster.status(job)["last_checkpoint_step"])
-    partition_from_controller(cluster, alone)
+    partition_from_controller(cluster, cut, alone)
     stale = trainer_pids(records(cluster, job, 1))
     # Generation 1 keeps training and writing: checkpoints the controller never hears of.
     cluster.wait(lambda: max(valid_steps(root, 1), default=0) > committed + INTERVAL, 120, "generation 1 to write on")
@@ -132,7 +164,12 @@ def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints
     assert all(s <= resume["resume_step"] for s in valid_steps(root, 1)), valid_steps(root, 1)
     expected_params = train_reference(references, steps, BATCH, SEED)
     assert max_rel_diff(expected_params, root) <= 1e-9
-    heal(cluster, alone)
+    assert cluster.node_state(alone) in {"LOST", "GONE"}
+    heal(cluster, cut, alone)  # the link heals: the LOST incarnation is told to register again
+    cluster.wait(lambda: {n["name"]: n for n in cluster.nodes()}[alone]["incarnation"] >= 2, 60, f"{alone} back")
+    assert not any(alive(pid) for pid in stale), "generation 1's trainers are gone (fenced, or killed on the way back)"
+    held = [e for e in cluster.events() if e.get("kind") == "NodeHeld" and e.get("node") == alone]
+    assert held, f"{alone}, back soon after it was LOST, waits in JOINING (flap damping)"
 
 
 class DeathWatch:
@@ -161,8 +198,10 @@ class DeathWatch:
         self._thread.join()
 
 
-def test_a_new_incarnation_never_overlaps_its_predecessors_trainers(cluster: LocalCluster, tmp_path: Path) -> None:
-    cluster.up(nodes=1, heartbeat_expiry=4)
+def test_a_new_incarnation_never_overlaps_its_predecessors_trainers(
+    cluster: LocalCluster, cut: str, tmp_path: Path
+) -> None:
+    up(cluster, cut, nodes=1)
     sets: dict[str, Any] = {
         "steps": 100_000,
         "global_batch": BATCH,
@@ -175,11 +214,11 @@ def test_a_new_incarnation_never_overlaps_its_predecessors_trainers(cluster: Loc
     (node,) = cluster.job_nodes(job)
     old = trainer_pids(records(cluster, job, 1))
     assert len(old) == 2
-    partition_from_controller(cluster, node)
+    partition_from_controller(cluster, cut, node)
     cluster.wait(lambda: cluster.node_state(node) == "LOST", 60, f"{node} to be LOST")
     assert all(Path(f"/proc/{pid}").exists() for pid in old), "the long lease keeps its trainers going"
     watch = DeathWatch(old)
-    heal(cluster, node)  # the link heals: the LOST incarnation kills its trainers and registers anew
+    heal(cluster, cut, node)  # the link heals: the LOST incarnation kills its trainers and registers anew
     generation, world = cluster.wait_new_generation(job, 1, 240)
     watch.stop()
     new = records(cluster, job, generation)

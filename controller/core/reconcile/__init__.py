@@ -37,7 +37,7 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
             progress(draft, job_id)
     for job_id in sorted(draft.jobs):
         if draft.jobs[job_id].state is JobState.RUNNING:
-            supervise(draft, job_id)
+            supervise(draft, config, job_id)
         if draft.jobs[job_id].state is JobState.MORPHING:
             advance_morph(draft, config, planners, job_id)
     admit_queued(draft, config, planners)

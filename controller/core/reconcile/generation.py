@@ -12,6 +12,7 @@ from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft
+from controller.core.reconcile.unreachable import held_out
 from morphing.planner import Plan, Planner, PlanResult
 
 
@@ -45,7 +46,9 @@ def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str
     planner = planners.get(job_id)
     job = draft.jobs[job_id]
     usable = [
-        (name, slots) for name, slots in nodes if name not in job.excluded_nodes and may_run_on(job, draft.nodes[name])
+        (name, slots)
+        for name, slots in nodes
+        if not held_out(job, name, draft.now) and may_run_on(job, draft.nodes[name])
     ]
     if not isinstance(planner, Planner) or not usable:
         return None

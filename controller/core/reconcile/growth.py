@@ -15,6 +15,7 @@ from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import planned
 from controller.core.reconcile.morph import start_morph
+from controller.core.reconcile.unreachable import held_out
 from morphing.planner import Plan, Planner
 from morphing.policy import decide_morph
 
@@ -32,7 +33,7 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
         planner = planners.get(job.id)
         if not free or not isinstance(planner, Planner) or job.layout is None:
             return
-        usable = [(n.name, n.slots) for n in free if n.name not in job.excluded_nodes and may_run_on(job, n)]
+        usable = [(n.name, n.slots) for n in free if not held_out(job, n.name, draft.now) and may_run_on(job, n)]
         if not usable:
             continue
         current = planned(draft, job.id, planner.evaluate, job.layout)

@@ -14,6 +14,8 @@ generations never share a slot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from controller.core.causes import MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
@@ -23,11 +25,18 @@ from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
 from controller.core.reconcile.reports import census, first_error, start_failures
 from controller.core.reconcile.salvage import advance_salvage, first_failure
+from controller.core.reconcile.unreachable import (
+    Verdict,
+    exclude_until,
+    judge,
+    rendezvous_edges,
+    still_excluded,
+)
 
 J = JobState
 
 
-def supervise(draft: Draft, job_id: str) -> None:
+def supervise(draft: Draft, config: Config, job_id: str) -> None:
     """A running job succeeds, fails, or starts a morph when a node or a trainer is gone or going."""
     job = draft.jobs[job_id]
     counted = census(draft, job)
@@ -40,22 +49,29 @@ def supervise(draft: Draft, job_id: str) -> None:
     if lost:
         start_morph(draft, job_id, Action.ABORT, MorphCause.NODE_LOST, f"node lost: {', '.join(lost)}")
     elif counted.failed:
-        _trainers_failed(draft, job_id, counted.failed)
+        _trainers_failed(draft, config, job_id, counted.failed)
     elif draining:
         start_morph(draft, job_id, Action.STOP, MorphCause.EVICTION, f"eviction notice: {', '.join(draining)}")
 
 
-def _trainers_failed(draft: Draft, job_id: str, failed: int) -> None:
-    """Leave out nodes where trainers could not start; otherwise restart, up to ``max_restarts``."""
+def _trainers_failed(draft: Draft, config: Config, job_id: str, failed: int) -> None:
+    """Leave out a node its peers cannot reach (:mod:`~controller.core.reconcile.unreachable`), or the nodes
+    where trainers could not start; otherwise restart, up to ``max_restarts``."""
     job = draft.jobs[job_id]
     unstarted = start_failures(draft, job)
     if unstarted and len(unstarted) < len(job.nodes):
         for name, error in sorted(unstarted.items()):
             draft.event(EventKind.TRAINER_START_FAILED, job_id, name, generation=job.generation, error=error)
+        edges = rendezvous_edges(job, unstarted, draft.now)
+        verdict = judge(job, edges, draft.now, config.unreachable_memory_seconds)
+        if verdict.implicated:
+            _implicated(draft, config, job_id, unstarted, verdict)
+            return
         names = ", ".join(sorted(unstarted))
         excluded = tuple(sorted({*job.excluded_nodes, *unstarted}))
         detail = f"trainers could not start on {names}; re-planning without it"
-        start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, excluded_nodes=excluded)
+        fields = {"excluded_nodes": excluded, "rendezvous_failures": verdict.edges}
+        start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, **fields)
         return
     why = next(iter(unstarted.values()), "") or first_error(draft, job)
     if job.restarts + 1 > job.spec.max_restarts:
@@ -65,6 +81,29 @@ def _trainers_failed(draft: Draft, job_id: str, failed: int) -> None:
         return
     detail = f"{failed} trainer(s) failed"
     start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_FAILED, detail, restarts=job.restarts + 1)
+
+
+def _implicated(draft: Draft, config: Config, job_id: str, unstarted: Mapping[str, str], verdict: Verdict) -> None:
+    """Leave the implicated nodes out for a while; take back the nodes whose failures they explain."""
+    job = draft.jobs[job_id]
+    until = draft.now + config.unreachable_exclusion_seconds
+    for name, partners in verdict.implicated.items():
+        draft.event(
+            EventKind.NODE_IMPLICATED, job_id, name, generation=job.generation, partners=list(partners), until=until
+        )
+    names = ", ".join(f"{n} (by {', '.join(p)})" for n, p in verdict.implicated.items())
+    seconds = config.unreachable_exclusion_seconds
+    detail = f"peers could not reach {names}; left out for {seconds:g} s"
+    start_morph(
+        draft,
+        job_id,
+        Action.ABORT,
+        MorphCause.PEER_UNREACHABLE,
+        detail,
+        excluded_nodes=still_excluded(job, unstarted, verdict),
+        excluded_until=exclude_until(job, verdict.implicated, until, draft.now),
+        rendezvous_failures=verdict.edges,
+    )
 
 
 def start_morph(draft: Draft, job_id: str, action: Action, cause: MorphCause, detail: str, **fields: object) -> None:
