@@ -53,7 +53,7 @@ def end_generation(sim: Sim) -> None:
 def host(sim: Sim) -> str:
     layout = sim.job().layout
     assert layout is not None
-    return layout.placement[0].node
+    return str(layout.placement[0].node)
 
 
 def implicated(sim: Sim) -> list[RecordEvent]:

@@ -8,9 +8,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from controller.core.causes import MorphCause
 from spotmorph.local import netns
 from spotmorph.local.harness import LocalCluster
 from spotmorph.local.network import NetworkPlan, prefix_of
@@ -78,3 +80,13 @@ def assert_nothing_left(cluster_root: Path) -> None:
     """No namespace and no link of the cluster whose directory is ``cluster_root`` exists."""
     namespaces, links = netns.leftovers(prefix_of(cluster_root))
     assert (namespaces, links) == ([], []), f"left behind: {namespaces + links}"
+
+
+def unexplained(final: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """Generations without a GenerationIssued event naming a known cause: what the log leaves unexplained."""
+    causes = {str(cause) for cause in MorphCause}
+    issued = {int(e["data"]["generation"]): e["data"] for e in events if e["kind"] == "GenerationIssued"}
+    problems = [f"generation {g} has no GenerationIssued event" for g in range(1, int(final["generation"]) + 1)]
+    problems = [p for g, p in enumerate(problems, 1) if g not in issued]
+    problems += [f"generation {g}: unknown cause {d}" for g, d in issued.items() if d.get("morph_cause") not in causes]
+    return problems
