@@ -52,6 +52,7 @@ class Fault:
     notice: float | None = None
     delay_ms: int | None = None
     loss_pct: float | None = None
+    rate_mbit: int | None = None
 
     def describe(self) -> str:
         extra = {
@@ -59,6 +60,7 @@ class Fault:
             "notice": self.notice,
             "delay_ms": self.delay_ms,
             "loss_pct": self.loss_pct,
+            "rate_mbit": self.rate_mbit,
         }
         options = " ".join(f"{k}={v}" for k, v in extra.items() if v is not None)
         return f"t+{self.at:.1f}s {self.verb} pick={self.pick} {options}".rstrip()
@@ -78,6 +80,7 @@ class ChaosOptions:
     notice_seconds: tuple[float, float] = (6.0, 15.0)
     delay_ms: tuple[int, int] = (5, 60)
     loss_pct: tuple[float, float] = (0.0, 5.0)
+    rate_mbit: tuple[int, int] = (20, 200)
 
     def __post_init__(self) -> None:
         if self.nodes < self.min_healthy or self.min_healthy < 1:
@@ -86,7 +89,7 @@ class ChaosOptions:
             raise ValueError(f"max_nodes={self.max_nodes} < nodes={self.nodes}")
         if Verb.HEAL in self.verbs:
             raise ValueError("heal is scheduled by the partitions themselves; leave it out of verbs")
-        for name in ("gap_seconds", "partition_seconds", "notice_seconds", "delay_ms", "loss_pct"):
+        for name in ("gap_seconds", "partition_seconds", "notice_seconds", "delay_ms", "loss_pct", "rate_mbit"):
             low, high = getattr(self, name)
             if not 0 <= low <= high:
                 raise ValueError(f"{name}={(low, high)}: need 0 <= low <= high")
@@ -137,7 +140,8 @@ def plan_chaos(seed: int, options: ChaosOptions) -> tuple[Fault, ...]:
         else:
             delay = rng.randint(*options.delay_ms)
             loss = round(rng.uniform(*options.loss_pct), 1)
-            faults.append(Fault(now, verb, pick, delay_ms=delay, loss_pct=loss))
+            rate = rng.randint(*options.rate_mbit)
+            faults.append(Fault(now, verb, pick, delay_ms=delay, loss_pct=loss, rate_mbit=rate))
     return tuple(sorted(faults, key=lambda f: f.at))
 
 

@@ -38,7 +38,7 @@ class ChaosResult:
     applied: tuple[Applied, ...]
 
     def count(self, verb: Verb) -> int:
-        return sum(1 for a in self.applied if a.fault.verb is verb and a.outcome == "done")
+        return sum(1 for a in self.applied if a.fault.verb is verb and a.outcome.startswith("done"))
 
     def unnoticed_losses(self) -> int:
         """Faults that take a node away without an eviction notice: kills and partitions."""
@@ -110,13 +110,19 @@ class ChaosRun:
         node = nodes[fault.pick % len(nodes)]
         args = self._arguments(fault, node)
         out = self.cluster.cli("local", *args, check=False)
+        slowed = ""
+        if fault.verb is Verb.NETEM and out.returncode == 2 and "sch_netem" in out.stderr:
+            # No netem in this kernel: the link is still slowed, by a rate limit alone (tbf).
+            out = self.cluster.cli("local", "netem", node, "--rate", str(fault.rate_mbit), check=False)
+            slowed = " (rate only: this kernel has no sch_netem for --delay/--loss)"
         done = out.returncode == 0
         if fault.verb is Verb.PARTITION:
             self.partitioned.append(node if done else None)
         if done and fault.verb in (Verb.KILL, Verb.PREEMPT, Verb.PARTITION):
             self.out_of_service.add(node)
         reason = (out.stderr or out.stdout).strip().splitlines()
-        return Applied(fault, node, at, "done" if done else f"skipped (exit {out.returncode}): {' '.join(reason)}")
+        outcome = f"done{slowed}" if done else f"skipped (exit {out.returncode}): {' '.join(reason)}"
+        return Applied(fault, node, at, outcome)
 
     @staticmethod
     def _arguments(fault: Fault, node: str) -> list[str]:
@@ -126,4 +132,7 @@ class ChaosRun:
             return ["kill", node]
         if fault.verb is Verb.PARTITION:
             return ["partition", node, "--from", str(fault.cut)]
-        return ["netem", node, "--delay", str(fault.delay_ms), "--loss", str(fault.loss_pct)]
+        return [
+            *("netem", node, "--delay", str(fault.delay_ms), "--loss", str(fault.loss_pct)),
+            *("--rate", str(fault.rate_mbit)),
+        ]

@@ -61,7 +61,7 @@ def test_schedule_keeps_its_promises(seed: int, options: ChaosOptions) -> None:
     added = sum(1 for f in faults if f.verb is Verb.ADD)
     assert options.nodes + added <= options.max_nodes
     assert all(f.notice is not None for f in faults if f.verb is Verb.PREEMPT)
-    assert all(f.delay_ms is not None and f.loss_pct is not None for f in faults if f.verb is Verb.NETEM)
+    assert all(None not in (f.delay_ms, f.loss_pct, f.rate_mbit) for f in faults if f.verb is Verb.NETEM)
 
 
 def test_a_long_schedule_uses_every_verb_and_every_cut() -> None:
