@@ -21,12 +21,11 @@ from typing import Any
 
 import pytest
 
-from controller.core.causes import MorphCause
 from spotmorph.local.chaos import ChaosOptions, plan_chaos
 from spotmorph.local.chaos_run import ChaosRun
 from spotmorph.local.harness import ENDED, ROOT, LocalCluster, max_rel_diff, train_reference
 
-from .netns_helpers import assert_nothing_left, needs_netns
+from .netns_helpers import assert_nothing_left, needs_netns, unexplained
 
 pytestmark = [pytest.mark.slow, needs_netns]
 BATCH, JOB_SEED, INTERVAL = 16, 5, 10
@@ -60,16 +59,6 @@ def chaos_profile(path: Path) -> Path:
 
 def chaos_seed() -> int:
     return int(os.environ.get("SPOTMORPH_CHAOS_SEED") or random.SystemRandom().randrange(2**31))
-
-
-def unexplained(final: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
-    """Generations without a GenerationIssued event naming a known cause: what the log leaves unexplained."""
-    causes = {str(cause) for cause in MorphCause}
-    issued = {int(e["data"]["generation"]): e["data"] for e in events if e["kind"] == "GenerationIssued"}
-    problems = [f"generation {g} has no GenerationIssued event" for g in range(1, int(final["generation"]) + 1)]
-    problems = [p for g, p in enumerate(problems, 1) if g not in issued]
-    problems += [f"generation {g}: unknown cause {d}" for g, d in issued.items() if d.get("morph_cause") not in causes]
-    return problems
 
 
 def run_chaos(cluster: LocalCluster, tmp_path: Path, references: Path, *, nodes: int, faults: int, steps: int) -> None:
