@@ -5,7 +5,8 @@ gets work at once, a link that drops now and then flips it between LOST and ASSI
 costs its job a morph. So a node whose previous incarnation was LOST within ``flap_memory_seconds`` is held
 in JOINING for ``rejoin_hold_seconds``, doubled for every further flap in that memory, up to
 ``rejoin_hold_max_seconds``, and it must keep beating all that time (silent, it is GONE as any JOINING
-node). The hold is recorded as a ``NodeHeld`` event; the move to READY says why it waited. A node that
+node, and the incarnation after one that ended within its hold is held again, longer: that is a further
+flap). The hold is recorded as a ``NodeHeld`` event; the move to READY says why it waited. A node that
 registers again without having been LOST (an agent restart) is not held. Pure: time is passed in.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controller.core.lifecycle import NodeState
 from controller.core.records import NodeRecord
 
 
@@ -42,11 +44,22 @@ def rejoin(previous: NodeRecord | None, now: float, damping: Damping) -> Rejoin:
     memory = damping.flap_memory_seconds
     remembered = previous.flapped_at is not None and now - previous.flapped_at <= memory
     earlier = (previous.flaps, previous.flapped_at) if remembered else (0, None)
-    if previous.lost_at is None or now - previous.lost_at > memory:  # not LOST itself (an agent restart), or long ago
+    if _ended_in_hold(previous, now) and previous.flapped_at is not None:
+        flaps, flapped_at = previous.flaps + 1, previous.flapped_at  # it went silent again while held
+    elif previous.lost_at is None or now - previous.lost_at > memory:  # not LOST (an agent restart), or long ago
         return Rejoin(*earlier)
-    flaps = earlier[0] + 1
+    else:
+        flaps, flapped_at = earlier[0] + 1, previous.lost_at
     hold = min(damping.rejoin_hold_max_seconds, damping.rejoin_hold_seconds * 2 ** (flaps - 1))
-    return Rejoin(flaps, previous.lost_at, now + hold if hold > 0 else None)
+    return Rejoin(flaps, flapped_at, now + hold if hold > 0 else None)
+
+
+def _ended_in_hold(previous: NodeRecord, now: float) -> bool:
+    """Whether the incarnation before ended (GONE, or replaced now) while it was still held in JOINING."""
+    if previous.held_until is None:
+        return False
+    ended = previous.state_since if previous.state is NodeState.GONE else now
+    return previous.state in (NodeState.GONE, NodeState.JOINING) and ended < previous.held_until
 
 
 def held(node: NodeRecord, now: float) -> bool:

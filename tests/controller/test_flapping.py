@@ -135,3 +135,24 @@ def test_no_damping_when_the_hold_is_zero() -> None:
     again, commands = intake.register(world, "n", 1, "a", 6.0, VM, damping=Damping(0.0))
     assert again.held_until is None and again.flaps == 1
     assert not [c for c in commands if isinstance(c, RecordEvent) and c.kind is EventKind.NODE_HELD]
+
+
+def test_a_node_silent_during_its_hold_is_held_again_longer_when_it_comes_back() -> None:
+    c = Cluster()
+    c.register()
+    c.beats(3)
+    c.silence(11)
+    c.register()  # flap 1: held for 10 s
+    c.beats(c.now + 15)
+    c.silence(11)
+    c.register()  # flap 2: held for 20 s
+    c.silence(11)
+    assert c.node == "GONE", "silent while held: gone, as any joining node"
+    c.register()
+    node = c.world.nodes["n"]
+    assert (node.state, node.flaps, node.held_until) == (N.JOINING, 3, c.now + 40), "a further flap: held longer"
+    assert [e.data["hold_seconds"] for e in c.held()] == [10, 20, 40]
+    c.beats(c.now + 39)
+    assert c.node == "JOINING"
+    c.beats(c.now + 1)
+    assert c.node in ("READY", "ASSIGNED")
