@@ -27,7 +27,7 @@ from worker_agent.agent.decisions import (
     notice_deadline,
     urgent_facts,
 )
-from worker_agent.agent.supervisor import Held, TrainerReport
+from worker_agent.agent.progress import Held, TrainerReport
 from worker_agent.commands.agent import _lease_seconds
 
 

@@ -9,7 +9,8 @@ from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
-from worker_agent.agent.supervisor import LaunchSpec, Progress, Supervisor, absorb
+from worker_agent.agent.progress import Progress, absorb
+from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.contract import (
     CheckpointLoaded,
     ProgressEvent,
@@ -111,3 +112,18 @@ def test_an_argument_with_a_nul_byte_is_a_failed_trainer_not_an_agent_crash(tmp_
     (report,) = supervisor.reports()
     assert not report.status.running and report.status.exit_code not in (None, 0)
     assert "null byte" in supervisor.log_tail(key)
+
+
+def test_warm_trainers_that_cannot_start_are_given_up_and_the_agent_goes_on(tmp_path: Path) -> None:
+    missing = Supervisor(tmp_path / "a", python="/nonexistent/bin/python3", warm=2)
+    missing.prewarm()  # no exception: warm trainers are an optimisation, cold starts report the failure
+    assert missing.warm == 0 and missing.warm_ready() == 0
+
+    dying = Supervisor(tmp_path / "b", python="/bin/false", warm=2)
+    for _ in range(3):
+        dying.prewarm()
+        for warm in dying._warm:
+            warm.process.wait(10)
+    dying.prewarm()
+    assert dying.warm == 0, "warm trainers that keep exiting unused are no longer started"
+    assert not dying._warm

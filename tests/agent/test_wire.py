@@ -11,7 +11,7 @@ from morphing.layout import make_layout
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, TrainerExited
-from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.wire import (
     IDLE,
     Registration,

@@ -21,7 +21,7 @@ from tests.controller.conftest import Live
 from tests.controller.test_hostile_edge import INVALID, Node, refusal, running_job, wait_for
 from tests.controller.test_metrics import parse
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
-from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.wire import trainer_status_to_pb
 
 

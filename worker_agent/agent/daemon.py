@@ -41,7 +41,8 @@ from worker_agent.agent.converge import (
 )
 from worker_agent.agent.decisions import EvictionNotice, Pushed
 from worker_agent.agent.gpus import Gpu, device_for_slot, trainer_environment
-from worker_agent.agent.supervisor import LaunchSpec, Supervisor, TrainerReport, kill_leftovers
+from worker_agent.agent.progress import TrainerReport
+from worker_agent.agent.supervisor import LaunchSpec, Supervisor, kill_leftovers
 from worker_agent.agent.transport import (
     CallFailed,
     ControllerLink,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from worker_agent.agent.converge import Assignment, TrainerKey
-from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.agent.progress import TrainerReport
 
 FIRST_REGISTER_BACKOFF_SECONDS = 0.2
 

@@ -18,38 +18,33 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from morphing.jobspec import JobSpec
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
+from worker_agent.agent.progress import Progress, TrainerReport, absorb
 from worker_agent.contract import (
-    CheckpointLoaded,
-    CheckpointWritten,
-    CollectiveFailed,
     CommittedCheckpoint,
-    EvaluationCompleted,
     ExitCode,
     GenerationDir,
     ProgressReader,
-    ProgressRecord,
-    SalvageWritten,
-    StepCompleted,
     TrainerArguments,
-    TrainerFailed,
     TrainersDir,
-    TrainingFinished,
-    TrainingStopped,
     WarmArguments,
     WarmAssignment,
     WarmSpool,
 )
+
+LOG = logging.getLogger("spotmorph.agent")
+MAX_WARM_DEATHS = 3  # warm trainers dying unused before the supervisor stops keeping them
 
 
 @dataclass(frozen=True)
@@ -62,84 +57,6 @@ class LaunchSpec:
     checkpoint_dir: Path
     resume: CommittedCheckpoint | None = None  # the checkpoint the controller committed (None: from scratch)
     store_rank: int = 0
-
-
-@dataclass(frozen=True)
-class Held:
-    """A trainer whose collective failed: where it sits in the layout and the step it holds in memory."""
-
-    stage: int
-    replica: int
-    step: int
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What a trainer's progress file has said so far, folded into the latest facts."""
-
-    step: int = 0
-    loss: float | None = None
-    samples_per_second: float | None = None
-    last_checkpoint_step: int | None = None
-    stepped: bool = False
-    finished: bool = False
-    error: str = ""
-    eval_step: int = 0  # the step of the newest evaluation (0: none yet)
-    eval_loss: float | None = None
-    first_step_at: float | None = None  # the trainer's wall clock when it completed its first step
-    last_step_at: float | None = None  # ... and its newest one
-    held: Held | None = None
-
-
-def absorb(progress: Progress, record: ProgressRecord) -> Progress:
-    """``progress`` updated with one more record (pure: the supervisor's reading of the contract)."""
-    event = record.event
-    if isinstance(event, StepCompleted):
-        first = progress.first_step_at if progress.first_step_at is not None else record.time
-        progress = replace(
-            progress,
-            step=event.step,
-            loss=event.loss,
-            samples_per_second=event.samples_per_second,
-            stepped=True,
-            first_step_at=first,
-            last_step_at=record.time,
-        )
-    elif isinstance(event, EvaluationCompleted):
-        progress = replace(progress, eval_step=event.step, eval_loss=event.eval_loss)
-    elif isinstance(event, CheckpointLoaded):
-        progress = replace(progress, step=event.step)
-    elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
-        progress = replace(progress, step=event.step, finished=progress.finished or isinstance(event, TrainingFinished))
-    elif isinstance(event, TrainerFailed):
-        progress = replace(progress, error=event.message)
-    elif isinstance(event, SalvageWritten):
-        progress = replace(progress, step=max(progress.step, event.step))
-    elif isinstance(event, CollectiveFailed):
-        progress = replace(progress, held=Held(event.stage, event.replica, event.step), error=event.error)
-    checkpoint = getattr(event, "last_checkpoint", None)
-    if checkpoint is not None:
-        progress = replace(progress, last_checkpoint_step=checkpoint)
-    return progress
-
-
-@dataclass(frozen=True)
-class TrainerReport:
-    """A trainer's observed state: status plus the latest facts from its progress file."""
-
-    status: TrainerStatus
-    pid: int
-    step: int = 0
-    loss: float | None = None
-    samples_per_second: float | None = None
-    last_checkpoint_step: int | None = None
-    error: str = ""
-    finished: bool = False
-    eval_step: int = 0
-    eval_loss: float | None = None
-    first_step_at: float | None = None
-    last_step_at: float | None = None
-    held: Held | None = None  # its collective failed; it holds this step in memory
 
 
 class _Process(Protocol):
@@ -189,6 +106,7 @@ class Supervisor:
         self._trainers: dict[TrainerKey, _Trainer] = {}
         self._warm: list[_Warm] = []
         self._warm_serial = 0
+        self._warm_deaths = 0  # warm trainers that exited before being handed an assignment
         self._checkpoint_requests: dict[tuple[str, int], int] = {}
         self.lease_seconds: float | None = None  # set once the agent registered: trainers started after get a lease
         self._salvage_orders: dict[tuple[str, int], str] = {}
@@ -248,18 +166,37 @@ class Supervisor:
         return warm.process
 
     def prewarm(self) -> None:
-        """Start warm trainers until ``warm`` of them wait (call when no morph is under way)."""
-        self._warm = [w for w in self._warm if w.process.poll() is None]
+        """Start warm trainers until ``warm`` of them wait (call when no morph is under way).
+
+        Warm trainers are an optimisation: when they cannot start (the trainer's Python is missing) or keep
+        dying before they are used, the supervisor stops keeping them and says why; trainers then start cold,
+        and a cold start that fails is reported as a start failure, as ever."""
+        alive = [w for w in self._warm if w.process.poll() is None]
+        self._warm_deaths += len(self._warm) - len(alive)
+        self._warm = alive
+        if self._warm_deaths >= MAX_WARM_DEATHS:
+            self._stop_warming(f"{self._warm_deaths} warm trainers exited before they were used")
         while len(self._warm) < self.warm:
             self._warm_serial += 1
             spool = self.trainers_dir.warm_spool(f"w-{os.getpid()}-{self._warm_serial}")
             shutil.rmtree(spool.path, ignore_errors=True)
             spool.path.mkdir(parents=True)
             command = WarmArguments(spool.path, os.getpid()).command(self.python)
-            with open(spool.log_file, "ab") as log:
-                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, process_group=0, env=self.env)
+            try:
+                with open(spool.log_file, "ab") as log:
+                    process = subprocess.Popen(
+                        command, stdout=log, stderr=subprocess.STDOUT, process_group=0, env=self.env
+                    )
+            except OSError as exc:
+                self._stop_warming(f"cannot start {command[0]}: {exc.strerror or exc}")
+                return
             spool.pid_file.write_text(str(process.pid))
             self._warm.append(_Warm(process, spool))
+
+    def _stop_warming(self, why: str) -> None:
+        if self.warm:
+            LOG.warning("no more warm trainers on this node (%s); trainers start cold", why)
+        self.warm = 0
 
     def warm_ready(self) -> int:
         """Warm trainers that have finished their imports."""

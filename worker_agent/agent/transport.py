@@ -28,7 +28,7 @@ from worker_agent.agent.decisions import (
     next_register_backoff,
 )
 from worker_agent.agent.gpus import Gpu
-from worker_agent.agent.supervisor import TrainerReport
+from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.wire import (
     HeartbeatReply,
     Incoming,

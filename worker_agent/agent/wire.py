@@ -17,7 +17,8 @@ from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
 from worker_agent.agent.gpus import Gpu
-from worker_agent.agent.supervisor import LaunchSpec, TrainerReport
+from worker_agent.agent.progress import TrainerReport
+from worker_agent.agent.supervisor import LaunchSpec
 from worker_agent.contract import CommittedCheckpoint, SalvageOrder
 
 ACTIONS: dict[int, Action] = {

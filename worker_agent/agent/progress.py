@@ -1,0 +1,97 @@
+"""What a trainer's progress file says, folded into facts the agent reports (pure; the supervisor reads the files)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from worker_agent.agent.converge import TrainerStatus
+from worker_agent.contract import (
+    CheckpointLoaded,
+    CheckpointWritten,
+    CollectiveFailed,
+    EvaluationCompleted,
+    ProgressRecord,
+    SalvageWritten,
+    StepCompleted,
+    TrainerFailed,
+    TrainingFinished,
+    TrainingStopped,
+)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A trainer whose collective failed: where it sits in the layout and the step it holds in memory."""
+
+    stage: int
+    replica: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a trainer's progress file has said so far, folded into the latest facts."""
+
+    step: int = 0
+    loss: float | None = None
+    samples_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+    stepped: bool = False
+    finished: bool = False
+    error: str = ""
+    eval_step: int = 0  # the step of the newest evaluation (0: none yet)
+    eval_loss: float | None = None
+    first_step_at: float | None = None  # the trainer's wall clock when it completed its first step
+    last_step_at: float | None = None  # ... and its newest one
+    held: Held | None = None
+
+
+def absorb(progress: Progress, record: ProgressRecord) -> Progress:
+    """``progress`` updated with one more record (pure: the supervisor's reading of the contract)."""
+    event = record.event
+    if isinstance(event, StepCompleted):
+        first = progress.first_step_at if progress.first_step_at is not None else record.time
+        progress = replace(
+            progress,
+            step=event.step,
+            loss=event.loss,
+            samples_per_second=event.samples_per_second,
+            stepped=True,
+            first_step_at=first,
+            last_step_at=record.time,
+        )
+    elif isinstance(event, EvaluationCompleted):
+        progress = replace(progress, eval_step=event.step, eval_loss=event.eval_loss)
+    elif isinstance(event, CheckpointLoaded):
+        progress = replace(progress, step=event.step)
+    elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
+        progress = replace(progress, step=event.step, finished=progress.finished or isinstance(event, TrainingFinished))
+    elif isinstance(event, TrainerFailed):
+        progress = replace(progress, error=event.message)
+    elif isinstance(event, SalvageWritten):
+        progress = replace(progress, step=max(progress.step, event.step))
+    elif isinstance(event, CollectiveFailed):
+        progress = replace(progress, held=Held(event.stage, event.replica, event.step), error=event.error)
+    checkpoint = getattr(event, "last_checkpoint", None)
+    if checkpoint is not None:
+        progress = replace(progress, last_checkpoint_step=checkpoint)
+    return progress
+
+
+@dataclass(frozen=True)
+class TrainerReport:
+    """A trainer's observed state: status plus the latest facts from its progress file."""
+
+    status: TrainerStatus
+    pid: int
+    step: int = 0
+    loss: float | None = None
+    samples_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+    error: str = ""
+    finished: bool = False
+    eval_step: int = 0
+    eval_loss: float | None = None
+    first_step_at: float | None = None
+    last_step_at: float | None = None
+    held: Held | None = None  # its collective failed; it holds this step in memory
