@@ -4,7 +4,8 @@ It beats on, so it is never LOST. Its peers' collectives time out: every node re
 every node is heard from, so the survivors' step is salvaged and the next generation starts on the same
 nodes. Its rendezvous is a star around rank 0's node: a node that cannot reach it fails to start.
 
-- ``spoke`` (the default suite): the cut-off node is not rank 0's; it fails to start and is left out
+- ``spoke`` (``make soak``, about two minutes; ``make test`` has the fake-clock tests of the rule and the chaos
+  test's partitions): the cut-off node is not rank 0's; it fails to start and is left out
   (TrainerStartFailed), and the job goes on with the free VM;
 - ``host`` (``make soak``: two rendezvous timeouts of a minute each): the cut-off node hosts the
   rendezvous; the node that cannot reach it is left out first (one failure cannot say which end is cut
@@ -47,7 +48,9 @@ def kinds(cluster: LocalCluster, job: str, kind: str) -> list[dict[str, Any]]:
     return [e for e in cluster.events(job) if e.get("kind") == kind]
 
 
-@pytest.mark.parametrize("where", ["spoke", pytest.param("host", marks=pytest.mark.soak)])
+@pytest.mark.parametrize(
+    "where", [pytest.param("spoke", marks=pytest.mark.soak), pytest.param("host", marks=pytest.mark.soak)]
+)
 def test_a_node_cut_off_from_its_peers_is_left_out_and_the_job_ends_equal_to_the_reference(
     cluster: LocalCluster, tmp_path: Path, references: Path, where: str
 ) -> None:

@@ -1,6 +1,7 @@
 """Split brain and flapping with real processes: a node cut off from the controller whose trainers keep going.
 
-Each test runs twice, once per way of cutting the node off (the ``cut`` fixture):
+Each test runs twice, once per way of cutting the node off (the ``cut`` fixture; where namespaces can be
+made, the frozen-agent variant runs in ``make soak`` only):
 
 - ``frozen-agent`` (any host): SIGSTOP on its agent cuts the node off from the controller exactly as a
   partition would (no heartbeat leaves it) while its trainers, in process groups of their own, keep
@@ -30,6 +31,7 @@ from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from worker_agent.contract import CheckpointLoaded, ProgressRecord, TrainerFailed, TrainerStarted
 from worker_agent.runtime import checkpoint as ck
 
+from .netns_helpers import REASON as NETNS_REASON
 from .netns_helpers import assert_nothing_left, needs_netns
 
 pytestmark = pytest.mark.slow
@@ -38,7 +40,12 @@ BATCH, SEED, INTERVAL = 16, 11, 10
 LONG_LEASE = {"SPOTMORPH_LEASE_SECONDS": "600"}
 
 
-@pytest.fixture(params=["frozen-agent", pytest.param("netns", marks=needs_netns)])
+# Where namespaces can be made the real partition runs in `make test` and the frozen agent in `make soak`;
+# elsewhere the frozen agent is the one that runs.
+FROZEN_MARKS = pytest.mark.soak if NETNS_REASON is None else ()
+
+
+@pytest.fixture(params=[pytest.param("frozen-agent", marks=FROZEN_MARKS), pytest.param("netns", marks=needs_netns)])
 def cut(request: pytest.FixtureRequest) -> str:
     """How a node is cut off from the controller: its agent frozen, or a real partition of its namespace."""
     return str(request.param)
