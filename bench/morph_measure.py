@@ -19,7 +19,13 @@ from typing import Any
 from bench.common import ROOT
 from spotmorph.local.harness import LocalCluster, first_event, last_step
 from spotmorph.local.processes import alive, free_port, read_pid
-from worker_agent.contract import CheckpointLoaded, StepCompleted, TrainerStarted, TrainingStopped
+from worker_agent.contract import (
+    CheckpointLoaded,
+    CollectiveFailed,
+    StepCompleted,
+    TrainerStarted,
+    TrainingStopped,
+)
 
 # Phases in the order they happen; a recovery has those its path goes through.
 PHASES = (
@@ -53,7 +59,7 @@ class Recovery:
     generation: int  # the one that took over
     start: float  # the notice published, or the first VM killed
     milestones: dict[str, float] = field(default_factory=dict)
-    reached: int = 0  # the most steps any rank of the old generation completed
+    reached: int = 0  # the most steps any rank of the old generation completed (or holds, after a failure)
     resumed: int = 0  # the step the new generation loaded
     back_at: float = 0.0  # the new generation completed step `reached` again (latest over its ranks)
     step_seconds: float = 0.0  # median first step of the new generation
@@ -116,7 +122,10 @@ def measure(cluster: LocalCluster, job: str, r: Recovery) -> None:
     m["load"] = max(at for at, _ in resumed)
     m["first step"] = max(at for at, _ in steps)
     r.step_seconds = statistics.median(s.step_seconds for _, s in steps)
-    r.reached = last_step(record for records in old for record in records)
+    # A rank can hold a step it never reported: its update is done when the per-step all-reduce that
+    # precedes the `step` line fails; CollectiveFailed names the step it holds.
+    held = [x.event.step for records in old for x in records if isinstance(x.event, CollectiveFailed)]
+    r.reached = max([last_step(record for records in old for record in records), *held])
     r.resumed = max(loaded.step for _, loaded in resumed)
 
 
