@@ -8,8 +8,9 @@ machine), real kills (``local kill``: SIGKILL of a VM's whole session), float64 
      service), wait for the new generation's first step on every rank, ``local add 1``, wait for the job to
      grow back and the agents' warm trainers to be ready again;
    * *jit* (just-in-time checkpoint): per repetition a fresh job of ``STEPS`` steps with a checkpoint
-     every ``INTERVAL`` (1 x 4: D = 4), killed without notice ``INTERVAL * k / (REPS + 1)`` steps past its
-     first periodic checkpoint; the survivors' held step is salvaged; the job runs to its end and its final
+     every ``INTERVAL`` (1 x 4: D = 4), killed without notice ``INTERVAL * k / (REPS + 1)`` steps past a
+     periodic checkpoint (the first once the agents' warm trainers are ready again: replacing those the
+     job took competes with it); the survivors' held step is salvaged; the job runs to its end and its final
      checkpoint is compared with an uninterrupted 1-process run (``spotmorph checkpoint diff``);
    * *stage*: the same with a profile that makes the planner use a pipeline (2 x 2), killing both VMs of
      its last stage: no survivor holds that stage, the job falls back to its newest periodic checkpoint
@@ -42,11 +43,12 @@ from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from spotmorph.local.unplanned import DEMO_PROFILE, kill_nodes, pipeline_profile, placement, stage_nodes
 
 NODES, SLOTS, NOTICE = 4, 1, 10.0
+EXPIRY = 8.0  # heartbeat expiry: beyond what detecting a kill takes (the survivors report it in seconds)
 BATCH, SEED = 16, 11
-STEPS, INTERVAL = 200, 100  # the kills without notice: a checkpoint every 100 steps, killed between 100 and 200
-STAGE_STEPS, STAGE_INTERVAL = 60, 20  # a 2 x 2 pipeline steps slower: a shorter job for the stage-lost case
+STEPS, INTERVAL = 300, 100  # the kills without notice: a checkpoint every 100 steps, killed between 100 and 300
+STAGE_STEPS, STAGE_INTERVAL = 100, 20  # a 2 x 2 pipeline steps slower: a shorter job for the stage-lost case
 REPS = int(os.environ.get("MORPH_BENCH_REPS", "3"))
-FLOOR_REPEATS = int(os.environ.get("MORPH_BENCH_FLOOR_REPEATS", "1"))
+FLOOR_REPEATS = int(os.environ.get("MORPH_BENCH_FLOOR_REPEATS", "3"))
 COLD = {"SPOTMORPH_WARM_TRAINERS": "0", "SPOTMORPH_CONTROLLER_SALVAGE_WRITE_SECONDS": "0.001"}
 Log = Callable[[str], None]
 
@@ -123,7 +125,12 @@ def kill_once(
     stages, replicas = int(layout["pipeline_stages"]), int(layout["data_parallel"])
     victims = stage_nodes(status, stages - 1) if path == "stage" else [placement(status)[-1]]
     cluster.wait(lambda: warm_pools_full(cluster, SLOTS), 120, "every agent's warm trainers")
-    cluster.wait(lambda: generation_step(cluster, job, 1) >= interval + offset, 300, f"step {interval + offset}")
+    # Replacing the warm trainers the job took (imports) competes with it: kill only once they are ready.
+    now = generation_step(cluster, job, 1)
+    target = max(1, (now - offset + interval - 1) // interval) * interval + offset  # the next k * interval + offset
+    if target >= steps:
+        raise RuntimeError(f"{path}: job {job} was at step {now} when the warm trainers were ready: too late")
+    cluster.wait(lambda: generation_step(cluster, job, 1) >= target, 300, f"step {target}")
     at = kill_nodes(cluster, victims)
     generation, _ = cluster.wait_new_generation(job, 1, 180)
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 600)
@@ -137,6 +144,10 @@ def kill_once(
         f"{path} +{offset}: {stages}x{replicas} killed {victims} reached {r.reached} resumed {r.resumed} "
         f"({r.reason}) first step {r.total:.2f}s back {r.back:.2f}s max_rel {r.max_rel:.1e}"
     )
+    # A killed VM stays READY for the controller until its heartbeat expiry (the salvage only kept it out of
+    # this job's next generation): wait for that, or the next job could be placed on it.
+    for victim in victims:
+        cluster.wait(lambda v=victim: cluster.node_state(v) in {"GONE", "LOST"}, 60, f"{victim} lost")  # type: ignore[misc]
     refill(cluster, len(victims))
     return r
 
@@ -146,7 +157,7 @@ def run_cluster(
 ) -> dict[str, Any]:
     """One cluster: the eviction rounds (``notices``), then per case (path, profile, reference) REPS kills."""
     cluster = LocalCluster(work / "home", env, poll=0.1)
-    cluster.up(nodes=NODES, slots=SLOTS, heartbeat_expiry=30.0)  # an expiry far beyond what detection needs
+    cluster.up(nodes=NODES, slots=SLOTS, heartbeat_expiry=EXPIRY)
     out: dict[str, Any] = {}
     try:
         refill(cluster, 0)
@@ -167,8 +178,6 @@ def run() -> str:
         print(f"  [morph_bench] {text}", flush=True)
 
     load_before = os.getloadavg()[0]
-    imports, groups = floor(NODES, FLOOR_REPEATS)
-    log(f"floor: {NODES} x import torch {imports:.2f}s, {NODES}-process gloo set-up {groups:.2f}s")
     with tempfile.TemporaryDirectory(prefix="morph-bench-") as tmp:
         work = Path(tmp)
         reference = train_reference(work, STEPS, BATCH, SEED)
@@ -176,6 +185,8 @@ def run() -> str:
         pipeline = pipeline_profile(work / "pipeline_profile.json")
         cases = [("jit", DEMO_PROFILE, reference), ("stage", pipeline, stage_reference)]
         warm = run_cluster(work / "warm", {}, cases, True, log)
+        imports, groups = floor(NODES, FLOOR_REPEATS)  # right before the cold restarts, under the same load
+        log(f"floor: {NODES} x import torch {imports:.2f}s, {NODES}-process gloo set-up {groups:.2f}s")
         cold = run_cluster(work / "cold", COLD, [("restart", DEMO_PROFILE, reference)], False, log)
     setup = Setup(
         machine=machine(),
@@ -185,10 +196,11 @@ def run() -> str:
         reps=REPS,
         nodes=NODES,
         notice=NOTICE,
+        expiry=EXPIRY,
         steps=(STEPS, INTERVAL),
         stage_steps=(STAGE_STEPS, STAGE_INTERVAL),
-        kill_steps=tuple(INTERVAL + k for k in kill_offsets(INTERVAL, REPS)),
-        stage_kill_steps=tuple(STAGE_INTERVAL + k for k in kill_offsets(STAGE_INTERVAL, REPS)),
+        kill_offsets=tuple(kill_offsets(INTERVAL, REPS)),
+        stage_kill_offsets=tuple(kill_offsets(STAGE_INTERVAL, REPS)),
         batch=BATCH,
     )
     result = section(setup, warm["notice"], warm["notice_lost"], warm["jit"], warm["stage"], cold["restart"])

@@ -27,10 +27,11 @@ class Setup:
     reps: int
     nodes: int
     notice: float
+    expiry: float  # heartbeat expiry
     steps: tuple[int, int]  # steps, checkpoint interval of the kill jobs
     stage_steps: tuple[int, int]
-    kill_steps: tuple[int, ...]  # where the kills were aimed (the step the job had reached when killed)
-    stage_kill_steps: tuple[int, ...]
+    kill_offsets: tuple[int, ...]  # where the kills were aimed: steps past a periodic checkpoint
+    stage_kill_offsets: tuple[int, ...]
     batch: int
 
 
@@ -132,20 +133,22 @@ def section(
             "real VMs.",
             "",
             f"Local clusters of {s.nodes} VMs x 1 slot, the demo model in float64 (B={s.batch}); VMs killed with "
-            "`local kill` (SIGKILL of the VM's whole session: agent and trainers, no notice). Warm trainers are the "
+            f"`local kill` (SIGKILL of the VM's whole session: agent and trainers, no notice); heartbeat expiry "
+            f"{s.expiry:.0f} s, which no recovery waits for. Warm trainers are the "
             "default: every agent keeps one trainer process per slot that has imported torch and waits for an "
             "assignment. The cases (details in `bench/morph_bench.py`):",
             "",
             f"- **eviction with notice, warm**: one long job at 1x{s.nodes}; a node it uses gets a {s.notice:.0f} s "
             "Scheduled Events notice; after each round a VM is added and the job grows back;",
             f"- **kill, just-in-time checkpoint, warm**: a fresh {steps}-step job per repetition, 1x{s.nodes} "
-            f"(D = {s.nodes}), a checkpoint every {interval} steps, one VM killed once the job reached step "
-            f"{', '.join(map(str, s.kill_steps))} (one kill per job, evenly inside an interval); the survivors "
+            f"(D = {s.nodes}), a checkpoint every {interval} steps, one VM killed {'/'.join(map(str, s.kill_offsets))} "
+            "steps past a periodic checkpoint (one kill per job, evenly inside an interval; the first checkpoint "
+            "once every agent's warm trainer is ready again, as replacing them competes with the job); the survivors "
             "write the step they hold (one writer per stage), the next generation resumes from it;",
             f"- **kill of a whole stage, warm**: the demo model with a profile that forces a pipeline (compute-bound "
             f"and short of memory: `spotmorph.local.unplanned.pipeline_profile`), 2x2; both VMs of stage 1 killed "
             f"together; a {stage_steps}-step job with a checkpoint every {stage_interval} steps (a 2x2 pipeline "
-            f"steps several times slower here), killed at step {', '.join(map(str, s.stage_kill_steps))};",
+            f"steps several times slower here), killed {'/'.join(map(str, s.stage_kill_offsets))} steps past one;",
             "- **kill, full restart, cold** (the torchrun-style baseline): the same jobs and kill points as the "
             "just-in-time case on a second cluster with `SPOTMORPH_WARM_TRAINERS=0` (every trainer a fresh "
             "process) and just-in-time checkpoints disabled (`SPOTMORPH_CONTROLLER_SALVAGE_WRITE_SECONDS=0.001`: "
@@ -174,9 +177,11 @@ def section(
             "",
             goals(notice, jit),
             "",
-            f"Floor measured in the same run (median of {s.floor_repeats}): {s.nodes} processes importing torch at "
-            f"once **{imports:.2f} s**, a {s.nodes}-process gloo process-group set-up on loopback once they are all "
-            f"up **{groups:.2f} s**: a cold restart cannot be faster than their sum, **{imports + groups:.2f} s**.",
+            f"Floor, measured right before the cold restarts (median of {s.floor_repeats}): {s.nodes} processes "
+            f"importing torch at once **{imports:.2f} s**, a {s.nodes}-process gloo process-group set-up on loopback "
+            f"once they are all up **{groups:.2f} s**; a cold restart's processes do at least that, "
+            f"**{imports + groups:.2f} s** under the load of that moment (it varies: compare the cold `process "
+            "start` phase below).",
             "",
             "Phases: milestones are the latest over the ranks concerned, from the trainers' progress lines and the "
             "controller's events, so they add up to the total (`detect`: until the controller has a survivor's "
