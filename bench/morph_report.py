@@ -60,8 +60,8 @@ def goals(notice: list[Recovery], jit: list[Recovery]) -> str:
     return (
         f"Against the goals (issue 16), in this run: kill without notice with D >= 2, steps lost at most {lost} "
         f"(goal <= 1: {verdict(lost <= 1)}), final parameters within {worst:.1e} of the reference (goal <= 1e-9: "
-        f"{verdict(worst <= 1e-9)}), median kill -> first step {first:.2f} s (goal <= 3 s: {verdict(first <= 3)}); "
-        f"eviction with notice, median notice -> first step {warned:.2f} s (goal <= 1 s: {verdict(warned <= 1)})."
+        f"{verdict(worst <= 1e-9)}), median kill -> first step {first:.3f} s (goal <= 3 s: {verdict(first <= 3)}); "
+        f"eviction with notice, median notice -> first step {warned:.3f} s (goal <= 1 s: {verdict(warned <= 1)})."
     )
 
 
