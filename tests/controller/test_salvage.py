@@ -154,6 +154,18 @@ def test_a_writer_lost_during_the_write_falls_back_cleanly() -> None:
     assert ended.data["reason"] == SalvageOutcome.WRITER_FAILED and ended.data["nodes_gone"] == ["node-4"]
     j = sim.job()
     assert j.action is Action.ABORT and j.last_checkpoint_step == 30  # nothing of step 42 was committed
+    assert "node-4" in j.suspected and "node-4" in j.excluded_nodes
+    assert event(sim, EventKind.NODES_SUSPECTED).data["nodes"] == ["node-2"]
+    suspected = [c for c in sim.log if isinstance(c, RecordEvent) and c.kind is EventKind.NODES_SUSPECTED]
+    assert [c.data["nodes"] for c in suspected] == [["node-2"], ["node-4"]]
+    # The other survivors exit; g+1 is issued at once (no abort timeout, no heartbeat expiry), without node-4.
+    sim.beat("node-1", *ranks(sim, "node-1", 42, running=False, exit_code=-9))
+    sim.beat("node-3", *ranks(sim, "node-3", 42, running=False, exit_code=-9))
+    sim.step(0.2)
+    j = sim.job()
+    assert (j.state, j.generation, j.resume_step) == (J.RUNNING, 2, 30)
+    assert j.layout is not None and not {"node-2", "node-4"} & set(j.layout.nodes())
+    assert sim.world.nodes["node-4"].state is not N.LOST
 
 
 def test_a_failure_with_every_node_alive_counts_as_a_restart() -> None:

@@ -18,7 +18,8 @@ morphs with action HOLD, with ``morph_started_at`` as the time of the failure; t
 3. **write**: the writers write, the first one commits the manifest and reports the step, which the
    progress step records like any commit of the generation; the job then goes on with ABORT (every
    trainer of g has exited or is killed) and g+1 resumes from ``S``. A writer that fails or whose node is
-   lost or silent for the grace, or a deadline that passes, falls back instead (``SalvageEnded``).
+   lost or silent for the grace (then suspected and left out of g+1 too), or a deadline that passes, falls back
+   instead (``SalvageEnded``).
 
 A collective that failed while every node is still heard from (a trainer crashed, or a step outlived
 the peer timeout) counts as a restart, bounded by ``max_restarts`` like any trainer failure.
@@ -172,8 +173,23 @@ def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
         n for n in writer_nodes if not draft.serves(job, n) or _silent(draft, n, config.suspect_grace_seconds)
     )
     if failed or gone:
+        fields: dict[str, object] = {}
+        if gone:  # lost in the write: the generation does not wait for them, and g+1 leaves them out
+            newly = [n for n in gone if n not in job.suspected]
+            if newly:
+                draft.event(EventKind.NODES_SUSPECTED, job.id, generation=job.generation, nodes=newly)
+            fields = {
+                "suspected": tuple(sorted({*job.suspected, *gone})),
+                "excluded_nodes": tuple(sorted({*job.excluded_nodes, *gone})),
+            }
         _fall_back(
-            draft, job, SalvageOutcome.WRITER_FAILED, {}, writers_failed=failed, nodes_gone=gone, step=job.salvage_step
+            draft,
+            job,
+            SalvageOutcome.WRITER_FAILED,
+            fields,
+            writers_failed=failed,
+            nodes_gone=gone,
+            step=job.salvage_step,
         )
     elif draft.now > job.salvage_deadline + DEADLINE_MARGIN_SECONDS:
         _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, step=job.salvage_step)
