@@ -12,7 +12,6 @@ a pipeline (P >= 2) with several replicas on six VMs and re-plans the depth as V
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Iterator
@@ -22,13 +21,13 @@ import pytest
 
 from spotmorph.local.chaos import ChaosOptions, plan_chaos
 from spotmorph.local.chaos_run import ChaosRun
-from spotmorph.local.harness import ENDED, ROOT, LocalCluster, max_rel_diff, train_reference
+from spotmorph.local.harness import ENDED, LocalCluster, max_rel_diff, train_reference
+from spotmorph.local.unplanned import pipeline_profile
 
 from .netns_helpers import assert_nothing_left, needs_netns, unexplained
 
 pytestmark = [pytest.mark.slow, needs_netns]
 BATCH, JOB_SEED, INTERVAL = 16, 5, 10
-GPU_MEMORY_BYTES = int(0.0008 * 2**30)  # the six layers do not fit on one VM: a pipeline of two or more
 
 
 @pytest.fixture
@@ -39,21 +38,6 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     finally:
         local.down()
         assert_nothing_left(local.files.root)
-
-
-def chaos_profile(path: Path) -> Path:
-    """The demo model's profile, compute-bound (more VMs always pay) and short of memory (P >= 2)."""
-    profile = json.loads((ROOT / "examples" / "profiles" / "tiny_gpt.json").read_text())
-    for layer in profile["layers"]:
-        for key in ("forward_seconds", "backward_seconds"):
-            layer[key] = {size: seconds * 50 for size, seconds in layer[key].items()}
-    profile["cluster"].update(
-        gpu_memory_bytes=GPU_MEMORY_BYTES,
-        compute_slots_per_node=1,
-        allreduce_bandwidth_bytes_per_second=profile["cluster"]["allreduce_bandwidth_bytes_per_second"] * 10,
-    )
-    path.write_text(json.dumps(profile))
-    return path
 
 
 def chaos_seed() -> int:
@@ -75,7 +59,7 @@ def run_chaos(cluster: LocalCluster, tmp_path: Path, references: Path, *, nodes:
         dtype="float64",
         checkpoint_interval=INTERVAL,
         checkpoint_dir=checkpoints,
-        profile=chaos_profile(tmp_path / "chaos_profile.json"),
+        profile=pipeline_profile(tmp_path / "chaos_profile.json"),
     )
     cluster.wait_step(job, 3, 240)
     run = ChaosRun(cluster, schedule, say=print)
