@@ -219,3 +219,18 @@ def test_a_generation_cut_off_from_the_controller_keeps_the_checkpoint_it_last_h
     acknowledged[0] = 50
     save(w, 60)
     assert committed_dirs(tmp_path) == ["step-00000050-g1", "step-00000060-g1"]
+
+
+def test_a_rank_holding_for_a_salvage_gives_up_once_a_newer_generation_raised_the_fence(tmp_path: Path) -> None:
+    from worker_agent.contract import ControlDir
+    from worker_agent.runtime import salvage
+
+    root = tmp_path / "ckpt"
+    ours = Fence("job-1", 1)
+    raise_fence(root, ours)
+    control = ControlDir(tmp_path / "control")
+    control.path.mkdir()
+    assert salvage.wait_for_order(control, 0.2, lambda: salvage._fenced_off(root, ours)) is None  # no order yet
+    raise_fence(root, Fence("job-1", 2))
+    why = salvage.wait_for_order(control, 30, lambda: salvage._fenced_off(root, ours))
+    assert isinstance(why, str) and "fenced off" in why and "generation 2" in why

@@ -47,10 +47,11 @@ from worker_agent.contract import (
 )
 from worker_agent.runtime.checkpoint import FORMAT, MANIFEST, LayerPayload, atomic_write, serialise, step_dir
 from worker_agent.runtime.control import Progress
-from worker_agent.runtime.errors import GenerationFenced
+from worker_agent.runtime.errors import FenceError, GenerationFenced
 from worker_agent.runtime.fence import Fence, check_fence
 
 POLL_SECONDS = 0.02
+FENCE_POLL_SECONDS = 0.5  # a holding rank re-reads the fence file this often
 # Only for tests: the writers pause this long after their layer files, before their part file (a kill
 # can then land inside the write).
 PAUSE_ENV = "SPOTMORPH_TEST_SALVAGE_PAUSE_SECONDS"
@@ -165,10 +166,14 @@ def commit(
     return True
 
 
-def wait_for_order(control: ControlDir | None, limit: float) -> SalvageOrder | None:
+def wait_for_order(
+    control: ControlDir | None, limit: float, fenced: Callable[[], str | None] = lambda: None
+) -> SalvageOrder | str | None:
     """The controller's order once the agent publishes it; None after ``limit`` seconds, on a bad file, or
-    when a stop is requested meanwhile (``spotmorph train`` asks that of the survivors: no one salvages)."""
+    when a stop is requested meanwhile (``spotmorph train`` asks that of the survivors: no one salvages);
+    the fence's message when a newer generation raised it meanwhile (no salvage of this one can commit)."""
     deadline = time.monotonic() + limit
+    next_fence_check = 0.0
     while time.monotonic() < deadline:
         if control is None or control.stop_requested():
             return None
@@ -178,7 +183,22 @@ def wait_for_order(control: ControlDir | None, limit: float) -> SalvageOrder | N
                 return SalvageOrder.from_json(text)
             except ValueError:
                 return None
+        if time.monotonic() >= next_fence_check:
+            if why := fenced():
+                return why
+            next_fence_check = time.monotonic() + FENCE_POLL_SECONDS
         time.sleep(POLL_SECONDS)
+    return None
+
+
+def _fenced_off(root: Path, fence: Fence | None) -> str | None:
+    """Why this generation is fenced off (a newer one raised the fence), or None while it may still commit."""
+    if fence is None:
+        return None
+    try:
+        check_fence(root, fence)
+    except FenceError as exc:  # raised past it, or damaged (which refuses every writer)
+        return str(exc)
     return None
 
 
@@ -201,7 +221,10 @@ def hold(
     """Steps 1-3 of the module docstring; the exit code of the trainer."""
     sever()
     progress.emit(CollectiveFailed(generation, stage, replica, step, repr(error)[:500]))
-    order = wait_for_order(control, hold_seconds)
+    order = wait_for_order(control, hold_seconds, lambda: _fenced_off(root, fence))
+    if isinstance(order, str):
+        progress.emit(TrainerFailed(kind="fenced", message=order))
+        return ExitCode.FENCED
     if order is None:
         progress.emit(TrainerFailed(kind="abort", message=f"collective failed ({error!r}); no salvage order came"))
         return ExitCode.ABORTED
