@@ -100,6 +100,6 @@ def test_a_snapshot_renders_to_what_it_holds() -> None:
 
 def test_morph_labels_are_the_ones_dashboards_use_and_provider_errors_are_recognised() -> None:
     # every label dashboards knew is still there; the ones added since are new label values, not renamings
-    assert {str(c) for c in MorphCause} == {*LABELS_BEFORE_CAUSES_WERE_STORED, "collective_failed"}
+    assert {str(c) for c in MorphCause} == {*LABELS_BEFORE_CAUSES_WERE_STORED, "collective_failed", "peer_unreachable"}
     assert provider_error("AzureThrottled") and not provider_error("AzureScaleOut")
     assert not provider_error("NodeRegistered")
