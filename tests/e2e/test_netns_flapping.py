@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, needs_netns]
 # What the controller sees of a cut is longer than the cut: the beat interval (1 s) before it, the CLI's own
 # time (~0.7 s here) and, after the heal, TCP's retransmission backoff on the open connection (up to ~1.6 s).
 # A 1 s cut measured about 4.5 s of silence; the expiry leaves room for that.
-EXPIRY = 8.0
+EXPIRY = 15.0  # a loaded CI machine saw a 1 s cut turn into more than 8 s of silence
 CUT_SECONDS, CUTS = 1.0, 5
 
 
@@ -71,7 +71,7 @@ def test_short_cuts_do_not_flip_a_node_and_a_long_one_brings_it_back_held(
     assert not [e for e in node_events(cluster, node, "NodeStateChanged") if e["data"]["to"] == "LOST"]
 
     cluster.cli("local", "partition", node, "--from", "controller")
-    cluster.wait(lambda: cluster.node_state(node) == "LOST", 30, f"{node} to be LOST")
+    cluster.wait(lambda: cluster.node_state(node) == "LOST", 60, f"{node} to be LOST")
     cluster.cli("local", "heal", node)
     cluster.wait(lambda: int(record(cluster, node)["incarnation"]) >= 2, 60, f"{node} to register again")
     assert record(cluster, node)["state"] == "JOINING", "back soon after LOST: held, not READY at once"
