@@ -13,6 +13,8 @@ import pytest
 
 from spotmorph.local.harness import LocalCluster
 
+from .netns_helpers import assert_nothing_left
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
@@ -37,3 +39,4 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         yield local
     finally:
         local.down()
+        assert_nothing_left(local.files.root)  # a --netns cluster leaves no namespace or link behind

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +23,6 @@ from .netns_helpers import assert_nothing_left, listener, needs_netns, plan_of, 
 
 pytestmark = [pytest.mark.slow, needs_netns]
 PEER_PORT = 47001
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "home")
-    try:
-        yield local
-    finally:
-        local.down()
-        assert_nothing_left(local.files.root)
 
 
 def controller_port(cluster: LocalCluster) -> int:

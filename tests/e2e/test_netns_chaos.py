@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,20 +23,10 @@ from spotmorph.local.chaos_run import ChaosRun
 from spotmorph.local.harness import ENDED, LocalCluster, max_rel_diff, train_reference
 from spotmorph.local.unplanned import pipeline_profile
 
-from .netns_helpers import assert_nothing_left, needs_netns, unexplained
+from .netns_helpers import needs_netns, unexplained
 
 pytestmark = [pytest.mark.slow, needs_netns]
 BATCH, JOB_SEED, INTERVAL = 16, 5, 10
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "home")
-    try:
-        yield local
-    finally:
-        local.down()
-        assert_nothing_left(local.files.root)
 
 
 def chaos_seed() -> int:

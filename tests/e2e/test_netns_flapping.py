@@ -11,7 +11,6 @@ incarnation held in JOINING (flap damping, ``NodeHeld``), not READY at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from spotmorph.local.harness import LocalCluster
 
-from .netns_helpers import assert_nothing_left, needs_netns
+from .netns_helpers import needs_netns
 
 pytestmark = [pytest.mark.slow, needs_netns]
 # What the controller sees of a cut is longer than the cut: the beat interval (1 s) before it, the CLI's own
@@ -27,16 +26,6 @@ pytestmark = [pytest.mark.slow, needs_netns]
 # A 1 s cut measured about 4.5 s of silence; the expiry leaves room for that.
 EXPIRY = 15.0  # a loaded CI machine saw a 1 s cut turn into more than 8 s of silence
 CUT_SECONDS, CUTS = 1.0, 5
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "home")
-    try:
-        yield local
-    finally:
-        local.down()
-        assert_nothing_left(local.files.root)
 
 
 def node_events(cluster: LocalCluster, node: str, kind: str) -> list[dict[str, Any]]:

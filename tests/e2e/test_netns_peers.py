@@ -20,7 +20,6 @@ failure has to wait out. Either way the job finishes equal to the uninterrupted 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +27,10 @@ import pytest
 
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 
-from .netns_helpers import assert_nothing_left, needs_netns, unexplained
+from .netns_helpers import needs_netns, unexplained
 
 pytestmark = [pytest.mark.slow, needs_netns]
 BATCH, SEED, INTERVAL, STEPS = 16, 11, 10, 60
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "home")
-    try:
-        yield local
-    finally:
-        local.down()
-        assert_nothing_left(local.files.root)
 
 
 def kinds(cluster: LocalCluster, job: str, kind: str) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ single-process run (max relative error <= 1e-9). Needs root; skips with the reas
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +15,10 @@ import pytest
 
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference, world_size
 
-from .netns_helpers import assert_nothing_left, needs_netns, plan_of
+from .netns_helpers import needs_netns, plan_of
 
 pytestmark = [pytest.mark.slow, needs_netns]
 BATCH, SEED, INTERVAL = 16, 11, 10
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "home")
-    try:
-        yield local
-    finally:
-        local.down()
-        assert_nothing_left(local.files.root)
 
 
 def trainer_environments(cluster: LocalCluster, job: str, generation: int) -> list[dict[str, str]]:
