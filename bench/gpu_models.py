@@ -102,3 +102,8 @@ def build_gpt350m() -> ModelSpec:
 
 def build_gpt_mid() -> ModelSpec:
     return build_gpt(width=768, blocks=8, heads=12, seq_len=512)
+
+
+def build_gpt_smoke() -> ModelSpec:
+    """Toy sizes of the same code, for ``bench/gpu_bench.py --smoke`` (which CI runs on a CPU)."""
+    return build_gpt(width=32, blocks=2, heads=4, seq_len=16, vocab=128)

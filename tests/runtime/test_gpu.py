@@ -116,3 +116,31 @@ def test_the_gpu_bench_skips_without_cuda() -> None:
         [sys.executable, "bench/gpu_bench.py"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and result.stdout.strip() == "no CUDA device: skipped", result
+
+
+def test_the_gpu_bench_smoke_run_exercises_every_part_at_toy_sizes() -> None:
+    """Not a GPU test: every part of the GPU bench runs (on CUDA where there is one, else on the CPU), so
+    its first run on a GPU does not stop at a wrong call; the smoke run prints and writes no docs."""
+    import subprocess
+    import sys
+
+    from tests.runtime.helpers import REPO
+
+    docs = (REPO / "docs" / "benchmarks.md").read_text()
+    result = subprocess.run(
+        [sys.executable, "bench/gpu_bench.py", "--smoke"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result
+    out = result.stdout
+    assert "Within bounds: yes" in out, out
+    assert "not a measurement" in out
+    for row in ("| spotmorph train 1x1 |", "| plain PyTorch loop |", "| layout-free", "| 2x1 | yes | 1 |"):
+        assert row in out, (row, out)
+    curve = {
+        int(c[1]): (float(c[2]), float(c[3]))
+        for c in (line.split("|") for line in out.splitlines())
+        if len(c) == 6 and c[1].strip() in ("1", "8")
+    }
+    assert curve[8][0] < curve[1][0] and curve[8][1] < curve[1][1], curve  # both losses fall
+    assert abs(curve[8][1] - curve[8][0]) < 0.05 * curve[8][0], curve  # and bf16 tracks fp32
+    assert (REPO / "docs" / "benchmarks.md").read_text() == docs
