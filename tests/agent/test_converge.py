@@ -6,9 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from worker_agent.agent.converge import (
+    AbortCollectives,
     Assignment,
     KillTrainer,
     RequestCheckpoint,
+    RequestSalvage,
     RequestStop,
     StartTrainer,
     TrainerKey,
@@ -110,3 +112,15 @@ def test_two_generations_never_run_side_by_side(sequence: list[Assignment]) -> N
         if current is not None and current.action == "run":
             expected = {TrainerKey(current.job_id, current.generation, r) for r in current.ranks}
             assert expected <= set(trainers)
+
+
+def test_a_held_generation_aborts_its_running_trainers_collectives_then_passes_the_salvage_order_on() -> None:
+    held = Assignment("j", 3, "hold", (0, 1))
+    assert converge(held, [running("j", 3, 0), running("j", 3, 1)]) == [AbortCollectives("j", 3)]
+    ordered = Assignment("j", 3, "hold", (0, 1), salvage='{"step": 7}')
+    assert converge(ordered, [running("j", 3, 1)]) == [AbortCollectives("j", 3), RequestSalvage("j", 3, '{"step": 7}')]
+    exited = [TrainerStatus(TrainerKey("j", 3, 0), False, exit_code=0)]
+    assert converge(ordered, exited) == [RequestSalvage("j", 3, '{"step": 7}')]  # nobody left to abort
+    assert not [
+        c for c in converge(Assignment("j", 3, "run", (0,)), [running("j", 3, 0)]) if isinstance(c, AbortCollectives)
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -163,3 +164,16 @@ def test_aborting_communicators_is_best_effort_and_newest_first(monkeypatch: pyt
     comm.abort_communicators()
     assert aborted == ["tied", "data", "pipeline"] and comm._NCCL_GROUPS == []
     assert comm.tensor_backend(torch.device("cpu")) == "gloo" and comm.tensor_backend(torch.device("cuda", 1)) == "nccl"
+
+
+def test_nccl_is_configured_to_raise_in_the_caller_not_to_tear_the_process_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The salvage needs a failed NCCL collective to raise before the optimizer step and the process to live on."""
+    from worker_agent.runtime.comm import configure_nccl
+
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # what a user's environment might carry
+    monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
+    configure_nccl()
+    assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "1"
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"

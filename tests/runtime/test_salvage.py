@@ -5,7 +5,9 @@ order written into their control dir as an agent writes the controller's. Killin
 three others report ``CollectiveFailed`` within seconds, at the same step; the two writers the order
 names (one per stage) write that step from memory, the first commits the manifest, and the checkpoint
 equals an uninterrupted 1 x 1 run of as many steps (<= 1e-9). A writer killed during the write leaves
-no manifest: no checkpoint, nothing a reader would load.
+no manifest: no checkpoint, nothing a reader would load. A peer that is frozen rather than dead keeps its
+connections open; when the agent asks (the controller holds the generation), the others abort theirs and
+hold at once instead of waiting out the peer timeout.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def layout() -> Layout:
 class Run:
     """Four trainer processes of one generation, the first hosting the store."""
 
-    def __init__(self, tmp: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None, peer_timeout_seconds: float = 5.0) -> None:
         from spotmorph.local.processes import free_port
 
         self.root = tmp / "ckpt"
@@ -64,7 +66,7 @@ class Run:
             dtype="float64",
             checkpoint_interval=1000,
             checkpoint_dir=str(self.root),
-            peer_timeout_seconds=5.0,
+            peer_timeout_seconds=peer_timeout_seconds,
             device="cpu",
         )
         self.dir.job_file.write_text(job.model_dump_json())
@@ -161,4 +163,22 @@ def test_a_writer_killed_during_the_salvage_leaves_no_checkpoint(tmp_path: Path)
             ck.verify(layer_files)
         assert ck.newest_valid(run.root) is None  # a reader finds nothing to load, not half a checkpoint
     finally:
+        run.stop()
+
+
+def test_an_agents_abort_order_makes_ranks_blocked_on_a_frozen_peer_hold_at_once(tmp_path: Path) -> None:
+    """The peer timeout is 10 minutes, so within the wait below only the agent's order can fail the collectives."""
+    run = Run(tmp_path, peer_timeout_seconds=600.0)
+    try:
+        wait_for(lambda: all(len(run.events(r, StepCompleted)) >= 3 for r in range(4)), 120, "four ranks at step 3")
+        os.kill(run.procs[3].pid, signal.SIGSTOP)  # frozen: its sockets stay open, so nobody sees it go
+        survivors = (0, 1, 2)
+        run.dir.control.request_abort()
+        wait_for(lambda: all(run.events(r, CollectiveFailed) for r in survivors), 60, "survivors to hold")
+        failures = {r: run.events(r, CollectiveFailed)[0] for r in survivors}
+        assert len({f.step for f in failures.values()}) == 1, (failures, run.logs())
+        # The first to read the order severs its connections, which fails the others' collectives too.
+        assert any("agent's order" in f.error for f in failures.values()), failures
+    finally:
+        os.kill(run.procs[3].pid, signal.SIGCONT)
         run.stop()

@@ -86,7 +86,16 @@ class RequestSalvage:
     order: str  # SalvageOrder JSON
 
 
-Command = StartTrainer | RequestStop | RequestCheckpoint | RequestSalvage | KillTrainer
+@dataclass(frozen=True)
+class AbortCollectives:
+    """The controller holds a generation (a rank is lost): its running trainers abandon the step in flight
+    now, aborting their communicators, instead of waiting out ``peer_timeout_seconds`` on the lost peer."""
+
+    job_id: str
+    generation: int
+
+
+Command = StartTrainer | RequestStop | RequestCheckpoint | RequestSalvage | AbortCollectives | KillTrainer
 
 
 def accept(current: Assignment | None, incoming: Assignment) -> bool:
@@ -114,8 +123,11 @@ def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> l
     stoppable = (t.running and not t.stop_requested and _same(t.key, wanted) for t in trainers if wanted)
     if wanted is not None and wanted.action == "stop" and any(stoppable):
         commands.append(RequestStop(wanted.job_id, wanted.generation))
-    if wanted is not None and wanted.action == "hold" and wanted.salvage is not None:
-        commands.append(RequestSalvage(wanted.job_id, wanted.generation, wanted.salvage))
+    if wanted is not None and wanted.action == "hold":
+        if any(t.running and _same(t.key, wanted) for t in trainers):
+            commands.append(AbortCollectives(wanted.job_id, wanted.generation))
+        if wanted.salvage is not None:
+            commands.append(RequestSalvage(wanted.job_id, wanted.generation, wanted.salvage))
     if wanted is not None and wanted.action == "run" and not stale_running:
         known = {t.key for t in trainers}
         for position, rank in enumerate(wanted.ranks):

@@ -30,6 +30,7 @@ from pathlib import Path
 from morphing.errors import UserInputError
 from worker_agent.agent import decisions
 from worker_agent.agent.converge import (
+    AbortCollectives,
     Assignment,
     KillTrainer,
     RequestCheckpoint,
@@ -251,6 +252,13 @@ class Agent:
                 self.supervisor.request_stop(command.job_id, command.generation)
             elif isinstance(command, RequestCheckpoint):
                 self.supervisor.request_checkpoint(command.job_id, command.generation, command.counter)
+            elif isinstance(command, AbortCollectives):
+                if self.supervisor.abort_collectives(command.job_id, command.generation):
+                    log.info(
+                        "generation %d of %s is held: its trainers abort their collectives",
+                        command.generation,
+                        command.job_id,
+                    )
             elif isinstance(command, RequestSalvage):
                 log.info("salvage order for generation %d of %s: %s", command.generation, command.job_id, command.order)
                 self.supervisor.request_salvage(command.job_id, command.generation, command.order)

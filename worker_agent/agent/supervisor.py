@@ -216,6 +216,14 @@ class Supervisor:
             if (trainer.key.job_id, trainer.key.generation) == (job_id, generation):
                 trainer.stop_requested = True
 
+    def abort_collectives(self, job_id: str, generation: int) -> bool:
+        """Tell a held generation's trainers to abort their collectives; True the first time (idempotent)."""
+        control = self.generation_dir(job_id, generation).control
+        if control.abort_requested():
+            return False
+        control.request_abort()
+        return True
+
     def request_checkpoint(self, job_id: str, generation: int, counter: int) -> None:
         """Pass the controller's checkpoint request counter to a generation's trainers (once per value)."""
         if self._checkpoint_requests.get((job_id, generation)) == counter:

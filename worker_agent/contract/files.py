@@ -94,6 +94,18 @@ class ControlDir:
         return 0
 
     @property
+    def abort_file(self) -> Path:
+        return self.path / "abort-collectives"
+
+    def request_abort(self) -> None:
+        """Ask the generation's trainers to abort their collectives now (the controller holds the generation)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.abort_file.touch()
+
+    def abort_requested(self) -> bool:
+        return self.abort_file.exists()
+
+    @property
     def acknowledged_file(self) -> Path:
         return self.path / "acknowledged"
 

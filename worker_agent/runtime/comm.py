@@ -6,9 +6,11 @@ the CPU; its timeout is switched between the job's two (:class:`worker_agent.run
 The groups that move model tensors (each replica's pipeline: point-to-point and the clipping norm; each
 stage's data-parallel gradient all-reduce; tied copies) use NCCL when the tensors are on a GPU
 and gloo otherwise, so a CPU run is exactly what it always was. These groups have the job's
-``peer_timeout_seconds`` (a failed collective is a lost peer: :mod:`worker_agent.runtime.salvage`), and
-NCCL's watchdog tears a rank down when a collective outlives it (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``), so
-a lost peer never hangs a rank; a rank that exits aborts its NCCL communicators first.
+``peer_timeout_seconds`` (a failed collective is a lost peer: :mod:`worker_agent.runtime.salvage`). NCCL
+runs in blocking-wait mode (:func:`configure_nccl`): a collective that fails or outlives the timeout
+raises in the calling thread, before the optimizer step could use what it returned, and the process
+lives on to hold its step for a just-in-time checkpoint. A rank that exits aborts its NCCL communicators
+first, and one whose agent asks (:class:`worker_agent.runtime.salvage.AbortWatch`) aborts them at once.
 """
 
 from __future__ import annotations
@@ -27,9 +29,18 @@ from worker_agent.runtime.partition import PartitionedModel
 _NCCL_GROUPS: list[dist.ProcessGroup] = []
 
 
+NCCL_ENVIRONMENT = {
+    # wait() blocks until the collective is done and raises DistBackendError when it failed or timed out,
+    # so the step is abandoned before its optimizer update (the salvage's premise) ...
+    "TORCH_NCCL_BLOCKING_WAIT": "1",
+    # ... and the watchdog does not tear the process down (its default), which would lose the held step.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+}
+
+
 def configure_nccl() -> None:
-    """NCCL's watchdog aborts communicators and tears the process down when a collective times out."""
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    """Set :data:`NCCL_ENVIRONMENT` before the first NCCL group exists (ProcessGroupNCCL reads it then)."""
+    os.environ.update(NCCL_ENVIRONMENT)
 
 
 def tensor_backend(device: torch.device) -> str:

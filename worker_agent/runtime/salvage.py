@@ -29,6 +29,7 @@ import os
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -90,6 +91,41 @@ def sever() -> int:
             finally:
                 sock.detach()
     return count
+
+
+class AbortWatch:
+    """Severs this rank's connections when its agent asks (``ControlDir.request_abort``: the controller holds
+    the generation because a rank is lost), so a collective blocked on the lost peer fails now instead of
+    after ``peer_timeout_seconds``; the rank then holds its step like any rank whose collective failed.
+
+    A thread polls the control file: the main thread may be blocked inside a collective (in C++, where no
+    Python signal handler runs), and aborting NCCL communicators from another thread is what unblocks it.
+    """
+
+    def __init__(self, control: ControlDir | None) -> None:
+        self.control = control
+        self.fired = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="spotmorph-abort-watch", daemon=True)
+
+    def start(self) -> None:
+        if self.control is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        assert self.control is not None
+        while not self._stopped.wait(POLL_SECONDS):
+            if self.control.abort_requested():
+                self.fired.set()
+                sever()
+                return
+
+    def explain(self, exc: BaseException) -> str:
+        """The error a held rank reports: its agent's order when that is what failed the collective."""
+        return f"aborted on its agent's order (generation held): {exc!r}" if self.fired.is_set() else repr(exc)
 
 
 class Timeouts:
@@ -209,7 +245,7 @@ def hold(
     stage: int,
     replica: int,
     step: int,
-    error: BaseException,
+    error: str,  # what failed the collective (AbortWatch.explain)
     progress: Progress,
     control: ControlDir | None,
     root: Path,
@@ -220,13 +256,13 @@ def hold(
 ) -> ExitCode:
     """Steps 1-3 of the module docstring; the exit code of the trainer."""
     sever()
-    progress.emit(CollectiveFailed(generation, stage, replica, step, repr(error)[:500]))
+    progress.emit(CollectiveFailed(generation, stage, replica, step, error[:500]))
     order = wait_for_order(control, hold_seconds, lambda: _fenced_off(root, fence))
     if isinstance(order, str):
         progress.emit(TrainerFailed(kind="fenced", message=order))
         return ExitCode.FENCED
     if order is None:
-        progress.emit(TrainerFailed(kind="abort", message=f"collective failed ({error!r}); no salvage order came"))
+        progress.emit(TrainerFailed(kind="abort", message=f"collective failed ({error}); no salvage order came"))
         return ExitCode.ABORTED
     if rank not in order.writers:
         return ExitCode.SUCCEEDED

@@ -181,6 +181,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
 
     timeouts = salvage.Timeouts(job.timeout_seconds, job.peer_timeout_seconds)
     timeouts.settle()  # every rank loaded its checkpoint; from here on a silent peer is a lost one
+    abort = salvage.AbortWatch(control)
+    abort.start()
     last_time = time.perf_counter()
     loss_share = 0.0
     try:
@@ -253,16 +255,18 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
             loss_share = runner.run_step(step)
             step += 1
     except Exception as exc:
+        abort.stop()
         if not salvage.is_collective_failure(exc):
             raise
-        _warn(f"collective failed after step {step} ({exc!r}); holding step {step} for a just-in-time checkpoint")
+        why = abort.explain(exc)
+        _warn(f"collective failed after step {step} ({why}); holding step {step} for a just-in-time checkpoint")
         return salvage.hold(
             rank=cfg.rank,
             generation=cfg.generation,
             stage=runner.stage,
             replica=runner.replica,
             step=step,
-            error=exc,
+            error=why,
             progress=progress,
             control=control,
             root=cfg.checkpoint_dir,
