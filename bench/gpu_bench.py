@@ -145,7 +145,10 @@ def exactness(work: Path, setup: Setup) -> list[str]:
     flags = (f"--steps={half}", on, "--background-checkpoint", f"--checkpoint-interval={half // 2}")
     run_dir = _train(work, "morph", TINY, *common, *flags)
     # The first checkpoint is written while training goes on; the last one is waited for.
-    stall = next(e.stall_seconds or 0.0 for e in _events(run_dir, CheckpointWritten) if e.step == half // 2)
+    stalls = {e.step: e.stall_seconds for e in _events(run_dir, CheckpointWritten)}
+    stall = stalls.get(half // 2)
+    if stall is None:
+        raise RuntimeError(f"no stall recorded for the checkpoint of step {half // 2}: {stalls}")
     _train(work, "morph", TINY, *common, f"--steps={last}", "--device=cpu", stages=2, replicas=2)
     morph = _diff(work / "cpu-ref", work / "morph")
     ok = one["max_rel"] <= 1e-9 and morph["max_rel"] <= 1e-9

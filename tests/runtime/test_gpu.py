@@ -37,9 +37,10 @@ def test_float64_on_cuda_equals_the_cpu_reference(tmp_path: Path) -> None:
 @needs_cuda
 def test_a_checkpoint_written_on_a_gpu_resumes_in_a_cpu_2x2_layout(tmp_path: Path) -> None:
     root = tmp_path / "morphed"
-    train(root, 1, 1, 3, "--device=cuda", "--background-checkpoint", f"--run-dir={tmp_path / 'run'}")
+    flags = ("--device=cuda", "--background-checkpoint", "--checkpoint-interval=2", f"--run-dir={tmp_path / 'run'}")
+    train(root, 1, 1, 4, *flags)  # step 2's checkpoint is written while steps 3 and 4 train
     written = events_of(read_progress(GenerationDir(tmp_path / "run").progress_file(0)), CheckpointWritten)
-    assert written and written[-1].stall_seconds is not None
+    assert [e.step for e in written] == [2, 4] and all(e.stall_seconds is not None for e in written), written
     train(root, 2, 2, 6, "--device=cpu")
     train(tmp_path / "reference", 1, 1, 6)
     diff = ck.diff(ck.resolve(tmp_path / "reference"), ck.resolve(root))
@@ -55,6 +56,17 @@ def test_a_checkpoint_written_on_a_gpu_resumes_in_a_cpu_2x2_layout(tmp_path: Pat
 @pytest.mark.skipif(GPUS < 4, reason="needs 4 GPUs (one per rank of a 2x2 layout, NCCL)")
 def test_a_2x2_nccl_layout_equals_the_cpu_reference(tmp_path: Path) -> None:
     train(tmp_path / "gpu", 2, 2, 6, "--device=cuda")
+    train(tmp_path / "cpu", 1, 1, 6)
+    assert ck.diff(ck.resolve(tmp_path / "cpu"), ck.resolve(tmp_path / "gpu"))["max_rel"] <= 1e-9
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (one per rank, NCCL)")
+@pytest.mark.parametrize(("stages", "replicas"), [(2, 1), (1, 2)])
+def test_two_ranks_over_nccl_equal_the_cpu_reference(tmp_path: Path, stages: int, replicas: int) -> None:
+    """Pipeline point-to-point (2x1) and the data-parallel all-reduce (1x2) over NCCL, in float64."""
+    train(tmp_path / "gpu", stages, replicas, 6, "--device=cuda")
     train(tmp_path / "cpu", 1, 1, 6)
     assert ck.diff(ck.resolve(tmp_path / "cpu"), ck.resolve(tmp_path / "gpu"))["max_rel"] <= 1e-9
 

@@ -40,6 +40,7 @@ def test_bf16_trains_like_fp32_with_float32_masters_in_the_checkpoint(tmp_path: 
     assert sum(bf16[-5:]) < 0.95 * sum(bf16[:5])  # it learns
     for a, b in zip(fp32, bf16, strict=True):
         assert abs(a - b) <= 0.02 * a, (fp32, bf16)
+    assert fp32 != bf16  # and bf16 did compute in bfloat16 (the same losses would mean autocast was off)
     tensors = ck.read_all(ck.resolve(tmp_path / "bf16"))
     floats = {name: t.dtype for name, t in tensors.items() if t.is_floating_point()}
     assert floats and set(floats.values()) == {torch.float32}, floats

@@ -92,7 +92,9 @@ def measure_stage_peaks(request: StageMemoryRequest, device: torch.device) -> li
 
 
 def _next_input(module: nn.Module, x: Activation, ids: torch.Tensor, seed: int) -> Activation:
-    """What the next stage receives: this stage's output for the same micro-batch, without autograd."""
+    """What the next stage receives: this stage's output for the same micro-batch, as a fresh leaf that
+    requires grad when it is floating point (the runtime's received activations do: their gradient is sent
+    back), so the stage's backward computes, and the peak counts, the input gradient too."""
     with torch.no_grad(), sample_context(seed, 0, ids):
         out = module(*as_tuple(x))
-    return map_tensors(out, lambda t: t.detach())
+    return map_tensors(out, lambda t: t.detach().requires_grad_(t.is_floating_point()))
