@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch", type=int, required=True, metavar="B", help="samples per optimizer step")
     parser.add_argument("--gpu-memory-gib", type=float, metavar="X", help="override the profile's GPU memory")
     parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)")
+    parser.add_argument(
+        "--activation-recomputation",
+        action="store_true",
+        help="plan as a job with activation_recomputation: less activation memory, a forward more per backward",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -70,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.gpu_memory_gib > 0:
             raise UserInputError(f"--gpu-memory-gib {args.gpu_memory_gib}: it must be > 0")
         memory = int(args.gpu_memory_gib * GIB)
-    planner = Planner(load_profile(args.profile), args.global_batch, args.schedule, memory)
+    planner = Planner(
+        load_profile(args.profile), args.global_batch, args.schedule, memory, args.activation_recomputation
+    )
     if low == high:
         result = planner.plan_gpus(low, args.gpus_per_node)
         _print_single(result, args.json)

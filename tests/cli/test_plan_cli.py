@@ -36,6 +36,16 @@ def test_single_plan_json_has_the_contract_fields() -> None:
     assert data["samples_per_second"] == pytest.approx(500 / data["predicted_step_seconds"])
 
 
+def test_activation_recomputation_reaches_the_planner() -> None:
+    """With memory to spare (this profile's parameters dominate), recomputation only adds a forward to every
+    backward, so the best plan gets slower; the flag would change nothing if the planner never saw it."""
+    common = ("--profile", str(GPT48), "--gpus", "8", "--global-batch", "64", "--json")
+    plain = json.loads(plan(*common).stdout)
+    recomputed = json.loads(plan(*common, "--activation-recomputation").stdout)
+    assert plain["feasible"] and recomputed["feasible"]
+    assert recomputed["samples_per_second"] < plain["samples_per_second"]
+
+
 def test_range_gives_a_list_with_infeasible_entries_named() -> None:
     out = plan("--profile", str(GPT48), "--gpus", "5-9", "--gpus-per-node", "4", "--global-batch", "64", "--json")
     assert out.returncode == 0, out.stderr

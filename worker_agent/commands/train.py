@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
 
         resolve(args.load_from, job.identity())
     print(
-        f"spotmorph train: {spec.name}, layout {layout.describe()}, B={job.global_batch}, on {job.device}",
+        f"spotmorph train: {spec.name}, layout {layout.describe()}, B={job.global_batch}, on {job.device}, "
+        f"{job.dtype} masters, {job.precision} compute",
         file=sys.stderr,
     )
     with tempfile.TemporaryDirectory(prefix="spotmorph-run-") as tmp:
