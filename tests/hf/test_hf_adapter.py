@@ -150,7 +150,10 @@ def test_the_adapted_models_pass_the_start_up_checks() -> None:
 
 
 def test_hugging_face_attention_dropout_without_the_adapter_is_refused() -> None:
-    with pytest.raises(UserInputError, match=r"layer 'block0' gives different outputs .* global random state"):
+    expected = (
+        r"layer 'block0' gives different outputs .* global random state .*it is block0.block.attn \(GPT2Attention\)"
+    )
+    with pytest.raises(UserInputError, match=expected):
         build_spec(f"{REPO}/tests/hf/hf_models.py:gpt2_by_hand", 0)
 
 

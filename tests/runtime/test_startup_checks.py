@@ -43,7 +43,7 @@ def _refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, entry: str, *fl
         ("scalar_loss", ["one value per sample, shape [3], got []"]),
         ("per_sample_loss_in_token_mode", ["loss_normalization='token'", "shape [3, 4]", "got [3]"]),
         ("varying_shapes", ["varying shapes", "dataset[0] has input float32[2]", "dataset[2] has input float32[4]"]),
-        ("global_rng_dropout", ["layer 'first'", "global random state", "layout"]),
+        ("global_rng_dropout", ["layer 'first'", "global random state", "it is first (FunctionalDropout)", "layout"]),
         ("channel_dropout", ["layer 'first' uses Dropout1d (first.1)", "cannot be made layout-free"]),
         ("mixes_samples", ["layer 'first' mixes samples"]),
         ("loss_mixes_samples", ["a sample's loss changes with the other samples"]),

@@ -106,10 +106,12 @@ def _check_layer(name: str, layer: nn.Module, x: Activation, ids: torch.Tensor, 
     out: Activation = outputs[0]
     _check_activation(out, len(ids), f"{where}: layer {name!r}", "a layer's output")
     if not _close(out, outputs[1]):
+        culprit = _random_module(name, layer, x, ids, where)
+        inside = f" (it is {culprit}: its own forward draws random numbers)" if culprit else ""
         raise UserInputError(
             f"{where}: layer {name!r} gives different outputs from the same input when the global random state "
-            "differs (torch.nn.functional.dropout, an attention dropout_p, torch.rand...): its result would change "
-            f"with the layout and after a resume; {DETERMINISM_HINT}"
+            f"differs{inside} (torch.nn.functional.dropout, an attention dropout_p, torch.rand...): its result "
+            f"would change with the layout and after a resume; {DETERMINISM_HINT}"
         )
     k = len(ids) - 1  # the same samples less the last one: their outputs must not change
     if k > 0:
@@ -121,6 +123,59 @@ def _check_layer(name: str, layer: nn.Module, x: Activation, ids: torch.Tensor, 
                 "must be computed on its own"
             )
     return out
+
+
+def _random_module(name: str, layer: nn.Module, x: Activation, ids: torch.Tensor, where: str) -> str | None:
+    """The module that draws the random numbers: the first to finish (children finish before their parent)
+    whose inputs are the same under both global seeds and whose output is not; ``layer.path (Class)``."""
+    runs = [_finished_calls(name, layer, x, ids, where, seed) for seed in RNG_SEEDS]
+    modules = dict(layer.named_modules())
+    for (path, inputs, a), (other, other_inputs, b) in zip(runs[0], runs[1], strict=False):
+        if path != other:
+            return None  # the two runs took different paths: nothing finer to say
+        if _same(inputs, other_inputs) and not _same(_flat(a), _flat(b)):
+            full = f"{name}.{path}" if path else name
+            return f"{full} ({type(modules[path]).__name__})"
+    return None
+
+
+def _flat(x: Any) -> list[torch.Tensor]:
+    """The tensors in a module's output, however it nests them (tuples, lists, dicts, model outputs)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, tuple | list):
+        return [t for item in x for t in _flat(item)]
+    return []
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(_close(s, t) for s, t in zip(a, b, strict=True))
+
+
+def _finished_calls(
+    name: str, layer: nn.Module, x: Activation, ids: torch.Tensor, where: str, seed: int
+) -> list[tuple[str, list[torch.Tensor], Any]]:
+    """Every submodule call of one run from global seed ``seed``, in the order they finish: its path, the
+    tensors it was given (positional and keyword) and its output."""
+    finished: list[tuple[str, list[torch.Tensor], Any]] = []
+
+    def hook(path: str) -> Any:
+        def record(_module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            given = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            finished.append((path, given, output))
+
+        return record
+
+    handles = [module.register_forward_hook(hook(path), with_kwargs=True) for path, module in layer.named_modules()]
+    try:
+        torch.manual_seed(seed)
+        _run(name, layer, x, ids, where)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return finished
 
 
 def _run(name: str, layer: nn.Module, x: Activation, ids: torch.Tensor, where: str) -> Any:
