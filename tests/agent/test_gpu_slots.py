@@ -12,13 +12,13 @@ import pytest
 
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
+from spotmorph.cli import main
+from tests.agent.test_gpus import NVML_OLD_T4, _fake_pynvml
 from worker_agent.agent.converge import Assignment, TrainerKey
 from worker_agent.agent.daemon import Agent, AgentConfig
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.agent.wire import Incoming
-from spotmorph.cli import main
-from tests.agent.test_gpus import NVML_OLD_T4, _fake_pynvml
 from worker_agent.contract import TrainerArguments
 
 A100 = "NVIDIA A100 80GB PCIe"
