@@ -86,7 +86,8 @@ def test_the_agent_command_refuses_more_slots_than_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The real ``spotmorph agent`` entry on a node whose NVML lists two T4s (recorded output): exit 2, one line."""
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(NVML_OLD_T4))
+    two_t4: list[tuple[object, int]] = list(NVML_OLD_T4)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(two_t4))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("SPOTMORPH_GPUS", raising=False)
     monkeypatch.setenv("SPOTMORPH_AGENT_TOKEN", "t")
