@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 
 from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport, Salvage
+from controller.core.observations import Refusal
 from controller.persistence.store import GenerationRow
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
@@ -68,6 +69,7 @@ def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.J
         restarts=job.restarts,
         rendezvous_endpoint=job.rendezvous,
         eval_step=job.eval_step,
+        failure_cause=str(job.failure_cause or ""),
     )
     if job.eval_loss is not None:
         message.eval_loss = job.eval_loss
@@ -137,4 +139,8 @@ def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
         first_step_at=status.first_step_at if status.HasField("first_step_at") else None,
         last_step_at=status.last_step_at if status.HasField("last_step_at") else None,
         held_step=status.held_step if status.HasField("held_step") else None,
+        refusal=_REFUSALS.get(status.refusal),
     )
+
+
+_REFUSALS = {pb.TRAINER_REFUSAL_USER_INPUT: Refusal.USER_INPUT, pb.TRAINER_REFUSAL_NODE_UNFIT: Refusal.NODE_UNFIT}

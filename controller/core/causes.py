@@ -22,6 +22,16 @@ class MorphCause(StrEnum):
     OTHER = "other"  # generations stored before causes were, whose detail names none of the above
 
 
+class JobFailureCause(StrEnum):
+    """Why a job FAILED, as a label (the API's ``failure_cause``); its ``reason`` says it in words."""
+
+    USER_ERROR = "user_error"  # its trainers refused its input (exit 2): failed at once, never restarted
+    TRAINERS_FAILED = "trainers_failed"  # trainers failed more often than max_restarts
+    COLLECTIVE_FAILED = "collective_failed"  # collectives failed with every node alive more often than max_restarts
+    UNPLANNABLE = "unplannable"  # its profile or spec cannot be planned
+    DECISIONS_FAILED = "decisions_failed"  # deciding about it failed again and again (controller.shell.failures)
+
+
 class SalvageOutcome(StrEnum):
     """What became of the just-in-time checkpoint of an unplanned loss (the ``reason`` of its events)."""
 

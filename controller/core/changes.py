@@ -63,7 +63,7 @@ JOB_ENTERING: Mapping[JobState, Entering] = {
     ),
     J.MORPHING: Entering(stamps=("morph_started_at",), requires=("action", "morph_cause")),
     J.SUCCEEDED: Entering(),
-    J.FAILED: Entering(),
+    J.FAILED: Entering(requires=("failure_cause",)),  # a label beside the reason
     J.CANCELLED: Entering(),
 }
 

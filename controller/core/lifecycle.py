@@ -63,8 +63,8 @@ JOB_TRANSITIONS: Mapping[tuple[JobState, JobState], str] = {
     (J.MORPHING, J.QUEUED): "no layout fits the nodes left: waiting for capacity",
     (J.RUNNING, J.SUCCEEDED): "every rank finished the last step",
     (J.MORPHING, J.SUCCEEDED): "every rank finished the last step before stopping",
-    (J.RUNNING, J.FAILED): "trainers failed more often than max_restarts",
-    (J.MORPHING, J.FAILED): "trainers failed more often than max_restarts",
+    (J.RUNNING, J.FAILED): "trainers refused its input, or failed more often than max_restarts",
+    (J.MORPHING, J.FAILED): "trainers refused its input, or failed more often than max_restarts",
     (J.RUNNING, J.CANCELLED): "cancelled by an operator",
     (J.MORPHING, J.CANCELLED): "cancelled by an operator",
 }

@@ -6,6 +6,14 @@ Losing observations (a controller restart) only delays decisions until the next 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Refusal(StrEnum):
+    """A trainer that exited with a user error (exit 2), by whose mistake it was; never restarted as it is."""
+
+    USER_INPUT = "user_input"  # the job's own input (entrypoint, model, dataset): the same on every node
+    NODE_UNFIT = "node_unfit"  # this node cannot run the job as asked (device cuda, its torch sees no GPU)
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,7 @@ class RankReport:
     first_step_at: float | None = None  # the node's wall clock when this rank completed its first step
     last_step_at: float | None = None  # ... and ``last_step``
     held_step: int | None = None  # its collective failed: the last completed step it holds in memory
+    refusal: Refusal | None = None  # it exited 2, refusing its input (None: not a refusal)
 
 
 @dataclass(frozen=True)

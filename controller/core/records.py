@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controller.core.causes import MorphCause
+from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState, NodeState
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
@@ -71,6 +71,7 @@ class JobRecord:
     morph_cause: MorphCause | None = None  # why the current (or last) morph began
     morph_detail: str = ""  # the same in words, naming nodes and figures
     reason: str = ""
+    failure_cause: JobFailureCause | None = None  # set on entering FAILED; ``reason`` holds the words
     excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
     # nodes its peers could not reach (reconcile.unreachable): the failed starts seen, and who is left out until when
     rendezvous_failures: tuple[tuple[str, str, float], ...] = ()  # (node, rendezvous host it could not reach, when)

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from controller.core.causes import MorphCause
+from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState, Transition
 from controller.core.model import Action, Gpu, JobRecord, NodeRecord
@@ -76,6 +76,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "morph_cause": str(job.morph_cause) if job.morph_cause is not None else None,
         "morph_detail": job.morph_detail,
         "reason": job.reason,
+        "failure_cause": str(job.failure_cause) if job.failure_cause is not None else None,
         "excluded_nodes": list(job.excluded_nodes),
         "rendezvous_failures": [list(e) for e in job.rendezvous_failures],
         "excluded_until": [list(e) for e in job.excluded_until],
@@ -100,6 +101,8 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     fields["action"] = Action(data["action"])
     fields["layout"] = Layout.from_dict(data["layout"]) if data["layout"] else None
     fields["morph_cause"] = MorphCause(data["morph_cause"]) if data["morph_cause"] else None
+    cause = data.get("failure_cause")  # absent in rows written before failures had causes
+    fields["failure_cause"] = JobFailureCause(cause) if cause else None
     fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
     fields["growth_declined"] = data.get("growth_declined", "")
     failures = data.get("rendezvous_failures", ())  # absent in rows written before reconcile.unreachable

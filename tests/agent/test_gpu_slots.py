@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
+from spotmorph.cli import main
+from tests.agent.test_gpus import NVML_OLD_T4, _fake_pynvml
 from worker_agent.agent.converge import Assignment, TrainerKey
 from worker_agent.agent.daemon import Agent, AgentConfig
 from worker_agent.agent.gpus import Gpu
@@ -75,3 +80,20 @@ def test_the_trainer_gets_its_device_index_and_cuda_in_pci_bus_order(tmp_path: P
     assert (parsed.rank, parsed.device_index) == (3, 1)
     assert Path(f"{seen}.env").read_text().strip() == "PCI_BUS_ID"
     supervisor.kill_all()
+
+
+def test_the_agent_command_refuses_more_slots_than_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real ``spotmorph agent`` entry on a node whose NVML lists two T4s (recorded output): exit 2, one line."""
+    two_t4: list[tuple[object, int]] = list(NVML_OLD_T4)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(two_t4))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("SPOTMORPH_GPUS", raising=False)
+    monkeypatch.setenv("SPOTMORPH_AGENT_TOKEN", "t")
+    argv = ["agent", "--controller", "127.0.0.1:1", "--slots", "3", "--work-dir", str(tmp_path / "agent")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spotmorph agent: error: --slots 3: this node trains on 2 GPU(s) (2x Tesla T4"), err
+    assert "use --slots 2 or fewer (or auto), or --gpus none to offer CPU slots" in err and "\n" not in err
+    assert not (tmp_path / "agent").exists()  # refused before it did anything

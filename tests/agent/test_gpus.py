@@ -187,13 +187,19 @@ def test_slots_follow_the_gpus_unless_asked() -> None:
         with pytest.raises(UserInputError, match="--slots"):
             parse_slots(bad)
     assert slot_count(None, eight) == 8 and slot_count(None, ()) == 1
-    assert slot_count(2, eight) == 2 and slot_count(3, ()) == 3
+    assert slot_count(2, eight) == 2 and slot_count(8, eight) == 8 and slot_count(3, ()) == 3
+
+
+def test_more_slots_than_gpus_is_refused_with_the_fix() -> None:
+    """NCCL cannot put two ranks of one communicator on one GPU: slots never share one."""
+    two = gpus_from_nvml(NVML_OLD_T4)
+    with pytest.raises(UserInputError, match=r"--slots 3: this node trains on 2 GPU.*--slots 2 or fewer.*--gpus none"):
+        slot_count(3, two)
 
 
 def test_slot_i_trains_on_gpu_i() -> None:
     four = gpus_from_nvml(NVML_ND_H100_V5[:4])
     assert [device_for_slot(s, four) for s in range(4)] == [0, 1, 2, 3]
-    assert [device_for_slot(s, four) for s in (4, 5)] == [0, 1]  # more slots than GPUs: they share
     assert device_for_slot(0, ()) is None
 
 

@@ -75,7 +75,9 @@ events = st.one_of(
     st.builds(CheckpointWritten, steps, last_checkpoint),
     st.builds(TrainingStopped, steps, last_checkpoint, finite, finite),
     st.builds(TrainingFinished, steps, last_checkpoint, finite, finite),
-    st.builds(TrainerFailed, st.sampled_from(["input", "checkpoint", "abort", "lease_expired", "fenced"]), st.text()),
+    st.builds(
+        TrainerFailed, st.sampled_from(["input", "node", "checkpoint", "abort", "lease_expired", "fenced"]), st.text()
+    ),
 )
 records = st.builds(ProgressRecord, events, st.integers(0, 4096), counts, st.integers(1, 2**22), finite)
 

@@ -31,6 +31,7 @@ KNOWN: dict[str, Any] = {
     "layout": LAYOUT,
     "action": Action.STOP,
     "morph_cause": "eviction notice: node-1",
+    "failure_cause": "user_error",
 }
 
 

@@ -123,20 +123,27 @@ def parse_slots(text: str) -> int | None:
 
 
 def slot_count(requested: int | None, gpus: Sequence[Gpu]) -> int:
-    """``--slots`` when given, else one slot per GPU (one slot on a node without GPUs)."""
-    if requested is not None:
-        return requested
-    return len(gpus) or 1
+    """``--slots`` when given, else one slot per GPU (one slot on a node without GPUs).
+
+    On a node with GPUs every slot trains on a GPU of its own: NCCL cannot hold two ranks of one
+    communicator on one GPU, so more slots than GPUs is a :class:`UserInputError` naming the fix.
+    """
+    if requested is None:
+        return len(gpus) or 1
+    if gpus and requested > len(gpus):
+        raise UserInputError(
+            f"--slots {requested}: this node trains on {len(gpus)} GPU(s) ({describe(gpus)}) and each slot needs "
+            f"a GPU of its own (NCCL cannot put two ranks on one GPU); use --slots {len(gpus)} or fewer "
+            "(or auto), or --gpus none to offer CPU slots"
+        )
+    return requested
 
 
 def device_for_slot(slot: int, gpus: Sequence[Gpu]) -> int | None:
-    """Slot i trains on this node's i-th GPU; None on a node without GPUs.
-
-    With more slots than GPUs (``--slots`` asked for it) the slots share them round-robin.
-    """
+    """Slot i trains on this node's i-th GPU; None on a node without GPUs (:func:`slot_count` keeps slots <= GPUs)."""
     if not gpus:
         return None
-    return gpus[slot % len(gpus)].index
+    return gpus[slot].index
 
 
 def trainer_environment(

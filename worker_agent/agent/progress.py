@@ -10,6 +10,7 @@ from worker_agent.contract import (
     CheckpointWritten,
     CollectiveFailed,
     EvaluationCompleted,
+    FailureKind,
     ProgressRecord,
     SalvageWritten,
     StepCompleted,
@@ -39,6 +40,7 @@ class Progress:
     stepped: bool = False
     finished: bool = False
     error: str = ""
+    failure: FailureKind | None = None  # what kind of failure the trainer said it exits with
     eval_step: int = 0  # the step of the newest evaluation (0: none yet)
     eval_loss: float | None = None
     first_step_at: float | None = None  # the trainer's wall clock when it completed its first step
@@ -67,7 +69,7 @@ def absorb(progress: Progress, record: ProgressRecord) -> Progress:
     elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
         progress = replace(progress, step=event.step, finished=progress.finished or isinstance(event, TrainingFinished))
     elif isinstance(event, TrainerFailed):
-        progress = replace(progress, error=event.message)
+        progress = replace(progress, error=event.message, failure=event.kind)
     elif isinstance(event, SalvageWritten):
         progress = replace(progress, step=max(progress.step, event.step))
     elif isinstance(event, CollectiveFailed):
@@ -89,6 +91,7 @@ class TrainerReport:
     samples_per_second: float | None = None
     last_checkpoint_step: int | None = None
     error: str = ""
+    failure: FailureKind | None = None  # the trainer's own class of its failure ("input", "node": exit 2)
     finished: bool = False
     eval_step: int = 0
     eval_loss: float | None = None

@@ -293,9 +293,9 @@ class Supervisor:
         self._salvage_orders = {k: v for k, v in self._salvage_orders.items() if k in keep}
 
     def _report(self, trainer: _Trainer) -> TrainerReport:
+        code = trainer.process.poll()  # first: an exit is reported with every record written before it (its class)
         for record in trainer.reader.poll():
             trainer.progress = absorb(trainer.progress, record)
-        code = trainer.process.poll()
         progress = trainer.progress
         error = progress.error
         if code not in (None, ExitCode.SUCCEEDED) and not error:
@@ -309,6 +309,7 @@ class Supervisor:
             samples_per_second=progress.samples_per_second,
             last_checkpoint_step=progress.last_checkpoint_step,
             error=error,
+            failure=progress.failure,
             finished=progress.finished,
             eval_step=progress.eval_step,
             eval_loss=progress.eval_loss,

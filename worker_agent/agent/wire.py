@@ -19,7 +19,7 @@ from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, Pe
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec
-from worker_agent.contract import CommittedCheckpoint, SalvageOrder
+from worker_agent.contract import CommittedCheckpoint, ExitCode, SalvageOrder
 
 ACTIONS: dict[int, Action] = {
     pb.ACTION_RUN: "run",
@@ -149,7 +149,23 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
         status.last_step_at = report.last_step_at
     if report.held is not None:
         status.held_step = report.held.step
+    status.refusal = refusal_to_pb(report)
     return status
+
+
+def refusal_to_pb(report: TrainerReport) -> pb.TrainerRefusal.ValueType:
+    """A trainer that exited 2 saying why (a user error) refused its input: the job's own, or what this node lacks.
+
+    Exit 2 without the trainer's word (Python's own usage errors exit 2 too) is no refusal: it may be retried."""
+    if report.status.exit_code != ExitCode.USER_ERROR:
+        return pb.TRAINER_REFUSAL_UNSPECIFIED
+    return _REFUSALS.get(report.failure or "", pb.TRAINER_REFUSAL_UNSPECIFIED)
+
+
+_REFUSALS: dict[str, pb.TrainerRefusal.ValueType] = {
+    "input": pb.TRAINER_REFUSAL_USER_INPUT,
+    "node": pb.TRAINER_REFUSAL_NODE_UNFIT,
+}
 
 
 def heartbeat_to_pb(

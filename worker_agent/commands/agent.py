@@ -83,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
     )
     gpus = _find_gpus(chosen, args.python)
     interface = _socket_interface(args.address)
-    slots = gpu_values.slot_count(requested, gpus)
-    if len(gpus) < slots and gpus:
-        logging.getLogger("spotmorph.agent").warning("%d slots share %d GPUs round-robin", slots, len(gpus))
+    slots = gpu_values.slot_count(requested, gpus)  # more slots than GPUs exits 2
     config = AgentConfig(
         controller=args.controller,
         token=token,

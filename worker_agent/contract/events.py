@@ -14,7 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal, TypeVar
 
-FailureKind = Literal["input", "checkpoint", "checkpoint_damaged", "abort", "lease_expired", "fenced"]
+FailureKind = Literal["input", "node", "checkpoint", "checkpoint_damaged", "abort", "lease_expired", "fenced"]
 E = TypeVar("E")
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from morphing.errors import UserInputError
 from morphing.jobspec import Device, Precision
+from worker_agent.runtime.errors import NodeUnfit
 
 _AUTOCAST_DTYPES: dict[Precision, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 NO_CUDA = (
@@ -32,15 +32,16 @@ def cuda_available() -> bool:
 
 
 def resolve_device(requested: Device, index: int | None = None) -> torch.device:
-    """The torch device a rank computes on; :class:`UserInputError` when CUDA is asked for and absent."""
+    """The torch device a rank computes on; :class:`NodeUnfit` (a user error of this node) when CUDA is asked
+    for and absent here."""
     if requested == "cpu" or (requested == "auto" and not cuda_available()):
         return torch.device("cpu")
     if not cuda_available():
-        raise UserInputError(NO_CUDA)
+        raise NodeUnfit(NO_CUDA)
     gpu = 0 if index is None else index
     count = torch.cuda.device_count()
     if gpu >= count:
-        raise UserInputError(
+        raise NodeUnfit(
             f"this rank was given GPU {gpu}, but the node has {count} visible (CUDA_VISIBLE_DEVICES); "
             "give each rank a GPU of its own, or use device: cpu"
         )

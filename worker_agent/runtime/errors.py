@@ -1,5 +1,7 @@
 """Errors of the runtime that the trainer reports as themselves (no traceback), kept free of torch."""
 
+from morphing.errors import UserInputError
+
 
 class CheckpointWriteFailed(RuntimeError):
     """A checkpoint could not be written (disk full, permissions); the previous one stays valid."""
@@ -25,3 +27,9 @@ class FenceError(RuntimeError):
 class GenerationFenced(FenceError):
     """A newer generation of the job (or another job) owns the checkpoint directory now: the controller has
     moved past this generation, which stops without committing, loading or deleting anything there."""
+
+
+class NodeUnfit(UserInputError):
+    """Bad input that depends on this node: the job asks for what this node lacks (``device: cuda`` where
+    torch sees no GPU). It exits 2 like any user error, but its class tells the controller that another
+    node may run the job, so the controller leaves this node out instead of failing the job."""

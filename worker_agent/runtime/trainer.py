@@ -37,7 +37,7 @@ from worker_agent.contract import (
 )
 from worker_agent.runtime import resume
 from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress, StopRequest
-from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError
+from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
 
 # Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
 # long before, so this is when the trainer "started".
@@ -311,9 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(cfg.progress_file, cfg.rank, cfg.generation)
     try:
         code = train(cfg, progress)
-    except UserInputError as exc:
+    except UserInputError as exc:  # "node": this node cannot run the job as asked; "input": no node can
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
-        progress.emit(TrainerFailed(kind="input", message=str(exc)))
+        progress.emit(TrainerFailed(kind="node" if isinstance(exc, NodeUnfit) else "input", message=str(exc)))
         code = ExitCode.USER_ERROR
     except CheckpointWriteFailed as exc:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)

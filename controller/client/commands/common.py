@@ -108,6 +108,7 @@ def job_dict(job: Any) -> dict[str, Any]:
         "eval_step": job.eval_step if job.HasField("eval_loss") else None,
         "priority": job.priority,
         "reason": job.reason,
+        "failure_cause": job.failure_cause or None,  # a FAILED job's cause label (user_error, ...); None otherwise
         "restarts": job.restarts,
         "rendezvous_endpoint": job.rendezvous_endpoint,
     }

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  checkpoints in {job['checkpoint_dir']}, last at step {job['last_checkpoint_step']}")
     print(f"  steps lost {job['steps_lost']}, restarts {job['restarts']}")
     if job["reason"]:
-        print(f"  {job['reason']}")
+        print(f"  {job['failure_cause']}: {job['reason']}" if job["failure_cause"] else f"  {job['reason']}")
     if job["eval_loss"] is not None:
         print(f"  eval loss {job['eval_loss']:.4f} at step {job['eval_step']}")
     for morph in job["morphs"]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from controller.core.causes import JobFailureCause
 from controller.core.intake import Stale
 from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
 from controller.core.model import Action, Assignment, Command, Salvage, World, ranks_by_node
@@ -99,12 +100,12 @@ def cancel(world: World, job_id: str, now: float, who: str) -> list[Command]:
 
 def fail(world: World, job_id: str, now: float, reason: str) -> list[Command]:
     """Commands that fail a job the controller cannot decide on, and free its nodes."""
-    return _end(world, job_id, now, JobState.FAILED, reason)
+    return _end(world, job_id, now, JobState.FAILED, reason, failure_cause=JobFailureCause.DECISIONS_FAILED)
 
 
-def _end(world: World, job_id: str, now: float, state: JobState, reason: str) -> list[Command]:
+def _end(world: World, job_id: str, now: float, state: JobState, reason: str, **fields: object) -> list[Command]:
     draft = Draft(world, now)
     job = draft.jobs[job_id]
-    draft.move_job(job_id, state, reason)
+    draft.move_job(job_id, state, reason, **fields)
     draft.release_nodes(job.id, job.nodes)
     return draft.commands

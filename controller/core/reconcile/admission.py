@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.core.causes import MorphCause
+from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
@@ -17,7 +17,7 @@ def admit_queued(draft: Draft, config: Config, planners: Planners) -> None:
     for job in [j for j in draft.jobs.values() if j.state is JobState.QUEUED]:
         problem = planners.get(job.id)
         if isinstance(problem, str):
-            draft.move_job(job.id, JobState.FAILED, problem)
+            draft.move_job(job.id, JobState.FAILED, problem, failure_cause=JobFailureCause.UNPLANNABLE)
     queued = [j for j in draft.jobs.values() if j.state is JobState.QUEUED]
     if not queued or not draft.arrivals_settled(config.debounce_seconds):
         return

@@ -6,7 +6,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from controller.core.causes import MorphCause
+from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.commands import StartGeneration
 from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
 from controller.core.reconcile.config import Config, Planners
@@ -36,7 +36,7 @@ def fail_unplannable(draft: Draft) -> None:
     for job_id, reason in sorted(draft.unplannable.items()):
         job = draft.jobs[job_id]
         if job.state not in JOB_TERMINAL:
-            draft.move_job(job_id, JobState.FAILED, reason)
+            draft.move_job(job_id, JobState.FAILED, reason, failure_cause=JobFailureCause.UNPLANNABLE)
             draft.release_nodes(job_id, job.nodes, "job failed")
 
 

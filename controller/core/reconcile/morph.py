@@ -6,7 +6,9 @@
 - unplanned, seen by a survivor (a failed collective): action HOLD while the survivors' last completed
   step is salvaged (:mod:`~controller.core.reconcile.salvage`), then ABORT and g+1 resumes from it;
 - unplanned otherwise (node lost by heartbeat expiry, trainer failed), or a salvage that falls back:
-  action ABORT for the survivors, then g+1 resumes from the newest committed checkpoint.
+  action ABORT for the survivors, then g+1 resumes from the newest committed checkpoint;
+- a trainer that refused its input (exit 2) is never restarted as it was
+  (:mod:`~controller.core.reconcile.refusals`).
 
 Generation g+1 is issued only when no rank of generation g still runs (or its node is gone), so two
 generations never share a slot.
@@ -16,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controller.core.causes import MorphCause
+from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
+from controller.core.reconcile.refusals import refused
 from controller.core.reconcile.reports import census, first_error, start_failures
 from controller.core.reconcile.salvage import advance_salvage, first_failure
 from controller.core.reconcile.unreachable import (
@@ -55,8 +58,12 @@ def supervise(draft: Draft, config: Config, job_id: str) -> None:
 
 
 def _trainers_failed(draft: Draft, config: Config, job_id: str, failed: int) -> None:
-    """Leave out a node its peers cannot reach (:mod:`~controller.core.reconcile.unreachable`), or the nodes
-    where trainers could not start; otherwise restart, up to ``max_restarts``."""
+    """Fail at once on a user error, or leave out the nodes that cannot run the job
+    (:mod:`~controller.core.reconcile.refusals`); leave out a node its peers cannot reach
+    (:mod:`~controller.core.reconcile.unreachable`), or the nodes where trainers could not start; otherwise
+    restart, up to ``max_restarts``."""
+    if refused(draft, job_id):
+        return
     job = draft.jobs[job_id]
     unstarted = start_failures(draft, job)
     if unstarted and len(unstarted) < len(job.nodes):
@@ -76,7 +83,8 @@ def _trainers_failed(draft: Draft, config: Config, job_id: str, failed: int) -> 
     why = next(iter(unstarted.values()), "") or first_error(draft, job)
     if job.restarts + 1 > job.spec.max_restarts:
         reason = f"{failed} trainer(s) failed; max_restarts={job.spec.max_restarts}"
-        draft.move_job(job_id, J.FAILED, f"{reason}: {why}" if why else reason)
+        cause = JobFailureCause.TRAINERS_FAILED
+        draft.move_job(job_id, J.FAILED, f"{reason}: {why}" if why else reason, failure_cause=cause)
         draft.release_nodes(job_id, job.nodes, "job failed")
         return
     detail = f"{failed} trainer(s) failed"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controller.core.causes import MorphCause, SalvageOutcome
+from controller.core.causes import JobFailureCause, MorphCause, SalvageOutcome
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord
@@ -127,6 +127,7 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
                 job.id,
                 JobState.FAILED,
                 f"collective failed with every node alive; max_restarts={job.spec.max_restarts}",
+                failure_cause=JobFailureCause.COLLECTIVE_FAILED,
             )
             draft.release_nodes(job.id, job.nodes, "job failed")
             return

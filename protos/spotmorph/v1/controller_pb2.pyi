@@ -105,6 +105,30 @@ ACTION_HOLD: Action.ValueType  # 4
 """a collective failed: keep the state of the last completed step in memory and wait;"""
 Global___Action: _TypeAlias = Action  # noqa: Y015
 
+class _TrainerRefusal:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TrainerRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TrainerRefusal.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRAINER_REFUSAL_UNSPECIFIED: _TrainerRefusal.ValueType  # 0
+    """not a refusal (running, succeeded, crashed, a lost peer): may be restarted"""
+    TRAINER_REFUSAL_USER_INPUT: _TrainerRefusal.ValueType  # 1
+    """the job's own input is wrong (entrypoint, model, dataset): so on every node"""
+    TRAINER_REFUSAL_NODE_UNFIT: _TrainerRefusal.ValueType  # 2
+    """this node cannot run the job as asked (device cuda, its torch sees no GPU)"""
+
+class TrainerRefusal(_TrainerRefusal, metaclass=_TrainerRefusalEnumTypeWrapper):
+    """A trainer that exited 2 refused its input; the controller restarts none of these."""
+
+TRAINER_REFUSAL_UNSPECIFIED: TrainerRefusal.ValueType  # 0
+"""not a refusal (running, succeeded, crashed, a lost peer): may be restarted"""
+TRAINER_REFUSAL_USER_INPUT: TrainerRefusal.ValueType  # 1
+"""the job's own input is wrong (entrypoint, model, dataset): so on every node"""
+TRAINER_REFUSAL_NODE_UNFIT: TrainerRefusal.ValueType  # 2
+"""this node cannot run the job as asked (device cuda, its torch sees no GPU)"""
+Global___TrainerRefusal: _TypeAlias = TrainerRefusal  # noqa: Y015
+
 @_typing.final
 class JobSpec(_message.Message):
     """morphing.jobspec.JobSpec on the wire, field for field. An optional field left unset takes the
@@ -361,6 +385,7 @@ class Job(_message.Message):
     RENDEZVOUS_ENDPOINT_FIELD_NUMBER: _builtins.int
     EVAL_LOSS_FIELD_NUMBER: _builtins.int
     EVAL_STEP_FIELD_NUMBER: _builtins.int
+    FAILURE_CAUSE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -379,6 +404,10 @@ class Job(_message.Message):
     """the newest evaluation's mean loss over the eval dataset (unset: none yet)"""
     eval_step: _builtins.int
     """the step it was evaluated after"""
+    failure_cause: _builtins.str
+    """A FAILED job's cause as a label (user_error, trainers_failed, collective_failed, unplannable,
+    decisions_failed); `reason` says it in words. Empty for other states.
+    """
     @_builtins.property
     def layout(self) -> Global___Layout: ...
     @_builtins.property
@@ -407,10 +436,11 @@ class Job(_message.Message):
         rendezvous_endpoint: _builtins.str = ...,
         eval_loss: _builtins.float | None = ...,
         eval_step: _builtins.int = ...,
+        failure_cause: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "eval_loss", b"eval_loss", "layout", b"layout", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "checkpoint_dir", b"checkpoint_dir", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "checkpoint_dir", b"checkpoint_dir", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
     _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015
@@ -823,6 +853,7 @@ class TrainerStatus(_message.Message):
     FIRST_STEP_AT_FIELD_NUMBER: _builtins.int
     LAST_STEP_AT_FIELD_NUMBER: _builtins.int
     HELD_STEP_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -845,6 +876,8 @@ class TrainerStatus(_message.Message):
     """unix seconds when it completed last_step (unset: no step yet)"""
     held_step: _builtins.int
     """a collective failed: the last completed step it holds in memory"""
+    refusal: Global___TrainerRefusal.ValueType
+    """exit 2 (a user error): whose mistake, as the trainer classed it"""
     def __init__(
         self,
         *,
@@ -861,10 +894,11 @@ class TrainerStatus(_message.Message):
         first_step_at: _builtins.float | None = ...,
         last_step_at: _builtins.float | None = ...,
         held_step: _builtins.int | None = ...,
+        refusal: Global___TrainerRefusal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "held_step", b"held_step", "last_step_at", b"last_step_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "rank", b"rank", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "rank", b"rank", "refusal", b"refusal", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
     _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015

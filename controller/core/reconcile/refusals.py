@@ -1,0 +1,81 @@
+"""Trainers that refused their input (exit 2, a user error): no restart repeats the user's mistake.
+
+A trainer says whose mistake it was, and its agent carries that beside the exit code
+(``RankReport.refusal``):
+
+- ``user_input``: the job's own input is wrong (its entrypoint raised a user error, its dataset is
+  smaller than the global batch, its model breaks a rule of the runtime). Every node would say the same,
+  so the job FAILS at once, cause ``user_error``, with the trainer's message (and the rank and node that
+  said it) as its reason: no restart, no node left out, ``restarts`` unchanged.
+- ``node_unfit``: this node cannot run the job as asked (``device: cuda`` on a node that registered GPUs
+  but whose torch sees none: a CPU build of torch, a driver gone). Another node may run it, so the nodes
+  that said so are left out of the job (``excluded_nodes``; a ``TrainerStartFailed`` event each, with the
+  message) and it re-plans on the others (cause ``start_failed``), as for any node where trainers could not
+  start, but without counting it as a failed rendezvous (:mod:`~controller.core.reconcile.unreachable`).
+  When every node of the generation said so, none of them can run it: the job FAILS at once, cause
+  ``user_error``, the reason naming the nodes and the fix.
+
+A trainer that exited otherwise (a crash, a lost peer, exit 2 without its word) takes the old path:
+restarted up to ``max_restarts`` (:mod:`~controller.core.reconcile.morph`).
+"""
+
+from __future__ import annotations
+
+from controller.core.causes import JobFailureCause, MorphCause
+from controller.core.events import EventKind
+from controller.core.lifecycle import JobState
+from controller.core.model import Action, RankReport
+from controller.core.observations import Refusal
+from controller.core.reconcile.draft import Draft
+from controller.core.reconcile.reports import current_reports
+
+
+def refused(draft: Draft, job_id: str) -> bool:
+    """Fail the job, or leave out the nodes that cannot run it, when its trainers refused their input;
+    False (nothing decided) when none of the current generation did."""
+    job = draft.jobs[job_id]
+    refusals = sorted(
+        ((name, r) for name, r in current_reports(draft, job) if not r.running and r.refusal is not None),
+        key=lambda found: found[1].rank,
+    )
+    if not refusals:
+        return False
+    own = [(name, r) for name, r in refusals if r.refusal is Refusal.USER_INPUT]
+    if own:
+        name, report = own[0]
+        _fail(draft, job_id, f"{one_line(report)} (rank {report.rank} on {name})")
+        return True
+    unfit: dict[str, str] = {}
+    for name, report in refusals:
+        unfit.setdefault(name, one_line(report))
+    names = ", ".join(sorted(unfit))
+    why = next(iter(unfit.values()))
+    if set(job.nodes) <= set(unfit):
+        _fail(draft, job_id, f"no node of generation {job.generation} can run it ({names}): {why}")
+        return True
+    for name, error in sorted(unfit.items()):
+        draft.event(EventKind.TRAINER_START_FAILED, job_id, name, generation=job.generation, error=error)
+    detail = f"{names} cannot run it ({why}); re-planning without {'it' if len(unfit) == 1 else 'them'}"
+    excluded = tuple(sorted({*job.excluded_nodes, *unfit}))
+    draft.move_job(
+        job_id,
+        JobState.MORPHING,
+        detail,
+        action=Action.ABORT,
+        morph_cause=MorphCause.TRAINER_START_FAILED,
+        morph_detail=detail,
+        excluded_nodes=excluded,
+    )
+    return True
+
+
+def one_line(report: RankReport) -> str:
+    """The trainer's message, its first line (a user error is one line; a log tail may not be)."""
+    lines = report.error.strip().splitlines()
+    return lines[0] if lines else f"exit code {report.exit_code}"
+
+
+def _fail(draft: Draft, job_id: str, reason: str) -> None:
+    job = draft.jobs[job_id]
+    draft.move_job(job_id, JobState.FAILED, reason, failure_cause=JobFailureCause.USER_ERROR)
+    draft.release_nodes(job_id, job.nodes, "job failed")

@@ -1,0 +1,26 @@
+"""A job whose own input is wrong fails at once on a real cluster: no restart, the trainer's message as its reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spotmorph.local.harness import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+NO_EVAL = "eval_interval=5 but the model's spec has no eval_dataset; set 0"
+
+
+def test_a_trainer_that_refuses_the_jobs_input_fails_the_job_at_once(cluster: LocalCluster, tmp_path: Path) -> None:
+    """examples/tiny_gpt.py:build has no eval dataset, so every trainer exits 2 at start-up (a user error)."""
+    cluster.up(nodes=2, slots=1)
+    job = cluster.submit(steps=10, eval_interval=5, checkpoint_dir=tmp_path / "ckpt")
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED", "CANCELLED"}, 120)
+    assert final["state"] == "FAILED" and final["failure_cause"] == "user_error", final
+    assert final["reason"].startswith(NO_EVAL + " (rank "), final["reason"]
+    assert final["restarts"] == 0 and final["generation"] == 1, final
+    shown = cluster.cli("status", job).stdout
+    assert f"user_error: {NO_EVAL}" in shown, shown
+    assert "TrainerStartFailed" not in cluster.event_log(), "no node is blamed for the job's own mistake"
