@@ -127,6 +127,8 @@ class LocalProcessProvider:
                 str(self.agent_token_file),
                 "--slots",
                 str(self.slots),
+                "--gpus",  # CPU slots: the local cluster's VMs share one host, and NCCL one GPU per rank
+                "none",
                 "--work-dir",
                 str(vm.path),
                 "--instance-id",

@@ -16,6 +16,8 @@ NO_EVAL = "eval_interval=5 but the model's spec has no eval_dataset; set 0"
 def test_a_trainer_that_refuses_the_jobs_input_fails_the_job_at_once(cluster: LocalCluster, tmp_path: Path) -> None:
     """examples/tiny_gpt.py:build has no eval dataset, so every trainer exits 2 at start-up (a user error)."""
     cluster.up(nodes=2, slots=1)
+    for vm in cluster.vms():  # CPU slots, also on a host with GPUs (one GPU per rank, one host for every VM)
+        assert "--gpus none" in " ".join(vm.command()), vm.command()
     job = cluster.submit(steps=10, eval_interval=5, checkpoint_dir=tmp_path / "ckpt")
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED", "CANCELLED"}, 120)
     assert final["state"] == "FAILED" and final["failure_cause"] == "user_error", final
