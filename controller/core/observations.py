@@ -25,6 +25,8 @@ class RankReport:
     first_step_at: float | None = None  # the node's wall clock when this rank completed its first step
     last_step_at: float | None = None  # ... and ``last_step``
     held_step: int | None = None  # its collective failed: the last completed step it holds in memory
+    stall_step: int = 0  # the step of its newest checkpoint ...
+    stall_seconds: float | None = None  # ... and how long that checkpoint paused it (None: none reported yet)
 
 
 @dataclass(frozen=True)
