@@ -21,6 +21,7 @@ MAX_NAME_LENGTH = 63
 MAX_PATH_LENGTH = 4096
 MAX_HOSTNAME_LENGTH = 253
 LATEST_TIME = 1e11  # unix seconds in the year 5138: later is not a time a VM will be evicted at
+MAX_STALL_SECONDS = 7 * 86400.0  # a checkpoint that paused training longer (a week) is a broken report
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")

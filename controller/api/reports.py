@@ -9,6 +9,7 @@ kept or decided on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +19,7 @@ from controller.core.model import JobRecord, RankReport
 from controller.shell.views import StateView
 from morphing.validation import (
     MAX_PATH_LENGTH,
+    MAX_STALL_SECONDS,
     InvalidField,
     check_address,
     check_finite,
@@ -70,6 +72,7 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
             f"checkpoint step {status.last_checkpoint_step} is past the rank's last_step {status.last_step}",
         )
     evaluation(field, status)
+    checkpoint_stall(field, status)
     step_times(field, status)
     if status.HasField("held_step") and not status.last_step <= status.held_step <= status.last_step + 1:
         raise InvalidField(
@@ -90,6 +93,27 @@ def evaluation(field: str, status: pb.TrainerStatus) -> None:
         raise InvalidField(f"{field}.eval_loss", "an evaluation needs both eval_loss and its eval_step (>= 1)")
     if has_loss:
         check_finite(f"{field}.eval_loss", status.eval_loss, MAX_LOSS)
+
+
+def checkpoint_stall(field: str, status: pb.TrainerStatus) -> None:
+    """How long the rank's newest checkpoint paused training: seconds (0 up to a week), at a step it reached."""
+    if status.checkpoint_stall_step > status.last_step:
+        raise InvalidField(
+            f"{field}.checkpoint_stall_step",
+            f"step {status.checkpoint_stall_step} is past the rank's last_step {status.last_step}",
+        )
+    if not status.HasField("checkpoint_stall_seconds"):
+        if status.checkpoint_stall_step > 0:
+            raise InvalidField(
+                f"{field}.checkpoint_stall_seconds", "a checkpoint's step needs its checkpoint_stall_seconds too"
+            )
+        return
+    seconds = status.checkpoint_stall_seconds
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_STALL_SECONDS:
+        raise InvalidField(
+            f"{field}.checkpoint_stall_seconds",
+            f"{seconds!r} is not how long a checkpoint paused training; give seconds (0..{MAX_STALL_SECONDS:g})",
+        )
 
 
 def step_times(field: str, status: pb.TrainerStatus) -> None:

@@ -73,6 +73,9 @@ def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.J
     )
     if job.eval_loss is not None:
         message.eval_loss = job.eval_loss
+    if job.checkpoint_stall_seconds is not None:
+        message.checkpoint_stall_step = job.checkpoint_stall_step
+        message.checkpoint_stall_seconds = job.checkpoint_stall_seconds
     return message
 
 
@@ -140,6 +143,8 @@ def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
         last_step_at=status.last_step_at if status.HasField("last_step_at") else None,
         held_step=status.held_step if status.HasField("held_step") else None,
         refusal=_REFUSALS.get(status.refusal),
+        stall_step=status.checkpoint_stall_step,
+        stall_seconds=status.checkpoint_stall_seconds if status.HasField("checkpoint_stall_seconds") else None,
     )
 
 

@@ -3,8 +3,9 @@
 Pure: events (as ``spotmorph events --json`` prints them) in, HTML with inline SVG out. Panels share
 the time axis: nodes available, samples/s between checkpoints, the generations as bands labelled
 with their layout, and the evaluation loss; evictions, losses and arrivals are marked on the nodes
-panel, checkpoints on the throughput panel, and on the generations panel the pause each morph caused
-(from ``TrainingResumed``: the last step before it to the first after it, on the trainers' clocks).
+panel, checkpoints (with how long each paused training) on the throughput panel, and on the
+generations panel the pause each morph caused (from ``TrainingResumed``: the last step before it to
+the first after it, on the trainers' clocks).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Timeline:
     marks: list[tuple[float, str, str]] = field(default_factory=list)  # (time, kind, node)
     pauses: list[Pause] = field(default_factory=list)
     evaluations: list[tuple[float, int, float]] = field(default_factory=list)  # (time, step, eval loss)
+    stalls: dict[int, float] = field(default_factory=dict)  # checkpoint step -> how long it paused training (s)
 
 
 def build(events: Iterable[Mapping[str, Any]], job: str, global_batch: int) -> Timeline:
@@ -91,6 +93,8 @@ def build(events: Iterable[Mapping[str, Any]], job: str, global_batch: int) -> T
             last_checkpoint = (at, step)
         elif kind == "EvaluationCompleted":
             timeline.evaluations.append((at, int(data.get("step", 0)), float(data.get("loss", 0.0))))
+        elif kind == "CheckpointStallMeasured":  # a later (longer) measurement of the same checkpoint replaces it
+            timeline.stalls[int(data.get("step", 0))] = float(data.get("stall_seconds", 0.0))
         elif kind == "TrainingResumed":
             timeline.pauses.append(_pause(data, at))
     if times:
@@ -181,9 +185,11 @@ def _throughput(timeline: Timeline, x: Any) -> str:
             f"height='{PANEL - 20 - y:.1f}' fill='#5dade2'><title>{rate:.1f} samples/s</title></rect>"
         )
     for at, step in timeline.checkpoints:
+        stall = timeline.stalls.get(step)
+        paused = "" if stall is None else f", training paused {stall * 1e3:.1f} ms for it"
         parts.append(
             f"<line x1='{x(at):.1f}' x2='{x(at):.1f}' y1='{PANEL - 24}' y2='{PANEL - 16}' stroke='#555'>"
-            f"<title>checkpoint at step {step}</title></line>"
+            f"<title>checkpoint at step {step}{paused}</title></line>"
         )
     if top:
         parts.append(f"<text x='{MARGIN - 6}' y='14' text-anchor='end'>{top:.0f}</text>")

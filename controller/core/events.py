@@ -14,6 +14,7 @@ class EventKind(StrEnum):
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
     EVALUATION_COMPLETED = "EvaluationCompleted"  # a generation's trainers reported a new eval loss
+    CHECKPOINT_STALL_MEASURED = "CheckpointStallMeasured"  # how long a checkpoint paused training (its slowest rank)
     TRAINING_RESUMED = "TrainingResumed"  # a new generation's first step: the pause its morph caused
     EVICTION_NOTICED = "EvictionNoticed"
     EVICTION_WITHDRAWN = "EvictionWithdrawn"

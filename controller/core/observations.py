@@ -34,6 +34,8 @@ class RankReport:
     last_step_at: float | None = None  # ... and ``last_step``
     held_step: int | None = None  # its collective failed: the last completed step it holds in memory
     refusal: Refusal | None = None  # it exited 2, refusing its input (None: not a refusal)
+    stall_step: int = 0  # the step of its newest checkpoint ...
+    stall_seconds: float | None = None  # ... and how long that checkpoint paused it (None: none reported yet)
 
 
 @dataclass(frozen=True)

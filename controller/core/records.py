@@ -80,6 +80,10 @@ class JobRecord:
     idempotency_key: str | None = None  # the key its SubmitJob carried: a retry with it gets this job back
     eval_step: int = 0  # the step of the newest evaluation reported (0: none yet)
     eval_loss: float | None = None  # its mean loss over the eval dataset (the same in every layout)
+    # the newest checkpoint's stall: how long training paused for it (its slowest rank), and its step and generation
+    checkpoint_stall_seconds: float | None = None  # None: no checkpoint reported yet
+    checkpoint_stall_step: int = 0
+    checkpoint_stall_generation: int = 0
     last_step_at: float | None = None  # trainers' wall clock when the newest step reported was completed
     paused_since: float | None = None  # while generation's first step is awaited: the last step before the pause
     decision_seconds: float | None = None  # how long the controller took to issue the current generation

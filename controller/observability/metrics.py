@@ -72,11 +72,23 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
         "spotmorph_job_eval_loss", "Mean loss over the eval dataset at the newest evaluation", labels=["job"]
     )
     eval_step = GaugeMetricFamily("spotmorph_job_eval_step", "Step of the newest evaluation", labels=["job"])
+    stall = GaugeMetricFamily(
+        "spotmorph_checkpoint_stall_seconds",
+        "How long the newest checkpoint paused training (its slowest rank's copy to host memory, plus the write "
+        "when not in the background)",
+        labels=["job"],
+    )
+    stall_step = GaugeMetricFamily(
+        "spotmorph_checkpoint_stall_step", "Step of the checkpoint whose stall is reported", labels=["job"]
+    )
     for job in snapshot.jobs:
         lost.add_metric([job.id], job.steps_lost)
         if job.eval_loss is not None:
             eval_loss.add_metric([job.id], job.eval_loss)
             eval_step.add_metric([job.id], job.eval_step)
+        if job.checkpoint_stall_seconds is not None:
+            stall.add_metric([job.id], job.checkpoint_stall_seconds)
+            stall_step.add_metric([job.id], job.checkpoint_stall_step)
         elapsed = snapshot.now - job.state_since
         if job.state is JobState.RUNNING and elapsed > 0 and job.step > job.resume_step:
             rate.add_metric([job.id], (job.step - job.resume_step) * job.spec.global_batch / elapsed)
@@ -84,6 +96,8 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     yield rate
     yield eval_loss
     yield eval_step
+    yield stall
+    yield stall_step
 
 
 def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:

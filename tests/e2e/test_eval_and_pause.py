@@ -1,6 +1,6 @@
 """A real cluster trains the Hugging Face example with evaluation, one node is evicted with notice, and
-``spotmorph status`` shows the evaluation loss the trainers computed and the pause the morph caused,
-equal to what the trainers' own progress files say."""
+``spotmorph status`` shows the evaluation loss the trainers computed, the pause the morph caused and how
+long the last checkpoint paused training, equal to what the trainers' own progress files say."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spotmorph.local.harness import ROOT, LocalCluster
-from worker_agent.contract import EvaluationCompleted, StepCompleted
+from worker_agent.contract import CheckpointWritten, EvaluationCompleted, StepCompleted
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +54,19 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     assert morph["pause_seconds"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert morph["pause_seconds"] > 0 and morph["seconds"] >= 0
 
+    # The last checkpoint's stall: the last step's, as the slowest rank of the last generation wrote it.
+    written = [
+        r.event
+        for records in cluster.progress(job, 2).values()
+        for r in records
+        if isinstance(r.event, CheckpointWritten) and r.event.stall_seconds is not None
+    ]
+    stall = max(e.stall_seconds for e in written if e.step == STEPS and e.stall_seconds is not None)
+    assert (final["checkpoint_stall_step"], final["checkpoint_stall_seconds"]) == (STEPS, stall), final
+
     shown = cluster.cli("status", job).stdout
     assert f"eval loss {final['eval_loss']:.4f} at step {STEPS}" in shown, shown
+    assert f"checkpoint at step {STEPS} paused training {stall * 1e3:.1f} ms" in shown, shown
     assert f"training paused {morph['pause_seconds']:.1f} s, decided in {morph['seconds']:.1f} s" in shown, shown
     logged = cluster.events(job)
     evaluated = [e["data"]["step"] for e in logged if e["kind"] == "EvaluationCompleted"]
@@ -64,3 +75,5 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     )  # each once (a beat may carry only the newest)
     assert set(evaluated) <= set(range(EVAL_INTERVAL, STEPS + 1, EVAL_INTERVAL))
     assert [e["data"]["generation"] for e in logged if e["kind"] == "TrainingResumed"] == [2]
+    stalls = [e["data"] for e in logged if e["kind"] == "CheckpointStallMeasured"]
+    assert stalls[-1] == {"generation": 2, "step": STEPS, "stall_seconds": stall}

@@ -19,8 +19,9 @@ from spotmorph.cli import main
 from tests.runtime.helpers import TINY, run
 from worker_agent.contract import ExitCode, TrainerArguments, TrainerFailed, TrainersDir, read_progress
 from worker_agent.runtime import device as device_mod
-from worker_agent.runtime.device import compute_context, resolve_device, to_host
+from worker_agent.runtime.device import compute_context, resolve_device
 from worker_agent.runtime.engine import placed_state
+from worker_agent.runtime.host_buffers import HostPool
 from worker_agent.runtime.launcher import local_device
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
@@ -109,7 +110,7 @@ def test_cpu_autocast_computes_in_bf16_and_fp32_computes_in_the_job_dtype() -> N
 
 def test_host_copies_on_a_cpu_are_clones() -> None:
     x = torch.arange(6.0).view(2, 3).t()
-    copy = to_host(x)
+    copy = HostPool().lease().copy("x", x)
     assert torch.equal(copy, x) and copy.data_ptr() != x.data_ptr() and copy.stride() == x.stride()
 
 

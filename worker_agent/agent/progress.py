@@ -46,6 +46,8 @@ class Progress:
     first_step_at: float | None = None  # the trainer's wall clock when it completed its first step
     last_step_at: float | None = None  # ... and its newest one
     held: Held | None = None
+    stall_step: int = 0  # the step of the newest checkpoint that reported its stall
+    stall_seconds: float | None = None  # how long that checkpoint paused training (None: none reported yet)
 
 
 def absorb(progress: Progress, record: ProgressRecord) -> Progress:
@@ -68,6 +70,8 @@ def absorb(progress: Progress, record: ProgressRecord) -> Progress:
         progress = replace(progress, step=event.step)
     elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
         progress = replace(progress, step=event.step, finished=progress.finished or isinstance(event, TrainingFinished))
+        if isinstance(event, CheckpointWritten) and event.stall_seconds is not None:
+            progress = replace(progress, stall_step=event.step, stall_seconds=event.stall_seconds)
     elif isinstance(event, TrainerFailed):
         progress = replace(progress, error=event.message, failure=event.kind)
     elif isinstance(event, SalvageWritten):
@@ -98,3 +102,5 @@ class TrainerReport:
     first_step_at: float | None = None
     last_step_at: float | None = None
     held: Held | None = None  # its collective failed; it holds this step in memory
+    stall_step: int = 0  # its newest checkpoint's step ...
+    stall_seconds: float | None = None  # ... and how long it paused training (None: no checkpoint reported yet)

@@ -316,6 +316,8 @@ class Supervisor:
             first_step_at=progress.first_step_at,
             last_step_at=progress.last_step_at,
             held=progress.held,
+            stall_step=progress.stall_step,
+            stall_seconds=progress.stall_seconds,
         )
 
     def log_tail(self, key: TrainerKey, lines: int = 5) -> str:

@@ -93,15 +93,3 @@ def stopwatch(device: torch.device) -> Iterator[Callable[[], float]]:
         began = time.perf_counter()
         yield lambda: result[0]
         result[0] = time.perf_counter() - began
-
-
-def to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """A host copy taken at the step boundary: a plain clone on CPU, pinned memory (asynchronous copy) on a GPU.
-
-    Callers synchronise the device once after all copies (see :func:`synchronize`) before reading them.
-    """
-    tensor = tensor.detach()
-    if tensor.device.type == "cpu":
-        return tensor.clone()
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    return host.copy_(tensor, non_blocking=True)

@@ -37,7 +37,8 @@ from worker_agent.runtime.batch import (
 )
 from worker_agent.runtime.checkpoint import Checkpoint, LayerPayload, load_tensors
 from worker_agent.runtime.comm import Groups
-from worker_agent.runtime.device import compute_context, synchronize, to_host
+from worker_agent.runtime.device import compute_context, synchronize
+from worker_agent.runtime.host_buffers import HostLease, HostPool
 from worker_agent.runtime.job import step_indices, torch_dtype
 from worker_agent.runtime.loss_scale import LossScale
 from worker_agent.runtime.model_api import sample_context
@@ -109,6 +110,7 @@ class StageRunner:
         self.first, self.last = layout.stage_layers[self.stage]
         self.is_first = self.stage == 0
         self.is_last = self.stage == layout.pipeline_stages - 1
+        self.host = HostPool()  # host buffers of its checkpoints, reused from one to the next
         self.batch = _Batch()
         self.batch.micro_batch_size = layout.micro_batch_size
         self.n_micro = layout.micro_batches_per_replica[self.replica]
@@ -287,12 +289,14 @@ class StageRunner:
         """This rank's share of its stage's layer files: spread round-robin over the replicas."""
         return [i for i in range(self.first, self.last) if (i - self.first) % self.layout.data_parallel == self.replica]
 
-    def payloads(self, layers: list[int] | None = None) -> dict[str, LayerPayload]:
+    def payloads(self, layers: list[int] | None = None, lease: HostLease | None = None) -> dict[str, LayerPayload]:
         """Host copies of the tensors this rank writes (``layers``: these instead of its share), taken at the
-        step boundary (pinned memory on a GPU).
+        step boundary (pinned memory on a GPU) into ``lease``'s buffers (one of :attr:`host`, released by the
+        writer once written); without one, into fresh buffers.
 
         The file format does not depend on the device: every tensor in it is a CPU tensor.
         """
+        lease = lease if lease is not None else HostPool().lease()
         held = dict(self.params)
         out: dict[str, LayerPayload] = {}
         for layer in self.layers_to_write() if layers is None else layers:
@@ -300,8 +304,8 @@ class StageRunner:
             out[self.model.layer_names[layer]] = {
                 "format": "spotmorph.layer/v1",
                 "layer": self.model.layer_names[layer],
-                "tensors": {n: to_host(held[n]) for n in names},
-                "optimizer": {n: _host_state(self.optimizer.state.get(held[n], {})) for n in names},
+                "tensors": {n: lease.copy(n, held[n]) for n in names},
+                "optimizer": {n: _host_state(lease, n, self.optimizer.state.get(held[n], {})) for n in names},
             }
         synchronize(self.device)  # the copies to pinned memory are asynchronous
         return out
@@ -345,8 +349,8 @@ def placed_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, state: d
     return out
 
 
-def _host_state(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+def _host_state(lease: HostLease, name: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {k: lease.copy(f"{name}/{k}", v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def _all_reduce_coalesced(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:

@@ -231,8 +231,11 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
             due = finishing or requested or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
             write_started = time.perf_counter()
             if due and step != already_written:
-                writer.wait()  # the previous write is done before new host copies are taken
-                writer.save(step, runner.payloads(), manifest() if cfg.rank == 0 else None)
+                writer.wait()  # the previous write is done before new host copies are taken (its buffers reused)
+                buffers = runner.host.lease()
+                writer.save(
+                    step, runner.payloads(lease=buffers), manifest() if cfg.rank == 0 else None, done=buffers.release
+                )
                 if finishing:
                     writer.wait()
                 # How long training paused: the copy to host memory, plus the write itself unless in the background.

@@ -94,16 +94,27 @@ class CheckpointWriter:
         self.bytes_written = 0
         self.seconds_writing = 0.0
 
-    def save(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
-        """Write ``payloads`` (already copied off the live tensors); ``manifest`` only on rank 0."""
+    def save(
+        self,
+        step: int,
+        payloads: dict[str, LayerPayload],
+        manifest: dict[str, Any] | None,
+        done: Callable[[], None] | None = None,
+    ) -> None:
+        """Write ``payloads`` (already copied off the live tensors); ``manifest`` only on rank 0. ``done`` is
+        called once the write is over, written or failed (the host buffers may then be reused)."""
         self.wait()
         if self.background:
             self._thread = threading.Thread(
-                target=self._guarded, args=(step, payloads, manifest), name="checkpoint-writer", daemon=True
+                target=self._guarded, args=(step, payloads, manifest, done), name="checkpoint-writer", daemon=True
             )
             self._thread.start()
         else:
-            self._write(step, payloads, manifest)
+            try:
+                self._write(step, payloads, manifest)
+            finally:
+                if done is not None:
+                    done()
 
     def wait(self) -> None:
         """Block until the previous write is done; re-raise its error."""
@@ -127,11 +138,20 @@ class CheckpointWriter:
             return str(exc)
         return ""
 
-    def _guarded(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
+    def _guarded(
+        self,
+        step: int,
+        payloads: dict[str, LayerPayload],
+        manifest: dict[str, Any] | None,
+        done: Callable[[], None] | None,
+    ) -> None:
         try:
             self._write(step, payloads, manifest)
         except BaseException as exc:
             self._error = exc
+        finally:
+            if done is not None:
+                done()
 
     def _write(self, step: int, payloads: dict[str, LayerPayload], manifest: dict[str, Any] | None) -> None:
         directory = step_dir(self.root, step, self.generation)

@@ -106,6 +106,9 @@ def job_dict(job: Any) -> dict[str, Any]:
         ],
         "eval_loss": job.eval_loss if job.HasField("eval_loss") else None,
         "eval_step": job.eval_step if job.HasField("eval_loss") else None,
+        # how long the newest checkpoint paused training, and its step (null before the first checkpoint)
+        "checkpoint_stall_seconds": job.checkpoint_stall_seconds if job.HasField("checkpoint_stall_seconds") else None,
+        "checkpoint_stall_step": job.checkpoint_stall_step if job.HasField("checkpoint_stall_seconds") else None,
         "priority": job.priority,
         "reason": job.reason,
         "failure_cause": job.failure_cause or None,  # a FAILED job's cause label (user_error, ...); None otherwise

@@ -35,6 +35,8 @@ def watch_view(job: dict[str, Any], last_morph_at: float | None, now: float, wid
     ]
     if job.get("eval_loss") is not None:
         lines.append(f"  eval loss {job['eval_loss']:.4f} at step {job['eval_step']}")
+    if job.get("checkpoint_stall_seconds") is not None:
+        lines.append(f"  {stall_line(job)}")
     if job["reason"]:
         lines.append(f"  {job['reason']}")
     return "\n".join(lines)
@@ -61,9 +63,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {job['failure_cause']}: {job['reason']}" if job["failure_cause"] else f"  {job['reason']}")
     if job["eval_loss"] is not None:
         print(f"  eval loss {job['eval_loss']:.4f} at step {job['eval_step']}")
+    if job["checkpoint_stall_seconds"] is not None:
+        print(f"  {stall_line(job)}")
     for morph in job["morphs"]:
         print(f"  {morph_line(morph)}")
     return 0
+
+
+def stall_line(job: dict[str, Any]) -> str:
+    """The newest checkpoint's stall as status shows it (milliseconds: a background checkpoint's copy is short)."""
+    return (
+        f"checkpoint at step {job['checkpoint_stall_step']} paused training "
+        f"{job['checkpoint_stall_seconds'] * 1e3:.1f} ms"
+    )
 
 
 def morph_line(morph: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""Steps, checkpoints, evaluations and the pause a morph caused, from reports of the current generation only
-(the fencing rule).
+"""Steps, checkpoints (and how long each paused training), evaluations and the pause a morph caused, from
+reports of the current generation only (the fencing rule).
 
 **The pause** is what a user feels of a morph: from the last step the job completed before it (in any
 earlier generation) to the first step the new generation completed. Both ends are the trainers' own wall
@@ -32,6 +32,7 @@ def progress(draft: Draft, job_id: str) -> None:
         generation = job.generation if ckpt > job.last_checkpoint_step else job.last_checkpoint_generation
         fields.update(step=step, last_checkpoint_step=ckpt, last_checkpoint_generation=generation)
     fields.update(_evaluation(draft, job, reports))
+    fields.update(_stall(draft, job, reports))
     fields.update(_pause(draft, job, reports))
     if fields:
         draft.amend_job(job_id, **fields)
@@ -45,6 +46,30 @@ def _evaluation(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict
     loss = newest.eval_loss
     draft.event(EventKind.EVALUATION_COMPLETED, job.id, generation=job.generation, step=newest.eval_step, loss=loss)
     return {"eval_step": newest.eval_step, "eval_loss": loss}
+
+
+def _stall(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
+    """How long the newest checkpoint paused training: its slowest rank's stall (the next step's collectives
+    wait for every rank). Ranks report at different beats, so a later, longer stall of the same checkpoint
+    replaces the one shown; a checkpoint of a newer generation, or at a newer step, replaces it in any case."""
+    stalls = [(r.stall_step, r.stall_seconds) for r in reports if r.stall_seconds is not None]
+    if not stalls:
+        return {}
+    step = max(s for s, _ in stalls)
+    seconds = max(t for s, t in stalls if s == step)
+    known = (job.checkpoint_stall_generation, job.checkpoint_stall_step)
+    if job.checkpoint_stall_seconds is not None and (
+        (job.generation, step) < known or ((job.generation, step) == known and seconds <= job.checkpoint_stall_seconds)
+    ):
+        return {}
+    draft.event(
+        EventKind.CHECKPOINT_STALL_MEASURED, job.id, generation=job.generation, step=step, stall_seconds=seconds
+    )
+    return {
+        "checkpoint_stall_seconds": seconds,
+        "checkpoint_stall_step": step,
+        "checkpoint_stall_generation": job.generation,
+    }
 
 
 def _pause(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:

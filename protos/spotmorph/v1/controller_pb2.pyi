@@ -386,6 +386,8 @@ class Job(_message.Message):
     EVAL_LOSS_FIELD_NUMBER: _builtins.int
     EVAL_STEP_FIELD_NUMBER: _builtins.int
     FAILURE_CAUSE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STALL_SECONDS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STALL_STEP_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -408,6 +410,12 @@ class Job(_message.Message):
     """A FAILED job's cause as a label (user_error, trainers_failed, collective_failed, unplannable,
     decisions_failed); `reason` says it in words. Empty for other states.
     """
+    checkpoint_stall_seconds: _builtins.float
+    """the newest checkpoint's stall: how long training paused for it (the slowest rank's copy to host memory,
+    plus the write when not in the background); unset: no checkpoint reported yet
+    """
+    checkpoint_stall_step: _builtins.int
+    """the step of that checkpoint"""
     @_builtins.property
     def layout(self) -> Global___Layout: ...
     @_builtins.property
@@ -437,13 +445,20 @@ class Job(_message.Message):
         eval_loss: _builtins.float | None = ...,
         eval_step: _builtins.int = ...,
         failure_cause: _builtins.str = ...,
+        checkpoint_stall_seconds: _builtins.float | None = ...,
+        checkpoint_stall_step: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "eval_loss", b"eval_loss", "layout", b"layout", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "layout", b"layout", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "checkpoint_dir", b"checkpoint_dir", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "checkpoint_dir", b"checkpoint_dir", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
+    _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
     _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_stall_seconds) -> _WhichOneofReturnType__checkpoint_stall_seconds | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__eval_loss) -> _WhichOneofReturnType__eval_loss | None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
@@ -854,6 +869,8 @@ class TrainerStatus(_message.Message):
     LAST_STEP_AT_FIELD_NUMBER: _builtins.int
     HELD_STEP_FIELD_NUMBER: _builtins.int
     REFUSAL_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STALL_SECONDS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STALL_STEP_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -878,6 +895,10 @@ class TrainerStatus(_message.Message):
     """a collective failed: the last completed step it holds in memory"""
     refusal: Global___TrainerRefusal.ValueType
     """exit 2 (a user error): whose mistake, as the trainer classed it"""
+    checkpoint_stall_seconds: _builtins.float
+    """how long its newest checkpoint paused training (unset: none yet)"""
+    checkpoint_stall_step: _builtins.int
+    """the step of that checkpoint (0: the initial state)"""
     def __init__(
         self,
         *,
@@ -895,11 +916,15 @@ class TrainerStatus(_message.Message):
         last_step_at: _builtins.float | None = ...,
         held_step: _builtins.int | None = ...,
         refusal: Global___TrainerRefusal.ValueType = ...,
+        checkpoint_stall_seconds: _builtins.float | None = ...,
+        checkpoint_stall_step: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "held_step", b"held_step", "last_step_at", b"last_step_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "held_step", b"held_step", "last_step_at", b"last_step_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "rank", b"rank", "refusal", b"refusal", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "rank", b"rank", "refusal", b"refusal", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
+    _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
     _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
@@ -910,6 +935,8 @@ class TrainerStatus(_message.Message):
     _WhichOneofArgType__held_step: _TypeAlias = _typing.Literal["_held_step", b"_held_step"]  # noqa: Y015
     _WhichOneofReturnType__last_step_at: _TypeAlias = _typing.Literal["last_step_at"]  # noqa: Y015
     _WhichOneofArgType__last_step_at: _TypeAlias = _typing.Literal["_last_step_at", b"_last_step_at"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_stall_seconds) -> _WhichOneofReturnType__checkpoint_stall_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__eval_loss) -> _WhichOneofReturnType__eval_loss | None: ...
     @_typing.overload
