@@ -145,14 +145,17 @@ def test_the_mask_does_not_depend_on_the_activation_dtype() -> None:
     assert torch.allclose(kept[kept != 0], torch.full_like(kept[kept != 0], 1 / 0.7))
 
 
-def test_the_gradient_is_the_same_mask_times_the_scale() -> None:
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_gradient_is_the_same_mask_times_the_scale(dtype: torch.dtype) -> None:
+    """What torch's dropout backward computes from its mask (``native_dropout_backward``), bit for bit."""
     ids = torch.tensor([2, 5])
-    x = torch.randn(2, 6, 7, dtype=torch.float64, requires_grad=True)
-    out = apply_dropout(x, ids, 1, 2, 3, 0.25)
-    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
-    keep = keep_mask(x.shape, ids, 1, 2, 3, 0.25)
-    assert torch.equal(grad, keep.double() * (1 / 0.75))
-    assert torch.equal(out.detach(), torch.where(keep, x.detach() * (1 / 0.75), 0.0))
+    x = torch.randn(2, 6, 7).to(dtype).requires_grad_(True)
+    weights = torch.randn(2, 6, 7).to(dtype)
+    out = apply_dropout(x, ids, 1, 2, 3, 0.1)
+    (grad,) = torch.autograd.grad(out, x, weights)
+    keep = keep_mask(x.shape, ids, 1, 2, 3, 0.1)
+    assert torch.equal(grad, torch.ops.aten.native_dropout_backward(weights, keep, 1 / 0.9))
+    assert torch.equal(out.detach(), torch.ops.aten.native_dropout_backward(x.detach(), keep, 1 / 0.9))
 
 
 def test_p_zero_keeps_everything_and_p_one_drops_everything() -> None:

@@ -103,8 +103,21 @@ def _finalise(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 33) & ((1 << 31) - 1))
 
 
+def sample_word(sample: int, seed: int, step: int) -> int:
+    """``xorshift16(S)`` of one sample, an unsigned 32-bit word (exact Python integers)."""
+    return xorshift16(finalise_int((sample * GOLDEN) ^ step_key(seed, step)))
+
+
 def sample_words_uncached(sample_ids: torch.Tensor, seed: int, step: int) -> torch.Tensor:
-    """``xorshift16(S)`` of every sample, as int32 lanes on the ids' device."""
+    """``xorshift16(S)`` of every sample, as int32 lanes on the ids' device.
+
+    Ids on the CPU are hashed as Python integers (a micro-batch holds few samples, and one tensor op per
+    step of the hash would cost more); ids on a GPU with int64 tensor ops there, never synchronising.
+    """
+    if sample_ids.device.type == "cpu":
+        key = step_key(seed, step)
+        words = [xorshift16(finalise_int((int(i) * GOLDEN) ^ key)) for i in sample_ids.tolist()]
+        return torch.tensor([signed(w, 32) for w in words], dtype=torch.int32)
     mixed = _finalise(sample_ids.to(torch.int64) * signed(GOLDEN, 64) ^ signed(step_key(seed, step), 64))
     return _xorshift_(_low32(mixed), 16)
 
@@ -159,12 +172,22 @@ def element_words(per_sample: int, device: torch.device) -> torch.Tensor:
     return words
 
 
+_constants: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+
 def _hash(per_sample: int, words: torch.Tensor, layer: int) -> torch.Tensor:
-    """``g(E ^ S ^ L)`` as int32 lanes ``[samples, per_sample]``: seven full-size passes, five in place."""
+    """``g(E ^ S ^ L)`` as int32 lanes ``[samples, per_sample]``: six full-size passes, four in place.
+
+    The constants are int32 tensors on the device (an int32 op with a Python integer converts it first).
+    """
+    if words.device not in _constants:
+        values = (signed(MIX32_1, 32), 13, (1 << 19) - 1, signed(MIX32_2, 32))
+        _constants[words.device] = tuple(torch.tensor(v, dtype=torch.int32, device=words.device) for v in values)
+    mix_1, shift, low_19, mix_2 = _constants[words.device]
     h = torch.bitwise_xor(element_words(per_sample, words.device).view(1, -1), (words ^ layer).view(-1, 1))
-    h.mul_(signed(MIX32_1, 32))
-    _xorshift_(h, 13)
-    return h.mul_(signed(MIX32_2, 32))
+    h.mul_(mix_1)
+    h.bitwise_xor_(h.bitwise_right_shift(shift).bitwise_and_(low_19))
+    return h.mul_(mix_2)
 
 
 def keep_mask(
@@ -205,7 +228,8 @@ def apply_dropout(
 def eager_kernel(x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float) -> torch.Tensor:
     """Mask and multiply from the sample words, in eager passes (``threshold`` is signed: ``t - 2**31``).
 
-    Autograd keeps only the boolean mask, as torch's dropout does.
+    Autograd keeps only the boolean mask, as torch's dropout does. (Not ``native_dropout_backward`` as the
+    forward op: its own derivative rounds the scale to bfloat16 first, unlike torch's dropout backward.)
     """
     keep = torch.ge(_hash(math.prod(x.shape[1:]), words, layer), threshold).reshape(x.shape)
     return x * keep * scale
