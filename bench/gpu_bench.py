@@ -66,7 +66,7 @@ class Setup:
     micro: int = 8
     steps: int = 25
     warmup: int = 5
-    dropout_shape: tuple[int, int, int] = (8, 1024, 1024)
+    dropout_rounds: int = 50
     memory_model: str = GPT_MID
     memory_batch: int = 32
     memory_micro: int = 4
@@ -94,7 +94,7 @@ def smoke_setup(device: str) -> Setup:
         micro=2,
         steps=6,
         warmup=2,
-        dropout_shape=(2, 16, 32),
+        dropout_rounds=3,
         memory_model=GPT_SMOKE,
         memory_batch=8,
         memory_micro=2,
@@ -267,24 +267,12 @@ def throughput(work: Path, setup: Setup) -> list[str]:
 
 
 def dropout_rows(setup: Setup) -> list[str]:
-    """(5): one dropout of a bf16 activation, layout-free against torch's."""
-    import torch
+    """(5): layout-free dropout against torch's, one op and a whole step (``bench/dropout_bench.py``)."""
+    from bench import dropout_bench
 
-    from worker_agent.runtime.device import median_seconds
-    from worker_agent.runtime.dropout import apply_dropout
-
-    device, shape = setup.torch_device, setup.dropout_shape
-    x = torch.randn(*shape, device=device, dtype=torch.bfloat16)
-    ids = torch.arange(shape[0], device=device)
-    ours = median_seconds(lambda: apply_dropout(x, ids, 1, 2, 3, 0.1), 50, device)
-    theirs = median_seconds(lambda: torch.nn.functional.dropout(x, 0.1, True), 50, device)
-    label = " x ".join(map(str, shape))
-    return [
-        f"| dropout of {label} bf16, p=0.1 | ms | ratio |",
-        "|---|---|---|",
-        f"| torch.nn.functional.dropout | {theirs * 1e3:.3f} | 1.00 |",
-        f"| layout-free (counter-based hash) | {ours * 1e3:.3f} | {ours / theirs:.2f} |",
-    ]
+    device, rounds = setup.torch_device, setup.dropout_rounds
+    compiled = setup.device == "cuda"  # the compiled kernel is for CUDA (on a CPU it costs seconds to build)
+    return [*dropout_bench.op_rows(device, compiled, rounds), "", *dropout_bench.step_rows(device, compiled, rounds)]
 
 
 def memory_rows(setup: Setup) -> list[str]:
