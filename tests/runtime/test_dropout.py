@@ -174,3 +174,33 @@ def test_cuda_masks_are_bit_identical_to_cpu_masks() -> None:
     cpu = keep_mask(shape, ids, 12, 345, 6789, 0.2)
     gpu = keep_mask(shape, ids.cuda(), 12, 345, 6789, 0.2)
     assert torch.equal(cpu, gpu.cpu())
+
+
+def test_a_dropout_module_called_twice_in_a_layer_draws_two_masks_and_again_the_same_two_in_any_layout() -> None:
+    """One Dropout on two residual branches: fresh masks per call (as torch's), counted per layer, so a
+    layer recomputed alone or run in another stage draws exactly the same ones."""
+    from torch import nn
+
+    from worker_agent.runtime.model_api import Dropout, assign_dropout_keys, sample_context
+    from worker_agent.runtime.partition import StageModule
+
+    class TwoBranches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.drop = Dropout(0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([self.drop(x), self.drop(x)], dim=1)
+
+    layers = [TwoBranches(), TwoBranches()]
+    assign_dropout_keys([("a", layers[0]), ("b", layers[1])])
+    x, ids = torch.ones(3, 64, dtype=torch.float64), torch.tensor([4, 9, 2])
+    with sample_context(7, 3, ids):
+        first = layers[0](x)
+    assert not torch.equal(first[:, :64], first[:, 64:])  # two masks, not one repeated
+    together = StageModule(layers)
+    with sample_context(7, 3, ids):
+        whole = together(x)
+        alone = StageModule(layers[1:])(StageModule(layers[:1])(x))  # each layer in a stage of its own
+        recomputed = StageModule(layers, recompute=True)(x)
+    assert torch.equal(whole, alone) and torch.equal(whole, recomputed)

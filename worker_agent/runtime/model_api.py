@@ -68,6 +68,9 @@ class SampleContext:
     seed: int
     step: int
     sample_ids: torch.Tensor
+    # Calls of each dropout key in the running layer: a module called twice (one Dropout on two residual
+    # branches) draws a fresh mask each time, as torch's does; :func:`layer_started` resets them per layer.
+    calls: dict[int, int] = field(default_factory=dict, compare=False)
 
 
 _context: list[SampleContext] = []
@@ -76,6 +79,13 @@ _context: list[SampleContext] = []
 def current_sample_context() -> SampleContext | None:
     """The samples of the micro-batch being run (None outside a runtime step): for layout-free randomness."""
     return _context[-1] if _context else None
+
+
+def layer_started() -> None:
+    """A named layer starts: its dropout calls count from 0 again (so a layer recomputed alone, or run in
+    another stage, draws what it drew in any layout)."""
+    if _context:
+        _context[-1].calls.clear()
 
 
 @contextlib.contextmanager
@@ -120,6 +130,9 @@ def layout_free_dropout(x: torch.Tensor, p: float, key: int, training: bool = Tr
             f"dropout {key}: the activation holds {x.shape[0]} samples but the step names "
             f"{ctx.sample_ids.numel()}; layers must keep the sample dimension first"
         )
+    call = ctx.calls.get(key, 0)
+    ctx.calls[key] = call + 1
+    key = key if call == 0 else _mix(key, call)
     return apply_dropout(x, ctx.sample_ids, ctx.seed, ctx.step, key, p)
 
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout
-from worker_agent.runtime.batch import run_layers
-from worker_agent.runtime.model_api import ModelSpec
+from worker_agent.runtime.batch import call_layer
+from worker_agent.runtime.model_api import ModelSpec, layer_started
 from worker_agent.runtime.recompute import recomputed
 
 ComputeContext = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -58,10 +58,9 @@ class StageModule(nn.Module):
     def forward(self, *args: torch.Tensor) -> Any:
         x: Any = args if len(args) > 1 else args[0]
         with self.compute():
-            if not self.recompute:
-                return run_layers(list(self.layers), x)
             for layer in self.layers:
-                x = recomputed(layer, x)
+                layer_started()
+                x = recomputed(layer, x) if self.recompute else call_layer(layer, x)
             return x
 
 
