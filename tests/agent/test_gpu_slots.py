@@ -44,8 +44,13 @@ class RecordingSupervisor:
         pass
 
 
-def started_devices(tmp_path: Path, gpus: tuple[Gpu, ...], slots: tuple[int, ...]) -> list[int | None]:
-    agent = Agent(AgentConfig("fake:1", "t", tmp_path / "agent", slots=max(len(gpus), 1), gpus=gpus))
+def started_devices(
+    tmp_path: Path, gpus: tuple[Gpu, ...], slots: tuple[int, ...], node_slots: int | None = None
+) -> list[int | None]:
+    """The devices the agent starts ranks 2 and 3 on, placed in ``slots`` (the node has ``node_slots``:
+    one per GPU, or as many as the assignment names on a node without GPUs)."""
+    node_slots = node_slots if node_slots is not None else len(gpus) or max(slots) + 1
+    agent = Agent(AgentConfig("fake:1", "t", tmp_path / "agent", slots=node_slots, gpus=gpus))
     recording = RecordingSupervisor()
     agent.supervisor = recording  # type: ignore[assignment]
     agent._apply(Incoming(Assignment("j", 1, "run", (2, 3), slots=slots), launch(tmp_path)))
@@ -61,6 +66,12 @@ def test_the_agent_starts_each_rank_on_the_gpu_of_its_slot(tmp_path: Path) -> No
 
 def test_a_node_without_gpus_starts_trainers_without_a_device(tmp_path: Path) -> None:
     assert started_devices(tmp_path, (), (0, 1)) == [None, None]
+
+
+def test_a_slot_the_node_does_not_have_is_never_started(tmp_path: Path) -> None:
+    """A controller's assignment is outside input: slot 5 of a 2-GPU node would put two ranks on one GPU."""
+    two = (Gpu(0, A100, 1 << 36), Gpu(1, A100, 1 << 36))
+    assert started_devices(tmp_path, two, (1, 5)) == [1]
 
 
 def test_the_trainer_gets_its_device_index_and_cuda_in_pci_bus_order(tmp_path: Path) -> None:

@@ -192,7 +192,7 @@ def test_a_dropout_module_called_twice_in_a_layer_draws_two_masks_and_again_the_
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.cat([self.drop(x), self.drop(x)], dim=1)
 
-    layers = [TwoBranches(), TwoBranches()]
+    layers: list[nn.Module] = [TwoBranches(), TwoBranches()]
     assign_dropout_keys([("a", layers[0]), ("b", layers[1])])
     x, ids = torch.ones(3, 64, dtype=torch.float64), torch.tensor([4, 9, 2])
     with sample_context(7, 3, ids):

@@ -7,6 +7,7 @@ marker) the same comparisons run against the CPU, which is what makes a GPU rank
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,3 +109,30 @@ def test_cuda_compiled_and_eager_dropout_equal_the_cpu_bit_for_bit(
     monkeypatch.setenv(dropout_fused.ENV, "off")
     assert torch.equal(_run(x.cuda(), [3, 4], 0.3)[0], _run(x, [7], 0.3)[0])  # the eager path on CUDA too
     assert torch.equal(keep_mask(x.shape, IDS.cuda(), 9, 4, 77, 0.3).cpu(), keep_mask(x.shape, IDS, 9, 4, 77, 0.3))
+
+
+def test_a_bad_compile_setting_stops_spotmorph_train_at_start_up_with_exit_2(tmp_path: Path) -> None:
+    """Checked when the kernel is warmed up, before the rendezvous, rather than in the first step."""
+    import os
+    import subprocess
+
+    from tests.runtime.helpers import train_cmd
+
+    env = {**os.environ, dropout_fused.ENV: "bogus"}
+    result = subprocess.run(train_cmd(tmp_path / "c", 1, 1, 2), capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result
+    assert f"{dropout_fused.ENV}='bogus' is not one of auto, on, off" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_dropout_is_warmed_up_only_for_models_that_drop_out_in_the_dtypes_they_compute_in() -> None:
+    from examples.tiny_gpt import build_config
+    from worker_agent.runtime.model_api import dropout_dtypes
+
+    with_dropout, without = (
+        build_config(d_model=16, blocks=1, seq_len=8),
+        build_config(d_model=16, blocks=1, seq_len=8, dropout=0.0),
+    )
+    assert dropout_dtypes(with_dropout, torch.float32, torch.bfloat16) == (torch.float32, torch.bfloat16)
+    assert dropout_dtypes(with_dropout, torch.float64, None) == (torch.float64,)
+    assert dropout_dtypes(without, torch.float32, torch.bfloat16) == ()

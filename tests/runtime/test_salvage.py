@@ -125,21 +125,26 @@ def held_after_killing(run: Run, victim: int) -> dict[int, int]:
 
 def test_survivors_hold_the_same_step_and_their_salvage_equals_the_reference(run: Run, tmp_path: Path) -> None:
     held = held_after_killing(run, victim=1)  # replica 0's stage 1
-    assert len(set(held.values())) == 1, (held, run.logs())
-    step = next(iter(held.values()))
+    # Replica 1 may finish a step whose clipping all-reduce failed for rank 0 (its pipeline peer is dead):
+    # survivors hold at most two neighbouring steps, and a writer per stage holds the newest.
+    assert max(held.values()) - min(held.values()) <= 1, (held, run.logs())
+    step = held[3]  # stage 1's only survivor
+    stage0 = next(r for r in (0, 2) if held[r] == step)
     reported = max(e.step for r in held for e in run.events(r, StepCompleted))
     assert reported <= step <= reported + 1  # at most the step in flight is lost
     for rank, failure in ((r, run.events(r, CollectiveFailed)[0]) for r in held):
         assert (failure.replica, failure.stage) == run.layout.coords(rank) and failure.generation == 1
-    order = SalvageOrder(step, (0, 3), time.time() + 60)  # stage 0 from replica 0, stage 1 from replica 1
+    order = SalvageOrder(step, (stage0, 3), time.time() + 60)  # one writer per stage
     run.dir.control.request_salvage(order.to_json())
     for rank in held:
-        assert run.procs[rank].wait(60) == ExitCode.SUCCEEDED, run.logs()
-    written = run.events(0, SalvageWritten)
-    assert written and written[0].committed and written[0].last_checkpoint == step
-    assert not run.events(2, SalvageWritten)  # not named: writes nothing
+        expected = ExitCode.SUCCEEDED if held[rank] == step else ExitCode.ABORTED  # a stale holder is not named
+        assert run.procs[rank].wait(60) in (ExitCode.SUCCEEDED, expected), run.logs()
+    written = [e for r in (stage0, 3) for e in run.events(r, SalvageWritten)]
+    assert [e.step for e in written] == [step, step], written
+    assert [e.last_checkpoint for e in written if e.committed] == [step], written  # one writer commits
+    assert not run.events(2 if stage0 == 0 else 0, SalvageWritten)  # not named: writes nothing
     salvaged = ck.verify(ck.step_dir(run.root, step, 1))
-    assert {f.writer_rank for f in salvaged.manifest.files} == {0, 3}
+    assert {f.writer_rank for f in salvaged.manifest.files} == {stage0, 3}
     assert sorted(f.layer for f in salvaged.manifest.files) == sorted(salvaged.manifest.layer_names)
     reference = tmp_path / "reference"
     train(reference, 1, 1, step, f"--checkpoint-interval={step}")
@@ -151,8 +156,10 @@ def test_a_writer_killed_during_the_salvage_leaves_no_checkpoint(tmp_path: Path)
     run = Run(tmp_path, {PAUSE_ENV: "4"})
     try:
         held = held_after_killing(run, victim=1)
-        step = max(held.values())
-        writers = (0, 3) if held[3] == step else (2, 3)
+        step = held[3]  # stage 1's only survivor (rank 1 is killed) ...
+        stage0 = next((r for r in (0, 2) if held[r] == step), None)  # ... and a stage-0 rank holding that step
+        assert stage0 is not None, (held, run.logs())  # (a rank may have failed a step before another)
+        writers = (stage0, 3)
         run.dir.control.request_salvage(SalvageOrder(step, writers, time.time() + 8).to_json())
         layer_files = ck.step_dir(run.root, step, 1)
         wait_for(lambda: len(list(layer_files.glob("*.pt"))) >= LAYERS, 30, "the writers' layer files")

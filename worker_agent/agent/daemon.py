@@ -72,7 +72,7 @@ class AgentConfig:
     token: str
     work_dir: Path
     slots: int = 1
-    gpus: tuple[Gpu, ...] = ()  # slot i trains on gpus[i] (round-robin when there are more slots)
+    gpus: tuple[Gpu, ...] = ()  # slot i trains on gpus[i] (never more slots than GPUs: gpus.slot_count)
     name: str = ""
     address: str = "127.0.0.1"
     socket_interface: str | None = None  # the interface holding ``address``: trainers bind collectives to it
@@ -243,6 +243,14 @@ class Agent:
         for command in converge(wanted, (r.status for r in self.supervisor.reports())):
             if isinstance(command, StartTrainer):
                 spec = self.state.launch[(command.key.job_id, command.key.generation)]
+                if not 0 <= command.slot < self.config.slots:  # hostile or confused: never two ranks on a GPU
+                    log.error(
+                        "not starting %s: slot %d is not one of this node's %d",
+                        command.key,
+                        command.slot,
+                        self.config.slots,
+                    )
+                    continue
                 device = device_for_slot(command.slot, self.config.gpus)
                 on = "" if device is None else f" on cuda:{device}"
                 log.info("starting %s in slot %d%s", command.key, command.slot, on)

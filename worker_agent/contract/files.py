@@ -105,6 +105,9 @@ class ControlDir:
     def abort_requested(self) -> bool:
         return self.abort_file.exists()
 
+    def clear_abort(self) -> None:
+        self.abort_file.unlink(missing_ok=True)
+
     @property
     def acknowledged_file(self) -> Path:
         return self.path / "acknowledged"

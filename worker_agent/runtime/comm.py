@@ -16,6 +16,8 @@ first, and one whose agent asks (:class:`worker_agent.runtime.salvage.AbortWatch
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -27,14 +29,17 @@ from worker_agent.runtime.partition import PartitionedModel
 
 # Communicators this process created on a GPU, aborted before it exits (see abort_communicators).
 _NCCL_GROUPS: list[dist.ProcessGroup] = []
+_ABORT_LOCK = threading.Lock()
 
 
 NCCL_ENVIRONMENT = {
     # wait() blocks until the collective is done and raises DistBackendError when it failed or timed out,
     # so the step is abandoned before its optimizer update (the salvage's premise) ...
     "TORCH_NCCL_BLOCKING_WAIT": "1",
-    # ... and the watchdog does not tear the process down (its default), which would lose the held step.
+    # ... and the watchdog does not tear the process down (its default), which would lose the held step;
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+    # nor does the heartbeat monitor, which kills a process whose watchdog is stuck (an abort can take a while).
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
 }
 
 
@@ -92,10 +97,22 @@ def make_groups(
 
 
 def abort_communicators() -> None:
-    """Abort this process's NCCL communicators (newest first), so no GPU kernel waits on a peer that is gone."""
-    while _NCCL_GROUPS:
-        group = _NCCL_GROUPS.pop()
-        try:
-            group.abort()
-        except Exception:  # best effort on the way out: the process exits next
-            continue
+    """Abort this process's NCCL communicators (newest first), so no GPU kernel waits on a peer that is gone.
+
+    Both the main thread (on its way out, or holding a step) and :class:`~worker_agent.runtime.salvage.AbortWatch`
+    call it, hence the lock; a group that cannot be aborted is said, not hidden."""
+    with _ABORT_LOCK:
+        while _NCCL_GROUPS:
+            group = _NCCL_GROUPS.pop()
+            try:
+                _abort(group)
+            except Exception as error:  # best effort on the way out: the process exits or holds next
+                print(f"spotmorph trainer: warning: could not abort an NCCL group: {error!r}", file=sys.stderr)
+
+
+def _abort(group: dist.ProcessGroup) -> None:
+    """``ProcessGroup.abort`` where torch has it, else the NCCL backend's own ``abort``."""
+    if hasattr(group, "abort"):
+        group.abort()
+    else:
+        group._get_backend(torch.device("cuda")).abort()

@@ -225,6 +225,23 @@ def apply_dropout(
     return eager_kernel(x, words, layer, threshold - (1 << 31), scale)
 
 
+def warm_up(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> None:
+    """Check and compile the fused kernel (where it is wanted) for each dtype on ``device`` now, at start-up:
+    done lazily, a cold compile would land in the first step and could outlast the peer timeout.
+    A bad ``SPOTMORPH_DROPOUT_COMPILE`` is a user error here, not a failure mid-step."""
+    from morphing.errors import UserInputError
+
+    mode = os.environ.get(dropout_fused.ENV, "auto")
+    if mode not in dropout_fused.MODES:
+        raise UserInputError(
+            f"{dropout_fused.ENV}={mode!r} is not one of {', '.join(dropout_fused.MODES)}; unset it, or use off"
+        )
+    ids = torch.arange(2, device=device)
+    for dtype in dtypes:
+        x = torch.ones(2, 8, 3, device=device, dtype=dtype, requires_grad=True)  # not 1: no 0/1 specialisation
+        torch.autograd.backward(apply_dropout(x, ids, 0, 0, 0, 0.5).sum())
+
+
 def eager_kernel(x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float) -> torch.Tensor:
     """Mask and multiply from the sample words, in eager passes (``threshold`` is signed: ``t - 2**31``).
 

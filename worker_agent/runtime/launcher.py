@@ -83,6 +83,7 @@ def run_local(run: LocalRun) -> int:
     directory = GenerationDir(run.run_dir)
     directory.control.path.mkdir(parents=True, exist_ok=True)
     directory.control.clear_stop()
+    directory.control.clear_abort()  # a reused --run-dir: an old order must not sever this run's ranks
     directory.job_file.write_text(run.job.model_dump_json(indent=1))
     directory.layout_file.write_text(json.dumps(run.layout.to_dict(), indent=1))
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs

@@ -157,6 +157,12 @@ def _mix(*values: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+def dropout_dtypes(spec: ModelSpec, dtype: torch.dtype, autocast: torch.dtype | None) -> tuple[torch.dtype, ...]:
+    """The dtypes activations may have where the model drops out (none when it never does)."""
+    drops = any(isinstance(m, Dropout) and m.p > 0 for _, layer in spec.layers for m in layer.modules())
+    return tuple(dict.fromkeys([dtype] + ([autocast] if autocast is not None else []))) if drops else ()
+
+
 def assign_dropout_keys(layers: Sequence[tuple[str, nn.Module]]) -> None:
     """Give every :class:`Dropout` a key derived from its stable name."""
     for layer_name, module in layers:

@@ -78,12 +78,13 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     from worker_agent.runtime import checkpoint as ckpt_mod
     from worker_agent.runtime import salvage
     from worker_agent.runtime.comm import configure_nccl, make_groups
-    from worker_agent.runtime.device import resolve_device
+    from worker_agent.runtime.device import autocast_dtype, resolve_device
+    from worker_agent.runtime.dropout import warm_up as warm_up_dropout
     from worker_agent.runtime.engine import StageRunner, module_for_dtype
     from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.hf_export import write_config as write_hf_config
     from worker_agent.runtime.job import data_cursor, load_job_spec, torch_dtype
-    from worker_agent.runtime.model_api import assign_dropout_keys
+    from worker_agent.runtime.model_api import assign_dropout_keys, dropout_dtypes
     from worker_agent.runtime.partition import PartitionedModel
 
     job = load_job_spec(cfg.job_file)
@@ -109,6 +110,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     model.check_layout(layout)
     module_for_dtype(model, torch_dtype(job.dtype))
     assign_dropout_keys(spec.layers)
+    warm_up_dropout(device, dropout_dtypes(spec, torch_dtype(job.dtype), autocast_dtype(job.precision)))
     control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
     stop = StopRequest(control)
     requests = CheckpointRequests(control, cfg.rank)
@@ -274,10 +276,13 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
             control=control,
             root=cfg.checkpoint_dir,
             hold_seconds=max(60.0, 3 * job.timeout_seconds),
-            payloads=lambda: runner.payloads(list(range(runner.first, runner.last))),
+            # The pool's free buffers, fresh ones only for what a write in flight still holds.
+            payloads=lambda: runner.payloads(list(range(runner.first, runner.last)), runner.host.lease()),
             manifest=manifest,
             fence=writer.fence,
         )
+    finally:
+        abort.stop()  # every way out of the loop: a fenced, lapsed, finished or crashed rank aborts nothing
 
 
 def check_eval(spec: Any, eval_interval: int) -> None:
