@@ -138,6 +138,11 @@ def check_finite(field: str, value: float, max_magnitude: float) -> float:
     return value
 
 
+def is_stall(seconds: float) -> bool:
+    """A checkpoint's pause of training the controller accepts (the agent sends no other): 0 up to a week."""
+    return math.isfinite(seconds) and 0 <= seconds <= MAX_STALL_SECONDS
+
+
 def check_time(field: str, value: float) -> float:
     """Unix seconds: finite, not negative, not beyond :data:`LATEST_TIME`."""
     if not math.isfinite(value) or not 0 <= value <= LATEST_TIME:

@@ -9,7 +9,6 @@ kept or decided on.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,6 +26,7 @@ from morphing.validation import (
     check_step,
     check_text,
     check_time,
+    is_stall,
     printable,
     shown,
 )
@@ -109,7 +109,7 @@ def checkpoint_stall(field: str, status: pb.TrainerStatus) -> None:
             )
         return
     seconds = status.checkpoint_stall_seconds
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_STALL_SECONDS:
+    if not is_stall(seconds):
         raise InvalidField(
             f"{field}.checkpoint_stall_seconds",
             f"{seconds!r} is not how long a checkpoint paused training; give seconds (0..{MAX_STALL_SECONDS:g})",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec, parse_job_spec
-from morphing.validation import MAX_STALL_SECONDS
+from morphing.validation import is_stall
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
@@ -152,7 +152,7 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
         status.held_step = report.held.step
     status.refusal = refusal_to_pb(report)
     stall = report.stall_seconds
-    if stall is not None and math.isfinite(stall) and 0 <= stall <= MAX_STALL_SECONDS:  # never a refused beat
+    if stall is not None and is_stall(stall):  # never a refused beat
         status.checkpoint_stall_step, status.checkpoint_stall_seconds = report.stall_step, stall
     return status
 

@@ -23,7 +23,6 @@ controller records as committed is named in the next generation's assignment.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import socket
@@ -46,10 +45,11 @@ from worker_agent.contract import (
     SalvageWritten,
     TrainerFailed,
 )
-from worker_agent.runtime.checkpoint import FORMAT, MANIFEST, LayerPayload, atomic_write, serialise, step_dir
+from worker_agent.runtime.checkpoint import FORMAT, MANIFEST, LayerPayload, atomic_write, step_dir
 from worker_agent.runtime.control import Progress
 from worker_agent.runtime.errors import FenceError, GenerationFenced
 from worker_agent.runtime.fence import Fence, check_fence
+from worker_agent.runtime.writer import write_layer_files
 
 POLL_SECONDS = 0.02
 FENCE_POLL_SECONDS = 0.5  # a holding rank re-reads the fence file this often
@@ -159,21 +159,7 @@ def write_part(
     directory = step_dir(root, step, generation)
     parts = directory / ".parts"
     parts.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for layer, payload in payloads.items():
-        data = serialise(payload)
-        path = directory / f"{layer}.pt"
-        atomic_write(path, data)
-        entries.append(
-            {
-                "path": path.name,
-                "layer": layer,
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "tensors": sorted(payload["tensors"]),
-                "writer_rank": rank,
-            }
-        )
+    entries = write_layer_files(directory, payloads, rank)
     pause = float(os.environ.get(PAUSE_ENV) or 0)
     if pause > 0:
         time.sleep(pause)

@@ -51,6 +51,26 @@ def serialise(payload: LayerPayload) -> bytes:
     return buf.getvalue()
 
 
+def write_layer_files(directory: Path, payloads: dict[str, LayerPayload], rank: int) -> list[dict[str, Any]]:
+    """Each layer's file in ``directory`` (written whole), and the manifest entries that list them."""
+    entries = []
+    for layer, payload in payloads.items():
+        data = serialise(payload)
+        path = directory / f"{layer}.pt"
+        atomic_write(path, data)
+        entries.append(
+            {
+                "path": path.name,
+                "layer": layer,
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "tensors": sorted(payload["tensors"]),
+                "writer_rank": rank,
+            }
+        )
+    return entries
+
+
 def part_name(generation: int, run_id: str, rank: int) -> str:
     return f"gen-{generation}-{run_id}-rank-{rank}.json"
 
@@ -178,22 +198,8 @@ class CheckpointWriter:
         self.check_fence()  # a fenced-off generation writes nothing more
         parts = directory / ".parts"
         parts.mkdir(parents=True, exist_ok=True)
-        entries = []
-        for layer, payload in payloads.items():
-            data = serialise(payload)
-            path = directory / f"{layer}.pt"
-            atomic_write(path, data)
-            self.bytes_written += len(data)
-            entries.append(
-                {
-                    "path": path.name,
-                    "layer": layer,
-                    "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "tensors": sorted(payload["tensors"]),
-                    "writer_rank": self.rank,
-                }
-            )
+        entries = write_layer_files(directory, payloads, self.rank)
+        self.bytes_written += sum(e["bytes"] for e in entries)
         part = {"generation": self.generation, "rank": self.rank, "files": entries}
         atomic_write(parts / part_name(self.generation, self.run_id, self.rank), json.dumps(part).encode())
         if manifest is not None:
