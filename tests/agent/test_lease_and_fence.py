@@ -58,7 +58,10 @@ def test_trainers_stop_by_themselves_when_their_lease_lapses(tmp_path: Path) -> 
         ]
         assert time.monotonic() >= lapsed_at
         said = failures(supervisor, "job-1", 1)
-        assert [f.kind for f in said] == ["lease_expired"] * 2 and "lease ran out" in said[0].message
+        assert [f.kind for f in said] == ["lease_expired"] * 2, said
+        # The rank that saw the lapse first names its own lease; a peer may hear of it from that rank's vote.
+        assert any("this node's lease ran out" in f.message for f in said), said
+        assert all("lease" in f.message and "ran out" in f.message for f in said), said
         stopped_at = {r.step for r in reports}
         assert len(stopped_at) == 1, "every rank stops at the same step boundary"
         assert max(committed_steps(launch.checkpoint_dir, 1), default=0) <= stopped_at.pop()

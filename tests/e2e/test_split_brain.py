@@ -141,8 +141,11 @@ def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints
     job = cluster.submit(**sets, checkpoint_interval=INTERVAL)
     cluster.wait_step(job, 40, 180)
     (alone,) = cluster.job_nodes(job)  # it runs the whole of generation 1
-    committed = int(cluster.status(job)["last_checkpoint_step"])
     partition_from_controller(cluster, cut, alone)
+    # A report already on its way when the cut was made may still land: what the controller committed is
+    # only final once it has stopped hearing from the node.
+    cluster.wait(lambda: cluster.node_state(alone) == "LOST", 60, "the controller to lose the cut-off node")
+    committed = int(cluster.status(job)["last_checkpoint_step"])
     stale = trainer_pids(records(cluster, job, 1))
     # Generation 1 keeps training and writing: checkpoints the controller never hears of.
     cluster.wait(lambda: max(valid_steps(root, 1), default=0) > committed + INTERVAL, 120, "generation 1 to write on")

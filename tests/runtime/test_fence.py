@@ -98,6 +98,24 @@ def test_the_fence_is_checked_right_before_the_manifest_rename(tmp_path: Path) -
     assert not ck.step_dir(tmp_path, 10, 1).exists(), "the fenced generation removed its unfinished directory"
 
 
+class OvertakenWhileWriting(ck.CheckpointWriter):
+    """A newer generation starts, commits and prunes while this writer waits for its peers' parts."""
+
+    def _commit(self, step: int, directory: Path, parts: Path, manifest: dict[str, Any]) -> None:
+        save(writer(self.root, self.generation + 1, resumed_from=0), step + 10)
+        super()._commit(step, directory, parts, manifest)
+
+
+def test_a_write_whose_files_a_newer_generation_removed_is_reported_fenced_not_as_a_disk_error(
+    tmp_path: Path,
+) -> None:
+    raise_fence(tmp_path, Fence("job-1", 1))
+    stale = OvertakenWhileWriting(tmp_path, 0, 1, "r", 3, False, 0.1, generation=1, fence=Fence("job-1", 1))
+    with pytest.raises(GenerationFenced, match="generation 1 of job-1 is fenced off"):
+        save(stale, 10)
+    assert committed_dirs(tmp_path) == ["step-00000020-g2"]
+
+
 def test_a_stale_generation_never_prunes_a_newer_generations_checkpoints(tmp_path: Path) -> None:
     new = writer(tmp_path, 1, keep=1)
     save(new, 10)

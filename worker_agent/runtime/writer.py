@@ -184,6 +184,10 @@ class CheckpointWriter:
         except OSError as exc:
             if not (directory / MANIFEST).exists():
                 shutil.rmtree(directory, ignore_errors=True)
+            try:
+                self.check_fence()  # a newer generation may have fenced this one and removed its files mid-write
+            except FenceError as fenced:
+                raise fenced from exc
             kept = f"step {self.last_committed}" if self.last_committed is not None else "none written by this run"
             raise CheckpointWriteFailed(
                 f"checkpoint step {step} could not be written to {self.root}: {exc.strerror or exc}; "
