@@ -18,7 +18,13 @@ from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference,
 from spotmorph.local.processes import alive
 from worker_agent.contract import read_progress
 
+from .netns_helpers import REASON as NETNS_REASON
+
 pytestmark = pytest.mark.slow
+
+# Where namespaces can be made, tests/e2e/test_netns_training.py preempts with notice and grows onto an
+# added VM across real namespaces (no step lost, equal to the reference): these two run in `make soak` there.
+SOAK_WHERE_NETNS = pytest.mark.soak if NETNS_REASON is None else pytest.mark.slow
 
 STEPS, BATCH, SEED, INTERVAL = 300, 16, 7, 20
 
@@ -39,6 +45,7 @@ def assert_equals_reference(checkpoints: Path, references: Path) -> None:
     assert max_rel_diff(expected, checkpoints) <= 1e-9
 
 
+@SOAK_WHERE_NETNS
 def test_eviction_with_notice_loses_no_step(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
     cluster.up(nodes=2)
     checkpoints = tmp_path / "ckpt"
@@ -56,6 +63,9 @@ def test_eviction_with_notice_loses_no_step(cluster: LocalCluster, tmp_path: Pat
     assert_equals_reference(checkpoints, references)
 
 
+# In `make soak`: tests/e2e/test_unplanned_loss.py kills a node without notice (at most the step in flight
+# lost) and tests/e2e/test_salvage_fallback.py falls back to the newest periodic checkpoint.
+@pytest.mark.soak
 def test_node_killed_without_notice_resumes_from_the_newest_checkpoint(
     cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:
@@ -73,6 +83,7 @@ def test_node_killed_without_notice_resumes_from_the_newest_checkpoint(
     assert_equals_reference(checkpoints, references)
 
 
+@SOAK_WHERE_NETNS
 def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
     """Growth pays off only for a job with enough work left, so this one is long and is cancelled.
 

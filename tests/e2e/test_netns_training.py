@@ -57,9 +57,13 @@ def test_training_across_namespaces_survives_a_preemption_and_an_added_vm(
 
     victim = cluster.job_nodes(job)[-1]
     cluster.cli("local", "preempt", victim, "--notice", "20")
-    shrunk = cluster.wait_status(
-        job, lambda s: s["state"] == "RUNNING" and victim not in cluster.job_nodes(job), 120, "the shrink"
-    )
+
+    def shrunk_off_the_victim(status: dict[str, Any]) -> bool:
+        # The status and the node list are two reads: only a newer generation's status is the shrunk one.
+        newer = int(status["generation"]) > int(first["generation"])
+        return status["state"] == "RUNNING" and newer and victim not in cluster.job_nodes(job)
+
+    shrunk = cluster.wait_status(job, shrunk_off_the_victim, 120, "the shrink")
     width = world_size(shrunk)
     cluster.add(1)
 
