@@ -1,8 +1,8 @@
 """Prometheus metrics, read from the controller's state at scrape time (``--metrics-listen``).
 
 Nothing is counted on the hot path: a scrape takes one snapshot from the state view (nodes and jobs by
-state, steps lost, measured samples/s; generations, so morphs by cause and their durations; provider
-error events; the heartbeat-latency histogram the server already keeps) and renders it. Served by
+state, failed jobs by cause, steps lost, measured samples/s; generations, so morphs by cause and their
+durations; provider error events; the heartbeat-latency histogram the server already keeps) and renders it. Served by
 aiohttp in the controller's own event loop; the view reads the store on its reader threads, so a
 scrape never blocks the loop, and rendering a frozen snapshot never races the runner.
 """
@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from controller.core.causes import JobFailureCause
 from controller.core.lifecycle import JobState, NodeState
 from controller.shell.latency import BOUNDS
 from controller.shell.views import MetricsSnapshot, StateView
@@ -47,6 +48,15 @@ def families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     for job_state in JobState:
         jobs.add_metric([str(job_state)], job_states.get(str(job_state), 0))
     yield jobs
+    failed = GaugeMetricFamily(
+        "spotmorph_jobs_failed",
+        "FAILED jobs by cause (user_error: fix the job; the others: look at the cluster)",
+        labels=["cause"],
+    )
+    causes = Counter(str(j.failure_cause) for j in snapshot.jobs if j.state is JobState.FAILED and j.failure_cause)
+    for cause in JobFailureCause:
+        failed.add_metric([str(cause)], causes.get(str(cause), 0))
+    yield failed
     yield from _jobs(snapshot)
     yield from _morphs(snapshot)
     latency = snapshot.heartbeat_latency

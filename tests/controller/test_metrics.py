@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.core.causes import MorphCause
+from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState, NodeState
 from controller.observability.metrics import provider_error, render
 from controller.persistence.store import GenerationRow
@@ -76,7 +76,13 @@ def test_a_snapshot_renders_to_what_it_holds() -> None:
     snapshot = MetricsSnapshot(
         now=140.0,
         nodes=(node("a"), node("b", NodeState.LOST), node("c", NodeState.LOST)),
-        jobs=(running, job("job-2")),
+        jobs=(
+            running,
+            job("job-2"),
+            job("job-3", JobState.FAILED, failure_cause=JobFailureCause.USER_ERROR),
+            job("job-4", JobState.FAILED, failure_cause=JobFailureCause.USER_ERROR),
+            job("job-5", JobState.FAILED, failure_cause=JobFailureCause.TRAINERS_FAILED),
+        ),
         generations=(
             generation("job-1", 1, MorphCause.ADMITTED, "admitted", None),  # the first generation is no morph
             generation("job-1", 2, MorphCause.EVICTION, "eviction notice: a", 12.0),
@@ -90,6 +96,9 @@ def test_a_snapshot_renders_to_what_it_holds() -> None:
     assert samples["spotmorph_nodes"][(("state", "LOST"),)] == 2
     assert samples["spotmorph_nodes"][(("state", "GONE"),)] == 0
     assert samples["spotmorph_jobs"][(("state", "QUEUED"),)] == 1
+    failed = samples["spotmorph_jobs_failed"]
+    assert failed[(("cause", "user_error"),)] == 2 and failed[(("cause", "trainers_failed"),)] == 1
+    assert failed[(("cause", "unplannable"),)] == 0 and len(failed) == len(JobFailureCause)
     assert samples["spotmorph_job_samples_per_second"] == {(("job", "job-1"),): 4.0}
     assert samples["spotmorph_morphs_total"] == {(("cause", "eviction"),): 1, (("cause", "node_lost"),): 1}
     assert samples["spotmorph_morph_seconds_bucket"][(("le", "20.0"),)] == 1
