@@ -3,12 +3,14 @@
 An agent's work dir holds ``agent.pid``, ``node-name`` and ``trainers/``; under that, each generation
 of a job has ``<job>/gen-<g>/`` with the trainer's inputs (``job.json``, ``layout.json``), its
 ``control/`` folder (``stop``: stop at the next step boundary; ``checkpoint-request``: a counter, a new
-value asks for a checkpoint at the next step boundary; ``lease``: renewed by the agent on every heartbeat the
-controller answers, a trainer whose lease lapsed stops by itself; ``salvage.json``: after a failed collective, which
-ranks write the just-in-time checkpoint), and per rank ``progress-rank-<r>.jsonl`` (what
-it reports), ``rank-<r>.log`` (its stdout and stderr) and ``rank-<r>.pid`` (so a restarted agent can
-kill what its previous incarnation left behind). Warm trainers wait in ``trainers/.warm/<name>/``.
-``spotmorph train`` lays out its run dir as one generation dir.
+value asks for a checkpoint at the next step boundary; ``lease``: renewed by the agent on every heartbeat
+the controller answers, a trainer whose lease lapsed stops by itself; ``salvage.json``: after a failed
+collective, which ranks write the just-in-time checkpoint; ``abort-collectives``: the controller holds the
+generation, abort the communicators now; ``acknowledged``: the newest checkpoint step the controller
+committed), and per rank ``progress-rank-<r>.jsonl`` (what it reports), ``rank-<r>.log`` (its stdout and
+stderr) and ``rank-<r>.pid`` (so a restarted agent can kill what its previous incarnation left behind).
+Warm trainers wait in ``trainers/.warm/<name>/``. ``spotmorph train`` lays out its run dir as one
+generation dir.
 """
 
 from __future__ import annotations
@@ -53,9 +55,19 @@ class ControlDir:
     def checkpoint_request_file(self) -> Path:
         return self.path / "checkpoint-request"
 
-    def request_stop(self) -> None:
+    def _touch(self, file: Path) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        self.stop_file.touch()
+        file.touch()
+
+    def _publish(self, file: Path, text: str) -> None:
+        """Write ``file`` whole (a temporary file renamed over it): a reader never sees half of it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        temporary = self.path / f".{file.name}.tmp-{os.getpid()}"
+        temporary.write_text(text)
+        temporary.replace(file)
+
+    def request_stop(self) -> None:
+        self._touch(self.stop_file)
 
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
@@ -64,11 +76,8 @@ class ControlDir:
         self.stop_file.unlink(missing_ok=True)
 
     def request_checkpoint(self, counter: int) -> None:
-        """Publish the request counter (written whole: a reader never sees half a number)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        temporary = self.path / f".checkpoint-request.tmp-{os.getpid()}"
-        temporary.write_text(str(counter))
-        temporary.replace(self.checkpoint_request_file)
+        """Publish the request counter (written whole)."""
+        self._publish(self.checkpoint_request_file, str(counter))
 
     @property
     def salvage_file(self) -> Path:
@@ -76,10 +85,7 @@ class ControlDir:
 
     def request_salvage(self, order_json: str) -> None:
         """Publish the controller's salvage order (written whole)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        temporary = self.path / f".salvage.tmp-{os.getpid()}"
-        temporary.write_text(order_json)
-        temporary.replace(self.salvage_file)
+        self._publish(self.salvage_file, order_json)
 
     def salvage_request(self) -> str | None:
         """The salvage order's text, if one was published."""
@@ -99,8 +105,7 @@ class ControlDir:
 
     def request_abort(self) -> None:
         """Ask the generation's trainers to abort their collectives now (the controller holds the generation)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.abort_file.touch()
+        self._touch(self.abort_file)
 
     def abort_requested(self) -> bool:
         return self.abort_file.exists()
@@ -114,10 +119,7 @@ class ControlDir:
 
     def acknowledge_checkpoint(self, step: int) -> None:
         """The newest checkpoint step the controller has acknowledged for this generation (written whole)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        temporary = self.path / f".acknowledged.tmp-{os.getpid()}"
-        temporary.write_text(str(step))
-        temporary.replace(self.acknowledged_file)
+        self._publish(self.acknowledged_file, str(step))
 
     def acknowledged_checkpoint(self) -> int:
         """What :meth:`acknowledge_checkpoint` last wrote; 0 when nothing was acknowledged."""
