@@ -5,7 +5,11 @@ the controller's event log says about the salvage (docs/DESIGN.md, "An unplanned
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,9 +56,21 @@ def stage_nodes(status: Mapping[str, Any], stage: int) -> list[str]:
 
 
 def kill_nodes(cluster: LocalCluster, nodes: Sequence[str]) -> float:
-    """Kill the VMs of ``nodes`` one right after the other (no notice); returns when the first died."""
-    times = [cluster.kill(node) for node in nodes]
-    return min(times)
+    """Kill the VMs of ``nodes`` at once (no notice); returns when they stopped.
+
+    Every victim is frozen (SIGSTOP, its whole session) before any is killed: a frozen process neither
+    reports nor closes its sockets, so the cluster sees them all go at the same moment, never one victim
+    reacting to the loss of another before its own kill."""
+    at = time.time()
+    for node in nodes:
+        vm = cluster.vm_of(node)
+        for pid in [vm.pid or 0, *vm.session_pids()]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if pid > 0:
+                    os.kill(pid, signal.SIGSTOP)
+    for node in nodes:
+        cluster.kill(node)
+    return at
 
 
 def events_of(cluster: LocalCluster, job: str, kind: str, generation: int | None = None) -> list[dict[str, Any]]:

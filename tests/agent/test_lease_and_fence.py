@@ -45,12 +45,15 @@ def test_trainers_stop_by_themselves_when_their_lease_lapses(tmp_path: Path) -> 
         for key in keys:
             supervisor.start(key, launch)
 
+        renewed = [0.0]
+
         def renewing_until_three_steps() -> bool:
+            renewed[0] = time.monotonic()
             supervisor.renew_leases("job-1", 1)  # what every answered heartbeat does
             return all(r.step >= 3 for r in supervisor.reports())
 
         wait_for(renewing_until_three_steps, 90, "three steps on both ranks")
-        lapsed_at = time.monotonic() + supervisor.lease_seconds  # the agent is silent from now on
+        lapsed_at = renewed[0] + supervisor.lease_seconds  # the agent is silent from its last renewal on
         wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "the trainers to stop")
         reports = supervisor.reports()
         assert [r.status.exit_code for r in reports] == [ExitCode.LEASE_EXPIRED] * 2, [
@@ -99,7 +102,9 @@ def test_a_fenced_generation_commits_nothing_more_and_the_next_loads_exactly_the
         resumed = replace(launch, rendezvous=spec(tmp_path, 1).rendezvous, resume=CommittedCheckpoint(committed, 1))
         for key in new:
             supervisor.start(key, resumed)
-        wait_for(lambda: len(committed_steps(root, 2)) >= 1, 90, "a checkpoint of generation 2")
+        # A manifest appears before its writer prunes; a writer finishes one checkpoint (pruning included)
+        # before it starts the next, so a second commit means the first one's pruning is over.
+        wait_for(lambda: len(committed_steps(root, 2)) >= 2, 90, "two checkpoints of generation 2")
         loaded = [
             r.event
             for path in supervisor.generation_dir("job-1", 2).progress_files().values()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
+from spotmorph.local.processes import port_range_base
 from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.progress import Progress, absorb
@@ -39,12 +39,6 @@ def test_progress_folds_the_facts_the_agent_reports() -> None:
     assert failed.error == "peer gone" and failed.step == 42
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def spec(tmp_path: Path, steps: int) -> LaunchSpec:
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
     job = JobSpec(
@@ -58,7 +52,7 @@ def spec(tmp_path: Path, steps: int) -> LaunchSpec:
         checkpoint_dir=str(tmp_path / "ckpt"),
         timeout_seconds=10.0,
     )
-    return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{free_port()}", tmp_path / "ckpt")
+    return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port_range_base(1)}", tmp_path / "ckpt")
 
 
 def test_stop_request_checkpoints_and_exits_zero(tmp_path: Path) -> None:

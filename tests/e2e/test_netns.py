@@ -98,7 +98,7 @@ def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: Loca
 
 
 def test_partitioned_from_the_controller_past_the_expiry_makes_the_node_lost(cluster: LocalCluster) -> None:
-    cluster.up(nodes=2, slots=1, heartbeat_expiry=2.0, netns=True)
+    cluster.up(nodes=2, slots=1, heartbeat_expiry=5.0, netns=True)
     cluster.cli("local", "partition", "node-1", "--from", "controller")
     cluster.wait(lambda: cluster.node_state("node-1") == "LOST", 30, "node-1 to be LOST")
     assert cluster.node_state("node-2") == "READY"

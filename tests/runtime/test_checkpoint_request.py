@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
+from spotmorph.local.processes import port_range_base
 from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
@@ -30,12 +30,6 @@ def test_the_first_counter_is_the_baseline_and_any_change_is_one_request(tmp_pat
     assert CheckpointRequests(None, 0).contribution() == 0.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_a_request_checkpoints_between_intervals_on_every_rank(tmp_path: Path) -> None:
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
@@ -50,7 +44,7 @@ def test_a_request_checkpoints_between_intervals_on_every_rank(tmp_path: Path) -
         checkpoint_dir=str(root),
         timeout_seconds=10.0,
     )
-    launch = LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{free_port()}", root)
+    launch = LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port_range_base(1)}", root)
     supervisor = Supervisor(tmp_path / "work")
     keys = [TrainerKey("job-1", 1, rank) for rank in range(2)]
     try:

@@ -52,7 +52,7 @@ class Run:
     """Four trainer processes of one generation, the first hosting the store."""
 
     def __init__(self, tmp: Path, env: dict[str, str] | None = None, peer_timeout_seconds: float = 5.0) -> None:
-        from spotmorph.local.processes import free_port
+        from spotmorph.local.processes import port_range_base
 
         self.root = tmp / "ckpt"
         self.dir = GenerationDir(tmp / "job" / "gen-1")
@@ -72,7 +72,7 @@ class Run:
         self.dir.job_file.write_text(job.model_dump_json())
         self.layout = layout()
         self.dir.layout_file.write_text(json.dumps(self.layout.to_dict()))
-        port = free_port()
+        port = port_range_base(1)  # below the ephemeral range: no outgoing connection takes it
         self.procs = []
         for rank in range(4):
             arguments = TrainerArguments.in_generation_dir(
