@@ -30,6 +30,7 @@ class Context:
     imds_url: str = ""
     agent_token_file: str = ""
     slots: int = 1
+    gpus_per_node: int = 0  # a local cluster's GPUs of this host per VM (0: CPU slots)
 
     def token(self) -> str:
         try:

@@ -1,12 +1,13 @@
 """``spotmorph local``: an embedded cluster on this machine (controller, agents, an IMDS "platform").
 
 ``up`` starts a controller on loopback with generated tokens, a local Scheduled Events service and
-N agent processes with K CPU slots each, and writes the client context so that plain ``spotmorph
-jobs`` talks to it. ``preempt`` announces an eviction through the same IMDS protocol Azure uses;
-when its ``NotBefore`` passes (or the agent acknowledges it) the platform kills the "VM". ``kill``
-ends a VM without notice; ``replay`` drives adds and evictions from a trace; ``down`` stops
-everything and removes the cluster's files. With ``up --netns`` every VM is a network namespace, and
-``partition``, ``heal`` and ``netem`` break and slow its links. The work is done in :mod:`spotmorph.local`.
+N agent processes with K slots each (CPU slots, or GPUs of this host with ``--gpus-per-node``), and
+writes the client context so that plain ``spotmorph jobs`` talks to it. ``preempt`` announces an
+eviction through the same IMDS protocol Azure uses; when its ``NotBefore`` passes (or the agent
+acknowledges it) the platform kills the "VM". ``kill`` ends a VM without notice; ``replay`` drives adds
+and evictions from a trace; ``down`` stops everything and removes the cluster's files. With ``up
+--netns`` every VM is a network namespace, and ``partition``, ``heal`` and ``netem`` break and slow its
+links. The work is done in :mod:`spotmorph.local`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="local_command", metavar="ACTION", required=True)
     up = sub.add_parser("up", help="start a local cluster")
     up.add_argument("--nodes", type=int, default=2, help="agent processes (default 2)")
-    up.add_argument("--slots", type=int, default=2, help="CPU slots per node (default 2)")
+    up.add_argument("--slots", type=int, help="slots per node (default 2 CPU slots, or --gpus-per-node)")
+    up.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=0,
+        metavar="K",
+        help="give each node K GPUs of this host for its own (one slot per GPU); default 0: CPU slots",
+    )
     up.add_argument("--heartbeat-expiry", type=float, default=6.0, help="seconds before a silent node is LOST")
     up.add_argument("--debounce", type=float, default=3.0, help="seconds to wait after arrivals before growing")
     up.add_argument(
@@ -69,13 +77,15 @@ def run(args: argparse.Namespace) -> int:
     if action == "platform":
         return platform.serve(args.cluster_dir, args.port, args.host)
     if action == "up":
+        slots = args.slots if args.slots is not None else (args.gpus_per_node if args.gpus_per_node > 0 else 2)
         options = cluster.UpOptions(
-            args.nodes, args.slots, args.heartbeat_expiry, args.debounce, args.netns, args.subnet
+            args.nodes, slots, args.heartbeat_expiry, args.debounce, args.netns, args.subnet, args.gpus_per_node
         )
         context, names = cluster.up(options)
         nodes = ", ".join(names) or "none"
         where = " in network namespaces" if options.netns else ""
-        print(f"local cluster up: controller {context.controller}, nodes {nodes}{where} ({options.slots} slots each)")
+        each = f"{options.slots} slots" + (f", {options.gpus_per_node} GPU(s)" if options.gpus_per_node else "")
+        print(f"local cluster up: controller {context.controller}, nodes {nodes}{where} ({each} each)")
         print(f"files in {context.cluster_dir}; try `spotmorph nodes`, `spotmorph submit examples/tiny_gpt.yaml`")
         return 0
     if action == "down":

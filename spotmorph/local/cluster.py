@@ -13,6 +13,7 @@ crash too (from the cluster's record and by its name prefix).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Mapping
@@ -21,12 +22,14 @@ from pathlib import Path
 
 from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
 from morphing.errors import UserInputError
-from spotmorph.local import netns, platform
+from spotmorph.local import gpu_share, netns, platform
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.netns import leftovers
 from spotmorph.local.network import prefix_of
 from spotmorph.local.processes import alive, free_port, port_range_base, read_pid, spawn, terminate, wait_for
 from spotmorph.local.provider import LocalProcessProvider, LocalVm, kill_vm
+from worker_agent.agent import gpu_probe
+from worker_agent.agent.gpus import describe
 
 # A local morph is a process restart (bench/morph_bench.py measures it), not a VM boot.
 MORPH_COST_SECONDS = 8.0
@@ -40,10 +43,18 @@ class UpOptions:
     debounce: float = 3.0  # seconds to wait after arrivals before growing
     netns: bool = False  # every VM a network namespace on a bridge
     subnet: str | None = None  # the --netns cluster's /24 (None: a free one of 10.77.0.0/16)
+    gpus_per_node: int = 0  # GPUs of this host each VM gets for its own (0: CPU slots)
 
     def check(self) -> None:
         if self.nodes < 0 or self.slots < 1:
             raise UserInputError("--nodes must be >= 0 and --slots >= 1")
+        if self.gpus_per_node < 0:
+            raise UserInputError(f"--gpus-per-node {self.gpus_per_node}: give 0 (CPU slots) or more")
+        if self.gpus_per_node and self.slots > self.gpus_per_node:
+            raise UserInputError(
+                f"--slots {self.slots} with --gpus-per-node {self.gpus_per_node}: each slot trains on a GPU of "
+                f"its own (NCCL cannot put two ranks on one GPU); use --slots {self.gpus_per_node} or fewer"
+            )
 
 
 def require_context(home: Path | None = None) -> Context:
@@ -62,6 +73,7 @@ def provider_of(context: Context) -> LocalProcessProvider:
         Path(context.agent_token_file),
         context.slots,
         context.imds_url,
+        gpus_per_node=context.gpus_per_node,
     )
 
 
@@ -85,6 +97,7 @@ def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[s
 def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]]:
     """Start a cluster in ``home/local`` (default ``$SPOTMORPH_HOME``); returns its context and node names."""
     options.check()
+    host_gpus = _enough_gpus(options)
     home = home or spotmorph_home()
     cluster = ClusterDir.of_home(home)
     if options.netns:
@@ -95,6 +108,8 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
     netns.teardown(cluster)  # the namespaces and links a crashed --netns cluster of this home left behind
     shutil.rmtree(cluster.root, ignore_errors=True)
     cluster.state.mkdir(parents=True)
+    if options.gpus_per_node:
+        gpu_share.record(cluster.gpus, host_gpus)
     host = platform_host = "127.0.0.1"
     if options.netns:
         plan = netns.make_network(cluster, options.subnet)
@@ -124,6 +139,7 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
         imds_url=f"http://{platform_host}:{imds_port}",
         agent_token_file=str(cluster.agent_token),
         slots=options.slots,
+        gpus_per_node=options.gpus_per_node,
     )
     write_context(context, home)
     provider = provider_of(context)
@@ -135,6 +151,23 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
         log=cluster.controller_log,
     )
     return context, [v.node_name or "?" for v in provider.vms()]
+
+
+def _enough_gpus(options: UpOptions) -> tuple[int, ...]:
+    """The host's GPU indices when ``--gpus-per-node`` asks for GPUs (probed as an agent probes them); a
+    :class:`UserInputError` before anything starts when there are fewer than the nodes need."""
+    if not options.gpus_per_node:
+        return ()
+    found, _source = gpu_probe.discover(sys.executable, os.environ)
+    need = options.nodes * options.gpus_per_node
+    if len(found) < max(need, options.gpus_per_node):
+        raise UserInputError(
+            f"--gpus-per-node {options.gpus_per_node} for {options.nodes} node(s) needs "
+            f"{max(need, options.gpus_per_node)} GPU(s) of this host, and it has {len(found)} "
+            f"({describe(found) if found else 'no NVIDIA GPU found'}); use fewer nodes, a smaller "
+            "--gpus-per-node, or leave it out for CPU slots"
+        )
+    return tuple(g.index for g in found)
 
 
 def _controller_alive(cluster: ClusterDir) -> bool:

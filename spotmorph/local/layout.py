@@ -7,6 +7,7 @@
       controller.pid    controller.log                   platform.pid     platform.log
       network.json      a --netns cluster's subnet and name prefix
       network-made.jsonl  its namespaces and links, each recorded before it was made
+      gpus.json         the host's GPU indices, recorded by `up --gpus-per-node` (shared out per VM)
       state/            the controller's --state-dir: SQLite store, operator.token, agent.token
       vms/vm-N/         one "VM": the agent's --work-dir (agent.pid, node-name, trainers/, see
                         worker_agent.contract.AgentWorkDir), its command line agent.json and agent.log
@@ -143,6 +144,11 @@ class ClusterDir:
     def network_made(self) -> Path:
         """Every namespace and link of a ``--netns`` cluster, recorded before it was made (JSON lines)."""
         return self.root / "network-made.jsonl"
+
+    @property
+    def gpus(self) -> Path:
+        """The host's GPU indices as ``local up --gpus-per-node`` found them (:mod:`spotmorph.local.gpu_share`)."""
+        return self.root / "gpus.json"
 
     @property
     def vms(self) -> Path:

@@ -1,4 +1,4 @@
-"""The local provider: every "VM" is a ``spotmorph agent`` process with K CPU slots on this machine.
+"""The local provider: every "VM" is a ``spotmorph agent`` process with K slots on this machine.
 
 It is the embedded default for trying spotmorph without a cloud. An instance lives in
 ``cluster_dir/vms/vm-<serial>/`` (:class:`~spotmorph.local.layout.VmDir`): the agent's work directory,
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from controller.core.events import EventKind
 from controller.providers.base import ProviderPort, SilentPort, instances_for
-from spotmorph.local import netns
+from spotmorph.local import gpu_share, netns
 from spotmorph.local.layout import ClusterDir, VmDir
 from spotmorph.local.processes import alive, reap, session_members, spawn
 
@@ -58,6 +58,7 @@ class LocalProcessProvider:
         *,
         max_nodes: int = 0,
         port: ProviderPort | None = None,
+        gpus_per_node: int = 0,
     ) -> None:
         self.cluster_dir = cluster_dir
         self.files = ClusterDir(cluster_dir)
@@ -68,6 +69,7 @@ class LocalProcessProvider:
         self.command = tuple(command)
         self.max_nodes = max_nodes  # request_capacity starts agents up to this many alive VMs (0: never)
         self.port: ProviderPort = port or SilentPort()
+        self.gpus_per_node = gpus_per_node  # each VM's own GPUs of this host (0: CPU slots)
 
     def vms(self) -> list[LocalVm]:
         return [LocalVm(vm.path) for vm in self.files.vm_dirs()]
@@ -108,8 +110,12 @@ class LocalProcessProvider:
         self.files.vms.mkdir(parents=True, exist_ok=True)
         serial = max((vm.serial for vm in self.files.vm_dirs()), default=0)
         plan = netns.load_plan(self.files)
+        inventory = gpu_share.recorded(self.files.gpus) if self.gpus_per_node else ()
+        held = [i for vm in self.vms() if vm.alive() for i in gpu_share.held_by(vm.command())] if inventory else []
         started = []
         for _ in range(count):
+            gpus = gpu_share.allocate(inventory, held, self.gpus_per_node) if self.gpus_per_node else ()
+            held += gpus
             serial += 1
             vm = LocalVm(self.files.vm(serial).path)
             where: list[str] = []
@@ -127,8 +133,8 @@ class LocalProcessProvider:
                 str(self.agent_token_file),
                 "--slots",
                 str(self.slots),
-                "--gpus",  # CPU slots: the local cluster's VMs share one host, and NCCL one GPU per rank
-                "none",
+                gpu_share.GPUS_FLAG,  # GPUs of its own (NCCL: one GPU per rank), or CPU slots
+                gpu_share.flag_value(gpus),
                 "--work-dir",
                 str(vm.path),
                 "--instance-id",
