@@ -174,18 +174,25 @@ def test_a_writer_killed_during_the_salvage_leaves_no_checkpoint(tmp_path: Path)
 
 
 def test_an_agents_abort_order_makes_ranks_blocked_on_a_frozen_peer_hold_at_once(tmp_path: Path) -> None:
-    """The peer timeout is 10 minutes, so within the wait below only the agent's order can fail the collectives."""
-    run = Run(tmp_path, peer_timeout_seconds=600.0)
+    """Long before the peer timeout, only the agent's order can fail the collectives of ranks blocked on a
+    frozen peer. A rank whose gloo send or receive was posted after the cut may miss it and hold only at the
+    peer timeout (docs/DESIGN.md, "An unplanned loss"); every survivor holds by then."""
+    peer_timeout = 45.0
+    run = Run(tmp_path, peer_timeout_seconds=peer_timeout)
     try:
         wait_for(lambda: all(len(run.events(r, StepCompleted)) >= 3 for r in range(4)), 120, "four ranks at step 3")
         os.kill(run.procs[3].pid, signal.SIGSTOP)  # frozen: its sockets stay open, so nobody sees it go
         survivors = (0, 1, 2)
         run.dir.control.request_abort()
-        wait_for(lambda: all(run.events(r, CollectiveFailed) for r in survivors), 60, "survivors to hold")
-        failures = {r: run.events(r, CollectiveFailed)[0] for r in survivors}
-        assert len({f.step for f in failures.values()}) == 1, (failures, run.logs())
+        wait_for(lambda: any(run.events(r, CollectiveFailed) for r in survivors), 20, "a survivor to hold")
+        on_order = [f for r in survivors for f in run.events(r, CollectiveFailed)]
         # The first to read the order severs its connections, which fails the others' collectives too.
-        assert any("agent's order" in f.error for f in failures.values()), failures
+        assert any("agent's order" in f.error for f in on_order), (on_order, run.logs())
+        wait_for(lambda: all(run.events(r, CollectiveFailed) for r in survivors), peer_timeout + 60, "every hold")
+        held = [run.events(r, CollectiveFailed)[0].step for r in survivors]
+        # As when a peer is killed: a replica whose last collective of a step went through for it holds that
+        # step, one more than a replica whose part of it failed (the salvage picks writers that hold the newest).
+        assert max(held) - min(held) <= 1, (held, run.logs())
     finally:
         os.kill(run.procs[3].pid, signal.SIGCONT)
         run.stop()
