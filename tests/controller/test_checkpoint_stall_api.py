@@ -17,8 +17,8 @@ from controller.client.commands.common import job_dict
 from morphing.validation import MAX_STALL_SECONDS
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
-from tests.controller.test_eval_and_pause_api import event_data, job_of, status
-from tests.controller.test_hostile_edge import INVALID, refusal, running_job, wait_for
+from tests.controller.test_eval_and_pause_api import assert_refused_and_nothing_changed, event_data, job_of, status
+from tests.controller.test_hostile_edge import running_job, wait_for
 from tests.controller.test_metrics import parse
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.agent.progress import Progress, TrainerReport, absorb
@@ -73,13 +73,7 @@ HOSTILE = [
 def test_hostile_stalls_are_refused_naming_the_field_and_change_nothing(
     live: Live, fields: dict[str, Any], named: str
 ) -> None:
-    node, job_id, generation = running_job(live, steps=100)
-    code, detail = refusal(lambda: node.beat(status(job_id, generation, **fields)))
-    assert code == INVALID and f"trainers[0].{named}" in detail, detail
-    job = job_of(live, job_id)
-    assert not job.HasField("checkpoint_stall_seconds") and job.step == 0
-    node.beat(status(job_id, generation))  # the node is still heard
-    wait_for(lambda: job_of(live, job_id).step == 10, "the good report to count")
+    assert_refused_and_nothing_changed(live, fields, named, unset="checkpoint_stall_seconds")
 
 
 def test_a_stall_reaches_status_metrics_and_the_event_log(live: Live) -> None:

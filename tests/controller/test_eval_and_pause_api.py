@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -73,17 +73,25 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize(("fields", "named"), HOSTILE)
-def test_hostile_evaluations_and_step_times_are_refused_and_change_nothing(
-    live: Live, fields: dict[str, Any], named: str
+def assert_refused_and_nothing_changed(
+    live: Live, fields: dict[str, Any], named: str, unset: Literal["eval_loss", "checkpoint_stall_seconds"]
 ) -> None:
+    """A heartbeat whose trainer status carries ``fields`` is INVALID_ARGUMENT naming ``named``; the job's
+    ``unset`` field and its step stay as they were, and the node's next good heartbeat still counts."""
     node, job_id, generation = running_job(live, steps=100)
     code, detail = refusal(lambda: node.beat(status(job_id, generation, **fields)))
     assert code == INVALID and f"trainers[0].{named}" in detail, detail
     job = job_of(live, job_id)
-    assert not job.HasField("eval_loss") and job.step == 0
+    assert not job.HasField(unset) and job.step == 0
     node.beat(status(job_id, generation))  # the node is still heard
     wait_for(lambda: job_of(live, job_id).step == 10, "the good report to count")
+
+
+@pytest.mark.parametrize(("fields", "named"), HOSTILE)
+def test_hostile_evaluations_and_step_times_are_refused_and_change_nothing(
+    live: Live, fields: dict[str, Any], named: str
+) -> None:
+    assert_refused_and_nothing_changed(live, fields, named, unset="eval_loss")
 
 
 def test_an_evaluation_reaches_status_metrics_and_the_event_log(live: Live) -> None:
