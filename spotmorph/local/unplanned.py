@@ -5,9 +5,7 @@ the controller's event log says about the salvage (docs/DESIGN.md, "An unplanned
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -15,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from spotmorph.local.harness import ROOT, LocalCluster
+from spotmorph.local.provider import kill_vm
 
 DEMO_PROFILE = ROOT / "examples" / "profiles" / "tiny_gpt.json"
 # The demo model's six layers do not fit on one VM with this much memory: a pipeline of two or more.
@@ -63,11 +62,7 @@ def kill_nodes(cluster: LocalCluster, nodes: Sequence[str]) -> float:
     reacting to the loss of another before its own kill."""
     at = time.time()
     for node in nodes:
-        vm = cluster.vm_of(node)
-        for pid in [vm.pid or 0, *vm.session_pids()]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if pid > 0:
-                    os.kill(pid, signal.SIGSTOP)
+        kill_vm(cluster.vm_of(node), signal.SIGSTOP)
     for node in nodes:
         cluster.kill(node)
     return at
