@@ -22,6 +22,9 @@ MAX_PATH_LENGTH = 4096
 MAX_HOSTNAME_LENGTH = 253
 LATEST_TIME = 1e11  # unix seconds in the year 5138: later is not a time a VM will be evicted at
 MAX_STALL_SECONDS = 7 * 86400.0  # a checkpoint that paused training longer (a week) is a broken report
+# A loss larger in magnitude is a broken report or a user's mis-scaled loss, not a diverged model (that is
+# inf or NaN). The controller refuses it, the agent never sends it, the trainer fails the job with it.
+MAX_LOSS = 1e30
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -143,9 +146,19 @@ def is_stall(seconds: float) -> bool:
     return math.isfinite(seconds) and 0 <= seconds <= MAX_STALL_SECONDS
 
 
+def is_loss(value: float) -> bool:
+    """A loss the controller accepts (the agent sends no other): finite, within +-:data:`MAX_LOSS`."""
+    return math.isfinite(value) and abs(value) <= MAX_LOSS
+
+
+def is_time(value: float) -> bool:
+    """Unix seconds the controller accepts (the agent sends no other): 0 up to :data:`LATEST_TIME`."""
+    return math.isfinite(value) and 0 <= value <= LATEST_TIME
+
+
 def check_time(field: str, value: float) -> float:
     """Unix seconds: finite, not negative, not beyond :data:`LATEST_TIME`."""
-    if not math.isfinite(value) or not 0 <= value <= LATEST_TIME:
+    if not is_time(value):
         raise InvalidField(field, f"{value!r} is not a time; give unix seconds (0..{LATEST_TIME:.0e})")
     return value
 

@@ -17,6 +17,7 @@ from controller.core.intake import Full, Stale
 from controller.core.model import JobRecord, RankReport
 from controller.shell.views import StateView
 from morphing.validation import (
+    MAX_LOSS,
     MAX_PATH_LENGTH,
     MAX_STALL_SECONDS,
     InvalidField,
@@ -37,7 +38,6 @@ MAX_SLOTS = 1024
 MAX_ERROR_CHARACTERS = 2000  # a trainer's error (its message or its log's tail) is cut to this
 MAX_INSTANCE_ID = 256
 MAX_JOB_ID = 128
-MAX_LOSS = 1e30  # a loss larger in magnitude is a broken report, not a diverged model (that is inf or NaN)
 
 
 def known_job(view: StateView, field: str, job_id: str) -> JobRecord:
@@ -74,11 +74,14 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
     evaluation(field, status)
     checkpoint_stall(field, status)
     step_times(field, status)
-    if status.HasField("held_step") and not status.last_step <= status.held_step <= status.last_step + 1:
-        raise InvalidField(
-            f"{field}.held_step",
-            f"a rank holds its last completed step: {status.last_step} or the one in flight, not {status.held_step}",
-        )
+    if status.HasField("held_step"):
+        if not status.last_step <= status.held_step <= status.last_step + 1:
+            raise InvalidField(
+                f"{field}.held_step",
+                f"a rank holds its last completed step, {status.last_step}, or the one in flight, "
+                f"not {status.held_step}",
+            )
+        check_step(f"{field}.held_step", status.held_step, job.spec.steps)
     return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS))
 
 

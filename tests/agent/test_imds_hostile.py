@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from worker_agent.agent.daemon import Agent, AgentConfig
+from worker_agent.agent.decisions import EvictionNotice
 from worker_agent.scheduled_events import (
     EvictionNoticed,
     EvictionPoller,
@@ -66,6 +67,8 @@ class HostileIMDS:
         self.answers = list(answers)
         self.served = 0
         self.sent = 0
+        self.posts = 0  # acknowledgements received
+        self.stall_posts = False  # never answer an acknowledgement (until stopped)
         self.closing = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
@@ -90,6 +93,14 @@ class HostileIMDS:
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         return
+
+    def do_POST(self) -> None:
+        imds: HostileIMDS = self.server.imds  # type: ignore[attr-defined]
+        imds.posts += 1
+        if imds.stall_posts:
+            imds.closing.wait(30)
+            return
+        self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
 
     def do_GET(self) -> None:
         imds: HostileIMDS = self.server.imds  # type: ignore[attr-defined]
@@ -267,3 +278,27 @@ def test_the_agent_outlives_a_bad_document_and_clears_a_withdrawn_notice(
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=20))
     assert [type(r).__name__ for r in reported] == ["EvictionNotice"]
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_an_acknowledgement_never_holds_the_agents_loop(imds: HostileIMDS, tmp_path: Path, answers: bool) -> None:
+    """Before: the POST ran on the event loop, which a service that never answered held 2 s of every 3."""
+    imds.stall_posts = not answers
+    agent = Agent(AgentConfig("127.0.0.1:9", "token", tmp_path, imds_url=imds.base_url, vm_name=VM))
+    agent.state.notice = EvictionNotice("E1", time.time() + 30)
+
+    async def scenario() -> None:
+        agent._acknowledge_notice_if_done([])  # no trainer left: the platform may evict now
+        in_flight = agent._acknowledging
+        assert in_flight is not None and not in_flight.done(), "the loop goes on while the POST is out"
+        agent._acknowledge_notice_if_done([])  # the next beat sends no second one while it is
+        await _until(lambda: imds.posts >= 1)
+        if answers:
+            await in_flight
+            assert agent.state.notice is not None and agent.state.notice.acknowledged
+        else:
+            assert not in_flight.done() and agent.state.notice is not None and not agent.state.notice.acknowledged
+            in_flight.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    assert imds.posts == 1

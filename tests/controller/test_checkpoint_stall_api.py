@@ -22,6 +22,7 @@ from tests.controller.test_hostile_edge import running_job, wait_for
 from tests.controller.test_metrics import parse
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.agent.progress import Progress, TrainerReport, absorb
+from worker_agent.agent.refusals import fit
 from worker_agent.agent.wire import trainer_status_to_pb
 from worker_agent.contract import CheckpointWritten, ProgressRecord, StepCompleted, progress_line, read_progress
 
@@ -52,7 +53,8 @@ def test_the_agent_reads_the_stall_from_the_progress_file_and_carries_it_into_a_
     bare = wire.rank_from_pb(trainer_status_to_pb(TrainerReport(report.status, pid=7)), "")
     assert (bare.stall_step, bare.stall_seconds) == (0, None)
     for broken in (math.nan, -1.0, math.inf, MAX_STALL_SECONDS * 2):  # never a value the controller refuses
-        sent = trainer_status_to_pb(TrainerReport(report.status, pid=7, step=5, stall_step=4, stall_seconds=broken))
+        measured = TrainerReport(report.status, pid=7, step=5, stall_step=4, stall_seconds=broken)
+        sent = trainer_status_to_pb(fit(measured)[0])  # the agent fits every report to the bounds before sending
         assert not sent.HasField("checkpoint_stall_seconds") and sent.checkpoint_stall_step == 0
 
 

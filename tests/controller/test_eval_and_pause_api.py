@@ -22,6 +22,7 @@ from tests.controller.test_hostile_edge import INVALID, Node, refusal, running_j
 from tests.controller.test_metrics import parse
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.agent.progress import TrainerReport
+from worker_agent.agent.refusals import fit
 from worker_agent.agent.wire import trainer_status_to_pb
 
 
@@ -54,7 +55,8 @@ def test_the_agent_wire_carries_evaluation_and_step_times_into_a_rank_report() -
     assert (rank.first_step_at, rank.last_step_at) == (1_700_000_001.25, 1_700_000_009.5)
     bare = wire.rank_from_pb(trainer_status_to_pb(TrainerReport(report.status, pid=7)), "")
     assert (bare.eval_step, bare.eval_loss, bare.first_step_at, bare.last_step_at) == (0, None, None, None)
-    diverged = trainer_status_to_pb(TrainerReport(report.status, pid=7, step=12, eval_step=10, eval_loss=math.nan))
+    measured = TrainerReport(report.status, pid=7, step=12, eval_step=10, eval_loss=math.nan)
+    diverged = trainer_status_to_pb(fit(measured)[0])  # the agent fits every report to the bounds before sending
     assert not diverged.HasField("eval_loss") and diverged.eval_step == 0  # never a value the controller refuses
 
 
@@ -151,3 +153,10 @@ def test_a_morphs_pause_reaches_status_metrics_and_the_event_log(live: Live) -> 
     [resumed] = event_data(live, "TrainingResumed")
     assert resumed["generation"] == assignment.generation and resumed["pause_seconds"] == 4.75
     assert resumed["decision_seconds"] == morph["seconds"]
+
+
+def test_a_held_step_past_the_jobs_last_is_refused(live: Live) -> None:
+    """Before: accepted, and a salvage was ordered for step 101 of a 100-step job."""
+    node, job_id, generation = running_job(live, steps=100)
+    code, detail = refusal(lambda: node.beat(status(job_id, generation, last_step=100, held_step=101)))
+    assert code == INVALID and "trainers[0].held_step" in detail and "last step 100" in detail, detail

@@ -26,3 +26,28 @@ def test_a_trainer_that_refuses_the_jobs_input_fails_the_job_at_once(cluster: Lo
     shown = cluster.cli("status", job).stdout
     assert f"user_error: {NO_EVAL}" in shown, shown
     assert "TrainerStartFailed" not in cluster.event_log(), "no node is blamed for the job's own mistake"
+
+
+SCALED_LOSS = Path(__file__).parent / "scaled_loss.py"
+
+
+def test_an_absurd_eval_loss_fails_the_job_as_the_users_error_and_no_node_is_lost(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Before: the controller refused the heartbeat carrying the loss, the agent exited, its node went LOST and
+    each fresh node that took the job died the same way; the job never failed."""
+    cluster.up(nodes=2, slots=1)
+    job = cluster.submit(
+        entrypoint=f"{SCALED_LOSS}:build",
+        steps=12,
+        eval_interval=4,
+        dtype="float64",
+        checkpoint_interval=0,
+        checkpoint_dir=tmp_path / "ckpt",
+    )
+    final = cluster.wait_state(job, {"SUCCEEDED", "FAILED", "CANCELLED"}, 180)
+    assert final["state"] == "FAILED" and final["failure_cause"] == "user_error", final
+    assert "eval_loss" in final["reason"] and "beyond +-1e+30" in final["reason"], final["reason"]
+    assert final["restarts"] == 0, final
+    assert {n["state"] for n in cluster.nodes()} <= {"READY", "ASSIGNED"}, cluster.nodes()
+    assert all(vm.alive() for vm in cluster.vms()), "every agent outlives the job's mistake"

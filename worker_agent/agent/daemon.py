@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from morphing.errors import UserInputError
-from worker_agent.agent import decisions
+from worker_agent.agent import decisions, refusals
 from worker_agent.agent.converge import (
     AbortCollectives,
     Assignment,
@@ -37,6 +37,7 @@ from worker_agent.agent.converge import (
     RequestSalvage,
     RequestStop,
     StartTrainer,
+    TrainerKey,
     accept,
     converge,
 )
@@ -46,6 +47,7 @@ from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor, kill_leftovers
 from worker_agent.agent.transport import (
     CallFailed,
+    CallRefused,
     ControllerLink,
     ControllerUnreachable,
     Endpoint,
@@ -103,6 +105,8 @@ class AgentState:
     pushed: Pushed = field(default_factory=Pushed)
     notice: EvictionNotice | None = None
     last_contact: float = 0.0  # time.monotonic() of the controller's last answer
+    withheld: refusals.Withheld = field(default_factory=refusals.Withheld)  # measurements the controller refused
+    adjusted: set[tuple[TrainerKey, refusals.Measurement]] = field(default_factory=set)  # logged, each once
 
 
 class Agent:
@@ -119,6 +123,7 @@ class Agent:
         self.state = AgentState(Registration(config.name, 0, "", 1.0, 10.0))
         self._wake = asyncio.Event()
         self._stopping = False
+        self._acknowledging: asyncio.Task[None] | None = None  # the eviction acknowledgement in flight
 
     async def run(self) -> int:
         self.config.work_dir.mkdir(parents=True, exist_ok=True)
@@ -138,8 +143,9 @@ class Agent:
                 self._wake.clear()
                 await self._pause()
         finally:
-            if watcher:
-                watcher.cancel()
+            for task in (watcher, self._acknowledging):
+                if task is not None:
+                    task.cancel()
             self.supervisor.kill_all()
             await self.link.close()
         return 0
@@ -184,14 +190,29 @@ class Agent:
         log.info("registered as %s incarnation %d", node.node_name, node.incarnation)
         remembered.write_text(node.node_name)
 
+    def _reports(self) -> list[TrainerReport]:
+        """The trainers' reports as they may be sent (:mod:`~worker_agent.agent.refusals`); each change logged once."""
+        reports, adjustments = refusals.prepare(self.supervisor.reports(), self.state.withheld)
+        for adjustment in adjustments:
+            if (adjustment.key, adjustment.measurement) not in self.state.adjusted:
+                self.state.adjusted.add((adjustment.key, adjustment.measurement))
+                log.warning("report adjusted to the controller's bounds: %s", adjustment)
+        return reports
+
     async def _beat(self) -> None:
-        reports = self.supervisor.reports()
+        reports = self._reports()
         await self._push_urgent(reports)
         self._acknowledge_notice_if_done(reports)
         try:
             reply = await self.link.heartbeat(self.state.node, reports, self.state.notice)
         except UserInputError as exc:
             log.error("the controller's assignment is unusable: %s", exc)
+            return
+        except CallRefused as exc:
+            # Never an exit: the next node to take this job would be refused the same (a crash loop).
+            self.state.withheld, line = refusals.after_refusal(exc.detail, reports, self.state.withheld)
+            log.error("heartbeat refused (%s): %s", exc.code, line)
+            self._stop_trainers_if_lease_lapsed()
             return
         except ControllerUnreachable as exc:
             log.warning("heartbeat failed (%s); trainers keep running", exc)
@@ -303,12 +324,19 @@ class Agent:
             return
         if not decisions.may_acknowledge(notice, reports, self.state.desired):
             return
+        if self._acknowledging is not None and not self._acknowledging.done():
+            return  # one acknowledgement in flight at a time; the loop never waits on the metadata service
+        self._acknowledging = asyncio.create_task(self._acknowledge(self.config.imds_url, notice))
+
+    async def _acknowledge(self, imds_url: str, notice: EvictionNotice) -> None:
         try:
-            ScheduledEventsClient(self.config.imds_url).acknowledge(notice.event_id)
-            self.state.notice = replace(notice, acknowledged=True)
-            log.info("acknowledged eviction %s: this node's trainers are stopped", notice.event_id)
+            await asyncio.to_thread(ScheduledEventsClient(imds_url).acknowledge, notice.event_id)
         except ScheduledEventsError as exc:
             log.warning("could not acknowledge eviction: %s", exc)
+            return
+        if self.state.notice is not None and self.state.notice.event_id == notice.event_id:
+            self.state.notice = replace(self.state.notice, acknowledged=True)
+        log.info("acknowledged eviction %s: this node's trainers are stopped", notice.event_id)
 
     async def _watch_evictions(self) -> None:
         assert self.config.imds_url is not None

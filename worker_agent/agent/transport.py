@@ -60,7 +60,12 @@ class RegisterAgain(CallFailed):
 
 
 class CallRefused(CallFailed):
-    """The controller refused the call for a reason retrying cannot fix (a bug on one side)."""
+    """The controller refused the call for a reason retrying cannot fix: ``detail`` is its word on what."""
+
+    def __init__(self, method: str, code: str, detail: str) -> None:
+        super().__init__(f"{method}: {code}: {detail}")
+        self.code = code
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,7 @@ class ControllerLink:
                 raise ControllerUnreachable(exc.code().name) from exc
             if failure is Failure.REGISTER_AGAIN:
                 raise RegisterAgain(exc.details() or exc.code().name) from exc
-            raise CallRefused(f"{method}: {exc.code().name}: {exc.details()}") from exc
+            raise CallRefused(method, exc.code().name, exc.details() or "") from exc
 
     async def register(
         self, offer: NodeOffer, agent_token: str, stopping: Callable[[], bool], max_backoff: float

@@ -7,13 +7,11 @@ The job spec crosses unchanged: an optional field the controller left unset take
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec, parse_job_spec
-from morphing.validation import is_stall
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
@@ -142,7 +140,7 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
     )
     if report.status.exit_code is not None:
         status.exit_code = report.status.exit_code
-    if report.eval_loss is not None and math.isfinite(report.eval_loss):  # a diverged one stays in the logs
+    if report.eval_loss is not None:  # within the controller's bounds: refusals.fit saw to that
         status.eval_step, status.eval_loss = report.eval_step, report.eval_loss
     if report.first_step_at is not None:
         status.first_step_at = report.first_step_at
@@ -152,7 +150,7 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
         status.held_step = report.held.step
     status.refusal = refusal_to_pb(report)
     stall = report.stall_seconds
-    if stall is not None and is_stall(stall):  # never a refused beat
+    if stall is not None:
         status.checkpoint_stall_step, status.checkpoint_stall_seconds = report.stall_step, stall
     return status
 

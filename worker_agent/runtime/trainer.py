@@ -10,6 +10,7 @@ trainer of generation g never meets one of g+1. The job's device is resolved bef
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from typing import Any
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout
+from morphing.validation import MAX_LOSS, is_loss
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointSkipped,
@@ -227,6 +229,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                 started = time.perf_counter()
                 eval_loss = runner.evaluate(step)
                 seconds = time.perf_counter() - started
+                check_eval_loss(eval_loss, step)
                 progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
                 timeouts.settle()
             finishing = stopping or step >= job.steps
@@ -297,6 +300,16 @@ def check_eval(spec: Any, eval_interval: int) -> None:
     if signature(data[0]) != signature(spec.dataset[0]):
         raise UserInputError(
             f"eval_dataset items ({signature(data[0])}) differ from the training items ({signature(spec.dataset[0])})"
+        )
+
+
+def check_eval_loss(eval_loss: float, step: int) -> None:
+    """A finite eval loss beyond +-``MAX_LOSS`` is the user's mis-scaled loss, not a diverged model (inf or NaN):
+    the job fails with a user error naming it, rather than every node reporting what no controller accepts."""
+    if math.isfinite(eval_loss) and not is_loss(eval_loss):
+        raise UserInputError(
+            f"eval_loss {eval_loss:.3g} after step {step} is beyond +-{MAX_LOSS:g}: the model's loss is scaled "
+            "wrongly; return each sample's mean loss (spotmorph averages over the batch)"
         )
 
 
