@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
+import pytest
+
 from controller.spec_wire import spec_to_pb
+from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from protos.spotmorph.v1 import controller_pb2 as pb
@@ -103,3 +107,15 @@ def test_reports_and_facts_become_requests() -> None:
     assert committed.checkpoint_committed.step == 40 and committed.node_name == "node-2"
     notice = report_to_pb(NODE, EvictionNotice("e", 99.0))
     assert notice.eviction.source == "azure-scheduled-events"
+
+
+@pytest.mark.parametrize("deadline", [math.nan, math.inf, -1.0, 1e300])
+def test_a_salvage_order_whose_deadline_is_no_time_is_unusable(deadline: float) -> None:
+    """Before: a NaN deadline reached the trainers, whose ``now > deadline`` never holds: no deadline at all."""
+    order = pb.Salvage(step=7, writers=[0, 1], deadline=deadline)
+    held = assignment(spec_to_pb(job()), action=pb.ACTION_HOLD, world_size=2, salvage=order)
+    with pytest.raises(UserInputError, match="salvage deadline"):
+        incoming_from_pb(held)
+    order = pb.Salvage(step=7, writers=[0, 1], deadline=5.0)
+    good = assignment(spec_to_pb(job()), action=pb.ACTION_HOLD, world_size=2, salvage=order)
+    assert incoming_from_pb(good).assignment.salvage is not None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec, parse_job_spec
+from morphing.validation import is_time
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
@@ -113,6 +114,8 @@ def salvage_from_pb(message: pb.Assignment) -> str:
     world = message.world_size
     if not order.writers or any(w >= world for w in order.writers) or len(set(order.writers)) != len(order.writers):
         raise UserInputError(f"salvage writers {list(order.writers)} are not distinct ranks of a world of {world}")
+    if not is_time(order.deadline):
+        raise UserInputError(f"salvage deadline {order.deadline!r} is not a time (unix seconds)")
     return SalvageOrder(order.step, tuple(order.writers), order.deadline).to_json()
 
 
