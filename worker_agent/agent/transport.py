@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from morphing.errors import UserInputError
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as pb_grpc
 from worker_agent.agent.decisions import (
@@ -61,6 +62,11 @@ class RegisterAgain(CallFailed):
 
 class CallRefused(CallFailed):
     """The controller refused the call for a reason retrying cannot fix (a bug on one side)."""
+
+
+class RegistrationRefused(CallRefused, UserInputError):
+    """The controller will not register this agent (a token it does not accept, a node name another VM
+    holds): the operator's to fix, so the agent exits 2 with the reason instead of retrying."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,8 @@ class ControllerLink:
                 log.warning("controller unreachable (%s); retrying in %.1fs", exc, backoff)
                 await self.sleep(backoff)
                 backoff = next_register_backoff(backoff, max_backoff)
+            except (RegisterAgain, CallRefused) as exc:
+                raise RegistrationRefused(f"the controller refused to register this agent: {exc}") from None
         return None
 
     async def heartbeat(
