@@ -15,6 +15,7 @@ import pytest
 
 from controller.api.auth import Principal, Role, Tokens
 from protos.spotmorph.v1 import controller_pb2 as pb
+from spotmorph.cli import main
 from spotmorph.local.processes import reap
 from spotmorph.local.provider import LocalProcessProvider, kill_vm
 from tests.controller.conftest import Live, running
@@ -128,3 +129,16 @@ def test_an_agent_without_a_valid_token_exits_2_saying_so(live: Live, tmp_path: 
     done = agent(live, tmp_path, token)
     assert done.returncode == 2 and "refused to register this agent" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_operator_issues_a_manual_nodes_token_on_the_controllers_machine(
+    live: Live, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["agent-token", "--state-dir", str(live.state_dir), "--instance-id", "rack-3"]) == 0
+    token = capsys.readouterr().out.strip()
+    request = pb.RegisterRequest(node_name="rack-3", slots=1, address="10.0.0.3")
+    assert live.agent(token).Register(request).incarnation == 1
+    assert main(["agent-token", "--state-dir", str(live.state_dir), "--instance-id", "a b"]) == 2
+    assert "instance id 'a b'" in capsys.readouterr().err
+    assert main(["agent-token", "--state-dir", str(live.state_dir / "nowhere"), "--instance-id", "x"]) == 2
+    assert "no node-secret there" in capsys.readouterr().err
