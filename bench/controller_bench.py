@@ -43,6 +43,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import ROOT, machine, spotmorph
+from controller.api.auth import issue_vm_token
 from controller.shell.latency import quantile
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
@@ -254,7 +255,7 @@ class Bench:
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(self.address))
         wait(lambda: _serving(health), "controller serving", 60)
-        token = (work / "state" / "agent.token").read_text().strip()
+        token = issue_vm_token(work / "state", "bench-generator")  # every simulated node on one VM's token
         self.reader = rpc.ClusterStub(self._channel((work / "state" / "reader.token").read_text().strip()))
         self.jobs = rpc.JobsStub(self._channel((work / "state" / "operator.token").read_text().strip()))
         context = multiprocessing.get_context("spawn")

@@ -35,6 +35,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("events", "controller.client.commands.events", "the controller's event log (--follow to keep watching)"),
     ("cancel", "controller.client.commands.cancel", "cancel a job"),
     ("timeline", "controller.client.commands.timeline", "one picture of a job over time (HTML or PNG)"),
+    ("agent-token", "controller.app.commands.agent_token", "the agent token of one VM (a node added by hand)"),
     ("certs", "controller.client.commands.certs", "make a CA and TLS certificates for a cluster (mutual TLS)"),
     ("azure", "controller.app.commands.azure", "Azure: check a config and the template offline, render cloud-init"),
 )

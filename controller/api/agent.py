@@ -3,8 +3,10 @@
 Every call of a node is fenced first (its token, its incarnation) and its fields checked
 (:mod:`controller.api.reports`: the jobs, generations, ranks and steps it reports); what it observed
 goes to the runner, and the reply is its assignment as the view sees it after that. A registration
-binds its name to the instance that made it (instance id or address, and the client certificate under
-mutual TLS): while that node is alive, only the same instance may register the name again.
+binds its name to the instance that made it: the instance its per-VM agent token was issued to (a
+request naming another is refused), plus the client certificate under mutual TLS. While that node is
+alive, only the same instance may register the name again (PERMISSION_DENIED for anyone else). With the
+shared agent token (where enabled) the instance id or address is only claimed, and bound as unverified.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class AgentService(rpc.AgentServicer):
         async with answered(context):
             reports.registration(request)
             gpus = wire.gpus_from_pb(request.gpus)
-            instance = intake.instance_of(request.instance_id, request.address, certificate_name(context))
+            instance = await self._instance(request, context)
 
             def decide(world: World, now: float) -> list[Command]:
                 node, commands = intake.register(
@@ -71,6 +73,22 @@ class AgentService(rpc.AgentServicer):
             heartbeat_interval_seconds=self.interval,
             heartbeat_expiry_seconds=self.view.heartbeat_expiry_seconds,
         )
+
+    async def _instance(self, request: pb.RegisterRequest, context: Context) -> str:
+        """Who registers: the instance its token proves, or (shared token) what it claims, unverified."""
+        principal = principal_of(context, self.tokens)
+        proven = principal.instance if principal is not None else None
+        certificate = certificate_name(context)
+        if proven is None:
+            return intake.instance_of(request.instance_id, request.address, certificate, proven=False)
+        if request.instance_id and request.instance_id != proven:
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"this agent token is instance {proven}'s; it may not register as instance_id "
+                f"{shown(request.instance_id)} (leave instance_id empty or give this VM its own token)",
+            )
+        return intake.instance_of(proven, request.address, certificate)
 
     async def _fence(self, name: str, incarnation: int, context: Context) -> None:
         principal: Principal | None = principal_of(context, self.tokens)

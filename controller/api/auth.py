@@ -4,13 +4,18 @@ Roles: ``operator`` (submit, cancel, and everything a reader may do), ``reader``
 ``agent`` (may only register a node) and ``node`` (the token Register hands out: heartbeats and
 reports as that node and incarnation only). Node tokens are an HMAC of the node's name and
 incarnation under a secret in the state directory, so they survive a controller restart without being
-stored. Health checking and reflection need no token: they reveal nothing about jobs.
+stored. Agent tokens are per VM: an HMAC of the VM's instance id under a key derived from the same
+secret, issued by the provider that creates the VM (or ``spotmorph agent-token`` for a manual node), so
+a registration proves which instance it comes from instead of claiming it. The shared agent token
+(every VM the same, instance ids claimed) is accepted only where the operator enables it. Health
+checking and reflection need no token: they reveal nothing about jobs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +26,12 @@ from typing import Any
 import grpc
 
 from controller.files import write_private
+from morphing.errors import UserInputError
 
+NODE_SECRET = "node-secret"  # in the state directory: every node and per-VM token is an HMAC under it
+VM_TOKEN_PREFIX = "vm."
+# Instance ids a per-VM token may name: Azure VM names, the local cluster's vm-N; they travel in a header.
+INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.")
 
 
@@ -49,9 +59,12 @@ POLICY: Mapping[str, frozenset[Role]] = {
 
 @dataclass(frozen=True)
 class Principal:
+    """Who a token proves the caller is; ``instance``: the VM a per-VM agent token was issued to."""
+
     role: Role
     node: str | None = None
     incarnation: int | None = None
+    instance: str | None = None
 
 
 def read_or_create_token(path: Path) -> str:
@@ -70,21 +83,50 @@ def read_or_create_token(path: Path) -> str:
     return token
 
 
+def token_secret(state_dir: Path) -> bytes:
+    """The secret node and per-VM tokens are derived from (created with the state directory)."""
+    return read_or_create_token(state_dir / NODE_SECRET).encode()
+
+
+def issue_vm_token(state_dir: Path, instance: str) -> str:
+    """The agent token of VM ``instance``, for whoever provisions it (a provider, ``spotmorph agent-token``)."""
+    return Tokens({}, token_secret(state_dir)).vm_token(instance)
+
+
 class Tokens:
-    """Static tokens by role, plus node tokens derived from a secret."""
+    """Static tokens by role, plus node and per-VM agent tokens derived from a secret."""
 
     def __init__(self, static: Mapping[str, Role], secret: bytes) -> None:
         self.static = dict(static)
         self.secret = secret
+        # A key of its own for VM tokens: no node token's MAC can ever be a VM token's.
+        self._vm_key = hmac.new(secret, b"spotmorph per-VM agent tokens", hashlib.sha256).digest()
 
     def node_token(self, node: str, incarnation: int) -> str:
         mac = hmac.new(self.secret, f"{node}\x00{incarnation}".encode(), hashlib.sha256).hexdigest()
         return f"node.{node}.{incarnation}.{mac}"
 
+    def vm_token(self, instance: str) -> str:
+        """The agent token of the VM whose provider instance id is ``instance``."""
+        if not INSTANCE_ID.fullmatch(instance):
+            raise UserInputError(
+                f"instance id {instance[:80]!r}: use letters, digits, '.', '_' or '-' (at most 128, "
+                "starting with a letter or digit)"
+            )
+        mac = hmac.new(self._vm_key, instance.encode(), hashlib.sha256).hexdigest()
+        return f"{VM_TOKEN_PREFIX}{instance}.{mac}"
+
     def identify(self, token: str) -> Principal | None:
         for known, role in self.static.items():
             if hmac.compare_digest(known.encode(), token.encode()):
                 return Principal(role)
+        if token.startswith(VM_TOKEN_PREFIX):
+            instance = token[len(VM_TOKEN_PREFIX) :].rpartition(".")[0]
+            if INSTANCE_ID.fullmatch(instance) and hmac.compare_digest(
+                self.vm_token(instance).encode(), token.encode()
+            ):
+                return Principal(Role.AGENT, instance=instance)
+            return None
         parts = token.removeprefix("node.").rsplit(".", 2)
         if token.startswith("node.") and len(parts) == 3 and parts[1].isdigit() and len(parts[1]) < 19:
             node, incarnation = parts[0], int(parts[1])

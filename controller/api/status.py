@@ -1,9 +1,10 @@
 """Errors as gRPC statuses, the same way in every service.
 
 Bad input is INVALID_ARGUMENT (the message names the field), unknown ids NOT_FOUND, writes fenced off
-(an old incarnation or generation) or a resource another job holds FAILED_PRECONDITION, a live name or
-a used key ALREADY_EXISTS, limits RESOURCE_EXHAUSTED, and a controller that cannot decide right now
-UNAVAILABLE (retry); anything unexpected is INTERNAL for that call.
+(an old incarnation or generation) or a resource another job holds FAILED_PRECONDITION, a live node's
+name claimed by another instance PERMISSION_DENIED, a used name or key ALREADY_EXISTS, limits
+RESOURCE_EXHAUSTED, and a controller that cannot decide right now UNAVAILABLE (retry); anything
+unexpected is INTERNAL for that call.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, NoReturn, TypeAlias
 
 import grpc
 
-from controller.core.intake import Conflict, Full, Stale, Taken
+from controller.core.intake import Conflict, Full, NotOwner, Stale, Taken
 from controller.shell.failures import DecisionsFailed, Refused
 from morphing.errors import UserInputError
 
@@ -24,6 +25,7 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 STATUS_OF_ERROR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (Stale, grpc.StatusCode.FAILED_PRECONDITION),
     (Conflict, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotOwner, grpc.StatusCode.PERMISSION_DENIED),
     (Taken, grpc.StatusCode.ALREADY_EXISTS),
     (Full, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DecisionsFailed, grpc.StatusCode.UNAVAILABLE),
@@ -31,7 +33,7 @@ STATUS_OF_ERROR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),  # UserInputError and a refused report are ones
 )
 # What a handler may refuse a call with; any other exception (a KeyError included) is a bug, not an answer.
-REFUSALS = (Stale, Conflict, Taken, Full, DecisionsFailed, LookupError, UserInputError, Refused)
+REFUSALS = (Stale, Conflict, NotOwner, Taken, Full, DecisionsFailed, LookupError, UserInputError, Refused)
 
 
 async def abort(context: Context, code: grpc.StatusCode, detail: str) -> NoReturn:

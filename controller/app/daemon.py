@@ -22,7 +22,7 @@ from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from controller.api.agent import AgentService
-from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_token
+from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_token, token_secret
 from controller.api.cluster import ClusterService
 from controller.api.jobs import JobsService
 from controller.app.providers import ProviderFactory, make_provider
@@ -109,9 +109,10 @@ class Controller:
         static = {
             read_or_create_token(settings.token_file or state / "operator.token"): Role.OPERATOR,
             read_or_create_token(settings.reader_token_file or state / "reader.token"): Role.READER,
-            read_or_create_token(settings.agent_token_file or state / "agent.token"): Role.AGENT,
         }
-        self.tokens = Tokens(static, read_or_create_token(state / "node-secret").encode())
+        if settings.shared_agent_token:  # off by default: agents then prove their VM with a token of its own
+            static[read_or_create_token(settings.agent_token_file or state / "agent.token")] = Role.AGENT
+        self.tokens = Tokens(static, token_secret(state))
         self.store = Store(private_database(state / "state.db"))
         self.server = grpc.aio.server(interceptors=[AuthInterceptor(self.tokens)], options=grpc_options(settings))
         self.port = self._bind()

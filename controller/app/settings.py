@@ -48,7 +48,9 @@ class ControllerSettings(BaseSettings):
     reader_token_file: Path | None = None
     """Read-only token (default STATE_DIR/reader.token)."""
     agent_token_file: Path | None = None
-    """Token agents register with (default STATE_DIR/agent.token)."""
+    """The shared agent token, read only with ``shared_agent_token`` (default STATE_DIR/agent.token)."""
+    shared_agent_token: bool = False
+    """Also let agents register with one token shared by all (weaker: instance ids are then only claimed)."""
     tls_cert: Path | None = None
     """Server certificate (PEM); with ``tls_key``, the API speaks TLS."""
     tls_key: Path | None = None

@@ -28,7 +28,7 @@ class Context:
     token_file: str
     cluster_dir: str = ""
     imds_url: str = ""
-    agent_token_file: str = ""
+    agent_token_file: str = ""  # no longer written (each VM has a token of its own); older context files have it
     slots: int = 1
     gpus_per_node: int = 0  # a local cluster's GPUs of this host per VM (0: CPU slots)
 

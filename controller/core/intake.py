@@ -2,8 +2,9 @@
 
 Like :mod:`controller.core.reconcile`, these take the world and ``now`` and return commands. Refusals
 are exceptions the server maps to a status: the fencing checks (incarnation, generation) raise
-:class:`Stale`, a name or key bound to something else :class:`Taken`, a resource another job holds
-:class:`Conflict`, a limit reached :class:`Full`.
+:class:`Stale`, a name or key bound to something else :class:`Taken`, a live node's name claimed by
+another instance :class:`NotOwner`, a resource another job holds :class:`Conflict`, a limit reached
+:class:`Full`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class Stale(Exception):
 
 class Taken(Exception):
     """A name or key already bound to something else (a live node's name, a key of another spec)."""
+
+
+class NotOwner(Exception):
+    """A live node's name claimed by an instance other than the one it is bound to: a takeover."""
 
 
 class Conflict(Exception):
@@ -89,9 +94,14 @@ def next_node_name(world: World) -> tuple[str, int]:
     return f"node-{seq}", seq
 
 
-def instance_of(instance_id: str, address: str, certificate: str | None) -> str:
-    """What a registration proves it comes from: its instance id (else its address), and its certificate."""
+def instance_of(instance_id: str, address: str, certificate: str | None, *, proven: bool = True) -> str:
+    """Who a registration comes from: its instance id (else its address), and its certificate.
+
+    ``proven``: a per-VM agent token vouches for the instance id. What a shared token's holder merely
+    claims is marked "unverified", so that no claim ever equals an instance a per-VM token proved.
+    """
     who = f"instance {instance_id}" if instance_id else f"address {address}"
+    who = who if proven else f"unverified {who}"
     return f"{who}, certificate {certificate}" if certificate else who
 
 
@@ -108,8 +118,8 @@ def register(
     """A new incarnation of a node (with the GPUs its agent found); an older incarnation is GONE from now on.
 
     A live name (not LOST or GONE) is taken over only by the instance it is bound to (an agent
-    restarting on the same VM): anyone else with the agent token could otherwise evict its job.
-    ``instance`` is :func:`instance_of` the request; "" binds the name to nothing. A name whose previous
+    restarting on the same VM); anyone else is refused with :class:`NotOwner`, since a takeover would
+    evict its job. ``instance`` is :func:`instance_of` the request; "" binds the name to nothing. A name whose previous
     incarnation was LOST a short while ago waits in JOINING (:mod:`controller.core.flapping`).
     """
     commands: list[Command] = []
@@ -128,9 +138,10 @@ def register(
     back = rejoin(old, now, damping or Damping())
     if old is not None:
         if old.state not in GONE_OR_LOST and old.instance and old.instance != instance:
-            raise Taken(
-                f"node {name} is alive ({old.state}, incarnation {old.incarnation}) and belongs to another "
-                "instance; wait until it is LOST (its heartbeats stopped) or register under another node_name"
+            raise NotOwner(
+                f"node {name} is alive ({old.state}, incarnation {old.incarnation}) and belongs to "
+                f"{old.instance}; {instance or 'this registration'} may not take it over: wait until it is LOST "
+                "(its heartbeats stopped) or register under another node_name"
             )
         incarnation = old.incarnation + 1
         if old.state is not NodeState.GONE:

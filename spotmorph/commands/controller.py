@@ -8,7 +8,6 @@ is injected here as a provider factory.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from controller.app.commands import controller as daemon
@@ -30,15 +29,14 @@ def local_provider(settings: ControllerSettings, port: ProviderPort, clock: Cloc
     from controller.app.providers import ProviderWiring
 
     local = settings.local
-    token = settings.agent_token_file or Path(settings.state_dir) / "agent.token"
     provider = LocalProcessProvider(
         ClusterDir.of_state_dir(settings.state_dir).root,
         address,
-        token,
         local.slots,
         local.imds_url,
         max_nodes=local.max_nodes,
         port=port,
+        state_dir=settings.state_dir,
     )
     return ProviderWiring(provider, local.poll_seconds)
 

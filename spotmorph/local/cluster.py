@@ -70,7 +70,6 @@ def provider_of(context: Context) -> LocalProcessProvider:
     return LocalProcessProvider(
         Path(context.cluster_dir),
         context.controller,
-        Path(context.agent_token_file),
         context.slots,
         context.imds_url,
         gpus_per_node=context.gpus_per_node,
@@ -127,7 +126,7 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
     platform_command = platform.command(cluster, imds_port, platform_host)
     cluster.platform_pid.write_text(str(spawn(platform_command, cluster.platform_log)))
     wait_for(
-        lambda: cluster.operator_token.exists() and cluster.agent_token.exists(),
+        lambda: cluster.operator_token.exists() and cluster.node_secret.exists(),
         60,
         "the controller to start",
         log=cluster.controller_log,
@@ -137,7 +136,6 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
         token_file=str(cluster.operator_token),
         cluster_dir=str(cluster.root),
         imds_url=f"http://{platform_host}:{imds_port}",
-        agent_token_file=str(cluster.agent_token),
         slots=options.slots,
         gpus_per_node=options.gpus_per_node,
     )

@@ -8,9 +8,10 @@
       network.json      a --netns cluster's subnet and name prefix
       network-made.jsonl  its namespaces and links, each recorded before it was made
       gpus.json         the host's GPU indices, recorded by `up --gpus-per-node` (shared out per VM)
-      state/            the controller's --state-dir: SQLite store, operator.token, agent.token
+      state/            the controller's --state-dir: SQLite store, operator.token, node-secret
       vms/vm-N/         one "VM": the agent's --work-dir (agent.pid, node-name, trainers/, see
-                        worker_agent.contract.AgentWorkDir), its command line agent.json and agent.log
+                        worker_agent.contract.AgentWorkDir), its command line agent.json and agent.log,
+                        its own agent token agent.token (issued to instance vm-N)
 
 Nothing here starts or reads a process; :mod:`spotmorph.local.provider` and :mod:`.cluster` do.
 """
@@ -21,6 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.api.auth import NODE_SECRET
 from worker_agent.contract import AgentWorkDir
 
 LOCAL = "local"  # the cluster's folder in $SPOTMORPH_HOME
@@ -53,6 +55,11 @@ class VmDir:
     @property
     def node_name_file(self) -> Path:
         return self.work_dir.node_name_file
+
+    @property
+    def token_file(self) -> Path:
+        """The VM's own agent token: it proves to the controller that the agent runs on this VM."""
+        return self.path / "agent.token"
 
     @property
     def command_file(self) -> Path:
@@ -107,8 +114,9 @@ class ClusterDir:
         return self.state / "operator.token"
 
     @property
-    def agent_token(self) -> Path:
-        return self.state / "agent.token"
+    def node_secret(self) -> Path:
+        """What the controller derives every VM's agent token from (written when it starts)."""
+        return self.state / NODE_SECRET
 
     @property
     def controller_settings(self) -> Path:

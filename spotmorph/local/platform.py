@@ -54,7 +54,7 @@ def evict_started(state: ScheduledEventsState, provider: LocalProcessProvider) -
 def serve(cluster_dir: Path, port: int, host: str = "127.0.0.1", poll: float = 0.2) -> int:
     """The platform process: runs until SIGTERM or SIGINT."""
     server = ScheduledEventsServer(host, port).start()
-    provider = LocalProcessProvider(cluster_dir, "", Path())
+    provider = LocalProcessProvider(cluster_dir, "")
     running = True
 
     def stop(signum: int, frame: object) -> None:

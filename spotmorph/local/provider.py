@@ -2,8 +2,9 @@
 
 It is the embedded default for trying spotmorph without a cloud. An instance lives in
 ``cluster_dir/vms/vm-<serial>/`` (:class:`~spotmorph.local.layout.VmDir`): the agent's work directory,
-its command line and log; once it has registered, ``node-name`` (the controller names nodes ``node-1``,
-``node-2``, ... in join order). Each agent leads a session of its own, and its trainers stay in it, so
+its command line and log, its own agent token (the controller's HMAC of its instance id ``vm-<serial>``,
+so that no other VM can register as it); once it has registered, ``node-name`` (the controller names
+nodes ``node-1``, ``node-2``, ... in join order). Each agent leads a session of its own, and its trainers stay in it, so
 killing an instance kills what a dying VM takes with it, the whole session, without knowing where the
 agent keeps its trainers' files.
 
@@ -22,7 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.api.auth import issue_vm_token
 from controller.core.events import EventKind
+from controller.files import write_private
 from controller.providers.base import ProviderPort, SilentPort, instances_for
 from spotmorph.local import gpu_share, netns
 from spotmorph.local.layout import ClusterDir, VmDir
@@ -51,7 +54,6 @@ class LocalProcessProvider:
         self,
         cluster_dir: Path,
         controller: str,
-        agent_token_file: Path,
         slots: int = 1,
         imds_url: str | None = None,
         command: Sequence[str] = AGENT_COMMAND,
@@ -59,11 +61,13 @@ class LocalProcessProvider:
         max_nodes: int = 0,
         port: ProviderPort | None = None,
         gpus_per_node: int = 0,
+        state_dir: Path | None = None,
     ) -> None:
+        """``state_dir``: the controller's, whose secret the VMs' agent tokens derive from (default: the cluster's)."""
         self.cluster_dir = cluster_dir
         self.files = ClusterDir(cluster_dir)
         self.controller = controller
-        self.agent_token_file = agent_token_file
+        self.state_dir = state_dir or self.files.state
         self.slots = slots
         self.imds_url = imds_url
         self.command = tuple(command)
@@ -103,7 +107,8 @@ class LocalProcessProvider:
         return None  # agents outlive the controller, as VMs would
 
     def start(self, count: int) -> list[LocalVm]:
-        """Start ``count`` agents now; each registers and gets its node name from the controller.
+        """Start ``count`` agents now, each with the agent token of its own instance; each registers and
+        gets its node name from the controller (a respawned agent, with the same token, gets it back).
 
         In a ``--netns`` cluster each VM gets a network namespace of its own first, its agent runs in it
         (``ip netns exec``) and advertises the namespace's address."""
@@ -124,13 +129,14 @@ class LocalProcessProvider:
                 netns.add_vm(self.files, plan, serial)
                 where = netns.exec_prefix(plan.namespace(serial))
             vm.path.mkdir(parents=True)
+            write_private(vm.token_file, f"{issue_vm_token(self.state_dir, vm.name)}\n".encode())
             args = [
                 *where,
                 *self.command,
                 "--controller",
                 self.controller,
                 "--token-file",
-                str(self.agent_token_file),
+                str(vm.token_file),
                 "--slots",
                 str(self.slots),
                 gpu_share.GPUS_FLAG,  # GPUs of its own (NCCL: one GPU per rank), or CPU slots

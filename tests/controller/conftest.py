@@ -33,6 +33,10 @@ class Live:
     def token(self, role: str) -> str:
         return (self.state_dir / f"{role}.token").read_text().strip()
 
+    def agent_token(self, instance: str = "vm-test") -> str:
+        """The per-VM agent token the controller issues to ``instance``."""
+        return self.controller.tokens.vm_token(instance)
+
     def channel(self, token: str | None) -> grpc.Channel:
         return client.channel(self.address, token)
 

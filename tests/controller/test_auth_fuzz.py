@@ -53,7 +53,7 @@ def test_auth_matrix(live: Live) -> None:
     tokens = {
         Role.OPERATOR: live.token("operator"),
         Role.READER: live.token("reader"),
-        Role.AGENT: live.token("agent"),
+        Role.AGENT: live.agent_token(),
         Role.NODE: node_token,
     }
     denied = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
@@ -74,7 +74,8 @@ def test_auth_matrix(live: Live) -> None:
 @given(method=st.sampled_from(sorted(REQUESTS)), payload=st.binary(max_size=256))
 def test_random_bytes_never_crash_the_server(live: Live, method: str, payload: bytes) -> None:
     role = sorted(POLICY[method])[0]
-    token = live.controller.tokens.node_token("node-x", 1) if role is Role.NODE else live.token(str(role))
+    tokens = {Role.NODE: live.controller.tokens.node_token("node-x", 1), Role.AGENT: live.agent_token()}
+    token = tokens.get(role) or live.token(str(role))
     channel = live.channel(token)
     try:
         if method in STREAMING:

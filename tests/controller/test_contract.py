@@ -43,7 +43,7 @@ def test_submit_runs_on_registered_nodes_and_fences(live: Live) -> None:
     jobs = live.jobs()
     job_id = jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live))).id
     assert jobs.GetJob(pb.GetJobRequest(id=job_id)).state == pb.JOB_STATE_QUEUED
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     reg = agent.Register(pb.RegisterRequest(slots=2, address="127.0.0.1"))
     assert reg.node_name == "node-1" and reg.incarnation == 1
     node = live.agent(reg.node_token)
@@ -92,6 +92,6 @@ def test_bad_input_statuses(live: Live, tmp_path: Path) -> None:
     assert jobs.CancelJob(pb.CancelJobRequest(id=job_id)).state == pb.JOB_STATE_CANCELLED
     again = pb.CancelJobRequest(id=job_id)
     assert code_of(lambda: jobs.CancelJob(again)) == grpc.StatusCode.FAILED_PRECONDITION
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     bad = pb.RegisterRequest(slots=0, address="127.0.0.1")
     assert code_of(lambda: agent.Register(bad)) == grpc.StatusCode.INVALID_ARGUMENT

@@ -131,7 +131,7 @@ class Target:
         self.stubs: dict[str, Any] = {
             "Jobs": rpc.JobsStub(live.channel(live.token("operator"))),
             "Cluster": rpc.ClusterStub(live.channel(live.token("reader"))),
-            "Agent": rpc.AgentStub(live.channel(live.token("agent"))),
+            "Agent": rpc.AgentStub(live.channel(live.agent_token())),
         }
         self.valid_spec = spec(live)
         self.job, self.generation, self.incarnation = "", 0, 0
@@ -142,7 +142,7 @@ class Target:
     def register(self) -> None:
         """(Re-)register the anchor node: the same instance, so a new incarnation is allowed."""
         request = pb.RegisterRequest(node_name="anchor", slots=2, address="127.0.0.1", instance_id="anchor-vm")
-        reply = self.stubs["Agent"].Register(request, timeout=10)
+        reply = self.live.agent(self.live.agent_token("anchor-vm")).Register(request, timeout=10)
         self.node = rpc.AgentStub(self.live.channel(reply.node_token))
         self.incarnation = reply.incarnation
 
@@ -230,7 +230,7 @@ def test_fuzzing_every_rpc_and_field_never_surprises_the_controller_and_it_still
 def still_decides(live: Live) -> None:
     """A node that goes silent is LOST once its expiry passed, and a submission works."""
     assert live.clock is not None
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     reply = agent.Register(pb.RegisterRequest(node_name="after-fuzz", slots=1, address="127.0.0.1"))
     rpc.AgentStub(live.channel(reply.node_token)).Heartbeat(
         pb.HeartbeatRequest(node_name="after-fuzz", incarnation=reply.incarnation)

@@ -49,7 +49,7 @@ def run_controller(state: Path, umask: int, log: Path) -> None:
             assert process.poll() is None, f"the controller exited {process.returncode}:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"no metrics.addr after 60 s:\n{log.read_text()}"
             time.sleep(0.05)
-        private = ["operator.token", "reader.token", "agent.token", "node-secret", "state.db"]
+        private = ["operator.token", "reader.token", "node-secret", "state.db"]
         private += ["state.db-wal", "state.db-shm"]
         assert mode(state) == 0o700
         assert modes(state, private) == dict.fromkeys(private, 0o600)

@@ -57,7 +57,7 @@ def test_node_rows_round_trip_with_gpus_and_rows_from_before_gpus_load_as_cpu_no
 
 
 def test_registered_gpus_show_in_list_nodes_and_cluster_state(live: Live) -> None:
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     agent.Register(pb.RegisterRequest(node_name="gpu-1", slots=2, address="127.0.0.1", gpus=h100s(2)))
     agent.Register(pb.RegisterRequest(node_name="cpu-1", slots=1, address="127.0.0.1"))
     listed = {n.name: n for n in live.cluster().ListNodes(pb.ListNodesRequest()).nodes}
@@ -80,7 +80,7 @@ def test_registered_gpus_show_in_list_nodes_and_cluster_state(live: Live) -> Non
     ],
 )
 def test_a_registration_with_impossible_gpus_is_refused(live: Live, gpus: list[pb.Gpu], field: str) -> None:
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     with pytest.raises(grpc.RpcError) as info:
         agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1", gpus=gpus))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (info.value.details() or "")
@@ -88,7 +88,7 @@ def test_a_registration_with_impossible_gpus_is_refused(live: Live, gpus: list[p
 
 
 def test_spotmorph_nodes_shows_a_gpus_column(live: Live, capsys: pytest.CaptureFixture[str]) -> None:
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     agent.Register(pb.RegisterRequest(node_name="gpu-1", slots=2, address="127.0.0.1", gpus=h100s(2)))
     agent.Register(pb.RegisterRequest(node_name="cpu-1", slots=1, address="127.0.0.1"))
     client = ["--controller", live.address, "--token", live.token("operator")]

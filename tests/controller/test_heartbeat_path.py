@@ -37,7 +37,7 @@ def test_histogram_quantiles_are_bucket_upper_bounds() -> None:
 
 
 def test_steady_heartbeats_write_nothing_and_show_in_the_histogram(live: Live) -> None:
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     reg = agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
     node = live.agent(reg.node_token)
     beat = pb.HeartbeatRequest(node_name=reg.node_name, incarnation=reg.incarnation)

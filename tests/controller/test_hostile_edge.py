@@ -45,7 +45,7 @@ class Node:
 
     def __init__(self, live: Live, name: str = "", address: str = "127.0.0.1", instance: str = "", slots: int = 2):
         request = pb.RegisterRequest(node_name=name, slots=slots, address=address, instance_id=instance)
-        reply = live.agent(live.token("agent")).Register(request)
+        reply = live.agent(live.agent_token(instance or "vm-test")).Register(request)
         self.name, self.incarnation = reply.node_name, reply.incarnation
         self.stub: rpc.AgentStub = live.agent(reply.node_token)
 
@@ -94,7 +94,7 @@ def test_an_out_of_range_heartbeat_is_refused_and_decisions_go_on(live: Live) ->
 
 
 def test_nul_bytes_in_an_address_or_a_checkpoint_dir_are_refused(live: Live) -> None:
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     code, detail = refusal(lambda: agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1\x00")))
     assert code == INVALID and detail.startswith("address:")
     bad = spec(live, checkpoint_dir=str(live.state_dir / "ck\x00pt"))
@@ -106,13 +106,14 @@ def test_nul_bytes_in_an_address_or_a_checkpoint_dir_are_refused(live: Live) -> 
 def test_a_live_node_cannot_be_taken_over_but_its_own_instance_may_register_again(live: Live) -> None:
     victim = Node(live, "victim", address="10.0.0.1", instance="vm-7")
     victim.beat()
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     thief = pb.RegisterRequest(node_name="victim", slots=1024, address="10.0.0.2")
     code, detail = refusal(lambda: agent.Register(thief))
-    assert code == grpc.StatusCode.ALREADY_EXISTS and "wait until it is LOST" in detail
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "wait until it is LOST" in detail
     assert node_state(live, "victim") == pb.NODE_STATE_READY
-    same_vm_other_id = pb.RegisterRequest(node_name="victim", slots=2, address="10.0.0.1", instance_id="vm-8")
-    assert code_of(lambda: agent.Register(same_vm_other_id)) == grpc.StatusCode.ALREADY_EXISTS
+    other_vm = live.agent(live.agent_token("vm-8"))
+    same_address = pb.RegisterRequest(node_name="victim", slots=2, address="10.0.0.1", instance_id="vm-8")
+    assert code_of(lambda: other_vm.Register(same_address)) == grpc.StatusCode.PERMISSION_DENIED
     restarted = Node(live, "victim", address="10.0.0.1", instance="vm-7")  # an agent restart on the same VM
     assert restarted.incarnation == 2
     assert code_of(victim.beat) == grpc.StatusCode.FAILED_PRECONDITION
@@ -126,7 +127,7 @@ def test_a_requested_name_that_looks_generated_breaks_no_later_generated_name(li
 
 
 def test_low_severity_fields(live: Live) -> None:
-    jobs, agent = live.jobs(), live.agent(live.token("agent"))
+    jobs, agent = live.jobs(), live.agent(live.agent_token())
     code, detail = refusal(lambda: list(jobs.WatchEvents(pb.WatchEventsRequest(after_seq=2**63), timeout=5)))
     assert code == INVALID and "after_seq" in detail
     assert list(jobs.WatchEvents(pb.WatchEventsRequest(after_seq=2**63 - 1), timeout=5)) == []

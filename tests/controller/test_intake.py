@@ -26,10 +26,12 @@ def registered(world: World, name: str, instance: str = VM) -> World:
 def test_a_live_name_is_taken_over_only_by_its_own_instance(state: NodeState) -> None:
     world = registered(World({}, {}), "victim")
     world = replace(world, nodes={"victim": replace(world.nodes["victim"], state=state)})
-    with pytest.raises(intake.Taken, match="wait until it is LOST"):
+    with pytest.raises(intake.NotOwner, match=r"belongs to instance vm-1; address 10\.0\.0\.2 may not take it over"):
         intake.register(world, "victim", 1024, "10.0.0.2", 1.0, intake.instance_of("", "10.0.0.2", None))
-    with pytest.raises(intake.Taken):
+    with pytest.raises(intake.NotOwner):
         intake.register(world, "victim", 1, "10.0.0.1", 1.0, intake.instance_of("vm-1", "10.0.0.1", "other-cn"))
+    with pytest.raises(intake.NotOwner):  # what a shared token claims never equals what a per-VM token proved
+        intake.register(world, "victim", 1, "10.0.0.1", 1.0, intake.instance_of("vm-1", "10.0.0.1", None, proven=False))
     again, _ = intake.register(world, "victim", 1, "10.0.0.1", 1.0, VM)
     assert again.incarnation == 2
 
@@ -51,6 +53,7 @@ def test_the_binding_names_the_instance_else_the_address_and_the_certificate() -
     assert intake.instance_of("vm-1", "10.0.0.1", None) == "instance vm-1"
     assert intake.instance_of("", "10.0.0.1", None) == "address 10.0.0.1"
     assert intake.instance_of("vm-1", "10.0.0.1", "agent-7") == "instance vm-1, certificate agent-7"
+    assert intake.instance_of("", "10.0.0.1", None, proven=False) == "unverified address 10.0.0.1"
 
 
 def test_generated_names_come_from_a_counter_no_requested_name_moves() -> None:

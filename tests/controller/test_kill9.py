@@ -21,6 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from controller.api.auth import issue_vm_token
 from controller.client import connection as client
 from controller.persistence.store import Store
 from protos.spotmorph.v1 import controller_pb2 as pb
@@ -162,8 +163,7 @@ def _scenario(daemon: Daemon) -> None:
     submitted = daemon.cli("submit", "examples/tiny_gpt.yaml", "--set", "steps=50", "--json")
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
-    agent_token = (daemon.state / "agent.token").read_text().strip()
-    agents = [SimAgent(daemon, agent_token) for _ in range(4)]
+    agents = [SimAgent(daemon, issue_vm_token(daemon.state, f"sim-vm-{i}")) for i in range(4)]
 
     def admitted() -> dict[str, pb.Assignment] | None:
         for a in agents:

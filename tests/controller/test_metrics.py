@@ -28,7 +28,7 @@ def parse(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 
 def test_metrics_follow_nodes_and_heartbeats(live: Live) -> None:
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     registered = agent.Register(pb.RegisterRequest(slots=2, address="127.0.0.1"))
     node_agent = live.agent(registered.node_token)
     beat = pb.HeartbeatRequest(node_name=registered.node_name, incarnation=registered.incarnation)

@@ -39,8 +39,7 @@ class Recorder:
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[tuple[LocalProcessProvider, Recorder]]:
     port = Recorder()
-    token = tmp_path / "agent.token"
-    provider = LocalProcessProvider(tmp_path, "127.0.0.1:1", token, 2, command=SLEEPER, max_nodes=3, port=port)
+    provider = LocalProcessProvider(tmp_path, "127.0.0.1:1", 2, command=SLEEPER, max_nodes=3, port=port)
     try:
         yield provider, port
     finally:
@@ -68,7 +67,7 @@ def test_local_capacity_counts_booting_agents_and_stops_at_max_nodes(
 
 
 def test_local_provider_without_max_nodes_never_starts_agents(tmp_path: Path) -> None:
-    provider = LocalProcessProvider(tmp_path, "127.0.0.1:1", tmp_path / "agent.token", command=SLEEPER)
+    provider = LocalProcessProvider(tmp_path, "127.0.0.1:1", command=SLEEPER)
     asyncio.run(provider.request_capacity(5))
     assert provider.vms() == []
 
@@ -88,6 +87,4 @@ def test_the_factory_builds_each_provider_on_the_port_it_is_given(tmp_path: Path
     assert isinstance(provider, LocalProcessProvider) and built.poll_seconds == 0.5
     assert (provider.controller, provider.slots, provider.max_nodes) == ("127.0.0.1:4242", 4, 2)
     assert provider.imds_url == "http://127.0.0.1:9" and provider.port is inbox
-    assert (
-        provider.cluster_dir == tmp_path.resolve() and provider.agent_token_file == tmp_path / "state" / "agent.token"
-    )
+    assert provider.cluster_dir == tmp_path.resolve() and provider.state_dir == tmp_path / "state"

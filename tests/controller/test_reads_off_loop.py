@@ -20,7 +20,7 @@ def test_serving_reads_the_store_off_the_event_loop(live: Live) -> None:
     on_loop = live.run(loop_thread())
     reads = recording_reads(live.controller.store)
     jobs, cluster = live.jobs(), live.cluster()
-    reg = live.agent(live.token("agent")).Register(pb.RegisterRequest(slots=2, address="127.0.0.1"))
+    reg = live.agent(live.agent_token()).Register(pb.RegisterRequest(slots=2, address="127.0.0.1"))
     live.agent(reg.node_token).Heartbeat(pb.HeartbeatRequest(node_name=reg.node_name, incarnation=reg.incarnation))
     job_id = jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live))).id
     assert jobs.GetJob(pb.GetJobRequest(id=job_id)).generation == 1

@@ -110,7 +110,7 @@ def test_apscheduler_per_tick_logging_is_silenced(server: TlsServer) -> None:
 
 def test_a_live_node_name_is_bound_to_its_client_certificate(server: TlsServer) -> None:
     """Under mutual TLS the certificate is part of an agent's identity: another one cannot take the name."""
-    c, agent_token = server.certs, (server.controller.settings.state_dir / "agent.token").read_text().strip()
+    c, agent_token = server.certs, server.controller.tokens.vm_token("vm-1")
 
     def agent(name: str) -> rpc.AgentStub:
         channel = client.channel(server.address, agent_token, c / "ca.crt", c / f"{name}.crt", c / f"{name}.key")
@@ -120,5 +120,5 @@ def test_a_live_node_name_is_bound_to_its_client_certificate(server: TlsServer) 
     assert agent("agent-a").Register(request, timeout=10).incarnation == 1
     with pytest.raises(grpc.RpcError) as info:
         agent("agent-b").Register(request, timeout=10)
-    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert agent("agent-a").Register(request, timeout=10).incarnation == 2

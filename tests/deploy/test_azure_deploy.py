@@ -124,10 +124,12 @@ def test_cloud_init_parses_and_renders(tmp_path: Path) -> None:
     assert "SPOTMORPH_CONTROLLER=10.40.0.4:50051" in files["/etc/spotmorph/agent.env.in"]
     unit = files["/etc/systemd/system/spotmorph-agent.service"]
     assert "--name ${SPOTMORPH_NODE_NAME}" in unit and "User=spotmorph" in unit
+    assert "--instance-id ${SPOTMORPH_INSTANCE_ID}" in unit and "RestartPreventExitStatus=2" in unit
     assert rendered["mounts"][0][0] == "spotmorphabc.file.core.windows.net:/spotmorphabc/checkpoints"
     assert "@@" not in out.read_text()
     env_line = next(c for c in rendered["runcmd"] if "compute/name" in " ".join(map(str, c)))
     assert "SPOTMORPH_NODE_NAME" in " ".join(env_line)  # the node name is the VM's name (what the provider lists)
+    assert "SPOTMORPH_INSTANCE_ID=$name" in " ".join(env_line)  # and the instance the node is bound to
 
 
 def test_render_needs_every_placeholder() -> None:

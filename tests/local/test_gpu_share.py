@@ -63,9 +63,7 @@ def test_each_vm_gets_gpus_of_its_own_and_a_dead_vms_gpus_go_to_the_next(tmp_pat
     files = ClusterDir(tmp_path / "local")
     files.root.mkdir()
     gpu_share.record(files.gpus, [0, 1, 2, 3])
-    provider = LocalProcessProvider(
-        files.root, "127.0.0.1:1", tmp_path / "token", slots=2, command=STAND_IN, gpus_per_node=2
-    )
+    provider = LocalProcessProvider(files.root, "127.0.0.1:1", slots=2, command=STAND_IN, gpus_per_node=2)
     try:
         first, second = provider.start(2)
         assert [gpu_share.held_by(vm.command()) for vm in (first, second)] == [(0, 1), (2, 3)]
@@ -83,7 +81,7 @@ def test_each_vm_gets_gpus_of_its_own_and_a_dead_vms_gpus_go_to_the_next(tmp_pat
 
 def test_a_cpu_cluster_offers_cpu_slots_as_before(tmp_path: Path) -> None:
     files = ClusterDir(tmp_path / "local")
-    provider = LocalProcessProvider(files.root, "127.0.0.1:1", tmp_path / "token", command=STAND_IN)
+    provider = LocalProcessProvider(files.root, "127.0.0.1:1", command=STAND_IN)
     try:
         (vm,) = provider.start(1)
         command = vm.command()

@@ -46,7 +46,7 @@ def test_the_cluster_directory_names_every_file(tmp_path: Path) -> None:
     }
     assert all(path == files.root / name for path, name in named.items())
     assert files.operator_token == files.root / "state" / "operator.token"
-    assert files.agent_token == files.root / "state" / "agent.token"
+    assert files.node_secret == files.root / "state" / "node-secret"
     assert ClusterDir.of_state_dir(files.state) == ClusterDir(files.root.resolve())
     vm = files.vm(3)
     assert vm.path == files.root / "vms" / "vm-3" and vm.serial == 3 and vm.name == "vm-3"
@@ -90,7 +90,7 @@ def test_a_trace_is_scaled_so_that_its_peak_is_max_nodes(tmp_path: Path) -> None
 def test_the_platform_removes_started_evictions_and_leaves_scheduled_ones(tmp_path: Path) -> None:
     now = [1_800_000_000.0]
     state = ScheduledEventsState(lambda: now[0])
-    provider = LocalProcessProvider(tmp_path, "", Path())
+    provider = LocalProcessProvider(tmp_path, "")
     soon = state.schedule("Preempt", ["node-1"], 30)
     later = state.schedule("Preempt", ["node-2"], 300)
     reboot = state.schedule("Reboot", ["node-3"], 0)

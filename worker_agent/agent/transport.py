@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from morphing.errors import UserInputError
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as pb_grpc
 from worker_agent.agent.decisions import (
@@ -66,6 +67,11 @@ class CallRefused(CallFailed):
         super().__init__(f"{method}: {code}: {detail}")
         self.code = code
         self.detail = detail
+
+
+class RegistrationRefused(CallRefused, UserInputError):
+    """The controller will not register this agent (a token it does not accept, a node name another VM
+    holds): the operator's to fix, so the agent exits 2 with the reason instead of retrying."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,8 @@ class ControllerLink:
                 log.warning("controller unreachable (%s); retrying in %.1fs", exc, backoff)
                 await self.sleep(backoff)
                 backoff = next_register_backoff(backoff, max_backoff)
+            except (RegisterAgain, CallRefused) as exc:
+                raise RegistrationRefused(f"the controller refused to register this agent: {exc}") from None
         return None
 
     async def heartbeat(
