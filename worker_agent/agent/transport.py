@@ -73,6 +73,10 @@ class RegistrationRefused(CallRefused, UserInputError):
     """The controller will not register this agent (a token it does not accept, a node name another VM
     holds): the operator's to fix, so the agent exits 2 with the reason instead of retrying."""
 
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__("Register", code, detail)
+        self.args = (f"the controller refused to register this agent: Register: {code}: {detail}",)
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -156,8 +160,10 @@ class ControllerLink:
                 log.warning("controller unreachable (%s); retrying in %.1fs", exc, backoff)
                 await self.sleep(backoff)
                 backoff = next_register_backoff(backoff, max_backoff)
-            except (RegisterAgain, CallRefused) as exc:
-                raise RegistrationRefused(f"the controller refused to register this agent: {exc}") from None
+            except RegisterAgain as exc:
+                raise RegistrationRefused("REGISTER_AGAIN", str(exc)) from None
+            except CallRefused as exc:
+                raise RegistrationRefused(exc.code, exc.detail) from None
         return None
 
     async def heartbeat(
