@@ -6,12 +6,21 @@ Real files throughout: real FIFOs (``os.mkfifo``), a real device, real links."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 import pytest
 
-from worker_agent.contract import ControlDir, SalvageOrder
+from worker_agent.contract import (
+    ControlDir,
+    ProgressReader,
+    ProgressRecord,
+    SalvageOrder,
+    StepCompleted,
+    progress_line,
+    read_progress,
+)
 from worker_agent.contract.hostile import HostileFile, parse_json_bounded, read_bounded, read_counter
 from worker_agent.runtime.control import CheckpointRequests, LeaseWatch
 from worker_agent.runtime.errors import FenceError
@@ -144,3 +153,16 @@ def test_a_deeply_nested_or_fifo_salvage_order_is_no_order(tmp_path: Path) -> No
     control.salvage_file.unlink()
     control.request_salvage(SalvageOrder(3, (0, 2), 1e9).to_json())
     assert SalvageOrder.from_json(control.salvage_request() or "") == SalvageOrder(3, (0, 2), 1e9)
+
+
+def test_a_progress_file_replaced_by_a_fifo_reads_as_no_records_and_a_nested_line_is_skipped(tmp_path: Path) -> None:
+    """The agent reads what the user's code can write: a FIFO there must not block it, a line nested past the
+    parser's recursion must not crash it; a diverged loss (NaN) is still reported."""
+    path = tmp_path / "progress-rank-0.jsonl"
+    os.mkfifo(path)
+    assert ProgressReader(path).poll() == []
+    path.unlink()
+    diverged = ProgressRecord(StepCompleted(3, math.nan, 1.0, 2.0, None), 0, 1, 123, 5.0)
+    path.write_text("[" * 5000 + "\n" + progress_line(diverged) + "\n")
+    (record,) = read_progress(path)
+    assert isinstance(record.event, StepCompleted) and math.isnan(record.event.loss)

@@ -103,9 +103,10 @@ def _not_finite(text: str) -> float:
     raise ValueError(f"{text} is not a finite number")
 
 
-def parse_json_bounded(data: bytes | str, what: str, max_depth: int = MAX_DEPTH) -> Any:
+def parse_json_bounded(data: bytes | str, what: str, max_depth: int = MAX_DEPTH, *, finite: bool = True) -> Any:
     """``data`` as JSON, nested at most ``max_depth`` deep, every number finite and within 64 bits;
-    :class:`HostileFile` naming ``what`` otherwise."""
+    :class:`HostileFile` naming ``what`` otherwise. ``finite=False`` lets ``NaN`` and ``Infinity`` through
+    (a progress line reports a diverged loss as NaN)."""
     raw = data.encode() if isinstance(data, str) else data
     depth = 0
     for found in _STRUCTURE.finditer(raw):
@@ -117,6 +118,8 @@ def parse_json_bounded(data: bytes | str, what: str, max_depth: int = MAX_DEPTH)
         elif bracket in (b"]", b"}"):
             depth -= 1
     try:
+        if not finite:
+            return json.loads(raw, parse_int=_int64)
         return json.loads(raw, parse_float=_finite, parse_int=_int64, parse_constant=_not_finite)
     except (ValueError, RecursionError) as exc:
         raise HostileFile(f"{what} is not valid JSON ({str(exc)[:100]})") from None
