@@ -8,23 +8,29 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from worker_agent.contract import (
     ControlDir,
+    ExitCode,
     ProgressReader,
     ProgressRecord,
     SalvageOrder,
     StepCompleted,
+    TrainerFailed,
+    events_of,
     progress_line,
     read_progress,
 )
 from worker_agent.contract.hostile import HostileFile, parse_json_bounded, read_bounded, read_counter
-from worker_agent.runtime.control import CheckpointRequests, LeaseWatch
+from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress
 from worker_agent.runtime.errors import FenceError
 from worker_agent.runtime.fence import FENCE, LOCK, Fence, check_fence, raise_fence, read_fence
+from worker_agent.runtime.startup import Phase, StartupWatch
 
 DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -166,3 +172,48 @@ def test_a_progress_file_replaced_by_a_fifo_reads_as_no_records_and_a_nested_lin
     path.write_text("[" * 5000 + "\n" + progress_line(diverged) + "\n")
     (record,) = read_progress(path)
     assert isinstance(record.event, StepCompleted) and math.isnan(record.event.loss)
+
+
+HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_fence_lock_held_by_another_host_ends_the_start_up_with_an_event_naming_the_phase(tmp_path: Path) -> None:
+    """A real process holds the fence's lock (a frozen trainer of an older generation); the watchdog's time is
+    up at once (injected), and its exit releases the holder so that this test goes on."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path / LOCK)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    exits: list[int] = []
+
+    def exit(code: int) -> None:
+        exits.append(code)
+        holder.kill()  # only now can this process's lockf return
+        holder.wait()
+
+    progress_file = tmp_path / "progress-rank-0.jsonl"
+    watch = StartupWatch(Progress(progress_file, 0, 2), 0, wait=lambda done, limit: False, exit=exit)
+    with watch.phase(Phase.FENCE, 60.0):
+        raise_fence(tmp_path, Fence("job-1", 2))
+    assert exits == [ExitCode.ABORTED]
+    (failed,) = events_of(read_progress(progress_file), TrainerFailed)
+    assert failed.kind == "abort"
+    assert failed.message.startswith("start-up phase fence (raising the checkpoint dir's fence (waiting for its lock")
+    assert "did not finish in 60 s" in failed.message
+
+
+def test_a_phase_that_finishes_in_time_ends_nothing(tmp_path: Path) -> None:
+    exits: list[int] = []
+    watch = StartupWatch(Progress(None, 0, 1), 0, exit=exits.append)
+    with watch.phase(Phase.FENCE, 60.0):
+        raise_fence(tmp_path, Fence("job-1", 1))
+    assert exits == [] and read_fence(tmp_path) == Fence("job-1", 1)

@@ -38,6 +38,7 @@ from worker_agent.contract.hostile import HostileFile, load_json_bounded
 from worker_agent.runtime import resume
 from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress, StopRequest
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
+from worker_agent.runtime.startup import Phase, StartupWatch
 
 # Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
 # long before, so this is when the trainer "started".
@@ -115,7 +116,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     stop = StopRequest(control)
     requests = CheckpointRequests(control, cfg.rank)
     lease = LeaseWatch(control)
-    fence = resume.fence_of(cfg)  # before the rendezvous: before this generation loads anything
+    with StartupWatch(progress, cfg.rank).phase(Phase.FENCE, max(60.0, 3 * job.timeout_seconds)):
+        fence = resume.fence_of(cfg)  # before the rendezvous: before this generation loads anything
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
     _rendezvous(cfg, layout.world_size, job.timeout_seconds)
     progress.emit(
