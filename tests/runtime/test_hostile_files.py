@@ -38,17 +38,17 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def test_only_a_regular_file_within_its_bound_is_read_and_opening_never_blocks(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # no writer: a blocking open() would never return
-    with pytest.raises(HostileFile, match=r"fifo is not a regular file \(a FIFO\)"):
+    with pytest.raises(HostileFile, match=r"fifo: is not a regular file \(a FIFO\)"):
         read_bounded(fifo, 100)
     with pytest.raises(HostileFile, match=r"a character device"):
         read_bounded("/dev/zero", 100)  # endless bytes
     with pytest.raises(HostileFile, match=r"a directory"):
         read_bounded(tmp_path, 100)
     (tmp_path / "big").write_bytes(b"x" * 101)
-    with pytest.raises(HostileFile, match=r"big is 101 bytes, more than such a file may hold \(100\)"):
+    with pytest.raises(HostileFile, match=r"big: 101 bytes, more than such a file may hold \(100\)"):
         read_bounded(tmp_path / "big", 100)
     (tmp_path / "link").symlink_to(tmp_path / "big")
-    with pytest.raises(HostileFile, match=r"link is a symbolic link"):
+    with pytest.raises(HostileFile, match=r"link: is a symbolic link"):
         read_bounded(tmp_path / "link", 1000)
     assert read_bounded(tmp_path / "link", 1000, follow_symlinks=True) == b"x" * 101
     with pytest.raises(FileNotFoundError):
@@ -78,7 +78,7 @@ def test_brackets_inside_strings_are_no_nesting_and_ordinary_numbers_pass() -> N
 
 def test_a_fifo_in_place_of_the_fence_refuses_the_generation_at_once(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / FENCE)
-    with pytest.raises(FenceError, match=r"the fence is damaged \(.*\.fence is not a regular file \(a FIFO\)"):
+    with pytest.raises(FenceError, match=r"the fence is damaged \(.*\.fence: is not a regular file \(a FIFO\)"):
         raise_fence(tmp_path, Fence("job-1", 2))
     with pytest.raises(FenceError, match="a FIFO"):
         check_fence(tmp_path, Fence("job-1", 2))

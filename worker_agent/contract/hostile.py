@@ -36,10 +36,14 @@ class HostileFile(ValueError):
     """A file that is not what it must be: no regular file, larger than its bound, or not bounded JSON."""
 
 
-def open_regular(path: Path | str, *, dir_fd: int | None = None, follow_symlinks: bool = False) -> int:
+def open_regular(
+    path: Path | str, *, dir_fd: int | None = None, follow_symlinks: bool = False, what: str | None = None
+) -> int:
     """A read-only descriptor of ``path``, which must be a regular file; opening never blocks (a FIFO).
+    Messages name the file as ``what`` (default: ``path``).
 
     ``FileNotFoundError`` passes through (most callers read a missing file as "none yet")."""
+    name = str(path) if what is None else what
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
@@ -47,15 +51,18 @@ def open_regular(path: Path | str, *, dir_fd: int | None = None, follow_symlinks
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise HostileFile(f"{path} is a symbolic link; it must be the file itself") from None
+            raise HostileFile(f"{name}: is a symbolic link; it must be the file itself (copy, not link it)") from None
         if exc.errno == errno.ENXIO:
-            raise HostileFile(f"{path} is not a regular file (a socket); it must be a file") from None
-        raise HostileFile(f"cannot read {path}: {exc.strerror or exc}") from None
-    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+            raise HostileFile(f"{name}: is not a regular file (a socket); it must be a file") from None
+        raise HostileFile(f"cannot read {name}: {exc.strerror or exc}") from None
+    try:
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    except OSError as exc:
+        os.close(fd)
+        raise HostileFile(f"cannot read {name}: {exc.strerror or exc}") from None
     if kind != stat.S_IFREG:
         os.close(fd)
-        what = _KINDS.get(kind, "no regular file")
-        raise HostileFile(f"{path} is not a regular file ({what}); it must be a file")
+        raise HostileFile(f"{name}: is not a regular file ({_KINDS.get(kind, 'unknown kind')}); it must be a file")
     return fd
 
 
@@ -68,7 +75,7 @@ def read_bounded(
     try:
         size = os.fstat(fd).st_size
         if size > max_bytes:
-            raise HostileFile(f"{path} is {size} bytes, more than such a file may hold ({max_bytes})")
+            raise HostileFile(f"{path}: {size} bytes, more than such a file may hold ({max_bytes})")
         chunks: list[bytes] = []
         got = 0
         while got <= max_bytes:
