@@ -112,3 +112,31 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
     _fails([str(tiny), "--hf", out, f"--config-from={ENTRY}:gpt2_token"], capsys, "another model")
     _fails([str(tiny), "--hf", out, f"--config-from={TINY}"], capsys, "causal_lm_spec")
     assert not Path(out).exists()
+
+
+@pytest.mark.slow
+def test_a_hostile_hf_config_exits_2_before_anything_is_allocated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config is refused on the meta device: a huge ``n_embd`` allocates nothing, a negative one is no traceback."""
+    import json
+    import os
+
+    root = trained(tmp_path / "gpt2", f"{ENTRY}:gpt2_token", steps=1)
+    config_file = root / CONFIG_FILE
+    good = json.loads(config_file.read_text())
+    out = str(tmp_path / "out")
+    cases: list[tuple[dict[str, Any], tuple[str, ...]]] = [
+        ({"n_embd": 65536}, ("does not fit", "transformer.wte.weight")),
+        ({"n_embd": -64}, ("describes no model",)),
+        ({"n_layer": 10**9}, ("decoder layers", "1000000000")),
+    ]
+    for change, words in cases:
+        config_file.write_text(json.dumps({**good, **change}))
+        _fails([str(root), "--hf", out], capsys, *words)
+    config_file.write_text("[" * 100_000 + "]" * 100_000)
+    _fails([str(root), "--hf", out], capsys, "nests deeper")
+    config_file.unlink()
+    os.mkfifo(config_file)
+    _fails([str(root), "--hf", out], capsys, "not a regular file (a FIFO)")
+    assert not Path(out).exists()

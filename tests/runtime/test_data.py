@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +149,71 @@ def test_windows_are_consecutive_slices_of_each_shard(
         return
     ds = TokenFileDataset(paths, seq_len)
     assert [(x.tolist(), y.tolist()) for x, y in (ds[i] for i in range(len(ds)))] == expected
+
+
+@pytest.mark.parametrize("vocab_size", [True, -5, 1e12, "257", 2**40])
+def test_a_sidecar_vocab_size_that_is_no_vocabulary_is_refused(tmp_path: Path, vocab_size: object) -> None:
+    path = write_tokens(tmp_path / "t.bin", list(range(10)))
+    meta = json.loads(sidecar_path(path).read_text())
+    sidecar_path(path).write_text(json.dumps({**meta, "vocab_size": vocab_size}))
+    with pytest.raises(UserInputError, match=rf"t\.bin\.json: vocab_size {vocab_size!r} is not an integer from 1"):
+        TokenFileDataset(path, 4)
+
+
+def test_an_id_at_or_past_the_vocabulary_is_refused_at_open_naming_the_file_the_id_and_the_vocabulary(
+    tmp_path: Path,
+) -> None:
+    path = write_tokens(tmp_path / "t.bin", [1, 2, 3, 256, 300, 5, 6, 7])
+    meta = json.loads(sidecar_path(path).read_text())
+    sidecar_path(path).write_text(json.dumps({**meta, "vocab_size": 257}))
+    with pytest.raises(UserInputError, match=r"t\.bin holds id 300 at token 4, but its sidecar's vocab_size is 257"):
+        TokenFileDataset(path, 4)
+
+
+def test_an_id_written_past_the_vocabulary_after_open_fails_its_window_as_a_user_error(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "t.bin", list(range(9)))
+    meta = json.loads(sidecar_path(path).read_text())
+    sidecar_path(path).write_text(json.dumps({**meta, "vocab_size": 257}))
+    ds = TokenFileDataset(path, 4)
+    assert ds.vocab_size == 257
+    with open(path, "r+b") as fh:
+        fh.seek(6 * 2)
+        fh.write(np.asarray([300], dtype="<u2").tobytes())
+    assert ds[0][0].tolist() == [0, 1, 2, 3]
+    with pytest.raises(UserInputError, match=r"holds id 300 at token 6, but its sidecar's vocab_size is 257"):
+        ds[1]
+
+
+def test_a_token_file_shorter_than_its_sidecar_says_or_no_regular_file_is_refused(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "t.bin", list(range(10)))
+    os.truncate(path, 8)
+    with pytest.raises(UserInputError, match=r"t\.bin holds 4 tokens but its sidecar says 10: the file was truncated"):
+        TokenFileDataset(path, 2)
+    os.mkfifo(tmp_path / "fifo.bin")
+    with pytest.raises(UserInputError, match=r"fifo\.bin does not exist \(or is not a regular file\)"):
+        TokenFileDataset(tmp_path / "fifo.bin", 2, dtype="uint16")
+
+
+TRUNCATE_WHILE_READING = """
+import os, sys
+from pathlib import Path
+from morphing.errors import UserInputError
+from spotmorph.data import TokenFileDataset
+path = Path(sys.argv[1])
+ds = TokenFileDataset(path, 4)
+os.truncate(path, 0)  # another process empties the file under the running reader
+try:
+    ds[len(ds) - 1]
+except UserInputError as exc:
+    print(exc)
+    sys.exit(2)
+"""
+
+
+def test_a_token_file_truncated_under_a_reader_is_a_user_error_not_sigbus(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "t.bin", [7] * 100_000)
+    result = subprocess.run(
+        [sys.executable, "-c", TRUNCATE_WHILE_READING, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)  # -7 (SIGBUS) when the file was mapped
+    assert "is shorter than the 200000 bytes it had when training started: it was truncated" in result.stdout

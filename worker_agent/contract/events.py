@@ -8,11 +8,14 @@ into the same value; nothing else spells an event name or a field.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal, TypeVar
+
+from worker_agent.contract.hostile import HostileFile, open_regular, parse_json_bounded
 
 FailureKind = Literal["input", "node", "checkpoint", "checkpoint_damaged", "abort", "lease_expired", "fenced"]
 E = TypeVar("E")
@@ -190,7 +193,7 @@ def progress_line(record: ProgressRecord) -> str:
 def parse_progress_line(line: str | bytes) -> ProgressRecord:
     """The record a line holds; :class:`ProgressLineError` when it holds none. Unknown fields are ignored."""
     try:
-        data = json.loads(line)
+        data = parse_json_bounded(line, "progress line", finite=False)
     except ValueError as exc:
         raise ProgressLineError(f"not JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -208,15 +211,23 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord:
 
 def read_progress(path: Path) -> list[ProgressRecord]:
     """Every complete record in a progress file (a torn last line, or none at all, is not an error)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    return ProgressReader.parse_lines(text.splitlines())
+    reader = ProgressReader(path)
+    out: list[ProgressRecord] = []
+    while True:
+        offset = reader.offset
+        out += reader.poll()
+        if reader.offset == offset:
+            return out
 
 
 class ProgressReader:
-    """Reads a progress file as it grows: each :meth:`poll` returns the records completed since the last."""
+    """Reads a progress file as it grows: each :meth:`poll` returns the records completed since the last.
+
+    The trainer runs the user's code, so the file is opened as hostile (:mod:`.hostile`: a FIFO put in its
+    place reads as no records, never a blocked agent) and read at most ``MAX_POLL_BYTES`` per poll; a line
+    longer than that is skipped."""
+
+    MAX_POLL_BYTES = 16 << 20
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -224,12 +235,14 @@ class ProgressReader:
 
     def poll(self) -> list[ProgressRecord]:
         try:
-            with open(self.path, "rb") as handle:
+            with io.FileIO(open_regular(self.path), "rb") as handle:
                 handle.seek(self.offset)
-                chunk = handle.read()
-        except FileNotFoundError:
+                chunk = handle.read(self.MAX_POLL_BYTES) or b""
+        except (OSError, HostileFile):
             return []
         complete = chunk[: chunk.rfind(b"\n") + 1]
+        if not complete and len(chunk) == self.MAX_POLL_BYTES:
+            complete = chunk  # one line longer than any record: skipped
         self.offset += len(complete)
         return self.parse_lines(complete.decode(errors="replace").splitlines())
 

@@ -24,8 +24,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker_agent.contract.hostile import HostileFile, load_json_bounded, read_bounded, read_counter
+
 _GENERATION = re.compile(r"^gen-(\d+)$")
 _RANK_FILE = re.compile(r"^(?:progress-)?rank-(\d+)\.(?:jsonl|pid)$")
+MAX_CONTROL_BYTES = 64 << 10  # a salvage order names one rank per stage; a lease is two numbers
 
 
 @dataclass(frozen=True)
@@ -88,15 +91,15 @@ class ControlDir:
         self._publish(self.salvage_file, order_json)
 
     def salvage_request(self) -> str | None:
-        """The salvage order's text, if one was published."""
-        with contextlib.suppress(OSError):
-            return self.salvage_file.read_text()
+        """The salvage order's text, if one was published (None too when the file is no bounded regular file)."""
+        with contextlib.suppress(OSError, HostileFile):
+            return read_bounded(self.salvage_file, MAX_CONTROL_BYTES).decode(errors="replace")
         return None
 
     def checkpoint_request(self) -> int:
-        """The newest request counter; 0 when none was ever published."""
-        with contextlib.suppress(OSError, ValueError):
-            return int(self.checkpoint_request_file.read_text())
+        """The newest request counter; 0 when none was ever published, or when the file holds no counter."""
+        with contextlib.suppress(OSError, HostileFile):
+            return read_counter(self.checkpoint_request_file)
         return 0
 
     @property
@@ -122,9 +125,9 @@ class ControlDir:
         self._publish(self.acknowledged_file, str(step))
 
     def acknowledged_checkpoint(self) -> int:
-        """What :meth:`acknowledge_checkpoint` last wrote; 0 when nothing was acknowledged."""
-        with contextlib.suppress(OSError, ValueError):
-            return int(self.acknowledged_file.read_text())
+        """What :meth:`acknowledge_checkpoint` last wrote; 0 when nothing (or no counter) was acknowledged."""
+        with contextlib.suppress(OSError, HostileFile):
+            return read_counter(self.acknowledged_file)
         return 0
 
     @property
@@ -142,18 +145,16 @@ class ControlDir:
     def lease(self) -> Lease | None:
         """The lease as last renewed; None when there is none (a run no agent supervises, e.g. ``spotmorph train``).
 
-        An unreadable lease counts as one that ran out long ago: only the agent writes it, and always whole."""
+        An unreadable lease counts as one that ran out long ago: only the agent writes it, and always whole,
+        so a lease that is no regular file, or holds anything but two finite numbers, was not written by it."""
         try:
-            text = self.lease_file.read_text()
+            data = load_json_bounded(self.lease_file, MAX_CONTROL_BYTES)
+            renewed, valid_for = float(data["renewed"]), float(data["valid_for"])
         except FileNotFoundError:
             return None
-        except OSError:
+        except (OSError, ValueError, KeyError, TypeError):
             return Lease(float("-inf"), 0.0)
-        try:
-            data = json.loads(text)
-            return Lease(float(data["renewed"]), float(data["valid_for"]))
-        except (ValueError, KeyError, TypeError):
-            return Lease(float("-inf"), 0.0)
+        return Lease(renewed, valid_for)
 
 
 @dataclass(frozen=True)

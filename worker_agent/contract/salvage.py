@@ -10,7 +10,10 @@ the controller has fallen back to the newest periodic checkpoint.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+
+from worker_agent.contract.hostile import parse_json_bounded
 
 
 @dataclass(frozen=True)
@@ -28,8 +31,8 @@ class SalvageOrder:
 
     @classmethod
     def from_json(cls, text: str) -> SalvageOrder:
-        """The order a file holds; ``ValueError`` for anything that is not one."""
-        data = json.loads(text)
+        """The order a file holds; ``ValueError`` for anything that is not one (a deadline of NaN included)."""
+        data = parse_json_bounded(text, "the salvage order")
         if not isinstance(data, dict):
             raise ValueError("a salvage order is a JSON object")
         step, writers, deadline = data.get("step"), data.get("writers"), data.get("deadline")
@@ -37,6 +40,6 @@ class SalvageOrder:
             raise ValueError(f"salvage step {step!r} is not a step")
         if not isinstance(writers, list) or not writers or not all(isinstance(w, int) and w >= 0 for w in writers):
             raise ValueError(f"salvage writers {writers!r} are not ranks")
-        if not isinstance(deadline, int | float) or isinstance(deadline, bool):
+        if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not math.isfinite(deadline):
             raise ValueError(f"salvage deadline {deadline!r} is not a time")
         return cls(step, tuple(writers), float(deadline))

@@ -21,10 +21,12 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker_agent.contract.hostile import HostileFile, load_json_bounded
 from worker_agent.runtime.durable import atomic_write
 from worker_agent.runtime.errors import FenceError, GenerationFenced
 
@@ -48,20 +50,16 @@ def read_fence(root: Path) -> Fence | None:
     """The fence of ``root``; None when none was ever raised there. A damaged one is a :class:`FenceError`."""
     path = root / FENCE
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FENCE_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise FenceError(f"cannot read the fence {path}: {exc.strerror or exc}") from exc
-    try:
-        value = json.loads(data)
+        value = load_json_bounded(path, MAX_FENCE_BYTES)
         job, generation = value["job"], value["generation"]
         if not isinstance(job, str) or not job or type(generation) is not int or generation < 0:
             raise ValueError("a job id and a generation >= 0")
+    except FileNotFoundError:
+        return None
     except (ValueError, KeyError, TypeError) as exc:
+        why = str(exc) if isinstance(exc, HostileFile) else f"{path}: {str(exc)[:100]}"
         raise FenceError(
-            f"the fence {path} is damaged ({str(exc)[:100]}); it must hold the job and the newest generation "
+            f"the fence is damaged ({why}); it must hold the job and the newest generation "
             '({"job": "job-1", "generation": 3}): write the current ones back, or remove it only when no '
             "older generation can still be running"
         ) from None
@@ -70,8 +68,15 @@ def read_fence(root: Path) -> Fence | None:
 
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    """The fence's lock: a regular file (a FIFO or a link put in its place would block or lead elsewhere)."""
+    path = root / LOCK
     try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise FenceError(f"cannot open the fence's lock {path}: {exc.strerror or exc}; remove it") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FenceError(f"the fence's lock {path} is not a regular file; remove it (it is created again)")
         fcntl.lockf(fd, fcntl.LOCK_EX)
         yield
     finally:

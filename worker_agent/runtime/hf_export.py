@@ -9,18 +9,19 @@ comes from a ``save_pretrained`` directory or the job's entrypoint.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from morphing.errors import UserInputError
+from worker_agent.contract.hostile import HostileFile, load_json_bounded
 from worker_agent.runtime.checkpoint import Checkpoint, CheckpointError, atomic_write, read_all
 from worker_agent.runtime.hf_adapter import hf_parameter_name
 from worker_agent.runtime.model_api import ModelSpec
 
 CONFIG_FILE = "hf_config.json"
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def write_config(checkpoint_dir: Path, spec: ModelSpec) -> None:
@@ -47,14 +48,15 @@ def _config_class(data: dict[str, Any], where: str) -> Any:
 def _config_next_to(ckpt: Checkpoint) -> Any:
     for folder in (ckpt.path.parent, ckpt.path):
         path = folder / CONFIG_FILE
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise UserInputError(f"{path} is damaged: {exc}") from exc
-            if not isinstance(data, dict):
-                raise UserInputError(f"{path} is damaged: not a JSON object")
-            return _config_class(data, str(path))
+        try:
+            data = load_json_bounded(path, MAX_CONFIG_BYTES, follow_symlinks=True)
+        except FileNotFoundError:
+            continue
+        except HostileFile as exc:
+            raise UserInputError(f"{CONFIG_FILE} is damaged: {exc}") from None
+        if not isinstance(data, dict):
+            raise UserInputError(f"{path} is damaged: not a JSON object")
+        return _config_class(data, str(path))
     raise UserInputError(
         f"no {CONFIG_FILE} beside {ckpt.path}: it was not written for a model from spotmorph.hf; "
         "pass --config-from with the model's save_pretrained directory or the job's entrypoint"
@@ -102,18 +104,43 @@ def export(ckpt: Checkpoint, config: Any, out: Path) -> list[str]:
                 "from spotmorph.hf: it was written for another model"
             )
         state[hf_name] = tensor
+    _check_fits(ckpt, config, state, layers=len({n.split(".", 1)[0] for n in params if n.startswith("layer")}))
     dtypes = {t.dtype for t in state.values()}
     model = auto.from_config(config).to(dtypes.pop() if len(dtypes) == 1 else torch.float32)
     try:
-        _, unexpected = model.load_state_dict(state, strict=False)
+        model.load_state_dict(state, strict=False)
     except RuntimeError as exc:
         raise UserInputError(f"checkpoint {ckpt.path} does not fit this config: {str(exc).splitlines()[-1]}") from exc
-    missing = [n for n, _ in model.named_parameters() if n not in state]
-    if unexpected or missing:
-        raise UserInputError(
-            f"checkpoint {ckpt.path} does not fit this {config.model_type} config: "
-            f"unexpected {sorted(unexpected)[:3]}, missing {missing[:3]}"
-        )
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     return sorted(state)
+
+
+def _check_fits(ckpt: Checkpoint, config: Any, state: dict[str, torch.Tensor], layers: int) -> None:
+    """Refuse a config that does not describe the checkpoint's model before anything is allocated: its layer
+    count first (a model is built layer by layer), then every shape on the meta device (no memory), so a
+    config from a file (a huge ``n_embd``, a negative one) is an error naming the mismatch, not an
+    allocation of the config's size or a traceback."""
+    from transformers import AutoModelForCausalLM
+
+    auto: Any = AutoModelForCausalLM
+    stated = getattr(config, "num_hidden_layers", None)
+    if stated != layers:
+        raise UserInputError(
+            f"checkpoint {ckpt.path} holds {layers} decoder layers but its {config.model_type} config says "
+            f"{stated!r}: the config is of another model"
+        )
+    try:
+        with torch.device("meta"):
+            skeleton = auto.from_config(config)
+    except Exception as exc:
+        raise UserInputError(f"the {config.model_type} config describes no model: {str(exc)[:200]}") from None
+    shapes = {name: tuple(p.shape) for name, p in skeleton.named_parameters(remove_duplicate=False)}
+    wrong = [f"{n} {tuple(t.shape)} vs {shapes[n]}" for n, t in state.items() if shapes.get(n, t.shape) != t.shape]
+    missing = [n for n, _ in skeleton.named_parameters() if n not in state]
+    unexpected = [n for n in state if n not in shapes]
+    if wrong or missing or unexpected:
+        raise UserInputError(
+            f"checkpoint {ckpt.path} does not fit this {config.model_type} config: shapes (checkpoint vs config) "
+            f"{wrong[:2]}, unexpected {sorted(unexpected)[:3]}, missing {missing[:3]}"
+        )

@@ -13,7 +13,9 @@ import torch
 
 from morphing.errors import UserInputError
 from morphing.jobspec import DType, JobSpec, job_spec_from_json
+from worker_agent.contract.hostile import HostileFile, read_bounded
 
+MAX_INPUT_BYTES = 1 << 20  # job.json and layout.json: a spec and a layout are a few kilobytes
 _TORCH_DTYPES: dict[DType, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -25,8 +27,8 @@ def torch_dtype(dtype: DType) -> torch.dtype:
 def load_job_spec(path: Path) -> JobSpec:
     """The spec a trainer was given (``job.json``); a bad one is a :class:`UserInputError`."""
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = read_bounded(path, MAX_INPUT_BYTES).decode(errors="replace")
+    except (OSError, HostileFile) as exc:
         raise UserInputError(f"cannot read job spec {path}: {exc}") from exc
     return job_spec_from_json(text, what=f"job spec {path}")
 

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from morphing.jobspec import identity_hash
+from worker_agent.contract.hostile import HostileFile, open_regular
 from worker_agent.runtime.errors import CheckpointError, ForeignCheckpoint
 
 MANIFEST = "manifest.json"
@@ -185,27 +186,26 @@ def step_directory(path: Path) -> Iterator[int]:
 
 
 def _read(dir_fd: int, where: str, name: str, expected: int | None) -> bytearray:
-    """``name`` in ``dir_fd``: a regular file (no link), ``expected`` bytes by lstat before it is opened."""
+    """``name`` in ``dir_fd``: a regular file (no link, opened by :func:`open_regular`, so a FIFO never
+    blocks), ``expected`` bytes by fstat before a byte is read, and no read past that size."""
     try:
-        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if stat.S_ISLNK(before.st_mode):
-            raise CheckpointError(f"{where}: is a symbolic link; a checkpoint holds its files (copy, do not link them)")
-        if not stat.S_ISREG(before.st_mode):
-            raise CheckpointError(f"{where}: is not a regular file (a pipe, device or directory is no layer file)")
-        if expected is not None and before.st_size != expected:
-            raise CheckpointError(f"{where}: {before.st_size} bytes, manifest says {expected}")
-        if before.st_size > MAX_MANIFEST_BYTES and expected is None:
-            raise CheckpointError(f"{where}: {before.st_size} bytes, more than any manifest ({MAX_MANIFEST_BYTES})")
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-        with io.FileIO(fd, "rb", closefd=True) as fh:
-            now = os.fstat(fd)
-            if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
-                raise CheckpointError(f"{where}: was replaced while being read")
-            data = _read_at_most(fh, before.st_size + 1)
+        fd = open_regular(name, dir_fd=dir_fd, what=where)
+    except HostileFile as exc:
+        raise CheckpointError(str(exc)) from None
     except OSError as exc:
         raise CheckpointError(f"{where}: {exc.strerror or exc}") from exc
-    if len(data) != before.st_size:
-        raise CheckpointError(f"{where}: changed size while being read ({len(data)} bytes, was {before.st_size})")
+    with io.FileIO(fd, "rb", closefd=True) as fh:
+        try:
+            size = os.fstat(fd).st_size
+            if expected is not None and size != expected:
+                raise CheckpointError(f"{where}: {size} bytes, manifest says {expected}")
+            if size > MAX_MANIFEST_BYTES and expected is None:
+                raise CheckpointError(f"{where}: {size} bytes, more than any manifest ({MAX_MANIFEST_BYTES})")
+            data = _read_at_most(fh, size + 1)
+        except OSError as exc:
+            raise CheckpointError(f"{where}: {exc.strerror or exc}") from exc
+    if len(data) != size:
+        raise CheckpointError(f"{where}: changed size while being read ({len(data)} bytes, was {size})")
     return data
 
 

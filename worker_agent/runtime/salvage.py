@@ -49,7 +49,7 @@ from worker_agent.runtime.checkpoint import FORMAT, MANIFEST, LayerPayload, atom
 from worker_agent.runtime.control import Progress
 from worker_agent.runtime.errors import FenceError, GenerationFenced
 from worker_agent.runtime.fence import Fence, check_fence
-from worker_agent.runtime.writer import write_layer_files
+from worker_agent.runtime.writer import load_part, part_files, write_layer_files
 
 POLL_SECONDS = 0.02
 FENCE_POLL_SECONDS = 0.5  # a holding rank re-reads the fence file this often
@@ -179,7 +179,7 @@ def commit(
         if time.time() >= order.deadline:
             return False
         time.sleep(POLL_SECONDS)
-    files = sorted((e for p in names for e in json.loads(p.read_text())), key=lambda e: e["path"])
+    files = sorted((e for p in names for e in part_files(load_part(p), p)), key=lambda e: e["path"])
     if time.time() >= order.deadline:
         return False
     body = {"format": FORMAT, **manifest, "step": step, "files": files, "committed_at": time.time()}

@@ -9,7 +9,6 @@ trainer of generation g never meets one of g+1. The job's device is resolved bef
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -37,9 +36,11 @@ from worker_agent.contract import (
     TrainingFinished,
     TrainingStopped,
 )
+from worker_agent.contract.hostile import HostileFile, load_json_bounded
 from worker_agent.runtime import resume
 from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress, StopRequest
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
+from worker_agent.runtime.startup import Phase, StartupWatch
 
 # Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
 # long before, so this is when the trainer "started".
@@ -85,14 +86,14 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     from worker_agent.runtime.engine import StageRunner, module_for_dtype
     from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.hf_export import write_config as write_hf_config
-    from worker_agent.runtime.job import data_cursor, load_job_spec, torch_dtype
+    from worker_agent.runtime.job import MAX_INPUT_BYTES, data_cursor, load_job_spec, torch_dtype
     from worker_agent.runtime.model_api import assign_dropout_keys, dropout_dtypes
     from worker_agent.runtime.partition import PartitionedModel
 
     job = load_job_spec(cfg.job_file)
     try:
-        layout = Layout.from_dict(json.loads(cfg.layout_file.read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
+        layout = Layout.from_dict(load_json_bounded(cfg.layout_file, MAX_INPUT_BYTES))
+    except (OSError, HostileFile) as exc:
         raise UserInputError(f"cannot read layout {cfg.layout_file}: {exc}") from exc
     if layout.global_batch != job.global_batch:
         raise UserInputError(f"layout global_batch={layout.global_batch} but job has {job.global_batch}")
@@ -117,7 +118,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     stop = StopRequest(control)
     requests = CheckpointRequests(control, cfg.rank)
     lease = LeaseWatch(control)
-    fence = resume.fence_of(cfg)  # before the rendezvous: before this generation loads anything
+    with StartupWatch(progress, cfg.rank).phase(Phase.FENCE, max(60.0, 3 * job.timeout_seconds)):
+        fence = resume.fence_of(cfg)  # before the rendezvous: before this generation loads anything
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
     _rendezvous(cfg, layout.world_size, job.timeout_seconds)
     progress.emit(

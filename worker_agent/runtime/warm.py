@@ -16,8 +16,10 @@ import sys
 import time
 
 from worker_agent.contract import WarmArguments, WarmAssignment, WarmSpool
+from worker_agent.contract.hostile import read_bounded
 
 POLL_SECONDS = 0.02
+MAX_ASSIGNMENT_BYTES = 1 << 20
 
 
 def _preload() -> None:
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         time.sleep(POLL_SECONDS)
     assigned_at = time.time()
-    task = WarmAssignment.from_json(spool.assignment_file.read_text())
+    task = WarmAssignment.from_json(read_bounded(spool.assignment_file, MAX_ASSIGNMENT_BYTES).decode())
     log = os.open(task.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()

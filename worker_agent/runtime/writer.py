@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
+from worker_agent.contract.hostile import HostileFile, load_json_bounded
 from worker_agent.runtime.durable import atomic_write
 from worker_agent.runtime.errors import CheckpointWriteFailed, FenceError
 from worker_agent.runtime.fence import Fence, check_fence
-from worker_agent.runtime.manifest import FORMAT, MANIFEST, dir_name, parse_dir_name
+from worker_agent.runtime.manifest import FORMAT, MANIFEST, MAX_MANIFEST_BYTES, dir_name, parse_dir_name
 
 LayerPayload = dict[str, Any]
 TRASH = ".trash-"  # a directory being deleted is renamed first, so it stops being a checkpoint at once
@@ -266,9 +267,25 @@ class CheckpointWriter:
         shutil.rmtree(trash, ignore_errors=True)
 
 
+def load_part(path: Path) -> Any:
+    """Another rank's part of a checkpoint on the share, read as the hostile file it may be."""
+    try:
+        return load_json_bounded(path, MAX_MANIFEST_BYTES)
+    except (OSError, HostileFile) as exc:
+        raise CheckpointWriteFailed(f"a rank's part of the checkpoint is unreadable: {exc}") from None
+
+
+def part_files(files: Any, path: Path) -> list[dict[str, Any]]:
+    """The file entries a part lists (the manifest checks them in full when it is read)."""
+    if not isinstance(files, list) or not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in files):
+        raise CheckpointWriteFailed(f"{path}: not a part of a checkpoint (its files are not a list of file entries)")
+    return files
+
+
 def _part_entries(path: Path, generation: int) -> list[dict[str, Any]]:
-    part = json.loads(path.read_text())
+    part = load_part(path)
+    if not isinstance(part, dict):
+        raise CheckpointWriteFailed(f"{path}: not a part of a checkpoint (a JSON object with its files)")
     if part.get("generation") != generation:
         raise CheckpointWriteFailed(f"{path}: a part of generation {part.get('generation')}, not of {generation}")
-    entries: list[dict[str, Any]] = part["files"]
-    return entries
+    return part_files(part.get("files"), path)
