@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from controller.files import write_private
+from controller.files import TOKEN_LIMIT, read_small_text, write_private
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.")
 
@@ -54,14 +54,14 @@ class Principal:
     incarnation: int | None = None
 
 
-def read_or_create_token(path: Path) -> str:
+def read_or_create_token(path: Path, flag: str = "token file") -> str:
     """The token in ``path``; a new random one (mode 0600) when the file is missing.
 
     New tokens start with ``smt_`` so that one never begins with ``-``, which a command line would
     take for an option (``--token -abc`` fails to parse).
     """
     if path.exists():
-        token = path.read_text().strip()
+        token = read_small_text(path, flag, TOKEN_LIMIT).strip()
         if token:
             return token
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -106,12 +106,13 @@ class Controller:
     def _build(self, clock: Clock) -> None:
         settings = self.settings
         state = settings.state_dir
-        static = {
-            read_or_create_token(settings.token_file or state / "operator.token"): Role.OPERATOR,
-            read_or_create_token(settings.reader_token_file or state / "reader.token"): Role.READER,
-            read_or_create_token(settings.agent_token_file or state / "agent.token"): Role.AGENT,
-        }
-        self.tokens = Tokens(static, read_or_create_token(state / "node-secret").encode())
+        files = (
+            (settings.token_file or state / "operator.token", "--token-file", Role.OPERATOR),
+            (settings.reader_token_file or state / "reader.token", "reader_token_file", Role.READER),
+            (settings.agent_token_file or state / "agent.token", "agent_token_file", Role.AGENT),
+        )
+        static = {read_or_create_token(path, flag): role for path, flag, role in files}
+        self.tokens = Tokens(static, read_or_create_token(state / "node-secret", "node secret").encode())
         self.store = Store(private_database(state / "state.db"))
         self.server = grpc.aio.server(interceptors=[AuthInterceptor(self.tokens)], options=grpc_options(settings))
         self.port = self._bind()

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controller.files import CONFIG_LIMIT, read_small_text
 from controller.providers.azure_config import AzureSettings
 from morphing.errors import UserInputError
 
@@ -114,8 +115,8 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> Contro
     base: dict[str, Any] = {}
     if config_file is not None:
         try:
-            base = yaml.safe_load(config_file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            base = yaml.safe_load(read_small_text(config_file, "--config", CONFIG_LIMIT)) or {}
+        except yaml.YAMLError as exc:
             raise UserInputError(f"--config {config_file}: {exc}") from None
     try:
         env = ControllerSettings()
