@@ -61,6 +61,7 @@ def grpc_options(s: ControllerSettings) -> list[tuple[str, int]]:
 def reconcile_config(s: ControllerSettings) -> Config:
     return Config(
         heartbeat_expiry_seconds=s.heartbeat_expiry_seconds,
+        gone_retention_seconds=s.gone_retention_seconds,
         debounce_seconds=s.debounce_seconds,
         stop_timeout_seconds=s.stop_timeout_seconds,
         suspect_grace_seconds=s.suspect_grace_seconds,

@@ -68,6 +68,8 @@ class ControllerSettings(BaseSettings):
     """The hold doubles with each further flap within the memory, up to this."""
     flap_memory_seconds: float = Field(default=600.0, ge=0)
     """How long a LOST counts: a node back later is not held, and its flaps are forgotten."""
+    gone_retention_seconds: float = Field(default=3600.0, ge=0)
+    """A GONE node's record is deleted after this (at least ``flap_memory_seconds``); its events stay."""
     debounce_seconds: float = 5.0
     """Wait this long after node arrivals before admitting or growing jobs onto them."""
     stop_timeout_seconds: float = 120.0
