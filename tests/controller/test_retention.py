@@ -28,7 +28,7 @@ def code_of(call: Callable[[], object]) -> grpc.StatusCode | None:
     try:
         call()
     except grpc.RpcError as exc:
-        return exc.code()  # type: ignore[no-any-return]
+        return exc.code()
     return None
 
 
