@@ -4,6 +4,10 @@ A umask of 022 leaves a new SQLite database world-readable, one of 000 leaves fo
 so modes are set explicitly (``os.open`` with a mode, then ``fchmod``), never left to the umask. Writes
 go to a private temporary file renamed into place: a reader never sees half a token, nor a moment when
 the file is readable by others.
+
+Files named by a flag (certificates, keys, tokens, configs) are read by :func:`read_small` only: a
+regular file of bounded size, so ``/dev/zero`` or a FIFO is one line naming the flag, never a process
+that grows until it is killed or waits forever.
 """
 
 from __future__ import annotations
@@ -13,9 +17,16 @@ import os
 import stat
 from pathlib import Path
 
+from morphing.errors import UserInputError
+
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 PUBLIC_FILE = 0o644
+
+KIB = 1 << 10
+TOKEN_LIMIT = 64 * KIB  # a token or secret is tens of bytes
+PEM_LIMIT = 1 << 20  # a certificate chain or CA bundle (the system bundle is ~200 KiB)
+CONFIG_LIMIT = 1 << 20  # a YAML of settings, a template, a unit file
 
 log = logging.getLogger("spotmorph.files")
 
@@ -65,3 +76,56 @@ def _write(path: Path, data: bytes, mode: int) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_small(path: Path, flag: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` of at most ``limit`` bytes; UserInputError naming ``flag`` otherwise.
+
+    Opened with O_NONBLOCK so a FIFO without a writer cannot block the open, checked with ``fstat`` on
+    that descriptor (what is read is what was checked), and read up to ``limit + 1`` bytes so a file
+    that grows meanwhile is still refused.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserInputError(
+            f"{flag} {path}: cannot read it ({exc.strerror or exc}); check the path and that this user may read it"
+        ) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UserInputError(f"{flag} {path}: not a regular file (a {_kind(mode)}); pass the path of a file on disk")
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise UserInputError(f"{flag} {path}: cannot read it ({exc.strerror or exc}); check the file") from None
+    if len(data) > limit:
+        raise UserInputError(
+            f"{flag} {path}: larger than {limit} bytes, more than such a file holds; pass the right file"
+        )
+    return data
+
+
+def read_small_text(path: Path, flag: str, limit: int) -> str:
+    """:func:`read_small` as UTF-8 text; bytes that are not UTF-8 are a UserInputError naming ``flag``."""
+    data = read_small(path, flag, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(
+            f"{flag} {path}: not UTF-8 text (byte {exc.start}); pass a text file (PEM, YAML or a token)"
+        ) from None
+
+
+_KINDS = (
+    (stat.S_ISDIR, "directory"),
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "special file")

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from controller.files import write_private
+from controller.files import TOKEN_LIMIT, read_small_text, write_private
 from morphing.errors import UserInputError
 
 NODE_SECRET = "node-secret"  # in the state directory: every node and per-VM token is an HMAC under it
@@ -67,14 +67,14 @@ class Principal:
     instance: str | None = None
 
 
-def read_or_create_token(path: Path) -> str:
+def read_or_create_token(path: Path, flag: str = "token file") -> str:
     """The token in ``path``; a new random one (mode 0600) when the file is missing.
 
     New tokens start with ``smt_`` so that one never begins with ``-``, which a command line would
     take for an option (``--token -abc`` fails to parse).
     """
     if path.exists():
-        token = path.read_text().strip()
+        token = read_small_text(path, flag, TOKEN_LIMIT).strip()
         if token:
             return token
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -85,7 +85,7 @@ def read_or_create_token(path: Path) -> str:
 
 def token_secret(state_dir: Path) -> bytes:
     """The secret node and per-VM tokens are derived from (created with the state directory)."""
-    return read_or_create_token(state_dir / NODE_SECRET).encode()
+    return read_or_create_token(state_dir / NODE_SECRET, "node secret").encode()
 
 
 def issue_vm_token(state_dir: Path, instance: str) -> str:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from controller.api import wire
-from controller.api.status import Context
+from controller.api import paging, wire
+from controller.api.status import Context, answered
 from controller.shell.latency import BOUNDS
-from controller.shell.views import StateView
+from controller.shell.views import StateView, join_order
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
@@ -16,7 +16,10 @@ class ClusterService(rpc.ClusterServicer):
         self.schema_version = schema_version
 
     async def ListNodes(self, request: pb.ListNodesRequest, context: Context) -> pb.ListNodesResponse:
-        return pb.ListNodesResponse(nodes=[wire.node_to_pb(n) for n in self.view.nodes()])
+        async with answered(context):
+            size = paging.page_size(request.page_size)
+            nodes, token = paging.page_of_nodes(self.view.nodes(), join_order, size, request.page_token)
+        return pb.ListNodesResponse(nodes=[wire.node_to_pb(n) for n in nodes], next_page_token=token)
 
     async def GetClusterState(self, request: pb.GetClusterStateRequest, context: Context) -> pb.ClusterState:
         cluster = self.view.cluster()

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from controller.api import submission, wire
+from controller.api import paging, submission, wire
 from controller.api.status import Context, abort, answered
 from controller.api.writes import Writes
 from controller.shell.views import StateView
@@ -45,8 +45,10 @@ class JobsService(rpc.JobsServicer):
         return wire.job_to_pb(detail.job, detail.generations)
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Context) -> pb.ListJobsResponse:
-        details = await self.view.job_details()
-        return pb.ListJobsResponse(jobs=[wire.job_to_pb(d.job, d.generations) for d in details])
+        async with answered(context):
+            jobs, token = paging.page_of_jobs(self.view.jobs(), paging.page_size(request.page_size), request.page_token)
+        details = await self.view.job_details(tuple(jobs))
+        return pb.ListJobsResponse(jobs=[wire.job_to_pb(d.job, d.generations) for d in details], next_page_token=token)
 
     async def CancelJob(self, request: pb.CancelJobRequest, context: Context) -> pb.Job:
         job = self.view.job(request.id)

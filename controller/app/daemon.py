@@ -61,6 +61,7 @@ def grpc_options(s: ControllerSettings) -> list[tuple[str, int]]:
 def reconcile_config(s: ControllerSettings) -> Config:
     return Config(
         heartbeat_expiry_seconds=s.heartbeat_expiry_seconds,
+        gone_retention_seconds=s.gone_retention_seconds,
         debounce_seconds=s.debounce_seconds,
         stop_timeout_seconds=s.stop_timeout_seconds,
         suspect_grace_seconds=s.suspect_grace_seconds,
@@ -106,12 +107,13 @@ class Controller:
     def _build(self, clock: Clock) -> None:
         settings = self.settings
         state = settings.state_dir
-        static = {
-            read_or_create_token(settings.token_file or state / "operator.token"): Role.OPERATOR,
-            read_or_create_token(settings.reader_token_file or state / "reader.token"): Role.READER,
-        }
+        files = [
+            (settings.token_file or state / "operator.token", "--token-file", Role.OPERATOR),
+            (settings.reader_token_file or state / "reader.token", "reader_token_file", Role.READER),
+        ]
         if settings.shared_agent_token:  # off by default: agents then prove their VM with a token of its own
-            static[read_or_create_token(settings.agent_token_file or state / "agent.token")] = Role.AGENT
+            files.append((settings.agent_token_file or state / "agent.token", "agent_token_file", Role.AGENT))
+        static = {read_or_create_token(path, flag): role for path, flag, role in files}
         self.tokens = Tokens(static, token_secret(state))
         self.store = Store(private_database(state / "state.db"))
         self.server = grpc.aio.server(interceptors=[AuthInterceptor(self.tokens)], options=grpc_options(settings))

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controller.files import CONFIG_LIMIT, read_small_text
 from controller.providers.azure_config import AzureSettings
 from morphing.errors import UserInputError
 
@@ -69,6 +70,8 @@ class ControllerSettings(BaseSettings):
     """The hold doubles with each further flap within the memory, up to this."""
     flap_memory_seconds: float = Field(default=600.0, ge=0)
     """How long a LOST counts: a node back later is not held, and its flaps are forgotten."""
+    gone_retention_seconds: float = Field(default=3600.0, ge=0)
+    """A GONE node's record is deleted after this (at least ``flap_memory_seconds``); its events stay."""
     debounce_seconds: float = 5.0
     """Wait this long after node arrivals before admitting or growing jobs onto them."""
     stop_timeout_seconds: float = 120.0
@@ -116,8 +119,8 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> Contro
     base: dict[str, Any] = {}
     if config_file is not None:
         try:
-            base = yaml.safe_load(config_file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            base = yaml.safe_load(read_small_text(config_file, "--config", CONFIG_LIMIT)) or {}
+        except yaml.YAMLError as exc:
             raise UserInputError(f"--config {config_file}: {exc}") from None
     try:
         env = ControllerSettings()

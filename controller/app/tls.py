@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 
 from controller.app.settings import ControllerSettings
+from controller.files import PEM_LIMIT, read_small
 from morphing.errors import UserInputError
 
 MAKE_THEM = "`spotmorph certs DIR --host NAME` makes a matching set"
@@ -90,12 +91,7 @@ def load_server_tls(settings: ControllerSettings) -> ServerTls | None:
 
 
 def _read(flag: str, path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise UserInputError(
-            f"{flag} {path}: cannot read it ({exc.strerror or exc}); check the path and that this user may read it"
-        ) from None
+    return read_small(path, flag, PEM_LIMIT)
 
 
 def _certificates(flag: str, path: Path, pem: bytes) -> list[x509.Certificate]:

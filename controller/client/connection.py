@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from controller.client.context import read_context
+from controller.files import PEM_LIMIT, read_small
 from morphing.errors import UserInputError
 
 
@@ -48,7 +49,9 @@ def channel(
     """A channel that sends the bearer token with every call; TLS (mutual with cert/key) when ``ca`` is given."""
     if ca is not None:
         credentials = grpc.ssl_channel_credentials(
-            ca.read_bytes(), key.read_bytes() if key else None, cert.read_bytes() if cert else None
+            read_small(ca, "--tls-ca", PEM_LIMIT),
+            read_small(key, "--tls-key", PEM_LIMIT) if key else None,
+            read_small(cert, "--tls-cert", PEM_LIMIT) if cert else None,
         )
         raw = grpc.secure_channel(address, credentials)
     else:

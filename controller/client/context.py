@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from controller.files import CONFIG_LIMIT, TOKEN_LIMIT, read_small_text
+
 
 def spotmorph_home() -> Path:
     return Path(os.environ.get("SPOTMORPH_HOME") or "~/.spotmorph").expanduser()
@@ -33,17 +35,21 @@ class Context:
     gpus_per_node: int = 0  # a local cluster's GPUs of this host per VM (0: CPU slots)
 
     def token(self) -> str:
-        try:
-            return Path(self.token_file).read_text().strip()
-        except OSError:
+        """The token the file names; "" when it is missing (the controller then says who may call)."""
+        path = Path(self.token_file)
+        if not self.token_file or not path.exists():
             return ""
+        return read_small_text(path, f"the token file of {context_path()}", TOKEN_LIMIT).strip()
 
 
 def read_context(home: Path | None = None) -> Context | None:
+    """The context; None when there is none or it is not one (a FIFO or a huge file is a UserInputError)."""
+    path = context_path(home)
+    if not path.exists():
+        return None
     try:
-        data = json.loads(context_path(home).read_text())
-        return Context(**data)
-    except (OSError, json.JSONDecodeError, TypeError):
+        return Context(**json.loads(read_small_text(path, "context", CONFIG_LIMIT)))
+    except (json.JSONDecodeError, TypeError):
         return None
 
 

@@ -84,6 +84,14 @@ class RecordEvent:
 
 
 @dataclass(frozen=True)
+class ForgetNode:
+    """Delete a GONE node's record (:mod:`controller.core.retention`); ``incarnation`` raises the floor of new ones."""
+
+    node: str
+    incarnation: int
+
+
+@dataclass(frozen=True)
 class ReleaseInstance:
     """Ask the provider to give back a VM that is gone or lost (a side effect, after persisting)."""
 
@@ -106,6 +114,7 @@ Command = (
     | RecordCheckpoint
     | RecordPause
     | RecordEvent
+    | ForgetNode
     | ReleaseInstance
     | RequestCapacity
 )

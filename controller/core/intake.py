@@ -134,7 +134,7 @@ def register(
         live = sum(1 for n in world.nodes.values() if n.state is not NodeState.GONE)
         if live >= MAX_LIVE_NODES:
             raise Full(f"{live} nodes are registered and not gone, the most a controller keeps; release some first")
-    incarnation = 1
+    incarnation = world.incarnation_floor + 1  # above every forgotten incarnation (controller.core.retention)
     back = rejoin(old, now, damping or Damping())
     if old is not None:
         if old.state not in GONE_OR_LOST and old.instance and old.instance != instance:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from controller.core.commands import (
     AddJob,
     Command,
+    ForgetNode,
     RecordCheckpoint,
     RecordEvent,
     RecordPause,
@@ -33,6 +34,7 @@ __all__ = [
     "AddJob",
     "Assignment",
     "Command",
+    "ForgetNode",
     "Gpu",
     "JobRecord",
     "NodeObservation",
@@ -64,13 +66,15 @@ class World:
     started_at: float = 0.0
     job_seq: int = 0  # jobs submitted so far (the next is job-<job_seq + 1>)
     node_seq: int = 0  # node names generated so far
+    incarnation_floor: int = 0  # the highest incarnation of a forgotten node: new names start above it
 
 
 def apply(world: World, commands: list[Command]) -> World:
     """The world after ``commands``: what the store holds once the runner persisted them."""
     nodes = dict(world.nodes)
     jobs = dict(world.jobs)
-    job_seq, node_seq = world.job_seq, world.node_seq
+    job_seq, node_seq, floor = world.job_seq, world.node_seq, world.incarnation_floor
+    forgotten: set[str] = set()
     for command in commands:
         if isinstance(command, SetNode):
             nodes[command.node.name] = command.node
@@ -81,4 +85,9 @@ def apply(world: World, commands: list[Command]) -> World:
             job_seq = max(job_seq, command.seq)
         elif isinstance(command, SetNodeSeq):
             node_seq = command.seq
-    return World(nodes, jobs, world.observed, world.started_at, job_seq, node_seq)
+        elif isinstance(command, ForgetNode):
+            nodes.pop(command.node, None)
+            forgotten.add(command.node)
+            floor = max(floor, command.incarnation)
+    observed = {k: v for k, v in world.observed.items() if k not in forgotten} if forgotten else world.observed
+    return World(nodes, jobs, observed, world.started_at, job_seq, node_seq, floor)

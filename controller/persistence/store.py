@@ -22,6 +22,7 @@ from controller.core.events import EventKind
 from controller.core.model import (
     AddJob,
     Command,
+    ForgetNode,
     JobRecord,
     NodeRecord,
     RecordCheckpoint,
@@ -94,10 +95,10 @@ class Store:
             loaded_jobs = {j.id: j for j in map(job_from_dict, job_rows)}
         return loaded_nodes, loaded_jobs
 
-    def counters(self) -> tuple[int, int]:
-        """(jobs submitted, node names generated) so far: where the next job id and node name continue."""
+    def counters(self) -> tuple[int, int, int]:
+        """(jobs submitted, node names generated, highest incarnation forgotten): where ids and incarnations go on."""
         with self.engine.connect() as conn:
-            return _counter(conn, "job_seq"), _counter(conn, "node_seq")
+            return _counter(conn, "job_seq"), _counter(conn, "node_seq"), _counter(conn, "incarnation_floor")
 
     def persist(self, commands: Iterable[Command]) -> None:
         """One transaction; consecutive node updates (a generation issued on 1,000 nodes) are batched."""
@@ -201,6 +202,9 @@ def _write(conn: Connection, command: Command) -> None:
         _add_job(conn, command)
     elif isinstance(command, SetNodeSeq):
         _set_counter(conn, "node_seq", command.seq)
+    elif isinstance(command, ForgetNode):  # its incarnations and events stay: the node's history
+        conn.execute(nodes.delete().where(nodes.c.name == command.node))
+        _set_counter(conn, "incarnation_floor", max(_counter(conn, "incarnation_floor"), command.incarnation))
     elif isinstance(command, SetJob):
         job = command.job
         conn.execute(jobs.update().where(jobs.c.id == job.id).values(state=str(job.state), data=job_to_dict(job)))

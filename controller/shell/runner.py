@@ -107,7 +107,7 @@ class Runner:
         self.settings = settings or RunnerSettings()
         self.health = health
         nodes, jobs = store.load()
-        self.job_seq, self.node_seq = store.counters()
+        self.job_seq, self.node_seq, self.incarnation_floor = store.counters()
         self.started_at = clock.now()
         self.nodes: dict[str, NodeRecord] = nodes
         self.jobs: dict[str, JobRecord] = jobs
@@ -130,7 +130,8 @@ class Runner:
 
     @property
     def world(self) -> World:
-        return World(self.nodes, self.jobs, self.observed, self.started_at, self.job_seq, self.node_seq)
+        counters = (self.job_seq, self.node_seq, self.incarnation_floor)
+        return World(self.nodes, self.jobs, self.observed, self.started_at, *counters)
 
     def commit(self, commands: list[Command]) -> None:
         """Persist, then update the mirror, then act: a crash in between loses nothing decided."""
@@ -138,8 +139,8 @@ class Runner:
             return
         self.store.persist(commands)
         world = apply(self.world, commands)
-        self.nodes, self.jobs = dict(world.nodes), dict(world.jobs)
-        self.job_seq, self.node_seq = world.job_seq, world.node_seq
+        self.nodes, self.jobs, self.observed = dict(world.nodes), dict(world.jobs), dict(world.observed)
+        self.job_seq, self.node_seq, self.incarnation_floor = world.job_seq, world.node_seq, world.incarnation_floor
         if any(isinstance(command, SetNode) for command in commands):
             self.inbox.publish_busy(capacity.busy_nodes(self.nodes))
         for command in commands:
@@ -148,14 +149,8 @@ class Runner:
             if isinstance(command, RequestCapacity):
                 self.capacity_ask = capacity.CapacityAsk(command.slots, self.clock.now())
                 self._spawn(self._request_capacity(command))
-            if isinstance(command, SetJob) and command.change:
-                log.info(
-                    "job %s: %s -> %s (%s)",
-                    command.job.id,
-                    command.change.source,
-                    command.change.target,
-                    command.change.reason,
-                )
+            if isinstance(command, SetJob) and (change := command.change):
+                log.info("job %s: %s -> %s (%s)", command.job.id, change.source, change.target, change.reason)
         self.changed.set()
         self.changed = asyncio.Event()
 

@@ -31,6 +31,11 @@ READER_THREAD_PREFIX = "spotmorph-store-reader"
 T = TypeVar("T")
 
 
+def join_order(node: NodeRecord) -> tuple[float, str]:
+    """How nodes are listed: in join order, ties by name (ListNodes pages by it)."""
+    return node.joined_at, node.name
+
+
 @dataclass(frozen=True)
 class JobDetail:
     """A job with the generations issued to it (none newer than the record's own)."""
@@ -105,7 +110,7 @@ class StateView:
         return self._runner.nodes.get(name)
 
     def nodes(self) -> tuple[NodeRecord, ...]:
-        return tuple(sorted(self._runner.nodes.values(), key=lambda n: (n.joined_at, n.name)))
+        return tuple(sorted(self._runner.nodes.values(), key=join_order))
 
     def observation(self, name: str) -> NodeObservation | None:
         return self._runner.observed.get(name)
@@ -145,9 +150,9 @@ class StateView:
             return None
         return (await self._details((job,)))[0]
 
-    async def job_details(self) -> tuple[JobDetail, ...]:
-        """Every job with its generations, in submission order."""
-        return await self._details(self.jobs())
+    async def job_details(self, jobs: tuple[JobRecord, ...] | None = None) -> tuple[JobDetail, ...]:
+        """``jobs`` (default: every job, in submission order) with their generations."""
+        return await self._details(self.jobs() if jobs is None else jobs)
 
     async def events(self, after: int = 0, job: str | None = None, limit: int = 1000) -> tuple[EventRow, ...]:
         """Up to ``limit`` events with a sequence number above ``after`` (of ``job`` only, when given)."""

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from morphing.errors import UserInputError
 from spotmorph.local import cluster, faults, platform, replay
-from spotmorph.local.network import PartitionFrom
+from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
+from spotmorph.local.network import PartitionFrom, check_shaping
 from spotmorph.local.provider import kill_vm
 
 
@@ -93,19 +94,16 @@ def run(args: argparse.Namespace) -> int:
         network = f" (removed {len(removed)} namespaces and links)" if removed else ""
         print(f"local cluster stopped and cleaned up{network}")
         return 0
+    check_numbers(args)
     context = cluster.require_context()
     provider = cluster.provider_of(context)
     if action in {"partition", "heal", "netem"}:
         print(faults.run(provider, args))
         return 0
     if action == "add":
-        if args.count < 1:
-            raise UserInputError(f"add {args.count}: add at least 1 node")
         provider.start(args.count)
         print(f"starting {args.count} node(s); they appear in `spotmorph nodes` once registered")
     elif action == "preempt":
-        if args.notice < 0:
-            raise UserInputError(f"--notice {args.notice}: it must be >= 0 seconds")
         cluster.require_node(provider, args.node)
         event = platform.schedule_eviction(context.imds_url, args.node, args.notice)
         print(f"eviction {event} of {args.node} announced with {args.notice:.0f}s notice")
@@ -117,3 +115,16 @@ def run(args: argparse.Namespace) -> int:
         scaling = replay.ReplayOptions(args.speedup, args.max_nodes, args.notice)
         replay.replay(trace, provider, context.imds_url, scaling, say=lambda line: print(line, flush=True))
     return 0
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """A verb's numeric flags, checked before it looks for the cluster: a bad one is named whatever is up."""
+    action = args.local_command
+    if action == "netem":
+        check_shaping(args.delay, args.loss, args.rate)
+    elif action == "preempt":
+        within("--notice", args.notice, 0, MAX_NOTICE_SECONDS, "seconds")
+    elif action == "replay":
+        replay.ReplayOptions(args.speedup, args.max_nodes, args.notice).check()
+    elif action == "add" and args.count < 1:
+        raise UserInputError(f"add {args.count}: add at least 1 node")

@@ -23,6 +23,7 @@ from pathlib import Path
 from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
 from morphing.errors import UserInputError
 from spotmorph.local import gpu_share, netns, platform
+from spotmorph.local.flags import within
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.netns import leftovers
 from spotmorph.local.network import prefix_of
@@ -48,6 +49,8 @@ class UpOptions:
     def check(self) -> None:
         if self.nodes < 0 or self.slots < 1:
             raise UserInputError("--nodes must be >= 0 and --slots >= 1")
+        within("--heartbeat-expiry", self.heartbeat_expiry, 0.1, 86_400, "seconds")
+        within("--debounce", self.debounce, 0, 86_400, "seconds")
         if self.gpus_per_node < 0:
             raise UserInputError(f"--gpus-per-node {self.gpus_per_node}: give 0 (CPU slots) or more")
         if self.gpus_per_node and self.slots > self.gpus_per_node:

@@ -29,6 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from morphing.errors import UserInputError
+from spotmorph.local.flags import within
 
 SUBNETS = ipaddress.IPv4Network("10.77.0.0/16")  # /24s are taken from here, one per cluster
 VM_OFFSET = 10  # vm-N has host number 10 + N
@@ -182,12 +183,16 @@ def tbf_args(rate_mbit: float) -> list[str]:
 
 
 def check_shaping(delay_ms: float | None, loss_pct: float | None, rate_mbit: float | None) -> None:
-    """A netem request names something to do, within range."""
+    """A netem request names something to do, within range.
+
+    The smallest values are what ``tc`` resolves (a microsecond, a kbit/s); they also keep ``:g`` from
+    writing an exponent (``1e-05ms``), which ``tc`` does not parse.
+    """
     if delay_ms is None and loss_pct is None and rate_mbit is None:
         raise UserInputError("netem: give at least one of --delay MS, --loss PCT, --rate MBIT")
-    if delay_ms is not None and not 0 <= delay_ms <= 60_000:
-        raise UserInputError(f"--delay {delay_ms}: give milliseconds between 0 and 60000")
-    if loss_pct is not None and not 0 <= loss_pct <= 100:
-        raise UserInputError(f"--loss {loss_pct}: give a percentage between 0 and 100")
-    if rate_mbit is not None and not 0 < rate_mbit <= 100_000:
-        raise UserInputError(f"--rate {rate_mbit}: give Mbit/s above 0 (at most 100000)")
+    if delay_ms is not None:
+        within("--delay", delay_ms, 0.001, 60_000, "milliseconds", zero=True)
+    if loss_pct is not None:
+        within("--loss", loss_pct, 0.0001, 100, "a percentage", zero=True)
+    if rate_mbit is not None:
+        within("--rate", rate_mbit, 0.001, 100_000, "Mbit/s")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from morphing.errors import UserInputError
 from morphing.traces import Trace, parse_trace
+from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
 from spotmorph.local.platform import schedule_eviction
 from spotmorph.local.provider import LocalProcessProvider, kill_vm
 
@@ -25,10 +26,10 @@ class ReplayOptions:
     notice: float = 30.0  # eviction notice in trace seconds (0: kill)
 
     def check(self) -> None:
-        if self.speedup <= 0 or self.max_nodes < 1:
-            raise UserInputError("--speedup must be > 0 and --max-nodes >= 1")
-        if self.notice < 0:
-            raise UserInputError(f"--notice {self.notice}: it must be >= 0 seconds")
+        within("--speedup", self.speedup, 0.001, 1e6, "trace seconds per wall second")
+        if self.max_nodes < 1:
+            raise UserInputError(f"--max-nodes {self.max_nodes}: give 1 or more")
+        within("--notice", self.notice, 0, MAX_NOTICE_SECONDS, "trace seconds")
 
 
 def load_trace(path: Path) -> Trace:

@@ -107,7 +107,7 @@ def test_the_store_keeps_keys_unique_and_counters_across_restarts(tmp_path: Path
         store.persist([AddJob(replace(job("job-2"), idempotency_key="k"), 2)])
     store.close()
     reopened = Store(tmp_path / "state.db")
-    assert reopened.counters() == (1, 3) and reopened.load()[1]["job-1"] == keyed
+    assert reopened.counters() == (1, 3, 0) and reopened.load()[1]["job-1"] == keyed
 
 
 def test_migrating_to_v4_counts_the_generated_names_already_used(tmp_path: Path) -> None:
@@ -117,4 +117,4 @@ def test_migrating_to_v4_counts_the_generated_names_already_used(tmp_path: Path)
         for name in ["node-4", "node-12", "node-" + "9" * 58, "worker"]:
             conn.execute(text("INSERT INTO nodes VALUES (:n, 1, 'READY', '{}')"), {"n": name})
     engine.dispose()
-    assert Store(tmp_path / "old.db").counters() == (0, 12)
+    assert Store(tmp_path / "old.db").counters() == (0, 12, 0)

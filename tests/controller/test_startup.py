@@ -71,7 +71,7 @@ BAD_TLS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "unreadable CA (a directory)": (
         ["--tls-cert", "{a}/server.crt", "--tls-key", "{a}/server.key", "--tls-ca", "{a}"],
-        ["--tls-ca {a}", "cannot read it"],
+        ["--tls-ca {a}", "not a regular file (a directory)"],
     ),
     "key of another certificate": (
         ["--tls-cert", "{a}/server.crt", "--tls-key", "{b}/server.key"],

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from controller.files import CONFIG_LIMIT, read_small_text
 from morphing.errors import UserInputError
 
 DEFAULT_TEMPLATE = Path("deploy/azure/main.json")
@@ -55,10 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read(path: Path, what: str) -> str:
-    try:
-        return path.read_text()
-    except OSError as exc:
-        raise UserInputError(f"{what} {path}: cannot read it ({exc.strerror})") from None
+    return read_small_text(path, what, CONFIG_LIMIT)
 
 
 def check(config: Path, template_path: Path) -> int:

@@ -55,6 +55,22 @@ def call(args: argparse.Namespace, make: Callable[[Any], T]) -> tuple[T | None, 
         channel.close()
 
 
+MAX_PAGES = 100_000  # 100 million items at the controller's default page size: far beyond any cluster
+
+
+def follow_pages(fetch: Callable[[str], Any], field: str) -> list[Any]:
+    """Every item of a paged list: ``fetch(token)`` is one reply; its ``field`` items, then the next page."""
+    items: list[Any] = []
+    token = ""
+    for _ in range(MAX_PAGES):
+        reply = fetch(token)
+        items += getattr(reply, field)
+        if not reply.next_page_token or reply.next_page_token == token:
+            return items
+        token = reply.next_page_token
+    raise UserInputError(f"the controller sent more than {MAX_PAGES} pages of {field}; is it a spotmorph controller?")
+
+
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controller.client.commands.common import add_client_arguments, call, dump, table
+from controller.client.commands.common import add_client_arguments, call, dump, follow_pages, table
 from morphing.gpus import describe_gpus
 
 
@@ -17,8 +17,12 @@ def run(args: argparse.Namespace) -> int:
     from protos.spotmorph.v1 import controller_pb2 as pb
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
-    reply, code = call(args, lambda ch: rpc.ClusterStub(ch).ListNodes(pb.ListNodesRequest()))
-    if reply is None:
+    def every_page(channel: Any) -> list[Any]:
+        stub = rpc.ClusterStub(channel)
+        return follow_pages(lambda token: stub.ListNodes(pb.ListNodesRequest(page_token=token)), "nodes")
+
+    found, code = call(args, every_page)
+    if found is None:
         return code
     nodes = [
         {
@@ -30,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
             "address": n.address,
             "gpus": [{"index": g.index, "name": g.name, "memory_bytes": g.memory_bytes} for g in n.gpus],
         }
-        for n in reply.nodes
+        for n in found
     ]
     if args.json:
         dump(nodes)

@@ -24,6 +24,7 @@ from controller.core.reconcile.growth import grow
 from controller.core.reconcile.health import node_health
 from controller.core.reconcile.morph import advance_morph, supervise
 from controller.core.reconcile.progress import progress
+from controller.core.retention import forget_gone
 
 __all__ = ["Config", "Planners", "assignment_for", "cancel", "fail", "free_nodes", "reconcile"]
 
@@ -45,7 +46,8 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
     explain_gpu_waits(draft)
     grow(draft, config, planners)
     fail_unplannable(draft)
-    return draft.commands
+    forgotten = forget_gone(world, now, config.gone_retention_seconds, config.damping.flap_memory_seconds)
+    return [*draft.commands, *forgotten]
 
 
 def assignment_for(

@@ -14,6 +14,7 @@ from morphing.policy import PolicyConfig
 class Config:
     heartbeat_expiry_seconds: float = 10.0
     lost_to_gone_seconds: float = 120.0
+    gone_retention_seconds: float = 3600.0  # a GONE node's record is forgotten after this (events stay)
     debounce_seconds: float = 5.0
     stop_timeout_seconds: float = 120.0  # a STOP not done by then becomes ABORT
     abort_timeout_seconds: float = 30.0  # survivors that never confirm are given up on
