@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.api.auth import NODE_SECRET
+from controller.tokens import NODE_SECRET
 from worker_agent.contract import AgentWorkDir
 
 LOCAL = "local"  # the cluster's folder in $SPOTMORPH_HOME

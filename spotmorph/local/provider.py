@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.api.auth import issue_vm_token
 from controller.core.events import EventKind
 from controller.files import write_private
 from controller.providers.base import ProviderPort, SilentPort, instances_for
+from controller.tokens import issue_vm_token
 from spotmorph.local import gpu_share, netns
 from spotmorph.local.layout import ClusterDir, VmDir
 from spotmorph.local.processes import alive, reap, session_members, spawn

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from controller.api.auth import NODE_SECRET, issue_vm_token
+from controller.tokens import NODE_SECRET, issue_vm_token
 from morphing.errors import UserInputError
 
 
