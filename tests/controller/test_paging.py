@@ -32,7 +32,7 @@ def code_of(call: Callable[[], object]) -> grpc.StatusCode | None:
 
 
 def register(live: Live, count: int) -> None:
-    agent = live.agent(live.token("agent"))
+    agent = live.agent(live.agent_token())
     for _ in range(count):
         agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
 

@@ -39,7 +39,7 @@ def listed(live: Live) -> dict[str, int]:
 def test_gone_nodes_are_forgotten_after_the_retention_and_their_events_stay(tmp_path: Path) -> None:
     clock = FakeClock(1_000_000.0)
     with running(tmp_path, clock, heartbeat_expiry_seconds=EXPIRY, gone_retention_seconds=RETENTION) as live:
-        agent = live.agent(live.token("agent"))
+        agent = live.agent(live.agent_token())
         first = agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
         for _ in range(29):
             agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
