@@ -85,7 +85,9 @@ def test_attention_dropout_is_a_function_of_the_sample_not_of_the_micro_batch() 
             alone = run_layers(layers, ids[2:3])
         with sample_context(7, 4, torch.tensor([12])):
             next_step = run_layers(layers, ids[2:3])
-    assert torch.equal(whole[2:3], alone)
+    # The same masks: a different mask moves values by ~0.1. The batch of four and the batch of one may differ
+    # in the last bit (5.6e-17 with transformers 5.24: batch-size-dependent float64 kernels; bitwise is issue 23).
+    assert torch.allclose(whole[2:3], alone, rtol=0, atol=1e-12), (whole[2:3] - alone).abs().max()
     assert not torch.allclose(alone, next_step)
 
 
