@@ -60,20 +60,30 @@ def test_a_cpu_copy_is_a_copy_with_the_live_tensors_layout_never_a_view() -> Non
     assert again is copy and torch.equal(again, live)
 
 
+class GatedWriter(CheckpointWriter):
+    """A writer whose fence check waits for the test to let it through: a write held in flight, unread."""
+
+    gate = threading.Semaphore(0)
+
+    def check_fence(self) -> None:
+        assert self.gate.acquire(timeout=30), "the test never let the fence check through"
+        super().check_fence()
+
+
 def test_a_copy_taken_while_a_background_write_is_in_flight_never_overwrites_what_it_writes(tmp_path: Path) -> None:
-    """The fence file is a named pipe, so the writer's first fence check (before it serialises anything)
-    blocks until the test feeds it: step 1's write is in flight, unread, while step 2's copies are taken."""
+    """The writer's first fence check (before it serialises anything) waits until the test lets it through:
+    step 1's write is in flight, unread, while step 2's copies are taken. (A named pipe in place of the fence
+    did this once; the fence now refuses anything but a regular file.)"""
     root = tmp_path / "ckpt"
     root.mkdir()
-    os.mkfifo(root / FENCE)
     fence = Fence("job-1", 1)
+    (root / FENCE).write_text(json.dumps({"job": fence.job, "generation": fence.generation}))
 
     def let_one_check_through() -> None:
-        with open(root / FENCE, "w") as pipe:
-            pipe.write(json.dumps({"job": fence.job, "generation": fence.generation}))
+        GatedWriter.gate.release()
 
     # Rank 1 of 2 writes its layers and its part file (rank 0 would commit the manifest).
-    writer = CheckpointWriter(root, 1, 2, "run", keep=5, background=True, timeout=30, generation=1, fence=fence)
+    writer = GatedWriter(root, 1, 2, "run", keep=5, background=True, timeout=30, generation=1, fence=fence)
     pool = HostPool()
     live = torch.full((64, 64), 1.0)
 
