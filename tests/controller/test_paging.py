@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 
 import grpc
 import pytest
@@ -20,15 +19,7 @@ from controller.api.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, encode
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
 from tests.controller.helpers import REPO
-from tests.controller.test_contract import spec
-
-
-def code_of(call: Callable[[], object]) -> grpc.StatusCode | None:
-    try:
-        call()
-    except grpc.RpcError as exc:
-        return exc.code()
-    return None
+from tests.controller.test_contract import code_of, spec
 
 
 def register(live: Live, count: int) -> None:

@@ -7,7 +7,6 @@ so the old incarnation's node token is still fenced off.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -19,17 +18,10 @@ from morphing.layout import Layout
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live, running
 from tests.controller.helpers import FakeClock, job, node
+from tests.controller.test_contract import code_of
 
 EXPIRY = 5.0
 RETENTION = 3600.0
-
-
-def code_of(call: Callable[[], object]) -> grpc.StatusCode | None:
-    try:
-        call()
-    except grpc.RpcError as exc:
-        return exc.code()
-    return None
 
 
 def listed(live: Live) -> dict[str, int]:
