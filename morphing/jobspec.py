@@ -62,6 +62,11 @@ class JobSpec(BaseModel):
     checkpoint_dir: str = Field(min_length=1, max_length=4096)
     keep: int = Field(default=3, ge=1, le=1000, description="committed checkpoints kept")
     background_checkpoint: bool = Field(default=False, description="write checkpoints while training goes on")
+    morph_through_memory: bool = Field(
+        default=True,
+        description="a planned morph moves layers between the trainers in memory and writes the checkpoint in the "
+        "background; false: every morph goes through the checkpoint on disk",
+    )
     timeout_seconds: float = Field(
         default=20.0, gt=0, le=86_400, description="start-up, checkpoint and evaluation waits (rendezvous, load, write)"
     )

@@ -117,6 +117,8 @@ def assignment_to_pb(
         checkpoint_request=assignment.checkpoint_request,
         world_size=assignment.layout.world_size,
         salvage=salvage_to_pb(assignment.salvage),
+        held_step=assignment.held_step,
+        held_generation=assignment.held_generation,
     )
 
 

@@ -53,6 +53,8 @@ class StartGeneration:
     morph_seconds: float | None
     at: float
     resume_generation: int = 0  # the generation that committed the checkpoint of ``resume_step``
+    held_step: int = 0  # the step the previous generation stopped at and keeps in memory (0: none)
+    held_generation: int = 0
 
 
 @dataclass(frozen=True)

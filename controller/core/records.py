@@ -61,6 +61,8 @@ class JobRecord:
     rendezvous: str = ""
     resume_step: int = 0  # checkpoint step ``generation`` started from (0: from scratch)
     resume_generation: int = 0  # the generation that committed it (its directory, step-NNNNNNNN-gG)
+    held_step: int = 0  # the step the previous generation stopped at and keeps in memory (0: none)
+    held_generation: int = 0  # that generation
     step: int = 0  # newest step any rank of the job finished
     last_checkpoint_step: int = 0
     last_checkpoint_generation: int = 0  # the generation that committed ``last_checkpoint_step``
@@ -133,3 +135,5 @@ class Assignment:
     spec: JobSpec
     checkpoint_request: int
     salvage: Salvage | None = None
+    held_step: int = 0  # take this step from the previous generation's memory (0: none)
+    held_generation: int = 0

@@ -66,6 +66,8 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "rendezvous": job.rendezvous,
         "resume_step": job.resume_step,
         "resume_generation": job.resume_generation,
+        "held_step": job.held_step,
+        "held_generation": job.held_generation,
         "step": job.step,
         "last_checkpoint_step": job.last_checkpoint_step,
         "last_checkpoint_generation": job.last_checkpoint_generation,
@@ -114,6 +116,8 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     # Rows written before checkpoints were named by generation: their checkpoints are named by step alone,
     # which generation 0 names (step-NNNNNNNN).
     fields["resume_generation"] = data.get("resume_generation", 0)
+    fields["held_step"] = data.get("held_step", 0)  # absent in rows written before morphs through memory
+    fields["held_generation"] = data.get("held_generation", 0)
     fields["last_checkpoint_generation"] = data.get("last_checkpoint_generation", 0)
     fields["suspected"] = tuple(data.get("suspected", ()))  # absent in rows written before unplanned-loss salvage
     fields["salvage_writers"] = tuple(data.get("salvage_writers", ()))

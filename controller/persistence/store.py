@@ -232,6 +232,8 @@ def _write(conn: Connection, command: Command) -> None:
             conn.execute(insert(assignments), rows)
         data = {"generation": command.generation, "layout": layout.describe(), "resume_step": command.resume_step}
         data.update(resume_generation=command.resume_generation)
+        if command.held_step:
+            data.update(held_step=command.held_step, held_generation=command.held_generation)
         data.update(cause=command.morph_detail, morph_cause=str(command.morph_cause))
         _event(conn, command.at, EventKind.GENERATION_ISSUED, command.job_id, None, data)
     elif isinstance(command, RecordCheckpoint):

@@ -65,18 +65,21 @@ def test_each_vm_is_a_namespace_with_its_own_address(cluster: LocalCluster) -> N
 def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: LocalCluster, kind: str) -> None:
     cluster.up(nodes=2, slots=1, netns=True)
     plan = plan_of(cluster)
-    me, peer = plan.namespace(1), plan.namespace(2)
+    # node names follow registration order, which the two agents race for: find node-1's VM
+    mine = cluster.vm_of("node-1").serial
+    theirs = 3 - mine
+    me, peer = plan.namespace(mine), plan.namespace(theirs)
     control, platform = (
         (plan.controller_address, controller_port(cluster)),
         (plan.platform_address, platform_port(cluster)),
     )
-    with listener(me, plan.vm_address(1), PEER_PORT), listener(peer, plan.vm_address(2), PEER_PORT):
+    with listener(me, plan.vm_address(mine), PEER_PORT), listener(peer, plan.vm_address(theirs), PEER_PORT):
 
         def links() -> dict[str, bool]:
             return {
                 "controller": reaches(me, *control),
-                "to peer": reaches(me, plan.vm_address(2), PEER_PORT),
-                "from peer": reaches(peer, plan.vm_address(1), PEER_PORT),
+                "to peer": reaches(me, plan.vm_address(theirs), PEER_PORT),
+                "from peer": reaches(peer, plan.vm_address(mine), PEER_PORT),
                 "platform": reaches(me, *platform),
                 "peer to controller": reaches(peer, *control),
             }

@@ -278,7 +278,9 @@ class Agent:
                 self.supervisor.start(command.key, spec, device)
             elif isinstance(command, RequestStop):
                 log.info("asking generation %d of %s to stop", command.generation, command.job_id)
-                self.supervisor.request_stop(command.job_id, command.generation)
+                # a node with an eviction notice is going: its trainers write the stop's checkpoint, not hold it
+                leaving = self.state.notice is not None
+                self.supervisor.request_stop(command.job_id, command.generation, leaving)
             elif isinstance(command, RequestCheckpoint):
                 self.supervisor.request_checkpoint(command.job_id, command.generation, command.counter)
             elif isinstance(command, AbortCollectives):

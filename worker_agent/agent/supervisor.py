@@ -57,6 +57,7 @@ class LaunchSpec:
     checkpoint_dir: Path
     resume: CommittedCheckpoint | None = None  # the checkpoint the controller committed (None: from scratch)
     store_rank: int = 0
+    held: CommittedCheckpoint | None = None  # the step the previous generation keeps in memory, if any
 
 
 class _Process(Protocol):
@@ -80,6 +81,20 @@ class _FailedStart:
 
 
 @dataclass
+class _Finished:
+    """A trainer whose generation ended in a planned stop and whose process now holds its state: for its
+    generation it has exited 0; the process lives on among the holders."""
+
+    pid: int
+
+    def poll(self) -> int:
+        return ExitCode.SUCCEEDED
+
+    def wait(self, timeout: float | None = None) -> int:
+        return ExitCode.SUCCEEDED
+
+
+@dataclass
 class _Trainer:
     key: TrainerKey
     process: _Process
@@ -87,12 +102,14 @@ class _Trainer:
     log_path: Path
     stop_requested: bool = False
     progress: Progress = field(default_factory=Progress)
+    hold_spool: WarmSpool | None = None
 
 
 @dataclass
 class _Warm:
     process: subprocess.Popen[bytes]
     spool: WarmSpool
+    holds: tuple[str, int] | None = None  # (job, generation) whose stopped state this process keeps
 
 
 class Supervisor:
@@ -110,6 +127,8 @@ class Supervisor:
         self._checkpoint_requests: dict[tuple[str, int], int] = {}
         self.lease_seconds: float | None = None  # set once the agent registered: trainers started after get a lease
         self._salvage_orders: dict[tuple[str, int], str] = {}
+        self._holders: list[_Warm] = []  # trainers that stopped and keep their state for the next generation
+        self.hold = True  # offer trainers a hold spool (a planned morph through memory)
 
     def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
         return self.trainers_dir.generation_dir(job_id, generation)
@@ -124,6 +143,7 @@ class Supervisor:
         directory.layout_file.write_text(json.dumps(spec.layout))
         directory.progress_file(key.rank).unlink(missing_ok=True)
         log_path = directory.log_file(key.rank)
+        hold_spool = self._hold_spool(key) if self.hold else None
         arguments = TrainerArguments.in_generation_dir(
             directory,
             key.rank,
@@ -133,10 +153,12 @@ class Supervisor:
             device_index=device_index,
             fence_job=key.job_id,
             resume=spec.resume,
+            held=spec.held,
+            hold_spool=hold_spool.path if hold_spool is not None else None,
         )
         if self.lease_seconds is not None:
             directory.control.renew_lease(self.lease_seconds)  # before the trainer can look for it
-        process: _Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path))
+        process: _Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path), key.job_id)
         if process is None:
             with open(log_path, "ab") as log:
                 try:
@@ -153,10 +175,28 @@ class Supervisor:
                     process = _FailedStart()
         if process.pid > 0:
             directory.pid_file(key.rank).write_text(str(process.pid))
-        self._trainers[key] = _Trainer(key, process, ProgressReader(directory.progress_file(key.rank)), log_path)
+            if hold_spool is not None:
+                hold_spool.pid_file.write_text(str(process.pid))
+        reader = ProgressReader(directory.progress_file(key.rank))
+        self._trainers[key] = _Trainer(key, process, reader, log_path, hold_spool=hold_spool)
 
-    def _hand_to_warm(self, assignment: WarmAssignment) -> subprocess.Popen[bytes] | None:
-        """Give the trainer's arguments to a warm process (a ready one first); None when there is none."""
+    def _hold_spool(self, key: TrainerKey) -> WarmSpool:
+        self._warm_serial += 1
+        spool = self.trainers_dir.warm_spool(f"h-{os.getpid()}-{self._warm_serial}")
+        shutil.rmtree(spool.path, ignore_errors=True)
+        spool.path.mkdir(parents=True)
+        return spool
+
+    def _hand_to_warm(self, assignment: WarmAssignment, job_id: str) -> subprocess.Popen[bytes] | None:
+        """Give the trainer's arguments to a process holding this job's state, else to a warm one (a ready one
+        first); None when there is none."""
+        self._reap_holders()
+        self._holders = [h for h in self._holders if h.process.poll() is None]
+        for holder in self._holders:
+            if holder.holds is not None and holder.holds[0] == job_id:
+                self._holders.remove(holder)
+                holder.spool.hand_over(assignment.to_json())
+                return holder.process
         self._warm = [w for w in self._warm if w.process.poll() is None]
         self._warm.sort(key=lambda w: not w.spool.ready())
         if not self._warm:
@@ -164,6 +204,35 @@ class Supervisor:
         warm = self._warm.pop(0)
         warm.spool.hand_over(assignment.to_json())
         return warm.process
+
+    def _reap_holders(self) -> None:
+        """A trainer that stopped and holds its state has ended its generation (exit 0 for it); its process
+        joins the holders, where the next generation's start on this node takes it over."""
+        for trainer in self._trainers.values():
+            spool = trainer.hold_spool
+            process = trainer.process
+            if spool is None or not isinstance(process, subprocess.Popen) or process.poll() is not None:
+                continue
+            if spool.holding():
+                trainer.process = _Finished(process.pid)
+                trainer.hold_spool = None
+                self._holders.append(_Warm(process, spool, (trainer.key.job_id, trainer.key.generation)))
+                LOG.info("%s stopped and keeps its state in memory for the next generation", trainer.key)
+
+    def holding(self) -> list[tuple[str, int]]:
+        """The (job, generation) each live holder keeps."""
+        self._reap_holders()
+        return [h.holds for h in self._holders if h.holds is not None and h.process.poll() is None]
+
+    def _drop_holders(self, keep: set[tuple[str, int]]) -> None:
+        """Holders of a generation that is no longer this node's own: the next one started without them."""
+        for holder in list(self._holders):
+            if holder.holds not in keep:
+                self._holders.remove(holder)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(holder.process.pid, signal.SIGKILL)
+                holder.process.wait()
+                shutil.rmtree(holder.spool.path, ignore_errors=True)
 
     def prewarm(self) -> None:
         """Start warm trainers until ``warm`` of them wait (call when no morph is under way).
@@ -204,14 +273,16 @@ class Supervisor:
 
     def settled(self) -> bool:
         """No trainer is between its start and its first step (a good moment to start warm ones)."""
+        self._reap_holders()
         return all(t.process.poll() is not None or t.progress.stepped for t in self._trainers.values())
 
     def exited_since(self, reported: set[TrainerKey]) -> bool:
         """Has a trainer exited that is not in ``reported``? (Cheap: no progress file is read.)"""
+        self._reap_holders()
         return any(k not in reported and t.process.poll() is not None for k, t in self._trainers.items())
 
-    def request_stop(self, job_id: str, generation: int) -> None:
-        self.generation_dir(job_id, generation).control.request_stop()
+    def request_stop(self, job_id: str, generation: int, leaving: bool = False) -> None:
+        self.generation_dir(job_id, generation).control.request_stop(leaving)
         for trainer in self._trainers.values():
             if (trainer.key.job_id, trainer.key.generation) == (job_id, generation):
                 trainer.stop_requested = True
@@ -249,6 +320,7 @@ class Supervisor:
                 control.acknowledge_checkpoint(step)
 
     def running(self) -> list[TrainerKey]:
+        self._reap_holders()
         return [k for k, t in self._trainers.items() if t.process.poll() is None]
 
     def request_salvage(self, job_id: str, generation: int, order_json: str) -> None:
@@ -275,13 +347,15 @@ class Supervisor:
     def kill_all(self) -> None:
         for key in list(self._trainers):
             self.kill(key)
-        for warm in self._warm:
+        for warm in [*self._warm, *self._holders]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(warm.process.pid, signal.SIGKILL)
             warm.process.wait()
         self._warm = []
+        self._holders = []
 
     def reports(self) -> list[TrainerReport]:
+        self._reap_holders()
         return [self._report(t) for t in self._trainers.values()]
 
     def forget(self, keep: set[tuple[str, int]]) -> None:
@@ -291,6 +365,7 @@ class Supervisor:
                 del self._trainers[key]
         self._checkpoint_requests = {k: v for k, v in self._checkpoint_requests.items() if k in keep}
         self._salvage_orders = {k: v for k, v in self._salvage_orders.items() if k in keep}
+        self._drop_holders(keep)
 
     def _report(self, trainer: _Trainer) -> TrainerReport:
         code = trainer.process.poll()  # first: an exit is reported with every record written before it (its class)

@@ -104,7 +104,12 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
     # Exactly the checkpoint the controller committed; a controller that sends no generation (older than
     # format v2) committed one of the directories named by step alone, which generation 0 names.
     resume = CommittedCheckpoint(message.resume_step, message.resume_generation) if message.resume_step else None
-    launch = LaunchSpec(spec, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, resume)
+    # Memory held by an older generation than this one only (a generation never takes its own or a newer one's).
+    usable = message.held_step > 0 and message.held_generation < message.generation
+    held = CommittedCheckpoint(message.held_step, message.held_generation) if usable else None
+    launch = LaunchSpec(
+        spec, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, resume, held=held
+    )
     return Incoming(assignment, launch)
 
 

@@ -55,6 +55,11 @@ class TrainerArguments:
     # before it loads anything, checks it before every commit and deletion, and loads exactly ``resume``.
     fence_job: str | None = None
     resume: CommittedCheckpoint | None = None  # with fence_job: the committed checkpoint (None: from scratch)
+    # A planned morph through memory: the step the previous generation stopped at and kept in its trainers'
+    # memory, which this generation takes from them when every layer it needs is held (else ``resume``).
+    held: CommittedCheckpoint | None = None
+    # Where this trainer waits, holding its state, after a planned stop (None: it exits as before).
+    hold_spool: Path | None = None
 
     @classmethod
     def in_generation_dir(
@@ -69,6 +74,8 @@ class TrainerArguments:
         device_index: int | None = None,
         fence_job: str | None = None,
         resume: CommittedCheckpoint | None = None,
+        held: CommittedCheckpoint | None = None,
+        hold_spool: Path | None = None,
     ) -> TrainerArguments:
         """A rank whose inputs, control and progress files are those of ``directory``."""
         return cls(
@@ -85,6 +92,8 @@ class TrainerArguments:
             device_index=device_index,
             fence_job=fence_job,
             resume=resume,
+            held=held,
+            hold_spool=hold_spool,
         )
 
     @property
@@ -118,6 +127,10 @@ class TrainerArguments:
             argv.append(f"--fence-job={self.fence_job}")
         if self.resume is not None:
             argv.append(f"--resume={self.resume.to_arg()}")
+        if self.held is not None:
+            argv.append(f"--held={self.held.to_arg()}")
+        if self.hold_spool is not None:
+            argv.append(f"--hold-spool={self.hold_spool}")
         return argv
 
     def command(self, python: str) -> list[str]:
@@ -137,6 +150,8 @@ class TrainerArguments:
             _trainer_parser().error("--resume names a committed checkpoint of a controller job: give --fence-job too")
         if args.fence_job is not None and args.load_from is not None:
             _trainer_parser().error("--fence-job loads only the committed checkpoint (--resume), not --load-from")
+        if args.held is not None and args.fence_job is None:
+            _trainer_parser().error("--held names a controller generation's state in memory: give --fence-job too")
         return cls(
             job_file=args.job,
             layout_file=args.layout,
@@ -151,6 +166,8 @@ class TrainerArguments:
             device_index=args.device_index,
             fence_job=args.fence_job,
             resume=args.resume,
+            held=args.held,
+            hold_spool=args.hold_spool,
         )
 
 
@@ -180,6 +197,15 @@ def _trainer_parser() -> argparse.ArgumentParser:
         "--resume",
         type=CommittedCheckpoint.from_arg,
         help="STEP:GENERATION of the checkpoint the controller committed (with --fence-job; absent: from scratch)",
+    )
+    parser.add_argument(
+        "--held",
+        type=CommittedCheckpoint.from_arg,
+        help="STEP:GENERATION the previous generation stopped at and holds in memory: take it from the trainers "
+        "that hold it when they hold every layer, else load --resume",
+    )
+    parser.add_argument(
+        "--hold-spool", type=Path, help="after a planned stop, keep this rank's state and wait here for the next one"
     )
     return parser
 

@@ -31,6 +31,9 @@ _RANK_FILE = re.compile(r"^(?:progress-)?rank-(\d+)\.(?:jsonl|pid)$")
 MAX_CONTROL_BYTES = 64 << 10  # a salvage order names one rank per stage; a lease is two numbers
 
 
+LEAVING = "leaving"
+
+
 @dataclass(frozen=True)
 class Lease:
     """The agent's word that the controller still knows this node: renewed at ``renewed`` (``time.monotonic()``,
@@ -69,11 +72,19 @@ class ControlDir:
         temporary.write_text(text)
         temporary.replace(file)
 
-    def request_stop(self) -> None:
-        self._touch(self.stop_file)
+    def request_stop(self, leaving: bool = False) -> None:
+        """Stop at the next common step boundary; ``leaving``: this node is going (an eviction notice), so its
+        trainers cannot keep their state for the next generation and the stop writes a checkpoint."""
+        self._publish(self.stop_file, LEAVING if leaving else "")
 
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
+
+    def leaving(self) -> bool:
+        try:
+            return read_bounded(self.stop_file, len(LEAVING)) == LEAVING.encode()
+        except (OSError, HostileFile):
+            return False
 
     def clear_stop(self) -> None:
         self.stop_file.unlink(missing_ok=True)
@@ -225,8 +236,16 @@ class WarmSpool:
     def log_file(self) -> Path:
         return self.path / "warm.log"
 
+    @property
+    def held_file(self) -> Path:
+        """Written by a trainer that stopped and keeps its state here for the next generation."""
+        return self.path / "held.json"
+
     def ready(self) -> bool:
         return self.ready_file.exists()
+
+    def holding(self) -> bool:
+        return self.held_file.exists()
 
     def hand_over(self, assignment_json: str) -> None:
         """Write the assignment whole (temp file, rename): the warm trainer polls for it."""

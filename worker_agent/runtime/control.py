@@ -49,6 +49,10 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signalled or (self.control is not None and self.control.stop_requested())
 
+    def leaving(self) -> bool:
+        """This process or its node is going: what it holds in memory would not outlive the stop."""
+        return self.signalled or (self.control is not None and self.control.leaving())
+
 
 class LeaseWatch:
     """The agent's lease on this node's trainers; without a control dir or a lease file there is none."""

@@ -16,6 +16,7 @@ every rank.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -310,24 +311,38 @@ class StageRunner:
         synchronize(self.device)  # the copies to pinned memory are asynchronous
         return out
 
-    def load(self, ckpt: Checkpoint) -> None:
-        """Parameters and optimizer state of this stage from ``ckpt`` (any writer layout, precision or device)."""
-        names = {n for n, _ in self.params}
+    def needed_layers(self) -> frozenset[int]:
+        """The layers whose state this rank loads: those of record for every parameter its stage holds."""
+        return frozenset(self.model.params[name].owner_layer for name, _ in self.params)
+
+    def load(self, ckpt: Checkpoint, layers: frozenset[int] | None = None) -> None:
+        """Parameters and optimizer state of this stage from ``ckpt`` (any writer layout, precision or device);
+        with ``layers``, only the parameters of record of those layers."""
+        names = {n for n, _ in self.params if layers is None or self.model.params[n].owner_layer in layers}
         files = load_tensors(ckpt, names)
+        scale = ckpt.manifest.loss_scale.model_dump() if ckpt.manifest.loss_scale is not None else None
+        self.apply(files.values(), scale, names)
+
+    def apply(
+        self, payloads: Iterable[LayerPayload], loss_scale: dict[str, Any] | None, names: set[str] | None = None
+    ) -> None:
+        """Take ``payloads`` (layer files' contents, from the disk or from peers' memory) into this stage."""
         found: dict[str, tuple[torch.Tensor, dict[str, Any]]] = {}
-        for payload in files.values():
+        for payload in payloads:
             for n, tensor in payload["tensors"].items():
                 found[n] = (tensor, payload["optimizer"].get(n, {}))
         with torch.no_grad():
             for name, param in self.params:
+                if names is not None and name not in names:
+                    continue
                 tensor, state = found[name]
                 if tensor.shape != param.shape or tensor.dtype != param.dtype:
                     raise ValueError(f"checkpoint tensor {name} is {tensor.dtype}{list(tensor.shape)}")
                 param.copy_(tensor)
                 if state:
                     self.optimizer.state[param] = placed_state(self.optimizer, param, state)
-        if self.scaling and ckpt.manifest.loss_scale is not None:
-            self.loss_scale = LossScale.from_dict(ckpt.manifest.loss_scale.model_dump())
+        if self.scaling and loss_scale is not None:
+            self.loss_scale = LossScale.from_dict(loss_scale)
 
 
 def placed_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:

@@ -37,14 +37,22 @@ from worker_agent.contract import (
     TrainingStopped,
 )
 from worker_agent.contract.hostile import HostileFile, load_json_bounded
+from worker_agent.runtime import held as held_mod
 from worker_agent.runtime import resume
 from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress, StopRequest
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
+from worker_agent.runtime.held import Held
 from worker_agent.runtime.startup import Phase, StartupWatch
+from worker_agent.runtime.warm import take_over
 
 # Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
 # long before, so this is when the trainer "started".
 ASSIGNED_AT: float | None = None
+# What this process kept after its last generation stopped (a planned morph through memory), and what the
+# generation that just stopped keeps for the next one (worker_agent.runtime.held).
+HELD: Held | None = None
+KEPT: Held | None = None
+PARENT = os.getppid()  # the agent (or the warm trainer's agent): a holder exits when it is gone
 
 
 def _rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
@@ -144,7 +152,14 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds)
     runner = StageRunner(job, layout, cfg.rank, model, groups, device)
     step = 0
-    if choice[0]:
+    memory = held_mod.take(HELD, cfg, layout, job.identity_hash(), runner) if cfg.held is not None else None
+    _forget_held()
+    if memory is not None and not memory.used:
+        skipped(f"the state generation {cfg.generation - 1} held in memory is not used: {memory.reason}")
+    if memory is not None and memory.used:
+        step = held_mod.apply(memory, runner, choice[0], job.identity())
+        progress.emit(CheckpointLoaded(step=step, checkpoint=f"memory of generation {cfg.generation - 1}"))
+    elif choice[0]:
         # Rank 0 verified every file; each rank re-checks the manifest and the files it reads.
         path = Path(choice[0])
         loaded = ckpt_mod.verify(path, job.identity(), read_files=False)
@@ -158,6 +173,9 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         write_hf_config(cfg.checkpoint_dir, spec)
     # A checkpoint loaded from elsewhere is written here even when no step is left to train.
     already_written = step if resume.same_directory(choice[0], cfg.checkpoint_dir) else None
+    if memory is not None and memory.used and (cfg.resume is None or cfg.resume.step != step):
+        already_written = None  # the held step is in memory only: written at once, in the background
+    durable_due = step if already_written is None and memory is not None and memory.used else None
     writer = ckpt_mod.CheckpointWriter(
         cfg.checkpoint_dir,
         cfg.rank,
@@ -196,8 +214,10 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
             stop_flag = 1.0 if stop.requested() else 0.0
             lapsed = 1.0 if lease.lapsed() else 0.0
             fenced = writer.fenced_off()
+            may_hold = job.morph_through_memory and cfg.hold_spool is not None and not stop.leaving()
             flags = torch.tensor(
-                [stop_flag, loss_share, requests.contribution(), lapsed, 1.0 if fenced else 0.0], dtype=torch.float64
+                [stop_flag, loss_share, requests.contribution(), lapsed, 1.0 if fenced else 0.0, float(not may_hold)],
+                dtype=torch.float64,
             )
             dist.all_reduce(flags, op=dist.ReduceOp.SUM)
             if flags[4] > 0:
@@ -235,13 +255,22 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                 progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
                 timeouts.settle()
             finishing = stopping or step >= job.steps
-            due = finishing or requested or (job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0)
+            # This rank keeps its state for the next generation; when every rank does (none is leaving), the stop
+            # writes nothing: the next generation writes the step in the background once it has it.
+            holding = stopping and step < job.steps and may_hold
+            in_memory = holding and flags[5] == 0
+            interval = job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0
+            due = requested or step == durable_due or (not in_memory and (finishing or interval))
             write_started = time.perf_counter()
             if due and step != already_written:
                 writer.wait()  # the previous write is done before new host copies are taken (its buffers reused)
                 buffers = runner.host.lease()
                 writer.save(
-                    step, runner.payloads(lease=buffers), manifest() if cfg.rank == 0 else None, done=buffers.release
+                    step,
+                    runner.payloads(lease=buffers),
+                    manifest() if cfg.rank == 0 else None,
+                    done=buffers.release,
+                    background=True if step == durable_due else None,
                 )
                 if finishing:
                     writer.wait()
@@ -250,6 +279,9 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                 progress.emit(CheckpointWritten(step=step, last_checkpoint=writer.last_committed, stall_seconds=stall))
                 if not finishing:
                     timeouts.settle()  # slower writers catch up before the next step's collectives
+            if holding:
+                writer.wait()
+                _keep(held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank))
             if finishing:
                 ended = TrainingStopped if stopping else TrainingFinished
                 progress.emit(
@@ -329,35 +361,62 @@ def _warn(message: str) -> None:
     print(f"spotmorph trainer: warning: {message}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg = TrainerArguments.from_argv(argv)
+def _keep(kept: Held) -> None:
+    global KEPT
+    KEPT = kept
+
+
+def _forget_held() -> None:
+    global HELD
+    HELD = None
+
+
+def run(cfg: TrainerArguments) -> ExitCode:
+    """One generation of this rank: its exit code, with every failure reported as an event first."""
     progress = Progress(cfg.progress_file, cfg.rank, cfg.generation)
     try:
-        code = train(cfg, progress)
+        return train(cfg, progress)
     except UserInputError as exc:  # "node": this node cannot run the job as asked; "input": no node can
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="node" if isinstance(exc, NodeUnfit) else "input", message=str(exc)))
-        code = ExitCode.USER_ERROR
+        return ExitCode.USER_ERROR
     except CheckpointWriteFailed as exc:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="checkpoint", message=str(exc)))
-        code = ExitCode.CHECKPOINT_NOT_WRITTEN
+        return ExitCode.CHECKPOINT_NOT_WRITTEN
     except FenceError as exc:
         print(f"spotmorph trainer (rank {cfg.rank}): stopping: {exc}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="fenced", message=str(exc)))
-        code = ExitCode.FENCED
+        return ExitCode.FENCED
     except CheckpointError as exc:
         # Rank 0 checked sizes and SHA-256, so a file changed since or is no layer file at all (a SHA-256
         # is only as trustworthy as the manifest that lists it).
         message = f"checkpoint cannot be loaded: {exc}; move that step directory aside to resume from the one before"
         print(f"spotmorph trainer (rank {cfg.rank}): error: {message}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="checkpoint_damaged", message=message))
-        code = ExitCode.ABORTED
+        return ExitCode.ABORTED
     except BaseException as exc:
         traceback.print_exc()
         print(f"spotmorph trainer (rank {cfg.rank}): aborting: {exc!r}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="abort", message=repr(exc)))
-        code = ExitCode.ABORTED
+        return ExitCode.ABORTED
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run generations until one ends without state kept for the next (or no next one comes), then exit."""
+    global ASSIGNED_AT, HELD, KEPT
+    cfg = TrainerArguments.from_argv(argv)
+    while True:
+        code = run(cfg)
+        kept, KEPT = KEPT, None
+        if code != ExitCode.SUCCEEDED or kept is None or cfg.hold_spool is None:
+            break
+        task = held_mod.hold(cfg.hold_spool, kept, PARENT)
+        if task is None:
+            break
+        ASSIGNED_AT = time.time()
+        take_over(task)
+        cfg, HELD = task.arguments, kept
     sys.stdout.flush()
     sys.stderr.flush()
     if "worker_agent.runtime.comm" in sys.modules:

@@ -33,23 +33,35 @@ def _preload() -> None:
     torch.set_num_threads(1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = WarmArguments.from_argv(argv)
-    spool = WarmSpool(args.spool)
-    _preload()
-    spool.ready_file.write_text(str(time.time()))
+def wait_for_assignment(spool: WarmSpool, parent: int, deadline: float | None = None) -> WarmAssignment | None:
+    """The assignment handed over in ``spool``; None once the agent that started us is gone (or at ``deadline``)."""
     while not spool.assigned():
-        if os.getppid() != args.parent:
-            return 0
+        if os.getppid() != parent or (deadline is not None and time.monotonic() > deadline):
+            return None
         time.sleep(POLL_SECONDS)
-    assigned_at = time.time()
-    task = WarmAssignment.from_json(read_bounded(spool.assignment_file, MAX_ASSIGNMENT_BYTES).decode())
+    return WarmAssignment.from_json(read_bounded(spool.assignment_file, MAX_ASSIGNMENT_BYTES).decode())
+
+
+def take_over(task: WarmAssignment) -> None:
+    """Point stdout and stderr at the assigned trainer's log."""
     log = os.open(task.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = WarmArguments.from_argv(argv)
+    spool = WarmSpool(args.spool)
+    _preload()
+    spool.ready_file.write_text(str(time.time()))
+    task = wait_for_assignment(spool, args.parent)
+    if task is None:
+        return 0
+    assigned_at = time.time()
+    take_over(task)
     from worker_agent.runtime import trainer
 
     trainer.ASSIGNED_AT = assigned_at

@@ -86,6 +86,8 @@ def assignment_for(
         salvage=Salvage(job.salvage_step, job.salvage_writers, job.salvage_deadline)
         if job.action is Action.HOLD and job.salvage_writers
         else None,
+        held_step=job.held_step,
+        held_generation=job.held_generation,
     )
 
 

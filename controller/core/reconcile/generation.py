@@ -58,19 +58,38 @@ def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str
     return result
 
 
-def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, cause: MorphCause, detail: str) -> None:
+def start_generation(
+    draft: Draft, config: Config, job_id: str, plan: Plan, cause: MorphCause, detail: str, stopped: bool = False
+) -> None:
     """Issue generation g+1 on the plan's nodes, resuming from the newest committed checkpoint: exactly that one
-    (its step and the generation that committed it), never whatever else an older generation left on disk."""
+    (its step and the generation that committed it), never whatever else an older generation left on disk.
+
+    ``stopped``: generation g ended in a planned stop at the job's step, which its trainers keep in memory; g+1
+    is told to take that step from them (``held_step``), the committed checkpoint being what it loads without."""
     job = draft.jobs[job_id]
     generation = job.generation + 1
     layout = plan.layout
     rank0 = draft.nodes[layout.placement[0].node]
     port = config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
     resume, resume_generation = job.last_checkpoint_step, job.last_checkpoint_generation
-    lost = max(0, job.step - resume) if job.generation else 0
+    held_step = job.step if stopped and job.generation and job.step > 0 else 0
+    held_generation = job.generation if held_step else 0
+    lost = max(0, job.step - max(resume, held_step)) if job.generation else 0
     seconds = draft.now - job.morph_started_at if job.morph_started_at is not None else None
     draft.issue(
-        StartGeneration(job_id, generation, layout, resume, cause, detail, seconds, draft.now, resume_generation)
+        StartGeneration(
+            job_id,
+            generation,
+            layout,
+            resume,
+            cause,
+            detail,
+            seconds,
+            draft.now,
+            resume_generation,
+            held_step=held_step,
+            held_generation=held_generation,
+        )
     )
     draft.move_job(
         job_id,
@@ -81,7 +100,9 @@ def start_generation(draft: Draft, config: Config, job_id: str, plan: Plan, caus
         rendezvous=f"{rank0.address}:{port}",
         resume_step=resume,
         resume_generation=resume_generation,
-        step=resume,
+        held_step=held_step,
+        held_generation=held_generation,
+        step=max(resume, held_step),
         steps_lost=job.steps_lost + lost,
         # the pause runs from the job's last step (a generation that never stepped carries it on)
         paused_since=job.paused_since if job.paused_since is not None else job.last_step_at,

@@ -157,4 +157,4 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
         draft.move_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
         return
     cause = job.morph_cause if job.morph_cause is not None else MorphCause.OTHER  # set on entering MORPHING
-    start_generation(draft, config, job_id, plan, cause, job.morph_detail)
+    start_generation(draft, config, job_id, plan, cause, job.morph_detail, stopped=job.action is Action.STOP)

@@ -160,6 +160,7 @@ class JobSpec(_message.Message):
     PRECISION_FIELD_NUMBER: _builtins.int
     ACTIVATION_RECOMPUTATION_FIELD_NUMBER: _builtins.int
     EVAL_INTERVAL_FIELD_NUMBER: _builtins.int
+    MORPH_THROUGH_MEMORY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     entrypoint: _builtins.str
     """path/file.py:function or package.module:function"""
@@ -197,6 +198,8 @@ class JobSpec(_message.Message):
     """recompute each layer's activations in backward"""
     eval_interval: _builtins.int
     """steps between evaluations of the eval_dataset; 0: off"""
+    morph_through_memory: _builtins.bool
+    """planned morphs move layers in memory (false: via the disk)"""
     def __init__(
         self,
         *,
@@ -223,10 +226,11 @@ class JobSpec(_message.Message):
         precision: _builtins.str | None = ...,
         activation_recomputation: _builtins.bool | None = ...,
         eval_interval: _builtins.int | None = ...,
+        morph_through_memory: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "name", b"name", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "name", b"name", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation_recomputation: _TypeAlias = _typing.Literal["activation_recomputation"]  # noqa: Y015
     _WhichOneofArgType__activation_recomputation: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation"]  # noqa: Y015
@@ -250,6 +254,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__micro_batch_size: _TypeAlias = _typing.Literal["_micro_batch_size", b"_micro_batch_size"]  # noqa: Y015
     _WhichOneofReturnType__min_gpus: _TypeAlias = _typing.Literal["min_gpus"]  # noqa: Y015
     _WhichOneofArgType__min_gpus: _TypeAlias = _typing.Literal["_min_gpus", b"_min_gpus"]  # noqa: Y015
+    _WhichOneofReturnType__morph_through_memory: _TypeAlias = _typing.Literal["morph_through_memory"]  # noqa: Y015
+    _WhichOneofArgType__morph_through_memory: _TypeAlias = _typing.Literal["_morph_through_memory", b"_morph_through_memory"]  # noqa: Y015
     _WhichOneofReturnType__peer_timeout_seconds: _TypeAlias = _typing.Literal["peer_timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__peer_timeout_seconds: _TypeAlias = _typing.Literal["_peer_timeout_seconds", b"_peer_timeout_seconds"]  # noqa: Y015
     _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
@@ -282,6 +288,8 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__micro_batch_size) -> _WhichOneofReturnType__micro_batch_size | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_gpus) -> _WhichOneofReturnType__min_gpus | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__morph_through_memory) -> _WhichOneofReturnType__morph_through_memory | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__peer_timeout_seconds) -> _WhichOneofReturnType__peer_timeout_seconds | None: ...
     @_typing.overload
@@ -1023,6 +1031,8 @@ class Assignment(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
     RESUME_GENERATION_FIELD_NUMBER: _builtins.int
     SALVAGE_FIELD_NUMBER: _builtins.int
+    HELD_STEP_FIELD_NUMBER: _builtins.int
+    HELD_GENERATION_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     """fencing token: never act on one older than the newest seen"""
@@ -1038,6 +1048,12 @@ class Assignment(_message.Message):
     world_size: _builtins.int
     resume_generation: _builtins.int
     """the generation that committed resume_step's checkpoint (its directory)"""
+    held_step: _builtins.int
+    """A planned morph through memory: the step the previous generation stopped at and keeps in its trainers'
+    memory (0: none); they send it to this generation's ranks, which load resume_step only without it.
+    """
+    held_generation: _builtins.int
+    """the generation that stopped at held_step"""
     @_builtins.property
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """global ranks this node runs"""
@@ -1072,10 +1088,12 @@ class Assignment(_message.Message):
         world_size: _builtins.int = ...,
         resume_generation: _builtins.int = ...,
         salvage: Global___Salvage | None = ...,
+        held_step: _builtins.int = ...,
+        held_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "salvage", b"salvage", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "job", b"job", "layout", b"layout", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "salvage", b"salvage", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "held_generation", b"held_generation", "held_step", b"held_step", "job", b"job", "layout", b"layout", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "salvage", b"salvage", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

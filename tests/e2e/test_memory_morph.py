@@ -1,0 +1,71 @@
+"""A planned morph through memory on a real local cluster: the trainers of generation g stop, keep their
+layers and take the ranks of g+1 on the same processes; the layers a rank lacks come from its peers over
+gloo, the checkpoint of the step is written in the background afterwards, and the result equals an
+uninterrupted single-process run (float64, <= 1e-9)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference, world_size
+from worker_agent.contract import CheckpointLoaded, TrainingStopped, read_progress
+
+pytestmark = pytest.mark.slow
+BATCH, SEED, INTERVAL = 16, 7, 20
+
+
+def progress(cluster: LocalCluster, job: str, generation: int) -> list[Any]:
+    records = []
+    for vm in cluster.vms():
+        directory = vm.work_dir.trainers.generation_dir(job, generation)
+        for path in directory.progress_files().values():
+            records += read_progress(path)
+    return records
+
+
+def test_growth_moves_the_layers_in_memory_and_equals_the_reference(cluster: LocalCluster, tmp_path: Path) -> None:
+    cluster.up(nodes=1)
+    checkpoints = tmp_path / "ckpt"
+    job = cluster.submit(
+        steps=1_000_000,
+        global_batch=BATCH,
+        seed=SEED,
+        dtype="float64",
+        checkpoint_interval=INTERVAL,
+        checkpoint_dir=checkpoints,
+    )
+    before = cluster.wait_step(job, 10, 120)
+    cluster.cli("local", "add", "1")
+    width = world_size(before)
+
+    def grown(status: dict[str, Any]) -> bool:
+        return status["state"] == "RUNNING" and world_size(status) > width
+
+    after = cluster.wait_status(job, grown, 180, "growth onto the new node")
+    generation = int(after["generation"])
+    issued = [
+        e for e in cluster.events(job) if e["kind"] == "GenerationIssued" and e["data"]["generation"] == generation
+    ]
+    held = int(issued[0]["data"]["held_step"])
+    assert held > 0, issued
+    stopped = [r.event for r in progress(cluster, job, generation - 1) if isinstance(r.event, TrainingStopped)]
+    assert stopped and all(s.step == held for s in stopped)
+    assert all(s.checkpoint_seconds < 1.0 for s in stopped), "the stop wrote nothing on the critical path"
+    cluster.wait_step(job, held + INTERVAL + 2, 180)
+    loaded = [r.event for r in progress(cluster, job, generation) if isinstance(r.event, CheckpointLoaded)]
+    assert len(loaded) == world_size(after), loaded
+    assert all(e.step == held and e.checkpoint == f"memory of generation {generation - 1}" for e in loaded), loaded
+    assert after["steps_lost"] == 0
+    cluster.cli("cancel", job)
+    cluster.wait_state(job, {"CANCELLED"}, 60)
+    committed = {
+        (e["data"]["generation"], e["data"]["step"]) for e in cluster.events(job) if e["kind"] == "CheckpointCommitted"
+    }
+    assert any(g == generation and s >= held for g, s in committed), committed
+    verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
+    expected = train_reference(tmp_path / "reference", int(verified["step"]), BATCH, SEED)
+    assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"

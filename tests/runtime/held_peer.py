@@ -1,0 +1,76 @@
+"""One rank of a gloo world that moves held layers (``worker_agent.runtime.held.exchange``), for test_held.py.
+
+``python held_peer.py RANK WORLD PORT SCENARIO OUT``: old layout 2 stages x 1 replica (layers 0-1, 2-3),
+new layout 1 stage x WORLD replicas; new ranks 0 and 1 held old ranks 0 and 1, the others nothing.
+Scenarios: ``move``; ``corrupt`` (rank 1 advertises a wrong SHA-256 for layer 2); ``die`` (rank 1 leaves
+after telling the others what it holds, before it sends anything).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from morphing.layout import make_layout
+from worker_agent.contract import CommittedCheckpoint
+from worker_agent.runtime.held import Offer, exchange, keep
+
+LAYERS = 4
+NAMED = CommittedCheckpoint(step=5, generation=1)
+
+
+def payload(layer: int) -> dict[str, object]:
+    weight = torch.arange(1000 * (layer + 1), dtype=torch.float64) / (layer + 1)
+    state = {"step": torch.tensor(5.0), "exp_avg": weight * 0.5}
+    return {
+        "format": "spotmorph.layer/v1",
+        "layer": f"l{layer}",
+        "tensors": {f"l{layer}.w": weight},
+        "optimizer": {f"l{layer}.w": state},
+    }
+
+
+def main() -> None:
+    rank, world, port, scenario, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=10))
+    old = make_layout(num_layers=LAYERS, pipeline_stages=2, data_parallel=1, micro_batch_size=1, global_batch=6)
+    new = make_layout(num_layers=LAYERS, pipeline_stages=1, data_parallel=world, micro_batch_size=1, global_batch=6)
+    held = None
+    if rank < 2:
+        first, last = old.stage_layers[rank]
+        held = keep({i: payload(i) for i in range(first, last)}, "job", 1, 5, old, rank, None)  # type: ignore[misc]
+        if scenario == "corrupt" and rank == 1:
+            held.digests[2] = "0" * 64
+    if scenario == "die" and rank == 1:
+        assert held is not None
+        offers: list[Offer | None] = [None] * world
+        dist.all_gather_object(offers, held.offer())
+        os._exit(0)
+    needs = {r: frozenset(range(LAYERS)) for r in range(world)}
+    try:
+        outcome = exchange(held, "job", rank, new, needs, NAMED, None, [f"l{i}" for i in range(LAYERS)])
+    except Exception as exc:
+        result = {"raised": repr(exc)}
+    else:
+        same = outcome.used and all(
+            torch.equal(outcome.payloads[f"l{i}"]["tensors"][f"l{i}.w"], payload(i)["tensors"][f"l{i}.w"])  # type: ignore[index]
+            and torch.equal(
+                outcome.payloads[f"l{i}"]["optimizer"][f"l{i}.w"]["exp_avg"],
+                payload(i)["optimizer"][f"l{i}.w"]["exp_avg"],  # type: ignore[index]
+            )
+            for i in range(LAYERS)
+        )
+        result = {"used": outcome.used, "reason": outcome.reason, "same": same, "received": outcome.bytes_received}
+    with open(out, "w") as fh:
+        json.dump(result, fh)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

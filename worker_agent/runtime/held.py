@@ -1,0 +1,286 @@
+"""A planned morph through memory: what a trainer keeps when it stops, and how the next generation takes it.
+
+After a planned stop at step ``S`` a trainer that may hold (the agent gave it a hold spool and its node is
+not leaving) keeps every layer of its stage at ``S`` in host memory, serialised exactly as the checkpoint
+writer writes the layer's file, with its SHA-256, and waits for its next assignment instead of exiting.
+The controller names ``S`` (``--held S:g``) in generation g+1's assignments; g+1's ranks, on whatever
+processes they run, tell each other what they hold (one ``all_gather_object``), every rank computes the
+same transfer plan (:func:`morphing.transfer.plan_transfer`) and the holders send the layers their new
+owners lack over the world group (gloo, host memory), point to point, one tag per layer moved.
+
+Any doubt leaves memory for the disk, the same on every rank: a holder of another job, step or layout, a
+layer no survivor holds (unless ``S`` itself is the committed checkpoint), a checksum that does not match.
+A peer that dies mid-transfer fails the collective and the generation, as any lost peer does; the next
+one resumes from the committed checkpoint. Either way the bytes loaded are the bytes a checkpoint would
+hold, so a morph through memory is bit for bit a morph through the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from morphing.layout import Layout
+from morphing.transfer import SourceKind, TransferPlan, plan_transfer
+from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAssignment, WarmSpool
+from worker_agent.runtime import checkpoint as ckpt_mod
+from worker_agent.runtime.checkpoint import LayerPayload
+from worker_agent.runtime.partition import PartitionedModel
+from worker_agent.runtime.warm import wait_for_assignment
+
+if TYPE_CHECKING:
+    from worker_agent.runtime.engine import StageRunner
+
+HOLD_SECONDS = 300.0  # how long a holder waits for the next generation before it lets its state go
+
+
+@dataclass
+class Held:
+    """One trainer's state at ``step`` of ``generation``: its old stage's layers, serialised, by layer index."""
+
+    job_hash: str
+    generation: int
+    step: int
+    layout: dict[str, Any]
+    rank: int
+    layers: dict[int, torch.Tensor]  # uint8, the layer file's bytes
+    digests: dict[int, str]
+    loss_scale: dict[str, Any] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(data.numel()) for data in self.layers.values())
+
+    def offer(self) -> Offer:
+        sizes = {layer: int(data.numel()) for layer, data in self.layers.items()}
+        digests = dict(self.digests)
+        return Offer(self.job_hash, self.generation, self.step, self.layout, self.rank, sizes, digests, self.loss_scale)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a rank tells the others it holds (small: no tensors)."""
+
+    job_hash: str
+    generation: int
+    step: int
+    layout: dict[str, Any]
+    rank: int  # its rank in the old layout
+    sizes: dict[int, int]
+    digests: dict[int, str]
+    loss_scale: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The plan every rank follows, or why memory is not used (``plan`` None)."""
+
+    plan: TransferPlan | None
+    reason: str = ""
+    offers: Mapping[int, Offer] = field(default_factory=dict)  # by new rank
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What this rank got: payloads by layer name, the layers still to read from the disk, the step."""
+
+    used: bool
+    reason: str = ""
+    step: int = 0
+    payloads: dict[str, LayerPayload] = field(default_factory=dict)
+    from_disk: frozenset[int] = frozenset()
+    loss_scale: dict[str, Any] | None = None
+    bytes_received: int = 0
+
+
+def to_bytes(payload: LayerPayload) -> torch.Tensor:
+    """A layer payload as the checkpoint writer's file would hold it, as a uint8 tensor (no extra copy)."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
+
+
+def from_bytes(data: torch.Tensor) -> LayerPayload:
+    payload: LayerPayload = torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)
+    return payload
+
+
+def digest(data: torch.Tensor) -> str:
+    return hashlib.sha256(data.numpy().data).hexdigest()
+
+
+def keep(
+    payloads: Mapping[int, LayerPayload],
+    job_hash: str,
+    generation: int,
+    step: int,
+    layout: Layout,
+    rank: int,
+    loss_scale: dict[str, Any] | None,
+) -> Held:
+    """What a stopping rank holds: ``payloads`` (host copies of its stage's layers, by index), serialised."""
+    layers = {layer: to_bytes(payload) for layer, payload in payloads.items()}
+    digests = {layer: digest(data) for layer, data in layers.items()}
+    return Held(job_hash, generation, step, layout.to_dict(), rank, layers, digests, loss_scale)
+
+
+def decide(
+    offers: Sequence[Offer | None],
+    layout: Layout,
+    needs: Mapping[int, frozenset[int]],
+    named: CommittedCheckpoint,
+    resume: CommittedCheckpoint | None,
+) -> Decision:
+    """Pure: the same plan (or the same refusal) on every rank, from everyone's offers."""
+    valid = {
+        rank: offer
+        for rank, offer in enumerate(offers)
+        if offer is not None and (offer.step, offer.generation) == (named.step, named.generation)
+    }
+    if not valid:
+        return Decision(None, f"no trainer holds step {named.step} of generation {named.generation}")
+    layouts = {repr(sorted(o.layout.items())) for o in valid.values()}
+    hashes = {o.job_hash for o in valid.values()}
+    if len(layouts) != 1 or len(hashes) != 1:
+        return Decision(None, "the trainers holding that step disagree on its layout or job")
+    old = Layout.from_dict(next(iter(valid.values())).layout)
+    if old.num_layers != layout.num_layers:
+        return Decision(None, f"the held layout has {old.num_layers} layers, this one {layout.num_layers}")
+    survivors = {o.rank: rank for rank, o in valid.items()}
+    if len(survivors) != len(valid) or not all(0 <= r < old.world_size for r in survivors):
+        return Decision(None, "two trainers claim the same old rank, or one outside the held layout")
+    sizes = [max((o.sizes.get(layer, 0) for o in valid.values()), default=0) for layer in range(layout.num_layers)]
+    plan = plan_transfer(old, layout, survivors, sizes, needs=needs)
+    missing = plan.from_disk()
+    if missing and (resume is None or resume.step != named.step):
+        held_by_none = ", ".join(str(layer) for layer in sorted(missing)[:8])
+        return Decision(
+            None, f"layers {held_by_none} are held by no trainer and step {named.step} has no durable checkpoint"
+        )
+    return Decision(plan, "", valid)
+
+
+def exchange(
+    held: Held | None,
+    job_hash: str,
+    rank: int,
+    layout: Layout,
+    needs: Mapping[int, frozenset[int]],
+    named: CommittedCheckpoint,
+    resume: CommittedCheckpoint | None,
+    layer_names: Sequence[str],
+) -> Outcome:
+    """Collective over the world group: every rank of the generation calls it when ``named`` is set."""
+    mine: Offer | None = None
+    if held is not None and held.job_hash == job_hash:
+        mine = held.offer()
+    offers: list[Offer | None] = [None] * layout.world_size
+    dist.all_gather_object(offers, mine)
+    decision = decide(offers, layout, needs, named, resume)
+    if decision.plan is None:
+        return Outcome(False, decision.reason)
+    plan = decision.plan
+    received: dict[int, torch.Tensor] = {}
+    pending = []
+    for tag, move in enumerate(plan.transfers()):
+        if move.sender == rank and held is not None:
+            pending.append(dist.isend(held.layers[move.layer], dst=move.receiver, tag=tag))
+        elif move.receiver == rank:
+            buffer = torch.empty(move.nbytes, dtype=torch.uint8)
+            received[move.layer] = buffer
+            pending.append(dist.irecv(buffer, src=move.sender, tag=tag))
+    for work in pending:
+        if work is not None:
+            work.wait()
+    bad = _check(received, plan, rank, decision.offers)
+    flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
+    dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+    if flag.item() > 0:
+        return Outcome(False, bad or "another rank received a layer whose SHA-256 does not match its holder's")
+    payloads: dict[str, LayerPayload] = {}
+    disk: set[int] = set()
+    for (receiver, layer), source in plan.sources.items():
+        if receiver != rank:
+            continue
+        if source.kind is SourceKind.OWN and held is not None:
+            payloads[layer_names[layer]] = from_bytes(held.layers[layer])
+        elif source.kind is SourceKind.PEER:
+            payloads[layer_names[layer]] = from_bytes(received[layer])
+        else:
+            disk.add(layer)
+    scale = next((o.loss_scale for o in decision.offers.values()), None)
+    moved = sum(int(b.numel()) for b in received.values())
+    return Outcome(True, "", named.step, payloads, frozenset(disk), scale, moved)
+
+
+def _check(received: Mapping[int, torch.Tensor], plan: TransferPlan, rank: int, offers: Mapping[int, Offer]) -> str:
+    """Why a layer this rank received cannot be used ('' when every one matches its holder's SHA-256)."""
+    for move in plan.transfers():
+        if move.receiver != rank:
+            continue
+        expected = offers[move.sender].digests.get(move.layer)
+        if expected != digest(received[move.layer]):
+            return f"layer {move.layer} from rank {move.sender} does not match its SHA-256"
+    return ""
+
+
+def needs_of(model: PartitionedModel, layout: Layout) -> dict[int, frozenset[int]]:
+    """Per rank of ``layout``, the layers whose state it loads (its stage's, and those its tied copies follow)."""
+    out = {}
+    for rank in range(layout.world_size):
+        stage = layout.coords(rank)[1]
+        out[rank] = frozenset(model.params[name].owner_layer for name, _ in model.stage_params(layout, stage))
+    return out
+
+
+def keep_stage(runner: StageRunner, job_hash: str, generation: int, step: int, rank: int) -> Held:
+    """What this rank keeps at a planned stop: every layer of its stage (not only its share of the writes)."""
+    layers = range(runner.first, runner.last)
+    copies = runner.payloads(list(layers))
+    payloads = {i: copies[runner.model.layer_names[i]] for i in layers}
+    scale = runner.loss_scale.to_dict() if runner.scaling else None
+    return keep(payloads, job_hash, generation, step, runner.layout, rank, scale)
+
+
+def take(held: Held | None, cfg: TrainerArguments, layout: Layout, job_hash: str, runner: StageRunner) -> Outcome:
+    """The generation's exchange (a collective: every rank calls it when its assignment names a held step)."""
+    assert cfg.held is not None
+    needs = needs_of(runner.model, layout)
+    return exchange(held, job_hash, cfg.rank, layout, needs, cfg.held, cfg.resume, runner.model.layer_names)
+
+
+def apply(memory: Outcome, runner: StageRunner, chosen: str | None, job: Mapping[str, Any]) -> int:
+    """Load what memory gave into the stage, and the layers no survivor held from the committed checkpoint."""
+    model = runner.model
+    names = {n for n, _ in runner.params if model.params[n].owner_layer not in memory.from_disk}
+    runner.apply(memory.payloads.values(), memory.loss_scale, names)
+    if memory.from_disk:
+        assert chosen is not None  # decide() reads from the disk only when the held step is the committed one
+        runner.load(ckpt_mod.verify(Path(chosen), job, read_files=False), memory.from_disk)
+    return memory.step
+
+
+def hold(spool_path: Path, kept: Held, parent: int) -> WarmAssignment | None:
+    """Let go of this generation's process groups, say what is held, and wait for the next assignment."""
+    if dist.is_initialized():
+        from worker_agent.runtime.comm import abort_communicators
+
+        abort_communicators()
+        dist.destroy_process_group()
+    spool = WarmSpool(spool_path)
+    spool.path.mkdir(parents=True, exist_ok=True)
+    facts = {"generation": kept.generation, "step": kept.step, "pid": os.getpid(), "bytes": kept.nbytes}
+    temporary = spool.held_file.with_suffix(".tmp")
+    temporary.write_text(json.dumps(facts))
+    temporary.replace(spool.held_file)
+    return wait_for_assignment(spool, parent, time.monotonic() + HOLD_SECONDS)
