@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
-from spotmorph.local.processes import port_range_base
+from spotmorph.local.processes import alive, port_range_base
 from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.progress import Progress, absorb
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.contract import (
     CheckpointLoaded,
+    CommittedCheckpoint,
     ProgressEvent,
     ProgressRecord,
     StepCompleted,
     TrainerFailed,
     TrainingFinished,
+    read_progress,
 )
 
 
@@ -55,7 +58,28 @@ def spec(tmp_path: Path, steps: int) -> LaunchSpec:
     return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port_range_base(1)}", tmp_path / "ckpt")
 
 
-def test_stop_request_checkpoints_and_exits_zero(tmp_path: Path) -> None:
+def test_a_leaving_nodes_stop_checkpoints_and_exits_zero(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path / "work")
+    launch = spec(tmp_path, steps=100_000)
+    keys = [TrainerKey("job-1", 1, rank) for rank in range(2)]
+    try:
+        for key in keys:
+            supervisor.start(key, launch)
+        wait_for(lambda: all(r.step >= 3 for r in supervisor.reports()), 90, "three steps on both ranks")
+        supervisor.request_stop("job-1", 1, leaving=True)
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "a graceful stop")
+        reports = supervisor.reports()
+        assert [r.status.exit_code for r in reports] == [0, 0], [supervisor.log_tail(k) for k in keys]
+        assert all(r.status.stop_requested for r in reports)
+        steps = {r.step for r in reports}
+        assert len(steps) == 1, "both ranks stop at the same step boundary"
+        assert reports[0].last_checkpoint_step == steps.pop()
+        assert not any(alive(r.pid) for r in reports), "a leaving node's trainers keep nothing: they exit"
+    finally:
+        supervisor.kill_all()
+
+
+def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp_path: Path) -> None:
     supervisor = Supervisor(tmp_path / "work")
     launch = spec(tmp_path, steps=100_000)
     keys = [TrainerKey("job-1", 1, rank) for rank in range(2)]
@@ -64,13 +88,35 @@ def test_stop_request_checkpoints_and_exits_zero(tmp_path: Path) -> None:
             supervisor.start(key, launch)
         wait_for(lambda: all(r.step >= 3 for r in supervisor.reports()), 90, "three steps on both ranks")
         supervisor.request_stop("job-1", 1)
-        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "a graceful stop")
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "a stop that holds")
         reports = supervisor.reports()
         assert [r.status.exit_code for r in reports] == [0, 0], [supervisor.log_tail(k) for k in keys]
-        assert all(r.status.stop_requested for r in reports)
-        steps = {r.step for r in reports}
-        assert len(steps) == 1, "both ranks stop at the same step boundary"
-        assert reports[0].last_checkpoint_step == steps.pop()
+        step = reports[0].step
+        assert reports[0].last_checkpoint_step is None, "no checkpoint on the stop's critical path"
+        holders = [r.pid for r in reports]
+        assert all(alive(pid) for pid in holders), "the processes live on, holding their stage"
+        nxt = replace(
+            launch,
+            rendezvous=f"127.0.0.1:{port_range_base(1) + 7}",
+            held=CommittedCheckpoint(step, 1),
+        )
+        for rank in range(2):
+            supervisor.start(TrainerKey("job-1", 2, rank), nxt)
+        supervisor.forget({("job-1", 2)})
+        wait_for(
+            lambda: all(r.step >= step + 2 for r in supervisor.reports() if r.status.key.generation == 2), 90, "g2"
+        )
+        second = [r for r in supervisor.reports() if r.status.key.generation == 2]
+        assert sorted(r.pid for r in second) == sorted(holders), "generation 2 runs on the same processes"
+        directory = supervisor.generation_dir("job-1", 2)
+        loaded = [
+            r.event
+            for p in directory.progress_files().values()
+            for r in read_progress(p)
+            if isinstance(r.event, CheckpointLoaded)
+        ]
+        assert [(e.step, e.checkpoint) for e in loaded] == [(step, "memory of generation 1")] * 2
+        wait_for(lambda: any(r.last_checkpoint_step == step for r in supervisor.reports()), 60, "the durable write")
     finally:
         supervisor.kill_all()
 

@@ -37,14 +37,16 @@ def payload(layer: int) -> dict[str, object]:
 
 def main() -> None:
     rank, world, port, scenario, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=30))
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
+        "127.0.0.1", port, world, rank == 0, timedelta(seconds=30)
+    )
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=10))
     old = make_layout(num_layers=LAYERS, pipeline_stages=2, data_parallel=1, micro_batch_size=1, global_batch=6)
     new = make_layout(num_layers=LAYERS, pipeline_stages=1, data_parallel=world, micro_batch_size=1, global_batch=6)
     held = None
     if rank < 2:
         first, last = old.stage_layers[rank]
-        held = keep({i: payload(i) for i in range(first, last)}, "job", 1, 5, old, rank, None)  # type: ignore[misc]
+        held = keep({i: payload(i) for i in range(first, last)}, "job", 1, 5, old, rank, None)
         if scenario == "corrupt" and rank == 1:
             held.digests[2] = "0" * 64
     if scenario == "die" and rank == 1:
@@ -56,7 +58,7 @@ def main() -> None:
     try:
         outcome = exchange(held, "job", rank, new, needs, NAMED, None, [f"l{i}" for i in range(LAYERS)])
     except Exception as exc:
-        result = {"raised": repr(exc)}
+        result: dict[str, object] = {"raised": repr(exc)}
     else:
         same = outcome.used and all(
             torch.equal(outcome.payloads[f"l{i}"]["tensors"][f"l{i}.w"], payload(i)["tensors"][f"l{i}.w"])  # type: ignore[index]

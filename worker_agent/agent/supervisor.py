@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from morphing.jobspec import JobSpec
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
+from worker_agent.agent.holders import Finished, Holders, Warm
 from worker_agent.agent.progress import Progress, TrainerReport, absorb
 from worker_agent.contract import (
     CommittedCheckpoint,
@@ -81,20 +82,6 @@ class _FailedStart:
 
 
 @dataclass
-class _Finished:
-    """A trainer whose generation ended in a planned stop and whose process now holds its state: for its
-    generation it has exited 0; the process lives on among the holders."""
-
-    pid: int
-
-    def poll(self) -> int:
-        return ExitCode.SUCCEEDED
-
-    def wait(self, timeout: float | None = None) -> int:
-        return ExitCode.SUCCEEDED
-
-
-@dataclass
 class _Trainer:
     key: TrainerKey
     process: _Process
@@ -103,13 +90,6 @@ class _Trainer:
     stop_requested: bool = False
     progress: Progress = field(default_factory=Progress)
     hold_spool: WarmSpool | None = None
-
-
-@dataclass
-class _Warm:
-    process: subprocess.Popen[bytes]
-    spool: WarmSpool
-    holds: tuple[str, int] | None = None  # (job, generation) whose stopped state this process keeps
 
 
 class Supervisor:
@@ -121,13 +101,13 @@ class Supervisor:
         self.env = env
         self.warm = warm
         self._trainers: dict[TrainerKey, _Trainer] = {}
-        self._warm: list[_Warm] = []
+        self._warm: list[Warm] = []
         self._warm_serial = 0
         self._warm_deaths = 0  # warm trainers that exited before being handed an assignment
         self._checkpoint_requests: dict[tuple[str, int], int] = {}
         self.lease_seconds: float | None = None  # set once the agent registered: trainers started after get a lease
         self._salvage_orders: dict[tuple[str, int], str] = {}
-        self._holders: list[_Warm] = []  # trainers that stopped and keep their state for the next generation
+        self._holders = Holders()  # trainers that stopped and keep their state for the next generation
         self.hold = True  # offer trainers a hold spool (a planned morph through memory)
 
     def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
@@ -191,12 +171,10 @@ class Supervisor:
         """Give the trainer's arguments to a process holding this job's state, else to a warm one (a ready one
         first); None when there is none."""
         self._reap_holders()
-        self._holders = [h for h in self._holders if h.process.poll() is None]
-        for holder in self._holders:
-            if holder.holds is not None and holder.holds[0] == job_id:
-                self._holders.remove(holder)
-                holder.spool.hand_over(assignment.to_json())
-                return holder.process
+        holder = self._holders.take(job_id)
+        if holder is not None:
+            holder.spool.hand_over(assignment.to_json())
+            return holder.process
         self._warm = [w for w in self._warm if w.process.poll() is None]
         self._warm.sort(key=lambda w: not w.spool.ready())
         if not self._warm:
@@ -214,25 +192,10 @@ class Supervisor:
             if spool is None or not isinstance(process, subprocess.Popen) or process.poll() is not None:
                 continue
             if spool.holding():
-                trainer.process = _Finished(process.pid)
+                trainer.process = Finished(process.pid)
                 trainer.hold_spool = None
-                self._holders.append(_Warm(process, spool, (trainer.key.job_id, trainer.key.generation)))
+                self._holders.add(Warm(process, spool, (trainer.key.job_id, trainer.key.generation)))
                 LOG.info("%s stopped and keeps its state in memory for the next generation", trainer.key)
-
-    def holding(self) -> list[tuple[str, int]]:
-        """The (job, generation) each live holder keeps."""
-        self._reap_holders()
-        return [h.holds for h in self._holders if h.holds is not None and h.process.poll() is None]
-
-    def _drop_holders(self, keep: set[tuple[str, int]]) -> None:
-        """Holders of a generation that is no longer this node's own: the next one started without them."""
-        for holder in list(self._holders):
-            if holder.holds not in keep:
-                self._holders.remove(holder)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(holder.process.pid, signal.SIGKILL)
-                holder.process.wait()
-                shutil.rmtree(holder.spool.path, ignore_errors=True)
 
     def prewarm(self) -> None:
         """Start warm trainers until ``warm`` of them wait (call when no morph is under way).
@@ -260,7 +223,7 @@ class Supervisor:
                 self._stop_warming(f"cannot start {command[0]}: {exc.strerror or exc}")
                 return
             spool.pid_file.write_text(str(process.pid))
-            self._warm.append(_Warm(process, spool))
+            self._warm.append(Warm(process, spool))
 
     def _stop_warming(self, why: str) -> None:
         if self.warm:
@@ -347,12 +310,12 @@ class Supervisor:
     def kill_all(self) -> None:
         for key in list(self._trainers):
             self.kill(key)
-        for warm in [*self._warm, *self._holders]:
+        for warm in self._warm:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(warm.process.pid, signal.SIGKILL)
             warm.process.wait()
         self._warm = []
-        self._holders = []
+        self._holders.drop(set())
 
     def reports(self) -> list[TrainerReport]:
         self._reap_holders()
@@ -365,7 +328,7 @@ class Supervisor:
                 del self._trainers[key]
         self._checkpoint_requests = {k: v for k, v in self._checkpoint_requests.items() if k in keep}
         self._salvage_orders = {k: v for k, v in self._salvage_orders.items() if k in keep}
-        self._drop_holders(keep)
+        self._holders.drop(keep)
 
     def _report(self, trainer: _Trainer) -> TrainerReport:
         code = trainer.process.poll()  # first: an exit is reported with every record written before it (its class)

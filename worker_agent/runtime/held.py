@@ -36,7 +36,7 @@ from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAss
 from worker_agent.runtime import checkpoint as ckpt_mod
 from worker_agent.runtime.checkpoint import LayerPayload
 from worker_agent.runtime.partition import PartitionedModel
-from worker_agent.runtime.warm import wait_for_assignment
+from worker_agent.runtime.spool import wait_for_assignment
 
 if TYPE_CHECKING:
     from worker_agent.runtime.engine import StageRunner

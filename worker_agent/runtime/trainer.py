@@ -9,19 +9,16 @@ trainer of generation g never meets one of g+1. The job's device is resolved bef
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
 import traceback
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout
-from morphing.validation import MAX_LOSS, is_loss
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointSkipped,
@@ -42,8 +39,9 @@ from worker_agent.runtime import resume
 from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress, StopRequest
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
 from worker_agent.runtime.held import Held
+from worker_agent.runtime.spool import take_over
 from worker_agent.runtime.startup import Phase, StartupWatch
-from worker_agent.runtime.warm import take_over
+from worker_agent.runtime.trainer_setup import check_eval, check_eval_loss, process_started_at, rendezvous
 
 # Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
 # long before, so this is when the trainer "started".
@@ -53,33 +51,6 @@ ASSIGNED_AT: float | None = None
 HELD: Held | None = None
 KEPT: Held | None = None
 PARENT = os.getppid()  # the agent (or the warm trainer's agent): a holder exits when it is gone
-
-
-def _rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
-    """Join the generation's namespace of the store, wait for all ranks, then start gloo (the control group;
-    :mod:`worker_agent.runtime.comm` adds the groups that move model tensors)."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
-        cfg.rendezvous_host,
-        cfg.rendezvous_port,
-        None,
-        cfg.host_store,
-        timedelta(seconds=max(60.0, timeout)),
-        wait_for_workers=False,
-    )
-    scoped = dist.PrefixStore(  # type: ignore[attr-defined]
-        f"spotmorph/gen-{cfg.generation}/", store
-    )
-    scoped.add("arrived", 1)
-    deadline = time.monotonic() + max(120.0, timeout)
-    while int(scoped.add("arrived", 0)) < world_size:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rendezvous: not all {world_size} ranks arrived")
-        time.sleep(0.05)
-    dist.init_process_group(
-        "gloo", store=scoped, rank=cfg.rank, world_size=world_size, timeout=timedelta(seconds=timeout)
-    )
 
 
 def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
@@ -129,7 +100,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     with StartupWatch(progress, cfg.rank).phase(Phase.FENCE, max(60.0, 3 * job.timeout_seconds)):
         fence = resume.fence_of(cfg)  # before the rendezvous: before this generation loads anything
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
-    _rendezvous(cfg, layout.world_size, job.timeout_seconds)
+    rendezvous(cfg, layout.world_size, job.timeout_seconds)
     progress.emit(
         TrainerStarted(
             layout=layout.describe(),
@@ -320,41 +291,6 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         )
     finally:
         abort.stop()  # every way out of the loop: a fenced, lapsed, finished or crashed rank aborts nothing
-
-
-def check_eval(spec: Any, eval_interval: int) -> None:
-    """An eval dataset, shaped as the training items, when the job evaluates (exit 2 at start-up otherwise)."""
-    from worker_agent.runtime.batch import signature
-
-    if eval_interval <= 0:
-        return
-    data = spec.eval_dataset
-    if data is None or len(data) == 0:
-        raise UserInputError(f"eval_interval={eval_interval} but the model's spec has no eval_dataset; set 0")
-    if signature(data[0]) != signature(spec.dataset[0]):
-        raise UserInputError(
-            f"eval_dataset items ({signature(data[0])}) differ from the training items ({signature(spec.dataset[0])})"
-        )
-
-
-def check_eval_loss(eval_loss: float, step: int) -> None:
-    """A finite eval loss beyond +-``MAX_LOSS`` is the user's mis-scaled loss, not a diverged model (inf or NaN):
-    the job fails with a user error naming it, rather than every node reporting what no controller accepts."""
-    if math.isfinite(eval_loss) and not is_loss(eval_loss):
-        raise UserInputError(
-            f"eval_loss {eval_loss:.3g} after step {step} is beyond +-{MAX_LOSS:g}: the model's loss is scaled "
-            "wrongly; return each sample's mean loss (spotmorph averages over the batch)"
-        )
-
-
-def process_started_at() -> float | None:
-    """When this process was created (unix seconds, 10 ms resolution), from /proc; None elsewhere."""
-    try:
-        started = int(Path("/proc/self/stat").read_text().rsplit(") ", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return time.time() - (uptime - started)
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _warn(message: str) -> None:

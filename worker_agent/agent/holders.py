@@ -1,0 +1,63 @@
+"""Processes that keep state for a next generation: warm trainers, and trainers that stopped and hold their
+stage in memory for a planned morph (:mod:`worker_agent.runtime.held`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+
+from worker_agent.contract import ExitCode, WarmSpool
+
+
+@dataclass
+class Finished:
+    """A trainer whose generation ended in a planned stop and whose process now holds its state: for its
+    generation it has exited 0; the process lives on among the holders."""
+
+    pid: int
+
+    def poll(self) -> int:
+        return ExitCode.SUCCEEDED
+
+    def wait(self, timeout: float | None = None) -> int:
+        return ExitCode.SUCCEEDED
+
+
+@dataclass
+class Warm:
+    process: subprocess.Popen[bytes]
+    spool: WarmSpool
+    holds: tuple[str, int] | None = None  # (job, generation) whose stopped state this process keeps
+
+
+class Holders:
+    """The live holders of this node, by the (job, generation) whose stopped state each keeps."""
+
+    def __init__(self) -> None:
+        self._held: list[Warm] = []
+
+    def add(self, holder: Warm) -> None:
+        self._held.append(holder)
+
+    def take(self, job_id: str) -> Warm | None:
+        """A live holder of ``job_id``'s state (it leaves the holders), or None."""
+        self._held = [h for h in self._held if h.process.poll() is None]
+        for holder in self._held:
+            if holder.holds is not None and holder.holds[0] == job_id:
+                self._held.remove(holder)
+                return holder
+        return None
+
+    def drop(self, keep: set[tuple[str, int]]) -> None:
+        """Holders of a generation that is no longer this node's own: the next one started without them."""
+        for holder in list(self._held):
+            if holder.holds not in keep:
+                self._held.remove(holder)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(holder.process.pid, signal.SIGKILL)
+                holder.process.wait()
+                shutil.rmtree(holder.spool.path, ignore_errors=True)

@@ -1,0 +1,32 @@
+"""Waiting in a spool for an assignment, as a warm trainer or a trainer holding its state does."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from worker_agent.contract import WarmAssignment, WarmSpool
+from worker_agent.contract.hostile import read_bounded
+
+POLL_SECONDS = 0.02
+MAX_ASSIGNMENT_BYTES = 1 << 20
+
+
+def wait_for_assignment(spool: WarmSpool, parent: int, deadline: float | None = None) -> WarmAssignment | None:
+    """The assignment handed over in ``spool``; None once the agent that started us is gone (or at ``deadline``)."""
+    while not spool.assigned():
+        if os.getppid() != parent or (deadline is not None and time.monotonic() > deadline):
+            return None
+        time.sleep(POLL_SECONDS)
+    return WarmAssignment.from_json(read_bounded(spool.assignment_file, MAX_ASSIGNMENT_BYTES).decode())
+
+
+def take_over(task: WarmAssignment) -> None:
+    """Point stdout and stderr at the assigned trainer's log."""
+    log = os.open(task.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)

@@ -1,0 +1,77 @@
+"""What a trainer does before its first step that needs no model state: meet its peers, check its eval
+settings, and say when its process started."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from morphing.errors import UserInputError
+from morphing.validation import MAX_LOSS, is_loss
+from worker_agent.contract import TrainerArguments
+
+
+def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
+    """Join the generation's namespace of the store, wait for all ranks, then start gloo (the control group;
+    :mod:`worker_agent.runtime.comm` adds the groups that move model tensors)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
+        cfg.rendezvous_host,
+        cfg.rendezvous_port,
+        None,
+        cfg.host_store,
+        timedelta(seconds=max(60.0, timeout)),
+        wait_for_workers=False,
+    )
+    scoped = dist.PrefixStore(  # type: ignore[attr-defined]
+        f"spotmorph/gen-{cfg.generation}/", store
+    )
+    scoped.add("arrived", 1)
+    deadline = time.monotonic() + max(120.0, timeout)
+    while int(scoped.add("arrived", 0)) < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rendezvous: not all {world_size} ranks arrived")
+        time.sleep(0.05)
+    dist.init_process_group(
+        "gloo", store=scoped, rank=cfg.rank, world_size=world_size, timeout=timedelta(seconds=timeout)
+    )
+
+
+def check_eval(spec: Any, eval_interval: int) -> None:
+    """An eval dataset, shaped as the training items, when the job evaluates (exit 2 at start-up otherwise)."""
+    from worker_agent.runtime.batch import signature
+
+    if eval_interval <= 0:
+        return
+    data = spec.eval_dataset
+    if data is None or len(data) == 0:
+        raise UserInputError(f"eval_interval={eval_interval} but the model's spec has no eval_dataset; set 0")
+    if signature(data[0]) != signature(spec.dataset[0]):
+        raise UserInputError(
+            f"eval_dataset items ({signature(data[0])}) differ from the training items ({signature(spec.dataset[0])})"
+        )
+
+
+def check_eval_loss(eval_loss: float, step: int) -> None:
+    """A finite eval loss beyond +-``MAX_LOSS`` is the user's mis-scaled loss, not a diverged model (inf or NaN):
+    the job fails with a user error naming it, rather than every node reporting what no controller accepts."""
+    if math.isfinite(eval_loss) and not is_loss(eval_loss):
+        raise UserInputError(
+            f"eval_loss {eval_loss:.3g} after step {step} is beyond +-{MAX_LOSS:g}: the model's loss is scaled "
+            "wrongly; return each sample's mean loss (spotmorph averages over the batch)"
+        )
+
+
+def process_started_at() -> float | None:
+    """When this process was created (unix seconds, 10 ms resolution), from /proc; None elsewhere."""
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(") ", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - started)
+    except (OSError, IndexError, ValueError):
+        return None
