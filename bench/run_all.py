@@ -15,6 +15,7 @@ BENCHMARKS = (
     "bench.plan_bench",
     "bench.simulate_bench",
     "bench.runtime_bench",
+    "bench.checkpoint_io_bench",
     "bench.morph_bench",
     "bench.warm_bench",
     "bench.controller_bench",

@@ -140,7 +140,8 @@ def plan_transfer(
     ``survivors`` maps OLD rank -> NEW rank for the processes that carry their memory over; any other old
     rank is gone. ``needs`` (by new rank) replaces a rank's stage layers where given: a stage that holds a
     copy of a parameter tied to another stage's layer needs that layer's state too. Senders are balanced
-    greedily: PEER needs in order of decreasing layer size (then layer, then receiver), each to the holder that has sent the fewest bytes so far, ties to the lowest rank.
+    greedily: PEER needs in order of decreasing layer size (then layer, then receiver), each to the holder
+    that has sent the fewest bytes so far, ties to the lowest rank.
     Raises ``ValueError`` naming the problem when the inputs are inconsistent.
     """
     _check(old, new, survivors, layer_bytes)

@@ -12,7 +12,6 @@ standalone run the newest valid one (:func:`newest_valid`).
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,10 +33,11 @@ from worker_agent.runtime.manifest import (
     Manifest,
     check_job,
     parse_manifest,
-    read_file,
-    read_layer_file,
     step_directory,
+    verified_copy,
+    verify_file,
 )
+from worker_agent.runtime.streams import in_parallel
 from worker_agent.runtime.writer import CheckpointWriter as CheckpointWriter
 from worker_agent.runtime.writer import LayerPayload as LayerPayload
 from worker_agent.runtime.writer import checkpoint_dirs as checkpoint_dirs
@@ -72,8 +72,7 @@ def verify(path: Path, job: Job = None, *, read_files: bool = True) -> Checkpoin
         if job is not None:
             check_job(path, manifest, job)
         if read_files:
-            for entry in manifest.files:
-                read_file(dir_fd, path, entry)
+            in_parallel(lambda entry: verify_file(dir_fd, path, entry), manifest.files)
     return Checkpoint(path, manifest)
 
 
@@ -160,19 +159,25 @@ def load_tensors(ckpt: Checkpoint, names: set[str]) -> dict[str, LayerPayload]:
             f"checkpoint {ckpt.path} has no tensors {missing[:5]}: it was written for a different model"
         )
     wanted = {where[n] for n in names}
-    return {entry.path: _load_payload(ckpt.path, entry) for entry in ckpt.manifest.files if entry.path in wanted}
+    entries = [entry for entry in ckpt.manifest.files if entry.path in wanted]
+    payloads = in_parallel(lambda entry: _load_payload(ckpt.path, entry), entries)
+    return {entry.path: payload for entry, payload in zip(entries, payloads, strict=True)}
 
 
 def _load_payload(path: Path, entry: FileEntry) -> LayerPayload:
     """One layer file, deserialised; it must hold the tensors its manifest entry lists (a SHA-256 that
-    matches only shows the manifest and the file agree, not that the file is a layer file)."""
-    data = read_layer_file(path, entry)
+    matches only shows the manifest and the file agree, not that the file is a layer file).
+
+    It is loaded from a sealed private copy of exactly the bytes that were verified (:func:`verified_copy`),
+    memory-mapped: the tensors are views of that copy, which nothing can change and which no file on the
+    share backs, so the file changing (or vanishing) afterwards changes nothing that was loaded."""
     where = f"{path.name}/{entry.path}"
-    try:
-        # Files hold CPU tensors; a tensor saved from a GPU by another writer still loads on a CPU-only node.
-        payload: object = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{where}: not a layer file ({exc})") from exc
+    with verified_copy(path, entry) as copy:
+        try:
+            # Files hold CPU tensors; a tensor saved from a GPU by another writer still loads on a CPU-only node.
+            payload: object = torch.load(copy, map_location="cpu", weights_only=True, mmap=isinstance(copy, str))
+        except Exception as exc:
+            raise CheckpointError(f"{where}: not a layer file ({exc})") from exc
     if not isinstance(payload, dict):
         raise CheckpointError(f"{where}: not a layer file (it holds a {type(payload).__name__})")
     tensors, optimizer = payload.get("tensors"), payload.get("optimizer")

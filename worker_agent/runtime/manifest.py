@@ -4,14 +4,14 @@ A checkpoint directory may be damaged, copied from another job or written by som
 in a manifest is believed before it is checked: a strict schema (types, no missing or unknown fields), a
 ``job_hash`` that is the hash of the recorded ``job``, the step (and, from format v2 on, the generation) of
 its own ``step-*`` directory, and file entries that are plain ``LAYER.pt`` names inside that directory.
-Files are opened through the directory's descriptor without following links, only when lstat shows a
-regular file of the declared size, and never read past it. Every problem is a :class:`CheckpointError`:
-readers treat it as a damaged checkpoint.
+Files are opened through the directory's descriptor without following links, only when fstat shows a
+regular file of the declared size, and never read past it; a layer file is hashed as it is read, in
+bounded chunks, and loaded from a sealed private copy of exactly the bytes that were hashed. Every
+problem is a :class:`CheckpointError`: readers treat it as a damaged checkpoint.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from morphing.jobspec import identity_hash
 from worker_agent.contract.hostile import HostileFile, open_regular
 from worker_agent.runtime.errors import CheckpointError, ForeignCheckpoint
+from worker_agent.runtime.streams import hash_read, sealed_copy
 
 MANIFEST = "manifest.json"
 # v2: the directory is named by step and writer generation (step-NNNNNNNN-gG; generation 0, a standalone run,
@@ -185,22 +186,35 @@ def step_directory(path: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def _read(dir_fd: int, where: str, name: str, expected: int | None) -> bytearray:
-    """``name`` in ``dir_fd``: a regular file (no link, opened by :func:`open_regular`, so a FIFO never
-    blocks), ``expected`` bytes by fstat before a byte is read, and no read past that size."""
+@contextmanager
+def _opened(dir_fd: int, where: str, name: str, expected: int | None) -> Iterator[tuple[int, int]]:
+    """``name`` in ``dir_fd`` open, and its size: a regular file (no link, opened by :func:`open_regular`, so
+    a FIFO never blocks) of ``expected`` bytes by fstat (``None``: of at most a manifest's bound), checked
+    before a byte is read."""
     try:
         fd = open_regular(name, dir_fd=dir_fd, what=where)
     except HostileFile as exc:
         raise CheckpointError(str(exc)) from None
     except OSError as exc:
         raise CheckpointError(f"{where}: {exc.strerror or exc}") from exc
-    with io.FileIO(fd, "rb", closefd=True) as fh:
+    try:
         try:
             size = os.fstat(fd).st_size
-            if expected is not None and size != expected:
-                raise CheckpointError(f"{where}: {size} bytes, manifest says {expected}")
-            if size > MAX_MANIFEST_BYTES and expected is None:
-                raise CheckpointError(f"{where}: {size} bytes, more than any manifest ({MAX_MANIFEST_BYTES})")
+        except OSError as exc:
+            raise CheckpointError(f"{where}: {exc.strerror or exc}") from exc
+        if expected is not None and size != expected:
+            raise CheckpointError(f"{where}: {size} bytes, manifest says {expected}")
+        if size > MAX_MANIFEST_BYTES and expected is None:
+            raise CheckpointError(f"{where}: {size} bytes, more than any manifest ({MAX_MANIFEST_BYTES})")
+        yield fd, size
+    finally:
+        os.close(fd)
+
+
+def _read(dir_fd: int, where: str, name: str) -> bytearray:
+    """A manifest's bytes (:func:`_opened`), never read past the size fstat gave."""
+    with _opened(dir_fd, where, name, None) as (fd, size), io.FileIO(fd, "rb", closefd=False) as fh:
+        try:
             data = _read_at_most(fh, size + 1)
         except OSError as exc:
             raise CheckpointError(f"{where}: {exc.strerror or exc}") from exc
@@ -230,7 +244,7 @@ def parse_manifest(path: Path, dir_fd: int) -> Manifest:
         raise CheckpointError(f"{path.name}: no {MANIFEST} (incomplete write)") from None
     except OSError:
         pass  # _read names it
-    data = _read(dir_fd, f"{path.name}/{MANIFEST}", MANIFEST, None)
+    data = _read(dir_fd, f"{path.name}/{MANIFEST}", MANIFEST)
     try:
         manifest = Manifest.model_validate_json(data)
     except ValidationError as exc:
@@ -269,16 +283,24 @@ def check_job(path: Path, manifest: Manifest, job: Mapping[str, Any] | str) -> N
         )
 
 
-def read_file(dir_fd: int, path: Path, entry: FileEntry) -> bytearray:
-    """The bytes of one layer file of the step directory ``path``, checked against its manifest entry."""
+def verify_file(dir_fd: int, path: Path, entry: FileEntry) -> None:
+    """One layer file of the step directory ``path`` checked against its manifest entry: read in bounded
+    chunks and hashed on the way (:func:`~worker_agent.runtime.streams.hash_read`), nothing kept."""
     where = f"{path.name}/{entry.path}"
-    data = _read(dir_fd, where, entry.path, entry.size)
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise CheckpointError(f"{where}: SHA-256 does not match the manifest")
-    return data
+    with _opened(dir_fd, where, entry.path, entry.size) as (fd, size):
+        if hash_read(fd, size, where) != entry.sha256:
+            raise CheckpointError(f"{where}: SHA-256 does not match the manifest")
 
 
-def read_layer_file(path: Path, entry: FileEntry) -> bytearray:
-    """:func:`read_file` for a reader that does not hold the directory open."""
-    with step_directory(path) as dir_fd:
-        return read_file(dir_fd, path, entry)
+@contextmanager
+def verified_copy(path: Path, entry: FileEntry) -> Iterator[str | io.BytesIO]:
+    """A private, sealed copy of one layer file of the step directory ``path``, read once and checked
+    against its manifest entry on the way (:func:`~worker_agent.runtime.streams.sealed_copy`): what
+    ``torch.load`` reads from it are exactly the bytes that were verified, whatever happens to the file."""
+    where = f"{path.name}/{entry.path}"
+    with (
+        step_directory(path) as dir_fd,
+        _opened(dir_fd, where, entry.path, entry.size) as (fd, size),
+        sealed_copy(fd, size, where, entry.sha256) as copy,
+    ):
+        yield copy

@@ -1,6 +1,7 @@
 """Writing checkpoints: each rank its layers and a part file, rank 0 the manifest, then pruning.
 
-Each rank writes the layers it was given (``LAYER.pt``), then an atomic part file
+Each rank writes the layers it was given (``LAYER.pt``, serialised straight into the file and hashed on the
+way, a few files at once: :mod:`worker_agent.runtime.streams`), then an atomic part file
 ``.parts/gen-G-RUN-rank-R.json`` holding its generation, its rank and its file entries; rank 0 waits for
 every part of its generation and writes the manifest last, atomically. Every generation writes its own
 directories (``step-NNNNNNNN-gG``), so two generations never write the same path. A fenced writer (a
@@ -11,7 +12,6 @@ commits and deletes nothing (:class:`GenerationFenced`), and it removes its own 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -20,15 +20,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO, cast
 
 import torch
 
 from worker_agent.contract.hostile import HostileFile, load_json_bounded
-from worker_agent.runtime.durable import atomic_write
+from worker_agent.runtime.durable import atomic_write, atomic_write_stream
 from worker_agent.runtime.errors import CheckpointWriteFailed, FenceError
 from worker_agent.runtime.fence import Fence, check_fence
 from worker_agent.runtime.manifest import FORMAT, MANIFEST, MAX_MANIFEST_BYTES, dir_name, parse_dir_name
+from worker_agent.runtime.streams import HashingWriter, in_parallel
 
 LayerPayload = dict[str, Any]
 TRASH = ".trash-"  # a directory being deleted is renamed first, so it stops being a checkpoint at once
@@ -47,29 +48,38 @@ def checkpoint_dirs(root: Path) -> list[tuple[int, int, Path]]:
 
 
 def serialise(payload: LayerPayload) -> bytes:
+    """A layer file's bytes in memory (what :func:`write_layer_files` streams to the disk instead)."""
     buf = io.BytesIO()
     torch.save(payload, buf)
     return buf.getvalue()
 
 
+def write_layer_file(directory: Path, layer: str, payload: LayerPayload, rank: int) -> dict[str, Any]:
+    """``LAYER.pt`` in ``directory``, serialised straight into the (atomically renamed) file and hashed on
+    the way, and the manifest entry that lists it."""
+    path = directory / f"{layer}.pt"
+    written = atomic_write_stream(path, lambda fh: _save(payload, fh))
+    return {
+        "path": path.name,
+        "layer": layer,
+        "bytes": written.size,
+        "sha256": written.hexdigest(),
+        "tensors": sorted(payload["tensors"]),
+        "writer_rank": rank,
+    }
+
+
+def _save(payload: LayerPayload, fh: BinaryIO) -> HashingWriter:
+    out = HashingWriter(fh)
+    torch.save(payload, cast(IO[bytes], out))  # torch needs only write() and flush()
+    return out
+
+
 def write_layer_files(directory: Path, payloads: dict[str, LayerPayload], rank: int) -> list[dict[str, Any]]:
-    """Each layer's file in ``directory`` (written whole), and the manifest entries that list them."""
-    entries = []
-    for layer, payload in payloads.items():
-        data = serialise(payload)
-        path = directory / f"{layer}.pt"
-        atomic_write(path, data)
-        entries.append(
-            {
-                "path": path.name,
-                "layer": layer,
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "tensors": sorted(payload["tensors"]),
-                "writer_rank": rank,
-            }
-        )
-    return entries
+    """Each layer's file in ``directory`` (a few at once), and the manifest entries that list them (in the
+    order of ``payloads``). When one fails, the rest not yet started are not written, and none is still
+    being written when the error is raised."""
+    return in_parallel(lambda item: write_layer_file(directory, item[0], item[1], rank), list(payloads.items()))
 
 
 def part_name(generation: int, run_id: str, rank: int) -> str:
@@ -121,11 +131,13 @@ class CheckpointWriter:
         payloads: dict[str, LayerPayload],
         manifest: dict[str, Any] | None,
         done: Callable[[], None] | None = None,
+        background: bool | None = None,
     ) -> None:
         """Write ``payloads`` (already copied off the live tensors); ``manifest`` only on rank 0. ``done`` is
-        called once the write is over, written or failed (the host buffers may then be reused)."""
+        called once the write is over, written or failed (the host buffers may then be reused). ``background``
+        overrides the job's choice for this write."""
         self.wait()
-        if self.background:
+        if self.background if background is None else background:
             self._thread = threading.Thread(
                 target=self._guarded, args=(step, payloads, manifest, done), name="checkpoint-writer", daemon=True
             )
