@@ -82,7 +82,8 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
                 f"not {status.held_step}",
             )
         check_step(f"{field}.held_step", status.held_step, job.spec.steps)
-    return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS))
+    skipped = printable(status.held_skipped, MAX_ERROR_CHARACTERS)
+    return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS), skipped)
 
 
 def evaluation(field: str, status: pb.TrainerStatus) -> None:

@@ -128,8 +128,8 @@ def salvage_to_pb(salvage: Salvage | None) -> pb.Salvage | None:
     return pb.Salvage(step=salvage.step, writers=list(salvage.writers), deadline=salvage.deadline)
 
 
-def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
-    """A trainer's status as a rank report (``error``: its error text as the caller keeps it)."""
+def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "") -> RankReport:
+    """A trainer's status as a rank report (``error``, ``held_skipped``: texts as the caller keeps them)."""
     return RankReport(
         job=status.job,
         generation=status.generation,
@@ -147,6 +147,7 @@ def rank_from_pb(status: pb.TrainerStatus, error: str) -> RankReport:
         refusal=_REFUSALS.get(status.refusal),
         stall_step=status.checkpoint_stall_step,
         stall_seconds=status.checkpoint_stall_seconds if status.HasField("checkpoint_stall_seconds") else None,
+        held_skipped=held_skipped,
     )
 
 

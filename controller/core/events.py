@@ -13,6 +13,7 @@ class EventKind(StrEnum):
     NODE_HELD = "NodeHeld"  # came back soon after being LOST: waits in JOINING before it gets work
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
+    HELD_STATE_SKIPPED = "HeldStateSkipped"  # a generation resumed from the disk, not the memory it was named
     EVALUATION_COMPLETED = "EvaluationCompleted"  # a generation's trainers reported a new eval loss
     CHECKPOINT_STALL_MEASURED = "CheckpointStallMeasured"  # how long a checkpoint paused training (its slowest rank)
     TRAINING_RESUMED = "TrainingResumed"  # a new generation's first step: the pause its morph caused

@@ -36,6 +36,7 @@ class RankReport:
     refusal: Refusal | None = None  # it exited 2, refusing its input (None: not a refusal)
     stall_step: int = 0  # the step of its newest checkpoint ...
     stall_seconds: float | None = None  # ... and how long that checkpoint paused it (None: none reported yet)
+    held_skipped: str = ""  # it did not take the step the previous generation held in memory: why
 
 
 @dataclass(frozen=True)

@@ -190,3 +190,52 @@ def test_the_watch_view_shows_the_newest_eval_loss() -> None:
     }  # fmt: skip
     assert "eval loss 1.5000 at step 150" in watch_view(job, None, 0.0)
     assert "eval loss" not in watch_view({**job, "eval_loss": None, "eval_step": None}, None, 0.0)
+
+
+def test_a_stopped_generation_names_its_step_held_in_memory_and_a_skipped_one_is_said_and_counted() -> None:
+    sim = started(4)
+    beat_all(sim, 20, first_at=100.0, last_at=120.0, last_checkpoint_step=20)
+    sim.step(1)
+    victim = sim.job().nodes[-1]
+    sim.beat(victim, *sim.world.observed[victim].ranks, notice=sim.now + 30)
+    sim.step(1)
+    for name in sim.job().nodes:  # every rank stops at 41 and keeps it in memory: nothing newer was written
+        a = assignment_for(sim.world, name)
+        assert a is not None
+        ranks = [RankReport("j1", 1, r, False, 0, 41, 20, last_step_at=141.0) for r in a.ranks]
+        sim.beat(name, *ranks, notice=sim.now + 30 if name == victim else None)
+    sim.step(2)
+    job = sim.job()
+    assert job.generation == 2 and job.steps_lost == 0
+    given = assignment_for(sim.world, job.nodes[0])
+    assert given is not None and (given.held_step, given.held_generation, given.resume_step) == (41, 1, 20)
+    why = "layers 3 are held by no trainer and step 41 has no durable checkpoint"
+    beat_all(sim, 21, first_at=150.0, last_at=150.0, held_skipped=why)
+    sim.step(1)
+    [skipped] = events(sim, EventKind.HELD_STATE_SKIPPED)
+    assert dict(skipped.data) == {"generation": 2, "held_step": 41, "resume_step": 20, "reason": why}
+    job = sim.job()
+    assert (job.steps_lost, job.held_step, job.step) == (21, 0, 21)
+    beat_all(sim, 22, first_at=150.0, last_at=151.0, held_skipped=why)
+    sim.step(1)
+    assert len(events(sim, EventKind.HELD_STATE_SKIPPED)) == 1 and sim.job().steps_lost == 21
+
+
+def test_an_aborted_generation_names_no_held_step() -> None:
+    sim = started(2)
+    beat_all(sim, 10, first_at=100.0, last_at=110.0)
+    sim.step(1)
+    victim = sim.job().nodes[-1]
+    for name in sim.job().nodes:  # one node's trainers crash: the morph aborts, nothing is held
+        a = assignment_for(sim.world, name)
+        assert a is not None
+        code = 1 if name == victim else None
+        sim.beat(name, *[RankReport("j1", 1, r, code is None, code, 10, 0, error="boom") for r in a.ranks])
+    sim.step(1)
+    for name in sim.job().nodes:
+        a = assignment_for(sim.world, name)
+        if a is not None and a.generation == 1:
+            sim.beat(name, *[RankReport("j1", 1, r, False, 137, 10, 0) for r in a.ranks])
+    sim.step(2)
+    job = sim.job()
+    assert job.generation == 2 and job.held_step == 0

@@ -10,7 +10,7 @@ def test_importing_the_core_loads_no_heavy_framework() -> None:
     code = (
         "import sys\n"
         "import morphing, morphing.layout, morphing.profile, morphing.stages, morphing.simulator\n"
-        "import morphing.planner, morphing.policy\n"
+        "import morphing.planner, morphing.policy, morphing.transfer\n"
         "heavy = [m for m in ('torch', 'grpc', 'numpy', 'sqlalchemy') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

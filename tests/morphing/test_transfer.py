@@ -282,3 +282,14 @@ def test_a_source_has_a_sender_exactly_when_it_is_a_peer() -> None:
         Source(SourceKind.PEER)
     with pytest.raises(ValueError, match="only a peer source"):
         Source(SourceKind.DISK, 3)
+
+
+def test_a_stage_with_a_tied_copy_also_receives_the_layer_of_record() -> None:
+    old = layout(4, 2, 1)  # stage 0: layers 0-1 (the embedding, layer 0), stage 1: layers 2-3 (a tied head)
+    new = layout(4, 2, 1)
+    needs = {0: frozenset({0, 1}), 1: frozenset({0, 2, 3})}  # the head's stage needs the embedding's state too
+    plan = plan_transfer(old, new, {0: 0, 1: 1}, [10, 10, 10, 10], needs=needs)
+    assert plan.sources[(1, 0)] == Source(SourceKind.PEER, 0)
+    assert plan.sources[(1, 2)].kind is SourceKind.OWN and (1, 1) not in plan.sources
+    with pytest.raises(ValueError, match="needs layer 9"):
+        plan_transfer(old, new, {0: 0}, [10, 10, 10, 10], needs={0: frozenset({9})})

@@ -11,6 +11,7 @@ from worker_agent.contract import (
     CollectiveFailed,
     EvaluationCompleted,
     FailureKind,
+    HeldStateSkipped,
     ProgressRecord,
     SalvageWritten,
     StepCompleted,
@@ -48,6 +49,7 @@ class Progress:
     held: Held | None = None
     stall_step: int = 0  # the step of the newest checkpoint that reported its stall
     stall_seconds: float | None = None  # how long that checkpoint paused training (None: none reported yet)
+    held_skipped: str = ""  # why the state the previous generation held in memory was not used
 
 
 def absorb(progress: Progress, record: ProgressRecord) -> Progress:
@@ -66,6 +68,8 @@ def absorb(progress: Progress, record: ProgressRecord) -> Progress:
         )
     elif isinstance(event, EvaluationCompleted):
         progress = replace(progress, eval_step=event.step, eval_loss=event.eval_loss)
+    elif isinstance(event, HeldStateSkipped):
+        progress = replace(progress, held_skipped=event.reason)
     elif isinstance(event, CheckpointLoaded):
         progress = replace(progress, step=event.step)
     elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
@@ -104,3 +108,4 @@ class TrainerReport:
     held: Held | None = None  # its collective failed; it holds this step in memory
     stall_step: int = 0  # its newest checkpoint's step ...
     stall_seconds: float | None = None  # ... and how long it paused training (None: no checkpoint reported yet)
+    held_skipped: str = ""  # why it did not take the state the previous generation held (empty: it did, or none)

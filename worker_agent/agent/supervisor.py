@@ -356,6 +356,7 @@ class Supervisor:
             held=progress.held,
             stall_step=progress.stall_step,
             stall_seconds=progress.stall_seconds,
+            held_skipped=progress.held_skipped,
         )
 
     def log_tail(self, key: TrainerKey, lines: int = 5) -> str:

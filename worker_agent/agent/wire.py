@@ -21,6 +21,8 @@ from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec
 from worker_agent.contract import CommittedCheckpoint, ExitCode, SalvageOrder
 
+MAX_HELD_SKIPPED = 1000  # characters of a trainer's reason for not taking the held state (the controller keeps fewer)
+
 ACTIONS: dict[int, Action] = {
     pb.ACTION_RUN: "run",
     pb.ACTION_STOP: "stop",
@@ -157,6 +159,7 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
     if report.held is not None:
         status.held_step = report.held.step
     status.refusal = refusal_to_pb(report)
+    status.held_skipped = report.held_skipped[:MAX_HELD_SKIPPED]
     stall = report.stall_seconds
     if stall is not None:
         status.checkpoint_stall_step, status.checkpoint_stall_seconds = report.stall_step, stall

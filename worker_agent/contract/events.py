@@ -47,6 +47,13 @@ class CheckpointSkipped:
 
 
 @dataclass(frozen=True)
+class HeldStateSkipped:
+    """The step the previous generation held in memory was not used (the committed checkpoint was): why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class StepCompleted:
     """``step`` optimizer steps are done (on every rank: they all-reduce once per step)."""
 
@@ -137,6 +144,7 @@ ProgressEvent = (
     TrainerStarted
     | CheckpointLoaded
     | CheckpointSkipped
+    | HeldStateSkipped
     | StepCompleted
     | EvaluationCompleted
     | CheckpointWritten
@@ -151,6 +159,7 @@ EVENT_NAMES: dict[type[ProgressEvent], str] = {
     TrainerStarted: "started",
     CheckpointLoaded: "resumed",
     CheckpointSkipped: "checkpoint_skipped",
+    HeldStateSkipped: "held_skipped",
     StepCompleted: "step",
     EvaluationCompleted: "eval",
     CheckpointWritten: "checkpoint",

@@ -26,6 +26,7 @@ from worker_agent.contract import (
     ControlDir,
     EvaluationCompleted,
     ExitCode,
+    HeldStateSkipped,
     StepCompleted,
     TrainerArguments,
     TrainerFailed,
@@ -126,7 +127,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     memory = held_mod.take(HELD, cfg, layout, job.identity_hash(), runner) if cfg.held is not None else None
     _forget_held()
     if memory is not None and not memory.used:
-        skipped(f"the state generation {cfg.generation - 1} held in memory is not used: {memory.reason}")
+        _warn(f"the state generation {cfg.generation - 1} held in memory is not used: {memory.reason}")
+        progress.emit(HeldStateSkipped(reason=memory.reason))
     if memory is not None and memory.used:
         step = held_mod.apply(memory, runner, choice[0], job.identity())
         progress.emit(CheckpointLoaded(step=step, checkpoint=f"memory of generation {cfg.generation - 1}"))

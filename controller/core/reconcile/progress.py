@@ -34,8 +34,28 @@ def progress(draft: Draft, job_id: str) -> None:
     fields.update(_evaluation(draft, job, reports))
     fields.update(_stall(draft, job, reports))
     fields.update(_pause(draft, job, reports))
+    fields.update(_held_skipped(draft, job, reports))
     if fields:
         draft.amend_job(job_id, **fields)
+
+
+def _held_skipped(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
+    """The generation was named a step held in memory and resumed from the committed checkpoint instead (every
+    rank decides alike): said once, with the reason, and the steps between the two counted as lost."""
+    why = next((r.held_skipped for r in reports if r.held_skipped), "")
+    if not job.held_step or not why:
+        return {}
+    lost = max(0, job.held_step - job.resume_step)
+    draft.event(
+        EventKind.HELD_STATE_SKIPPED,
+        job.id,
+        generation=job.generation,
+        held_step=job.held_step,
+        resume_step=job.resume_step,
+        reason=why,
+    )
+    step = max([job.resume_step, *(r.last_step for r in reports)])
+    return {"held_step": 0, "held_generation": 0, "steps_lost": job.steps_lost + lost, "step": step}
 
 
 def _evaluation(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
