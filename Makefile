@@ -37,8 +37,9 @@ typecheck: install-dev
 layers: install-dev
 	$(VENV)/bin/lint-imports
 
+# Two workers: the tests that start local clusters run one after another on one of them (tests/conftest.py).
 unit: install-dev
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -n 2 --dist loadgroup tests
 
 test: lint typecheck layers unit
 

@@ -1,11 +1,25 @@
-"""Test-suite wide: tests marked ``soak`` (long variants) run only when ``-m`` selects them (``make soak``)."""
+"""Test-suite wide: tests marked ``soak`` (long variants) run only when ``-m`` selects them (``make soak``).
+
+``make test`` runs on two pytest-xdist workers (``--dist loadgroup``): the tests that start local clusters
+(``tests/e2e``, ``tests/local``) form one group, run one after another on one worker, so at most one cluster
+loads the machine at a time, while the other worker takes the rest.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+CLUSTER_DIRS = ("e2e", "local")
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+        if parts and parts[0] in CLUSTER_DIRS:
+            item.add_marker(pytest.mark.xdist_group("clusters"))
     if "soak" in str(config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="a soak test (minutes): run with `make soak` or `pytest -m soak`")

@@ -115,22 +115,24 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         _warn(message)
         progress.emit(CheckpointSkipped(message=message))
 
-    choice: list[Any] = [None, "", uuid.uuid4().hex[:12]]
-    if cfg.rank == 0:
-        choice[0], choice[1] = resume.choose(cfg, job.identity(), skipped)
-    dist.broadcast_object_list(choice, src=0)
-    if choice[1]:
-        raise UserInputError(choice[1])
     groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds)
     runner = StageRunner(job, layout, cfg.rank, model, groups, device)
     step = 0
     memory = held_mod.take(HELD, cfg, layout, job.identity_hash(), runner) if cfg.held is not None else None
     _forget_held()
+    # Rank 0 verifies the committed checkpoint only when some layer is to be read from it (every rank agrees).
+    choice: list[Any] = [None, "", uuid.uuid4().hex[:12]]
+    if cfg.rank == 0 and (memory is None or not memory.used or memory.from_disk):
+        choice[0], choice[1] = resume.choose(cfg, job.identity(), skipped)
+    dist.broadcast_object_list(choice, src=0)
+    if choice[1]:
+        raise UserInputError(choice[1])
     if memory is not None and not memory.used:
         _warn(f"the state generation {cfg.generation - 1} held in memory is not used: {memory.reason}")
         progress.emit(HeldStateSkipped(reason=memory.reason))
     if memory is not None and memory.used:
         step = held_mod.apply(memory, runner, choice[0], job.identity())
+        memory.payloads.clear()  # the stage has them now
         progress.emit(CheckpointLoaded(step=step, checkpoint=f"memory of generation {cfg.generation - 1}"))
     elif choice[0]:
         # Rank 0 verified every file; each rank re-checks the manifest and the files it reads.
@@ -354,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         ASSIGNED_AT = time.time()
         take_over(task)
-        cfg, HELD = task.arguments, kept
+        cfg, HELD, kept = task.arguments, kept, None  # HELD is dropped once the exchange is done
     sys.stdout.flush()
     sys.stderr.flush()
     if "worker_agent.runtime.comm" in sys.modules:
