@@ -2,7 +2,7 @@
 
 ``python held_peer.py RANK WORLD PORT SCENARIO OUT``: old layout 2 stages x 1 replica (layers 0-1, 2-3),
 new layout 1 stage x WORLD replicas; new ranks 0 and 1 held old ranks 0 and 1, the others nothing.
-Scenarios: ``move``; ``corrupt`` (rank 1 advertises a wrong SHA-256 for layer 2); ``die`` (rank 1 leaves
+Scenarios: ``move``; ``corrupt`` (rank 1 sends a wrong SHA-256 with each layer); ``die`` (rank 1 leaves
 after telling the others what it holds, before it sends anything).
 """
 
@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from morphing.layout import make_layout
 from worker_agent.contract import CommittedCheckpoint
+from worker_agent.runtime import held as held_mod
 from worker_agent.runtime.held import Offer, exchange, keep
 
 LAYERS = 4
@@ -47,8 +48,8 @@ def main() -> None:
     if rank < 2:
         first, last = old.stage_layers[rank]
         held = keep({i: payload(i) for i in range(first, last)}, "job", 1, 5, old, rank, None)
-        if scenario == "corrupt" and rank == 1:
-            held.digests[2] = "0" * 64
+        if scenario == "corrupt" and rank == 1:  # what it sends says a SHA-256 its bytes do not have
+            held_mod.digest = lambda data: "0" * 64
     if scenario == "die" and rank == 1:
         assert held is not None
         offers: list[Offer | None] = [None] * world

@@ -25,7 +25,7 @@ OLD = make_layout(num_layers=4, pipeline_stages=2, data_parallel=1, micro_batch_
 def offer(rank: int, step: int = 5, generation: int = 1, job: str = "job") -> Offer:
     first, last = OLD.stage_layers[rank]
     layers = range(first, last)
-    return Offer(job, generation, step, OLD.to_dict(), rank, dict.fromkeys(layers, 100), dict.fromkeys(layers, "d"))
+    return Offer(job, generation, step, OLD.to_dict(), rank, dict.fromkeys(layers, 100))
 
 
 def test_every_layer_held_gives_a_plan_that_sends_only_what_a_rank_lacks() -> None:

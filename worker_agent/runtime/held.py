@@ -1,18 +1,19 @@
 """A planned morph through memory: what a trainer keeps when it stops, and how the next generation takes it.
 
 After a planned stop at step ``S`` a trainer that may hold (the agent gave it a hold spool and its node is
-not leaving) keeps every layer of its stage at ``S`` in host memory, serialised exactly as the checkpoint
-writer writes the layer's file, with its SHA-256, and waits for its next assignment instead of exiting.
+not leaving) keeps every layer of its stage at ``S`` as host copies and waits for its next assignment
+instead of exiting.
 The controller names ``S`` (``--held S:g``) in generation g+1's assignments; g+1's ranks, on whatever
 processes they run, tell each other what they hold (one ``all_gather_object``), every rank computes the
 same transfer plan (:func:`morphing.transfer.plan_transfer`) and the holders send the layers their new
-owners lack over the world group (gloo, host memory), point to point, one tag per layer moved.
+owners lack over the world group (gloo, host memory), point to point: each serialised as the checkpoint
+writer writes the layer's file, after a header with its length and SHA-256.
 
 Any doubt leaves memory for the disk, the same on every rank: a holder of another job, step or layout, a
 layer no survivor holds (unless ``S`` itself is the committed checkpoint), a checksum that does not match.
 A peer that dies mid-transfer fails the collective and the generation, as any lost peer does; the next
-one resumes from the committed checkpoint. Either way the bytes loaded are the bytes a checkpoint would
-hold, so a morph through memory is bit for bit a morph through the disk.
+one resumes from the committed checkpoint. Either way what is loaded are exact copies of the tensors a
+checkpoint would hold, so a morph through memory is bit for bit a morph through the disk.
 """
 
 from __future__ import annotations
@@ -46,25 +47,26 @@ HOLD_SECONDS = 300.0  # how long a holder waits for the next generation before i
 
 @dataclass
 class Held:
-    """One trainer's state at ``step`` of ``generation``: its old stage's layers, serialised, by layer index."""
+    """One trainer's state at ``step`` of ``generation``: its old stage's layers (host copies), by layer index.
+
+    Nothing is serialised when it stops: a layer it keeps goes back into its stage as it is, and only a layer
+    a peer lacks is serialised (as its checkpoint file would hold it) and hashed, when it is sent."""
 
     job_hash: str
     generation: int
     step: int
     layout: dict[str, Any]
     rank: int
-    layers: dict[int, torch.Tensor]  # uint8, the layer file's bytes
-    digests: dict[int, str]
+    layers: dict[int, LayerPayload]
     loss_scale: dict[str, Any] | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(int(data.numel()) for data in self.layers.values())
+        return sum(_tensor_bytes(payload) for payload in self.layers.values())
 
     def offer(self) -> Offer:
-        sizes = {layer: int(data.numel()) for layer, data in self.layers.items()}
-        digests = dict(self.digests)
-        return Offer(self.job_hash, self.generation, self.step, self.layout, self.rank, sizes, digests, self.loss_scale)
+        sizes = {layer: _tensor_bytes(payload) for layer, payload in self.layers.items()}
+        return Offer(self.job_hash, self.generation, self.step, self.layout, self.rank, sizes, self.loss_scale)
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,7 @@ class Offer:
     step: int
     layout: dict[str, Any]
     rank: int  # its rank in the old layout
-    sizes: dict[int, int]
-    digests: dict[int, str]
+    sizes: dict[int, int]  # the bytes of each layer's tensors (what balancing the senders weighs)
     loss_scale: dict[str, Any] | None = None
 
 
@@ -119,6 +120,12 @@ def digest(data: torch.Tensor) -> str:
     return hashlib.sha256(data.numpy().data).hexdigest()
 
 
+def _tensor_bytes(payload: LayerPayload) -> int:
+    tensors = list(payload["tensors"].values())
+    tensors += [v for state in payload["optimizer"].values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def keep(
     payloads: Mapping[int, LayerPayload],
     job_hash: str,
@@ -128,10 +135,8 @@ def keep(
     rank: int,
     loss_scale: dict[str, Any] | None,
 ) -> Held:
-    """What a stopping rank holds: ``payloads`` (host copies of its stage's layers, by index), serialised."""
-    layers = {layer: to_bytes(payload) for layer, payload in payloads.items()}
-    digests = {layer: digest(data) for layer, data in layers.items()}
-    return Held(job_hash, generation, step, layout.to_dict(), rank, layers, digests, loss_scale)
+    """What a stopping rank holds: ``payloads``, host copies of its stage's layers, by index."""
+    return Held(job_hash, generation, step, layout.to_dict(), rank, dict(payloads), loss_scale)
 
 
 def decide(
@@ -190,30 +195,18 @@ def exchange(
     if decision.plan is None:
         return Outcome(False, decision.reason)
     plan = decision.plan
-    received: dict[int, torch.Tensor] = {}
-    pending = []
-    for tag, move in enumerate(plan.transfers()):
-        if move.sender == rank and held is not None:
-            pending.append(dist.isend(held.layers[move.layer], dst=move.receiver, tag=tag))
-        elif move.receiver == rank:
-            buffer = torch.empty(move.nbytes, dtype=torch.uint8)
-            received[move.layer] = buffer
-            pending.append(dist.irecv(buffer, src=move.sender, tag=tag))
-    for work in pending:
-        if work is not None:
-            work.wait()
-    bad = _check(received, plan, rank, decision.offers)
+    received, bad = _move(held, plan, rank)
     flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
     dist.all_reduce(flag, op=dist.ReduceOp.SUM)
     if flag.item() > 0:
-        return Outcome(False, bad or "another rank received a layer whose SHA-256 does not match its holder's")
+        return Outcome(False, bad or "another rank received a layer whose SHA-256 does not match its sender's")
     payloads: dict[str, LayerPayload] = {}
     disk: set[int] = set()
     for (receiver, layer), source in plan.sources.items():
         if receiver != rank:
             continue
         if source.kind is SourceKind.OWN and held is not None:
-            payloads[layer_names[layer]] = from_bytes(held.layers[layer])
+            payloads[layer_names[layer]] = held.layers[layer]
         elif source.kind is SourceKind.PEER:
             payloads[layer_names[layer]] = from_bytes(received[layer])
         else:
@@ -223,15 +216,36 @@ def exchange(
     return Outcome(True, "", named.step, payloads, frozenset(disk), scale, moved)
 
 
-def _check(received: Mapping[int, torch.Tensor], plan: TransferPlan, rank: int, offers: Mapping[int, Offer]) -> str:
-    """Why a layer this rank received cannot be used ('' when every one matches its holder's SHA-256)."""
-    for move in plan.transfers():
-        if move.receiver != rank:
-            continue
-        expected = offers[move.sender].digests.get(move.layer)
-        if expected != digest(received[move.layer]):
-            return f"layer {move.layer} from rank {move.sender} does not match its SHA-256"
-    return ""
+def _move(held: Held | None, plan: TransferPlan, rank: int) -> tuple[dict[int, torch.Tensor], str]:
+    """Send what this rank gives, receive what it lacks: per move a header (length and SHA-256 of the serialised
+    layer) then its bytes, tags ``2i`` and ``2i + 1``. Returns the bytes received and why one is unusable."""
+    sends, headers = [], {}
+    for tag, move in enumerate(plan.transfers()):
+        if move.sender == rank and held is not None:
+            data = to_bytes(held.layers[move.layer])
+            header = torch.frombuffer(bytearray(bytes.fromhex(digest(data))), dtype=torch.int64)
+            header = torch.cat([torch.tensor([data.numel()], dtype=torch.int64), header])
+            sends += [
+                dist.isend(header, dst=move.receiver, tag=2 * tag),
+                dist.isend(data, move.receiver, tag=2 * tag + 1),
+            ]
+        elif move.receiver == rank:
+            header = torch.empty(5, dtype=torch.int64)
+            headers[tag] = (move, header, dist.irecv(header, src=move.sender, tag=2 * tag))
+    received: dict[int, torch.Tensor] = {}
+    bodies = []
+    for tag, (move, header, work) in headers.items():
+        if work is not None:
+            work.wait()
+        received[move.layer] = torch.empty(int(header[0]), dtype=torch.uint8)
+        bodies.append(dist.irecv(received[move.layer], src=move.sender, tag=2 * tag + 1))
+    for work in [*bodies, *sends]:
+        if work is not None:
+            work.wait()
+    for move, header, _ in headers.values():
+        if bytes(header[1:].numpy().tobytes()).hex() != digest(received[move.layer]):
+            return received, f"layer {move.layer} from rank {move.sender} does not match its SHA-256"
+    return received, ""
 
 
 def needs_of(model: PartitionedModel, layout: Layout) -> dict[int, frozenset[int]]:

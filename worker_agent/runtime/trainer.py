@@ -230,8 +230,9 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                 progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
                 timeouts.settle()
             finishing = stopping or step >= job.steps
-            # This rank keeps its state for the next generation; when every rank does (none is leaving), the stop
-            # writes nothing: the next generation writes the step in the background once it has it.
+            # A rank that may keeps its stage (host copies, not serialised) for the next generation. When every rank
+            # may (none is leaving) the stop writes nothing: the next generation writes the step in the background
+            # once it has it; when a node is leaving, the stop writes the step, and its ranks exit.
             holding = stopping and step < job.steps and may_hold
             in_memory = holding and flags[5] == 0
             interval = job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0

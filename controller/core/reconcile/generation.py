@@ -72,7 +72,8 @@ def start_generation(
     rank0 = draft.nodes[layout.placement[0].node]
     port = config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
     resume, resume_generation = job.last_checkpoint_step, job.last_checkpoint_generation
-    held_step = job.step if stopped and job.generation and job.step > 0 else 0
+    through_memory = stopped and job.spec.morph_through_memory
+    held_step = job.step if through_memory and job.generation and job.step > 0 else 0
     held_generation = job.generation if held_step else 0
     lost = max(0, job.step - max(resume, held_step)) if job.generation else 0
     seconds = draft.now - job.morph_started_at if job.morph_started_at is not None else None
