@@ -1,0 +1,293 @@
+"""The pause of a planned morph through memory and through the disk, for GPT-2 models of a few sizes.
+
+Real local clusters (``spotmorph local up``, 1 slot a VM), a fresh one per run, float32 GPT-2 models from
+:mod:`bench.gpt2_sizes` (4M and 43M parameters; ``--sizes 4m,43m,120m`` adds 120M), global batch 4, a
+checkpoint every 1000 steps (so only the morph writes). The planner reads bench/profiles/gpt2_SIZE.json
+(``spotmorph profile`` on this machine at low load: one taken under load can make growth not worth it to the
+planner). Per model, two planned morphs, each with ``morph_through_memory`` true (the trainers keep their
+stage in memory and hand it over) and false (the stop writes a checkpoint, the next generation loads it):
+
+* *growth*: a job on 1 VM, ``local add 1``: it grows to 2 replicas;
+* *eviction*: a job on 2 VMs, ``local preempt NODE --notice 20`` on one: it shrinks to 1.
+
+Measured: the pause (``TrainingResumed.pause_seconds``), steps lost, the stop's write on the critical path
+(``TrainingStopped.checkpoint_seconds``), where g+1 resumed from, and the pause's phases. ``python -m
+bench.memory_morph_bench`` puts the tables in docs/benchmarks.md; ``--quick`` (4M, growth) only prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import ROOT, machine, replace_section
+from bench.gpt2_sizes import SIZES, build_size
+from bench.morph_measure import Recovery, generation_step, measure, warm_pools_full
+from spotmorph.local.harness import LocalCluster, world_size
+from spotmorph.local.processes import wait_for
+from worker_agent.contract import CheckpointLoaded, CheckpointSkipped, CheckpointWritten, StepCompleted, TrainingStopped
+
+HEADING = "## Planned morph through memory against the disk (`bench/memory_morph_bench.py`)"
+BATCH, SEED, NOTICE, INTERVAL = 4, 3, 20, 1000
+STEPS_BEFORE = 3  # steps of generation g after every warm trainer is ready, before the morph is set off
+CASES = {"growth": (1, 2), "eviction": (2, 1)}  # VMs (= ranks) before and after
+PATHS = {"memory": True, "disk": False}
+PHASES = ("checkpoint", "plan", "deliver", "process start", "rendezvous", "load", "first step")
+Log = Callable[[str], None]
+WHY = (
+    "Why (the ranks' progress lines): on growth the new VM's rank starts on both paths (a warm trainer imports "
+    "transformers, builds the model), and the holder builds its model again too; keeping the stage costs a "
+    "serialisation and a SHA-256 of every layer, about a page-cache write; the layers cross gloo and are "
+    "deserialised, and g+1 writes the step in the background during its first steps, on the same 2 cores. On "
+    "eviction a node leaves: the stop writes the checkpoint on both paths, and the holder then serialises its "
+    "stage again for memory (the longer stop write); it goes on in its own process (no new process, no file "
+    "read), where it builds its model again and deserialises what it kept. History (2026-11-25, this machine, "
+    "the same layouts, other work loading the 2 cores): pause memory / disk in earlier runs: growth 0.87 (4M) "
+    "and 1.09 (43M) in a full run at load 5-7, 1.07 (4M, `--quick`, load 0.3), 1.10 (43M, one pair, load under "
+    "2); eviction 0.51 (4M) and 0.60 (43M) at load 5-7, 0.76 (43M, one pair, load under 2)."
+)
+
+
+@dataclass
+class Run:
+    size: str
+    case: str
+    path: str
+    pause: float = 0.0  # TrainingResumed.pause_seconds
+    steps_lost: int = 0  # the controller's count
+    stop_write: float = 0.0  # the slowest rank's TrainingStopped.checkpoint_seconds
+    step_seconds: float = 0.0  # median step of generation g
+    resumed_from: str = ""  # memory, disk or mixed (g+1's `resumed` records)
+    layouts: str = ""  # P x D of g -> of g+1, the planner's choice from the profile
+    durable: float = 0.0  # the stop agreed -> that step's checkpoint committed
+    phases: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def state_bytes(size: str) -> tuple[int, int]:
+    """Parameters (the pipeline's: the head's copy of the tied embedding included) and fp32 + AdamW bytes."""
+    params = sum(p.numel() for _, layer in build_size(size).layers for p in layer.parameters())
+    return params, params * 4 * 3  # weights, exp_avg, exp_avg_sq
+
+
+def write_spec(work: Path, size: str, path: str) -> Path:
+    spec = {
+        "name": f"gpt2-{size}-{path}",
+        "entrypoint": f"{ROOT}/bench/gpt2_sizes.py:build_{size}",
+        "global_batch": BATCH,
+        "steps": 1_000_000,
+        "seed": SEED,
+        "dtype": "float32",
+        "checkpoint_interval": INTERVAL,
+        "checkpoint_dir": str(work / "ckpt"),
+        "profile": str(ROOT / "bench" / "profiles" / f"gpt2_{size}.json"),
+        "morph_through_memory": PATHS[path],
+        "timeout_seconds": 120.0,  # a 43M+ model's start-up and writes on a loaded 2-core machine
+        "peer_timeout_seconds": 60.0,
+    }
+    (out := work / "job.yaml").write_text(json.dumps(spec))  # JSON is YAML
+    return out
+
+
+def wait_generation(cluster: LocalCluster, job: str, old: int, width: int) -> int:
+    """The newest generation past ``old`` whose ``width`` ranks all completed a step, read from the progress
+    files: polling the controller would start a Python a poll, on the cores the trainers use."""
+    found: list[int] = []
+
+    def stepped() -> bool:
+        dirs = (d for vm in cluster.files.vm_dirs() for d in vm.work_dir.trainers.generation_dirs(job))
+        newer = sorted({d.generation for d in dirs if d.generation > old}, reverse=True)
+        found[:] = [g for g in newer if cluster.first_step_done(job, g, width)][:1]
+        return bool(found)
+
+    cluster.wait(stepped, 300, f"the first step of a generation past {old}")
+    return found[0]
+
+
+def wait_event(cluster: LocalCluster, job: str, match: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+    """The first event of ``job`` that ``match``es (the log polled once a second, after the measurement)."""
+    found: list[dict[str, Any]] = []
+
+    def seen() -> bool:
+        found[:] = [e for e in cluster.events(job) if match(e)]
+        return bool(found)
+
+    wait_for(seen, 300, what, poll=1.0)
+    return found[0]
+
+
+def one(work: Path, size: str, case: str, path: str, log: Log) -> Run:
+    """A fresh cluster, a job on it, one planned morph; the run's figures."""
+    before, after = CASES[case]
+    work.mkdir(parents=True)
+    cluster = LocalCluster(work / "home", poll=0.2)
+    try:
+        cluster.up(nodes=before, slots=1)
+        job = cluster.submit(write_spec(work, size, path))
+        cluster.wait_status(job, lambda s: s["state"] == "RUNNING" and world_size(s) == before, 300, "the layout")
+        old = int(cluster.status(job)["generation"])
+        cluster.wait(lambda: cluster.first_step_done(job, old, before), 600, "the first step")
+        cluster.wait(lambda: warm_pools_full(cluster, 1), 180, "every agent's warm trainer")
+        target = generation_step(cluster, job, old) + STEPS_BEFORE
+        cluster.wait(lambda: generation_step(cluster, job, old) >= target, 600, f"step {target}")
+        status = cluster.status(job)
+        if int(status["generation"]) != old or world_size(status) != before:
+            raise RuntimeError(f"{size} {case} {path}: the job morphed before it was asked to: {status}")
+        victim = cluster.job_nodes(job)[-1]
+        at = time.time()
+        if case == "growth":
+            cluster.cli("local", "add", "1")
+        else:
+            cluster.cli("local", "preempt", victim, "--notice", str(NOTICE))
+        gone = (victim,) if case == "eviction" else ()
+        r = Recovery("notice", gone, old, wait_generation(cluster, job, old, after), at)
+        measure(cluster, job, r)  # the phases; "notice": generation g stopped when asked
+        run = read_run(cluster, job, r, Run(size, case, path, layouts=shape(status)))
+        cluster.cli("cancel", job)
+    except Exception:
+        log(f"{size} {case} {path} failed; the cluster said:\n{cluster.failure_report()}")
+        raise
+    finally:
+        cluster.down()
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in run.phases.items())
+    log(f"{size} {case} {path}: pause {run.pause:.2f}s, stop write {run.stop_write:.2f}s, from {run.resumed_from}")
+    log(f"  lost {run.steps_lost}, phases: {phases}" + "".join(f"\n  NOTE: {n}" for n in run.notes))
+    return run
+
+
+def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
+    """The figures from the events and both generations' progress; what looks wrong goes in ``run.notes``."""
+    run.phases = {k: v for k, v in r.phases().items() if k in PHASES}
+    resumed = wait_event(
+        cluster, job, lambda e: e["kind"] == "TrainingResumed" and e["data"]["generation"] == r.generation, "resumed"
+    )
+    run.pause = float(resumed["data"]["pause_seconds"])
+    old = [x.event for xs in cluster.progress(job, r.old).values() for x in xs]
+    new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
+    stops = [e for e in old if isinstance(e, TrainingStopped)]
+    run.stop_write = max(s.checkpoint_seconds for s in stops)
+    stop_step = max(s.step for s in stops)
+    steps = [e.step_seconds for e in old if isinstance(e, StepCompleted)]
+    run.step_seconds = statistics.median(steps[1:] or steps)
+    loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
+    memory = sum(1 for c in loaded if c.startswith("memory of generation"))
+    run.resumed_from = "memory" if memory == len(loaded) else "disk" if memory == 0 else "mixed"
+    committed = wait_event(
+        cluster, job, lambda e: e["kind"] == "CheckpointCommitted" and e["data"]["step"] >= stop_step, "the commit"
+    )
+    run.durable = float(committed["at"]) - r.milestones["stop"]
+    status = cluster.status(job)
+    run.steps_lost, run.layouts = int(status["steps_lost"]), f"{run.layouts} → {shape(status)}"
+    issued = [
+        e for e in cluster.events(job) if e["kind"] == "GenerationIssued" and e["data"]["generation"] == r.generation
+    ]
+    held = int(issued[0]["data"].get("held_step") or 0)
+    if run.resumed_from != run.path:
+        run.notes.append(f"g+1 resumed from {', '.join(loaded)}; expected {run.path}")
+    if run.path == "memory" and held != stop_step:
+        run.notes.append(f"GenerationIssued.held_step {held}, but generation g stopped at step {stop_step}")
+    wrote = any(isinstance(e, CheckpointWritten) and e.step == stop_step for e in old)
+    if run.path == "memory" and run.case == "growth" and wrote:
+        run.notes.append(f"the stop wrote a checkpoint of step {stop_step} though no node left")
+    skipped = sorted({e.message for e in new if isinstance(e, CheckpointSkipped)})
+    if run.path == "disk" and skipped:
+        run.notes.append(f"GenerationIssued named held_step {held}; g+1's ranks logged: {'; '.join(skipped)}")
+    if run.steps_lost or r.steps_lost:
+        run.notes.append(f"steps lost: {run.steps_lost} (controller), {r.steps_lost} (progress)")
+    return run
+
+
+def shape(status: dict[str, Any]) -> str:
+    return f"{status['layout']['pipeline_stages']}x{status['layout']['data_parallel']}"
+
+
+def ratio(runs: Sequence[Run], size: str, case: str, attr: str) -> str:
+    by = {r.path: float(getattr(r, attr)) for r in runs if (r.size, r.case) == (size, case)}
+    return f"{by['memory'] / by['disk']:.2f}" if by.get("disk") and "memory" in by else "-"
+
+
+def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str, load: tuple[float, ...]) -> str:
+    where = f"Machine: {machine()}; load average {load[0]:.2f} before, {load[1]:.2f} after."
+    lines = [
+        HEADING,
+        "",
+        "Toy run (`--quick`), not a measurement." if "--quick" in command else where,
+        f"Command: `{command}`: one run, every row from it, one morph a row, on a fresh local cluster (1 slot a "
+        f"VM); float32, global batch {BATCH}, a checkpoint every {INTERVAL} steps (only the morph writes), the "
+        "planner's profiles in bench/profiles (`spotmorph profile` on this machine at low load). "
+        f"The 120M model was {'run' if '120m' in sizes else 'not run'}.",
+        "",
+        "| model | params | state MB | morph | path | step s | pause s | stop write s | resumed | lost | durable s |",
+        "|---|---:|---:|---|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in runs:
+        params, state = sizes[r.size]
+        lines.append(
+            f"| {r.size.upper()} | {params / 1e6:.1f}M | {state / 1e6:.0f} | {r.case} {r.layouts} | {r.path} | "
+            f"{r.step_seconds:.2f} | {r.pause:.2f} | {r.stop_write:.2f} | {r.resumed_from} | {r.steps_lost} | "
+            f"{r.durable:.2f} |"
+        )
+    lines += ["", "Memory / disk, same run:", "", "| model | morph | pause | stop write |", "|---|---|---:|---:|"]
+    for size, case in dict.fromkeys((r.size, r.case) for r in runs):
+        pause, write = ratio(runs, size, case, "pause"), ratio(runs, size, case, "stop_write")
+        lines.append(f"| {size.upper()} | {case} | {pause} | {write} |")
+    lines += ["", "Where the pause went (s; each phase ends when its slowest rank is done):", ""]
+    lines += ["| model | morph | path | " + " | ".join(PHASES) + " |", "|---|---|---|" + "---:|" * len(PHASES)]
+    for r in runs:
+        cells = " | ".join(f"{r.phases.get(p, 0.0):.2f}" for p in PHASES)
+        lines.append(f"| {r.size.upper()} | {r.case} | {r.path} | {cells} |")
+    notes = [f"{r.size} {r.case} {r.path}: {n}" for r in runs for n in r.notes]
+    lines += ["", "What the run's records say that was not expected:", "", *(f"- {n}" for n in notes)] if notes else []
+    lines += [
+        "",
+        "*state MB*: parameters and AdamW's two moments, 4 bytes each (the head's copy of the tied embedding "
+        f"included); eviction: `local preempt NODE --notice {NOTICE}`; *stop write*: the slowest rank's "
+        "`TrainingStopped.checkpoint_seconds`, on the critical path (through memory: the stage's layers "
+        "serialised and hashed into host memory, after the checkpoint when a node leaves); *durable*: the stop "
+        "agreed to that step's `CheckpointCommitted` (through memory on growth: written by g+1 in the background); "
+        "phases: *checkpoint* the stop's write, *plan* to `GenerationIssued`, *deliver* to the last rank given its "
+        "assignment, *process start* to the last rank ready (model built), *load* to the last `resumed` line.",
+        "",
+        WHY,
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="planned morph pause, through memory and through the disk")
+    parser.add_argument("--sizes", default="4m,43m", help="comma-separated, of " + ", ".join(SIZES))
+    parser.add_argument("--quick", action="store_true", help="the 4M model's growth only; prints, writes no docs")
+    args = parser.parse_args(argv)
+    sizes = ["4m"] if args.quick else [s.strip() for s in args.sizes.split(",") if s.strip()]
+    cases = ["growth"] if args.quick else list(CASES)
+
+    def log(text: str) -> None:
+        print(f"  [memory_morph_bench] {text}", flush=True)
+
+    load_before = os.getloadavg()[0]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="memory-morph-bench-") as tmp:
+        for size in sizes:
+            for case in cases:
+                runs += [one(Path(tmp) / f"{size}-{case}-{p}", size, case, p, log) for p in PATHS]
+    command = "python -m bench.memory_morph_bench" + (" --quick" if args.quick else f" --sizes {','.join(sizes)}")
+    text = section(runs, {s: state_bytes(s) for s in sizes}, command, (load_before, os.getloadavg()[0]))
+    print(text)
+    if not args.quick:
+        replace_section(HEADING, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
