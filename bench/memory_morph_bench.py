@@ -46,16 +46,15 @@ PATHS = {"memory": True, "disk": False}
 PHASES = ("checkpoint", "plan", "deliver", "process start", "rendezvous", "load", "first step")
 Log = Callable[[str], None]
 WHY = (
-    "Why (the ranks' progress lines): on growth the new VM's rank starts on both paths (a warm trainer imports "
-    "transformers, builds the model), and the holder builds its model again too; keeping the stage costs a "
-    "serialisation and a SHA-256 of every layer, about a page-cache write; the layers cross gloo and are "
-    "deserialised, and g+1 writes the step in the background during its first steps, on the same 2 cores. On "
-    "eviction a node leaves: the stop writes the checkpoint on both paths, and the holder then serialises its "
-    "stage again for memory (the longer stop write); it goes on in its own process (no new process, no file "
-    "read), where it builds its model again and deserialises what it kept. History (2026-11-25, this machine, "
-    "the same layouts, other work loading the 2 cores): pause memory / disk in earlier runs: growth 0.87 (4M) "
-    "and 1.09 (43M) in a full run at load 5-7, 1.07 (4M, `--quick`, load 0.3), 1.10 (43M, one pair, load under "
-    "2); eviction 0.51 (4M) and 0.60 (43M) at load 5-7, 0.76 (43M, one pair, load under 2)."
+    "Why (the ranks' progress lines): through memory the stopping ranks keep their stage as host copies "
+    "(nothing serialised at the stop) and g+1 runs on the same processes, with the user's imports done; a layer a "
+    "rank keeps goes back as it is, only a layer a peer lacks is serialised, hashed and sent over gloo. On "
+    "growth the new VM's rank starts on both paths (a warm trainer imports transformers and builds the model); "
+    "through the disk every rank is a new process and reads the checkpoint back. On eviction the stop writes the "
+    "checkpoint on both paths (a node leaves); through memory the survivor takes g+1 in its own process without "
+    "reading it back. History (2026-11-25, this machine): an earlier version serialised and hashed the whole "
+    "stage at the stop; its pause memory / disk was growth 0.87-1.27 and eviction 0.29-1.38 (4M and 43M, loads "
+    "from under 2 to 14), which is what moved the serialisation to the send."
 )
 
 
@@ -253,8 +252,8 @@ def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str
         "",
         "*state MB*: parameters and AdamW's two moments, 4 bytes each (the head's copy of the tied embedding "
         f"included); eviction: `local preempt NODE --notice {NOTICE}`; *stop write*: the slowest rank's "
-        "`TrainingStopped.checkpoint_seconds`, on the critical path (through memory: the stage's layers "
-        "serialised and hashed into host memory, after the checkpoint when a node leaves); *durable*: the stop "
+        "`TrainingStopped.checkpoint_seconds`, on the critical path (through memory: host copies of the stage, "
+        "after the checkpoint when a node leaves); *durable*: the stop "
         "agreed to that step's `CheckpointCommitted` (through memory on growth: written by g+1 in the background); "
         "phases: *checkpoint* the stop's write, *plan* to `GenerationIssued`, *deliver* to the last rank given its "
         "assignment, *process start* to the last rank ready (model built), *load* to the last `resumed` line.",
