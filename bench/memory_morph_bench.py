@@ -1,17 +1,21 @@
-"""The pause of a planned morph through memory and through the disk, for GPT-2 models of a few sizes.
+"""The pause of a morph through memory and through the disk, for GPT-2 models of a few sizes.
 
 Real local clusters (``spotmorph local up``, 1 slot a VM), a fresh one per run, float32 GPT-2 models from
 :mod:`bench.gpt2_sizes` (4M and 43M parameters; ``--sizes 4m,43m,120m`` adds 120M), global batch 4, a
 checkpoint every 1000 steps (so only the morph writes). The planner reads bench/profiles/gpt2_SIZE.json
 (``spotmorph profile`` on this machine at low load: one taken under load can make growth not worth it to the
-planner). Per model, two planned morphs, each with ``morph_through_memory`` true (the trainers keep their
-stage in memory and hand it over) and false (the stop writes a checkpoint, the next generation loads it):
+planner). Per model, three morphs, each with ``morph_through_memory`` true (the trainers keep their stage in
+memory and hand it over) and false (the stop, or the survivors' just-in-time salvage, writes a checkpoint and
+the next generation loads it):
 
 * *growth*: a job on 1 VM, ``local add 1``: it grows to 2 replicas;
-* *eviction*: a job on 2 VMs, ``local preempt NODE --notice 20`` on one: it shrinks to 1.
+* *eviction*: a job on 2 VMs, ``local preempt NODE --notice 20`` on one: it shrinks to 1;
+* *kill*: a job on 2 VMs, ``local kill NODE`` on one (no notice): the survivor's collective fails, it shrinks
+  to 1.
 
 Measured: the pause (``TrainingResumed.pause_seconds``), steps lost, the stop's write on the critical path
-(``TrainingStopped.checkpoint_seconds``), where g+1 resumed from, and the pause's phases. ``python -m
+(``TrainingStopped.checkpoint_seconds``; after a kill, the salvage's ``SalvageWritten.seconds``), where g+1
+resumed from, and the pause's phases. ``python -m
 bench.memory_morph_bench`` puts the tables in docs/benchmarks.md; ``--quick`` (4M, growth) only prints.
 """
 
@@ -36,14 +40,25 @@ from bench.gpt2_sizes import SIZES, build_size
 from bench.morph_measure import Recovery, generation_step, measure, warm_pools_full
 from spotmorph.local.harness import LocalCluster, world_size
 from spotmorph.local.processes import wait_for
-from worker_agent.contract import CheckpointLoaded, CheckpointSkipped, CheckpointWritten, StepCompleted, TrainingStopped
+from worker_agent.contract import (
+    CheckpointLoaded,
+    CheckpointSkipped,
+    CheckpointWritten,
+    CollectiveFailed,
+    SalvageWritten,
+    StepCompleted,
+    TrainingStopped,
+)
 
 HEADING = "## Planned morph through memory against the disk (`bench/memory_morph_bench.py`)"
 BATCH, SEED, NOTICE, INTERVAL = 4, 3, 20, 1000
 STEPS_BEFORE = 3  # steps of generation g after every warm trainer is ready, before the morph is set off
-CASES = {"growth": (1, 2), "eviction": (2, 1)}  # VMs (= ranks) before and after
+CASES = {"growth": (1, 2), "eviction": (2, 1), "kill": (2, 1)}  # VMs (= ranks) before and after
 PATHS = {"memory": True, "disk": False}
-PHASES = ("checkpoint", "plan", "deliver", "process start", "rendezvous", "load", "first step")
+PHASES = (
+    *("checkpoint", "detect", "suspect", "salvage", "plan", "deliver"),
+    *("process start", "rendezvous", "load", "first step"),
+)
 Log = Callable[[str], None]
 WHY = (
     "Why (the ranks' progress lines): through memory the stopping ranks keep their stage as host copies "
@@ -147,11 +162,13 @@ def one(work: Path, size: str, case: str, path: str, log: Log) -> Run:
         at = time.time()
         if case == "growth":
             cluster.cli("local", "add", "1")
-        else:
+        elif case == "eviction":
             cluster.cli("local", "preempt", victim, "--notice", str(NOTICE))
-        gone = (victim,) if case == "eviction" else ()
-        r = Recovery("notice", gone, old, wait_generation(cluster, job, old, after), at)
-        measure(cluster, job, r)  # the phases; "notice": generation g stopped when asked
+        else:
+            at = cluster.kill(victim)
+        gone = (victim,) if case != "growth" else ()
+        r = Recovery("jit" if case == "kill" else "notice", gone, old, wait_generation(cluster, job, old, after), at)
+        measure(cluster, job, r)  # the phases; "notice": generation g stopped when asked, "jit": its survivors held
         run = read_run(cluster, job, r, Run(size, case, path, layouts=shape(status)))
         cluster.cli("cancel", job)
     except Exception:
@@ -175,8 +192,9 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     old = [x.event for xs in cluster.progress(job, r.old).values() for x in xs]
     new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
     stops = [e for e in old if isinstance(e, TrainingStopped)]
-    run.stop_write = max(s.checkpoint_seconds for s in stops)
-    stop_step = max(s.step for s in stops)
+    salvaged = [e.seconds for e in old if isinstance(e, SalvageWritten)]
+    run.stop_write = max([s.checkpoint_seconds for s in stops] + salvaged or [0.0])
+    stop_step = max([s.step for s in stops] + [e.step for e in old if isinstance(e, CollectiveFailed)])
     steps = [e.step_seconds for e in old if isinstance(e, StepCompleted)]
     run.step_seconds = statistics.median(steps[1:] or steps)
     loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
@@ -185,7 +203,7 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     committed = wait_event(
         cluster, job, lambda e: e["kind"] == "CheckpointCommitted" and e["data"]["step"] >= stop_step, "the commit"
     )
-    run.durable = float(committed["at"]) - r.milestones["stop"]
+    run.durable = float(committed["at"]) - r.milestones.get("stop", r.start)
     status = cluster.status(job)
     run.steps_lost, run.layouts = int(status["steps_lost"]), f"{run.layouts} → {shape(status)}"
     issued = [
@@ -197,8 +215,8 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     if run.path == "memory" and held != stop_step:
         run.notes.append(f"GenerationIssued.held_step {held}, but generation g stopped at step {stop_step}")
     wrote = any(isinstance(e, CheckpointWritten) and e.step == stop_step for e in old)
-    if run.path == "memory" and run.case == "growth" and wrote:
-        run.notes.append(f"the stop wrote a checkpoint of step {stop_step} though no node left")
+    if run.path == "memory" and (wrote or salvaged):
+        run.notes.append(f"the stop wrote a checkpoint of step {stop_step} on the critical path")
     skipped = sorted({e.message for e in new if isinstance(e, CheckpointSkipped)})
     if run.path == "disk" and skipped:
         run.notes.append(f"GenerationIssued named held_step {held}; g+1's ranks logged: {'; '.join(skipped)}")
@@ -251,12 +269,14 @@ def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str
     lines += [
         "",
         "*state MB*: parameters and AdamW's two moments, 4 bytes each (the head's copy of the tied embedding "
-        f"included); eviction: `local preempt NODE --notice {NOTICE}`; *stop write*: the slowest rank's "
-        "`TrainingStopped.checkpoint_seconds`, on the critical path (through memory: host copies of the stage, "
-        "after the checkpoint when a node leaves); *durable*: the stop "
-        "agreed to that step's `CheckpointCommitted` (through memory on growth: written by g+1 in the background); "
-        "phases: *checkpoint* the stop's write, *plan* to `GenerationIssued`, *deliver* to the last rank given its "
-        "assignment, *process start* to the last rank ready (model built), *load* to the last `resumed` line.",
+        f"included); eviction: `local preempt NODE --notice {NOTICE}`; kill: `local kill NODE`; *stop write*: the "
+        "slowest rank's `TrainingStopped.checkpoint_seconds` (after a kill, `SalvageWritten.seconds`), on the "
+        "critical path (through memory: host copies of the stage, and the hand-off when a node leaves); *durable*: "
+        "the stop (after a kill: the kill) to that step's `CheckpointCommitted` (through memory: written by g+1 in "
+        "the background); phases: *checkpoint* the stop's write, *detect* to the survivor's `CollectiveFailed`, "
+        "*suspect* to `NodesSuspected`, *salvage* to `SalvageEnded`, *plan* to `GenerationIssued`, *deliver* to "
+        "the last rank given its assignment, *process start* to the last rank ready (model built), *load* to the "
+        "last `resumed` line.",
         "",
         WHY,
     ]

@@ -134,18 +134,28 @@ def plan_transfer(
     survivors: Mapping[int, int],
     layer_bytes: Sequence[int],
     needs: Mapping[int, frozenset[int]] | None = None,
+    holds: Mapping[int, frozenset[int]] | None = None,
 ) -> TransferPlan:
     """Decide, for every layer every new rank needs, whether it keeps it, receives it or reads it from disk.
 
     ``survivors`` maps OLD rank -> NEW rank for the processes that carry their memory over; any other old
     rank is gone. ``needs`` (by new rank) replaces a rank's stage layers where given: a stage that holds a
-    copy of a parameter tied to another stage's layer needs that layer's state too. Senders are balanced
+    copy of a parameter tied to another stage's layer needs that layer's state too. ``holds`` (by OLD rank)
+    replaces a survivor's old stage where given: a survivor that took a leaving rank's layers at the stop
+    (:func:`plan_handoff`) holds those too. Senders are balanced
     greedily: PEER needs in order of decreasing layer size (then layer, then receiver), each to the holder
     that has sent the fewest bytes so far, ties to the lowest rank.
     Raises ``ValueError`` naming the problem when the inputs are inconsistent.
     """
     _check(old, new, survivors, layer_bytes)
-    held = {new_rank: frozenset(stage_range(old, old_rank)) for old_rank, new_rank in sorted(survivors.items())}
+    held = {
+        new_rank: holds[old_rank] if holds is not None and old_rank in holds else frozenset(stage_range(old, old_rank))
+        for old_rank, new_rank in sorted(survivors.items())
+    }
+    for rank, layers in held.items():
+        outside = sorted(layer for layer in layers if not 0 <= layer < old.num_layers)
+        if outside:
+            raise ValueError(f"new rank {rank} holds layers {outside[:8]}, outside the model's {old.num_layers}")
     holders: dict[int, list[int]] = {}
     for rank in sorted(held):
         for layer in held[rank]:
@@ -177,3 +187,37 @@ def plan_transfer(
         held=types.MappingProxyType(held),
         layer_bytes=tuple(layer_bytes),
     )
+
+
+def plan_handoff(layout: Layout, leaving: frozenset[int], layer_bytes: Sequence[int]) -> tuple[Transfer, ...]:
+    """At a stop where some ranks leave (their node has an eviction notice), the moves that leave every layer
+    with a rank that stays, so the leavers can go without writing: a layer whose every holder leaves is sent
+    by one of them to the staying rank that has received the fewest bytes so far (ties to the lowest rank).
+
+    Ranks are ``layout``'s; no move when every rank leaves (the stop must write) or none does. Layers are
+    weighed in order of decreasing size (then index); a leaving stage's layers are sent by its replicas in
+    turn, the one that has sent the fewest bytes first.
+    """
+    if len(layer_bytes) != layout.num_layers:
+        raise ValueError(f"layer_bytes has {len(layer_bytes)} sizes for {layout.num_layers} layers")
+    outside = sorted(r for r in leaving if not 0 <= r < layout.world_size)
+    if outside:
+        raise ValueError(f"leaving ranks {outside} are outside the layout's 0..{layout.world_size - 1}")
+    staying = [r for r in range(layout.world_size) if r not in leaving]
+    if not staying or not leaving:
+        return ()
+    holders: dict[int, list[int]] = {}
+    for rank in range(layout.world_size):
+        for layer in stage_range(layout, rank):
+            holders.setdefault(layer, []).append(rank)
+    orphans = [layer for layer, ranks in holders.items() if all(r in leaving for r in ranks)]
+    sent = dict.fromkeys(sorted(leaving), 0)
+    received = dict.fromkeys(staying, 0)
+    moves = []
+    for layer in sorted(orphans, key=lambda i: (-layer_bytes[i], i)):
+        sender = min(holders[layer], key=lambda r: (sent[r], r))
+        receiver = min(staying, key=lambda r: (received[r], r))
+        sent[sender] += layer_bytes[layer]
+        received[receiver] += layer_bytes[layer]
+        moves.append(Transfer(layer, sender, receiver, layer_bytes[layer]))
+    return tuple(sorted(moves))

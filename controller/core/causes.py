@@ -41,3 +41,4 @@ class SalvageOutcome(StrEnum):
     NO_COMMON_STEP = "no_common_step"  # the stages' survivors hold different steps
     WRITER_FAILED = "writer_failed"  # a writer died or failed during the write: resume from the newest checkpoint
     TIMED_OUT = "timed_out"  # not committed by the deadline
+    IN_MEMORY = "in_memory"  # the survivors keep the held step for g+1 (morph_through_memory); g+1 writes it

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from spotmorph.local.processes import alive, port_range_base
@@ -42,7 +44,7 @@ def test_progress_folds_the_facts_the_agent_reports() -> None:
     assert failed.error == "peer gone" and failed.step == 42
 
 
-def spec(tmp_path: Path, steps: int) -> LaunchSpec:
+def spec(tmp_path: Path, steps: int, memory: bool = True) -> LaunchSpec:
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
     job = JobSpec(
         name="supervised",
@@ -54,6 +56,7 @@ def spec(tmp_path: Path, steps: int) -> LaunchSpec:
         checkpoint_interval=0,
         checkpoint_dir=str(tmp_path / "ckpt"),
         timeout_seconds=10.0,
+        morph_through_memory=memory,
     )
     return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port_range_base(1)}", tmp_path / "ckpt")
 
@@ -121,9 +124,10 @@ def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp
         supervisor.kill_all()
 
 
-def test_a_killed_peer_makes_the_survivor_hold_its_step_until_told(tmp_path: Path) -> None:
+@pytest.mark.parametrize("memory", [True, False], ids=["through memory", "through the disk"])
+def test_a_killed_peer_makes_the_survivor_hold_its_step_until_told(tmp_path: Path, memory: bool) -> None:
     supervisor = Supervisor(tmp_path / "work")
-    launch = spec(tmp_path, steps=100_000)
+    launch = spec(tmp_path, steps=100_000, memory=memory)
     keys = [TrainerKey("job-1", 4, rank) for rank in range(2)]
     try:
         for key in keys:
@@ -135,9 +139,16 @@ def test_a_killed_peer_makes_the_survivor_hold_its_step_until_told(tmp_path: Pat
         assert survivor.status.running and survivor.held is not None and survivor.error
         assert survivor.step <= survivor.held.step <= survivor.step + 1
         assert not supervisor.newly_held({keys[0]})
-        supervisor.request_stop("job-1", 4)  # no salvage order: the holder gives up
-        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 40, "the survivor to exit")
-        assert supervisor.reports()[0].status.exit_code not in (None, 0)
+        pid = supervisor.reports()[0].pid
+        # No salvage order, a stop: through memory the survivor keeps its step for the next generation (its
+        # generation ends with success, the process lives on); through the disk it gives up.
+        supervisor.request_stop("job-1", 4)
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 40, "the survivor to end")
+        code = supervisor.reports()[0].status.exit_code
+        if memory:
+            assert code == 0 and alive(pid), "the survivor keeps the step it held, in its process"
+        else:
+            assert code not in (None, 0)
     finally:
         supervisor.kill_all()
 

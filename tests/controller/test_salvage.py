@@ -3,7 +3,9 @@
 A 2 x 2 job (stage s of replica d on node-(2d+s+1)) loses nodes without notice; its survivors report
 the step they hold. The controller acts on the first report, suspects the nodes not heard from within
 the grace, orders one writer per stage, and issues the next generation from the salvaged step well
-before any heartbeat expiry, or falls back to the newest periodic checkpoint and says why.
+before any heartbeat expiry, or falls back to the newest periodic checkpoint and says why. With
+``morph_through_memory`` (the default) nothing is written: the survivors stop and keep the step, and the
+next generation is told to take it from their memory.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ CONFIG = Config(heartbeat_expiry_seconds=10, debounce_seconds=0, suspect_grace_s
 NODES = [f"node-{i}" for i in range(1, 5)]
 
 
-def running(last_checkpoint: int = 30, steps_done: int = 41) -> Sim:
+def running(last_checkpoint: int = 30, steps_done: int = 41, memory: bool = False) -> Sim:
     layout = make_layout(
         num_layers=6,
         pipeline_stages=2,
@@ -41,6 +43,7 @@ def running(last_checkpoint: int = 30, steps_done: int = 41) -> Sim:
         last_checkpoint_step=last_checkpoint,
         rendezvous="127.0.0.1:29501",
     )
+    record = replace(record, spec=record.spec.model_copy(update={"morph_through_memory": memory}))
     nodes = {n: node(n, N.ASSIGNED, job="j1") for n in NODES}
     sim = Sim(World(nodes, {"j1": record}), CONFIG, now=100.0)
     for name in NODES:
@@ -197,3 +200,51 @@ def test_an_observation_of_the_dead_node_before_the_failure_does_not_make_it_hea
         holds(sim, name, 42)
     sim.step(1.6)
     assert sim.job().suspected == ("node-2",)
+
+
+def test_with_morph_through_memory_the_survivors_keep_the_step_and_the_next_generation_takes_it() -> None:
+    sim = running(memory=True)
+    for name in ("node-1", "node-3", "node-4"):
+        holds(sim, name, 42)  # node-2 was killed
+    sim.step(0.1)
+    sim.step(1.6)
+    j = sim.job()
+    assert (j.state, j.action, j.salvage_step, j.salvage_writers) == (J.MORPHING, Action.STOP, 42, ())
+    assert j.suspected == ("node-2",)
+    ended = event(sim, EventKind.SALVAGE_ENDED)
+    assert (ended.data["reason"], ended.data["step"], ended.data["holders"]) == (
+        SalvageOutcome.IN_MEMORY,
+        42,
+        [0, 2, 3],
+    )
+    assert EventKind.SALVAGE_ORDERED not in {c.kind for c in sim.log if isinstance(c, RecordEvent)}
+    order = assignment_for(sim.world, "node-1")
+    assert order is not None and order.action is Action.STOP and order.salvage is None  # stop, nobody writes
+    for _ in range(3):  # node-2 goes LOST meanwhile (the survivors still beat): the stop goes on, it was suspected
+        for name in ("node-1", "node-3", "node-4"):
+            holds(sim, name, 42)
+        sim.step(CONFIG.heartbeat_expiry_seconds / 2)
+    assert sim.world.nodes["node-2"].state is N.LOST and sim.job().action is Action.STOP
+    for name in ("node-1", "node-3", "node-4"):
+        sim.beat(name, *ranks(sim, name, 42, running=False, exit_code=0, held_step=42))
+    sim.step(0.2)
+    sim.step(0.2)
+    j = sim.job()
+    assert (j.state, j.generation, j.resume_step, j.held_step, j.held_generation) == (J.RUNNING, 2, 30, 42, 1)
+    assert j.steps_lost == 0 and j.layout is not None and "node-2" not in j.layout.nodes()
+    issued = next(c for c in sim.log if isinstance(c, StartGeneration))
+    assert (issued.held_step, issued.resume_step, issued.morph_cause) == (42, 30, MorphCause.COLLECTIVE_FAILED)
+
+
+def test_a_kept_step_counts_the_steps_past_it_as_lost() -> None:
+    sim = running(memory=True, steps_done=44)  # one rank reported step 44 before the others failed at 42
+    for name in ("node-1", "node-3", "node-4"):
+        holds(sim, name, 42, step=42)
+    sim.step(0.1)
+    sim.step(1.6)
+    for name in ("node-1", "node-3", "node-4"):
+        sim.beat(name, *ranks(sim, name, 42, running=False, exit_code=0, held_step=42))
+    sim.step(0.2)
+    sim.step(0.2)
+    j = sim.job()
+    assert (j.generation, j.held_step, j.steps_lost) == (2, 42, 2)

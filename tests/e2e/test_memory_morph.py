@@ -1,7 +1,9 @@
 """A planned morph through memory on a real local cluster: the trainers of generation g stop, keep their
 layers and take the ranks of g+1 on the same processes; the layers a rank lacks come from its peers over
 gloo, the checkpoint of the step is written in the background afterwards, and the result equals an
-uninterrupted single-process run (float64, <= 1e-9)."""
+uninterrupted single-process run (float64, <= 1e-9). An eviction with notice of a VM that holds a pipeline
+stage no one else holds: the leaving rank hands that stage to a rank that stays at the stop, nothing is
+written on the critical path, and the next generation starts from memory."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Any
 import pytest
 
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference, world_size
-from worker_agent.contract import CheckpointLoaded, TrainingStopped, read_progress
+from spotmorph.local.unplanned import pipeline_profile, stage_nodes
+from worker_agent.contract import CheckpointLoaded, CheckpointWritten, TrainingStopped, read_progress
 
 pytestmark = pytest.mark.slow
 BATCH, SEED, INTERVAL = 16, 7, 20
@@ -66,6 +69,54 @@ def test_growth_moves_the_layers_in_memory_and_equals_the_reference(cluster: Loc
         (e["data"]["generation"], e["data"]["step"]) for e in cluster.events(job) if e["kind"] == "CheckpointCommitted"
     }
     assert any(g == generation and s >= held for g, s in committed), committed
+    verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
+    expected = train_reference(tmp_path / "reference", int(verified["step"]), BATCH, SEED)
+    assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
+
+
+def test_an_evicted_stage_is_handed_to_a_survivor_and_the_morph_reads_no_disk(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    cluster.up(nodes=3, slots=1)  # the pipeline profile runs 3 x 1: each VM holds a stage no other holds
+    checkpoints = tmp_path / "ckpt"
+    job = cluster.submit(
+        steps=1_000_000,
+        global_batch=BATCH,
+        seed=SEED,
+        dtype="float64",
+        checkpoint_interval=INTERVAL,
+        checkpoint_dir=checkpoints,
+        profile=pipeline_profile(tmp_path / "pipeline_profile.json"),
+    )
+    before = cluster.wait_step(job, 10, 120)
+    stages = int(before["layout"]["pipeline_stages"])
+    assert stages == world_size(before) >= 2, before["layout"]
+    victim = stage_nodes(before, 1)[0]  # the only holder of stage 1's layers
+    cluster.notes.append(f"preempted {victim}, the only VM of stage 1 of {stages}")
+    cluster.cli("local", "preempt", victim, "--notice", "20")
+
+    def moved(status: dict[str, Any]) -> bool:
+        return status["state"] == "RUNNING" and int(status["generation"]) > int(before["generation"])
+
+    after = cluster.wait_status(job, moved, 180, "the morph off the evicted VM")
+    generation = int(after["generation"])
+    assert victim not in cluster.job_nodes(job)
+    issued = [
+        e for e in cluster.events(job) if e["kind"] == "GenerationIssued" and e["data"]["generation"] == generation
+    ]
+    held = int(issued[0]["data"]["held_step"])
+    old = progress(cluster, job, generation - 1)
+    stopped = [r.event for r in old if isinstance(r.event, TrainingStopped)]
+    assert len(stopped) == stages and all(s.step == held for s in stopped), stopped
+    written = [r.event for r in old if isinstance(r.event, CheckpointWritten) and r.event.step == held]
+    assert not written, f"the stop wrote step {held} although the leaving rank could hand its stage over"
+    cluster.wait_step(job, held + INTERVAL + 2, 180)
+    loaded = [r.event for r in progress(cluster, job, generation) if isinstance(r.event, CheckpointLoaded)]
+    assert len(loaded) == world_size(after), loaded
+    assert all(e.step == held and e.checkpoint == f"memory of generation {generation - 1}" for e in loaded), loaded
+    assert cluster.status(job)["steps_lost"] == 0
+    cluster.cli("cancel", job)
+    cluster.wait_state(job, {"CANCELLED"}, 60)
     verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
     expected = train_reference(tmp_path / "reference", int(verified["step"]), BATCH, SEED)
     assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"

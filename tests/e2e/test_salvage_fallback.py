@@ -64,6 +64,7 @@ def submit(cluster: LocalCluster, checkpoints: Path, profile: Path = DEMO_PROFIL
         checkpoint_interval=INTERVAL,
         checkpoint_dir=checkpoints,
         profile=profile,
+        morph_through_memory="false",  # the just-in-time checkpoint is written before the next generation
     )
 
 

@@ -4,6 +4,8 @@ Real controller, agents (warm trainers, the default) and trainers; ``local kill`
 The controller must start the next generation from the step the survivors held, before the heartbeat
 expiry (asserted on the order of events and their causes, never on wall-clock times), losing at most
 the step in flight, and the final checkpoint must equal an uninterrupted 1-process run (float64, 1e-9).
+Through memory (the default) the survivors keep that step and the next generation takes it from them,
+writing it in the background; through the disk (``morph_through_memory: false``) writers write it first.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ from pathlib import Path
 import pytest
 
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
+from worker_agent.contract import CheckpointLoaded
 
 pytestmark = pytest.mark.slow
 
 STEPS, BATCH, SEED, INTERVAL = 200, 16, 7, 100
 
 
+@pytest.mark.parametrize("path", ["memory", pytest.param("disk", marks=pytest.mark.soak)])
 def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
-    cluster: LocalCluster, tmp_path: Path, references: Path
+    cluster: LocalCluster, tmp_path: Path, references: Path, path: str
 ) -> None:
     cluster.up(nodes=2, slots=2, heartbeat_expiry=30.0)  # an expiry far beyond what the salvage needs
     checkpoints = tmp_path / "ckpt"
@@ -31,6 +35,7 @@ def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
         dtype="float64",
         checkpoint_interval=INTERVAL,
         checkpoint_dir=checkpoints,
+        morph_through_memory=str(path == "memory").lower(),
     )
     before = cluster.wait_step(job, 30, 180)
     assert int(before["layout"]["data_parallel"]) >= 2, before["layout"]
@@ -53,7 +58,18 @@ def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
     assert first < kinds.index("NodesSuspected") < issued
     assert not lost or lost[0] > issued, "the next generation waited for the heartbeat expiry"
     resume_step = int(events[issued]["data"]["resume_step"])
-    if ended["data"]["reason"] == "committed":
+    if ended["data"]["reason"] == "in_memory":
+        assert path == "memory" and "SalvageOrdered" not in kinds, kinds  # nothing written before generation 2
+        held = int(ended["data"]["step"])
+        assert int(events[issued]["data"]["held_step"]) == held and final["steps_lost"] <= 1
+        loads = [
+            r.event for rs in cluster.progress(job, 2).values() for r in rs if isinstance(r.event, CheckpointLoaded)
+        ]
+        assert loads and all(x.step == held and x.checkpoint == "memory of generation 1" for x in loads), loads
+        committed = {(e["data"]["generation"], e["data"]["step"]) for e in events if e["kind"] == "CheckpointCommitted"}
+        assert any(g == 2 and step >= held for g, step in committed), committed  # generation 2 wrote it (or later)
+    elif ended["data"]["reason"] == "committed":
+        assert path == "disk"
         assert final["steps_lost"] <= 1
         assert resume_step == int(ended["data"]["step"])  # the salvaged step
     elif ended["data"]["reason"] == "already_committed":  # the kill came right after the periodic checkpoint

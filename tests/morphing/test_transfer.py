@@ -15,6 +15,7 @@ from morphing.transfer import (
     SourceKind,
     Transfer,
     TransferPlan,
+    plan_handoff,
     plan_transfer,
     stage_range,
 )
@@ -293,3 +294,56 @@ def test_a_stage_with_a_tied_copy_also_receives_the_layer_of_record() -> None:
     assert plan.sources[(1, 2)].kind is SourceKind.OWN and (1, 1) not in plan.sources
     with pytest.raises(ValueError, match="needs layer 9"):
         plan_transfer(old, new, {0: 0}, [10, 10, 10, 10], needs={0: frozenset({9})})
+
+
+@st.composite
+def stops(draw: st.DrawFn) -> tuple[Layout, frozenset[int], tuple[int, ...]]:
+    layers = draw(st.integers(1, 12))
+    old = draw(layouts(layers))
+    leaving = frozenset(draw(st.sets(st.integers(0, old.world_size - 1))))
+    sizes = tuple(draw(st.lists(st.integers(0, 10**9), min_size=layers, max_size=layers)))
+    return old, leaving, sizes
+
+
+@settings(max_examples=300, deadline=None)
+@given(stops())
+def test_a_handoff_leaves_every_layer_with_a_staying_rank_and_moves_only_orphans(
+    case: tuple[Layout, frozenset[int], tuple[int, ...]],
+) -> None:
+    old, leaving, sizes = case
+    moves_ = plan_handoff(old, leaving, sizes)
+    staying = [r for r in range(old.world_size) if r not in leaving]
+    if not staying or not leaving:
+        assert moves_ == ()
+        return
+    for move in moves_:
+        assert move.sender in leaving and move.receiver not in leaving  # only leavers send, only stayers take
+        assert move.layer in stage_range(old, move.sender)  # a sender sends what it holds
+        assert move.nbytes == sizes[move.layer]
+    sent = [move.layer for move in moves_]
+    assert len(sent) == len(set(sent))  # each orphan once
+    kept_by_stayers = {layer for r in staying for layer in stage_range(old, r)}
+    assert kept_by_stayers.isdisjoint(sent)  # a layer a stayer holds is never sent
+    assert kept_by_stayers | set(sent) == set(range(old.num_layers))  # after it, every layer stays
+    assert list(moves_) == sorted(moves_)
+
+
+def test_a_leaving_pipeline_stage_is_spread_over_the_stayers_by_bytes() -> None:
+    old = layout(4, 2, 2)  # ranks 0,2: stage 0 (layers 0-1); ranks 1,3: stage 1 (layers 2-3)
+    moves_ = plan_handoff(old, frozenset({1, 3}), (5, 5, 10, 7))
+    # Stage 1 leaves whole: layer 2 (10 bytes) first, from rank 1 to rank 0; layer 3 from rank 3 to rank 2.
+    assert moves_ == (Transfer(2, 1, 0, 10), Transfer(3, 3, 2, 7))
+    assert plan_handoff(old, frozenset({3}), (5, 5, 10, 7)) == ()  # rank 1 still holds stage 1
+    assert plan_handoff(old, frozenset({0, 1, 2, 3}), (5, 5, 10, 7)) == ()  # nobody to take it: the stop writes
+
+
+def test_a_survivor_holding_handed_layers_keeps_them_in_the_next_plan() -> None:
+    old = layout(4, 2, 1)  # rank 0: layers 0-1, rank 1: layers 2-3; rank 1 leaves, rank 0 took layers 2-3
+    new = layout(4, 1, 1)
+    plan = plan_transfer(old, new, {0: 0}, (1, 1, 1, 1), holds={0: frozenset(range(4))})
+    assert all(plan.sources[(0, layer)] == OWN for layer in range(4))
+    assert plan.from_disk() == frozenset()
+    with pytest.raises(ValueError, match="outside the model"):
+        plan_transfer(old, new, {0: 0}, (1, 1, 1, 1), holds={0: frozenset({9})})
+    with pytest.raises(ValueError, match="leaving ranks"):
+        plan_handoff(old, frozenset({5}), (1, 1, 1, 1))

@@ -3,7 +3,9 @@
 ``python held_peer.py RANK WORLD PORT SCENARIO OUT``: old layout 2 stages x 1 replica (layers 0-1, 2-3),
 new layout 1 stage x WORLD replicas; new ranks 0 and 1 held old ranks 0 and 1, the others nothing.
 Scenarios: ``move``; ``corrupt`` (rank 1 sends a wrong SHA-256 with each layer); ``die`` (rank 1 leaves
-after telling the others what it holds, before it sends anything).
+after telling the others what it holds, before it sends anything). With WORLD 2, at the stop of the old
+layout (``worker_agent.runtime.handoff.hand_off``): ``handoff`` (rank 1 leaves and hands its stage to rank 0)
+and ``handoff-corrupt`` (with a wrong SHA-256).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch.distributed as dist
 from morphing.layout import make_layout
 from worker_agent.contract import CommittedCheckpoint
 from worker_agent.runtime import held as held_mod
+from worker_agent.runtime.handoff import hand_off
 from worker_agent.runtime.held import Offer, exchange, keep
 
 LAYERS = 4
@@ -48,12 +51,22 @@ def main() -> None:
     if rank < 2:
         first, last = old.stage_layers[rank]
         held = keep({i: payload(i) for i in range(first, last)}, "job", 1, 5, old, rank, None)
-        if scenario == "corrupt" and rank == 1:  # what it sends says a SHA-256 its bytes do not have
+        if scenario.endswith("corrupt") and rank == 1:  # what it sends says a SHA-256 its bytes do not have
             held_mod.digest = lambda data: "0" * 64
     if scenario == "die" and rank == 1:
         assert held is not None
         offers: list[Offer | None] = [None] * world
         dist.all_gather_object(offers, held.offer())
+        os._exit(0)
+    if scenario.startswith("handoff"):
+        assert held is not None
+        handed = hand_off(held, rank == 1, old, rank)
+        same = all(
+            torch.equal(held.layers[i]["tensors"][f"l{i}.w"], payload(i)["tensors"][f"l{i}.w"]) for i in held.layers
+        )  # type: ignore[index]
+        facts = {"ok": handed.ok, "reason": handed.reason, "layers": sorted(held.layers), "same": same}
+        with open(out, "w") as fh:
+            json.dump(facts | {"sent": handed.sent, "received": handed.received}, fh)
         os._exit(0)
     needs = {r: frozenset(range(LAYERS)) for r in range(world)}
     try:

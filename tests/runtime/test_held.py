@@ -92,3 +92,20 @@ def test_a_sender_that_dies_mid_transfer_fails_the_exchange_on_its_receivers(tmp
     results = run_world(tmp_path, "die")
     survivors = [results[0], results[2]]
     assert all("raised" in r for r in survivors), results
+
+
+def test_a_leaving_rank_hands_the_stage_only_it_holds_to_a_staying_one_bit_for_bit(tmp_path: Path) -> None:
+    stays, leaves = run_world(tmp_path, "handoff", world=2)
+    assert stays["ok"] and leaves["ok"], (stays, leaves)
+    assert stays["layers"] == [0, 1, 2, 3] and stays["same"]  # its own stage, and the leaver's, exactly
+    assert leaves["sent"] > 0 and stays["received"] > leaves["sent"]  # serialised: a little more than the tensors
+    new = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=1, global_batch=6)
+    held = Offer("job", 1, 5, OLD.to_dict(), 0, dict.fromkeys(stays["layers"], 100))
+    decision = decide([held], new, {0: frozenset(range(4))}, NAMED, None)  # the next generation needs no disk
+    assert decision.plan is not None and all(s.kind is SourceKind.OWN for s in decision.plan.sources.values())
+
+
+def test_a_hand_off_with_a_bad_checksum_fails_on_every_rank(tmp_path: Path) -> None:
+    results = run_world(tmp_path, "handoff-corrupt", world=2)
+    assert all(r.get("ok") is False for r in results), results
+    assert any("SHA-256" in r["reason"] for r in results), results

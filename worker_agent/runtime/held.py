@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from morphing.layout import Layout
-from morphing.transfer import SourceKind, TransferPlan, plan_transfer
+from morphing.transfer import SourceKind, Transfer, TransferPlan, plan_transfer
 from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAssignment, WarmSpool
 from worker_agent.runtime import checkpoint as ckpt_mod
 from worker_agent.runtime.checkpoint import LayerPayload
@@ -165,7 +165,11 @@ def decide(
     if len(survivors) != len(valid) or not all(0 <= r < old.world_size for r in survivors):
         return Decision(None, "two trainers claim the same old rank, or one outside the held layout")
     sizes = [max((o.sizes.get(layer, 0) for o in valid.values()), default=0) for layer in range(layout.num_layers)]
-    plan = plan_transfer(old, layout, survivors, sizes, needs=needs)
+    holds = {o.rank: frozenset(o.sizes) for o in valid.values()}  # a stage, plus what a leaving rank handed it
+    try:
+        plan = plan_transfer(old, layout, survivors, sizes, needs=needs, holds=holds)
+    except ValueError as exc:
+        return Decision(None, f"the held state cannot be planned: {exc}")
     missing = plan.from_disk()
     if missing and (resume is None or resume.step != named.step):
         held_by_none = ", ".join(str(layer) for layer in sorted(missing)[:8])
@@ -195,7 +199,7 @@ def exchange(
     if decision.plan is None:
         return Outcome(False, decision.reason)
     plan = decision.plan
-    received, bad = _move(held, plan, rank)
+    received, bad = move(held.layers if held is not None else {}, plan.transfers(), rank)
     flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
     dist.all_reduce(flag, op=dist.ReduceOp.SUM)
     if flag.item() > 0:
@@ -216,35 +220,38 @@ def exchange(
     return Outcome(True, "", named.step, payloads, frozenset(disk), scale, moved)
 
 
-def _move(held: Held | None, plan: TransferPlan, rank: int) -> tuple[dict[int, torch.Tensor], str]:
-    """Send what this rank gives, receive what it lacks: per move a header (length and SHA-256 of the serialised
-    layer) then its bytes, tags ``2i`` and ``2i + 1``. Returns the bytes received and why one is unusable."""
+def move(
+    layers: Mapping[int, LayerPayload], moves: Sequence[Transfer], rank: int
+) -> tuple[dict[int, torch.Tensor], str]:
+    """Send what this rank gives from ``layers``, receive what it lacks, over the default group: per move a
+    header (length and SHA-256 of the serialised layer) then its bytes, tags ``2i`` and ``2i + 1``. Returns
+    the bytes received and why one is unusable."""
     sends, headers = [], {}
-    for tag, move in enumerate(plan.transfers()):
-        if move.sender == rank and held is not None:
-            data = to_bytes(held.layers[move.layer])
+    for tag, transfer in enumerate(moves):
+        if transfer.sender == rank:
+            data = to_bytes(layers[transfer.layer])
             header = torch.frombuffer(bytearray(bytes.fromhex(digest(data))), dtype=torch.int64)
             header = torch.cat([torch.tensor([data.numel()], dtype=torch.int64), header])
             sends += [
-                dist.isend(header, dst=move.receiver, tag=2 * tag),
-                dist.isend(data, move.receiver, tag=2 * tag + 1),
+                dist.isend(header, dst=transfer.receiver, tag=2 * tag),
+                dist.isend(data, transfer.receiver, tag=2 * tag + 1),
             ]
-        elif move.receiver == rank:
+        elif transfer.receiver == rank:
             header = torch.empty(5, dtype=torch.int64)
-            headers[tag] = (move, header, dist.irecv(header, src=move.sender, tag=2 * tag))
+            headers[tag] = (transfer, header, dist.irecv(header, src=transfer.sender, tag=2 * tag))
     received: dict[int, torch.Tensor] = {}
     bodies = []
-    for tag, (move, header, work) in headers.items():
+    for tag, (transfer, header, work) in headers.items():
         if work is not None:
             work.wait()
-        received[move.layer] = torch.empty(int(header[0]), dtype=torch.uint8)
-        bodies.append(dist.irecv(received[move.layer], src=move.sender, tag=2 * tag + 1))
+        received[transfer.layer] = torch.empty(int(header[0]), dtype=torch.uint8)
+        bodies.append(dist.irecv(received[transfer.layer], src=transfer.sender, tag=2 * tag + 1))
     for work in [*bodies, *sends]:
         if work is not None:
             work.wait()
-    for move, header, _ in headers.values():
-        if bytes(header[1:].numpy().tobytes()).hex() != digest(received[move.layer]):
-            return received, f"layer {move.layer} from rank {move.sender} does not match its SHA-256"
+    for transfer, header, _ in headers.values():
+        if bytes(header[1:].numpy().tobytes()).hex() != digest(received[transfer.layer]):
+            return received, f"layer {transfer.layer} from rank {transfer.sender} does not match its SHA-256"
     return received, ""
 
 

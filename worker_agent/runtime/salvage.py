@@ -14,7 +14,10 @@ parameters and optimizer state in memory are those of the last completed step. T
    every layer of its stage from memory into ``step-NNNNNNNN-gG/`` (G: its generation) with a part file
    of its own, and the first writer commits the manifest once every writer's part is there, before the order's deadline.
    A rank it does not name exits; so does one that waits longer than the hold limit or is asked to stop
-   meanwhile (``spotmorph train``, which has no controller, asks that of every survivor).
+   meanwhile (``spotmorph train``, which has no controller, asks that of every survivor). A rank that also
+   keeps the step in memory (its agent gave it a hold spool, the job's ``morph_through_memory``) and is
+   asked to stop ends its generation with success and holds the step for the next one, as after a planned
+   stop (:mod:`worker_agent.runtime.held`): that is how the controller keeps the step in memory.
 
 A half-written just-in-time checkpoint has no manifest, so it is no checkpoint; and only the step the
 controller records as committed is named in the next generation's assignment.
@@ -239,14 +242,19 @@ def hold(
     payloads: Callable[[], dict[str, LayerPayload]],
     manifest: Callable[[], dict[str, Any]],
     fence: Fence | None = None,
+    kept: bool = False,
 ) -> ExitCode:
-    """Steps 1-3 of the module docstring; the exit code of the trainer."""
+    """Steps 1-3 of the module docstring; the exit code of the trainer. ``kept``: this rank also keeps the step
+    in memory (the caller's), so a stop asked meanwhile ends its generation with success: the controller keeps
+    the step in memory for the next generation instead of having it written."""
     sever()
     progress.emit(CollectiveFailed(generation, stage, replica, step, error[:500]))
     order = wait_for_order(control, hold_seconds, lambda: _fenced_off(root, fence))
     if isinstance(order, str):
         progress.emit(TrainerFailed(kind="fenced", message=order))
         return ExitCode.FENCED
+    if order is None and kept and control is not None and control.stop_requested():
+        return ExitCode.SUCCEEDED
     if order is None:
         progress.emit(TrainerFailed(kind="abort", message=f"collective failed ({error}); no salvage order came"))
         return ExitCode.ABORTED

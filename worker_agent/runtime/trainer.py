@@ -39,6 +39,7 @@ from worker_agent.runtime import held as held_mod
 from worker_agent.runtime import resume
 from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress, StopRequest
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
+from worker_agent.runtime.handoff import hand_off
 from worker_agent.runtime.held import Held
 from worker_agent.runtime.spool import take_over
 from worker_agent.runtime.startup import Phase, StartupWatch
@@ -184,16 +185,15 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     abort.start()
     last_time = time.perf_counter()
     loss_share = 0.0
+    can_hold = job.morph_through_memory and cfg.hold_spool is not None
     try:
         while True:
             stop_flag = 1.0 if stop.requested() else 0.0
             lapsed = 1.0 if lease.lapsed() else 0.0
             fenced = writer.fenced_off()
-            may_hold = job.morph_through_memory and cfg.hold_spool is not None and not stop.leaving()
-            flags = torch.tensor(
-                [stop_flag, loss_share, requests.contribution(), lapsed, 1.0 if fenced else 0.0, float(not may_hold)],
-                dtype=torch.float64,
-            )
+            leaving = stop.leaving()
+            said = (stop_flag, loss_share, requests.contribution(), lapsed, float(bool(fenced)), float(not can_hold))
+            flags = torch.tensor([*said, float(leaving)], dtype=torch.float64)
             dist.all_reduce(flags, op=dist.ReduceOp.SUM)
             if flags[4] > 0:
                 # A newer generation raised the fence: the controller moved past this one. All ranks stop here.
@@ -230,14 +230,22 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                 progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
                 timeouts.settle()
             finishing = stopping or step >= job.steps
-            # A rank that may keeps its stage (host copies, not serialised) for the next generation. When every rank
-            # may (none is leaving) the stop writes nothing: the next generation writes the step in the background
-            # once it has it; when a node is leaving, the stop writes the step, and its ranks exit.
-            holding = stopping and step < job.steps and may_hold
-            in_memory = holding and flags[5] == 0
+            # A rank that may and stays keeps its stage (host copies, not serialised) for the next generation. When
+            # every rank may and one stays, the stop writes nothing: leaving ranks first hand what only they hold
+            # to staying ones (handoff.py), and the next generation writes the step in the background.
+            holding = stopping and step < job.steps and can_hold and not leaving
+            in_memory = stopping and step < job.steps and bool(flags[5] == 0) and bool(flags[6] < layout.world_size)
+            write_started = time.perf_counter()
+            kept = None
+            if in_memory and flags[6] > 0:
+                kept = held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank)
+                handed = hand_off(kept, leaving, layout, cfg.rank)
+                in_memory = handed.ok
+                _say(f"handed off at step {step}: sent {handed.sent} B, received {handed.received} B")
+                if not handed.ok:
+                    _warn(f"the hand-off failed ({handed.reason}); the stop writes step {step}")
             interval = job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0
             due = requested or step == durable_due or (not in_memory and (finishing or interval))
-            write_started = time.perf_counter()
             if due and step != already_written:
                 writer.wait()  # the previous write is done before new host copies are taken (its buffers reused)
                 buffers = runner.host.lease()
@@ -257,7 +265,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                     timeouts.settle()  # slower writers catch up before the next step's collectives
             if holding:
                 writer.wait()
-                _keep(held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank))
+                _keep(kept or held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank))
             if finishing:
                 ended = TrainingStopped if stopping else TrainingFinished
                 progress.emit(
@@ -278,7 +286,11 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
             raise
         why = abort.explain(exc)
         _warn(f"collective failed after step {step} ({why}); holding step {step} for a just-in-time checkpoint")
+        keeps = can_hold and not stop.leaving() and step < job.steps
+        if keeps:  # for the next generation, should the controller keep the step in memory (stop) not write it
+            _keep(held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank))
         return salvage.hold(
+            kept=keeps,
             rank=cfg.rank,
             generation=cfg.generation,
             stage=runner.stage,
@@ -300,6 +312,10 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
 
 def _warn(message: str) -> None:
     print(f"spotmorph trainer: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _say(message: str) -> None:
+    print(f"spotmorph trainer: {message}", file=sys.stderr, flush=True)
 
 
 def _keep(kept: Held) -> None:

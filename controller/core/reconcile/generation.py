@@ -64,8 +64,9 @@ def start_generation(
     """Issue generation g+1 on the plan's nodes, resuming from the newest committed checkpoint: exactly that one
     (its step and the generation that committed it), never whatever else an older generation left on disk.
 
-    ``stopped``: generation g ended in a planned stop at the job's step, which its trainers keep in memory; g+1
-    is told to take that step from them (``held_step``), the committed checkpoint being what it loads without."""
+    ``stopped``: generation g ended in a planned stop at the job's step (or, after an unplanned loss, at the step
+    its survivors keep, ``salvage_step``), which its trainers keep in memory; g+1 is told to take that step
+    from them (``held_step``), the committed checkpoint being what it loads without."""
     job = draft.jobs[job_id]
     generation = job.generation + 1
     layout = plan.layout
@@ -73,7 +74,8 @@ def start_generation(
     port = config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
     resume, resume_generation = job.last_checkpoint_step, job.last_checkpoint_generation
     through_memory = stopped and job.spec.morph_through_memory
-    held_step = job.step if through_memory and job.generation and job.step > 0 else 0
+    stopped_at = job.salvage_step or job.step  # the survivors of an unplanned loss keep the step salvaged
+    held_step = stopped_at if through_memory and job.generation and stopped_at > 0 else 0
     held_generation = job.generation if held_step else 0
     lost = max(0, job.step - max(resume, held_step)) if job.generation else 0
     seconds = draft.now - job.morph_started_at if job.morph_started_at is not None else None

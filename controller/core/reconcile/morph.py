@@ -137,7 +137,7 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
         if job.action is Action.HOLD or job.state is not J.MORPHING:
             return
     if job.action is Action.STOP:
-        gone = [n for n in job.nodes if not draft.serves(job, n)]
+        gone = [n for n in job.nodes if not draft.serves(job, n) and n not in job.suspected]
         if gone or draft.now - started > config.stop_timeout_seconds:
             why = f"node gone while stopping: {', '.join(gone)}" if gone else "stop timed out"
             draft.amend_job(job_id, action=Action.ABORT, morph_detail=f"{job.morph_detail}; {why}")  # same cause

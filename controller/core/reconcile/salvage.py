@@ -15,7 +15,11 @@ morphs with action HOLD, with ``morph_started_at`` as the time of the failure; t
    with no such step (a stage lost every replica, or the stages' holders differ), or ``S`` already
    checkpointed, the job falls back (``SalvageEnded`` with the reason) to ABORT, which resumes from the
    newest committed checkpoint as before;
-3. **write**: the writers write, the first one commits the manifest and reports the step, which the
+3. **keep** (the job's ``morph_through_memory``, the default): no writer; the job goes on with STOP, the
+   survivors keep ``S`` in memory as a planned stop's ranks do, and g+1 takes it from them and writes it in
+   the background (``SalvageEnded`` reason ``in_memory``); a g+1 that cannot (a survivor gone meanwhile)
+   resumes from the newest committed checkpoint and says so (``HeldStateSkipped``);
+4. **write** (otherwise): the writers write, the first one commits the manifest and reports the step, which the
    progress step records like any commit of the generation; the job then goes on with ABORT (every
    trainer of g has exited or is killed) and g+1 resumes from ``S``. A writer that fails or whose node is
    lost or silent for the grace (then suspected and left out of g+1 too), or a deadline that passes, falls back
@@ -144,6 +148,20 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
     step, writers = chosen
     if step <= job.last_checkpoint_step:
         _fall_back(draft, job, SalvageOutcome.ALREADY_COMMITTED, fields, step=step)
+        return
+    if job.spec.morph_through_memory:
+        # The survivors keep step S as a planned stop's ranks do: stopped, they hold it for g+1, which takes it
+        # from their memory and writes it in the background (nothing written or awaited here).
+        draft.event(
+            EventKind.SALVAGE_ENDED,
+            job.id,
+            generation=job.generation,
+            reason=SalvageOutcome.IN_MEMORY,
+            step=step,
+            holders=sorted(r for r, s in held.items() if s == step),
+        )
+        detail = f"{job.morph_detail}; step {step} held in memory"
+        draft.amend_job(job.id, action=Action.STOP, salvage_step=step, morph_detail=detail, **fields)
         return
     deadline = draft.now + config.salvage_write_seconds
     draft.event(EventKind.SALVAGE_ORDERED, job.id, generation=job.generation, step=step, writers=list(writers))

@@ -1,0 +1,56 @@
+"""A stop where a node leaves (an eviction notice), through memory: the leaving ranks hand the layers only they
+hold to ranks that stay, over the old generation's world group, and go without writing a checkpoint.
+
+Every rank of the stopping generation calls :func:`hand_off` at the same step boundary (a collective): one
+``all_gather_object`` says who leaves and the size of each layer, every rank computes the same moves
+(:func:`morphing.transfer.plan_handoff`) and they are sent as a morph's moves are (:func:`held.move`:
+header with length and SHA-256, then the bytes). A staying rank adds what it received to what it keeps, so
+the next generation finds every layer of the step in some survivor's memory and writes the step to the disk
+in the background. A checksum that does not match, on any rank, leaves memory for the disk: every rank
+then writes the step at the stop, as it would without this. A peer that dies mid-way fails the collective,
+as any lost peer does (the just-in-time checkpoint path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from morphing.layout import Layout
+from morphing.transfer import plan_handoff
+from worker_agent.runtime.held import Held, from_bytes, move
+
+
+@dataclass(frozen=True)
+class Handed:
+    """What one rank's hand-off did: ``ok`` on every rank or none; the bytes this rank sent and received."""
+
+    ok: bool
+    reason: str = ""
+    sent: int = 0
+    received: int = 0
+
+
+def hand_off(kept: Held, leaving: bool, layout: Layout, rank: int) -> Handed:
+    """Collective over the default group: ``kept`` (this rank's stage at the stop) gains the layers a leaving
+    rank hands it; a leaving rank sends and keeps nothing afterwards (the caller drops ``kept``)."""
+    mine = (leaving, {layer: size for layer, size in kept.offer().sizes.items()})
+    everyone: list[tuple[bool, dict[int, int]] | None] = [None] * layout.world_size
+    dist.all_gather_object(everyone, mine)
+    leavers = frozenset(r for r, said in enumerate(everyone) if said is not None and said[0])
+    sizes = [
+        max((said[1].get(layer, 0) for said in everyone if said is not None), default=0)
+        for layer in range(layout.num_layers)
+    ]
+    moves = plan_handoff(layout, leavers, sizes)
+    received, bad = move(kept.layers, moves, rank)
+    flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
+    dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+    if flag.item() > 0:
+        return Handed(False, bad or "another rank received a layer whose SHA-256 does not match its sender's")
+    for layer, data in received.items():
+        kept.layers[layer] = from_bytes(data)
+    sent = sum(m.nbytes for m in moves if m.sender == rank)
+    return Handed(True, "", sent, sum(int(b.numel()) for b in received.values()))
