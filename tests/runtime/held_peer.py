@@ -61,9 +61,8 @@ def main() -> None:
     if scenario.startswith("handoff"):
         assert held is not None
         handed = hand_off(held, rank == 1, old, rank)
-        same = all(
-            torch.equal(held.layers[i]["tensors"][f"l{i}.w"], payload(i)["tensors"][f"l{i}.w"]) for i in held.layers
-        )  # type: ignore[index]
+        expected = {i: payload(i)["tensors"] for i in held.layers}
+        same = all(torch.equal(held.layers[i]["tensors"][f"l{i}.w"], expected[i][f"l{i}.w"]) for i in held.layers)  # type: ignore[index]
         facts = {"ok": handed.ok, "reason": handed.reason, "layers": sorted(held.layers), "same": same}
         with open(out, "w") as fh:
             json.dump(facts | {"sent": handed.sent, "received": handed.received}, fh)
