@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
+from spotmorph.local.harness import max_rel_diff
 from spotmorph.local.processes import alive, port_range_base
 from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
@@ -120,6 +122,64 @@ def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp
         ]
         assert [(e.step, e.checkpoint) for e in loaded] == [(step, "memory of generation 1")] * 2
         wait_for(lambda: any(r.last_checkpoint_step == step for r in supervisor.reports()), 60, "the durable write")
+    finally:
+        supervisor.kill_all()
+
+
+def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(tmp_path: Path) -> None:
+    """Generation 2 (2 x 1) takes generation 1's (1 x 2) stopped step S from memory and runs to the end; so does
+    generation 3 (2 x 1) from the disk, from the checkpoint of S that generation 2 wrote: the ends are equal."""
+    supervisor = Supervisor(tmp_path / "work")
+    steps = 400
+    launch = spec(tmp_path, steps=steps)
+    pipeline = make_layout(num_layers=4, pipeline_stages=2, data_parallel=1, micro_batch_size=2, global_batch=6)
+    try:
+        for rank in range(2):
+            supervisor.start(TrainerKey("job-1", 1, rank), launch)
+        wait_for(lambda: all(r.step >= 3 for r in supervisor.reports()), 90, "three steps on both ranks")
+        supervisor.request_stop("job-1", 1)
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "a stop that holds")
+        held = supervisor.reports()[0].step
+        assert 3 <= held < steps, held
+        second = replace(
+            launch,
+            layout=pipeline.to_dict(),
+            rendezvous=f"127.0.0.1:{port_range_base(1) + 7}",
+            held=CommittedCheckpoint(held, 1),
+        )
+
+        def finished(generation: int) -> bool:
+            reports = [r for r in supervisor.reports() if r.status.key.generation == generation]
+            return len(reports) == 2 and not any(r.status.running for r in reports)
+
+        for rank in range(2):
+            supervisor.start(TrainerKey("job-1", 2, rank), second)
+        supervisor.forget({("job-1", 2)})
+        wait_for(lambda: finished(2), 120, "generation 2 to finish")
+        assert all(r.status.exit_code == 0 and r.step == steps for r in supervisor.reports()), supervisor.reports()
+        checkpoints = launch.checkpoint_dir
+        from_memory = tmp_path / "from-memory"
+        shutil.copytree(checkpoints, from_memory)
+        shutil.rmtree(next(checkpoints.glob(f"step-{steps:08d}-*")))  # generation 2's end: g3 makes its own
+        assert next(checkpoints.glob(f"step-{held:08d}-g2")), "generation 2 wrote the held step"
+        third = replace(
+            launch,
+            layout=pipeline.to_dict(),
+            rendezvous=f"127.0.0.1:{port_range_base(1) + 9}",
+            resume=CommittedCheckpoint(held, 2),
+        )
+        for rank in range(2):
+            supervisor.start(TrainerKey("job-1", 3, rank), third)
+        supervisor.forget({("job-1", 3)})
+        wait_for(lambda: finished(3), 120, "generation 3 to finish")
+        loaded = [
+            r.event
+            for p in supervisor.generation_dir("job-1", 3).progress_files().values()
+            for r in read_progress(p)
+            if isinstance(r.event, CheckpointLoaded)
+        ]
+        assert loaded and all(e.step == held and "memory" not in e.checkpoint for e in loaded), loaded
+        assert max_rel_diff(from_memory, checkpoints) == 0.0
     finally:
         supervisor.kill_all()
 
