@@ -119,7 +119,8 @@ def register(
 
     A live name (not LOST or GONE) is taken over only by the instance it is bound to (an agent
     restarting on the same VM); anyone else is refused with :class:`NotOwner`, since a takeover would
-    evict its job. A VM a per-VM token proved is one node: its other live names become GONE. ``instance`` is :func:`instance_of` the request; "" binds the name to nothing. A name whose previous
+    evict its job. A VM a per-VM token proved is one node: its other live names become GONE.
+    ``instance`` is :func:`instance_of` the request; "" binds the name to nothing. A name whose previous
     incarnation was LOST a short while ago waits in JOINING (:mod:`controller.core.flapping`).
     """
     commands: list[Command] = []

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from morphing.layout import make_layout
 from worker_agent.contract import CommittedCheckpoint
-from worker_agent.runtime import held as held_mod
+from worker_agent.runtime import layer_moves
 from worker_agent.runtime.handoff import hand_off
 from worker_agent.runtime.held import Offer, exchange, keep
 
@@ -52,7 +52,7 @@ def main() -> None:
         first, last = old.stage_layers[rank]
         held = keep({i: payload(i) for i in range(first, last)}, "job", 1, 5, old, rank, None)
         if scenario.endswith("corrupt") and rank == 1:  # what it sends says a SHA-256 its bytes do not have
-            held_mod.digest = lambda data: "0" * 64
+            layer_moves._trailer = lambda hexdigest: torch.zeros(32, dtype=torch.uint8)
     if scenario == "die" and rank == 1:
         assert held is not None
         offers: list[Offer | None] = [None] * world

@@ -16,7 +16,7 @@ every rank.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -290,23 +290,30 @@ class StageRunner:
         """This rank's share of its stage's layer files: spread round-robin over the replicas."""
         return [i for i in range(self.first, self.last) if (i - self.first) % self.layout.data_parallel == self.replica]
 
-    def payloads(self, layers: list[int] | None = None, lease: HostLease | None = None) -> dict[str, LayerPayload]:
+    def payloads(
+        self, layers: list[int] | None = None, lease: HostLease | None = None, share: bool = False
+    ) -> dict[str, LayerPayload]:
         """Host copies of the tensors this rank writes (``layers``: these instead of its share), taken at the
         step boundary (pinned memory on a GPU) into ``lease``'s buffers (one of :attr:`host`, released by the
-        writer once written); without one, into fresh buffers.
+        writer once written); without one, into fresh buffers. ``share``: the CPU tensors themselves, not
+        copies, for a rank that trains no more (what a stopped generation keeps for the next).
 
         The file format does not depend on the device: every tensor in it is a CPU tensor.
         """
         lease = lease if lease is not None else HostPool().lease()
         held = dict(self.params)
         out: dict[str, LayerPayload] = {}
+
+        def take(name: str, tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.detach() if share and tensor.device.type == "cpu" else lease.copy(name, tensor)
+
         for layer in self.layers_to_write() if layers is None else layers:
             names = self.model.layer_params(layer)
             out[self.model.layer_names[layer]] = {
                 "format": "spotmorph.layer/v1",
                 "layer": self.model.layer_names[layer],
-                "tensors": {n: lease.copy(n, held[n]) for n in names},
-                "optimizer": {n: _host_state(lease, n, self.optimizer.state.get(held[n], {})) for n in names},
+                "tensors": {n: take(n, held[n]) for n in names},
+                "optimizer": {n: _state(take, n, self.optimizer.state.get(held[n], {})) for n in names},
             }
         synchronize(self.device)  # the copies to pinned memory are asynchronous
         return out
@@ -364,8 +371,8 @@ def placed_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, state: d
     return out
 
 
-def _host_state(lease: HostLease, name: str, state: dict[str, Any]) -> dict[str, Any]:
-    return {k: lease.copy(f"{name}/{k}", v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+def _state(take: Callable[[str, torch.Tensor], torch.Tensor], name: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {k: take(f"{name}/{k}", v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def _all_reduce_coalesced(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:

@@ -3,12 +3,12 @@ hold to ranks that stay, over the old generation's world group, and go without w
 
 Every rank of the stopping generation calls :func:`hand_off` at the same step boundary (a collective): one
 ``all_gather_object`` says who leaves and the size of each layer, every rank computes the same moves
-(:func:`morphing.transfer.plan_handoff`) and they are sent as a morph's moves are (:func:`held.move`:
-header with length and SHA-256, then the bytes). A staying rank adds what it received to what it keeps, so
-the next generation finds every layer of the step in some survivor's memory and writes the step to the disk
-in the background. A checksum that does not match, on any rank, leaves memory for the disk: every rank
-then writes the step at the stop, as it would without this. A peer that dies mid-way fails the collective,
-as any lost peer does (the just-in-time checkpoint path).
+(:func:`morphing.transfer.plan_handoff`) and they are sent as a morph's moves are (:func:`layer_moves.move`:
+the tensors' bytes, then their SHA-256). A staying rank adds what it received to what it keeps, so the next
+generation finds every layer of the step in some survivor's memory and writes the step to the disk in the
+background. A checksum that does not match, on any rank, leaves memory for the disk: every rank then writes
+the step at the stop, as it would without this. A peer that dies mid-way fails the collective, as any lost
+peer does (the just-in-time checkpoint path).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from morphing.layout import Layout
 from morphing.transfer import plan_handoff
-from worker_agent.runtime.held import Held, from_bytes, move
+from worker_agent.runtime.held import Held, payload_bytes
+from worker_agent.runtime.layer_moves import move
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,6 @@ def hand_off(kept: Held, leaving: bool, layout: Layout, rank: int) -> Handed:
     dist.all_reduce(flag, op=dist.ReduceOp.SUM)
     if flag.item() > 0:
         return Handed(False, bad or "another rank received a layer whose SHA-256 does not match its sender's")
-    for layer, data in received.items():
-        kept.layers[layer] = from_bytes(data)
+    kept.layers.update(received)
     sent = sum(m.nbytes for m in moves if m.sender == rank)
-    return Handed(True, "", sent, sum(int(b.numel()) for b in received.values()))
+    return Handed(True, "", sent, sum(payload_bytes(payload) for payload in received.values()))

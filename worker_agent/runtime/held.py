@@ -18,8 +18,6 @@ checkpoint would hold, so a morph through memory is bit for bit a morph through 
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import time
@@ -32,10 +30,11 @@ import torch
 import torch.distributed as dist
 
 from morphing.layout import Layout
-from morphing.transfer import SourceKind, Transfer, TransferPlan, plan_transfer
+from morphing.transfer import SourceKind, TransferPlan, plan_transfer
 from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAssignment, WarmSpool
 from worker_agent.runtime import checkpoint as ckpt_mod
 from worker_agent.runtime.checkpoint import LayerPayload
+from worker_agent.runtime.layer_moves import move
 from worker_agent.runtime.partition import PartitionedModel
 from worker_agent.runtime.spool import wait_for_assignment
 
@@ -62,10 +61,10 @@ class Held:
 
     @property
     def nbytes(self) -> int:
-        return sum(_tensor_bytes(payload) for payload in self.layers.values())
+        return sum(payload_bytes(payload) for payload in self.layers.values())
 
     def offer(self) -> Offer:
-        sizes = {layer: _tensor_bytes(payload) for layer, payload in self.layers.items()}
+        sizes = {layer: payload_bytes(payload) for layer, payload in self.layers.items()}
         return Offer(self.job_hash, self.generation, self.step, self.layout, self.rank, sizes, self.loss_scale)
 
 
@@ -104,23 +103,7 @@ class Outcome:
     bytes_received: int = 0
 
 
-def to_bytes(payload: LayerPayload) -> torch.Tensor:
-    """A layer payload as the checkpoint writer's file would hold it, as a uint8 tensor (no extra copy)."""
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    return torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
-
-
-def from_bytes(data: torch.Tensor) -> LayerPayload:
-    payload: LayerPayload = torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)
-    return payload
-
-
-def digest(data: torch.Tensor) -> str:
-    return hashlib.sha256(data.numpy().data).hexdigest()
-
-
-def _tensor_bytes(payload: LayerPayload) -> int:
+def payload_bytes(payload: LayerPayload) -> int:
     tensors = list(payload["tensors"].values())
     tensors += [v for state in payload["optimizer"].values() for v in state.values() if isinstance(v, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -212,47 +195,12 @@ def exchange(
         if source.kind is SourceKind.OWN and held is not None:
             payloads[layer_names[layer]] = held.layers[layer]
         elif source.kind is SourceKind.PEER:
-            payloads[layer_names[layer]] = from_bytes(received[layer])
+            payloads[layer_names[layer]] = received[layer]
         else:
             disk.add(layer)
     scale = next((o.loss_scale for o in decision.offers.values()), None)
-    moved = sum(int(b.numel()) for b in received.values())
+    moved = sum(payload_bytes(payload) for payload in received.values())
     return Outcome(True, "", named.step, payloads, frozenset(disk), scale, moved)
-
-
-def move(
-    layers: Mapping[int, LayerPayload], moves: Sequence[Transfer], rank: int
-) -> tuple[dict[int, torch.Tensor], str]:
-    """Send what this rank gives from ``layers``, receive what it lacks, over the default group: per move a
-    header (length and SHA-256 of the serialised layer) then its bytes, tags ``2i`` and ``2i + 1``. Returns
-    the bytes received and why one is unusable."""
-    sends, headers = [], {}
-    for tag, transfer in enumerate(moves):
-        if transfer.sender == rank:
-            data = to_bytes(layers[transfer.layer])
-            header = torch.frombuffer(bytearray(bytes.fromhex(digest(data))), dtype=torch.int64)
-            header = torch.cat([torch.tensor([data.numel()], dtype=torch.int64), header])
-            sends += [
-                dist.isend(header, dst=transfer.receiver, tag=2 * tag),
-                dist.isend(data, transfer.receiver, tag=2 * tag + 1),
-            ]
-        elif transfer.receiver == rank:
-            header = torch.empty(5, dtype=torch.int64)
-            headers[tag] = (transfer, header, dist.irecv(header, src=transfer.sender, tag=2 * tag))
-    received: dict[int, torch.Tensor] = {}
-    bodies = []
-    for tag, (transfer, header, work) in headers.items():
-        if work is not None:
-            work.wait()
-        received[transfer.layer] = torch.empty(int(header[0]), dtype=torch.uint8)
-        bodies.append(dist.irecv(received[transfer.layer], src=transfer.sender, tag=2 * tag + 1))
-    for work in [*bodies, *sends]:
-        if work is not None:
-            work.wait()
-    for transfer, header, _ in headers.values():
-        if bytes(header[1:].numpy().tobytes()).hex() != digest(received[transfer.layer]):
-            return received, f"layer {transfer.layer} from rank {transfer.sender} does not match its SHA-256"
-    return received, ""
 
 
 def needs_of(model: PartitionedModel, layout: Layout) -> dict[int, frozenset[int]]:
@@ -267,7 +215,7 @@ def needs_of(model: PartitionedModel, layout: Layout) -> dict[int, frozenset[int
 def keep_stage(runner: StageRunner, job_hash: str, generation: int, step: int, rank: int) -> Held:
     """What this rank keeps at a planned stop: every layer of its stage (not only its share of the writes)."""
     layers = range(runner.first, runner.last)
-    copies = runner.payloads(list(layers))
+    copies = runner.payloads(list(layers), share=True)
     payloads = {i: copies[runner.model.layer_names[i]] for i in layers}
     scale = runner.loss_scale.to_dict() if runner.scaling else None
     return keep(payloads, job_hash, generation, step, runner.layout, rank, scale)
