@@ -331,9 +331,14 @@ class StageRunner:
         self.apply(files.values(), scale, names)
 
     def apply(
-        self, payloads: Iterable[LayerPayload], loss_scale: dict[str, Any] | None, names: set[str] | None = None
+        self,
+        payloads: Iterable[LayerPayload],
+        loss_scale: dict[str, Any] | None,
+        names: set[str] | None = None,
+        adopt: bool = False,
     ) -> None:
-        """Take ``payloads`` (layer files' contents, from the disk or from peers' memory) into this stage."""
+        """Take ``payloads`` (layer files' contents, from the disk or from peers' memory) into this stage;
+        ``adopt``: tensors nobody else writes become the parameters and state where they fit, uncopied."""
         found: dict[str, tuple[torch.Tensor, dict[str, Any]]] = {}
         for payload in payloads:
             for n, tensor in payload["tensors"].items():
@@ -345,17 +350,22 @@ class StageRunner:
                 tensor, state = found[name]
                 if tensor.shape != param.shape or tensor.dtype != param.dtype:
                     raise ValueError(f"checkpoint tensor {name} is {tensor.dtype}{list(tensor.shape)}")
-                param.copy_(tensor)
+                if adopt and tensor.device == param.device and tensor.stride() == param.stride():
+                    param.data = tensor
+                else:
+                    param.copy_(tensor)
                 if state:
-                    self.optimizer.state[param] = placed_state(self.optimizer, param, state)
+                    self.optimizer.state[param] = placed_state(self.optimizer, param, state, copy=not adopt)
         if self.scaling and loss_scale is not None:
             self.loss_scale = LossScale.from_dict(loss_scale)
 
 
-def placed_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
+def placed_state(
+    optimizer: torch.optim.Optimizer, param: torch.Tensor, state: dict[str, Any], copy: bool = True
+) -> dict[str, Any]:
     """Loaded optimizer state moved next to its parameter, as ``Optimizer.load_state_dict`` places it:
     floating-point state in the parameter's device and dtype; a scalar ``step`` stays on the CPU unless the
-    param group is fused or capturable."""
+    param group is fused or capturable. ``copy`` False: a tensor already in place is taken as it is."""
     group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
     on_device = bool(group.get("fused") or group.get("capturable"))
     out: dict[str, Any] = {}
@@ -365,9 +375,9 @@ def placed_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, state: d
         elif key == "step":
             out[key] = value.to(param.device, copy=True) if on_device else value.detach().clone()
         elif value.is_floating_point():
-            out[key] = value.to(device=param.device, dtype=param.dtype, copy=True)
+            out[key] = value.to(device=param.device, dtype=param.dtype, copy=copy)
         else:
-            out[key] = value.to(device=param.device, copy=True)
+            out[key] = value.to(device=param.device, copy=copy)
     return out
 
 

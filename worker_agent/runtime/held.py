@@ -232,7 +232,7 @@ def apply(memory: Outcome, runner: StageRunner, chosen: str | None, job: Mapping
     """Load what memory gave into the stage, and the layers no survivor held from the committed checkpoint."""
     model = runner.model
     names = {n for n, _ in runner.params if model.params[n].owner_layer not in memory.from_disk}
-    runner.apply(memory.payloads.values(), memory.loss_scale, names)
+    runner.apply(memory.payloads.values(), memory.loss_scale, names, adopt=True)  # nobody else writes them
     if memory.from_disk:
         assert chosen is not None  # decide() reads from the disk only when the held step is the committed one
         runner.load(ckpt_mod.verify(Path(chosen), job, read_files=False), memory.from_disk)
