@@ -1,13 +1,13 @@
 """A planned morph through memory: what a trainer keeps when it stops, and how the next generation takes it.
 
-After a planned stop at step ``S`` a trainer that may hold (the agent gave it a hold spool and its node is
-not leaving) keeps every layer of its stage at ``S`` as host copies and waits for its next assignment
-instead of exiting.
+After a planned stop at step ``S`` (or a failed collective after it) a trainer that may hold (the agent gave
+it a hold spool and its node is not leaving) keeps every layer of its stage at ``S`` (its CPU tensors
+themselves; host copies on a GPU) and waits for its next assignment instead of exiting.
 The controller names ``S`` (``--held S:g``) in generation g+1's assignments; g+1's ranks, on whatever
 processes they run, tell each other what they hold (one ``all_gather_object``), every rank computes the
 same transfer plan (:func:`morphing.transfer.plan_transfer`) and the holders send the layers their new
-owners lack over the world group (gloo, host memory), point to point: each serialised as the checkpoint
-writer writes the layer's file, after a header with its length and SHA-256.
+owners lack over the world group (gloo, host memory), point to point, as their tensors' bytes with a
+SHA-256 (:mod:`worker_agent.runtime.layer_moves`).
 
 Any doubt leaves memory for the disk, the same on every rank: a holder of another job, step or layout, a
 layer no survivor holds (unless ``S`` itself is the committed checkpoint), a checksum that does not match.
@@ -46,10 +46,10 @@ HOLD_SECONDS = 300.0  # how long a holder waits for the next generation before i
 
 @dataclass
 class Held:
-    """One trainer's state at ``step`` of ``generation``: its old stage's layers (host copies), by layer index.
+    """One trainer's state at ``step`` of ``generation``: its old stage's layers, by layer index.
 
-    Nothing is serialised when it stops: a layer it keeps goes back into its stage as it is, and only a layer
-    a peer lacks is serialised (as its checkpoint file would hold it) and hashed, when it is sent."""
+    Nothing is copied or serialised when it stops: a layer it keeps becomes part of its new stage as it is,
+    and only a layer a peer lacks is sent (its tensors' bytes) and hashed."""
 
     job_hash: str
     generation: int
@@ -118,7 +118,7 @@ def keep(
     rank: int,
     loss_scale: dict[str, Any] | None,
 ) -> Held:
-    """What a stopping rank holds: ``payloads``, host copies of its stage's layers, by index."""
+    """What a stopping rank holds: ``payloads``, its stage's layers, by index."""
     return Held(job_hash, generation, step, layout.to_dict(), rank, dict(payloads), loss_scale)
 
 
