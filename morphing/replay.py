@@ -108,10 +108,14 @@ class Replay:
             raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
         cfg = self.config
         announced = policy in ("spotmorph", "fixed-pipeline-restart")
-        timeline = sorted(
-            (max(0.0, e.seconds - cfg.notice_seconds) if e.kind == "remove" and announced else e.seconds, i, e)
-            for i, e in enumerate(trace.events)
-        )
+        timeline = []
+        added: dict[str, float] = {}
+        for i, e in enumerate(trace.events):
+            added.update({e.node: e.seconds} if e.kind == "add" else {})
+            # A notice comes up to notice_seconds early, but never before the VM it announces arrived.
+            early = e.kind == "remove" and announced
+            timeline.append((max(added.get(e.node, 0.0), e.seconds - cfg.notice_seconds) if early else e.seconds, i, e))
+        timeline.sort()
         run, live, now = _Run(), list[str](), 0.0
         fixed_stages = self._fixed_stages(policy, trace)
         for when, _, event in timeline:

@@ -119,8 +119,7 @@ def register(
 
     A live name (not LOST or GONE) is taken over only by the instance it is bound to (an agent
     restarting on the same VM); anyone else is refused with :class:`NotOwner`, since a takeover would
-    evict its job. A VM a per-VM token proved is one node: its other live names become GONE.
-    ``instance`` is :func:`instance_of` the request; "" binds the name to nothing. A name whose previous
+    evict its job. ``instance`` is :func:`instance_of` the request; "" binds the name to nothing. A name whose previous
     incarnation was LOST a short while ago waits in JOINING (:mod:`controller.core.flapping`).
     """
     commands: list[Command] = []
@@ -147,10 +146,6 @@ def register(
         incarnation = old.incarnation + 1
         if old.state is not NodeState.GONE:
             commands.append(move(old, NodeState.GONE, "re-registered as a new incarnation", now))
-    if instance.startswith("instance "):  # proven by a per-VM token: one VM is one node, under its newest name
-        for other in world.nodes.values():
-            if other.name != name and other.instance == instance and other.state is not NodeState.GONE:
-                commands.append(move(other, NodeState.GONE, f"its VM registered again as {name}", now))
     node = NodeRecord(
         name,
         incarnation,

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,6 @@ from spotmorph.local.layout import ClusterDir, VmDir
 from spotmorph.local.processes import alive, reap, session_members, spawn
 
 AGENT_COMMAND = (sys.executable, "-m", "spotmorph.cli", "agent")
-KILL_WAIT_SECONDS = 5.0  # how long kill_vm waits for the killed processes to be gone
 
 
 @dataclass(frozen=True)
@@ -175,10 +173,5 @@ def kill_vm(vm: LocalVm, sig: int = signal.SIGKILL) -> None:
     for pid in members:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-    # SIGKILL is not instant: a process can still look alive (and hold its GPUs) for a moment after it.
-    deadline = time.monotonic() + KILL_WAIT_SECONDS
     for pid in [vm.pid, *members]:
         reap(pid)
-        while alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-            reap(pid)

@@ -44,15 +44,6 @@ def test_a_lost_or_gone_name_may_be_registered_by_anyone(state: NodeState) -> No
     assert intake.register(world, "victim", 1, "10.0.0.2", 1.0, other)[0].instance == other
 
 
-def test_a_vm_is_one_node_its_other_names_are_gone_once_it_registers_a_new_one() -> None:
-    world = registered(World({}, {}), "first")
-    world = registered(world, "second")
-    assert (world.nodes["first"].state, world.nodes["second"].state) == (NodeState.GONE, NodeState.JOINING)
-    claimed = intake.instance_of("vm-1", "10.0.0.1", None, proven=False)
-    world = registered(registered(world, "third", claimed), "fourth", claimed)  # claims retire nothing
-    assert world.nodes["third"].state is NodeState.JOINING and world.nodes["second"].state is NodeState.JOINING
-
-
 def test_a_record_from_before_the_binding_binds_nothing() -> None:
     world = World({"old": node("old")}, {})
     assert intake.register(world, "old", 1, "h", 1.0, VM)[0].incarnation == 2
@@ -85,7 +76,7 @@ def test_names_are_matched_in_full() -> None:
 
 def test_registrations_stop_at_the_live_node_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(intake, "MAX_LIVE_NODES", 2)
-    world = registered(registered(World({}, {}), "a"), "b", intake.instance_of("vm-2", "10.0.0.2", None))
+    world = registered(registered(World({}, {}), "a"), "b")
     with pytest.raises(intake.Full):
         intake.register(world, "c", 1, "h", 0.0)
     assert intake.register(world, "a", 1, "10.0.0.1", 0.0, VM)[0].incarnation == 2  # an existing name is no new node

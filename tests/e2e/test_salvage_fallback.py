@@ -179,9 +179,10 @@ def test_a_kill_during_the_just_in_time_write_never_loads_the_half_written_check
     writer_nodes = sorted({nodes[w] for w in writers})
     cluster.notes.append(f"held step {held}; killed writers {writers} on {writer_nodes} inside their write")
     kill_nodes(cluster, writer_nodes)
+    # Read at once: the next generation may clear the half-written directory away once it starts.
+    assert len(list(half.glob("*.pt"))) >= layers and not (half / MANIFEST).exists(), "the kill missed the write"
 
     cluster.wait(lambda: bool(events_of(cluster, job, "SalvageEnded", 1)), 60, "the salvage to end")
-    assert len(list(half.glob("*.pt"))) >= layers and not (half / MANIFEST).exists(), "the kill missed the write"
     ended = salvage_ended(cluster, job, 1)
     assert ended["reason"] == "writer_failed", ended
     assert set(ended["nodes_gone"]) == set(writer_nodes), ended

@@ -19,6 +19,7 @@ from morphing.errors import UserInputError
 from spotmorph.local import gpu_share
 from spotmorph.local.harness import cluster_env, spotmorph
 from spotmorph.local.layout import ClusterDir
+from spotmorph.local.processes import wait_for
 from spotmorph.local.provider import LocalProcessProvider, kill_vm
 from worker_agent.agent import gpu_probe
 
@@ -71,6 +72,7 @@ def test_each_vm_gets_gpus_of_its_own_and_a_dead_vms_gpus_go_to_the_next(tmp_pat
             provider.start(1)
         assert len(provider.vms()) == 2, "a refused start makes no VM"
         kill_vm(first)
+        wait_for(lambda: not first.alive(), 30, "the killed VM's agent to be gone")  # SIGKILL is not instant
         (third,) = provider.start(1)
         assert gpu_share.held_by(third.command()) == (0, 1)
         assert third.command()[third.command().index("--slots") + 1] == "2"

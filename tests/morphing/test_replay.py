@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from morphing.planner import Plan, Planner
@@ -56,6 +56,7 @@ def _to_trace(steps: list[tuple[float, bool, int]]) -> Trace:
 
 @settings(max_examples=30, deadline=None)
 @given(random_steps, st.sampled_from([0.0, 30.0, 120.0]))
+@example([(1.0, True, 6), (1.0, False, 6)], 30.0)  # a notice earlier than its VM's arrival once came first
 def test_no_policy_beats_the_oracle(steps: list[tuple[float, bool, int]], notice: float) -> None:
     trace = _to_trace(steps)
     report = simulate_policies(Planner(GPT48, 128), trace, ReplayConfig(gpus_per_node=4, notice_seconds=notice))
