@@ -90,6 +90,8 @@ def move(
         if transfer.sender == rank:
             tensors: list[torch.Tensor] = []
             text = json.dumps(describe(layers[transfer.layer], tensors)).encode()
+            if len(tensors) > TAG_SPAN - 3:  # the tags of one move: header, description, tensors, trailer
+                raise ValueError(f"layer {transfer.layer} holds {len(tensors)} tensors; at most {TAG_SPAN - 3} move")
             blob = torch.frombuffer(bytearray(text), dtype=torch.uint8)
             to = transfer.receiver
             sends += [dist.isend(_header(len(text)), to, tag=base), dist.isend(blob, to, tag=base + 1)]
@@ -113,6 +115,8 @@ def move(
         _wait(work)
         tensors = []
         payload = allocate(json.loads(bytes(blob.numpy())), tensors)
+        if len(tensors) > TAG_SPAN - 3:
+            raise ValueError(f"rank {transfer.sender} described {len(tensors)} tensors for layer {transfer.layer}")
         base, src = i * TAG_SPAN, transfer.sender
         works = [dist.irecv(as_bytes(t), src, tag=base + 2 + k) if t.numel() else None for k, t in enumerate(tensors)]
         trailer = torch.empty(32, dtype=torch.uint8)
