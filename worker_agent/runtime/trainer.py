@@ -230,7 +230,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                 progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
                 timeouts.settle()
             finishing = stopping or step >= job.steps
-            # A rank that may and stays keeps its stage (host copies, not serialised) for the next generation. When
+            # A rank that may and stays keeps its stage (its tensors; copies on a GPU) for the next generation. When
             # every rank may and one stays, the stop writes nothing: leaving ranks first hand what only they hold
             # to staying ones (handoff.py), and the next generation writes the step in the background.
             holding = stopping and step < job.steps and can_hold and not leaving
