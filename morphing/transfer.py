@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from morphing.layout import Layout
@@ -128,6 +128,15 @@ def stage_range(layout: Layout, rank: int) -> range:
     return range(*layout.stage_layers[layout.coords(rank)[1]])
 
 
+def _holders(held: Mapping[int, Iterable[int]]) -> dict[int, list[int]]:
+    """Layer -> the ranks that hold it, in rank order."""
+    holders: dict[int, list[int]] = {}
+    for rank in sorted(held):
+        for layer in held[rank]:
+            holders.setdefault(layer, []).append(rank)
+    return holders
+
+
 def plan_transfer(
     old: Layout,
     new: Layout,
@@ -156,10 +165,7 @@ def plan_transfer(
         outside = sorted(layer for layer in layers if not 0 <= layer < old.num_layers)
         if outside:
             raise ValueError(f"new rank {rank} holds layers {outside[:8]}, outside the model's {old.num_layers}")
-    holders: dict[int, list[int]] = {}
-    for rank in sorted(held):
-        for layer in held[rank]:
-            holders.setdefault(layer, []).append(rank)
+    holders = _holders(held)
 
     sources: dict[tuple[int, int], Source] = {}
     wanted: list[tuple[int, int]] = []  # (rank, layer) pairs a peer must send
@@ -206,10 +212,7 @@ def plan_handoff(layout: Layout, leaving: frozenset[int], layer_bytes: Sequence[
     staying = [r for r in range(layout.world_size) if r not in leaving]
     if not staying or not leaving:
         return ()
-    holders: dict[int, list[int]] = {}
-    for rank in range(layout.world_size):
-        for layer in stage_range(layout, rank):
-            holders.setdefault(layer, []).append(rank)
+    holders = _holders({rank: stage_range(layout, rank) for rank in range(layout.world_size)})
     orphans = [layer for layer, ranks in holders.items() if all(r in leaving for r in ranks)]
     sent = dict.fromkeys(sorted(leaving), 0)
     received = dict.fromkeys(staying, 0)

@@ -28,6 +28,13 @@ from worker_agent.contract import (
 )
 
 
+def loaded_by(supervisor: Supervisor, generation: int) -> list[CheckpointLoaded]:
+    """What each rank of job-1's ``generation`` loaded, from its progress file."""
+    directory = supervisor.generation_dir("job-1", generation)
+    records = [r for p in directory.progress_files().values() for r in read_progress(p)]
+    return [r.event for r in records if isinstance(r.event, CheckpointLoaded)]
+
+
 def test_progress_folds_the_facts_the_agent_reports() -> None:
     said: list[ProgressEvent] = [
         CheckpointLoaded(40, "/ckpt/step-00000040"),
@@ -113,13 +120,7 @@ def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp
         )
         second = [r for r in supervisor.reports() if r.status.key.generation == 2]
         assert sorted(r.pid for r in second) == sorted(holders), "generation 2 runs on the same processes"
-        directory = supervisor.generation_dir("job-1", 2)
-        loaded = [
-            r.event
-            for p in directory.progress_files().values()
-            for r in read_progress(p)
-            if isinstance(r.event, CheckpointLoaded)
-        ]
+        loaded = loaded_by(supervisor, 2)
         assert [(e.step, e.checkpoint) for e in loaded] == [(step, "memory of generation 1")] * 2
         wait_for(lambda: any(r.last_checkpoint_step == step for r in supervisor.reports()), 60, "the durable write")
     finally:
@@ -172,12 +173,7 @@ def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(
             supervisor.start(TrainerKey("job-1", 3, rank), third)
         supervisor.forget({("job-1", 3)})
         wait_for(lambda: finished(3), 120, "generation 3 to finish")
-        loaded = [
-            r.event
-            for p in supervisor.generation_dir("job-1", 3).progress_files().values()
-            for r in read_progress(p)
-            if isinstance(r.event, CheckpointLoaded)
-        ]
+        loaded = loaded_by(supervisor, 3)
         assert loaded and all(e.step == held and e.checkpoint.endswith("-g2") for e in loaded), loaded
         assert max_rel_diff(from_memory, checkpoints) == 0.0
     finally:

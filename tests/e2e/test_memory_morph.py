@@ -13,34 +13,54 @@ from typing import Any
 
 import pytest
 
-from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference, world_size
+from spotmorph.local.harness import TINY_GPT_SPEC, LocalCluster, max_rel_diff, train_reference, world_size
 from spotmorph.local.unplanned import pipeline_profile, stage_nodes
-from worker_agent.contract import CheckpointLoaded, CheckpointWritten, TrainingStopped, read_progress
+from worker_agent.contract import CheckpointLoaded, CheckpointWritten, TrainingStopped
 
 pytestmark = pytest.mark.slow
 BATCH, SEED, INTERVAL = 16, 7, 20
 
 
 def progress(cluster: LocalCluster, job: str, generation: int) -> list[Any]:
-    records = []
-    for vm in cluster.vms():
-        directory = vm.work_dir.trainers.generation_dir(job, generation)
-        for path in directory.progress_files().values():
-            records += read_progress(path)
-    return records
+    """Every rank's progress records of ``generation``."""
+    return [record for records in cluster.progress(job, generation).values() for record in records]
+
+
+def submit(cluster: LocalCluster, checkpoints: Path, profile: Path | None = None) -> str:
+    """A float64 job that runs until cancelled, checkpointing every INTERVAL steps into ``checkpoints``."""
+    sets: dict[str, object] = {"steps": 1_000_000, "global_batch": BATCH, "seed": SEED, "dtype": "float64"}
+    sets.update(checkpoint_interval=INTERVAL, checkpoint_dir=checkpoints)
+    if profile is not None:
+        sets["profile"] = profile
+    return cluster.submit(TINY_GPT_SPEC, **sets)
+
+
+def held_step(cluster: LocalCluster, job: str, generation: int) -> int:
+    """The step ``generation`` was told to take from the previous one's memory (its GenerationIssued)."""
+    issued = [
+        e for e in cluster.events(job) if e["kind"] == "GenerationIssued" and e["data"]["generation"] == generation
+    ]
+    return int(issued[0]["data"]["held_step"])
+
+
+def assert_loaded_from_memory(cluster: LocalCluster, job: str, generation: int, held: int, width: int) -> None:
+    """Every one of the ``width`` ranks of ``generation`` loaded step ``held`` from the previous one's memory."""
+    loaded = [r.event for r in progress(cluster, job, generation) if isinstance(r.event, CheckpointLoaded)]
+    assert len(loaded) == width, loaded
+    assert all(e.step == held and e.checkpoint == f"memory of generation {generation - 1}" for e in loaded), loaded
+
+
+def assert_equals_the_reference(cluster: LocalCluster, checkpoints: Path, tmp_path: Path) -> None:
+    """The newest committed checkpoint equals an uninterrupted single-process run to its step (<= 1e-9)."""
+    verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
+    expected = train_reference(tmp_path / "reference", int(verified["step"]), BATCH, SEED)
+    assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
 
 
 def test_growth_moves_the_layers_in_memory_and_equals_the_reference(cluster: LocalCluster, tmp_path: Path) -> None:
     cluster.up(nodes=1)
     checkpoints = tmp_path / "ckpt"
-    job = cluster.submit(
-        steps=1_000_000,
-        global_batch=BATCH,
-        seed=SEED,
-        dtype="float64",
-        checkpoint_interval=INTERVAL,
-        checkpoint_dir=checkpoints,
-    )
+    job = submit(cluster, checkpoints)
     before = cluster.wait_step(job, 10, 120)
     cluster.cli("local", "add", "1")
     width = world_size(before)
@@ -50,18 +70,13 @@ def test_growth_moves_the_layers_in_memory_and_equals_the_reference(cluster: Loc
 
     after = cluster.wait_status(job, grown, 180, "growth onto the new node")
     generation = int(after["generation"])
-    issued = [
-        e for e in cluster.events(job) if e["kind"] == "GenerationIssued" and e["data"]["generation"] == generation
-    ]
-    held = int(issued[0]["data"]["held_step"])
-    assert held > 0, issued
+    held = held_step(cluster, job, generation)
+    assert held > 0, cluster.events(job)
     stopped = [r.event for r in progress(cluster, job, generation - 1) if isinstance(r.event, TrainingStopped)]
     assert stopped and all(s.step == held for s in stopped)
     assert all(s.checkpoint_seconds < 1.0 for s in stopped), "the stop wrote nothing on the critical path"
     cluster.wait_step(job, held + INTERVAL + 2, 180)
-    loaded = [r.event for r in progress(cluster, job, generation) if isinstance(r.event, CheckpointLoaded)]
-    assert len(loaded) == world_size(after), loaded
-    assert all(e.step == held and e.checkpoint == f"memory of generation {generation - 1}" for e in loaded), loaded
+    assert_loaded_from_memory(cluster, job, generation, held, world_size(after))
     assert after["steps_lost"] == 0
     cluster.cli("cancel", job)
     cluster.wait_state(job, {"CANCELLED"}, 60)
@@ -69,9 +84,7 @@ def test_growth_moves_the_layers_in_memory_and_equals_the_reference(cluster: Loc
         (e["data"]["generation"], e["data"]["step"]) for e in cluster.events(job) if e["kind"] == "CheckpointCommitted"
     }
     assert any(g == generation and s >= held for g, s in committed), committed
-    verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
-    expected = train_reference(tmp_path / "reference", int(verified["step"]), BATCH, SEED)
-    assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
+    assert_equals_the_reference(cluster, checkpoints, tmp_path)
 
 
 def test_an_evicted_stage_is_handed_to_a_survivor_and_the_morph_reads_no_disk(
@@ -79,15 +92,7 @@ def test_an_evicted_stage_is_handed_to_a_survivor_and_the_morph_reads_no_disk(
 ) -> None:
     cluster.up(nodes=3, slots=1)  # the pipeline profile runs 3 x 1: each VM holds a stage no other holds
     checkpoints = tmp_path / "ckpt"
-    job = cluster.submit(
-        steps=1_000_000,
-        global_batch=BATCH,
-        seed=SEED,
-        dtype="float64",
-        checkpoint_interval=INTERVAL,
-        checkpoint_dir=checkpoints,
-        profile=pipeline_profile(tmp_path / "pipeline_profile.json"),
-    )
+    job = submit(cluster, checkpoints, profile=pipeline_profile(tmp_path / "pipeline_profile.json"))
     before = cluster.wait_step(job, 10, 120)
     stages = int(before["layout"]["pipeline_stages"])
     assert stages == world_size(before) >= 2, before["layout"]
@@ -101,22 +106,15 @@ def test_an_evicted_stage_is_handed_to_a_survivor_and_the_morph_reads_no_disk(
     after = cluster.wait_status(job, moved, 180, "the morph off the evicted VM")
     generation = int(after["generation"])
     assert victim not in cluster.job_nodes(job)
-    issued = [
-        e for e in cluster.events(job) if e["kind"] == "GenerationIssued" and e["data"]["generation"] == generation
-    ]
-    held = int(issued[0]["data"]["held_step"])
+    held = held_step(cluster, job, generation)
     old = progress(cluster, job, generation - 1)
     stopped = [r.event for r in old if isinstance(r.event, TrainingStopped)]
     assert len(stopped) == stages and all(s.step == held for s in stopped), stopped
     written = [r.event for r in old if isinstance(r.event, CheckpointWritten) and r.event.step == held]
     assert not written, f"the stop wrote step {held} although the leaving rank could hand its stage over"
     cluster.wait_step(job, held + INTERVAL + 2, 180)
-    loaded = [r.event for r in progress(cluster, job, generation) if isinstance(r.event, CheckpointLoaded)]
-    assert len(loaded) == world_size(after), loaded
-    assert all(e.step == held and e.checkpoint == f"memory of generation {generation - 1}" for e in loaded), loaded
+    assert_loaded_from_memory(cluster, job, generation, held, world_size(after))
     assert cluster.status(job)["steps_lost"] == 0
     cluster.cli("cancel", job)
     cluster.wait_state(job, {"CANCELLED"}, 60)
-    verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
-    expected = train_reference(tmp_path / "reference", int(verified["step"]), BATCH, SEED)
-    assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
+    assert_equals_the_reference(cluster, checkpoints, tmp_path)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from morphing.layout import Layout
 from morphing.transfer import plan_handoff
 from worker_agent.runtime.held import Held, payload_bytes
-from worker_agent.runtime.layer_moves import move
+from worker_agent.runtime.layer_moves import agree, move
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class Handed:
 def hand_off(kept: Held, leaving: bool, layout: Layout, rank: int) -> Handed:
     """Collective over the default group: ``kept`` (this rank's stage at the stop) gains the layers a leaving
     rank hands it; a leaving rank sends and keeps nothing afterwards (the caller drops ``kept``)."""
-    mine = (leaving, {layer: size for layer, size in kept.offer().sizes.items()})
+    mine = (leaving, kept.offer().sizes)
     everyone: list[tuple[bool, dict[int, int]] | None] = [None] * layout.world_size
     dist.all_gather_object(everyone, mine)
     leavers = frozenset(r for r, said in enumerate(everyone) if said is not None and said[0])
@@ -47,10 +46,9 @@ def hand_off(kept: Held, leaving: bool, layout: Layout, rank: int) -> Handed:
     ]
     moves = plan_handoff(layout, leavers, sizes)
     received, bad = move(kept.layers, moves, rank)
-    flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
-    dist.all_reduce(flag, op=dist.ReduceOp.SUM)
-    if flag.item() > 0:
-        return Handed(False, bad or "another rank received a layer whose SHA-256 does not match its sender's")
+    why = agree(bad)
+    if why:
+        return Handed(False, why)
     kept.layers.update(received)
     sent = sum(m.nbytes for m in moves if m.sender == rank)
     return Handed(True, "", sent, sum(payload_bytes(payload) for payload in received.values()))

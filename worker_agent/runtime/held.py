@@ -34,7 +34,7 @@ from morphing.transfer import SourceKind, TransferPlan, plan_transfer
 from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAssignment, WarmSpool
 from worker_agent.runtime import checkpoint as ckpt_mod
 from worker_agent.runtime.checkpoint import LayerPayload
-from worker_agent.runtime.layer_moves import move
+from worker_agent.runtime.layer_moves import agree, move
 from worker_agent.runtime.partition import PartitionedModel
 from worker_agent.runtime.spool import wait_for_assignment
 
@@ -183,10 +183,9 @@ def exchange(
         return Outcome(False, decision.reason)
     plan = decision.plan
     received, bad = move(held.layers if held is not None else {}, plan.transfers(), rank)
-    flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
-    dist.all_reduce(flag, op=dist.ReduceOp.SUM)
-    if flag.item() > 0:
-        return Outcome(False, bad or "another rank received a layer whose SHA-256 does not match its sender's")
+    why = agree(bad)
+    if why:
+        return Outcome(False, why)
     payloads: dict[str, LayerPayload] = {}
     disk: set[int] = set()
     for (receiver, layer), source in plan.sources.items():

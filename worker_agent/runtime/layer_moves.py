@@ -139,6 +139,15 @@ def move(
     return received, bad
 
 
+def agree(bad: str) -> str:
+    """Collective: why some rank's moves are unusable ("" when every rank's are), the same on every rank."""
+    flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
+    dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+    if flag.item() == 0:
+        return ""
+    return bad or "another rank received a layer whose SHA-256 does not match its sender's"
+
+
 def _wait(work: Any) -> None:
     """A point-to-point operation's end (``None``: this rank was not in the group, nothing to wait for)."""
     if work is not None:
