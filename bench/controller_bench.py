@@ -43,8 +43,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import ROOT, machine, spotmorph
-from controller.api.auth import issue_vm_token
 from controller.shell.latency import quantile
+from controller.tokens import Tokens, token_secret
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
@@ -107,10 +107,10 @@ class SimAgent:
 
 
 class Generator:
-    def __init__(self, address: str, agent_token: str) -> None:
+    def __init__(self, address: str, secret: bytes, vm_prefix: str) -> None:
         options = [("grpc.use_local_subchannel_pool", 1)]
         self.channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(CHANNELS)]
-        self.agent_token = agent_token
+        self.tokens, self.vm_prefix = Tokens({}, secret), vm_prefix  # each simulated node a VM of its own
         self.agents: list[SimAgent] = []
         self.tasks: list[asyncio.Task[None]] = []
         self.recording = False
@@ -127,7 +127,7 @@ class Generator:
             async with semaphore:
                 reply = await rpc.AgentStub(channel).Register(
                     pb.RegisterRequest(slots=1, address="127.0.0.1"),
-                    metadata=(("authorization", f"Bearer {self.agent_token}"),),
+                    metadata=(("authorization", f"Bearer {self.tokens.vm_token(f'{self.vm_prefix}-{i}')}"),),
                     timeout=60,
                 )
                 agent = SimAgent(reply.node_name, reply.incarnation, reply.node_token, rpc.AgentStub(channel))
@@ -200,8 +200,8 @@ class Generator:
         return agent.name, started
 
 
-async def _serve(conn: Connection, address: str, agent_token: str) -> None:
-    generator = Generator(address, agent_token)
+async def _serve(conn: Connection, address: str, secret: bytes, vm_prefix: str) -> None:
+    generator = Generator(address, secret, vm_prefix)
     loop = asyncio.get_running_loop()
     while True:
         command, *args = await loop.run_in_executor(None, conn.recv)
@@ -231,9 +231,9 @@ async def _serve(conn: Connection, address: str, agent_token: str) -> None:
         conn.send(reply)
 
 
-def generator_main(conn: Connection, address: str, agent_token: str) -> None:
+def generator_main(conn: Connection, address: str, secret: bytes, vm_prefix: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    asyncio.run(_serve(conn, address, agent_token))
+    asyncio.run(_serve(conn, address, secret, vm_prefix))
 
 
 # -- the parent: the controller process, the ramp, the eviction -------------------------------------
@@ -255,15 +255,16 @@ class Bench:
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(self.address))
         wait(lambda: _serving(health), "controller serving", 60)
-        token = issue_vm_token(work / "state", "bench-generator")  # every simulated node on one VM's token
+        secret = token_secret(work / "state")  # each simulated node registers with a VM token of its own
         self.reader = rpc.ClusterStub(self._channel((work / "state" / "reader.token").read_text().strip()))
         self.jobs = rpc.JobsStub(self._channel((work / "state" / "operator.token").read_text().strip()))
         context = multiprocessing.get_context("spawn")
         self.pipes: list[Connection] = []
         self.procs = []
-        for _ in range(GENERATORS):
+        for number in range(GENERATORS):
             parent, child = context.Pipe()
-            proc = context.Process(target=generator_main, args=(child, self.address, token), daemon=True)
+            share = (child, self.address, secret, f"bench-{number}")
+            proc = context.Process(target=generator_main, args=share, daemon=True)
             proc.start()
             self.pipes.append(parent)
             self.procs.append(proc)

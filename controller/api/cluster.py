@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from controller.api import paging, wire
 from controller.api.status import Context, answered
+from controller.core.lifecycle import JOB_TERMINAL, NodeState
 from controller.shell.latency import BOUNDS
 from controller.shell.views import StateView, join_order
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+
+SUMMARY_LIMIT = paging.MAX_PAGE_SIZE  # nodes, jobs and queued ids in one GetClusterState at most
 
 
 class ClusterService(rpc.ClusterServicer):
@@ -22,12 +27,20 @@ class ClusterService(rpc.ClusterServicer):
         return pb.ListNodesResponse(nodes=[wire.node_to_pb(n) for n in nodes], next_page_token=token)
 
     async def GetClusterState(self, request: pb.GetClusterStateRequest, context: Context) -> pb.ClusterState:
+        """A summary bounded whatever the history (70,000 jobs overran the message cap): see the proto."""
         cluster = self.view.cluster()
         latency = cluster.heartbeat_latency
+        nodes = [n for n in cluster.nodes if n.state is not NodeState.GONE]
+        jobs = [j for j in cluster.jobs if j.state not in JOB_TERMINAL]
         return pb.ClusterState(
-            nodes=[wire.node_to_pb(n) for n in cluster.nodes],
-            jobs=[wire.job_to_pb(j) for j in cluster.jobs],
-            queue=cluster.queue,
+            nodes=[wire.node_to_pb(n) for n in nodes[:SUMMARY_LIMIT]],
+            jobs=[wire.job_to_pb(j) for j in jobs[:SUMMARY_LIMIT]],
+            queue=cluster.queue[:SUMMARY_LIMIT],
+            node_states=Counter(n.state.value for n in cluster.nodes),
+            job_states=Counter(j.state.value for j in cluster.jobs),
+            nodes_left_off=max(0, len(nodes) - SUMMARY_LIMIT),
+            jobs_left_off=max(0, len(jobs) - SUMMARY_LIMIT),
+            queue_left_off=max(0, len(cluster.queue) - SUMMARY_LIMIT),
             started_at=cluster.started_at,
             schema_version=self.schema_version,
             heartbeat_latency=pb.LatencyHistogram(

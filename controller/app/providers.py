@@ -50,5 +50,8 @@ def make_provider(
     if settings.azure is None:
         raise UserInputError("provider: azure needs an `azure:` section (see docs/azure.md)")
     from controller.providers.azure import AzureScaleSetProvider
+    from controller.tokens import Tokens, token_secret
 
-    return ProviderWiring(AzureScaleSetProvider(settings.azure, clock, port), settings.azure.poll_seconds)
+    vm_token = Tokens({}, token_secret(settings.state_dir)).vm_token  # each VM's own, handed over by Run Command
+    provider = AzureScaleSetProvider(settings.azure, clock, port, vm_token=vm_token)
+    return ProviderWiring(provider, settings.azure.poll_seconds)

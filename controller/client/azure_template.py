@@ -137,16 +137,21 @@ def template_summary(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_cloud_init(text: str, values: dict[str, str]) -> str:
-    """Fill ``@@NAME@@`` placeholders; a multi-line value is indented to its placeholder's column."""
+    """Fill ``@@NAME@@`` placeholders; a multi-line value is indented to its placeholder's column.
+
+    A line that is only a commented placeholder (``# @@NAME@@``, so the template stays YAML) becomes the
+    value's lines at its indentation, or no line at all for an empty value (an optional block)."""
     missing = sorted(set(_PLACEHOLDER.findall(text)) - set(values))
     if missing:
         raise KeyError(", ".join(missing))
     lines: list[str] = []
     for line in text.splitlines():
         match = _PLACEHOLDER.search(line)
-        if match and "\n" in values[match.group(1)].strip("\n") and line.strip() == match.group(0):
-            indent = line[: match.start()]
-            lines.extend(f"{indent}{part}" if part else "" for part in values[match.group(1)].strip("\n").split("\n"))
+        value = values[match.group(1)].strip("\n") if match else ""
+        block = match is not None and line.strip() == f"# {match.group(0)}"
+        if match and (block or ("\n" in value and line.strip() == match.group(0))):
+            indent = line[: len(line) - len(line.lstrip())]
+            lines.extend(f"{indent}{part}" if part else "" for part in value.split("\n") if value)
             continue
         lines.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)], line))
     return "\n".join(lines) + "\n"

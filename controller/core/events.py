@@ -42,6 +42,8 @@ class EventKind(StrEnum):
     AZURE_SCALE_IN_DEFERRED = "AzureScaleInDeferred"
     AZURE_CAPACITY_LIMITED = "AzureCapacityLimited"
     AZURE_RELEASE_REFUSED = "AzureReleaseRefused"
+    AZURE_AGENT_TOKEN_DELIVERED = "AzureAgentTokenDelivered"
+    AZURE_AGENT_TOKEN_FAILED = "AzureAgentTokenFailed"
     AZURE_THROTTLED = "AzureThrottled"
     AZURE_CAPACITY_UNAVAILABLE = "AzureCapacityUnavailable"
     AZURE_CONFLICT = "AzureConflict"

@@ -105,6 +105,13 @@ def instance_of(instance_id: str, address: str, certificate: str | None, *, prov
     return f"{who}, certificate {certificate}" if certificate else who
 
 
+def _live_node_of(world: World, instance: str) -> NodeRecord | None:
+    """The live node a VM proved by its per-VM token already is (a claim proves nothing, so binds no VM)."""
+    if not instance.startswith("instance "):
+        return None
+    return next((n for n in world.nodes.values() if n.instance == instance and n.state not in GONE_OR_LOST), None)
+
+
 def register(
     world: World,
     requested: str,
@@ -119,11 +126,21 @@ def register(
 
     A live name (not LOST or GONE) is taken over only by the instance it is bound to (an agent
     restarting on the same VM); anyone else is refused with :class:`NotOwner`, since a takeover would
-    evict its job. ``instance`` is :func:`instance_of` the request; "" binds the name to nothing. A name whose previous
-    incarnation was LOST a short while ago waits in JOINING (:mod:`controller.core.flapping`).
+    evict its job. A VM its per-VM token proves is one live node: another name is refused while that node
+    lives, and no name at all is that node's. ``instance`` is :func:`instance_of` the request; "" binds the
+    name to nothing. A name whose previous incarnation was LOST a short while ago waits in JOINING
+    (:mod:`controller.core.flapping`).
     """
     commands: list[Command] = []
     name = requested
+    held = _live_node_of(world, instance)
+    if held is not None and name and name != held.name:
+        raise NotOwner(
+            f"{instance} is already node {held.name} ({held.state}, incarnation {held.incarnation}); one VM is "
+            f"one node: register as {held.name} (or with no node_name), or wait until {held.name} is LOST"
+        )
+    if not name and held is not None:
+        name = held.name  # the VM's agent came back without its name: its node, as a new incarnation
     if not name:
         name, seq = next_node_name(world)
         commands.append(SetNodeSeq(seq))

@@ -33,6 +33,7 @@ def provider_error(kind: str) -> bool:
         "AzureScaleOut",
         "AzureScaleOutDone",
         "AzureDeleteInstances",
+        "AzureAgentTokenDelivered",
     }
 
 

@@ -14,6 +14,9 @@ What it does on each poll (the controller's provider timer), with one list call 
   above it, idle instances are deleted (never one whose node runs a job, unless the operator set
   ``delete_busy_nodes`` or calls ``release(name, force=True)``). What to do is decided by the pure
   functions of :mod:`controller.providers.azure_scale`; this module is the SDK shell around them;
+- each running VM is handed its own agent token (``agent_tokens``, on by default): a managed Run Command
+  writes it to ``/etc/spotmorph/agent.token``, where the agent, started by cloud-init, waits for it. The
+  token is an HMAC of the VM name (:mod:`controller.tokens`), so a registration proves its VM;
 - capacity errors (AllocationFailed, SkuNotAvailable, quota) back off exponentially; throttling (429)
   waits for Retry-After (after the SDK's own retries, which honour it too); a conflict (another
   operation on the set) retries on the next poll. Every error becomes one event, never an exception
@@ -26,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from azure.core.exceptions import (
@@ -41,6 +44,7 @@ from azure.mgmt.compute.aio import ComputeManagementClient
 
 from controller.core.events import EventKind
 from controller.providers import azure_scale as scale
+from controller.providers import azure_tokens
 from controller.providers.azure_config import AzureSettings
 from controller.providers.azure_scale import Failure, Instance
 from controller.providers.base import CannotList, Clock, ProviderPort, SilentPort, instances_for
@@ -59,7 +63,14 @@ CAPACITY_CODES = frozenset(
         "SpotCapacityNotAvailable",
     }
 )
-INFO_EVENTS = frozenset({EventKind.AZURE_SCALE_OUT, EventKind.AZURE_SCALE_OUT_DONE, EventKind.AZURE_DELETE_INSTANCES})
+INFO_EVENTS = frozenset(
+    {
+        EventKind.AZURE_SCALE_OUT,
+        EventKind.AZURE_SCALE_OUT_DONE,
+        EventKind.AZURE_DELETE_INSTANCES,
+        EventKind.AZURE_AGENT_TOKEN_DELIVERED,
+    }
+)
 
 
 class ProviderUnavailable(CannotList):
@@ -137,8 +148,10 @@ class AzureScaleSetProvider:
         port: ProviderPort | None = None,
         *,
         credential: Any | None = None,
+        vm_token: Callable[[str], str] | None = None,
         **client_options: Any,  # tests: transport=..., polling_interval=0
     ) -> None:
+        """``vm_token``: the agent token of a VM by name (controller.tokens); None hands out none."""
         self.settings = settings
         self.clock = clock
         self.port: ProviderPort = port or SilentPort()
@@ -156,6 +169,9 @@ class AzureScaleSetProvider:
         self.backoff = scale.Backoff()
         self.pending: dict[str, asyncio.Task[None]] = {}  # "scale", "clean", "release:NAME"
         self._failing: dict[str, str] = {}  # failure kind -> its message, until an operation succeeds
+        self.vm_token = vm_token if settings.agent_tokens else None
+        self.tokens_delivered: set[str] = set()  # VMs handed their token (again after a controller restart)
+        self.token_retry_at: dict[str, float] = {}  # VM -> when its failed hand-over is tried again
 
     @property
     def desired(self) -> int:
@@ -230,7 +246,7 @@ class AzureScaleSetProvider:
         if s.orchestration_mode == "Uniform":
             vms = self.client.virtual_machine_scale_set_vms.list(s.resource_group, s.scale_set, expand="instanceView")
             async for vm in vms:
-                found.append(_instance(vm.name, vm.instance_id, vm.properties))
+                found.append(_instance(vm.name, vm.instance_id, vm.properties, vm.location))
         else:
             scale_set_id = (
                 f"/subscriptions/{s.subscription_id}/resourceGroups/{s.resource_group}"
@@ -240,7 +256,7 @@ class AzureScaleSetProvider:
                 s.resource_group, filter=f"'virtualMachineScaleSet/id' eq '{scale_set_id}'", expand="instanceView"
             )
             async for machine in listing:
-                found.append(_instance(machine.name, machine.name, machine.properties))
+                found.append(_instance(machine.name, machine.name, machine.properties, machine.location))
         return found
 
     async def _maintain(self, listed: list[Instance]) -> None:
@@ -267,6 +283,13 @@ class AzureScaleSetProvider:
             )
         if plan.scale_in:
             await self._run(scale.SCALE, self._delete(list(plan.scale_in), f"scale in to {desired}"))
+        if self.vm_token is not None:
+            gone = set(self.tokens_delivered) - {i.name for i in listed}
+            self.tokens_delivered -= gone  # a name Azure reuses is a new VM: it gets its token again
+            now = self.clock.now()
+            for instance in scale.needing_token(listed, self.tokens_delivered, self.token_retry_at, self.pending, now):
+                key = f"{scale.TOKEN_TASK}:{instance.name}"
+                self.pending[key] = asyncio.ensure_future(self._hand_token(key, instance, self.vm_token))
 
     async def _scale_out(self, out: scale.ScaleOut) -> None:
         s = self.settings
@@ -300,6 +323,29 @@ class AzureScaleSetProvider:
             await poller.result()
         except ResourceNotFoundError:
             return  # already gone: what we wanted
+
+    async def _hand_token(self, key: str, instance: Instance, vm_token: Callable[[str], str]) -> None:
+        """Write VM ``instance``'s own agent token to its /etc/spotmorph/agent.token by a managed Run Command.
+
+        A failure is this VM's alone: an event, and another try after ``token_retry_seconds``, while the
+        set's backoff (capacity, throttling) is left as it is. The Run Command is deleted once done, so
+        nothing of it stays on the VM's model."""
+        s = self.settings
+        try:
+            await azure_tokens.hand_over(self.client, s, instance, vm_token(instance.name))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            retry_at = self.clock.now() + s.token_retry_seconds
+            self.token_retry_at[instance.name] = retry_at
+            message = f"{instance.name}: {_short(exc)}"
+            self._event(EventKind.AZURE_AGENT_TOKEN_FAILED, node=instance.name, message=message, retry_at=retry_at)
+        else:
+            self.tokens_delivered.add(instance.name)
+            self.token_retry_at.pop(instance.name, None)
+            self._event(EventKind.AZURE_AGENT_TOKEN_DELIVERED, node=instance.name, message=f"{instance.name}")
+        finally:
+            self.pending.pop(key, None)
 
     async def _run(self, key: str, work: Coroutine[Any, Any, None]) -> None:
         """Start ``work`` in the background; its outcome resets or extends the backoff."""
@@ -338,7 +384,7 @@ class AzureScaleSetProvider:
         self.port.report(kind, {"scale_set": self.settings.scale_set, **present})
 
 
-def _instance(name: str | None, instance_id: str | None, properties: Any) -> Instance:
+def _instance(name: str | None, instance_id: str | None, properties: Any, location: str | None = None) -> Instance:
     provisioning = str(getattr(properties, "provisioning_state", None) or "Unknown")
     view = getattr(properties, "instance_view", None)
     power = "unknown"
@@ -346,4 +392,4 @@ def _instance(name: str | None, instance_id: str | None, properties: Any) -> Ins
         code = str(status.code or "")
         if code.startswith("PowerState/"):
             power = code.split("/", 1)[1].lower()
-    return Instance(str(name), str(instance_id or name), provisioning, power)
+    return Instance(str(name), str(instance_id or name), provisioning, power, str(location or ""))

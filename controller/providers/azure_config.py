@@ -43,6 +43,10 @@ class AzureSettings(BaseModel):
     max_backoff_seconds: float = Field(default=900.0, gt=0)
     retries: int = Field(default=3, ge=0, le=10)  # SDK retries (they honour Retry-After) per call
     arm_endpoint: str = "https://management.azure.com"  # sovereign clouds have their own
+    # Hand each running VM its own agent token (an HMAC of its name) through a managed Run Command, so a
+    # registration proves its VM; off: the VMs share shared_agent_token's token and only claim their names.
+    agent_tokens: bool = True
+    token_retry_seconds: float = Field(default=60.0, gt=0)  # after a failed hand-over, that VM's next try
 
     @model_validator(mode="after")
     def _capacity_range(self) -> AzureSettings:

@@ -7,11 +7,13 @@ controller asks for (:meth:`Provider.request_capacity`, busy nodes plus queued j
 ``max_capacity``. Because the controller's level counts every busy node, scale-in only ever finds idle
 instances above it; busy ones are spared regardless (unless the operator allows deleting them).
 Backoff is a value too: capacity errors double it up to a cap, throttling (429) waits for Retry-After.
+Each running VM is handed its own agent token once (:func:`needing_token`); a VM whose hand-over
+failed is retried on its own clock, not the set's backoff.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.core.events import EventKind
@@ -21,6 +23,7 @@ THROTTLED = EventKind.AZURE_THROTTLED
 CAPACITY_UNAVAILABLE = EventKind.AZURE_CAPACITY_UNAVAILABLE
 DEFAULT_RETRY_AFTER_SECONDS = 30.0  # a 429 without a usable Retry-After header
 SCALE, CLEAN = "scale", "clean"  # keys of the provider's background operations (one of each at a time)
+TOKEN_TASK = "token"  # "token:VM": handing VM its agent token (one at a time per VM)
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,12 @@ class Instance:
     instance_id: str  # what delete_instances takes (Uniform: "3"; Flexible: the VM name)
     provisioning: str
     power: str
+    location: str = ""  # the VM's region: a Run Command on it names it
+
+    @property
+    def running(self) -> bool:
+        """Provisioned and powered on: its VM agent can take a Run Command."""
+        return self.provisioning.lower() == "succeeded" and self.power == "running"
 
     @property
     def evicted(self) -> bool:
@@ -135,3 +144,21 @@ def capacity_to_set(current: int, desired: int, dying: int) -> int | None:
 def may_delete(busy: bool, *, delete_busy: bool, force: bool) -> bool:
     """Never an instance whose node runs a job, unless the operator allows it (setting or ``force``)."""
     return force or delete_busy or not busy
+
+
+def needing_token(
+    listed: Iterable[Instance],
+    delivered: Collection[str],
+    retry_at: Mapping[str, float],
+    pending: Collection[str],
+    now: float,
+) -> list[Instance]:
+    """Running instances whose agent token is not delivered yet: not under way, not waiting to retry."""
+    return [
+        i
+        for i in listed
+        if i.running
+        and i.name not in delivered
+        and f"{TOKEN_TASK}:{i.name}" not in pending
+        and retry_at.get(i.name, 0.0) <= now
+    ]

@@ -37,7 +37,8 @@ param agentCloudInit string
 
 var vmssName = '${prefix}-spot'
 var storageName = toLower('${prefix}${uniqueString(resourceGroup().id)}')
-// Virtual Machine Contributor: scale the set and delete its VMs (and join their NICs to the subnet).
+// Virtual Machine Contributor: scale the set, delete its VMs, run each new VM's agent-token Run Command
+// (and join their NICs to the subnet).
 var vmContributorRoleId = '9980e02c-c2be-4d73-94e8-173b1dc7cf3c'
 var ubuntu = {
   publisher: 'Canonical'

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from controller.client.certs import make_cluster_certs
+from tests.azure.fake_run_command import FakeRunCommands
 
 API = "2026-04-01"
 TOKEN = "fake-arm-token"
@@ -46,6 +47,7 @@ class Operation:
     fail: Callable[[], None] | None = None
     error: dict[str, str] | None = None
     status: str = "InProgress"
+    on_set: bool = True  # an operation on the scale set (a VM's Run Command is not: it blocks nothing)
 
 
 @dataclass
@@ -70,6 +72,7 @@ class FakeArm:
     _ids: Any = field(default_factory=lambda: itertools.count())
     _ops: Any = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
+    run_commands: FakeRunCommands | None = None  # made by start(): VMs' /etc/spotmorph under its folder
 
     # -- test controls
 
@@ -85,7 +88,7 @@ class FakeArm:
         self._throttle, self._retry_after = requests, retry_after
 
     def in_progress(self) -> list[Operation]:
-        return [op for op in self.operations.values() if op.status == "InProgress"]
+        return [op for op in self.operations.values() if op.status == "InProgress" and op.on_set]
 
     def finish_operations(self) -> None:
         """Let every running operation end (as if enough time passed)."""
@@ -109,6 +112,7 @@ class FakeArm:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(folder / "server.crt", folder / "server.key")
         self.ca_file = folder / "ca.crt"
+        self.run_commands = FakeRunCommands(folder / "vm-etc")
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
@@ -165,6 +169,9 @@ class FakeArm:
             if request.query.get("$filter") != expected:
                 return _error(400, "InvalidFilter", f"$filter {request.query.get('$filter')!r}")
             return self._list(request, [self._flexible_json(v) for v in self._listing(request)])
+        run_command = FakeRunCommands.match(path, vmss, f"{prefix}{self.group}")
+        if run_command is not None:
+            return self._run_command(method, path, body, *run_command)
         operation = (
             r"/subscriptions/[^/]+/providers/Microsoft.Compute/locations/[^/]+/(operations|operationResults)/([^/]+)"
         )
@@ -208,8 +215,9 @@ class FakeArm:
         fail: Callable[[], None] | None = None,
         error: dict[str, str] | None = None,
         status: int = 202,
+        on_set: bool = True,
     ) -> web.Response:
-        op = Operation(f"op-{next(self._ops)}", self.op_polls, done, fail, error)
+        op = Operation(f"op-{next(self._ops)}", self.op_polls, done, fail, error, on_set=on_set)
         self.operations[op.id] = op
         base = f"{self.base_url}/subscriptions/{self.subscription}/providers/Microsoft.Compute"
         base += f"/locations/{self.location}"
@@ -265,6 +273,27 @@ class FakeArm:
                 self.vms.pop(i, None)
 
         return self._operation(done)
+
+    def _run_command(self, method: str, path: str, body: Any, key: str, name: str, uniform: bool) -> web.Response:
+        assert self.run_commands is not None
+        vm = self.vms.get(key) if uniform else next((v for v in self.vms.values() if v.name == key), None)
+        if vm is None or uniform != (self.orchestration == "Uniform"):
+            return _error(404, "ResourceNotFound", f"The Resource '{key}' was not found.")
+        if method == "GET":
+            found = self.run_commands.resources.get(path)
+            return web.json_response(found) if found else _error(404, "ResourceNotFound", name)
+        if method == "DELETE":
+            self.run_commands.resources.pop(path, None)
+            return self._operation(lambda: None, on_set=False)
+        if method != "PUT":
+            return _error(405, "MethodNotAllowed", method)
+        if vm.power != "running":
+            return _error(409, "OperationNotAllowed", f"VM {vm.name} is {vm.power}")
+        resource, error = self.run_commands.run(vm.name, path, body or {})
+        response = self._operation(lambda: None, error=error, status=201, on_set=False)
+        response.text = dumps(resource)
+        response.content_type = "application/json"
+        return response
 
     def _evict(self, instance_id: str) -> web.Response:
         vm = self.vms.get(instance_id)

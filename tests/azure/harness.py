@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,14 +85,19 @@ class Harness:
         }
         return AzureSettings(**{**values, **overrides})
 
-    def provider(self, port: ProviderPort | None = None, **overrides: Any) -> AzureScaleSetProvider:
-        """A provider on the fake; it reports to this harness unless given another port (a runner's inbox)."""
+    def provider(
+        self, port: ProviderPort | None = None, vm_token: Callable[[str], str] | None = None, **overrides: Any
+    ) -> AzureScaleSetProvider:
+        """A provider on the fake; it reports to this harness unless given another port (a runner's inbox).
+
+        ``vm_token``: hand each running VM its agent token (none unless given)."""
         assert self.fake.ca_file is not None
         provider = AzureScaleSetProvider(
             self.settings(**overrides),
             self.clock,
             port or self,
             credential=FakeCredential(),
+            vm_token=vm_token,
             transport=RecordingTransport(self.fake.ca_file, self.slept),
             polling_interval=0,
         )

@@ -69,7 +69,8 @@ def test_submit_runs_on_registered_nodes_and_fences(live: Live) -> None:
     old = pb.HeartbeatRequest(node_name="node-1", incarnation=1)
     assert code_of(lambda: node.Heartbeat(old)) == grpc.StatusCode.FAILED_PRECONDITION
     # another node's token may not act as node-1
-    other = live.agent(agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1")).node_token)
+    another_vm = live.agent(live.agent_token("vm-other"))
+    other = live.agent(another_vm.Register(pb.RegisterRequest(slots=1, address="127.0.0.1")).node_token)
     assert code_of(lambda: other.Heartbeat(old)) == grpc.StatusCode.PERMISSION_DENIED
     events = list(jobs.WatchEvents(pb.WatchEventsRequest(job=job_id)))
     assert events[0].kind == "JobSubmitted" and any(e.kind == "GenerationIssued" for e in events)

@@ -230,7 +230,7 @@ def test_fuzzing_every_rpc_and_field_never_surprises_the_controller_and_it_still
 def still_decides(live: Live) -> None:
     """A node that goes silent is LOST once its expiry passed, and a submission works."""
     assert live.clock is not None
-    agent = live.agent(live.agent_token())
+    agent = live.agent(live.agent_token("vm-after-fuzz"))  # a VM of its own: the fuzzer's holds its nodes
     reply = agent.Register(pb.RegisterRequest(node_name="after-fuzz", slots=1, address="127.0.0.1"))
     rpc.AgentStub(live.channel(reply.node_token)).Heartbeat(
         pb.HeartbeatRequest(node_name="after-fuzz", incarnation=reply.incarnation)

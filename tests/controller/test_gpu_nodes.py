@@ -57,9 +57,9 @@ def test_node_rows_round_trip_with_gpus_and_rows_from_before_gpus_load_as_cpu_no
 
 
 def test_registered_gpus_show_in_list_nodes_and_cluster_state(live: Live) -> None:
-    agent = live.agent(live.agent_token())
-    agent.Register(pb.RegisterRequest(node_name="gpu-1", slots=2, address="127.0.0.1", gpus=h100s(2)))
-    agent.Register(pb.RegisterRequest(node_name="cpu-1", slots=1, address="127.0.0.1"))
+    register = pb.RegisterRequest(node_name="gpu-1", slots=2, address="127.0.0.1", gpus=h100s(2))
+    live.agent(live.agent_token("vm-gpu")).Register(register)
+    live.agent(live.agent_token("vm-cpu")).Register(pb.RegisterRequest(node_name="cpu-1", slots=1, address="127.0.0.1"))
     listed = {n.name: n for n in live.cluster().ListNodes(pb.ListNodesRequest()).nodes}
     assert [(g.index, g.name, g.memory_bytes) for g in listed["gpu-1"].gpus] == [
         (0, H100, H100_BYTES),
@@ -88,9 +88,9 @@ def test_a_registration_with_impossible_gpus_is_refused(live: Live, gpus: list[p
 
 
 def test_spotmorph_nodes_shows_a_gpus_column(live: Live, capsys: pytest.CaptureFixture[str]) -> None:
-    agent = live.agent(live.agent_token())
-    agent.Register(pb.RegisterRequest(node_name="gpu-1", slots=2, address="127.0.0.1", gpus=h100s(2)))
-    agent.Register(pb.RegisterRequest(node_name="cpu-1", slots=1, address="127.0.0.1"))
+    register = pb.RegisterRequest(node_name="gpu-1", slots=2, address="127.0.0.1", gpus=h100s(2))
+    live.agent(live.agent_token("vm-gpu")).Register(register)
+    live.agent(live.agent_token("vm-cpu")).Register(pb.RegisterRequest(node_name="cpu-1", slots=1, address="127.0.0.1"))
     client = ["--controller", live.address, "--token", live.token("operator")]
     assert main(["nodes", *client]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import sqlite3
 import time
@@ -40,12 +41,16 @@ def node_state(live: Live, name: str) -> int:
     return next(n.state for n in nodes if n.name == name)
 
 
+VMS = itertools.count(1)
+
+
 class Node:
-    """A registered node speaking raw requests with its own token."""
+    """A registered node speaking raw requests with its own token, on a VM of its own unless told."""
 
     def __init__(self, live: Live, name: str = "", address: str = "127.0.0.1", instance: str = "", slots: int = 2):
         request = pb.RegisterRequest(node_name=name, slots=slots, address=address, instance_id=instance)
-        reply = live.agent(live.agent_token(instance or "vm-test")).Register(request)
+        self.vm = instance or f"vm-test-{next(VMS)}"  # a per-VM token's VM is one live node
+        reply = live.agent(live.agent_token(self.vm)).Register(request)
         self.name, self.incarnation = reply.node_name, reply.incarnation
         self.stub: rpc.AgentStub = live.agent(reply.node_token)
 

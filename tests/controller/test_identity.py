@@ -33,11 +33,11 @@ def test_another_vm_cannot_take_over_a_live_node_by_claiming_its_instance_id(liv
     victim, job_id, generation = running_job(live)
     assert victim.name == "node-1"
     thief = live.agent(live.agent_token("vm-2"))
-    for claimed in ("vm-2", "vm-test", ""):  # its own id, the victim's (which its token does not prove), none
+    for claimed in ("vm-2", victim.vm, ""):  # its own id, the victim's (which its token does not prove), none
         takeover = pb.RegisterRequest(node_name="node-1", slots=2, address="10.0.0.2", instance_id=claimed)
         code, detail = refusal(partial(thief.Register, takeover))
         assert code == DENIED, detail
-    assert "node-1 is alive" in detail and "belongs to instance vm-test" in detail
+    assert "node-1 is alive" in detail and f"belongs to instance {victim.vm}" in detail
     assert victim.beat().assignment.generation == generation  # the victim still runs its job, unmorphed
     job = live.jobs().GetJob(pb.GetJobRequest(id=job_id))
     assert job.generation == generation and nodes(live)["node-1"].incarnation == 1
@@ -47,7 +47,7 @@ def test_an_empty_instance_id_from_the_same_address_takes_nothing(live: Live) ->
     victim, _, generation = running_job(live)  # registered from 127.0.0.1, no instance id, as cloud-init does
     same_address = pb.RegisterRequest(node_name=victim.name, slots=2, address="127.0.0.1")
     code, detail = refusal(lambda: live.agent(live.agent_token("vm-2")).Register(same_address))
-    assert code == DENIED and f"node {victim.name} is alive" in detail and "belongs to instance vm-test" in detail
+    assert code == DENIED and f"node {victim.name} is alive" in detail and f"belongs to instance {victim.vm}" in detail
     assert victim.beat().assignment.generation == generation
 
 
@@ -70,6 +70,17 @@ def test_the_same_vm_registers_its_node_again_as_a_new_incarnation(live: Live) -
     again = Node(live, "gpu-a", address="10.0.0.1", instance="vm-7")
     assert (again.name, again.incarnation) == ("gpu-a", 2)
     assert nodes(live)["gpu-a"].incarnation == 2 and first.incarnation == 1
+
+
+def test_one_vm_token_holds_one_live_node(live: Live) -> None:
+    """A per-VM token registered node after node, each planned on as capacity (issue 21)."""
+    first = Node(live, "gpu-a", address="10.0.0.1", instance="vm-7")
+    more = pb.RegisterRequest(node_name="gpu-b", slots=2, address="10.0.0.1")
+    code, detail = refusal(lambda: live.agent(live.agent_token("vm-7")).Register(more))
+    assert code == DENIED and "instance vm-7 is already node gpu-a" in detail and "register as gpu-a" in detail
+    assert sorted(nodes(live)) == ["gpu-a"] and first.beat().assignment is not None
+    unnamed = live.agent(live.agent_token("vm-7")).Register(pb.RegisterRequest(slots=2, address="10.0.0.1"))
+    assert (unnamed.node_name, unnamed.incarnation) == ("gpu-a", 2)
 
 
 def test_the_shared_agent_token_is_off_unless_enabled_and_then_binds_only_unverified_claims(tmp_path: Path) -> None:

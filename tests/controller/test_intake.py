@@ -44,6 +44,25 @@ def test_a_lost_or_gone_name_may_be_registered_by_anyone(state: NodeState) -> No
     assert intake.register(world, "victim", 1, "10.0.0.2", 1.0, other)[0].instance == other
 
 
+def test_a_vm_is_one_live_node_another_name_is_refused_and_no_name_is_its_node() -> None:
+    """One per-VM token held several live nodes (issue 21): each a capacity the controller planned on."""
+    world = registered(World({}, {}), "first")
+    with pytest.raises(intake.NotOwner, match=r"instance vm-1 is already node first .* one VM is one node"):
+        intake.register(world, "second", 1, "10.0.0.1", 1.0, VM)
+    again, _ = intake.register(world, "", 1, "10.0.0.1", 1.0, VM)  # an agent that lost its name file
+    assert (again.name, again.incarnation) == ("first", 2)
+    claimed = intake.instance_of("vm-1", "10.0.0.1", None, proven=False)
+    world = registered(registered(world, "third", claimed), "fourth", claimed)  # a claim binds no VM
+    assert world.nodes["third"].state is NodeState.JOINING and world.nodes["fourth"].state is NodeState.JOINING
+
+
+@pytest.mark.parametrize("state", [NodeState.LOST, NodeState.GONE])
+def test_a_vm_whose_node_is_lost_or_gone_may_register_under_a_new_name(state: NodeState) -> None:
+    world = registered(World({}, {}), "first")
+    world = replace(world, nodes={"first": replace(world.nodes["first"], state=state)})
+    assert intake.register(world, "second", 1, "10.0.0.1", 1.0, VM)[0].name == "second"
+
+
 def test_a_record_from_before_the_binding_binds_nothing() -> None:
     world = World({"old": node("old")}, {})
     assert intake.register(world, "old", 1, "h", 1.0, VM)[0].incarnation == 2
@@ -57,11 +76,11 @@ def test_the_binding_names_the_instance_else_the_address_and_the_certificate() -
 
 
 def test_generated_names_come_from_a_counter_no_requested_name_moves() -> None:
-    world = registered(World({}, {}), "node-" + "9" * 58)
-    world = registered(world, "node-2")
+    world = registered(World({}, {}), "node-" + "9" * 58, intake.instance_of("vm-a", "h", None))
+    world = registered(world, "node-2", intake.instance_of("vm-b", "h", None))
     names = []
-    for _ in range(3):
-        created, commands = intake.register(world, "", 1, "h", 0.0, VM)
+    for vm in range(3):
+        created, commands = intake.register(world, "", 1, "h", 0.0, intake.instance_of(f"vm-c{vm}", "h", None))
         assert isinstance(commands[0], SetNodeSeq)
         names.append(created.name)
         world = apply(world, commands)
@@ -76,7 +95,7 @@ def test_names_are_matched_in_full() -> None:
 
 def test_registrations_stop_at_the_live_node_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(intake, "MAX_LIVE_NODES", 2)
-    world = registered(registered(World({}, {}), "a"), "b")
+    world = registered(registered(World({}, {}), "a"), "b", intake.instance_of("vm-2", "10.0.0.2", None))
     with pytest.raises(intake.Full):
         intake.register(world, "c", 1, "h", 0.0)
     assert intake.register(world, "a", 1, "10.0.0.1", 0.0, VM)[0].incarnation == 2  # an existing name is no new node

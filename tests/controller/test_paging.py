@@ -15,6 +15,7 @@ import sys
 import grpc
 import pytest
 
+from controller.api import cluster as cluster_api
 from controller.api.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, encode
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
@@ -23,9 +24,25 @@ from tests.controller.test_contract import code_of, spec
 
 
 def register(live: Live, count: int) -> None:
-    agent = live.agent(live.agent_token())
-    for _ in range(count):
-        agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
+    for vm in range(count):  # a VM each: a per-VM token is one live node
+        live.agent(live.agent_token(f"vm-{vm}")).Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
+
+
+def test_the_cluster_state_is_a_bounded_summary(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GetClusterState carried every job and node ever kept: it outgrew the message cap as ListJobs did."""
+    monkeypatch.setattr(cluster_api, "SUMMARY_LIMIT", 2)
+    jobs = live.jobs()
+    ids = [
+        jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, checkpoint_dir=str(live.state_dir / f"ckpt-{i}")))).id
+        for i in range(4)
+    ]
+    jobs.CancelJob(pb.CancelJobRequest(id=ids[0]))
+    register(live, 3)
+    state = live.cluster().GetClusterState(pb.GetClusterStateRequest())
+    assert [j.id for j in state.jobs] == ids[1:3] and state.jobs_left_off == 1  # the cancelled job is not listed
+    assert list(state.queue) == ids[1:3] and state.queue_left_off == 1  # no node has beaten yet: all queued
+    assert dict(state.job_states)["CANCELLED"] == 1 and sum(state.job_states.values()) == 4
+    assert len(state.nodes) == 2 and state.nodes_left_off == 1 and sum(state.node_states.values()) == 3
 
 
 def test_jobs_come_in_pages_that_add_up_to_the_whole_list(live: Live) -> None:

@@ -31,10 +31,10 @@ def listed(live: Live) -> dict[str, int]:
 def test_gone_nodes_are_forgotten_after_the_retention_and_their_events_stay(tmp_path: Path) -> None:
     clock = FakeClock(1_000_000.0)
     with running(tmp_path, clock, heartbeat_expiry_seconds=EXPIRY, gone_retention_seconds=RETENTION) as live:
-        agent = live.agent(live.agent_token())
+        agent = live.agent(live.agent_token("vm-0"))
         first = agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
-        for _ in range(29):
-            agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
+        for vm in range(1, 30):  # a VM each: a per-VM token is one live node
+            live.agent(live.agent_token(f"vm-{vm}")).Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
         clock.at += EXPIRY + 1  # no heartbeat ever came: GONE
         live.run(live.controller.runner.tick())
         assert set(listed(live).values()) == {pb.NODE_STATE_GONE} and len(listed(live)) == 30

@@ -132,6 +132,26 @@ def test_cloud_init_parses_and_renders(tmp_path: Path) -> None:
     assert "SPOTMORPH_INSTANCE_ID=$name" in " ".join(env_line)  # and the instance the node is bound to
 
 
+def test_by_default_cloud_init_writes_no_token_and_the_agent_waits_for_its_own(tmp_path: Path) -> None:
+    """Issue 21: every VM got the same token from one cloud-init; now the controller hands each its own."""
+    args = _cloud_init_args(tmp_path)
+    at = args.index("--token-file")
+    del args[at : at + 2]
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(args) == 0
+    rendered = yaml.safe_load(buffer.getvalue())
+    files = {f["path"]: f["content"] for f in rendered["write_files"]}
+    assert "/etc/spotmorph/agent.token" not in files and "@@" not in buffer.getvalue()
+    unit = files["/etc/systemd/system/spotmorph-agent.service"]
+    assert "--token-file /etc/spotmorph/agent.token --wait-for-token 3600" in unit
+    chgrp = next(" ".join(map(str, c)) for c in rendered["runcmd"] if "chgrp" in " ".join(map(str, c)))
+    assert "if [ -e /etc/spotmorph/agent.token ]" in chgrp  # no token file yet is no failure
+
+
 def test_render_needs_every_placeholder() -> None:
     assert placeholders("a @@X@@ b @@Y@@") == ["X", "Y"]
     with pytest.raises(KeyError):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.tokens import issue_vm_token
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from spotmorph.local.processes import alive, read_pid
 
@@ -51,6 +52,10 @@ def test_a_node_that_cannot_start_trainers_says_why_and_the_job_runs_without_it(
     args = cluster.files.vm(1).command()
     broken = cluster.files.vm(9)
     args[args.index("--work-dir") + 1] = str(broken.path)
+    broken.path.mkdir(parents=True)  # a VM of its own: vm-1's token proves vm-1, which is one node already
+    broken.token_file.write_text(issue_vm_token(cluster.files.state, broken.name))
+    args[args.index("--token-file") + 1] = str(broken.token_file)
+    args[args.index("--instance-id") + 1] = broken.name
     cluster.start_agent(broken, [*args, "--python", "/nonexistent/bin/python3"])
     cluster.wait(lambda: len(cluster.nodes()) == 2, 60, "the broken node to register")
     checkpoints = tmp_path / "ckpt"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,13 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--controller", default=os.environ.get("SPOTMORPH_CONTROLLER"), help="HOST:PORT")
     parser.add_argument("--token-file", type=Path, help="file holding the agent token (else SPOTMORPH_AGENT_TOKEN)")
+    parser.add_argument(
+        "--wait-for-token",
+        default="0",
+        metavar="SECONDS",
+        help="wait up to this long for --token-file to appear (Azure: the controller writes each VM's own "
+        "token by Run Command after the VM starts); default 0: a missing token exits 2 at once",
+    )
     parser.add_argument("--name", default="", help="node name (default: the controller names it node-N)")
     parser.add_argument(
         "--slots",
@@ -66,14 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.controller:
         raise UserInputError("no controller address: pass --controller HOST:PORT or set SPOTMORPH_CONTROLLER")
-    token = os.environ.get("SPOTMORPH_AGENT_TOKEN", "")
-    if args.token_file:
-        try:
-            token = args.token_file.read_text().strip()
-        except OSError as exc:
-            raise UserInputError(f"--token-file {args.token_file}: cannot read it ({exc.strerror})") from None
-    if not token:
-        raise UserInputError("no agent token: pass --token-file FILE or set SPOTMORPH_AGENT_TOKEN")
+    token = _token(args.token_file, _seconds("--wait-for-token", args.wait_for_token))
     warm_count(args.warm_trainers, 1)  # a bad value exits 2 before anything starts
     requested = gpu_values.parse_slots(args.slots)
     chosen = gpu_values.parse_gpu_choice(args.gpus)
@@ -167,3 +169,43 @@ def _find_gpus(chosen: tuple[int, ...] | None, python: str) -> tuple[Gpu, ...]:
     else:
         log.info("no GPU found: the slots train on the CPU")
     return used
+
+
+def _seconds(flag: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= 86_400:
+        raise UserInputError(f"{flag} {value!r}: give seconds from 0 to 86400")
+    return seconds
+
+
+def _token(path: Path | None, wait: float) -> str:
+    """The agent token: ``path``'s (waiting up to ``wait`` s for it to appear), else SPOTMORPH_AGENT_TOKEN."""
+    if path is None:
+        token = os.environ.get("SPOTMORPH_AGENT_TOKEN", "").strip()
+        if not token:
+            raise UserInputError("no agent token: pass --token-file FILE or set SPOTMORPH_AGENT_TOKEN")
+        return token
+    deadline = time.monotonic() + wait
+    said = False
+    while True:
+        try:
+            token = path.read_text().strip()
+        except FileNotFoundError:
+            token = ""
+        except OSError as exc:
+            raise UserInputError(f"--token-file {path}: cannot read it ({exc.strerror})") from None
+        if token:
+            return token
+        if time.monotonic() >= deadline:
+            waited = f" after waiting {wait:g} s" if wait else ""
+            raise UserInputError(
+                f"--token-file {path}: no token there{waited}; give this VM its token "
+                "(`spotmorph agent-token`, or the Azure provider's agent_tokens) or wait longer (--wait-for-token)"
+            )
+        if not said:
+            print(f"waiting up to {wait:g} s for this VM's agent token at {path}", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))

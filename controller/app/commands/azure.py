@@ -29,7 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cloud-init", help="render the scale-set VMs' cloud-init (print it; base64 it for the template)"
     )
     init.add_argument("--controller", required=True, metavar="HOST:PORT", help="the controller's private address")
-    init.add_argument("--token-file", type=Path, required=True, help="the agent token (STATE_DIR/agent.token)")
+    init.add_argument(
+        "--token-file",
+        type=Path,
+        help="a token every VM shares (shared_agent_token: true, weaker); default: none, the controller "
+        "hands each VM its own by Run Command (azure.agent_tokens)",
+    )
     init.add_argument("--ca", type=Path, required=True, help="cluster CA certificate (spotmorph certs)")
     init.add_argument("--cert", type=Path, required=True, help="agent client certificate")
     init.add_argument("--key", type=Path, required=True, help="agent client key")
@@ -116,7 +121,7 @@ def cloud_init(args: argparse.Namespace) -> int:
         raise UserInputError(f"--slots {args.slots!r}: give a number >= 1 or 'auto'")
     values = {
         "CONTROLLER_ADDRESS": args.controller,
-        "AGENT_TOKEN": _read(args.token_file, "--token-file").strip(),
+        "SHARED_TOKEN_FILE": _shared_token_file(args.token_file),
         "CA_PEM": _read(args.ca, "--ca"),
         "AGENT_CERT_PEM": _read(args.cert, "--cert"),
         "AGENT_KEY_PEM": _read(args.key, "--key"),
@@ -133,3 +138,13 @@ def cloud_init(args: argparse.Namespace) -> int:
     yaml.safe_load(text)  # a rendering that is not YAML is a bug here, not the user's
     sys.stdout.write(text)
     return 0
+
+
+def _shared_token_file(path: Path | None) -> str:
+    """The write_files entry of a shared agent token, or nothing (each VM gets its own from the controller)."""
+    if path is None:
+        return ""
+    token = _read(path, "--token-file").strip()
+    if not token or any(c in token for c in '"\\\n'):
+        raise UserInputError(f"--token-file {path}: one line of token (no quotes or backslashes) expected")
+    return f'- path: /etc/spotmorph/agent.token\n  permissions: "0640"\n  content: "{token}"\n'

@@ -849,7 +849,52 @@ Global___LatencyHistogram: _TypeAlias = LatencyHistogram  # noqa: Y015
 
 @_typing.final
 class ClusterState(_message.Message):
+    """A bounded summary (a reply must stay far below the gRPC message cap whatever the history): the nodes
+    not GONE and the jobs not finished, at most 1000 of each (ListNodes and ListJobs page through all),
+    every node and job counted by state, and how many of each list were left off.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class NodeStatesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class JobStatesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     NODES_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
@@ -857,18 +902,41 @@ class ClusterState(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     HEARTBEAT_LATENCY_FIELD_NUMBER: _builtins.int
+    NODE_STATES_FIELD_NUMBER: _builtins.int
+    JOB_STATES_FIELD_NUMBER: _builtins.int
+    NODES_LEFT_OFF_FIELD_NUMBER: _builtins.int
+    JOBS_LEFT_OFF_FIELD_NUMBER: _builtins.int
+    QUEUE_LEFT_OFF_FIELD_NUMBER: _builtins.int
     started_at: _builtins.float
     schema_version: _builtins.int
+    nodes_left_off: _builtins.int
+    """nodes not GONE beyond those listed"""
+    jobs_left_off: _builtins.int
+    """unfinished jobs beyond those listed"""
+    queue_left_off: _builtins.int
+    """queued ids beyond those listed"""
     @_builtins.property
-    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]: ...
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]:
+        """not GONE, in join order"""
+
     @_builtins.property
-    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]: ...
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]:
+        """not SUCCEEDED, FAILED or CANCELLED, in submission order"""
+
     @_builtins.property
     def queue(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """queued job ids in admission order"""
 
     @_builtins.property
     def heartbeat_latency(self) -> Global___LatencyHistogram: ...
+    @_builtins.property
+    def node_states(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """every node the controller keeps, by state"""
+
+    @_builtins.property
+    def job_states(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """every job, by state"""
+
     def __init__(
         self,
         *,
@@ -878,10 +946,15 @@ class ClusterState(_message.Message):
         started_at: _builtins.float = ...,
         schema_version: _builtins.int = ...,
         heartbeat_latency: Global___LatencyHistogram | None = ...,
+        node_states: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        job_states: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        nodes_left_off: _builtins.int = ...,
+        jobs_left_off: _builtins.int = ...,
+        queue_left_off: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_latency", b"heartbeat_latency"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_latency", b"heartbeat_latency", "jobs", b"jobs", "nodes", b"nodes", "queue", b"queue", "schema_version", b"schema_version", "started_at", b"started_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_latency", b"heartbeat_latency", "job_states", b"job_states", "jobs", b"jobs", "jobs_left_off", b"jobs_left_off", "node_states", b"node_states", "nodes", b"nodes", "nodes_left_off", b"nodes_left_off", "queue", b"queue", "queue_left_off", b"queue_left_off", "schema_version", b"schema_version", "started_at", b"started_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
