@@ -88,6 +88,11 @@ class JobSpec(BaseModel):
     activation_recomputation: bool = Field(
         default=False, description="keep only layer inputs for backward and recompute the rest (less memory)"
     )
+    exact: bool = Field(
+        default=False,
+        description="bitwise the same result in any layout (fp32, bf16): fixed micro-batches of micro_batch_size, "
+        "gradients summed in fixed point (docs/runtime.md)",
+    )
 
     @field_validator("name", "entrypoint", "checkpoint_dir", "profile")
     @classmethod
@@ -115,14 +120,30 @@ class JobSpec(BaseModel):
             )
         return value
 
+    @field_validator("exact")
+    @classmethod
+    def _exact_fixes_the_micro_batch(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("micro_batch_size") is None:
+            raise ValueError(
+                "exact mode fixes the unit of gradient work: set micro_batch_size (samples per micro-batch, "
+                "the same in every layout)"
+            )
+        if value and info.data.get("precision") == "fp16":
+            raise ValueError("exact mode takes precision fp32 or bf16 (fp16's loss scale skips steps by layout)")
+        return value
+
     def identity(self) -> dict[str, Any]:
-        """The fields that define the training result (not the layout, not the target step)."""
-        return {
+        """The fields that define the training result (not the layout, not the target step); an exact job's
+        result also depends on its micro-batch size (older identities keep their bytes)."""
+        identity: dict[str, Any] = {
             "entrypoint": normalise_entrypoint(self.entrypoint),
             "global_batch": self.global_batch,
             "seed": self.seed,
             "dtype": self.dtype,
         }
+        if self.exact:
+            identity.update(exact=True, micro_batch_size=self.micro_batch_size)
+        return identity
 
     def identity_hash(self) -> str:
         return identity_hash(self.identity())

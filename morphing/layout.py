@@ -188,6 +188,30 @@ class Layout:
             raise InvalidLayout(f"malformed layout: {exc!r}") from exc
 
 
+def unit_shares(global_batch: int, micro_batch_size: int, replicas: int) -> tuple[tuple[int, int], ...]:
+    """Exact mode's split of a step's samples: whole micro-batches (units of ``micro_batch_size`` at fixed
+    offsets, the last one short when it does not divide ``global_batch``), spread evenly over ``replicas``."""
+    units = -(-global_batch // micro_batch_size)
+    if replicas > units:
+        raise InvalidLayout(
+            f"exact mode: {replicas} replicas for {units} micro-batches of {micro_batch_size} (global batch "
+            f"{global_batch}); each replica needs a micro-batch: use at most {units} replicas"
+        )
+    out, start = [], 0
+    for count in split_evenly(units, replicas):
+        stop = min(global_batch, start + count * micro_batch_size)
+        out.append((start, stop))
+        start = stop
+    return tuple(out)
+
+
+def share_of(layout: Layout, replica: int, exact: bool = False) -> tuple[int, int]:
+    """``[start, stop)`` of the step's sample indices that ``replica`` takes (exact: :func:`unit_shares`)."""
+    if exact:
+        return unit_shares(layout.global_batch, layout.micro_batch_size, layout.data_parallel)[replica]
+    return layout.replica_slice(replica)
+
+
 def default_micro_batch_size(global_batch: int, pipeline_stages: int, data_parallel: int) -> int:
     """The micro-batch size ``spotmorph train`` runs when none is given.
 

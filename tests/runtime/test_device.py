@@ -20,9 +20,9 @@ from tests.runtime.helpers import TINY, run
 from worker_agent.contract import ExitCode, TrainerArguments, TrainerFailed, TrainersDir, read_progress
 from worker_agent.runtime import device as device_mod
 from worker_agent.runtime.device import compute_context, resolve_device
-from worker_agent.runtime.engine import placed_state
 from worker_agent.runtime.host_buffers import HostPool
 from worker_agent.runtime.launcher import local_device
+from worker_agent.runtime.stage_state import placed_state
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
 

@@ -59,7 +59,7 @@ def _verify(args: argparse.Namespace) -> int:
     size = sum(f.size for f in manifest.files)
     if args.json:
         summary = {"path": str(found.path), "step": found.step, "files": len(manifest.files), "bytes": size}
-        print(json.dumps({**summary, "job_hash": manifest.job_hash, "job": manifest.job.model_dump()}))
+        print(json.dumps({**summary, "job_hash": manifest.job_hash, "job": manifest.job.model_dump(exclude_none=True)}))
     else:
         print(f"{found.path}: valid, step {found.step}, {len(manifest.files)} files, {size} bytes")
         print(f"job: {manifest.describe_job(hash_digits=64)}")

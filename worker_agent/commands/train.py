@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="recompute each layer during backward instead of keeping its activations (less memory)",
     )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="the same bits in any layout (fp32, bf16): fixed micro-batches of --micro-batch-size, gradients "
+        "summed in fixed point (slower; docs/runtime.md)",
+    )
     parser.add_argument("--seed", type=int, default=_default("seed"))
     parser.add_argument("--schedule", choices=SCHEDULES, default=_default("schedule"))
     parser.add_argument(
@@ -101,6 +107,7 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         "precision": args.precision,
         "device": args.device,
         "activation_recomputation": args.activation_recomputation,
+        "exact": args.exact,
         "schedule": args.schedule,
         "micro_batch_size": args.micro_batch_size,
         "checkpoint_interval": args.checkpoint_interval,
@@ -115,7 +122,7 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
 
 
 def run(args: argparse.Namespace) -> int:
-    from morphing.layout import default_micro_batch_size, make_layout
+    from morphing.layout import default_micro_batch_size, make_layout, unit_shares
     from worker_agent.runtime.checkpoint import check_same_job
     from worker_agent.runtime.entrypoint import build_spec
     from worker_agent.runtime.launcher import LocalRun, local_device, run_local
@@ -131,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         micro_batch_size=micro,
         global_batch=args.global_batch,
     )
+    if job.exact:
+        unit_shares(job.global_batch, micro, args.replicas)  # a replica without a micro-batch exits 2 here
     check_same_job(args.checkpoint_dir, job.identity())
     if args.load_from is not None:
         from worker_agent.runtime.checkpoint import resolve

@@ -16,7 +16,7 @@ every rank.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
-from morphing.layout import Layout
+from morphing.layout import Layout, share_of
 from worker_agent.runtime.batch import (
     as_tuple,
     check_loss_shape,
@@ -39,11 +39,13 @@ from worker_agent.runtime.batch import (
 from worker_agent.runtime.checkpoint import Checkpoint, LayerPayload, load_tensors
 from worker_agent.runtime.comm import Groups
 from worker_agent.runtime.device import compute_context, synchronize
+from worker_agent.runtime.exact import ExactGradients, clip_coefficient
 from worker_agent.runtime.host_buffers import HostLease, HostPool
 from worker_agent.runtime.job import step_indices, torch_dtype
 from worker_agent.runtime.loss_scale import LossScale
 from worker_agent.runtime.model_api import sample_context
 from worker_agent.runtime.partition import PartitionedModel
+from worker_agent.runtime.stage_state import all_reduce_coalesced, placed_state, state_of
 
 
 class _Batch:
@@ -62,10 +64,17 @@ class _Batch:
 class _Stage(PipelineStage):
     """A PipelineStage that tells layout-free dropout which samples each micro-batch holds."""
 
-    def __init__(self, batch: _Batch, seed: int, **kwargs: Any) -> None:
+    def __init__(self, batch: _Batch, seed: int, exact: ExactGradients | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._batch = batch
         self._seed = seed
+        self._exact = exact
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().backward_one_chunk(*args, **kwargs)
+        if self._exact is not None:
+            self._exact.take()  # exact mode: this micro-batch's gradients, summed in integers
+        return out
 
     def forward_one_chunk(
         self,
@@ -114,10 +123,14 @@ class StageRunner:
         self.host = HostPool()  # host buffers of its checkpoints, reused from one to the next
         self.batch = _Batch()
         self.batch.micro_batch_size = layout.micro_batch_size
-        self.n_micro = layout.micro_batches_per_replica[self.replica]
+        self.share = share_of(layout, self.replica, job.exact)
+        self.n_micro = -(-(self.share[1] - self.share[0]) // layout.micro_batch_size)
+        units = -(-job.global_batch // layout.micro_batch_size)
+        self.exact = ExactGradients(model.stage_leaves(layout, self.stage), units) if job.exact else None
         pipe_stage = _Stage(
             self.batch,
             job.seed,
+            self.exact,
             submodule=module,
             stage_index=self.stage,
             num_stages=layout.pipeline_stages,
@@ -169,7 +182,7 @@ class StageRunner:
         if data is None:
             raise UserInputError("eval_interval is set but the model's spec has no eval_dataset")
         size, batch = len(data), self.job.global_batch
-        lo, hi = self.layout.replica_slice(self.replica)
+        lo, hi = self.share
         token = self.spec.loss_normalization == "token"
         self.batch.denominator = float(max(1, count_target_tokens(data, list(range(size))) if token else size))
         slots = torch.arange(self.n_micro * self.layout.micro_batch_size, device=self.device)
@@ -208,10 +221,13 @@ class StageRunner:
     def _step(self, step: int) -> float:
         job, layout = self.job, self.layout
         dataset = self.spec.dataset
-        lo, hi = layout.replica_slice(self.replica)
+        lo, hi = self.share
         indices = step_indices(step, job.global_batch, len(dataset), job.seed)[lo:hi]
         padded = self.n_micro * layout.micro_batch_size
-        args = self._prepare(dataset, step, indices, fill=indices[0])
+        fill = indices[0]
+        if job.exact:  # a short last micro-batch is filled with its own first sample, as in every layout
+            fill = indices[(len(indices) - 1) // layout.micro_batch_size * layout.micro_batch_size]
+        args = self._prepare(dataset, step, indices, fill=fill)
         if self.is_last:
             self.batch.denominator = float(job.global_batch)
             if self.spec.loss_normalization == "token":
@@ -224,7 +240,10 @@ class StageRunner:
         # One device-to-host copy; summed in Python floats in micro-batch order, as on a CPU.
         values = torch.stack([x.detach() for x in losses]).double().cpu().tolist() if losses else []
         scale = self.loss_scale.scale if self.scaling else 1.0
-        self._reduce_gradients()
+        if self.exact is not None:
+            self.exact.finish(self.params, self.groups.data_parallel, self.groups.tied)
+        else:
+            self._reduce_gradients()
         if self.scaling and not self._unscale():
             self.optimizer.zero_grad(set_to_none=True)
             return float(sum(values)) / scale if self.is_last else 0.0
@@ -233,6 +252,8 @@ class StageRunner:
             group["lr"] = self.spec.lr_schedule(step) * group.get("lr_scale", 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.exact is not None:
+            self.model.sync_copies(self.layout, self.stage)
         return float(sum(values)) / scale if self.is_last else 0.0
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -263,7 +284,7 @@ class StageRunner:
                 param.grad = torch.zeros_like(param)
         plain = [p for n, p in self.params if n not in self.groups.tied]
         if self.groups.data_parallel is not None and plain:
-            _all_reduce_coalesced([p.grad for p in plain if p.grad is not None], self.groups.data_parallel)
+            all_reduce_coalesced([p.grad for p in plain if p.grad is not None], self.groups.data_parallel)
         for name, param in self.params:
             group = self.groups.tied.get(name)
             if group is not None and param.grad is not None:
@@ -273,6 +294,15 @@ class StageRunner:
         max_norm = self.spec.clip_grad_norm
         if max_norm is None:
             return
+        if self.exact is not None:
+            owned_squares = {
+                n: float(p.grad.detach().double().pow(2).sum())
+                for n, p in self.params
+                if p.grad is not None and self.model.owned_by_stage(self.layout, n, self.stage)
+            }
+            coef = clip_coefficient(owned_squares, list(self.model.params), self.groups.pipeline, max_norm)
+            self._scale_gradients(coef)
+            return
         owned = [p.grad for n, p in self.params if self.model.owned_by_stage(self.layout, n, self.stage)]
         squares = torch.zeros((), dtype=torch.float64, device=self.device)
         for grad in owned:
@@ -280,7 +310,9 @@ class StageRunner:
                 squares += grad.detach().double().pow(2).sum()
         if self.groups.pipeline is not None:
             dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=self.groups.pipeline)
-        coef = max_norm / (math.sqrt(float(squares)) + 1e-6)
+        self._scale_gradients(max_norm / (math.sqrt(float(squares)) + 1e-6))
+
+    def _scale_gradients(self, coef: float) -> None:
         if coef < 1.0:
             for _, param in self.params:
                 if param.grad is not None:
@@ -313,7 +345,7 @@ class StageRunner:
                 "format": "spotmorph.layer/v1",
                 "layer": self.model.layer_names[layer],
                 "tensors": {n: take(n, held[n]) for n in names},
-                "optimizer": {n: _state(take, n, self.optimizer.state.get(held[n], {})) for n in names},
+                "optimizer": {n: state_of(take, n, self.optimizer.state.get(held[n], {})) for n in names},
             }
         synchronize(self.device)  # the copies to pinned memory are asynchronous
         return out
@@ -358,41 +390,8 @@ class StageRunner:
                     self.optimizer.state[param] = placed_state(self.optimizer, param, state, copy=not adopt)
         if self.scaling and loss_scale is not None:
             self.loss_scale = LossScale.from_dict(loss_scale)
-
-
-def placed_state(
-    optimizer: torch.optim.Optimizer, param: torch.Tensor, state: dict[str, Any], copy: bool = True
-) -> dict[str, Any]:
-    """Loaded optimizer state moved next to its parameter, as ``Optimizer.load_state_dict`` places it:
-    floating-point state in the parameter's device and dtype; a scalar ``step`` stays on the CPU unless the
-    param group is fused or capturable. ``copy`` False: a tensor already in place is taken as it is."""
-    group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
-    on_device = bool(group.get("fused") or group.get("capturable"))
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        if not isinstance(value, torch.Tensor):
-            out[key] = value
-        elif key == "step":
-            out[key] = value.to(param.device, copy=True) if on_device else value.detach().clone()
-        elif value.is_floating_point():
-            out[key] = value.to(device=param.device, dtype=param.dtype, copy=copy)
-        else:
-            out[key] = value.to(device=param.device, copy=copy)
-    return out
-
-
-def _state(take: Callable[[str, torch.Tensor], torch.Tensor], name: str, state: dict[str, Any]) -> dict[str, Any]:
-    return {k: take(f"{name}/{k}", v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
-
-
-def _all_reduce_coalesced(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
-    """One SUM all-reduce over a flat copy of ``grads`` (many tiny all-reduces cost latency each)."""
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    offset = 0
-    for grad in grads:
-        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
+        if self.exact is not None:
+            self.model.sync_copies(self.layout, self.stage)
 
 
 def module_for_dtype(model: PartitionedModel, dtype: torch.dtype) -> None:

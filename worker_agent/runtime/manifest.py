@@ -55,6 +55,8 @@ class JobIdentity(_Strict):
     global_batch: Count
     seed: int
     dtype: str
+    exact: bool | None = None  # only an exact job's identity names these
+    micro_batch_size: Count | None = None
 
 
 class LossScaleState(_Strict):
@@ -129,7 +131,7 @@ class Manifest(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
-        if identity_hash(self.job.model_dump()) != self.job_hash:
+        if identity_hash(self.job.model_dump(exclude_none=True)) != self.job_hash:
             raise ValueError("job_hash is not the hash of job: the manifest was edited or mixed from two jobs")
         paths = Counter(f.path for f in self.files)
         tensors = Counter(t for f in self.files for t in f.tensors)
@@ -142,7 +144,7 @@ class Manifest(_Strict):
         return self
 
     def describe_job(self, hash_digits: int = 12) -> str:
-        return describe_job(self.job.model_dump(), self.job_hash, hash_digits)
+        return describe_job(self.job.model_dump(exclude_none=True), self.job_hash, hash_digits)
 
 
 def describe_job(identity: Mapping[str, Any] | None, job_hash: str, hash_digits: int = 12) -> str:

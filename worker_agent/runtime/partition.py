@@ -65,9 +65,14 @@ class StageModule(nn.Module):
 
 
 class PartitionedModel:
-    """Named parameters of a spec and the stage view of a layout."""
+    """Named parameters of a spec and the stage view of a layout.
 
-    def __init__(self, spec: ModelSpec) -> None:
+    ``untie`` (exact mode): each further layer that uses a tied parameter gets a copy of its own (a leaf of
+    its own for autograd), so every use's gradient is taken separately in any layout, as it is when the
+    uses sit on different stages; the copies are kept equal to the parameter (:meth:`sync_copies`).
+    """
+
+    def __init__(self, spec: ModelSpec, untie: bool = False) -> None:
         self.spec = spec
         self.layer_names = [name for name, _ in spec.layers]
         self.modules = [module for _, module in spec.layers]
@@ -84,6 +89,51 @@ class PartitionedModel:
         for full, layers, param in infos.values():
             self.params[full] = ParamInfo(full, tuple(layers))
             self.tensors[full] = param
+        self.copies: dict[str, dict[int, nn.Parameter]] = {}  # name -> layer -> that layer's own copy
+        if untie:
+            self._untie()
+
+    def _untie(self) -> None:
+        for name, info in self.params.items():
+            original = self.tensors[name]
+            for layer in info.layers[1:]:
+                copy = nn.Parameter(original.detach().clone(), requires_grad=original.requires_grad)
+                module = self.modules[layer]
+                for path, param in list(module.named_parameters(remove_duplicate=False)):
+                    if param is original:
+                        owner_path, _, attribute = path.rpartition(".")
+                        owner = module.get_submodule(owner_path) if owner_path else module
+                        if any(owner is m for i in info.layers if i != layer for m in self.modules[i].modules()):
+                            raise UserInputError(
+                                f"exact mode gives each layer using {name} its own copy, but layer "
+                                f"{self.layer_names[layer]} reaches it through a module another layer also holds; "
+                                "tie the parameter itself (head.weight = embed.weight), not a shared module"
+                            )
+                        setattr(owner, attribute, copy)
+                self.copies.setdefault(name, {})[layer] = copy
+
+    def leaf(self, name: str, layer: int) -> nn.Parameter:
+        """The tensor layer ``layer`` uses for parameter ``name`` (its own copy when untied)."""
+        return self.copies.get(name, {}).get(layer, self.tensors[name])
+
+    def stage_leaves(self, layout: Layout, stage: int) -> list[tuple[str, nn.Parameter]]:
+        """Every tensor of the stage's layers under its parameter's name, copies included, each once."""
+        first, last = layout.stage_layers[stage]
+        out: dict[int, tuple[str, nn.Parameter]] = {}
+        for name, info in self.params.items():
+            for layer in info.layers:
+                if first <= layer < last:
+                    tensor = self.leaf(name, layer)
+                    out.setdefault(id(tensor), (name, tensor))
+        return list(out.values())
+
+    def sync_copies(self, layout: Layout, stage: int) -> None:
+        """Give the stage's copies of a tied parameter the value of the one its optimizer updates."""
+        held = dict(self.stage_params(layout, stage))
+        with torch.no_grad():
+            for name, tensor in self.stage_leaves(layout, stage):
+                if tensor is not held[name]:
+                    tensor.copy_(held[name])
 
     def check_layout(self, layout: Layout) -> None:
         if layout.num_layers != len(self.layer_names):
@@ -102,11 +152,12 @@ class PartitionedModel:
     def stage_params(self, layout: Layout, stage: int) -> list[tuple[str, nn.Parameter]]:
         """Parameters a stage holds (each once, under its canonical name), in model order."""
         first, last = layout.stage_layers[stage]
-        return [
-            (name, self.tensors[name])
-            for name, info in self.params.items()
-            if any(first <= i < last for i in info.layers)
-        ]
+        out = []
+        for name, info in self.params.items():
+            used = [i for i in info.layers if first <= i < last]
+            if used:
+                out.append((name, self.leaf(name, used[0])))
+        return out
 
     def holder_stages(self, layout: Layout, name: str) -> tuple[int, ...]:
         return tuple(sorted({layout.stage_of_layer(i) for i in self.params[name].layers}))

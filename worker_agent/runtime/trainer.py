@@ -86,11 +86,14 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         configure_nccl()
         # The node's cores are shared by its GPUs' trainers (start-up checks and batches run on the CPU).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, torch.cuda.device_count())))
+        if job.exact:  # the same kernels, the same bits (cuBLAS needs its workspace fixed before its first call)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
     else:
         torch.set_num_threads(1)  # P x D ranks share this machine's cores
     spec = build_spec(job.entrypoint, job.seed)
     check_eval(spec, job.eval_interval)
-    model = PartitionedModel(spec)
+    model = PartitionedModel(spec, untie=job.exact)
     model.check_layout(layout)
     module_for_dtype(model, torch_dtype(job.dtype))
     assign_dropout_keys(spec.layers)
