@@ -1,4 +1,5 @@
-"""``spotmorph checkpoint verify DIR``, ``diff DIR_A DIR_B [--json]`` and ``export DIR --hf OUT``.
+"""``spotmorph checkpoint verify DIR``, ``diff DIR_A DIR_B [--max-rel X] [--bitwise] [--json]`` and
+``export DIR --hf OUT``.
 
 DIR is a checkpoint root as ``train`` uses it (its newest valid checkpoint is meant) or one
 ``step-*`` checkpoint inside it. A damaged checkpoint (a bad file, or a manifest that is malformed or
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -28,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     diff.add_argument("dir_a", type=Path)
     diff.add_argument("dir_b", type=Path)
     diff.add_argument("--json", action="store_true")
+    diff.add_argument(
+        "--max-rel",
+        metavar="X",
+        help="exit 1 when a tensor's relative difference (||a - b|| / ||a||) is above X, naming the worst",
+    )
+    diff.add_argument("--bitwise", action="store_true", help="exit 1 unless every tensor has the same dtype and bytes")
     export = sub.add_parser("export", help="write a checkpoint of a spotmorph.hf model as a save_pretrained dir")
     export.add_argument("dir", type=Path)
     export.add_argument("--hf", type=Path, required=True, metavar="OUT", help="a new directory for from_pretrained")
@@ -67,21 +75,53 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    """Exit 0 when the two checkpoints agree as asked, 1 when they do not (or are of different models or
+    steps: no number makes those comparable), 2 on bad input."""
     from worker_agent.runtime import checkpoint as ck
 
+    bound = _max_rel(args.max_rel)
     a = ck.resolve(args.dir_a)
     b = ck.resolve(args.dir_b)
     result = ck.diff(a, b)
     compared, missing, worst = result["tensors_compared"], result["missing"], result["worst"]
     max_abs, max_rel = result["max_abs"], result["max_rel"]
+    failures = []
+    if a.step != b.step:
+        failures.append(f"different steps ({a.step} vs {b.step}): compare checkpoints of the same step")
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        failures.append(f"different models: {len(missing)} tensors missing on one side or shaped otherwise ({shown})")
+    if bound is not None and max_rel > bound:
+        failures.append(f"max_rel {max_rel:.3e} > {bound:g}, worst {worst}")
+    if args.bitwise and result["not_bitwise"]:
+        differing = result["not_bitwise"]
+        failures.append(f"not bitwise equal: {len(differing)} of {compared} tensors differ, first {differing[0]}")
+    result["verdict"] = "differ" if failures else "agree"
+    result["failures"] = failures
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{a.path} (step {a.step}) vs {b.path} (step {b.step}): {compared} tensors compared")
         print(f"max_abs {max_abs:.3e}  max_rel {max_rel:.3e}" + (f" ({worst})" if worst else ""))
-        if missing:
-            print(f"missing on one side: {', '.join(missing)}")
-    return 0
+        if not result["same_job"]:
+            print("note: checkpoints of different jobs (entrypoint, batch, seed, dtype or exact mode differ)")
+        for failure in failures:
+            print(f"DIFFER: {failure}", file=sys.stderr)
+        if args.bitwise and not failures:
+            print("bitwise equal")
+    return 1 if failures else 0
+
+
+def _max_rel(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = math.nan
+    if not 0 <= bound < math.inf:
+        raise UserInputError(f"--max-rel {text!r}: give a finite number >= 0 (e.g. 1e-9)")
+    return bound
 
 
 def _export(args: argparse.Namespace) -> int:

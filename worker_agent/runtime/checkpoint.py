@@ -229,11 +229,14 @@ def diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:
     max_abs = max_rel = 0.0
     compared = 0
     worst = ""
+    not_bitwise: list[str] = []  # tensors whose dtype or bytes differ
     for name in sorted(set(ta) & set(tb)):
         x, y = ta[name].double(), tb[name].double()
         if x.shape != y.shape:
             missing.append(f"{name} (shape {list(x.shape)} vs {list(y.shape)})")
             continue
+        if not _same_bytes(ta[name], tb[name]):
+            not_bitwise.append(name)
         compared += 1
         delta = x - y
         if delta.numel():
@@ -250,4 +253,14 @@ def diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:
         "tensors_compared": compared,
         "missing": missing,
         "worst": worst,
+        "not_bitwise": not_bitwise,
+        "same_job": a.manifest.job_hash == b.manifest.job_hash,
     }
+
+
+def _same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Same dtype and the same bytes (a NaN's bits and the sign of a zero count)."""
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    flat_x, flat_y = x.detach().contiguous().reshape(-1), y.detach().contiguous().reshape(-1)
+    return bool(torch.equal(flat_x.view(torch.uint8), flat_y.view(torch.uint8)))
