@@ -3,6 +3,7 @@ same bits in any chain of layouts (fp32 and bf16, B not divisible by D), where t
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import subprocess
@@ -62,7 +63,7 @@ def test_unit_shares_cut_only_between_micro_batches_and_cover_the_batch(batch: i
         return
     shares = unit_shares(batch, m, replicas)
     assert shares[0][0] == 0 and shares[-1][1] == batch and len(shares) == replicas
-    for (_, stop), (start, _) in zip(shares, shares[1:], strict=False):
+    for (_, stop), (start, _) in itertools.pairwise(shares):
         assert stop == start and start % m == 0
     counts = [-(-(stop - start) // m) for start, stop in shares]
     assert max(counts) - min(counts) <= 1 and min(counts) >= 1
@@ -71,12 +72,12 @@ def test_unit_shares_cut_only_between_micro_batches_and_cover_the_batch(batch: i
 def test_the_job_spec_asks_exact_mode_for_a_micro_batch_size_and_names_it_in_the_identity() -> None:
     base = {"name": "j", "entrypoint": "m.py:f", "global_batch": 7, "steps": 1, "checkpoint_dir": "/c"}
     with pytest.raises(ValueError, match="set micro_batch_size"):
-        JobSpec(**base, exact=True)
+        JobSpec.model_validate({**base, "exact": True})
     with pytest.raises(ValueError, match="fp32 or bf16"):
-        JobSpec(**base, exact=True, micro_batch_size=2, precision="fp16")
-    normal = JobSpec(**base, micro_batch_size=2)
+        JobSpec.model_validate({**base, "exact": True, "micro_batch_size": 2, "precision": "fp16"})
+    normal = JobSpec.model_validate({**base, "micro_batch_size": 2})
     assert set(normal.identity()) == {"entrypoint", "global_batch", "seed", "dtype"}  # old hashes keep their bytes
-    exact = JobSpec(**base, exact=True, micro_batch_size=2)
+    exact = JobSpec.model_validate({**base, "exact": True, "micro_batch_size": 2})
     assert exact.identity() == {**normal.identity(), "exact": True, "micro_batch_size": 2}
     assert exact.identity_hash() != normal.identity_hash()
 
@@ -87,7 +88,7 @@ def test_untied_layers_each_have_their_own_copy_kept_equal_to_the_parameter() ->
     embed, head = model.layer_names.index("embed"), model.layer_names.index("head")
     (name,) = [n for n, info in model.params.items() if len(info.layers) > 1]
     assert model.leaf(name, embed) is model.tensors[name] and model.leaf(name, head) is not model.tensors[name]
-    assert spec.layers[head][1].out.weight is model.leaf(name, head)  # the head's forward uses its copy
+    assert spec.layers[head][1].get_parameter("out.weight") is model.leaf(name, head)  # the head uses its copy
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=7)
     assert len(model.stage_leaves(layout, 0)) == len(model.stage_params(layout, 0)) + 1
     with torch.no_grad():
