@@ -73,7 +73,9 @@ class Planner:
         schedule: Schedule = "1f1b",
         gpu_memory_bytes: int | None = None,
         recomputation: bool = False,
+        micro_batch_size: int | None = None,
     ) -> None:
+        """``micro_batch_size``: plan only that size (an exact job's, which its result depends on)."""
         if global_batch <= 0:
             raise UserInputError(f"global batch {global_batch}: it must be >= 1 (samples per optimizer step)")
         if schedule not in SCHEDULES:
@@ -87,7 +89,15 @@ class Planner:
         self.schedule: Schedule = schedule
         self.memory_limit = float(profile.cluster.gpu_memory_bytes)
         self.recomputation = recomputation  # the job's activation_recomputation: less memory, slower backward
-        self.costs = {m: LayerCosts(profile, m, recomputation) for m in profile.micro_batch_sizes}
+        sizes = profile.micro_batch_sizes
+        if micro_batch_size is not None:
+            if micro_batch_size not in sizes:
+                raise UserInputError(
+                    f"micro_batch_size {micro_batch_size} was not profiled (profiled: {list(sizes)}); an exact job "
+                    "runs only that size: profile it (spotmorph profile --micro-batch-sizes)"
+                )
+            sizes = (micro_batch_size,)
+        self.costs = {m: LayerCosts(profile, m, recomputation) for m in sizes}
         self._partitions: dict[tuple[int, int, int], Partition | None] = {}
         self._pipelines: dict[tuple[object, ...], tuple[float, ...]] = {}
         self._bases: dict[tuple[int, tuple[tuple[int, int], ...], float], _StageBase] = {}
@@ -185,7 +195,7 @@ class Planner:
         gpus = sum(slots for _name, slots in nodes)
         best = 0.0
         for stages in range(1, min(self.num_layers, gpus) + 1):
-            for m in self.profile.micro_batch_sizes:
+            for m in self.costs:
                 for replicas in range(1, min(gpus // stages, self.global_batch) + 1):
                     partition = self._partition(stages, m, -(-self.global_batch // (replicas * m)))
                     if partition is None:

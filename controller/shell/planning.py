@@ -58,7 +58,11 @@ class Planners:
             spec = job.spec
             profile = read_profile(spec.profile)
             built: Planner | str = MemoPlanner(
-                profile, spec.global_batch, spec.schedule, recomputation=spec.activation_recomputation
+                profile,
+                spec.global_batch,
+                spec.schedule,
+                recomputation=spec.activation_recomputation,
+                micro_batch_size=spec.micro_batch_size if spec.exact else None,  # exact: the unit is fixed
             )
         except UserInputError as exc:
             built = str(exc)

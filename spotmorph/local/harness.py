@@ -105,13 +105,17 @@ def train_reference(
     replicas: int = 1,
     checkpoint_interval: int | None = None,
     keep: int | None = None,
+    exact_micro_batch: int | None = None,
 ) -> Path:
-    """An uninterrupted 1 x ``replicas`` float64 run of the demo model; reused when it was done before."""
-    out = parent / f"reference-1x{replicas}-{steps}-{global_batch}-{seed}"
+    """An uninterrupted 1 x ``replicas`` float64 run of the demo model; reused when it was done before.
+    ``exact_micro_batch``: a float32 run in exact mode with micro-batches of that size instead."""
+    exact = f"-exact{exact_micro_batch}" if exact_micro_batch else ""
+    out = parent / f"reference-1x{replicas}-{steps}-{global_batch}-{seed}{exact}"
     if (out / "done").exists():
         return out
     args = ["train", TINY_GPT, "--stages=1", f"--replicas={replicas}", f"--global-batch={global_batch}"]
-    args += [f"--steps={steps}", "--dtype=float64", f"--seed={seed}", f"--checkpoint-dir={out}"]
+    args += [f"--steps={steps}", f"--seed={seed}", f"--checkpoint-dir={out}"]
+    args += ["--dtype=float32", "--exact", f"--micro-batch-size={exact_micro_batch}"] if exact else ["--dtype=float64"]
     if checkpoint_interval is not None:
         args.append(f"--checkpoint-interval={checkpoint_interval}")
     if keep is not None:
@@ -122,8 +126,13 @@ def train_reference(
 
 
 def checkpoint_diff(expected: Path, actual: Path) -> dict[str, Any]:
-    """``spotmorph checkpoint diff --json`` of two checkpoint directories (their newest checkpoints)."""
-    return dict(json.loads(run_cli(["checkpoint", "diff", str(expected), str(actual), "--json"]).stdout))
+    """``spotmorph checkpoint diff --json --bitwise`` of two checkpoint directories (their newest checkpoints):
+    the numbers and the verdict (exit 1 only says they differ, which the JSON says too)."""
+    command = ["checkpoint", "diff", str(expected), str(actual), "--json", "--bitwise"]
+    out = run_cli(command, check=False)
+    if out.returncode not in (0, 1):
+        raise CommandFailed(f"spotmorph {' '.join(command)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
+    return dict(json.loads(out.stdout))
 
 
 def max_rel_diff(expected: Path, actual: Path) -> float:

@@ -155,3 +155,21 @@ def test_recomputation_fits_activation_heavy_models_on_fewer_gpus_and_predicts_a
     assert isinstance(plain.plan_gpus(1), Infeasible)
     one = recomputed.plan_gpus(1)
     assert isinstance(one, Plan) and one.predicted_step_seconds == pytest.approx(4 * 8 * (0.01 + 0.02 + 0.01))
+
+
+@settings(max_examples=30, deadline=None)
+@given(profiles(), st.integers(1, 64), st.integers(1, 12), st.data())
+def test_an_exact_jobs_planner_keeps_its_micro_batch_size_and_a_micro_batch_per_replica(
+    profile: Profile, batch: int, gpus: int, data: st.DataObject
+) -> None:
+    """Exact mode's result depends on the micro-batch size: the planner never picks another one."""
+    m = data.draw(st.sampled_from(profile.micro_batch_sizes))
+    result = Planner(profile, batch, micro_batch_size=m).plan_gpus(gpus)
+    if isinstance(result, Plan):
+        assert result.layout.micro_batch_size == m
+        assert result.layout.data_parallel <= -(-batch // m)  # unit_shares gives each replica a micro-batch
+
+
+def test_an_exact_job_whose_micro_batch_size_was_not_profiled_is_told_to_profile_it() -> None:
+    with pytest.raises(UserInputError, match=r"micro_batch_size 3 was not profiled .* profile it"):
+        Planner(GPT48, 64, micro_batch_size=3)
