@@ -73,6 +73,58 @@ def llama_model() -> Any:
     return LlamaForCausalLM(config)
 
 
+def qwen2_model() -> Any:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        attention_dropout=0.1,
+        use_sliding_window=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def mistral_model() -> Any:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        attention_dropout=0.1,
+        sliding_window=None,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return MistralForCausalLM(config)
+
+
+def qwen2_sample() -> ModelSpec:
+    return causal_lm_spec(
+        qwen2_model(), LabelledSequences(), lr_schedule=lambda step: 1e-2, loss_normalization="sample"
+    )
+
+
+def mistral_sample() -> ModelSpec:
+    return causal_lm_spec(
+        mistral_model(), LabelledSequences(), lr_schedule=lambda step: 1e-2, loss_normalization="sample"
+    )
+
+
 def gpt2_token() -> ModelSpec:
     return causal_lm_spec(gpt2_model(), LabelledSequences())
 

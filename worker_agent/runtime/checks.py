@@ -52,7 +52,7 @@ def check_spec(spec: ModelSpec, entrypoint: str = "model") -> None:
     targets = targets.to(dtype) if targets.is_floating_point() else targets
     ids = torch.arange(m)
     modules = [module for _, module in spec.layers]
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), _training(modules), _buffers_kept(modules):
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), _training(modules), buffers_kept(modules):
         _check_activation(x, m, f"{where}: the dataset", "a dataset input")
         for name, layer in spec.layers:
             x = _check_layer(name, layer, x, ids, where)
@@ -263,7 +263,7 @@ def _training(modules: list[nn.Module]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _buffers_kept(modules: list[nn.Module]) -> Iterator[None]:
+def buffers_kept(modules: list[nn.Module]) -> Iterator[None]:
     saved = [(b, b.detach().clone()) for module in modules for b in module.buffers()]
     try:
         yield

@@ -22,6 +22,7 @@ from torch import nn
 from morphing.errors import UserInputError
 from worker_agent.runtime.batch import IGNORE_INDEX, NORMALIZATIONS
 from worker_agent.runtime.hf_attention import make_hf_attention_layout_free
+from worker_agent.runtime.hf_float64 import keep_float64
 from worker_agent.runtime.model_api import Dataset, ModelSpec, OptimizerFactory, make_dropout_layout_free
 
 
@@ -158,6 +159,7 @@ def hf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     if getattr(config, "tie_word_embeddings", False) and lm_head.weight is not tokens.weight:
         lm_head.weight = tokens.weight
     make_hf_attention_layout_free(model)
+    keep_float64(model)  # RMSNorm and rotary embeddings compute in float64 in a float64 job
     rotary = _get(base, family.rotary, "rotary embedding")
     layers: list[tuple[str, nn.Module]] = [
         ("embed", Embed(tokens, _get(base, family.positions, "position embedding"), _get(base, family.dropout, "")))

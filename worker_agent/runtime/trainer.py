@@ -70,6 +70,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     from worker_agent.runtime.job import MAX_INPUT_BYTES, data_cursor, load_job_spec, torch_dtype
     from worker_agent.runtime.model_api import assign_dropout_keys, dropout_dtypes
     from worker_agent.runtime.partition import PartitionedModel
+    from worker_agent.runtime.precision import check_float64
 
     job = load_job_spec(cfg.job_file)
     try:
@@ -96,6 +97,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     model = PartitionedModel(spec, untie=job.exact)
     model.check_layout(layout)
     module_for_dtype(model, torch_dtype(job.dtype))
+    if job.dtype == "float64":
+        check_float64(spec)  # nothing inside computes in float32 (it would make the result the layout's)
     assign_dropout_keys(spec.layers)
     warm_up_dropout(device, dropout_dtypes(spec, torch_dtype(job.dtype), autocast_dtype(job.precision)))
     control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
