@@ -27,7 +27,8 @@ def test_the_adapters_rms_norm_computes_in_float64_and_is_the_familys_own_below_
     assert torch.equal(norm(x), original(norm, x))  # float32 and below: the family's code, bit for bit
     norm.double()
     wide = x.double() * (1 + 1e-12)
-    expected = norm.weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+    weight, eps = norm.get_parameter("weight"), float(norm.__dict__["variance_epsilon"])
+    expected = weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps))
     assert torch.equal(norm(wide), expected)
     assert not torch.equal(original(norm, wide), expected)  # what the family does: through float32
 

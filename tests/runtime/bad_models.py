@@ -13,14 +13,13 @@ def raises() -> None:
 
 def float32_inside() -> object:
     """The demo model with its first block's output rounded through float32 (a float64 job refuses it)."""
-    import sys
+    import dataclasses
     from pathlib import Path
 
     import torch
     from torch import nn
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-    from tiny_gpt import build_tiny
+    from worker_agent.runtime.entrypoint import build_spec
 
     class RoundsToFloat32(nn.Module):
         def __init__(self, inner: nn.Module) -> None:
@@ -28,10 +27,11 @@ def float32_inside() -> object:
             self.inner = inner
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = self.inner(x)
+            y: torch.Tensor = self.inner(x)
             return y.float().to(y.dtype)
 
-    spec = build_tiny()
-    name, block = spec.layers[1]
-    spec.layers[1] = (name, RoundsToFloat32(block))
-    return spec
+    spec = build_spec(f"{Path(__file__).resolve().parents[2]}/examples/tiny_gpt.py:build_tiny", 0, check=False)
+    layers = list(spec.layers)
+    name, block = layers[1]
+    layers[1] = (name, RoundsToFloat32(block))
+    return dataclasses.replace(spec, layers=layers)
