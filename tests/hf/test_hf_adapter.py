@@ -17,6 +17,7 @@ from tests.hf import hf_models as hm
 from tests.runtime.helpers import REPO
 from worker_agent.runtime.batch import run_layers, weighted_loss
 from worker_agent.runtime.entrypoint import build_spec
+from worker_agent.runtime.hf_float64 import keep_float64
 from worker_agent.runtime.model_api import sample_context
 from worker_agent.runtime.partition import PartitionedModel
 
@@ -52,16 +53,20 @@ def test_the_cut_model_computes_the_models_logits(build: object) -> None:
     model = build().double().eval()  # type: ignore[operator]
     ids, _ = batch()
     with torch.no_grad():
+        family_own = model(input_ids=ids).logits  # RMSNorm through float32, even in float64
+        keep_float64(model)  # as the adapter does: the family's code, its float32 upcasts in float64
         expected = model(input_ids=ids).logits
         spec = causal_lm_spec(model, hm.LabelledSequences())
         got = run_layers([m for _, m in spec.layers], ids)
     assert [n for n, _ in spec.layers] == ["embed", "layer0", "layer1", "head"]
     assert (got - expected).abs().max() < 1e-12
+    assert (got - family_own).abs().max() < 1e-6  # only float32 roundings apart
 
 
 def test_position_ids_may_come_from_the_dataset() -> None:
     torch.manual_seed(0)
     model = hm.llama_model().double().eval()
+    keep_float64(model)
     ids, _ = batch()
     positions = torch.arange(ids.shape[1]).repeat(ids.shape[0], 1) + torch.tensor([[0], [3], [5], [7]])
     with torch.no_grad():

@@ -50,6 +50,8 @@ def test_an_exported_checkpoint_loads_in_transformers_with_the_same_logits(
 ) -> None:
     import transformers
 
+    from worker_agent.runtime.hf_float64 import keep_float64
+
     root = trained(tmp_path / "ckpt", f"{ENTRY}:{entry}")
     assert (root / CONFIG_FILE).is_file()
     out = tmp_path / "hf"
@@ -60,9 +62,12 @@ def test_an_exported_checkpoint_loads_in_transformers_with_the_same_logits(
     ckpt = ck.resolve(root)
     ours = spotmorph_logits(getattr(hf_models, entry), ckpt, ids)
     with torch.no_grad():
+        family_own = hf(ids).logits  # Llama's RMSNorm rounds through float32, even in float64
+        keep_float64(hf)  # spotmorph's float64: the family's code with its upcasts in float64
         theirs = hf(ids).logits
     assert theirs.dtype == torch.float64
     assert torch.allclose(theirs, ours, rtol=0, atol=1e-10), (theirs - ours).abs().max()
+    assert torch.allclose(family_own, ours, rtol=0, atol=1e-6), (family_own - ours).abs().max()
     fresh = spotmorph_logits(getattr(hf_models, entry), None, ids)
     assert (fresh - ours).abs().max() > 1e-3  # the checkpoint's weights, not a freshly built model's
     again = tmp_path / "again"

@@ -8,7 +8,8 @@ split into three 40-bit fixed-point limbs (bits 2^0..2^39, 2^-40..2^-1, 2^-80..2
 2^-80 dropped, the same way everywhere) held in int64, which add without error in any order, over
 micro-batches, tied copies and replicas alike. Only then is each sum made a float again, by one fixed
 formula. A gradient of 2^40 or more (or not finite) cannot be held and fails the step as the user's
-error. Limbs hold 2^23 additions before they could overflow; a step of more units is refused.
+error. A limb holds 2^23 additions before an int64 could overflow: a step of more than 2^20 micro-batches
+is refused.
 
 Clipping takes each gradient's sum of squares where it lives (the same tensor in every layout, so the
 same number) and adds them with ``math.fsum`` in the model's order, after an all-reduce in which each
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from morphing.errors import UserInputError
 
 LIMB = 2.0**40
-MAX_UNITS = 1 << 23  # additions a 40-bit limb takes before an int64 could overflow
+MAX_UNITS = 1 << 20  # micro-batches a step; with up to 8 uses of a tied parameter, 2^23 additions of < 2^40
 
 
 def limbs(grad: torch.Tensor, name: str) -> torch.Tensor:
@@ -46,7 +47,7 @@ def limbs(grad: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def to_float(summed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The value of summed limbs, by one formula (each limb sum is exact in float64: below 2^63 / 2^10)."""
+    """The value of summed limbs by one fixed formula: the same integers give the same bits everywhere."""
     parts = summed.to(torch.float64)
     return ((parts[2] / LIMB + parts[1]) / LIMB + parts[0]).to(dtype)
 
