@@ -25,6 +25,7 @@ MAX_STALL_SECONDS = 7 * 86400.0  # a checkpoint that paused training longer (a w
 # A loss larger in magnitude is a broken report or a user's mis-scaled loss, not a diverged model (that is
 # inf or NaN). The controller refuses it, the agent never sends it, the trainer fails the job with it.
 MAX_LOSS = 1e30
+MAX_SAMPLES_PER_SECOND = 1e12  # a faster step is a broken clock, not a fast cluster
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -149,6 +150,11 @@ def is_stall(seconds: float) -> bool:
 def is_loss(value: float) -> bool:
     """A loss the controller accepts (the agent sends no other): finite, within +-:data:`MAX_LOSS`."""
     return math.isfinite(value) and abs(value) <= MAX_LOSS
+
+
+def is_rate(samples_per_second: float) -> bool:
+    """A step's samples/s the controller accepts (the agent sends no other): 0 up to the bound above."""
+    return math.isfinite(samples_per_second) and 0 <= samples_per_second <= MAX_SAMPLES_PER_SECOND
 
 
 def is_time(value: float) -> bool:

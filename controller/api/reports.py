@@ -19,6 +19,7 @@ from controller.shell.views import StateView
 from morphing.validation import (
     MAX_LOSS,
     MAX_PATH_LENGTH,
+    MAX_SAMPLES_PER_SECOND,
     MAX_STALL_SECONDS,
     InvalidField,
     check_address,
@@ -27,6 +28,7 @@ from morphing.validation import (
     check_step,
     check_text,
     check_time,
+    is_rate,
     is_stall,
     printable,
     shown,
@@ -72,6 +74,7 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
             f"checkpoint step {status.last_checkpoint_step} is past the rank's last_step {status.last_step}",
         )
     evaluation(field, status)
+    training(field, status)
     checkpoint_stall(field, status)
     step_times(field, status)
     if status.HasField("held_step"):
@@ -97,6 +100,21 @@ def evaluation(field: str, status: pb.TrainerStatus) -> None:
         raise InvalidField(f"{field}.eval_loss", "an evaluation needs both eval_loss and its eval_step (>= 1)")
     if has_loss:
         check_finite(f"{field}.eval_loss", status.eval_loss, MAX_LOSS)
+
+
+def training(field: str, status: pb.TrainerStatus) -> None:
+    """The last step's loss (finite, within +-MAX_LOSS) and samples/s (0 up to MAX_SAMPLES_PER_SECOND), once a
+    step was done."""
+    for name in ("loss", "samples_per_second"):
+        if status.HasField(name) and status.last_step < 1:
+            raise InvalidField(f"{field}.{name}", "a measurement of a step needs last_step >= 1")
+    if status.HasField("loss"):
+        check_finite(f"{field}.loss", status.loss, MAX_LOSS)
+    if status.HasField("samples_per_second") and not is_rate(status.samples_per_second):
+        raise InvalidField(
+            f"{field}.samples_per_second",
+            f"{status.samples_per_second!r} is not a rate from 0 to {MAX_SAMPLES_PER_SECOND:g} samples/s",
+        )
 
 
 def checkpoint_stall(field: str, status: pb.TrainerStatus) -> None:

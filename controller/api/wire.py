@@ -73,6 +73,10 @@ def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.J
     )
     if job.eval_loss is not None:
         message.eval_loss = job.eval_loss
+    if job.training.loss is not None:
+        message.loss, message.loss_step = job.training.loss, job.training.step
+    if job.training.samples_per_second is not None:
+        message.samples_per_second = job.training.samples_per_second
     if job.checkpoint_stall_seconds is not None:
         message.checkpoint_stall_step = job.checkpoint_stall_step
         message.checkpoint_stall_seconds = job.checkpoint_stall_seconds
@@ -148,6 +152,8 @@ def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "") -
         stall_step=status.checkpoint_stall_step,
         stall_seconds=status.checkpoint_stall_seconds if status.HasField("checkpoint_stall_seconds") else None,
         held_skipped=held_skipped,
+        loss=status.loss if status.HasField("loss") else None,
+        samples_per_second=status.samples_per_second if status.HasField("samples_per_second") else None,
     )
 
 

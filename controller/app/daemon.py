@@ -66,6 +66,7 @@ def reconcile_config(s: ControllerSettings) -> Config:
         stop_timeout_seconds=s.stop_timeout_seconds,
         suspect_grace_seconds=s.suspect_grace_seconds,
         salvage_write_seconds=s.salvage_write_seconds,
+        progress_event_seconds=s.progress_event_seconds,
         rendezvous_port_base=s.rendezvous_port_base,
         morph_cost_seconds=s.morph_cost_seconds,
         damping=Damping(s.rejoin_hold_seconds, s.rejoin_hold_max_seconds, s.flap_memory_seconds),

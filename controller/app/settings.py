@@ -80,6 +80,8 @@ class ControllerSettings(BaseSettings):
     """After a survivor's collective failed: nodes of its generation silent this long are taken for lost."""
     salvage_write_seconds: float = Field(default=30.0, gt=0)
     """A just-in-time checkpoint of an unplanned loss not committed by then is given up (periodic fallback)."""
+    progress_event_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    """A running job's loss and samples/s go to the event log (TrainingProgressed) at most this often."""
     checkpoint_request_seconds: float = 0.0
     """Ask running jobs for a checkpoint this often (0: off; trainers checkpoint every N steps anyway)."""
     rendezvous_port_base: int = 29500

@@ -27,7 +27,7 @@ from controller.core.commands import (
     StartGeneration,
 )
 from controller.core.observations import NodeObservation, RankReport
-from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, Salvage, ranks_by_node
+from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, Salvage, Training, ranks_by_node
 
 __all__ = [
     "Action",
@@ -50,6 +50,7 @@ __all__ = [
     "SetNode",
     "SetNodeSeq",
     "StartGeneration",
+    "Training",
     "World",
     "apply",
     "ranks_by_node",

@@ -37,6 +37,8 @@ class RankReport:
     stall_step: int = 0  # the step of its newest checkpoint ...
     stall_seconds: float | None = None  # ... and how long that checkpoint paused it (None: none reported yet)
     held_skipped: str = ""  # it did not take the step the previous generation held in memory: why
+    loss: float | None = None  # the global-batch training loss of last_step (None: none reported)
+    samples_per_second: float | None = None  # the rate last_step ran at
 
 
 @dataclass(frozen=True)

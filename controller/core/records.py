@@ -49,6 +49,17 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class Training:
+    """What a job's trainers last said of their training: the newest step's loss and rate."""
+
+    loss: float | None = None  # the global-batch loss of ``step`` (None: none reported yet)
+    step: int = 0
+    samples_per_second: float | None = None
+    reported_at: float | None = None  # when the last TrainingProgressed event was recorded (its rate bound)
+    generation: int = 0  # the generation that reported it
+
+
+@dataclass(frozen=True)
 class JobRecord:
     id: str
     spec: JobSpec
@@ -94,6 +105,7 @@ class JobRecord:
     salvage_step: int = 0  # the step the writers write (0: none ordered yet)
     salvage_writers: tuple[int, ...] = ()  # one rank per stage, in stage order
     salvage_deadline: float = 0.0  # nothing is written after it; the controller falls back then
+    training: Training = Training()
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -83,6 +83,8 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
         "spotmorph_job_eval_loss", "Mean loss over the eval dataset at the newest evaluation", labels=["job"]
     )
     eval_step = GaugeMetricFamily("spotmorph_job_eval_step", "Step of the newest evaluation", labels=["job"])
+    loss = GaugeMetricFamily("spotmorph_job_loss", "Training loss of the newest step reported", labels=["job"])
+    loss_step = GaugeMetricFamily("spotmorph_job_loss_step", "Step of the newest training loss", labels=["job"])
     stall = GaugeMetricFamily(
         "spotmorph_checkpoint_stall_seconds",
         "How long the newest checkpoint paused training (its slowest rank's copy to host memory, plus the write "
@@ -97,6 +99,9 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
         if job.eval_loss is not None:
             eval_loss.add_metric([job.id], job.eval_loss)
             eval_step.add_metric([job.id], job.eval_step)
+        if job.training.loss is not None:
+            loss.add_metric([job.id], job.training.loss)
+            loss_step.add_metric([job.id], job.training.step)
         if job.checkpoint_stall_seconds is not None:
             stall.add_metric([job.id], job.checkpoint_stall_seconds)
             stall_step.add_metric([job.id], job.checkpoint_stall_step)
@@ -107,6 +112,8 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     yield rate
     yield eval_loss
     yield eval_step
+    yield loss
+    yield loss_step
     yield stall
     yield stall_step
 

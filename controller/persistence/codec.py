@@ -11,7 +11,7 @@ from sqlalchemy import Row
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState, Transition
-from controller.core.model import Action, Gpu, JobRecord, NodeRecord
+from controller.core.model import Action, Gpu, JobRecord, NodeRecord, Training
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 
@@ -96,6 +96,7 @@ def job_to_dict(job: JobRecord) -> dict[str, Any]:
         "salvage_step": job.salvage_step,
         "salvage_writers": list(job.salvage_writers),
         "salvage_deadline": job.salvage_deadline,
+        "training": asdict(job.training),
     }
 
 
@@ -121,6 +122,7 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
     fields["last_checkpoint_generation"] = data.get("last_checkpoint_generation", 0)
     fields["suspected"] = tuple(data.get("suspected", ()))  # absent in rows written before unplanned-loss salvage
     fields["salvage_writers"] = tuple(data.get("salvage_writers", ()))
+    fields["training"] = Training(**data.get("training", {}))  # absent in rows written before losses were kept
     return JobRecord(**fields)
 
 

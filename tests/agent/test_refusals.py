@@ -35,6 +35,7 @@ def accepted_by_the_controller(sent: TrainerReport) -> None:
     """The controller's own checks of a trainer's measurements (those that need no job) pass."""
     status = trainer_status_to_pb(sent)
     controller_checks.evaluation("t", status)
+    controller_checks.training("t", status)
     controller_checks.checkpoint_stall("t", status)
     controller_checks.step_times("t", status)
     assert status.last_checkpoint_step <= status.last_step
@@ -47,6 +48,16 @@ def test_an_absurd_eval_loss_is_left_out_and_said() -> None:
     assert [c.measurement for c in changes] == [Measurement.EVALUATION]
     assert "eval_loss 3e+31 left out" in str(changes[0]) and "job-1 generation 2 rank 0" in str(changes[0])
     accepted_by_the_controller(sent)
+
+
+def test_an_absurd_training_loss_or_rate_is_left_out_and_said() -> None:
+    sent, changes = fit(report(loss=float("nan"), samples_per_second=12.0))
+    assert (sent.loss, sent.samples_per_second) == (None, None)
+    assert [c.measurement for c in changes] == [Measurement.TRAINING] and "loss nan" in changes[0].why
+    kept, none = fit(report(loss=2.5, samples_per_second=12.0))
+    assert (kept.loss, kept.samples_per_second, none) == (2.5, 12.0, ())
+    status = trainer_status_to_pb(kept)
+    assert (status.loss, status.samples_per_second) == (2.5, 12.0)
 
 
 def test_a_clock_that_stepped_back_clamps_the_first_step_time() -> None:
@@ -76,6 +87,8 @@ floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([1e30,
     stall=st.none() | floats,
     held=st.none() | st.integers(0, 10**6 + 5),
     checkpoint=st.none() | st.integers(0, 10**6 + 5),
+    loss=st.none() | floats,
+    rate=st.none() | floats,
 )
 def test_whatever_the_trainer_measured_the_controller_accepts_what_the_agent_sends(
     step: int,
@@ -85,8 +98,12 @@ def test_whatever_the_trainer_measured_the_controller_accepts_what_the_agent_sen
     stall: float | None,
     held: int | None,
     checkpoint: int | None,
+    loss: float | None,
+    rate: float | None,
 ) -> None:
     measured = report(
+        loss=loss,
+        samples_per_second=rate,
         step=step,
         eval_step=step if eval_loss is not None else 0,
         eval_loss=eval_loss,

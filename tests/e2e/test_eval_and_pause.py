@@ -1,5 +1,5 @@
 """A real cluster trains the Hugging Face example with evaluation, one node is evicted with notice, and
-``spotmorph status`` shows the evaluation loss the trainers computed, the pause the morph caused and how
+``spotmorph status`` shows the training and evaluation losses the trainers computed, the pause the morph caused and how
 long the last checkpoint paused training, equal to what the trainers' own progress files say."""
 
 from __future__ import annotations
@@ -64,7 +64,13 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     stall = max(e.stall_seconds for e in written if e.step == STEPS and e.stall_seconds is not None)
     assert (final["checkpoint_stall_step"], final["checkpoint_stall_seconds"]) == (STEPS, stall), final
 
+    # The training loss: the last step's, as every rank of the last generation computed it (the global batch's).
+    losses = {r.event.step: r.event.loss for r in last if isinstance(r.event, StepCompleted)}
+    assert (final["loss_step"], final["loss"]) == (STEPS, losses[STEPS]), final
+    assert final["samples_per_second"] is not None and final["samples_per_second"] > 0
+
     shown = cluster.cli("status", job).stdout
+    assert f"loss {losses[STEPS]:.4f} at step {STEPS}, " in shown and " samples/s" in shown, shown
     assert f"eval loss {final['eval_loss']:.4f} at step {STEPS}" in shown, shown
     assert f"checkpoint at step {STEPS} paused training {stall * 1e3:.1f} ms" in shown, shown
     assert f"training paused {morph['pause_seconds']:.1f} s, decided in {morph['seconds']:.1f} s" in shown, shown
@@ -75,5 +81,7 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     )  # each once (a beat may carry only the newest)
     assert set(evaluated) <= set(range(EVAL_INTERVAL, STEPS + 1, EVAL_INTERVAL))
     assert [e["data"]["generation"] for e in logged if e["kind"] == "TrainingResumed"] == [2]
+    progressed = [e["data"] for e in logged if e["kind"] == "TrainingProgressed"]
+    assert progressed and all(losses.get(d["step"], d["loss"]) == d["loss"] for d in progressed), progressed
     stalls = [e["data"] for e in logged if e["kind"] == "CheckpointStallMeasured"]
     assert stalls[-1] == {"generation": 2, "step": STEPS, "stall_seconds": stall}

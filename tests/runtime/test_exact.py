@@ -32,10 +32,10 @@ def test_limb_sums_are_the_same_in_any_order_and_close_to_the_exact_sum(
     rows: list[list[float]], shuffle: random.Random
 ) -> None:
     grads = [torch.tensor(row, dtype=torch.float32) for row in rows]
-    forward = sum((limbs(g, "g") for g in grads), torch.zeros(3, 3, dtype=torch.int64))
+    forward = sum((limbs(g, "g") for g in grads), torch.zeros(3, 3, dtype=torch.float64))
     reordered = list(grads)
     shuffle.shuffle(reordered)
-    backward = sum((limbs(g, "g") for g in reordered), torch.zeros(3, 3, dtype=torch.int64))
+    backward = sum((limbs(g, "g") for g in reordered), torch.zeros(3, 3, dtype=torch.float64))
     assert torch.equal(forward, backward)
     got = to_float(forward, torch.float64).tolist()
     for column in range(3):

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from morphing.validation import MAX_LOSS, is_loss, is_stall, is_time
+from morphing.validation import MAX_LOSS, is_loss, is_rate, is_stall, is_time
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.progress import TrainerReport
 
@@ -28,6 +28,7 @@ class Measurement(Enum):
     """What a trainer's report may leave out and still be a report: everything but who it is and its step."""
 
     EVALUATION = "evaluation"  # eval_step and eval_loss
+    TRAINING = "training"  # loss and samples_per_second of the last step
     STEP_TIMES = "step times"  # first_step_at and last_step_at
     CHECKPOINT_STALL = "checkpoint stall"  # checkpoint_stall_step and checkpoint_stall_seconds
     HELD_STEP = "held step"  # held_step: the step a rank whose collective failed holds in memory
@@ -38,6 +39,8 @@ class Measurement(Enum):
 # The controller names a refused field as ``trainers[I].FIELD`` (``trainer_exited.trainer.FIELD`` in a report).
 FIELD_MEASUREMENT: Mapping[str, Measurement] = {
     "eval_loss": Measurement.EVALUATION,
+    "loss": Measurement.TRAINING,
+    "samples_per_second": Measurement.TRAINING,
     "eval_step": Measurement.EVALUATION,
     "first_step_at": Measurement.STEP_TIMES,
     "last_step_at": Measurement.STEP_TIMES,
@@ -77,6 +80,12 @@ def fit(report: TrainerReport) -> tuple[TrainerReport, tuple[Adjustment, ...]]:
         why = f"evaluation of step {report.eval_step} left out: the trainer's step is {report.step}"
         changes.append(Adjustment(key, Measurement.EVALUATION, why))
         report = replace(report, eval_loss=None, eval_step=0)
+    loss, rate = report.loss, report.samples_per_second
+    if (loss is not None and not is_loss(loss)) or (rate is not None and not is_rate(rate)) or report.step < 1:
+        if loss is not None or rate is not None:
+            why = f"loss {loss!r} and {rate!r} samples/s of step {report.step} left out: out of range"
+            changes.append(Adjustment(key, Measurement.TRAINING, why))
+        report = replace(report, loss=None, samples_per_second=None)
     first, last = report.first_step_at, report.last_step_at
     if (first is not None and not is_time(first)) or (last is not None and not is_time(last)):
         why = f"step times {first!r}..{last!r} left out: not unix seconds"
@@ -106,6 +115,8 @@ def without(report: TrainerReport, measurements: Iterable[Measurement]) -> Train
     for measurement in measurements:
         if measurement is Measurement.EVALUATION:
             report = replace(report, eval_loss=None, eval_step=0)
+        elif measurement is Measurement.TRAINING:
+            report = replace(report, loss=None, samples_per_second=None)
         elif measurement is Measurement.STEP_TIMES:
             report = replace(report, first_step_at=None, last_step_at=None)
         elif measurement is Measurement.CHECKPOINT_STALL:

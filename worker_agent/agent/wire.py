@@ -152,6 +152,10 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
         status.exit_code = report.status.exit_code
     if report.eval_loss is not None:  # within the controller's bounds: refusals.fit saw to that
         status.eval_step, status.eval_loss = report.eval_step, report.eval_loss
+    if report.loss is not None:
+        status.loss = report.loss
+    if report.samples_per_second is not None:
+        status.samples_per_second = report.samples_per_second
     if report.first_step_at is not None:
         status.first_step_at = report.first_step_at
     if report.last_step_at is not None:

@@ -126,7 +126,8 @@ class StageRunner:
         self.share = share_of(layout, self.replica, job.exact)
         self.n_micro = -(-(self.share[1] - self.share[0]) // layout.micro_batch_size)
         units = -(-job.global_batch // layout.micro_batch_size)
-        self.exact = ExactGradients(model.stage_leaves(layout, self.stage), units) if job.exact else None
+        uses = max(len(info.layers) for info in model.params.values())
+        self.exact = ExactGradients(model.stage_leaves(layout, self.stage), units, uses) if job.exact else None
         pipe_stage = _Stage(
             self.batch,
             job.seed,

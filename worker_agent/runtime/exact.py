@@ -5,11 +5,11 @@ how stages cut tied layers, how an all-reduce associates. Exact mode fixes the u
 (one micro-batch of ``micro_batch_size`` samples at fixed indices of the step, whatever the layout) and
 sums units exactly: after each micro-batch's backward, every gradient the stage's tensors received is
 split into three 40-bit fixed-point limbs (bits 2^0..2^39, 2^-40..2^-1, 2^-80..2^-41; anything below
-2^-80 dropped, the same way everywhere) held in int64, which add without error in any order, over
-micro-batches, tied copies and replicas alike. Only then is each sum made a float again, by one fixed
-formula. A gradient of 2^40 or more (or not finite) cannot be held and fails the step as the user's
-error. A limb holds 2^23 additions before an int64 could overflow: a step of more than 2^20 micro-batches
-is refused.
+2^-80 dropped, the same way everywhere). Each limb is an integer below 2^40 held in a float64, and
+integers add exactly in float64 up to 2^53, so limbs add without error in any order, over micro-batches,
+tied copies and replicas alike (an all-reduce of float64 integers is exact on gloo and NCCL), for up to
+2^13 additions a step. Only then is each sum made a float again, by one fixed formula. A gradient of 2^40
+or more (or not finite) cannot be held and fails the step as the user's error.
 
 Clipping takes each gradient's sum of squares where it lives (the same tensor in every layout, so the
 same number) and adds them with ``math.fsum`` in the model's order, after an all-reduce in which each
@@ -27,23 +27,37 @@ import torch.distributed as dist
 from morphing.errors import UserInputError
 
 LIMB = 2.0**40
-MAX_UNITS = 1 << 20  # micro-batches a step; with up to 8 uses of a tied parameter, 2^23 additions of < 2^40
+MAX_ADDITIONS = 1 << 13  # integers below 2^40 add exactly in float64 this many times (2^53)
 
 
-def limbs(grad: torch.Tensor, name: str) -> torch.Tensor:
-    """``grad`` as int64 limbs ``[3, *shape]``: whole part, then two 40-bit fractions (each step exact)."""
-    x = grad.detach().to(torch.float64)
-    if not bool(torch.isfinite(x).all()) or bool((x.abs() >= LIMB).any()):
-        worst = float(x.abs().nan_to_num(nan=math.inf).max())
+def add_limbs(sums: torch.Tensor, grad: torch.Tensor, name: str) -> None:
+    """Add ``grad``'s limbs to ``sums`` (float64 ``[3, *shape]``): whole part, then two 40-bit fractions.
+
+    Every step is exact: the whole part is cut off, the rest scaled by a power of two, in float64, in place
+    (one copy of the gradient, one scratch tensor)."""
+    x = grad.detach().to(torch.float64, copy=True)
+    low, high = torch.aminmax(x)
+    if not -LIMB < float(low) <= float(high) < LIMB:  # NaN fails both comparisons
+        worst = max(abs(float(low)), abs(float(high))) if math.isfinite(float(low) + float(high)) else math.nan
         raise UserInputError(
             f"exact mode: a gradient of {name} is {worst:g}, which its fixed point cannot hold (finite and below "
             "2^40); lower the learning rate or the loss's scale, or train without exact"
         )
-    whole = torch.trunc(x)
-    high = (x - whole) * LIMB
-    first = torch.trunc(high)
-    second = torch.trunc((high - first) * LIMB)
-    return torch.stack([whole, first, second]).to(torch.int64)
+    part = torch.trunc(x)
+    sums[0].add_(part)
+    x.sub_(part).mul_(LIMB)
+    torch.trunc(x, out=part)
+    sums[1].add_(part)
+    x.sub_(part).mul_(LIMB)
+    torch.trunc(x, out=part)
+    sums[2].add_(part)
+
+
+def limbs(grad: torch.Tensor, name: str) -> torch.Tensor:
+    """``grad`` alone as limbs ``[3, *shape]`` (float64 integers)."""
+    sums = torch.zeros((3, *grad.shape), dtype=torch.float64, device=grad.device)
+    add_limbs(sums, grad, name)
+    return sums
 
 
 def to_float(summed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -55,9 +69,13 @@ def to_float(summed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class ExactGradients:
     """The integer sums of one stage's gradients over a step's micro-batches (see the module docstring)."""
 
-    def __init__(self, leaves: Sequence[tuple[str, torch.Tensor]], units: int) -> None:
-        if units > MAX_UNITS:
-            raise UserInputError(f"exact mode sums at most {MAX_UNITS} micro-batches a step; this one has {units}")
+    def __init__(self, leaves: Sequence[tuple[str, torch.Tensor]], units: int, uses: int = 1) -> None:
+        """``units``: the step's micro-batches (all replicas'); ``uses``: the most layers one parameter is in."""
+        if units * uses > MAX_ADDITIONS:
+            raise UserInputError(
+                f"exact mode adds at most {MAX_ADDITIONS} gradients of a parameter a step; {units} micro-batches of "
+                f"a parameter used by {uses} layers are more: raise micro_batch_size"
+            )
         self.leaves = list(leaves)
         self.sums: dict[str, torch.Tensor] = {}
 
@@ -66,9 +84,10 @@ class ExactGradients:
         for name, leaf in self.leaves:
             if leaf.grad is None:
                 continue
-            part = limbs(leaf.grad, name)
-            held = self.sums.get(name)
-            self.sums[name] = part if held is None else held.add_(part)
+            sums = self.sums.get(name)
+            if sums is None:
+                sums = self.sums[name] = torch.zeros((3, *leaf.shape), dtype=torch.float64, device=leaf.device)
+            add_limbs(sums, leaf.grad, name)
             leaf.grad = None
 
     def finish(
@@ -77,10 +96,10 @@ class ExactGradients:
         data_parallel: dist.ProcessGroup | None,
         tied: dict[str, dist.ProcessGroup],
     ) -> None:
-        """Sum over replicas and tied copies in integers, then give each parameter its float gradient."""
+        """Sum over replicas and tied copies (integers in float64: exact), then give each its float gradient."""
         for name, param in params:
             if name not in self.sums:
-                self.sums[name] = torch.zeros((3, *param.shape), dtype=torch.int64, device=param.device)
+                self.sums[name] = torch.zeros((3, *param.shape), dtype=torch.float64, device=param.device)
         plain = [self.sums[n] for n, _ in params if n not in tied]
         if data_parallel is not None and plain:
             flat = torch.cat([s.reshape(-1) for s in plain])

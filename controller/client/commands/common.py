@@ -120,6 +120,9 @@ def job_dict(job: Any) -> dict[str, Any]:
             }
             for m in job.morphs
         ],
+        "loss": job.loss if job.HasField("loss") else None,  # the newest step's training loss (global batch)
+        "loss_step": job.loss_step if job.HasField("loss") else None,
+        "samples_per_second": job.samples_per_second if job.HasField("samples_per_second") else None,
         "eval_loss": job.eval_loss if job.HasField("eval_loss") else None,
         "eval_step": job.eval_step if job.HasField("eval_loss") else None,
         # how long the newest checkpoint paused training, and its step (null before the first checkpoint)

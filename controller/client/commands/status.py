@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from controller.client.commands.common import add_client_arguments, call, describe_layout, dump, job_dict
@@ -22,8 +24,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
-def watch_view(job: dict[str, Any], last_morph_at: float | None, now: float, width: int = 40) -> str:
-    """The ``--watch`` screen: a progress bar of steps, the layout, the time since the last morph."""
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float], width: int = 40) -> str:
+    """The last ``width`` values as bars from the lowest (▁) to the highest (█)."""
+    shown = list(values)[-width:]
+    if not shown:
+        return ""
+    low, high = min(shown), max(shown)
+    span = high - low
+    return "".join(SPARKS[0 if span == 0 else min(7, int((v - low) / span * 8))] for v in shown)
+
+
+def training_line(job: dict[str, Any]) -> str:
+    """The newest step's loss and rate as status shows them."""
+    rate = job.get("samples_per_second")
+    speed = f", {rate:.1f} samples/s" if rate is not None else ""
+    return f"loss {job['loss']:.4f} at step {job['loss_step']}{speed}"
+
+
+def watch_view(
+    job: dict[str, Any], last_morph_at: float | None, now: float, width: int = 40, losses: Sequence[float] = ()
+) -> str:
+    """The ``--watch`` screen: a progress bar of steps, the layout, the time since the last morph, and the loss
+    so far as a sparkline (``losses``: the TrainingProgressed events', oldest first)."""
     total = max(1, int(job["total_steps"]))
     done = min(width, int(width * int(job["step"]) / total))
     since = "never" if last_morph_at is None else f"{now - last_morph_at:.0f}s ago"
@@ -33,6 +58,11 @@ def watch_view(job: dict[str, Any], last_morph_at: float | None, now: float, wid
         f"  generation {job['generation']}, layout {describe_layout(job)}, last morph {since}",
         f"  last checkpoint at step {job['last_checkpoint_step']}, steps lost {job['steps_lost']}",
     ]
+    if job.get("loss") is not None:
+        lines.append(f"  {training_line(job)}")
+        history = [*losses, job["loss"]]
+        if len(history) > 1:
+            lines.append(f"  loss {sparkline(history, width)} ({min(history):.4f} .. {max(history):.4f})")
     if job.get("eval_loss") is not None:
         lines.append(f"  eval loss {job['eval_loss']:.4f} at step {job['eval_step']}")
     if job.get("checkpoint_stall_seconds") is not None:
@@ -61,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  steps lost {job['steps_lost']}, restarts {job['restarts']}")
     if job["reason"]:
         print(f"  {job['failure_cause']}: {job['reason']}" if job["failure_cause"] else f"  {job['reason']}")
+    if job["loss"] is not None:
+        print(f"  {training_line(job)}")
     if job["eval_loss"] is not None:
         print(f"  eval loss {job['eval_loss']:.4f} at step {job['eval_step']}")
     if job["checkpoint_stall_seconds"] is not None:
@@ -92,19 +124,21 @@ def _watch(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UserInputError(f"--interval {args.interval}: it must be > 0 seconds")
 
-    def snapshot(channel: Any) -> tuple[dict[str, Any], float | None]:
+    def snapshot(channel: Any) -> tuple[dict[str, Any], float | None, list[float]]:
         stub = rpc.JobsStub(channel)
         job = job_dict(stub.GetJob(pb.GetJobRequest(id=args.job)))
-        issued = [e.at for e in stub.WatchEvents(pb.WatchEventsRequest(job=args.job)) if e.kind == "GenerationIssued"]
-        return job, (issued[-1] if len(issued) > 1 else None)
+        events = list(stub.WatchEvents(pb.WatchEventsRequest(job=args.job)))
+        issued = [e.at for e in events if e.kind == "GenerationIssued"]
+        losses = [loss_of(e.data_json) for e in events if e.kind == "TrainingProgressed"]
+        return job, (issued[-1] if len(issued) > 1 else None), [x for x in losses if x is not None]
 
     tty = sys.stdout.isatty()
     while True:
         found, code = call(args, snapshot)
         if found is None:
             return code
-        job, last_morph = found
-        view = watch_view(job, last_morph, time.time())
+        job, last_morph, losses = found
+        view = watch_view(job, last_morph, time.time(), losses=losses)
         if args.json:
             print(json.dumps({**job, "last_morph_at": last_morph}), flush=True)
         else:
@@ -112,3 +146,12 @@ def _watch(args: argparse.Namespace) -> int:
         if job["state"] in TERMINAL:
             return 0 if job["state"] == "SUCCEEDED" else 1
         time.sleep(args.interval)
+
+
+def loss_of(data_json: str) -> float | None:
+    """A TrainingProgressed event's loss (None when its data is not what the controller writes)."""
+    try:
+        loss = json.loads(data_json).get("loss")
+    except (ValueError, AttributeError):
+        return None
+    return float(loss) if isinstance(loss, int | float) and math.isfinite(loss) else None

@@ -36,7 +36,7 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
     node_health(draft, config)
     for job_id in sorted(draft.jobs):
         if draft.jobs[job_id].state in ACTIVE_JOB:
-            progress(draft, job_id)
+            progress(draft, job_id, config.progress_event_seconds)
     for job_id in sorted(draft.jobs):
         if draft.jobs[job_id].state is JobState.RUNNING:
             supervise(draft, config, job_id)

@@ -20,6 +20,7 @@ class Config:
     abort_timeout_seconds: float = 30.0  # survivors that never confirm are given up on
     suspect_grace_seconds: float = 1.5  # after a failed collective, nodes silent this long are taken for lost
     salvage_write_seconds: float = 30.0  # a just-in-time checkpoint not committed by then is given up
+    progress_event_seconds: float = 60.0  # a job's TrainingProgressed events at most this often
     unreachable_memory_seconds: float = 900.0  # failed starts remembered to find a node its peers cannot reach
     unreachable_exclusion_seconds: float = 300.0  # ... which the job then leaves out this long
     morph_cost_seconds: float = 30.0

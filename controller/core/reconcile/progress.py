@@ -12,14 +12,16 @@ never completes a step carries the pause over to the next one.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controller.core.commands import RecordCheckpoint, RecordPause
 from controller.core.events import EventKind
-from controller.core.model import JobRecord, RankReport
+from controller.core.model import JobRecord, RankReport, Training
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports
 
 
-def progress(draft: Draft, job_id: str) -> None:
+def progress(draft: Draft, job_id: str, progress_event_seconds: float = 60.0) -> None:
     job = draft.jobs[job_id]
     reports = [report for _, report in current_reports(draft, job)]
     step = max([job.step, *(r.last_step for r in reports)])
@@ -32,6 +34,7 @@ def progress(draft: Draft, job_id: str) -> None:
         generation = job.generation if ckpt > job.last_checkpoint_step else job.last_checkpoint_generation
         fields.update(step=step, last_checkpoint_step=ckpt, last_checkpoint_generation=generation)
     fields.update(_evaluation(draft, job, reports))
+    fields.update(_training(draft, job, reports, progress_event_seconds))
     fields.update(_stall(draft, job, reports))
     fields.update(_pause(draft, job, reports))
     fields.update(_held_skipped(draft, job, reports))
@@ -56,6 +59,27 @@ def _held_skipped(draft: Draft, job: JobRecord, reports: list[RankReport]) -> di
     )
     step = max([job.resume_step, *(r.last_step for r in reports)])
     return {"held_step": 0, "held_generation": 0, "steps_lost": job.steps_lost + lost, "step": step}
+
+
+def _training(draft: Draft, job: JobRecord, reports: list[RankReport], every: float) -> dict[str, object]:
+    """The newest step's loss and samples/s any rank reported (every rank reports the global batch's loss), kept
+    on the job; an event says it at most every ``every`` seconds, so a long job's log stays readable."""
+    newest = max((r for r in reports if r.loss is not None), key=lambda r: r.last_step, default=None)
+    seen = job.training
+    if newest is None or (seen.generation == job.generation and newest.last_step <= seen.step):
+        return {}  # a new generation's first loss replaces the last one even when it resumed from an earlier step
+    training = Training(newest.loss, newest.last_step, newest.samples_per_second, seen.reported_at, job.generation)
+    if seen.reported_at is None or draft.now - seen.reported_at >= every:
+        draft.event(
+            EventKind.TRAINING_PROGRESSED,
+            job.id,
+            generation=job.generation,
+            step=newest.last_step,
+            loss=newest.loss,
+            samples_per_second=newest.samples_per_second,
+        )
+        training = replace(training, reported_at=draft.now)
+    return {"training": training}
 
 
 def _evaluation(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:

@@ -404,6 +404,9 @@ class Job(_message.Message):
     FAILURE_CAUSE_FIELD_NUMBER: _builtins.int
     CHECKPOINT_STALL_SECONDS_FIELD_NUMBER: _builtins.int
     CHECKPOINT_STALL_STEP_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    LOSS_STEP_FIELD_NUMBER: _builtins.int
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -432,6 +435,12 @@ class Job(_message.Message):
     """
     checkpoint_stall_step: _builtins.int
     """the step of that checkpoint"""
+    loss: _builtins.float
+    """the newest training loss reported (the global batch's; unset: none yet)"""
+    loss_step: _builtins.int
+    """the step it is the loss of"""
+    samples_per_second: _builtins.float
+    """the rate that step ran at"""
     @_builtins.property
     def layout(self) -> Global___Layout: ...
     @_builtins.property
@@ -463,19 +472,30 @@ class Job(_message.Message):
         failure_cause: _builtins.str = ...,
         checkpoint_stall_seconds: _builtins.float | None = ...,
         checkpoint_stall_step: _builtins.int = ...,
+        loss: _builtins.float | None = ...,
+        loss_step: _builtins.int = ...,
+        samples_per_second: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "layout", b"layout", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "layout", b"layout", "loss", b"loss", "samples_per_second", b"samples_per_second", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "checkpoint_dir", b"checkpoint_dir", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_dir", b"checkpoint_dir", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "loss", b"loss", "loss_step", b"loss_step", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "samples_per_second", b"samples_per_second", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofReturnType__eval_loss: _TypeAlias = _typing.Literal["eval_loss"]  # noqa: Y015
     _WhichOneofArgType__eval_loss: _TypeAlias = _typing.Literal["_eval_loss", b"_eval_loss"]  # noqa: Y015
+    _WhichOneofReturnType__loss: _TypeAlias = _typing.Literal["loss"]  # noqa: Y015
+    _WhichOneofArgType__loss: _TypeAlias = _typing.Literal["_loss", b"_loss"]  # noqa: Y015
+    _WhichOneofReturnType__samples_per_second: _TypeAlias = _typing.Literal["samples_per_second"]  # noqa: Y015
+    _WhichOneofArgType__samples_per_second: _TypeAlias = _typing.Literal["_samples_per_second", b"_samples_per_second"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_stall_seconds) -> _WhichOneofReturnType__checkpoint_stall_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__eval_loss) -> _WhichOneofReturnType__eval_loss | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__loss) -> _WhichOneofReturnType__loss | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__samples_per_second) -> _WhichOneofReturnType__samples_per_second | None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
 
@@ -991,6 +1011,8 @@ class TrainerStatus(_message.Message):
     CHECKPOINT_STALL_SECONDS_FIELD_NUMBER: _builtins.int
     CHECKPOINT_STALL_STEP_FIELD_NUMBER: _builtins.int
     HELD_SKIPPED_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -1023,6 +1045,10 @@ class TrainerStatus(_message.Message):
     """The assignment named a step held in memory and this rank did not take it (the committed checkpoint
     instead): why, in words (empty: it did, or none was named).
     """
+    loss: _builtins.float
+    """the global-batch training loss of last_step (unset: none yet)"""
+    samples_per_second: _builtins.float
+    """the rate last_step ran at"""
     def __init__(
         self,
         *,
@@ -1043,10 +1069,12 @@ class TrainerStatus(_message.Message):
         checkpoint_stall_seconds: _builtins.float | None = ...,
         checkpoint_stall_step: _builtins.int = ...,
         held_skipped: _builtins.str = ...,
+        loss: _builtins.float | None = ...,
+        samples_per_second: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "held_step", b"held_step", "last_step_at", b"last_step_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "held_step", b"held_step", "last_step_at", b"last_step_at", "loss", b"loss", "samples_per_second", b"samples_per_second"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "held_skipped", b"held_skipped", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "rank", b"rank", "refusal", b"refusal", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "held_skipped", b"held_skipped", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "loss", b"loss", "rank", b"rank", "refusal", b"refusal", "running", b"running", "samples_per_second", b"samples_per_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
@@ -1060,6 +1088,10 @@ class TrainerStatus(_message.Message):
     _WhichOneofArgType__held_step: _TypeAlias = _typing.Literal["_held_step", b"_held_step"]  # noqa: Y015
     _WhichOneofReturnType__last_step_at: _TypeAlias = _typing.Literal["last_step_at"]  # noqa: Y015
     _WhichOneofArgType__last_step_at: _TypeAlias = _typing.Literal["_last_step_at", b"_last_step_at"]  # noqa: Y015
+    _WhichOneofReturnType__loss: _TypeAlias = _typing.Literal["loss"]  # noqa: Y015
+    _WhichOneofArgType__loss: _TypeAlias = _typing.Literal["_loss", b"_loss"]  # noqa: Y015
+    _WhichOneofReturnType__samples_per_second: _TypeAlias = _typing.Literal["samples_per_second"]  # noqa: Y015
+    _WhichOneofArgType__samples_per_second: _TypeAlias = _typing.Literal["_samples_per_second", b"_samples_per_second"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_stall_seconds) -> _WhichOneofReturnType__checkpoint_stall_seconds | None: ...
     @_typing.overload
@@ -1072,6 +1104,10 @@ class TrainerStatus(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__held_step) -> _WhichOneofReturnType__held_step | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_step_at) -> _WhichOneofReturnType__last_step_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__loss) -> _WhichOneofReturnType__loss | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__samples_per_second) -> _WhichOneofReturnType__samples_per_second | None: ...
 
 Global___TrainerStatus: _TypeAlias = TrainerStatus  # noqa: Y015
 
