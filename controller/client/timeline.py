@@ -2,7 +2,7 @@
 
 Pure: events (as ``spotmorph events --json`` prints them) in, HTML with inline SVG out. Panels share
 the time axis: nodes available, samples/s between checkpoints, the generations as bands labelled
-with their layout, and the evaluation loss; evictions, losses and arrivals are marked on the nodes
+with their layout, and the training and evaluation losses; evictions, losses and arrivals are marked on the nodes
 panel, checkpoints (with how long each paused training) on the throughput panel, and on the
 generations panel the pause each morph caused (from ``TrainingResumed``: the last step before it to
 the first after it, on the trainers' clocks).
@@ -48,6 +48,7 @@ class Timeline:
     marks: list[tuple[float, str, str]] = field(default_factory=list)  # (time, kind, node)
     pauses: list[Pause] = field(default_factory=list)
     evaluations: list[tuple[float, int, float]] = field(default_factory=list)  # (time, step, eval loss)
+    training: list[tuple[float, int, float]] = field(default_factory=list)  # (time, step, training loss)
     stalls: dict[int, float] = field(default_factory=dict)  # checkpoint step -> how long it paused training (s)
 
 
@@ -93,6 +94,8 @@ def build(events: Iterable[Mapping[str, Any]], job: str, global_batch: int) -> T
             last_checkpoint = (at, step)
         elif kind == "EvaluationCompleted":
             timeline.evaluations.append((at, int(data.get("step", 0)), float(data.get("loss", 0.0))))
+        elif kind == "TrainingProgressed":
+            timeline.training.append((at, int(data.get("step", 0)), float(data.get("loss", 0.0))))
         elif kind == "CheckpointStallMeasured":  # a later (longer) measurement of the same checkpoint replaces it
             timeline.stalls[int(data.get("step", 0))] = float(data.get("stall_seconds", 0.0))
         elif kind == "TrainingResumed":
@@ -125,7 +128,7 @@ def render_html(timeline: Timeline, title: str) -> str:
         _panel("nodes available", _nodes(timeline, x), 0),
         _panel("samples/s (between checkpoints)", _throughput(timeline, x), 1),
         _panel("generations (P x D); grey: training paused by a morph", _generations(timeline, x), 2),
-        _panel("eval loss", _evaluations(timeline, x), 3),
+        _panel("loss: training (blue), eval (purple)", _losses(timeline, x), 3),
     ]
     axis = _axis(timeline, x, 4 * PANEL)
     body = "\n".join(panels) + axis
@@ -221,23 +224,26 @@ def _generations(timeline: Timeline, x: Any) -> str:
     return "".join(parts)
 
 
-def _evaluations(timeline: Timeline, x: Any) -> str:
-    if not timeline.evaluations:
-        return f"<text x='{MARGIN + 6}' y='40'>no evaluation reported (eval_interval 0 or no step yet)</text>"
-    losses = [loss for _, _, loss in timeline.evaluations]
+def _losses(timeline: Timeline, x: Any) -> str:
+    series = [(timeline.training, "#2e86c1", "loss"), (timeline.evaluations, "#8e44ad", "eval loss")]
+    losses = [loss for points, _, _ in series for _, _, loss in points]
+    if not losses:
+        return f"<text x='{MARGIN + 6}' y='40'>no loss reported yet (no step, and no evaluation)</text>"
     low, high = min(losses), max(losses)
     spread = (high - low) or max(abs(high), 1.0)
 
     def y(loss: float) -> float:
         return 10 + (PANEL - 30) * (0.9 - 0.8 * (loss - low) / spread)
 
-    points = " ".join(f"{x(at):.1f},{y(loss):.1f}" for at, _, loss in timeline.evaluations)
-    parts = [f"<polyline fill='none' stroke='#8e44ad' stroke-width='2' points='{points}'/>"]
-    for at, step, loss in timeline.evaluations:
-        parts.append(
-            f"<circle cx='{x(at):.1f}' cy='{y(loss):.1f}' r='3' fill='#8e44ad'>"
-            f"<title>eval loss {loss:.4f} at step {step}</title></circle>"
-        )
+    parts = []
+    for points, colour, what in series:
+        line = " ".join(f"{x(at):.1f},{y(loss):.1f}" for at, _, loss in points)
+        parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{line}'/>" if line else "")
+        for at, step, loss in points:
+            parts.append(
+                f"<circle cx='{x(at):.1f}' cy='{y(loss):.1f}' r='3' fill='{colour}'>"
+                f"<title>{what} {loss:.4f} at step {step}</title></circle>"
+            )
     parts.append(f"<text x='{MARGIN - 6}' y='{y(high) + 4:.1f}' text-anchor='end'>{high:.3g}</text>")
     parts.append(f"<text x='{MARGIN - 6}' y='{y(low) + 4:.1f}' text-anchor='end'>{low:.3g}</text>")
     return "".join(parts)

@@ -64,9 +64,15 @@ def render_png(timeline: Timeline, title: str, out: Path) -> None:
         bands.axvspan(t(pause.start), t(pause.end), ymin=0.0, ymax=0.12, color="#7f8c8d", alpha=0.9)
     bands.set_yticks([])
     bands.set_ylabel("generations (P x D)\ngrey: paused")
+    if timeline.training:
+        times, losses = [t(at) for at, _, _ in timeline.training], [loss for _, _, loss in timeline.training]
+        evals.plot(times, losses, ".-", color="#2e86c1", label="training")
     if timeline.evaluations:
-        evals.plot([t(at) for at, _, _ in timeline.evaluations], [loss for _, _, loss in timeline.evaluations], "o-")
-    evals.set_ylabel("eval loss")
+        times, losses = [t(at) for at, _, _ in timeline.evaluations], [loss for _, _, loss in timeline.evaluations]
+        evals.plot(times, losses, "o-", color="#8e44ad", label="eval")
+    if timeline.training or timeline.evaluations:
+        evals.legend(loc="upper right", fontsize="small")
+    evals.set_ylabel("loss")
     evals.set_xlabel("seconds since the first event")
     evals.set_xlim(0, end)
     try:

@@ -167,16 +167,18 @@ def test_the_timeline_draws_the_eval_loss_and_each_pause_beside_its_decision_tim
             resumed_at=11.5,
         ),
         ev(15, "EvaluationCompleted", generation=2, step=20, loss=2.75),
+        ev(16, "TrainingProgressed", generation=2, step=21, loss=2.5, samples_per_second=90.0),
     ]
     timeline = build(log, "job-1", global_batch=8)
     assert timeline.evaluations == [(5.0, 10, 3.5), (15.0, 20, 2.75)]
+    assert timeline.training == [(16.0, 21, 2.5)]
     assert timeline.pauses == [Pause(2, 7.5, 11.5, 4.0, 0.25)]
     page = render_html(timeline, "job-1")
     svg = ET.fromstring(page[page.index("<svg") : page.index("</svg>") + 6])
     titles = [t.text or "" for t in svg.iter(f"{SVG}title")]
     assert "training paused 4.0 s before generation 2, decided in 0.2 s" in titles
-    assert {"eval loss 3.5000 at step 10", "eval loss 2.7500 at step 20"} <= set(titles)
-    assert "no evaluation reported" in render_html(build(log[:1], "job-1", 8), "job-1")
+    assert {"eval loss 3.5000 at step 10", "eval loss 2.7500 at step 20", "loss 2.5000 at step 21"} <= set(titles)
+    assert "no loss reported yet" in render_html(build(log[:1], "job-1", 8), "job-1")
     render_png(timeline, "job-1", tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
 
