@@ -139,6 +139,9 @@ def test_controller_kill_9_mid_training(cluster: LocalCluster, tmp_path: Path, r
     assert_equals_reference(checkpoints, references)
 
 
+# In `make soak` (76 s here): tests/e2e/test_split_brain.py's new-incarnation test checks the same fence on
+# every make test, with the agent's session frozen instead of restarted.
+@pytest.mark.soak
 def test_restarted_agent_never_lets_old_trainers_join(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
     cluster.up(nodes=2)
     checkpoints = tmp_path / "ckpt"

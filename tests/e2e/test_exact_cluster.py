@@ -12,7 +12,7 @@ from spotmorph.local.harness import LocalCluster, checkpoint_diff, train_referen
 
 pytestmark = pytest.mark.slow
 
-STEPS, BATCH, SEED, MICRO = 120, 14, 5, 2
+STEPS, BATCH, SEED, MICRO = 90, 14, 5, 2
 
 
 def test_an_exact_job_through_an_eviction_and_a_kill_ends_bitwise_where_one_process_does(
@@ -34,7 +34,7 @@ def test_an_exact_job_through_an_eviction_and_a_kill_ends_bitwise_where_one_proc
     assert int(first["layout"]["micro_batch_size"]) == MICRO  # the planner keeps an exact job's unit
     cluster.cli("local", "preempt", cluster.job_nodes(job)[-1], "--notice", "20")
     evicted = cluster.wait_new_generation(job, int(first["generation"]), 180)[0]
-    cluster.wait_step(job, 60, 180)
+    cluster.wait_step(job, 45, 180)
     cluster.kill(cluster.job_nodes(job)[-1])
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final

@@ -66,7 +66,7 @@ def run_chaos(cluster: LocalCluster, tmp_path: Path, references: Path, *, nodes:
 
 
 def test_chaos_on_six_namespaced_vms(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
-    run_chaos(cluster, tmp_path, references, nodes=6, faults=6, steps=200)
+    run_chaos(cluster, tmp_path, references, nodes=6, faults=4, steps=150)
 
 
 @pytest.mark.soak

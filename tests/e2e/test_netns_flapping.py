@@ -20,7 +20,9 @@ from spotmorph.local.harness import LocalCluster
 
 from .netns_helpers import needs_netns
 
-pytestmark = [pytest.mark.slow, needs_netns]
+# In `make soak` (over two minutes): the flap damping is tested on the pure core
+# (tests/controller/test_flapping.py) and a partition past the expiry in tests/e2e/test_netns.py.
+pytestmark = [pytest.mark.slow, pytest.mark.soak, needs_netns]
 # What the controller sees of a cut is longer than the cut: the beat interval (1 s) before it, the CLI's own
 # time (~0.7 s here) and, after the heal, TCP's retransmission backoff on the open connection (up to ~1.6 s).
 # A 1 s cut measured about 4.5 s of silence; the expiry leaves room for that.
