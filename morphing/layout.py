@@ -205,11 +205,17 @@ def unit_shares(global_batch: int, micro_batch_size: int, replicas: int) -> tupl
     return tuple(out)
 
 
-def share_of(layout: Layout, replica: int, exact: bool = False) -> tuple[int, int]:
-    """``[start, stop)`` of the step's sample indices that ``replica`` takes (exact: :func:`unit_shares`)."""
-    if exact:
-        return unit_shares(layout.global_batch, layout.micro_batch_size, layout.data_parallel)[replica]
-    return layout.replica_slice(replica)
+def share_of(layout: Layout, replica: int, exact_micro_batch: int | None = None) -> tuple[int, int]:
+    """``[start, stop)`` of the step's sample indices that ``replica`` takes; for an exact job (its
+    ``micro_batch_size`` given), :func:`unit_shares`, in a layout of that micro-batch size only."""
+    if exact_micro_batch is None:
+        return layout.replica_slice(replica)
+    if layout.micro_batch_size != exact_micro_batch:
+        raise InvalidLayout(
+            f"exact mode: the layout's micro-batch size is {layout.micro_batch_size}, the job's {exact_micro_batch}; "
+            "an exact job runs only its own (its result depends on it)"
+        )
+    return unit_shares(layout.global_batch, layout.micro_batch_size, layout.data_parallel)[replica]
 
 
 def default_micro_batch_size(global_batch: int, pipeline_stages: int, data_parallel: int) -> int:

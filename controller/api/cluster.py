@@ -12,7 +12,8 @@ from controller.shell.views import StateView, join_order
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
-SUMMARY_LIMIT = paging.MAX_PAGE_SIZE  # nodes, jobs and queued ids in one GetClusterState at most
+SUMMARY_LIMIT = paging.MAX_PAGE_SIZE  # nodes and queued ids in one GetClusterState at most
+JOB_LIMIT = 200  # jobs: a spec may hold 4 KiB paths, so 200 stay under 2 MiB, below a client's 4 MiB default
 
 
 class ClusterService(rpc.ClusterServicer):
@@ -34,12 +35,12 @@ class ClusterService(rpc.ClusterServicer):
         jobs = [j for j in cluster.jobs if j.state not in JOB_TERMINAL]
         return pb.ClusterState(
             nodes=[wire.node_to_pb(n) for n in nodes[:SUMMARY_LIMIT]],
-            jobs=[wire.job_to_pb(j) for j in jobs[:SUMMARY_LIMIT]],
+            jobs=[wire.job_to_pb(j) for j in jobs[:JOB_LIMIT]],
             queue=cluster.queue[:SUMMARY_LIMIT],
             node_states=Counter(n.state.value for n in cluster.nodes),
             job_states=Counter(j.state.value for j in cluster.jobs),
             nodes_left_off=max(0, len(nodes) - SUMMARY_LIMIT),
-            jobs_left_off=max(0, len(jobs) - SUMMARY_LIMIT),
+            jobs_left_off=max(0, len(jobs) - JOB_LIMIT),
             queue_left_off=max(0, len(cluster.queue) - SUMMARY_LIMIT),
             started_at=cluster.started_at,
             schema_version=self.schema_version,

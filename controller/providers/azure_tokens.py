@@ -51,6 +51,8 @@ async def hand_over(client: Any, s: AzureSettings, instance: Instance, token: st
     else:
         commands = client.virtual_machine_run_commands
         target = (s.resource_group, instance.name, TOKEN_RUN_COMMAND)
-    await (await commands.begin_create_or_update(*target, command)).result()
-    with contextlib.suppress(AzureError):  # what is left is only clutter on the VM's model
-        await (await commands.begin_delete(*target)).result()
+    try:
+        await (await commands.begin_create_or_update(*target, command)).result()
+    finally:  # ran or failed, none of it (the protected token included) stays on the VM's model
+        with contextlib.suppress(AzureError):
+            await (await commands.begin_delete(*target)).result()

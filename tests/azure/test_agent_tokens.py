@@ -76,6 +76,7 @@ def test_a_vm_whose_agent_is_not_ready_is_retried_on_its_own_clock(tmp_path: Pat
         failed = [data for kind, data in h.events if kind == "AzureAgentTokenFailed"]
         assert len(failed) == 1 and failed[0]["node"] == slow and "has not reported status" in failed[0]["message"]
         assert provider.backoff.not_before <= h.clock.now(), "one VM's trouble does not hold the scale set back"
+        assert commands.resources == {}, "a failed Run Command is deleted too (its protected token with it)"
         commands.agent_not_ready.clear()
         await provider.list_instances()
         await settle(provider)
@@ -161,8 +162,8 @@ def test_a_real_agent_waits_for_its_token_registers_with_it_and_another_vms_toke
 
 @pytest.mark.parametrize(
     ("wait", "expected"),
-    [("0", "no token there; give this VM its token"), ("0.2", "no token there after waiting 0.2 s"),
-     ("nan", "--wait-for-token 'nan': give seconds from 0 to 86400"), ("-1", "--wait-for-token '-1'")],
+    [("0", "no token there; give this VM its token"), ("nan", "--wait-for-token 'nan': give seconds from 0 to 86400"),
+     ("-1", "--wait-for-token '-1'")],
 )  # fmt: skip
 def test_an_agent_without_its_token_exits_2_naming_the_file_or_the_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], wait: str, expected: str
@@ -172,3 +173,15 @@ def test_an_agent_without_its_token_exits_2_naming_the_file_or_the_flag(
     assert main([*args, "--work-dir", str(tmp_path / "work")]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
+
+
+def test_an_agent_whose_token_never_came_exits_75_for_systemd_to_restart_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 is never restarted (RestartPreventExitStatus=2): a controller down past the wait must not leave
+    the VM without an agent for good."""
+    args = ["agent", "--controller", "127.0.0.1:1", "--token-file", str(tmp_path / "agent.token")]
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--wait-for-token", "0.2", "--work-dir", str(tmp_path / "work")])
+    assert exited.value.code == 75
+    assert "none came within 0.2 s, exiting 75 to be restarted" in capsys.readouterr().err

@@ -31,6 +31,7 @@ def register(live: Live, count: int) -> None:
 def test_the_cluster_state_is_a_bounded_summary(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
     """GetClusterState carried every job and node ever kept: it outgrew the message cap as ListJobs did."""
     monkeypatch.setattr(cluster_api, "SUMMARY_LIMIT", 2)
+    monkeypatch.setattr(cluster_api, "JOB_LIMIT", 2)
     jobs = live.jobs()
     ids = [
         jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, checkpoint_dir=str(live.state_dir / f"ckpt-{i}")))).id

@@ -12,7 +12,7 @@ from spotmorph.local.harness import LocalCluster, checkpoint_diff, train_referen
 
 pytestmark = pytest.mark.slow
 
-STEPS, BATCH, SEED, MICRO = 90, 14, 5, 2
+STEPS, BATCH, SEED, MICRO = 120, 14, 5, 2
 
 
 def test_an_exact_job_through_an_eviction_and_a_kill_ends_bitwise_where_one_process_does(
@@ -34,8 +34,14 @@ def test_an_exact_job_through_an_eviction_and_a_kill_ends_bitwise_where_one_proc
     assert int(first["layout"]["micro_batch_size"]) == MICRO  # the planner keeps an exact job's unit
     cluster.cli("local", "preempt", cluster.job_nodes(job)[-1], "--notice", "20")
     evicted = cluster.wait_new_generation(job, int(first["generation"]), 180)[0]
-    cluster.wait_step(job, 45, 180)
-    cluster.kill(cluster.job_nodes(job)[-1])
+    nodes: list[str] = []
+
+    def running_past_45(status: dict[str, object]) -> bool:
+        nodes[:] = cluster.job_nodes(job) if status["state"] == "RUNNING" else []
+        return int(str(status["step"])) >= 45 and bool(nodes)
+
+    cluster.wait_status(job, running_past_45, 180, "a running generation past step 45")
+    cluster.kill(nodes[-1])
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
     assert final["generation"] > evicted >= 2, final

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
-from morphing.layout import InvalidLayout, even_partition, make_layout, unit_shares
+from morphing.layout import InvalidLayout, even_partition, make_layout, share_of, unit_shares
 from tests.runtime.helpers import REPO, TINY, run, train_cmd
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.exact import LIMB, limbs, to_float
@@ -68,6 +68,13 @@ def test_unit_shares_cut_only_between_micro_batches_and_cover_the_batch(batch: i
         assert stop == start and start % m == 0
     counts = [-(-(stop - start) // m) for start, stop in shares]
     assert max(counts) - min(counts) <= 1 and min(counts) >= 1
+
+
+def test_an_exact_job_runs_only_in_a_layout_of_its_own_micro_batch_size() -> None:
+    layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=7)
+    assert share_of(layout, 1, exact_micro_batch=2) == (4, 7) and share_of(layout, 1) == layout.replica_slice(1)
+    with pytest.raises(InvalidLayout, match="the layout's micro-batch size is 2, the job's 4"):
+        share_of(layout, 0, exact_micro_batch=4)
 
 
 def test_the_job_spec_asks_exact_mode_for_a_micro_batch_size_and_names_it_in_the_identity() -> None:

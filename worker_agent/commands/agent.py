@@ -200,11 +200,18 @@ def _token(path: Path | None, wait: float) -> str:
         if token:
             return token
         if time.monotonic() >= deadline:
-            waited = f" after waiting {wait:g} s" if wait else ""
-            raise UserInputError(
-                f"--token-file {path}: no token there{waited}; give this VM its token "
-                "(`spotmorph agent-token`, or the Azure provider's agent_tokens) or wait longer (--wait-for-token)"
+            message = (
+                f"--token-file {path}: no token there; give this VM its token (`spotmorph agent-token`, or the "
+                "Azure provider's agent_tokens)"
             )
+            if not wait:
+                raise UserInputError(message)
+            # Not the user's input: the token may still come (a controller down for a while); exit 75
+            # (EX_TEMPFAIL), which systemd restarts, unlike 2.
+            print(
+                f"spotmorph agent: {message}; none came within {wait:g} s, exiting 75 to be restarted", file=sys.stderr
+            )
+            raise SystemExit(75)
         if not said:
             print(f"waiting up to {wait:g} s for this VM's agent token at {path}", file=sys.stderr, flush=True)
             said = True

@@ -12,6 +12,7 @@ standalone run the newest valid one (:func:`newest_valid`).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -240,9 +241,11 @@ def diff(a: Checkpoint, b: Checkpoint) -> dict[str, Any]:
         compared += 1
         delta = x - y
         if delta.numel():
-            max_abs = max(max_abs, float(delta.abs().max()))
+            biggest = float(delta.abs().max())
+            max_abs = max(max_abs, biggest if math.isfinite(biggest) else math.inf)  # a NaN on one side is no agreement
         norm, dnorm = float(torch.linalg.vector_norm(x)), float(torch.linalg.vector_norm(delta))
-        rel = dnorm / norm if norm > 0 else (0.0 if dnorm == 0 else float("inf"))
+        rel = dnorm / norm if norm > 0 else (0.0 if dnorm == 0 else math.inf)
+        rel = rel if math.isfinite(rel) else math.inf
         if rel > max_rel:
             max_rel, worst = rel, name
     return {

@@ -123,7 +123,7 @@ class StageRunner:
         self.host = HostPool()  # host buffers of its checkpoints, reused from one to the next
         self.batch = _Batch()
         self.batch.micro_batch_size = layout.micro_batch_size
-        self.share = share_of(layout, self.replica, job.exact)
+        self.share = share_of(layout, self.replica, job.micro_batch_size if job.exact else None)
         self.n_micro = -(-(self.share[1] - self.share[0]) // layout.micro_batch_size)
         units = -(-job.global_batch // layout.micro_batch_size)
         uses = max(len(info.layers) for info in model.params.values())
@@ -301,7 +301,8 @@ class StageRunner:
                 for n, p in self.params
                 if p.grad is not None and self.model.owned_by_stage(self.layout, n, self.stage)
             }
-            coef = clip_coefficient(owned_squares, list(self.model.params), self.groups.pipeline, max_norm)
+            order = list(self.model.params)
+            coef = clip_coefficient(owned_squares, order, self.groups.pipeline, max_norm, self.device)
             self._scale_gradients(coef)
             return
         owned = [p.grad for n, p in self.params if self.model.owned_by_stage(self.layout, n, self.stage)]

@@ -117,10 +117,15 @@ class ExactGradients:
 
 
 def clip_coefficient(
-    squares: dict[str, float], order: Sequence[str], pipeline: dist.ProcessGroup | None, max_norm: float
+    squares: dict[str, float],
+    order: Sequence[str],
+    pipeline: dist.ProcessGroup | None,
+    max_norm: float,
+    device: torch.device | None = None,
 ) -> float:
-    """The clipping factor from each owned gradient's sum of squares, the same bits in every layout."""
-    vector = torch.tensor([squares.get(name, 0.0) for name in order], dtype=torch.float64)
+    """The clipping factor from each owned gradient's sum of squares, the same bits in every layout
+    (``device``: where the pipeline group's backend takes tensors, the GPU under NCCL)."""
+    vector = torch.tensor([squares.get(name, 0.0) for name in order], dtype=torch.float64, device=device)
     if pipeline is not None:
         dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=pipeline)  # one contributor per entry: exact
     return max_norm / (math.sqrt(math.fsum(vector.tolist())) + 1e-6)

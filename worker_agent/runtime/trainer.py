@@ -215,8 +215,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
                 progress.emit(TrainerFailed(kind="lease_expired", message=message))
                 return ExitCode.LEASE_EXPIRED
             stopping = bool(flags[0] > 0)
-            if stopping and flags[0] < layout.world_size:
-                # A rank saw the stop before this one looked: "leaving" is read again (one node's ranks agree).
+            if stopping:  # "leaving" read again after the agreement: one node's ranks see the same stop file
                 leaving = stop.leaving()
                 count = torch.tensor([float(leaving)], dtype=torch.float64)
                 dist.all_reduce(count, op=dist.ReduceOp.SUM)

@@ -877,8 +877,8 @@ Global___LatencyHistogram: _TypeAlias = LatencyHistogram  # noqa: Y015
 
 @_typing.final
 class ClusterState(_message.Message):
-    """A bounded summary (a reply must stay far below the gRPC message cap whatever the history): the nodes
-    not GONE and the jobs not finished, at most 1000 of each (ListNodes and ListJobs page through all),
+    """A bounded summary (a reply must stay below a client's 4 MiB default whatever the history): the nodes not
+    GONE (at most 1000) and the jobs not finished (at most 200; ListNodes and ListJobs page through all),
     every node and job counted by state, and how many of each list were left off.
     """
 
