@@ -301,8 +301,7 @@ class StageRunner:
                 for n, p in self.params
                 if p.grad is not None and self.model.owned_by_stage(self.layout, n, self.stage)
             }
-            order = list(self.model.params)
-            coef = clip_coefficient(owned_squares, order, self.groups.pipeline, max_norm, self.device)
+            coef = clip_coefficient(owned_squares, list(self.model.params), self.groups.pipeline, max_norm, self.device)
             self._scale_gradients(coef)
             return
         owned = [p.grad for n, p in self.params if self.model.owned_by_stage(self.layout, n, self.stage)]
