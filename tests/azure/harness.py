@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,3 +133,14 @@ async def settle(provider: AzureScaleSetProvider) -> None:
 
     while provider.pending:
         await asyncio.gather(*provider.pending.values(), return_exceptions=True)
+
+
+def run(folder: Path, scenario: Callable[[Harness], Awaitable[None]], **fake: Any) -> None:
+    """``scenario`` on a fresh fake ARM server (``fake``: its knobs), in an event loop of its own."""
+    import asyncio
+
+    async def main() -> None:
+        async with harness(folder, **fake) as h:
+            await scenario(h)
+
+    asyncio.run(main())

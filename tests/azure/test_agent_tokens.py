@@ -11,7 +11,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ import pytest
 from controller.tokens import Tokens
 from protos.spotmorph.v1 import controller_pb2 as pb
 from spotmorph.cli import main
-from tests.azure.harness import Harness, harness, settle
+from tests.azure.harness import Harness, run, settle
 from tests.controller.conftest import Live, running
 
 SECRET = b"the controller's node secret"
@@ -27,14 +27,6 @@ SECRET = b"the controller's node secret"
 
 def vm_token(name: str) -> str:
     return Tokens({}, SECRET).vm_token(name)
-
-
-def run(tmp_path: Path, scenario: Callable[[Harness], Awaitable[None]], **fake: object) -> None:
-    async def main() -> None:
-        async with harness(tmp_path, **fake) as h:
-            await scenario(h)
-
-    asyncio.run(main())
 
 
 @pytest.mark.parametrize("mode", ["Uniform", "Flexible"])

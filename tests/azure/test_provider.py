@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from azure.core.exceptions import HttpResponseError
 
 from controller.providers.azure import ProviderUnavailable, describe
-from tests.azure.harness import Harness, harness, settle
-
-
-def run(tmp_path: Path, scenario: Callable[[Harness], Awaitable[None]], **fake: object) -> None:
-    async def main() -> None:
-        async with harness(tmp_path, **fake) as h:
-            await scenario(h)
-
-    asyncio.run(main())
+from tests.azure.harness import Harness, run, settle
 
 
 @pytest.mark.parametrize("mode", ["Uniform", "Flexible"])

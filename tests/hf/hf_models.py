@@ -54,75 +54,37 @@ def gpt2_model() -> Any:
     return GPT2LMHeadModel(config)
 
 
-def llama_model() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_like(family: str, **config: Any) -> Any:
+    """A two-layer, width-32 ``{family}ForCausalLM`` (Llama, Qwen2, Mistral) with attention dropout 0.1."""
+    import transformers
 
-    config = LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=SEQ,
-        attention_dropout=0.1,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(config)
+    fields: dict[str, Any] = {
+        "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": SEQ, "attention_dropout": 0.1,
+        "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+    }  # fmt: skip
+    settings = getattr(transformers, f"{family}Config")(**{**fields, **config})
+    return getattr(transformers, f"{family}ForCausalLM")(settings)
+
+
+def llama_model() -> Any:
+    return llama_like("Llama")
 
 
 def qwen2_model() -> Any:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        num_hidden_layers=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=SEQ,
-        attention_dropout=0.1,
-        use_sliding_window=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    return Qwen2ForCausalLM(config)
+    return llama_like("Qwen2", use_sliding_window=False)
 
 
 def mistral_model() -> Any:
-    from transformers import MistralConfig, MistralForCausalLM
-
-    config = MistralConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=SEQ,
-        attention_dropout=0.1,
-        sliding_window=None,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    return MistralForCausalLM(config)
+    return llama_like("Mistral", sliding_window=None)
 
 
 def qwen2_sample() -> ModelSpec:
-    return causal_lm_spec(
-        qwen2_model(), LabelledSequences(), lr_schedule=lambda step: 1e-2, loss_normalization="sample"
-    )
+    return sampled(qwen2_model())
 
 
 def mistral_sample() -> ModelSpec:
-    return causal_lm_spec(
-        mistral_model(), LabelledSequences(), lr_schedule=lambda step: 1e-2, loss_normalization="sample"
-    )
+    return sampled(mistral_model())
 
 
 def gpt2_token() -> ModelSpec:
@@ -138,9 +100,12 @@ def llama_token() -> ModelSpec:
 
 
 def llama_sample() -> ModelSpec:
-    return causal_lm_spec(
-        llama_model(), LabelledSequences(), lr_schedule=lambda step: 1e-2, loss_normalization="sample"
-    )
+    return sampled(llama_model())
+
+
+def sampled(model: Any) -> ModelSpec:
+    """A Llama-like model's spec: constant learning rate 1e-2, per-sample loss."""
+    return causal_lm_spec(model, LabelledSequences(), lr_schedule=lambda step: 1e-2, loss_normalization="sample")
 
 
 class Block(nn.Module):
