@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CUDA build. GPU users: `make TORCH_SPEC=torch install` (pyproject keeps a range, not a pin).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-dev demo test test-gpu soak lint typecheck layers unit bench clean protos
+.PHONY: install install-dev demo test test-gpu gpu-kit gpu-check soak lint typecheck layers unit bench clean protos
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,16 @@ test: lint typecheck layers unit
 # Only the tests marked `gpu`: on a machine with CUDA (install the CUDA build: make TORCH_SPEC=torch ...).
 test-gpu: install-dev
 	$(VENV)/bin/pytest -q -m gpu -rs tests
+
+# The GPU check's wheels for a bare GPU machine without registries (Python 3.12, x86-64; bench/gpu-kit.txt),
+# then on that machine: bench/gpu_check.sh OUT_DIR (or make gpu-check), which installs them offline.
+gpu-kit: install
+	rm -rf .whl && $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl -r bench/gpu-kit.txt
+
+gpu-check:
+	bench/gpu_check.sh gpu-check
 
 # The long variants (marked `soak`), which the default run skips.
 soak: install-dev

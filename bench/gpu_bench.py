@@ -1,19 +1,14 @@
 """GPU benchmark: the runtime on CUDA against its CPU reference, a plain PyTorch loop and the planner.
 
-``python bench/gpu_bench.py`` on a machine with a GPU measures, in one run:
-(1) a 1x1 float64 run on CUDA against the CPU reference (max relative error, bound 1e-9);
-(2) the bf16 loss curve against fp32 on CUDA;
-(3) a checkpoint written on the GPU (in the background) resumed in a CPU 2x2 layout, against the reference;
-(4) ``spotmorph train`` 1x1 bf16 on a ~355M-parameter GPT against a plain PyTorch loop of the same model,
-batch and optimizer, with the model-FLOPs utilisation of both;
-(5) layout-free dropout against ``torch.nn.functional.dropout``;
-(6) the planner's per-stage memory against the peak measured on the GPU.
-It prints a markdown section and updates it in docs/benchmarks.md. Without CUDA it prints
-``no CUDA device: skipped`` and exits 0, which is why ``make bench`` (bench/run_all.py) does not run it.
+``python bench/gpu_bench.py`` on a GPU measures in one run: (1) a 1x1 float64 run on CUDA against the CPU
+reference (bound 1e-9); (2) bf16's loss curve against fp32; (3) a GPU checkpoint (written in the background)
+resumed in a CPU 2x2 layout; (4) ``spotmorph train`` 1x1 bf16 on a ~355M GPT against a plain PyTorch loop,
+with both MFUs; (5) layout-free dropout against torch's; (6) the planner's per-stage memory against the
+GPU's measured peaks. It prints a markdown section (each part on stderr as it ends; a failed part is one
+line and exit 1) and updates docs/benchmarks.md. Without CUDA it prints ``no CUDA device: skipped``.
 
-``--smoke`` runs every part at toy sizes on whatever device there is (CPU here) and only prints: no figure
-of it means anything, but CI runs it (tests/runtime/test_gpu.py), so the first run on a GPU does not
-stop at a wrong call in this file.
+``--smoke`` runs every part at toy sizes on whatever device there is and only prints; CI runs it
+(tests/runtime/test_gpu.py), so the first run on a GPU does not stop at a wrong call in this file.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -321,15 +317,29 @@ def memory_rows(setup: Setup) -> list[str]:
     return rows
 
 
+def _part(name: str, measure: Callable[[], list[str]]) -> list[str]:
+    """One part of the bench: its rows, printed to stderr as soon as they exist (a later part that hangs
+    or fails hides nothing), or one line saying how it failed."""
+    started = time.perf_counter()
+    try:
+        rows = measure()
+    except Exception as exc:  # one part's failure is reported, the others still run
+        rows = [f"**{name} failed**: {type(exc).__name__}: {str(exc)[-2000:]}"]
+    print(f"--- {name} ({time.perf_counter() - started:.0f} s)", *rows, sep="\n", file=sys.stderr, flush=True)
+    return rows
+
+
 def run(setup: Setup) -> str:
     import torch
 
     name, _ = _peak_flops(setup)
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         work = Path(tmp)
-        exact = exactness(work, setup)
-        curves = loss_curves(work, setup)
-        speed = throughput(work, setup)
+        exact = _part("exactness", lambda: exactness(work, setup))
+        curves = _part("loss curves", lambda: loss_curves(work, setup))
+        speed = _part("throughput", lambda: throughput(work, setup))
+    dropout = _part("dropout", lambda: dropout_rows(setup))
+    memory = _part("memory", lambda: memory_rows(setup))
     smoke = setup != FULL
     return "\n".join(
         [
@@ -356,14 +366,14 @@ def run(setup: Setup) -> str:
             "",
             "Layout-free dropout against torch's (which draws from the device's generator and cannot be layout-free):",
             "",
-            *dropout_rows(setup),
+            *dropout,
             "",
             "Memory: a profile calibrated on this GPU (bf16, GPT 8x768, 512 tokens, m=4, B=32, 1F1B) and the "
             "planner's per-stage model, against each stage replayed alone on the GPU with its in-flight "
             "micro-batches (`worker_agent.runtime.memory.measure_stage_peaks`). Error = (predicted - measured) "
             "/ measured.",
             "",
-            *memory_rows(setup),
+            *memory,
         ]
     )
 
@@ -375,16 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="toy sizes on any device; print only, write no docs")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
-    if args.smoke:
-        print(run(smoke_setup("cuda" if cuda else "cpu")))
-        return 0
-    if not cuda:
+    if not cuda and not args.smoke:
         print("no CUDA device: skipped")
         return 0
-    section = run(FULL)
+    section = run(smoke_setup("cuda" if cuda else "cpu") if args.smoke else FULL)
     print(section)
-    replace_section(HEADING, section)
-    return 0
+    if not args.smoke:
+        replace_section(HEADING, section)
+    return 1 if "failed**:" in section else 0
 
 
 if __name__ == "__main__":

@@ -162,9 +162,12 @@ class LocalCluster:
     def cli_json(self, *args: str) -> Any:
         return json.loads(self.cli(*args, "--json").stdout)
 
-    def up(self, nodes: int, slots: int = 2, heartbeat_expiry: float = 5.0, *, netns: bool = False) -> None:
+    def up(
+        self, nodes: int, slots: int = 2, heartbeat_expiry: float = 5.0, *, netns: bool = False, gpus_per_node: int = 0
+    ) -> None:
         args = ["--nodes", str(nodes), "--slots", str(slots), "--heartbeat-expiry", str(heartbeat_expiry)]
-        self.cli("local", "up", *args, *(["--netns"] if netns else []))
+        gpus = ["--gpus-per-node", str(gpus_per_node)] if gpus_per_node else []
+        self.cli("local", "up", *args, *gpus, *(["--netns"] if netns else []))
 
     def add(self, count: int = 1) -> None:
         self.cli("local", "add", str(count))

@@ -116,6 +116,22 @@ def test_measured_stage_peaks_are_positive_and_recomputation_lowers_them() -> No
     assert recomputed[0] <= plain[0]
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_exact_job_on_cuda_resumed_twice_ends_bitwise_where_one_run_does(tmp_path: Path, precision: str) -> None:
+    """Exact mode on CUDA (deterministic kernels, cuBLAS's fixed workspace): a run stopped and resumed at
+    steps 12 and 25 ends bit for bit where the uninterrupted one does (one GPU: both 1x1)."""
+    from tests.runtime.test_exact import bitwise, exact_train
+
+    flags = ("--device=cuda", f"--precision={precision}")
+    exact_train(tmp_path / "reference", 1, 1, 50, *flags)
+    for until in (12, 25, 50):
+        exact_train(tmp_path / "chain", 1, 1, until, *flags)
+    verdict = bitwise(tmp_path / "reference", tmp_path / "chain")
+    assert verdict.returncode == 0 and "bitwise equal" in verdict.stdout, verdict.stdout + verdict.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the GPU bench does without a GPU")
 def test_the_gpu_bench_skips_without_cuda() -> None:
     """Not a GPU test: it is what CI and `python bench/gpu_bench.py` on a CPU machine see."""
