@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
-from spotmorph.local.processes import alive
 
 from .test_elastic import BATCH, INTERVAL, SEED, STEPS
 
@@ -27,14 +26,13 @@ pytestmark = [
 ]
 
 
-def _trainer_command_lines(cluster: LocalCluster) -> list[str]:
-    lines = []
-    for vm in cluster.vms():
-        for pid_file in vm.work_dir.trainers.pid_files():
-            pid = int(pid_file.read_text())
-            if alive(pid):
-                lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
-    return lines
+def _trainer_starts(cluster: LocalCluster) -> dict[str, list[str]]:
+    """Each VM's agent-log lines that started a trainer ("starting TrainerKey(...) in slot 0 on cuda:0"): a
+    trainer runs in a warm spare process, so its command line does not name its device; the agent does."""
+    return {
+        vm.name: [line for line in vm.log.read_text().splitlines() if " starting TrainerKey(" in line]
+        for vm in cluster.vms()
+    }
 
 
 def _gpu_processes() -> str:
@@ -62,9 +60,9 @@ def test_a_gpu_job_through_an_eviction_and_back_equals_the_cpu_reference(
         device="auto",
     )
     cluster.wait_step(job, 40, 180)
-    lines = _trainer_command_lines(cluster)
-    cluster.notes.append(f"trainers: {lines}\nGPU processes: {_gpu_processes()}")
-    assert lines and all("--device-index" in line for line in lines), lines
+    cluster.notes.append(f"GPU processes while generation 1 trained: {_gpu_processes()}")
+    first = _trainer_starts(cluster)
+    assert [line.endswith(" on cuda:0") for lines in first.values() for line in lines] == [True], first
 
     victim = cluster.job_nodes(job)[0]
     vm = cluster.vm_of(victim)
@@ -77,3 +75,6 @@ def test_a_gpu_job_through_an_eviction_and_back_equals_the_cpu_reference(
     assert final["steps_lost"] == 0, final
     assert final["generation"] >= 2, final
     assert max_rel_diff(train_reference(references, STEPS, BATCH, SEED), checkpoints) <= 1e-9
+    after = {name: lines for name, lines in _trainer_starts(cluster).items() if name not in first}
+    assert after and all(line.endswith(" on cuda:0") for lines in after.values() for line in lines), after
+    assert any(after.values()), after

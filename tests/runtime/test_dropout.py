@@ -13,6 +13,7 @@ from worker_agent.runtime.dropout import (
     apply_dropout,
     drop_threshold,
     eager_kernel,
+    element_words,
     finalise_int,
     fused_kernel,
     keep_mask,
@@ -128,7 +129,9 @@ def test_the_eager_and_the_compilable_kernel_agree_bit_for_bit() -> None:
         for p in (0.1, 0.5):
             threshold = drop_threshold(p) - 2**31
             eager = eager_kernel(x, words, layer, threshold, 1 / (1 - p))
-            fused, keep = fused_kernel(x.reshape(4, -1), words, layer, threshold, 1 / (1 - p))
+            fused, keep = fused_kernel(
+                x.reshape(4, -1), words ^ layer, element_words(33, x.device), threshold, 1 / (1 - p)
+            )
             assert torch.equal(eager, fused.reshape(x.shape))
             assert torch.equal(keep.view(torch.bool).reshape(x.shape), keep_mask(x.shape, ids, 3, 4, 5, p))
     assert torch.equal(apply_dropout(x, ids, 3, 4, 5, 0.5), eager_kernel(x, words, layer, 0, 2.0))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from worker_agent.runtime import dropout_fused
-from worker_agent.runtime.dropout import apply_dropout, eager_kernel, fused_kernel, keep_mask
+from worker_agent.runtime.dropout import apply_dropout, eager_kernel, element_words, fused_kernel, keep_mask
 
 IDS = torch.tensor([5, 0, 2**33 + 7, 11, -1, 3, 40])  # -1: the runtime pads short micro-batches with it
 
@@ -65,7 +65,7 @@ def test_a_kernel_that_differs_from_the_reference_is_refused_with_one_warning(ca
         return eager_kernel(x, words, layer, threshold, scale) * 2
 
     with caplog.at_level(logging.WARNING, logger=dropout_fused.__name__):
-        assert dropout_fused.check(fused_kernel, doubled, torch.device("cpu"), torch.float32) is None
+        assert dropout_fused.check(fused_kernel, doubled, element_words, torch.device("cpu"), torch.float32) is None
     assert [r.getMessage() for r in caplog.records] == [
         "layout-free dropout: the compiled kernel on cpu differs from the eager one on the CPU for torch.float32; "
         "using eager"
@@ -76,14 +76,14 @@ def test_a_kernel_that_cannot_be_compiled_leaves_dropout_eager_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def untraceable(
-        x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float
+        x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor, threshold: int, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if x.sum().item() > 1e30:  # data-dependent control flow: fullgraph compilation refuses it
             return x, x
-        return fused_kernel(x, words, layer, threshold, scale)
+        return fused_kernel(x, rows, columns, threshold, scale)
 
     with caplog.at_level(logging.WARNING, logger=dropout_fused.__name__):
-        assert dropout_fused.check(untraceable, eager_kernel, torch.device("cpu"), torch.float32) is None
+        assert dropout_fused.check(untraceable, eager_kernel, element_words, torch.device("cpu"), torch.float32) is None
     (record,) = caplog.records
     assert record.getMessage().startswith("layout-free dropout: no compiled kernel on cpu for torch.float32 (")
 

@@ -219,7 +219,8 @@ def apply_dropout(
     per_sample = math.prod(x.shape[1:])
     mode = os.environ.get(dropout_fused.ENV, "auto")
     if dropout_fused.wanted(x, per_sample, mode):
-        out = dropout_fused.run(fused_kernel, eager_kernel, x, words, layer, threshold - (1 << 31), scale)
+        t = threshold - (1 << 31)
+        out = dropout_fused.run(fused_kernel, eager_kernel, element_words, x, words, layer, t, scale)
         if out is not None:
             return out
     return eager_kernel(x, words, layer, threshold - (1 << 31), scale)
@@ -253,12 +254,16 @@ def eager_kernel(x: torch.Tensor, words: torch.Tensor, layer: int, threshold: in
 
 
 def fused_kernel(
-    x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float
+    x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor, threshold: int, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`eager_kernel` for ``torch.compile`` (no cache, nothing in place) on ``x`` of shape
-    ``[samples, elements]``; it also returns the mask (as uint8 lanes) for the backward pass."""
-    e = torch.arange(x.shape[1], dtype=torch.int32, device=x.device) * signed(ELEMENT, 32)
-    h = (e ^ ((e >> 16) & 0xFFFF)).view(1, -1) ^ (words ^ layer).view(-1, 1)
+    ``[samples, elements]``, from the sample words xor the layer word (``rows``) and :func:`element_words`
+    (``columns``), both int32 tensors; it also returns the mask (as uint8 lanes) for the backward pass.
+
+    The words come in as tensors because inductor's Triton code holds a symbolic integer (the layer word, an
+    ``arange``'s length) in 64 bits: mixed into the hash it made the multiplications stop wrapping at 32 bits
+    (found on an H100; the self-check refused the kernel)."""
+    h = columns.view(1, -1) ^ rows.view(-1, 1)
     h = h * signed(MIX32_1, 32)
     keep = (h ^ ((h >> 13) & 0x7FFFF)) * signed(MIX32_2, 32) >= threshold
     return x * keep * scale, keep.to(torch.uint8)

@@ -27,7 +27,10 @@ import torch
 ENV = "SPOTMORPH_DROPOUT_COMPILE"
 MODES = ("auto", "on", "off")
 Eager = Callable[[torch.Tensor, torch.Tensor, int, int, float], torch.Tensor]
-Fused = Callable[[torch.Tensor, torch.Tensor, int, int, float], tuple[torch.Tensor, torch.Tensor]]
+# (x, row words S ^ L, column words E, threshold, scale): every word an int32 tensor, so no symbolic integer
+# (which inductor's Triton code holds in 64 bits) enters the 32-bit wrapping arithmetic.
+Fused = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, float], tuple[torch.Tensor, torch.Tensor]]
+Columns = Callable[[int, torch.device], torch.Tensor]  # the column words of a row length, on a device
 _PROBES = (((3, 5, 7), -(1 << 30), 4 / 3, -123456789), ((2, 13), 1 << 29, 1 / 0.375, 987654321))
 _PROBE_WORDS = (-1640531527, 2027808484, -1)
 
@@ -64,9 +67,9 @@ class _Masked(torch.autograd.Function):
     """Forward: the compiled kernel (run without autograd); backward: torch's dropout backward of its mask."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, words: torch.Tensor, *rest: Any) -> torch.Tensor:
-        layer, threshold, scale, kernel = rest
-        out, keep = kernel(x.detach(), words.detach(), layer, threshold, scale)  # not views: no guards on bases
+    def forward(ctx: Any, x: torch.Tensor, rows: torch.Tensor, *rest: Any) -> torch.Tensor:
+        columns, threshold, scale, kernel = rest
+        out, keep = kernel(x.detach(), rows, columns, threshold, scale)  # not views: no guards on bases
         ctx.save_for_backward(keep.view(torch.bool))
         ctx.scale = scale
         return out  # type: ignore[no-any-return]
@@ -78,26 +81,35 @@ class _Masked(torch.autograd.Function):
 
 
 def masked(
-    kernel: Fused, x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float
+    kernel: Fused, columns: Columns, x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float
 ) -> torch.Tensor:
-    """``kernel`` applied to ``x`` flattened to ``[samples, elements]`` (one graph for every rank), with autograd."""
+    """``kernel`` applied to ``x`` flattened to ``[samples, elements]`` (one graph for every rank), with autograd;
+    the layer word is folded into the sample words here, eagerly, on int32 lanes."""
     flat = x.reshape(x.shape[0], -1)
-    out: torch.Tensor = _Masked.apply(flat, words, layer, threshold, scale, kernel)  # type: ignore[no-untyped-call]
+    rows, cols = (words ^ layer).detach(), columns(flat.shape[1], x.device)
+    out: torch.Tensor = _Masked.apply(flat, rows, cols, threshold, scale, kernel)  # type: ignore[no-untyped-call]
     return out.view(x.shape)
 
 
 def run(
-    kernel: Fused, reference: Eager, x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float
+    kernel: Fused,
+    reference: Eager,
+    columns: Columns,
+    x: torch.Tensor,
+    words: torch.Tensor,
+    layer: int,
+    threshold: int,
+    scale: float,
 ) -> torch.Tensor | None:
     """The compiled ``kernel``'s result, or None when this (device, dtype) must use the eager path."""
     key = (x.device.type, x.device.index, x.dtype)
     if key not in _verdicts:
-        _verdicts[key] = check(kernel, reference, x.device, x.dtype)
+        _verdicts[key] = check(kernel, reference, columns, x.device, x.dtype)
     fused = _verdicts[key]
     if fused is None:
         return None
     try:
-        return masked(fused, x, words, layer, threshold, scale)
+        return masked(fused, columns, x, words, layer, threshold, scale)
     except Exception as error:  # a recompilation (a new specialisation) failed: eager from now on
         _verdicts[key] = None
         log.warning(
@@ -106,7 +118,7 @@ def run(
         return None
 
 
-def check(kernel: Fused, reference: Eager, device: torch.device, dtype: torch.dtype) -> Fused | None:
+def check(kernel: Fused, reference: Eager, columns: Columns, device: torch.device, dtype: torch.dtype) -> Fused | None:
     """``kernel`` compiled, if on two probes it gives what ``reference`` gives on the CPU; else None (logged)."""
     fused = compiled(kernel)
     try:
@@ -114,7 +126,7 @@ def check(kernel: Fused, reference: Eager, device: torch.device, dtype: torch.dt
             x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))).to(dtype)
             words = torch.tensor(_PROBE_WORDS[: shape[0]], dtype=torch.int32)
             got = _forward_backward(
-                lambda *a: masked(fused, *a), x.to(device), words.to(device), layer, threshold, scale
+                lambda *a: masked(fused, columns, *a), x.to(device), words.to(device), layer, threshold, scale
             )
             want = _forward_backward(reference, x, words, layer, threshold, scale)
             if not all(torch.equal(a.cpu(), b) for a, b in zip(got, want, strict=True)):
