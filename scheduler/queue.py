@@ -6,9 +6,11 @@ Policy (documented in docs/controller.md):
 - The head of the queue is admitted as soon as a layout with at least ``min_gpus`` GPUs fits on the
   free nodes (READY and held by no job); it takes the nodes its plan uses, the next job is then
   considered on what is left.
-- No backfill: when the head does not fit, the jobs behind it wait, so a large job is never starved
-  by a stream of small ones. Running jobs are never preempted for a queued one.
-- A running job grows onto free nodes only when no job is waiting.
+- No backfill: when the head does not fit the free nodes but fits the nodes present (some held by
+  running jobs), the jobs behind it wait, so a large job is never starved by a stream of small ones.
+  A job that fits no layout of the nodes present at all (``placeable`` says so) blocks nobody: the jobs
+  behind it are considered as if it were not there. Running jobs are never preempted for a queued one.
+- A running job grows onto free nodes only when no placeable job is waiting.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ def admit(
     entries: Sequence[QueueEntry],
     free_nodes: Sequence[tuple[str, int]],
     fit: Callable[[str, Sequence[tuple[str, int]]], tuple[P, frozenset[str]] | None],
+    placeable: Callable[[str], bool] = lambda _: True,
 ) -> list[tuple[str, P]]:
     """Jobs to start now, in order, each with the plan ``fit`` made for it on the nodes still free.
 
-    ``fit(job_id, nodes)`` returns the plan and the node names it uses, or ``None`` when nothing fits.
+    ``fit(job_id, nodes)`` returns the plan and the node names it uses, or ``None`` when nothing fits;
+    ``placeable(job_id)`` whether the job fits the cluster's nodes at all (free or not).
     """
     free = list(free_nodes)
     admitted: list[tuple[str, P]] = []
@@ -48,7 +52,9 @@ def admit(
             break
         result = fit(entry.job_id, free)
         if result is None:
-            break  # no backfill: the head waits and so does everyone behind it
+            if placeable(entry.job_id):
+                break  # no backfill: the head waits for room and so does everyone behind it
+            continue  # it fits none of the nodes here: it waits for others without blocking the queue
         plan, used = result
         admitted.append((entry.job_id, plan))
         free = [n for n in free if n[0] not in used]

@@ -16,6 +16,7 @@ from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Command, NodeObservation, StartGeneration, World
 from controller.core.reconcile import Config
+from controller.core.reconcile.waits import WAITS_FOR_ROOM
 from controller.persistence.store import Store
 from controller.providers.base import StaticProvider
 from controller.shell.latency import Histogram
@@ -108,7 +109,9 @@ def test_events_after_a_sequence_number_of_one_job(tmp_path: Path) -> None:
             assert {"JobSubmitted", "NodeRegistered"} <= {e.kind for e in everything}
             after = everything[0].seq
             assert await h.view.events(after, limit=2) == everything[1:3]
-            assert [e.kind for e in await h.view.events(job=second.id)] == ["JobSubmitted"]
+            submitted, waits = await h.view.events(job=second.id)  # and the reason it waits, said once
+            assert (submitted.kind, waits.kind) == ("JobSubmitted", "JobStateChanged")
+            assert waits.data["reason"] == WAITS_FOR_ROOM
             assert all(e.job == first.id for e in await h.view.events(job=first.id))
 
     asyncio.run(scenario())

@@ -17,7 +17,7 @@ from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
 from controller.core.model import Action, Assignment, Command, Salvage, World, ranks_by_node
 from controller.core.reconcile.admission import admit_queued
 from controller.core.reconcile.config import Config, Planners
-from controller.core.reconcile.devices import explain_gpu_waits, spec_for_generation
+from controller.core.reconcile.devices import spec_for_generation
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fail_unplannable
 from controller.core.reconcile.growth import grow
@@ -43,7 +43,6 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
         if draft.jobs[job_id].state is JobState.MORPHING:
             advance_morph(draft, config, planners, job_id)
     admit_queued(draft, config, planners)
-    explain_gpu_waits(draft)
     grow(draft, config, planners)
     fail_unplannable(draft)
     forgotten = forget_gone(world, now, config.gone_retention_seconds, config.damping.flap_memory_seconds)

@@ -1,4 +1,5 @@
-"""Queued jobs: fail the ones that cannot be planned, admit the rest in queue order once arrivals settle."""
+"""Queued jobs: fail the ones that cannot be planned, admit the rest in queue order once arrivals settle, and
+say what each one left waits for (:mod:`~controller.core.reconcile.waits`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from controller.core.lifecycle import JobState
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
+from controller.core.reconcile.waits import Placement, explain_waits
 from morphing.planner import Plan
 from scheduler.queue import QueueEntry, admit
 
@@ -19,15 +21,19 @@ def admit_queued(draft: Draft, config: Config, planners: Planners) -> None:
         if isinstance(problem, str):
             draft.move_job(job.id, JobState.FAILED, problem, failure_cause=JobFailureCause.UNPLANNABLE)
     queued = [j for j in draft.jobs.values() if j.state is JobState.QUEUED]
-    if not queued or not draft.arrivals_settled(config.debounce_seconds):
+    if not queued:
         return
+    placement = Placement(draft, planners)
+    settled = draft.arrivals_settled(config.debounce_seconds)
+    if settled:
 
-    def placed(job_id: str, nodes: Sequence[tuple[str, int]]) -> tuple[Plan, frozenset[str]] | None:
-        plan = fit(draft, planners, job_id, nodes)
-        return None if plan is None else (plan, frozenset(plan.layout.nodes()))
+        def placed(job_id: str, nodes: Sequence[tuple[str, int]]) -> tuple[Plan, frozenset[str]] | None:
+            plan = fit(draft, planners, job_id, nodes)
+            return None if plan is None else (plan, frozenset(plan.layout.nodes()))
 
-    entries = [QueueEntry(j.id, j.spec.priority, j.submitted_at) for j in queued]
-    free = [(n.name, n.slots) for n in free_nodes(draft.nodes)]
-    for job_id, plan in admit(entries, free, placed):
-        cause = MorphCause.RESUMED if draft.jobs[job_id].generation else MorphCause.ADMITTED
-        start_generation(draft, config, job_id, plan, cause, str(cause))
+        entries = [QueueEntry(j.id, j.spec.priority, j.submitted_at) for j in queued]
+        free = [(n.name, n.slots) for n in free_nodes(draft.nodes)]
+        for job_id, plan in admit(entries, free, placed, placement.fits):
+            cause = MorphCause.RESUMED if draft.jobs[job_id].generation else MorphCause.ADMITTED
+            start_generation(draft, config, job_id, plan, cause, str(cause))
+    explain_waits(draft, placement, settled)

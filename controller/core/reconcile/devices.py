@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.lifecycle import NodeState
 from controller.core.model import JobRecord, NodeRecord
-from controller.core.reconcile.draft import Draft
 from morphing.jobspec import JobSpec
 
 NO_GPU_NODE = "needs GPU nodes; none has registered a GPU"
@@ -37,17 +36,6 @@ def waiting_reason(job: JobRecord, nodes: Mapping[str, NodeRecord]) -> str | Non
     if not any(n.gpus and n.state in PRESENT for n in nodes.values()):
         return NO_GPU_NODE
     return NO_FREE_GPU_NODE
-
-
-def explain_gpu_waits(draft: Draft) -> None:
-    """Queued jobs that need GPUs say what they wait for (a new reason only when it changed)."""
-    for job_id in sorted(draft.jobs):
-        job = draft.jobs[job_id]
-        if job.state is not JobState.QUEUED:
-            continue
-        reason = waiting_reason(job, draft.nodes)
-        if reason is not None and reason != job.reason:
-            draft.move_job(job_id, JobState.QUEUED, reason)
 
 
 def spec_for_generation(job: JobRecord, nodes: Mapping[str, NodeRecord]) -> JobSpec:

@@ -37,6 +37,7 @@ class Draft:
         self.now = now
         self.commands: list[Command] = []
         self.unplannable: dict[str, str] = {}  # job -> why its planner failed (the job fails at the end of the pass)
+        self.queue_blocked = False  # a queued job that fits the nodes here waits for some to be freed
 
     def move_node(self, name: str, target: NodeState, reason: str, **fields: object) -> None:
         self._node(move(self.nodes[name], target, reason, self.now, **fields))

@@ -22,7 +22,7 @@ from morphing.policy import decide_morph
 
 def grow(draft: Draft, config: Config, planners: Planners) -> None:
     jobs = draft.jobs.values()
-    if any(j.state is JobState.QUEUED for j in jobs) or not draft.arrivals_settled(config.debounce_seconds):
+    if draft.queue_blocked or not draft.arrivals_settled(config.debounce_seconds):
         return
     running = sorted(
         (j for j in jobs if j.state is JobState.RUNNING and j.layout is not None),
