@@ -33,6 +33,7 @@ from controller.core.flapping import Damping
 from controller.core.reconcile import Config
 from controller.files import private_file, set_mode, write_public
 from controller.observability.metrics import serve_metrics
+from controller.observability.tensorboard import TensorBoardExport
 from controller.persistence.store import Store
 from controller.providers.base import Clock, ProviderInbox
 from controller.shell.latency import Histogram
@@ -136,6 +137,8 @@ class Controller:
         rpc.add_JobsServicer_to_server(JobsService(self.view, self.runner, self.stopping), self.server)
         self.metrics_server: Any = None
         self.metrics_port = 0
+        self.tensorboard: TensorBoardExport | None = None
+        self._tensorboard_task: asyncio.Task[None] | None = None
         rpc.add_ClusterServicer_to_server(ClusterService(self.view, self.store.schema_version()), self.server)
         interval = settings.heartbeat_interval_seconds
         agent = AgentService(self.view, self.runner, self.tokens, interval, self.heartbeat_latency)
@@ -178,6 +181,9 @@ class Controller:
             self.metrics_server, self.metrics_port = await serve_metrics(listen, self.view, self.metrics_tls)
             metrics_host = self.settings.metrics_listen.rsplit(":", 1)[0]
             write_public(self.settings.state_dir / "metrics.addr", f"{metrics_host}:{self.metrics_port}\n".encode())
+        if self.settings.tensorboard_dir is not None:
+            self.tensorboard = TensorBoardExport(self.settings.tensorboard_dir, self.view, self.runner.clock.now)
+            self._tensorboard_task = asyncio.ensure_future(self.tensorboard.run())
         log.info("controller listening on %s:%d (state in %s)", host, self.port, self.settings.state_dir)
 
     async def stop(self, grace: float | None = None) -> None:
@@ -189,6 +195,11 @@ class Controller:
         await self.runner.close()
         if self.metrics_server is not None:
             await self.metrics_server.cleanup()
+        if self._tensorboard_task is not None and self.tensorboard is not None:
+            self._tensorboard_task.cancel()
+            await asyncio.gather(self._tensorboard_task, return_exceptions=True)
+            self.tensorboard.export(self.view.jobs())  # the last decisions' points
+            self.tensorboard.close()
         self.view.close()
         self.store.close()
         self.state_lock.release()

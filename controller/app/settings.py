@@ -90,6 +90,8 @@ class ControllerSettings(BaseSettings):
     """Expected price of a morph, weighed against the throughput growth would bring."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus (GET /metrics; HTTPS with the API's certificate when TLS is on); None: off."""
+    tensorboard_dir: Path | None = None
+    """Write TensorBoard event files here, a folder per job (loss, eval loss, samples/s, layout, morphs); None: off."""
     metrics_allow_remote: bool = False
     """Serve metrics beyond loopback in plain HTTP, without TLS (only on a network you trust)."""
     provider: Literal["static", "local", "azure"] = "static"

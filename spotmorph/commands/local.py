@@ -13,6 +13,7 @@ links. The work is done in :mod:`spotmorph.local`.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from morphing.errors import UserInputError
@@ -42,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="every VM a network namespace on a bridge (root; see docs/local-cluster.md)",
     )
     up.add_argument("--subnet", help="the --netns cluster's /24 (default: a free one of 10.77.0.0/16)")
+    up.add_argument(
+        "--tensorboard-dir", type=Path, help="the controller writes TensorBoard event files here, a folder per job"
+    )
     add = sub.add_parser("add", help="add nodes")
     add.add_argument("count", type=int, nargs="?", default=1)
     preempt = sub.add_parser("preempt", help="evict a node with notice (Scheduled Events)")
@@ -82,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         options = cluster.UpOptions(
             args.nodes, slots, args.heartbeat_expiry, args.debounce, args.netns, args.subnet, args.gpus_per_node
         )
+        if args.tensorboard_dir is not None:
+            options = replace(options, tensorboard_dir=args.tensorboard_dir.resolve())
         context, names = cluster.up(options)
         nodes = ", ".join(names) or "none"
         where = " in network namespaces" if options.netns else ""

@@ -45,6 +45,7 @@ class UpOptions:
     netns: bool = False  # every VM a network namespace on a bridge
     subnet: str | None = None  # the --netns cluster's /24 (None: a free one of 10.77.0.0/16)
     gpus_per_node: int = 0  # GPUs of this host each VM gets for its own (0: CPU slots)
+    tensorboard_dir: Path | None = None  # where the controller writes TensorBoard event files (None: off)
 
     def check(self) -> None:
         if self.nodes < 0 or self.slots < 1:
@@ -87,13 +88,16 @@ def require_node(provider: LocalProcessProvider, node: str) -> LocalVm:
     return vm
 
 
-def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[str, float | int]:
-    return {
+def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[str, float | int | str]:
+    settings: dict[str, float | int | str] = {
         "heartbeat_expiry_seconds": options.heartbeat_expiry,
         "debounce_seconds": options.debounce,
         "rendezvous_port_base": rendezvous_port_base,
         "morph_cost_seconds": MORPH_COST_SECONDS,
     }
+    if options.tensorboard_dir is not None:
+        settings["tensorboard_dir"] = str(options.tensorboard_dir)
+    return settings
 
 
 def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]]:

@@ -163,11 +163,19 @@ class LocalCluster:
         return json.loads(self.cli(*args, "--json").stdout)
 
     def up(
-        self, nodes: int, slots: int = 2, heartbeat_expiry: float = 5.0, *, netns: bool = False, gpus_per_node: int = 0
+        self,
+        nodes: int,
+        slots: int = 2,
+        heartbeat_expiry: float = 5.0,
+        *,
+        netns: bool = False,
+        gpus_per_node: int = 0,
+        tensorboard_dir: Path | None = None,
     ) -> None:
         args = ["--nodes", str(nodes), "--slots", str(slots), "--heartbeat-expiry", str(heartbeat_expiry)]
-        gpus = ["--gpus-per-node", str(gpus_per_node)] if gpus_per_node else []
-        self.cli("local", "up", *args, *gpus, *(["--netns"] if netns else []))
+        args += ["--gpus-per-node", str(gpus_per_node)] if gpus_per_node else []
+        args += ["--tensorboard-dir", str(tensorboard_dir)] if tensorboard_dir is not None else []
+        self.cli("local", "up", *args, *(["--netns"] if netns else []))
 
     def add(self, count: int = 1) -> None:
         self.cli("local", "add", str(count))

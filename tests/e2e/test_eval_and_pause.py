@@ -4,7 +4,9 @@ long the last checkpoint paused training, equal to what the trainers' own progre
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +20,7 @@ STEPS, EVAL_INTERVAL = 200, 50
 
 def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    cluster.up(nodes=2, slots=1)
+    cluster.up(nodes=2, slots=1, tensorboard_dir=tmp_path / "tb")
     job = cluster.submit(
         ROOT / "examples" / "hf_gpt2.yaml",
         steps=STEPS,
@@ -85,3 +87,29 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     assert progressed and all(losses.get(d["step"], d["loss"]) == d["loss"] for d in progressed), progressed
     stalls = [e["data"] for e in logged if e["kind"] == "CheckpointStallMeasured"]
     assert stalls[-1] == {"generation": 2, "step": STEPS, "stall_seconds": stall}
+    assert_tensorboard_shows_the_run(tmp_path / "tb" / job, cluster, job, final)
+
+
+def assert_tensorboard_shows_the_run(folder: Path, cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
+    """The controller's event files, read by TensorBoard's own reader: every loss point is the one the
+    trainers computed at that step (as float32), the last eval is the job's, and the layout steps from two
+    GPUs to one at generation 2's resume step with a text marker there."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(folder))
+    board.Reload()
+    computed = {
+        r.event.step: r.event.loss
+        for records in cluster.rank_progress(job).values()
+        for r in records
+        if isinstance(r.event, StepCompleted)
+    }
+    points = [(e.step, e.value) for e in board.Scalars("train/loss")]
+    assert points and points[-1][0] == STEPS, points
+    assert all(value == struct.unpack("<f", struct.pack("<f", computed[step]))[0] for step, value in points), points
+    assert [e.step for e in board.Scalars("train/loss")] == sorted({e.step for e in board.Scalars("train/loss")})
+    assert board.Scalars("eval/loss")[-1].step == STEPS
+    assert board.Scalars("eval/loss")[-1].value == pytest.approx(final["eval_loss"], rel=1e-6)
+    assert [(e.step > 0, e.value) for e in board.Scalars("layout/gpus")] == [(False, 2.0), (True, 1.0)]
+    [marker] = [e for e in board.Tensors("morphs") if e.step > 0]
+    assert marker.tensor_proto.string_val[0].decode().startswith(f"generation 2 from step {marker.step}: ")

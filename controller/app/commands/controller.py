@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-allow-remote", action="store_true", default=None, help="metrics beyond loopback without TLS"
     )
+    parser.add_argument(
+        "--tensorboard-dir",
+        type=Path,
+        help="write TensorBoard event files here, one folder per job (`tensorboard --logdir`)",
+    )
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
 
 
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace, providers: Mapping[str, ProviderFactory] | Non
     handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     keys = ("state_dir", "listen", "token_file", "tls_cert", "tls_key", "tls_ca", "allow_plaintext")
-    more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen", "metrics_allow_remote")
+    more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen", "metrics_allow_remote", "tensorboard_dir")
     overrides = {k: getattr(args, k) for k in (*keys, *more)}
     settings = load_settings(args.config, overrides)
     return asyncio.run(serve(settings, providers))

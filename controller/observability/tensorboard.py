@@ -1,0 +1,124 @@
+"""Per job, TensorBoard event files under ``--tensorboard-dir/<job id>/``, from what the controller already holds.
+
+Each commit, every job record is compared with the one last exported (:func:`points`, pure): a newer
+training step writes ``train/loss`` and ``train/samples_per_second``, a newer evaluation ``eval/loss``,
+and a new generation its layout (``layout/stages``, ``layout/replicas``, ``layout/gpus``,
+``layout/micro_batch_size``) and a text marker under ``morphs`` with the reason the job record gives.
+Points start from when the controller started exporting (a restarted controller adds a file, never
+repeats a point); ``tensorboard --logdir DIR`` shows one run per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from controller.core.model import JobRecord
+from controller.observability.tfevents import EventFile
+
+log = logging.getLogger("spotmorph.tensorboard")
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What was last exported of one job."""
+
+    step: int
+    eval_step: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Point:
+    tag: str
+    step: int
+    value: float | None = None  # a scalar, or
+    text: str | None = None  # a text marker
+
+
+def seen(job: JobRecord) -> Seen:
+    return Seen(job.training.step if job.training.loss is not None else 0, job.eval_step or 0, job.generation)
+
+
+def later(before: Seen | None, now: Seen) -> Seen:
+    """The newest of each: a generation that resumed from an earlier step rewrites no point already written."""
+    if before is None:
+        return now
+    return Seen(max(before.step, now.step), max(before.eval_step, now.eval_step), max(before.generation, now.generation))
+
+
+def points(before: Seen | None, job: JobRecord) -> list[Point]:
+    """What changed in ``job`` since ``before`` (None: nothing exported of it yet), as TensorBoard points."""
+    out: list[Point] = []
+    training = job.training
+    if training.loss is not None and training.step > (before.step if before else 0):
+        out.append(Point("train/loss", training.step, training.loss))
+        if training.samples_per_second is not None:
+            out.append(Point("train/samples_per_second", training.step, training.samples_per_second))
+    if job.eval_loss is not None and job.eval_step and job.eval_step > (before.eval_step if before else 0):
+        out.append(Point("eval/loss", job.eval_step, job.eval_loss))
+    layout = job.layout
+    if layout is not None and job.generation > (before.generation if before else 0):
+        at = max(job.resume_step, job.held_step)  # the step it starts from: its checkpoint, or the memory held
+        out += [
+            Point("layout/stages", at, layout.pipeline_stages),
+            Point("layout/replicas", at, layout.data_parallel),
+            Point("layout/gpus", at, layout.pipeline_stages * layout.data_parallel),
+            Point("layout/micro_batch_size", at, layout.micro_batch_size),
+            Point("morphs", at, text=f"generation {job.generation} from step {at}: {job.reason}"),
+        ]
+    return out
+
+
+class Jobs(Protocol):
+    def jobs(self) -> tuple[JobRecord, ...]: ...
+
+    def next_change(self) -> asyncio.Event: ...
+
+
+class TensorBoardExport:
+    """Writes :func:`points` of every job after each commit; one :class:`EventFile` per job, opened lazily."""
+
+    def __init__(self, root: Path, view: Jobs, clock: Callable[[], float]) -> None:
+        self.root, self.view, self.clock = root, view, clock
+        self.seen: dict[str, Seen] = {job.id: seen(job) for job in view.jobs()}  # no history: from now on
+        self.files: dict[str, EventFile] = {}
+
+    def export(self, jobs: Iterable[JobRecord]) -> int:
+        """Write what changed; returns the number of points written."""
+        written, now = 0, self.clock()
+        for job in jobs:
+            before = self.seen.get(job.id)
+            new = points(before, job)
+            self.seen[job.id] = later(before, seen(job))
+            if not new or not SAFE_ID.match(job.id):
+                continue
+            file = self.files.get(job.id) or self.files.setdefault(job.id, EventFile(self.root / job.id, now))
+            for point in new:
+                if point.text is not None:
+                    file.text(point.tag, point.text, point.step, now)
+                elif point.value is not None:
+                    file.scalar(point.tag, point.value, point.step, now)
+            file.flush()
+            written += len(new)
+        return written
+
+    async def run(self) -> None:
+        """Until cancelled: export after every commit. A failed write is logged and tried at the next one."""
+        while True:
+            changed = self.view.next_change()
+            try:
+                self.export(self.view.jobs())
+            except OSError as exc:
+                log.warning("tensorboard export to %s failed: %s", self.root, exc)
+            await changed.wait()
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()
