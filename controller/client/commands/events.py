@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from controller.client.commands.common import add_client_arguments, call
@@ -15,6 +17,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     parser.add_argument("--after", type=int, default=0, metavar="SEQ", help="only events after this sequence number")
     add_client_arguments(parser)
+
+
+BARE = re.compile(r"[\w.:/@+,()-]+")  # a value printed as it is; anything else is quoted (JSON)
+
+
+def describe(data: Mapping[str, Any]) -> str:
+    """An event's fields as ``key=value`` words: numbers short, words bare, anything with spaces quoted."""
+    return " ".join(f"{key}={_word(value)}" for key, value in data.items())
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str) and BARE.fullmatch(value):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
                 row = {"seq": event.seq, "at": event.at, "kind": event.kind, "job": event.job or None}
                 print(json.dumps({**row, "node": event.node or None, "data": data}), flush=True)
             else:
-                stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
                 who = " ".join(x for x in (event.job, event.node) if x)
-                print(f"{event.seq:>6} {stamp} {event.kind:<20} {who:<16} {data}", flush=True)
+                print(f"{event.seq:>6} {stamp} {event.kind:<22} {who:<16} {describe(data)}", flush=True)
         return 0
 
     _, code = call(args, stream)
