@@ -13,11 +13,13 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(PY)
+	@echo "installing $(TORCH_SPEC) and spotmorph's dependencies into $(VENV) (about a minute, once)"
 	$(PY) -m pip install -q "$(TORCH_SPEC)" numpy
 	$(PY) -m pip install -q -e .
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	@echo "installing the test and lint tools into $(VENV)"
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 

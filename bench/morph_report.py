@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.morph_measure import PHASES, Recovery
+from morphing.words import plural
 
 HEADING = "## Morph latency on the local cluster"
 COMMAND = "MORPH_BENCH_REPS=3 .venv/bin/python -m bench.morph_bench"
@@ -41,10 +42,6 @@ def median(values: Sequence[float]) -> float:
 
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.1f}x" if b > 0 else "no ratio (none)"
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def goals(notice: list[Recovery], jit: list[Recovery]) -> str:

@@ -25,7 +25,7 @@ TOLERANCE = 1e-9
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=500, help="optimizer steps (default 500)")
-    parser.add_argument("--global-batch", type=int, default=16)
+    parser.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step (default 16)")
     parser.add_argument("--notice", type=float, default=15.0, help="eviction notice in seconds")
     parser.add_argument("--keep", action="store_true", help="keep the demo's files (logs, checkpoints)")
 
@@ -36,22 +36,23 @@ class _Demo:
     def __init__(self, home: Path) -> None:
         self.cluster = LocalCluster(home, poll=0.5)
         self.started = time.monotonic()
-        self.shown = (-1, -1)
+        self.shown: tuple[int, int, str] = (-1, -1, "")
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:6.1f}s] {text}", flush=True)
 
     def show(self, status: dict[str, Any]) -> None:
-        """A progress line every 25 steps and every new generation."""
-        key = (int(status["step"]) // 25, int(status["generation"]))
+        """A progress line every 25 steps, every new generation and every state change."""
+        key = (int(status["step"]) // 25, int(status["generation"]), str(status["state"]))
         if key == self.shown:
             return
         layout = status["layout"] or {}
         shape = f"{layout.get('pipeline_stages', '-')}x{layout.get('data_parallel', '-')}"
         bar = "#" * int(30 * int(status["step"]) / max(1, int(status["total_steps"])))
+        starting = "  (trainers starting: torch import, model build, rendezvous)" if int(status["step"]) == 0 else ""
         self.say(
             f"{status['state']:<9} gen {status['generation']} layout {shape:<5} "
-            f"step {status['step']:>4}/{status['total_steps']} [{bar:<30}]"
+            f"step {status['step']:>4}/{status['total_steps']} [{bar:<30}]{starting}"
         )
         self.shown = key
 

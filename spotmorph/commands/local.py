@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from morphing.errors import UserInputError
+from morphing.words import plural
 from spotmorph.local import cluster, faults, platform, replay
 from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
 from spotmorph.local.network import PartitionFrom, check_shaping
@@ -47,34 +48,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tensorboard-dir", type=Path, help="the controller writes TensorBoard event files here, a folder per job"
     )
     add = sub.add_parser("add", help="add nodes")
-    add.add_argument("count", type=int, nargs="?", default=1)
+    add.add_argument("count", type=int, nargs="?", default=1, help="how many VMs (default 1)")
     preempt = sub.add_parser("preempt", help="evict a node with notice (Scheduled Events)")
-    preempt.add_argument("node")
-    preempt.add_argument("--notice", type=float, default=30.0, metavar="SECONDS")
+    preempt.add_argument("node", help="the node to evict (node-N, as `spotmorph nodes` lists it)")
+    preempt.add_argument(
+        "--notice",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds between the notice and the end (default 30)",
+    )
     kill = sub.add_parser("kill", help="evict a node without notice")
-    kill.add_argument("node")
+    kill.add_argument("node", help="the node whose VM ends now")
     trace = sub.add_parser("replay", help="drive the cluster from an availability trace")
-    trace.add_argument("trace", type=Path)
+    trace.add_argument(
+        "trace", type=Path, help="an availability trace (CSV: seconds,add|remove,vm), as examples/traces"
+    )
     trace.add_argument("--speedup", type=float, default=60.0, help="trace seconds per wall second")
     trace.add_argument("--max-nodes", type=int, default=4, help="scale the trace to at most this many nodes")
     trace.add_argument("--notice", type=float, default=30.0, help="eviction notice in trace seconds (0: kill)")
     partition = sub.add_parser("partition", help="cut a --netns node off the network (until `heal`)")
-    partition.add_argument("node")
+    partition.add_argument("node", help="the --netns node to cut off")
     partition.add_argument(
-        "--from", dest="cut_from", choices=[k.value for k in PartitionFrom], default=PartitionFrom.ALL.value
+        "--from",
+        dest="cut_from",
+        choices=[k.value for k in PartitionFrom],
+        default=PartitionFrom.ALL.value,
+        help="cut it off from the controller, its peers, or all (default all)",
     )
     heal = sub.add_parser("heal", help="undo a node's partition and netem")
-    heal.add_argument("node")
+    heal.add_argument("node", help="the --netns node to reconnect")
     netem = sub.add_parser("netem", help="delay, drop or rate-limit a --netns node's traffic (tc netem)")
-    netem.add_argument("node")
-    netem.add_argument("--delay", type=float, metavar="MS")
-    netem.add_argument("--loss", type=float, metavar="PCT")
-    netem.add_argument("--rate", type=float, metavar="MBIT")
+    netem.add_argument("node", help="the --netns node whose link to shape")
+    netem.add_argument("--delay", type=float, metavar="MS", help="added latency in milliseconds")
+    netem.add_argument("--loss", type=float, metavar="PCT", help="packets dropped, in percent")
+    netem.add_argument("--rate", type=float, metavar="MBIT", help="bandwidth limit in Mbit/s")
     sub.add_parser("down", help="stop everything and clean up (also after a crash)")
-    hidden = sub.add_parser("platform", help=argparse.SUPPRESS)
-    hidden.add_argument("--cluster-dir", type=Path, required=True)
-    hidden.add_argument("--host", default="127.0.0.1")
-    hidden.add_argument("--port", type=int, required=True)
+    hidden = sub.add_parser("platform")  # internal (started by `up`): no help, so not listed
+    hidden.add_argument("--cluster-dir", type=Path, required=True, help="the cluster's folder")
+    hidden.add_argument("--host", default="127.0.0.1", help="address to serve the metadata endpoint on")
+    hidden.add_argument("--port", type=int, required=True, help="port to serve it on")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
         context, names = cluster.up(options)
         nodes = ", ".join(names) or "none"
         where = " in network namespaces" if options.netns else ""
-        each = f"{options.slots} slots" + (f", {options.gpus_per_node} GPU(s)" if options.gpus_per_node else "")
+        each = plural(options.slots, "slot") + (
+            f", {plural(options.gpus_per_node, 'GPU')}" if options.gpus_per_node else ""
+        )
         print(f"local cluster up: controller {context.controller}, nodes {nodes}{where} ({each} each)")
         print(f"files in {context.cluster_dir}; try `spotmorph nodes`, `spotmorph submit examples/tiny_gpt.yaml`")
         return 0

@@ -12,6 +12,7 @@ from morphing.jobspec import SCHEDULES
 from morphing.planner import Plan, Planner, PlanResult
 from morphing.profile import Profile, parse_profile
 from morphing.stages import GIB
+from morphing.words import plural
 
 EXIT_NO_FIT = 1
 
@@ -99,7 +100,7 @@ def _print_single(result: PlanResult, as_json: bool) -> None:
         return
     layout = result.layout
     print(f"GPUs                {result.gpus} ({result.gpus_used} used)")
-    print(f"layout              {layout.pipeline_stages} stages x {layout.data_parallel} replicas")
+    print(f"layout              {plural(layout.pipeline_stages, 'stage')} x {plural(layout.data_parallel, 'replica')}")
     print(f"micro-batch size    {layout.micro_batch_size}  ({result.schedule})")
     print(f"micro-batches       {_runs(layout.micro_batches_per_replica)} per replica")
     print(f"samples/replica     {_runs(layout.samples_per_replica)} (sum {layout.global_batch})")

@@ -17,15 +17,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ReplayConfig()
     parser.add_argument("--trace", required=True, metavar="FILE", help="availability trace (3 formats, detected)")
     parser.add_argument("--profile", required=True, metavar="FILE", help="calibration profile (JSON)")
-    parser.add_argument("--global-batch", type=int, required=True, metavar="B")
-    parser.add_argument("--gpus-per-node", type=int, default=1, metavar="K")
-    parser.add_argument("--morph-cost-seconds", type=float, default=defaults.morph_cost_seconds, metavar="C")
-    parser.add_argument("--notice-seconds", type=float, default=defaults.notice_seconds)
+    parser.add_argument("--global-batch", type=int, required=True, metavar="B", help="samples per optimizer step")
     parser.add_argument(
-        "--checkpoint-interval-seconds", type=float, default=defaults.checkpoint_interval_seconds, metavar="S"
+        "--gpus-per-node", type=int, default=1, metavar="K", help="GPUs per VM of the trace (default 1)"
+    )
+    parser.add_argument(
+        "--morph-cost-seconds",
+        type=float,
+        default=defaults.morph_cost_seconds,
+        metavar="C",
+        help=f"seconds a morph stops training (default {defaults.morph_cost_seconds:g})",
+    )
+    parser.add_argument(
+        "--notice-seconds",
+        type=float,
+        default=defaults.notice_seconds,
+        help=f"eviction notice a VM gets (default {defaults.notice_seconds:g}; 0: none)",
+    )
+    parser.add_argument(
+        "--checkpoint-interval-seconds",
+        type=float,
+        default=defaults.checkpoint_interval_seconds,
+        metavar="S",
+        help="seconds between checkpoints: what a VM lost without notice costs (the work since the last one)",
     )
     parser.add_argument("--spot-price", type=float, default=defaults.spot_price_per_gpu_hour, help="$/GPU-hour")
-    parser.add_argument("--on-demand-price", type=float, default=defaults.on_demand_price_per_gpu_hour)
+    parser.add_argument(
+        "--on-demand-price",
+        type=float,
+        default=defaults.on_demand_price_per_gpu_hour,
+        help="$/GPU-hour of a dedicated VM",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -57,10 +79,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     info = report["trace"]
     print(f"trace: {info['events']} events over {info['hours']:.1f} h ({info['shape']}), B = {args.global_batch}")
-    print(f"{'policy':<24} {'goodput':>8} {'steps':>9} {'morphs':>7} {'lost':>8} {'GPU-h':>8} {'spot $':>9}")
+    rows = report["policies"].values()
+    spent = {f"{row['gpu_hours']:.1f} GPU-h, ${row['cost_spot']:.2f}" for row in rows}
+    print(f"every policy holds the trace's spot VMs: {', '.join(sorted(spent))} at ${args.spot_price:g}/GPU-h")
+    header = ("policy", "goodput", "steps", "morphs", "lost steps", "$/1k steps", "on-demand $")
+    print(
+        f"{header[0]:<24} {header[1]:>8} {header[2]:>9} {header[3]:>7} {header[4]:>11} {header[5]:>11} {header[6]:>12}"
+    )
     for name, row in report["policies"].items():
+        per_k = f"{1000 * row['cost_spot'] / row['steps']:>11.2f}" if row["steps"] else f"{'-':>11}"
         print(
             f"{name:<24} {row['goodput_vs_oracle']:>8.1%} {row['steps']:>9.0f} {row['morphs']:>7} "
-            f"{row['steps_lost']:>8.1f} {row['gpu_hours']:>8.1f} {row['cost_spot']:>9.2f}"
+            f"{row['steps_lost']:>11.1f} {per_k} {row['cost_on_demand_same_samples']:>12.2f}"
         )
+    print(
+        "lost steps: steps trained and redone after unplanned losses; $/1k steps: spot cost per 1,000 optimizer "
+        f"steps; on-demand $: dedicated GPUs (${args.on_demand_price:g}/GPU-h) for the same steps"
+    )
     return 0

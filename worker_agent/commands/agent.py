@@ -40,7 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or CUDA device indices such as 0,1 (several agents on one host; env SPOTMORPH_GPUS)",
     )
     parser.add_argument("--address", default="127.0.0.1", help="address other nodes reach this node at")
-    parser.add_argument("--work-dir", type=Path, default=Path("/var/lib/spotmorph/agent"))
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("/var/lib/spotmorph/agent"),
+        help="the agent's own files: trainer logs and progress (default %(default)s)",
+    )
     parser.add_argument("--imds-url", help="Scheduled Events base URL (Azure: http://169.254.169.254)")
     parser.add_argument("--vm-name", help="this VM's name in Scheduled Events (default: the node name)")
     parser.add_argument("--instance-id", default="", help="the provider's id for this VM")
@@ -63,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: six times the controller's heartbeat expiry; env SPOTMORPH_LEASE_SECONDS)",
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the trainers")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,15 +21,15 @@ from morphing.errors import UserInputError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
     verify = sub.add_parser("verify", help="check manifests, sizes and SHA-256 of a checkpoint")
-    verify.add_argument("dir", type=Path)
-    verify.add_argument("--json", action="store_true")
+    verify.add_argument("dir", type=Path, help="a checkpoint directory (its newest committed step)")
+    verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.add_argument(
         "--job-hash", help="refuse checkpoints of any other job, as resume does (a job_hash that verify prints)"
     )
     diff = sub.add_parser("diff", help="compare parameters and optimizer state of two checkpoints")
-    diff.add_argument("dir_a", type=Path)
-    diff.add_argument("dir_b", type=Path)
-    diff.add_argument("--json", action="store_true")
+    diff.add_argument("dir_a", type=Path, help="the reference checkpoint directory")
+    diff.add_argument("dir_b", type=Path, help="the checkpoint directory compared with it")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.add_argument(
         "--max-rel",
         metavar="X",
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     diff.add_argument("--bitwise", action="store_true", help="exit 1 unless every tensor has the same dtype and bytes")
     export = sub.add_parser("export", help="write a checkpoint of a spotmorph.hf model as a save_pretrained dir")
-    export.add_argument("dir", type=Path)
+    export.add_argument("dir", type=Path, help="the checkpoint directory to export (its newest committed step)")
     export.add_argument("--hf", type=Path, required=True, metavar="OUT", help="a new directory for from_pretrained")
     export.add_argument(
         "--config-from",

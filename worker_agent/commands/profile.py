@@ -12,13 +12,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("entrypoint", help="path/to/file.py:function or package.module:function")
     parser.add_argument("--micro-batch-sizes", default="1,2,4", help="comma-separated sizes to measure")
     parser.add_argument("--out", type=Path, required=True, help="where to write the profile JSON")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast precision, as the job's")
     parser.add_argument(
         "--device", choices=DEVICES, default="auto", help="auto (default): the GPU when there is one, else the CPU"
     )
     parser.add_argument("--device-index", type=int, default=None, help="which GPU (default 0)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model's weights and the samples timed")
     parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per measurement")
     parser.add_argument("--no-network", action="store_true", help="skip the loopback gloo measurements")
 

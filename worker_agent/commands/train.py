@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step B")
     parser.add_argument("--steps", type=int, required=True, help="train until this step")
-    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, required=True, help="where checkpoints go; a run resumes from the newest in it"
+    )
     parser.add_argument("--dtype", choices=DTYPES, default=_default("dtype"), help="master weights and checkpoints")
     parser.add_argument(
         "--precision",
@@ -57,8 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the same bits in any layout (fp32, bf16): fixed micro-batches of --micro-batch-size, gradients "
         "summed in fixed point (slower; docs/runtime.md)",
     )
-    parser.add_argument("--seed", type=int, default=_default("seed"))
-    parser.add_argument("--schedule", choices=SCHEDULES, default=_default("schedule"))
+    parser.add_argument(
+        "--seed", type=int, default=_default("seed"), help="seeds the model's initial weights and the data order"
+    )
+    parser.add_argument(
+        "--schedule", choices=SCHEDULES, default=_default("schedule"), help="pipeline schedule (default %(default)s)"
+    )
     parser.add_argument(
         "--checkpoint-interval",
         "--checkpoint-every",
@@ -147,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         resolve(args.load_from, job.identity())
     print(
         f"spotmorph train: {spec.name}, layout {layout.describe()}, B={job.global_batch}, on {job.device}, "
-        f"{job.dtype} masters, {job.precision} compute",
+        f"{job.dtype} weights" + ("" if job.precision == "fp32" else f", {job.precision} autocast"),
         file=sys.stderr,
     )
     with tempfile.TemporaryDirectory(prefix="spotmorph-run-") as tmp:

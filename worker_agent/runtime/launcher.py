@@ -116,7 +116,7 @@ def run_local(run: LocalRun) -> int:
 
 
 def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.Popen[bytes]]) -> int:
-    relay = _Relay(ProgressReader(directory.progress_file(0)), run.log_every)
+    relay = _Relay(ProgressReader(directory.progress_file(0)), run.log_every, run.job.steps)
     grace = 2 * run.job.timeout_seconds + 10
     failed_at: float | None = None
     while any([p.poll() is None for p in procs]):  # a list: poll every process, so an exit is seen at once
@@ -145,9 +145,11 @@ def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.P
 class _Relay:
     """Prints rank 0's progress as it appears (every ``every`` steps, plus every checkpoint and the end)."""
 
-    def __init__(self, reader: ProgressReader, every: int) -> None:
+    def __init__(self, reader: ProgressReader, every: int, steps: int = 0) -> None:
         self.reader = reader
         self.every = max(1, every)
+        self.steps = steps  # the job's last step, for the time left (0: not shown)
+        self.first: tuple[float, int] | None = None  # (time, step) of the first step this run completed
 
     def poll(self) -> None:
         for record in self.reader.poll():
@@ -156,9 +158,11 @@ class _Relay:
     def _show(self, record: ProgressRecord) -> None:
         event = record.event
         if isinstance(event, StepCompleted):
+            self.first = self.first or (record.time, event.step)
             if event.step % self.every == 0:
                 print(
-                    f"step {event.step:6d}  loss {event.loss:.4f}  {event.samples_per_second:8.1f} samples/s",
+                    f"step {event.step:6d}  loss {event.loss:.4f}  {event.samples_per_second:8.1f} samples/s"
+                    + self._left(record.time, event.step),
                     flush=True,
                 )
         elif isinstance(event, EvaluationCompleted):
@@ -167,6 +171,15 @@ class _Relay:
             print(
                 f"{_SAID[type(event)]} at step {event.step} (last checkpoint: step {event.last_checkpoint})", flush=True
             )
+
+    def _left(self, now: float, step: int) -> str:
+        """``  12m05s left`` at the pace of this run's steps so far (nothing before two steps)."""
+        if self.first is None or step <= self.first[1] or not self.steps or step >= self.steps:
+            return ""
+        seconds = (self.steps - step) * (now - self.first[0]) / (step - self.first[1])
+        minutes, secs = divmod(round(seconds), 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"  {hours}h{minutes:02d}m left" if hours else f"  {minutes}m{secs:02d}s left"
 
 
 # How the relay words the facts it prints (for people; the progress file has its own names).

@@ -50,8 +50,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument(
         "--torch-index", default=TORCH_INDEX, help=f"pip index of the torch build to install (default {TORCH_INDEX})"
     )
-    init.add_argument("--template", type=Path, default=Path("deploy/cloud-init/agent.yaml"))
-    init.add_argument("--unit", type=Path, default=Path("deploy/systemd/spotmorph-agent.service"))
+    init.add_argument(
+        "--template",
+        type=Path,
+        default=Path("deploy/cloud-init/agent.yaml"),
+        help="cloud-init template (default %(default)s)",
+    )
+    init.add_argument(
+        "--unit",
+        type=Path,
+        default=Path("deploy/systemd/spotmorph-agent.service"),
+        help="systemd unit the VM runs the agent with (default %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
