@@ -33,6 +33,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("status", "controller.client.commands.status", "one job in detail: state, step, layout, morphs"),
     ("nodes", "controller.client.commands.nodes", "list the cluster's nodes"),
     ("events", "controller.client.commands.events", "the controller's event log (--follow to keep watching)"),
+    ("logs", "controller.client.commands.logs", "what a job's trainers wrote, every rank and generation (--follow)"),
     ("cancel", "controller.client.commands.cancel", "cancel a job"),
     ("timeline", "controller.client.commands.timeline", "one picture of a job over time (HTML or PNG)"),
     ("agent-token", "controller.app.commands.agent_token", "the agent token of one VM (a node added by hand)"),

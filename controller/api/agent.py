@@ -1,4 +1,4 @@
-"""The Agent service: registration, heartbeats and urgent reports from the nodes' agents.
+"""The Agent service: registration, heartbeats, urgent reports and trainer logs from the nodes' agents.
 
 Every call of a node is fenced first (its token, its incarnation) and its fields checked
 (:mod:`controller.api.reports`: the jobs, generations, ranks and steps it reports); what it observed
@@ -16,13 +16,14 @@ from dataclasses import replace
 
 import grpc
 
-from controller.api import reports, wire
+from controller.api import logs, reports, wire
 from controller.api.auth import Principal, Role, Tokens, principal_of
 from controller.api.status import Context, abort, abort_for, answered
 from controller.api.writes import Writes
 from controller.core import intake
 from controller.core.model import Command, JobRecord, NodeObservation, NodeRecord, World, ranks_by_node
 from controller.shell.latency import Histogram
+from controller.shell.logbook import LogBook
 from controller.shell.views import StateView
 from controller.spec_wire import spec_to_pb
 from morphing.jobspec import JobSpec
@@ -40,11 +41,19 @@ def certificate_name(context: Context) -> str | None:
 
 class AgentService(rpc.AgentServicer):
     def __init__(
-        self, view: StateView, writes: Writes, tokens: Tokens, interval: float, latency: Histogram | None = None
+        self,
+        view: StateView,
+        writes: Writes,
+        tokens: Tokens,
+        interval: float,
+        latency: Histogram | None = None,
+        *,
+        logbook: LogBook,
     ) -> None:
         self.view = view
         self.writes = writes
         self.tokens = tokens
+        self.logbook = logbook
         self.interval = interval
         self.latency = latency or Histogram()  # time inside Heartbeat, shown in GetClusterState
         self._replies: dict[str, tuple[NodeRecord | None, JobRecord | None, pb.Assignment | None]] = {}
@@ -173,3 +182,12 @@ class AgentService(rpc.AgentServicer):
                     "event: set one of eviction, trainer_exited, checkpoint_committed, collective_failed",
                 )
         return pb.ReportEventResponse(assignment=self._reply_assignment(name))
+
+    async def ReportLogs(self, request: pb.ReportLogsRequest, context: Context) -> pb.ReportLogsResponse:
+        """The node's trainers' logs: stored off the event loop, never in a decision; the reply says how far
+        the controller has each file, so the agent sends on from there (after a restart or a refusal too)."""
+        await self._fence(request.node_name, request.incarnation, context)
+        async with answered(context):
+            chunks = logs.chunks(self.view, request)
+            offsets = await self.logbook.append(request.node_name, chunks, self.view.now()) if chunks else []
+        return logs.offsets_to_pb(chunks, offsets)

@@ -55,11 +55,13 @@ POLICY: Mapping[str, frozenset[Role]] = {
     "/spotmorph.v1.Jobs/GetJob": frozenset({Role.OPERATOR, Role.READER}),
     "/spotmorph.v1.Jobs/ListJobs": frozenset({Role.OPERATOR, Role.READER}),
     "/spotmorph.v1.Jobs/WatchEvents": frozenset({Role.OPERATOR, Role.READER}),
+    "/spotmorph.v1.Jobs/WatchLogs": frozenset({Role.OPERATOR, Role.READER}),
     "/spotmorph.v1.Cluster/ListNodes": frozenset({Role.OPERATOR, Role.READER}),
     "/spotmorph.v1.Cluster/GetClusterState": frozenset({Role.OPERATOR, Role.READER}),
     "/spotmorph.v1.Agent/Register": frozenset({Role.AGENT}),
     "/spotmorph.v1.Agent/Heartbeat": frozenset({Role.NODE}),
     "/spotmorph.v1.Agent/ReportEvent": frozenset({Role.NODE}),
+    "/spotmorph.v1.Agent/ReportLogs": frozenset({Role.NODE}),
 }
 
 

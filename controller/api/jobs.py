@@ -2,7 +2,8 @@
 
 A submission is checked at the edge (:mod:`controller.api.submission`) and decided on atomically: a
 SubmitJob that fails leaves no job behind, and a retry carrying the same idempotency key gets the job
-the first one made.
+the first one made. WatchLogs reads the trainers' logs through the log book; a follower's stream ends
+once the job ended and no line came for a heartbeat expiry (the agents ship every heartbeat interval).
 """
 
 from __future__ import annotations
@@ -13,23 +14,27 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from controller.api import paging, submission, wire
+from controller.api import logs, paging, submission, wire
 from controller.api.status import Context, abort, answered
 from controller.api.writes import Writes
+from controller.core.lifecycle import JOB_TERMINAL
+from controller.shell.logbook import LogBook
 from controller.shell.views import StateView
 from morphing.validation import MAX_NAME_LENGTH, check_count, check_name, shown
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
 EVENTS_PER_READ = 500
+LINES_PER_READ = 1000
 FOLLOW_POLL_SECONDS = 1.0  # a follower re-reads at least this often, even with no commit to wake it
 
 
 class JobsService(rpc.JobsServicer):
-    def __init__(self, view: StateView, writes: Writes, stopping: asyncio.Event) -> None:
+    def __init__(self, view: StateView, writes: Writes, stopping: asyncio.Event, *, logbook: LogBook) -> None:
         self.view = view
         self.writes = writes
         self.stopping = stopping
+        self.logbook = logbook
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.SubmitJobResponse:
         async with answered(context):
@@ -84,9 +89,31 @@ class JobsService(rpc.JobsServicer):
                 return
             await self._until_change_or_stop(changed)
 
-    async def _until_change_or_stop(self, changed: asyncio.Event) -> None:
-        waiter = asyncio.ensure_future(changed.wait())
-        stopper = asyncio.ensure_future(self.stopping.wait())
-        await asyncio.wait({waiter, stopper}, timeout=FOLLOW_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        stopper.cancel()
+    async def WatchLogs(self, request: pb.WatchLogsRequest, context: Context) -> AsyncIterator[pb.LogLine]:
+        async with answered(context):
+            query = logs.query(self.view, request)
+        after, heard = query.after, 0.0  # heard: when the newest line seen was received
+        while True:
+            changes = (self.logbook.next_change(), self.view.next_change())  # a new line; the job's end
+            rows = await self.logbook.lines(query.job, after, query.rank, query.generation, LINES_PER_READ)
+            for row in rows:
+                after, heard = row.id, max(heard, row.at)
+                yield logs.line_to_pb(row)
+            if rows:
+                continue
+            if not request.follow or self.stopping.is_set() or self._ended_and_quiet(query.job, heard):
+                return
+            await self._until_change_or_stop(*changes)
+
+    def _ended_and_quiet(self, job_id: str, heard: float) -> bool:
+        """The job ended, and neither its end nor a line of it is as recent as a heartbeat expiry."""
+        job = self.view.job(job_id)
+        if job is None or job.state not in JOB_TERMINAL:
+            return False
+        return self.view.now() - max(job.state_since, heard) >= self.view.heartbeat_expiry_seconds
+
+    async def _until_change_or_stop(self, *changed: asyncio.Event) -> None:
+        waiters = {asyncio.ensure_future(event.wait()) for event in (*changed, self.stopping)}
+        await asyncio.wait(waiters, timeout=FOLLOW_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()

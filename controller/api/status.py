@@ -2,9 +2,9 @@
 
 Bad input is INVALID_ARGUMENT (the message names the field), unknown ids NOT_FOUND, writes fenced off
 (an old incarnation or generation) or a resource another job holds FAILED_PRECONDITION, a live node's
-name claimed by another instance PERMISSION_DENIED, a used name or key ALREADY_EXISTS, limits
-RESOURCE_EXHAUSTED, and a controller that cannot decide right now UNAVAILABLE (retry); anything
-unexpected is INTERNAL for that call.
+name claimed by another instance (or the log of a rank another node ran) PERMISSION_DENIED, a used name or
+key ALREADY_EXISTS, limits RESOURCE_EXHAUSTED, and a controller that cannot decide right now UNAVAILABLE
+(retry); anything unexpected is INTERNAL for that call.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, NoReturn, TypeAlias
 import grpc
 
 from controller.core.intake import Conflict, Full, NotOwner, Stale, Taken
+from controller.core.logs import NotRun
 from controller.shell.failures import DecisionsFailed, Refused
 from morphing.errors import UserInputError
 
@@ -26,6 +27,7 @@ STATUS_OF_ERROR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (Stale, grpc.StatusCode.FAILED_PRECONDITION),
     (Conflict, grpc.StatusCode.FAILED_PRECONDITION),
     (NotOwner, grpc.StatusCode.PERMISSION_DENIED),
+    (NotRun, grpc.StatusCode.PERMISSION_DENIED),  # a node sending the log of a rank it did not run
     (Taken, grpc.StatusCode.ALREADY_EXISTS),
     (Full, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DecisionsFailed, grpc.StatusCode.UNAVAILABLE),
@@ -33,7 +35,7 @@ STATUS_OF_ERROR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),  # UserInputError and a refused report are ones
 )
 # What a handler may refuse a call with; any other exception (a KeyError included) is a bug, not an answer.
-REFUSALS = (Stale, Conflict, NotOwner, Taken, Full, DecisionsFailed, LookupError, UserInputError, Refused)
+REFUSALS = (Stale, Conflict, NotOwner, NotRun, Taken, Full, DecisionsFailed, LookupError, UserInputError, Refused)
 
 
 async def abort(context: Context, code: grpc.StatusCode, detail: str) -> NoReturn:

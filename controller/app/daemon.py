@@ -37,6 +37,7 @@ from controller.observability.tensorboard import TensorBoardExport
 from controller.persistence.store import Store
 from controller.providers.base import Clock, ProviderInbox
 from controller.shell.latency import Histogram
+from controller.shell.logbook import LogBook
 from controller.shell.runner import Runner, RunnerSettings, SystemClock
 from controller.shell.views import StateView
 from morphing.errors import UserInputError
@@ -134,14 +135,18 @@ class Controller:
         self.timers = Timers(timers)
         self.heartbeat_latency = Histogram()
         self.view = StateView(self.runner, self.heartbeat_latency)
-        rpc.add_JobsServicer_to_server(JobsService(self.view, self.runner, self.stopping), self.server)
+        self.logbook = LogBook(self.store)  # trainers' logs: written and read off the event loop, not decisions
+        jobs = JobsService(self.view, self.runner, self.stopping, logbook=self.logbook)
+        rpc.add_JobsServicer_to_server(jobs, self.server)
         self.metrics_server: Any = None
         self.metrics_port = 0
         self.tensorboard: TensorBoardExport | None = None
         self._tensorboard_task: asyncio.Task[None] | None = None
         rpc.add_ClusterServicer_to_server(ClusterService(self.view, self.store.schema_version()), self.server)
         interval = settings.heartbeat_interval_seconds
-        agent = AgentService(self.view, self.runner, self.tokens, interval, self.heartbeat_latency)
+        agent = AgentService(
+            self.view, self.runner, self.tokens, interval, self.heartbeat_latency, logbook=self.logbook
+        )
         rpc.add_AgentServicer_to_server(agent, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Jobs", "Cluster", "Agent")]
@@ -201,6 +206,7 @@ class Controller:
             self.tensorboard.export(self.view.jobs())  # the last decisions' points
             self.tensorboard.close()
         self.view.close()
+        self.logbook.close()
         self.store.close()
         self.state_lock.release()
 

@@ -50,7 +50,9 @@ def later(before: Seen | None, now: Seen) -> Seen:
     """The newest of each: a generation that resumed from an earlier step rewrites no point already written."""
     if before is None:
         return now
-    return Seen(max(before.step, now.step), max(before.eval_step, now.eval_step), max(before.generation, now.generation))
+    return Seen(
+        max(before.step, now.step), max(before.eval_step, now.eval_step), max(before.generation, now.generation)
+    )
 
 
 def points(before: Seen | None, job: JobRecord) -> list[Point]:

@@ -16,7 +16,9 @@ from sqlalchemy import (
     Connection,
     Engine,
     Float,
+    Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -27,7 +29,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -100,6 +102,42 @@ events = Table(
     Column("data", JSON, nullable=False),
 )
 
+# Trainer logs (controller/core/logs.py): each rank's stream (how many bytes the controller has, the start of an
+# unfinished line), the lines (the id is the cursor: AUTOINCREMENT never hands out an id again, even once the
+# newest rows were deleted) and each job's totals, which bound what it keeps.
+log_streams = Table(
+    "log_streams",
+    metadata,
+    Column("job", String, primary_key=True),
+    Column("generation", Integer, primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("node", String, nullable=False),
+    Column("offset", Integer, nullable=False),
+    Column("pending", LargeBinary, nullable=False),
+    Column("cut", Integer, nullable=False),
+)
+log_lines = Table(
+    "log_lines",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job", String, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("node", String, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("text", String, nullable=False),
+    Column("size", Integer, nullable=False),  # bytes of text, counted against the job's bound
+    Index("log_lines_by_job", "job", "id"),
+    sqlite_autoincrement=True,
+)
+log_jobs = Table(
+    "log_jobs",
+    metadata,
+    Column("job", String, primary_key=True),
+    Column("lines", Integer, nullable=False),
+    Column("size", Integer, nullable=False),
+)
+
 
 class StoreError(RuntimeError):
     """The state directory cannot be used (newer schema, unreadable file); the message says what to do."""
@@ -170,7 +208,12 @@ def _v5(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE generations ADD COLUMN pause_seconds FLOAT"))
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5)
+def _v6(conn: Connection) -> None:
+    """Trainer logs: streams, lines (indexed by job and cursor) and per-job totals; older jobs have none."""
+    metadata.create_all(conn, tables=[log_streams, log_lines, log_jobs])  # _v1 made them in a database born at v6
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

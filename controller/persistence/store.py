@@ -19,6 +19,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 
 from controller.core.events import EventKind
+from controller.core.logs import LogChunk, LogLine
 from controller.core.model import (
     AddJob,
     Command,
@@ -34,6 +35,7 @@ from controller.core.model import (
     StartGeneration,
     ranks_by_node,
 )
+from controller.persistence import logs as log_rows
 from controller.persistence.codec import (
     EventRow,
     GenerationRow,
@@ -137,6 +139,19 @@ class Store:
         query = select(checkpoints.c.step).where(checkpoints.c.job == job).order_by(checkpoints.c.step)
         with self.engine.connect() as conn:
             return list(conn.execute(query).scalars())
+
+    def append_logs(self, node: str, chunks: Sequence[LogChunk], at: float) -> list[int]:
+        """One ReportLogs in one transaction (:mod:`.logs`): the offset of each chunk's stream after it.
+        Call it off the event loop, one caller at a time (log writes are not decisions)."""
+        with self.engine.begin() as conn:
+            return log_rows.append(conn, node, chunks, at)
+
+    def log_lines(
+        self, job: str, after: int = 0, rank: int | None = None, generation: int | None = None, limit: int = 1000
+    ) -> list[LogLine]:
+        """Up to ``limit`` of the job's log lines after the cursor ``after`` (of one rank, one generation)."""
+        with self.engine.connect() as conn:
+            return log_rows.read(conn, job, after, rank, generation, limit)
 
 
 def _pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -21,13 +21,15 @@ REQUESTS: dict[str, Any] = {
     "/spotmorph.v1.Jobs/GetJob": pb.GetJobRequest(id="nope"),
     "/spotmorph.v1.Jobs/ListJobs": pb.ListJobsRequest(),
     "/spotmorph.v1.Jobs/WatchEvents": pb.WatchEventsRequest(),
+    "/spotmorph.v1.Jobs/WatchLogs": pb.WatchLogsRequest(job="nope"),
     "/spotmorph.v1.Cluster/ListNodes": pb.ListNodesRequest(),
     "/spotmorph.v1.Cluster/GetClusterState": pb.GetClusterStateRequest(),
     "/spotmorph.v1.Agent/Register": pb.RegisterRequest(slots=0),
     "/spotmorph.v1.Agent/Heartbeat": pb.HeartbeatRequest(node_name="node-x", incarnation=1),
     "/spotmorph.v1.Agent/ReportEvent": pb.ReportEventRequest(node_name="node-x", incarnation=1),
+    "/spotmorph.v1.Agent/ReportLogs": pb.ReportLogsRequest(node_name="node-x", incarnation=1),
 }
-STREAMING = {"/spotmorph.v1.Jobs/WatchEvents"}
+STREAMING = {"/spotmorph.v1.Jobs/WatchEvents", "/spotmorph.v1.Jobs/WatchLogs"}
 
 
 def _call(live: Live, token: str | None, method: str, request: Any) -> grpc.StatusCode:

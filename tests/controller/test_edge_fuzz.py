@@ -78,6 +78,7 @@ SCALARS: dict[int, st.SearchStrategy[Any]] = {
     F.TYPE_DOUBLE: st.floats(allow_nan=True, allow_infinity=True),
     F.TYPE_BOOL: st.booleans(),
     F.TYPE_STRING: TEXT,
+    F.TYPE_BYTES: st.one_of(st.binary(max_size=64), st.sampled_from([b"line\n", b"\xff\xfe\r\n", b"y" * 20_000])),
     F.TYPE_ENUM: st.integers(0, 7),
 }
 Anchors = dict[str, st.SearchStrategy[dict[str, Any]]]
@@ -121,6 +122,8 @@ METHODS = {
     for method in service.methods
 }
 WEIGHTED = sorted(METHODS) + ["Agent/Heartbeat", "Agent/ReportEvent", "Agent/Register", "Jobs/SubmitJob"] * 2
+NODE_CALLS = {"Agent/Heartbeat", "Agent/ReportEvent", "Agent/ReportLogs"}
+STREAMS = {"Jobs/WatchEvents", "Jobs/WatchLogs"}
 
 
 class Target:
@@ -172,6 +175,9 @@ class Target:
         return {
             "HeartbeatRequest": node,
             "ReportEventRequest": node,
+            "ReportLogsRequest": node,
+            "LogChunk": st.tuples(job, st.integers(0, 2)).map(lambda t: {**t[0], "rank": t[1]}),
+            "WatchLogsRequest": st.builds(lambda: {"job": self.job}),
             "TrainerStatus": st.tuples(job, st.integers(0, 2)).map(lambda t: {**t[0], "rank": t[1]}),
             "CheckpointCommitted": job,
             "RegisterRequest": st.builds(lambda slots: {"slots": slots, "address": "10.0.0.9"}, st.integers(1, 4)),
@@ -181,23 +187,23 @@ class Target:
         }
 
     def ready(self, request: Message, whole_spec: bool) -> Message:
-        """A random SubmitJob's fields laid over a valid spec (mostly); WatchEvents never follows."""
+        """A random SubmitJob's fields laid over a valid spec (mostly); WatchEvents and WatchLogs never follow."""
         if isinstance(request, pb.SubmitJobRequest) and whole_spec:
             mutated = pb.JobSpec()
             mutated.CopyFrom(self.valid_spec)
             mutated.MergeFrom(request.spec)
             request.spec.CopyFrom(mutated)
-        if isinstance(request, pb.WatchEventsRequest):
+        if isinstance(request, pb.WatchEventsRequest | pb.WatchLogsRequest):
             request.follow = False
         return request
 
     def call(self, method: str, request: Message) -> grpc.StatusCode:
         service, name = method.split("/")
-        stub = self.node if method in {"Agent/Heartbeat", "Agent/ReportEvent"} else self.stubs[service]
+        stub = self.node if method in NODE_CALLS else self.stubs[service]
         rpc_call: Callable[..., Any] = getattr(stub, name)
         try:
             reply = rpc_call(request, timeout=10)
-            if method == "Jobs/WatchEvents":
+            if method in STREAMS:
                 list(reply)
         except grpc.RpcError as exc:
             assert exc.code() not in FAILURES, (method, exc.code(), exc.details(), request)

@@ -1,6 +1,7 @@
 """A real cluster trains the Hugging Face example with evaluation, one node is evicted with notice, and
 ``spotmorph status`` shows the training and evaluation losses the trainers computed, the pause the morph caused and how
-long the last checkpoint paused training, equal to what the trainers' own progress files say."""
+long the last checkpoint paused training, equal to what the trainers' own progress files say; ``spotmorph logs``
+shows what the trainers of both generations wrote."""
 
 from __future__ import annotations
 
@@ -88,6 +89,26 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     stalls = [e["data"] for e in logged if e["kind"] == "CheckpointStallMeasured"]
     assert stalls[-1] == {"generation": 2, "step": STEPS, "stall_seconds": stall}
     assert_tensorboard_shows_the_run(tmp_path / "tb" / job, cluster, job, final)
+    assert_logs_show_both_generations(cluster, job)
+
+
+def assert_logs_show_both_generations(cluster: LocalCluster, job: str) -> None:
+    """`spotmorph logs`: what the trainers of both generations wrote, on both nodes, shipped by their agents to
+    the controller; `--rank 0 --generation 2` shows that rank's lines only."""
+    shown: list[str] = []
+
+    def both() -> bool:
+        shown[:] = cluster.cli("logs", job).stdout.splitlines()
+        handed = [line for line in shown if line.startswith("[gen 1 rank ") and "handed off at step" in line]
+        return len(handed) == 2 and any(line.startswith("[gen 2 rank 0 ") for line in shown)
+
+    cluster.wait(both, 60, "both generations' trainer lines in `spotmorph logs`")
+    nodes = {line.split("] ", 1)[0].split()[-1] for line in shown if line.startswith("[gen 1 ")}
+    assert len(nodes) == 2, shown  # generation 1 ran on both nodes
+    one = cluster.cli("logs", job, "--rank", "0", "--generation", "2").stdout.splitlines()
+    assert one and all(line.startswith("[gen 2 rank 0 ") for line in one), one
+    assert any("rank 0 of generation 2: resuming from " in line for line in one), one
+    assert set(one) < set(shown)
 
 
 def assert_tensorboard_shows_the_run(folder: Path, cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:

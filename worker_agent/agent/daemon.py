@@ -12,7 +12,8 @@ agent). A controller that no longer knows this incarnation (it was LOST) makes i
 register anew, as a new incarnation, before anything new starts.
 
 This module is the loop only: the calls are in :mod:`~worker_agent.agent.transport`, the wire format in
-:mod:`~worker_agent.agent.wire` and every decision in :mod:`~worker_agent.agent.decisions`.
+:mod:`~worker_agent.agent.wire` and every decision in :mod:`~worker_agent.agent.decisions`. The trainers'
+logs go to the controller from a task of their own (:mod:`~worker_agent.agent.logs`), every interval.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from worker_agent.agent.converge import (
 )
 from worker_agent.agent.decisions import EvictionNotice, Pushed
 from worker_agent.agent.gpus import Gpu, device_for_slot, trainer_environment
+from worker_agent.agent.logs import LogShipper
 from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor, kill_leftovers
 from worker_agent.agent.transport import (
@@ -54,7 +56,7 @@ from worker_agent.agent.transport import (
     NodeOffer,
     RegisterAgain,
 )
-from worker_agent.agent.wire import Incoming, Registration
+from worker_agent.agent.wire import Incoming, LogChunk, Registration
 from worker_agent.contract import AgentWorkDir
 from worker_agent.scheduled_events import (
     EvictionNoticed,
@@ -66,6 +68,7 @@ from worker_agent.scheduled_events import (
 )
 
 log = logging.getLogger("spotmorph.agent")
+LAST_LOGS_SECONDS = 2.0  # on the way out, how long the trainers' last lines may take to reach the controller
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ class Agent:
             warm=config.warm_trainers,
         )
         self.link = ControllerLink(Endpoint(config.controller, config.ca, config.cert, config.key))
+        self.logs = LogShipper(self.work_dir.trainers, self._send_logs, self.supervisor.running)
         self.state = AgentState(Registration(config.name, 0, "", 1.0, 10.0))
         self._wake = asyncio.Event()
         self._stopping = False
@@ -133,8 +137,10 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_shutdown)
         watcher = asyncio.create_task(self._watch_evictions()) if self.config.imds_url else None
+        shipper: asyncio.Task[None] | None = None
         try:
             await self._register()
+            shipper = asyncio.create_task(self._ship_logs())
             while not self._stopping:
                 self.state.healthy = True
                 await self._beat()
@@ -143,12 +149,39 @@ class Agent:
                 self._wake.clear()
                 await self._pause()
         finally:
-            for task in (watcher, self._acknowledging):
+            for task in (watcher, self._acknowledging, shipper):
                 if task is not None:
                     task.cancel()
+            if shipper is not None:
+                await asyncio.gather(shipper, return_exceptions=True)
             self.supervisor.kill_all()
+            if shipper is not None:
+                await self._last_logs()
             await self.link.close()
         return 0
+
+    async def _ship_logs(self) -> None:
+        """The trainers' logs to the controller every interval, beside the heartbeats (never holding one up)."""
+        said = False
+        while True:
+            await asyncio.sleep(self.state.interval)
+            try:
+                await self.logs.ship()
+            except Exception:  # a bug must end neither the shipping nor the agent (logged once)
+                if not said:
+                    log.exception("shipping the trainers' logs failed; trying again every interval")
+                said = True
+
+    async def _last_logs(self) -> None:
+        """What the trainers wrote last, before the node goes, if the controller takes it at once."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.logs.flush(), LAST_LOGS_SECONDS)
+
+    async def _send_logs(self, chunks: list[LogChunk]) -> list[int]:
+        node = self.state.node
+        if not node.node_token:
+            raise ControllerUnreachable("not registered")
+        return await self.link.report_logs(node, chunks)
 
     async def _pause(self) -> None:
         """Wait for the next beat; a trainer that exits is reported at once (the controller plans the
@@ -331,6 +364,7 @@ class Agent:
         self._acknowledging = asyncio.create_task(self._acknowledge(self.config.imds_url, notice))
 
     async def _acknowledge(self, imds_url: str, notice: EvictionNotice) -> None:
+        await self._last_logs()  # the platform may take the VM as soon as it is acknowledged
         try:
             await asyncio.to_thread(ScheduledEventsClient(imds_url).acknowledge, notice.event_id)
         except ScheduledEventsError as exc:

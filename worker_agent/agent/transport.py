@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,13 @@ from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.wire import (
     HeartbeatReply,
     Incoming,
+    LogChunk,
     Registration,
     gpus_to_pb,
     heartbeat_reply_from_pb,
     heartbeat_to_pb,
+    log_chunks_to_pb,
+    log_offsets_from_pb,
     registration_from_pb,
     report_reply_from_pb,
     report_to_pb,
@@ -175,3 +178,8 @@ class ControllerLink:
     async def report_event(self, node: Registration, fact: UrgentFact | EvictionNotice) -> Incoming | None:
         """Push one urgent fact; the reply's assignment (None: unchanged)."""
         return report_reply_from_pb(await self._call("ReportEvent", report_to_pb(node, fact), node.node_token))
+
+    async def report_logs(self, node: Registration, chunks: Sequence[LogChunk]) -> list[int]:
+        """Send pieces of the trainers' log files; how far the controller has each one's file after."""
+        reply = await self._call("ReportLogs", log_chunks_to_pb(node, chunks), node.node_token)
+        return log_offsets_from_pb(reply, chunks)

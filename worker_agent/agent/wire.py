@@ -7,6 +7,7 @@ The job spec crosses unchanged: an optional field the controller left unset take
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec, parse_job_spec
 from morphing.validation import is_time
 from protos.spotmorph.v1 import controller_pb2 as pb
-from worker_agent.agent.converge import Action, Assignment
+from worker_agent.agent.converge import Action, Assignment, TrainerKey
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.progress import TrainerReport
@@ -50,6 +51,16 @@ class Incoming:
 
     assignment: Assignment
     launch: LaunchSpec | None = None
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes of one rank's log file at ``offset`` (``eof``: its trainer exited and the file ends with them)."""
+
+    key: TrainerKey
+    offset: int
+    data: bytes
+    eof: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,3 +225,24 @@ def report_to_pb(node: Registration, fact: UrgentFact | EvictionNotice) -> pb.Re
     else:
         request.eviction.CopyFrom(pb.EvictionNotice(not_before=fact.not_before, source="azure-scheduled-events"))
     return request
+
+
+def log_chunks_to_pb(node: Registration, chunks: Sequence[LogChunk]) -> pb.ReportLogsRequest:
+    return pb.ReportLogsRequest(
+        node_name=node.node_name,
+        incarnation=node.incarnation,
+        chunks=[
+            pb.LogChunk(
+                job=c.key.job_id, generation=c.key.generation, rank=c.key.rank, offset=c.offset, text=c.data, eof=c.eof
+            )
+            for c in chunks
+        ],
+    )
+
+
+def log_offsets_from_pb(reply: pb.ReportLogsResponse, chunks: Sequence[LogChunk]) -> list[int]:
+    """How far the controller has each chunk's file; a reply that does not answer each chunk is unusable."""
+    answered = [(o.job, o.generation, o.rank) for o in reply.offsets]
+    if answered != [(c.key.job_id, c.key.generation, c.key.rank) for c in chunks]:
+        raise UserInputError(f"the controller answered {len(answered)} log offsets for {len(chunks)} chunks sent")
+    return [o.offset for o in reply.offsets]

@@ -28,6 +28,7 @@ from worker_agent.contract.hostile import HostileFile, load_json_bounded, read_b
 
 _GENERATION = re.compile(r"^gen-(\d+)$")
 _RANK_FILE = re.compile(r"^(?:progress-)?rank-(\d+)\.(?:jsonl|pid)$")
+_LOG_FILE = re.compile(r"^rank-(\d+)\.log$")
 MAX_CONTROL_BYTES = 64 << 10  # a salvage order names one rank per stage; a lease is two numbers
 
 
@@ -213,6 +214,10 @@ class GenerationDir:
     def pid_files(self) -> dict[int, Path]:
         return _by_rank(self.path.glob("rank-*.pid"))
 
+    def log_files(self) -> dict[int, Path]:
+        """Every rank's log file here (what its trainer wrote to stdout and stderr), by rank."""
+        return _by_rank(self.path.glob("rank-*.log"), _LOG_FILE)
+
 
 @dataclass(frozen=True)
 class WarmSpool:
@@ -307,10 +312,10 @@ class AgentWorkDir:
         return TrainersDir(self.path / "trainers")
 
 
-def _by_rank(paths: Iterable[Path]) -> dict[int, Path]:
+def _by_rank(paths: Iterable[Path], pattern: re.Pattern[str] = _RANK_FILE) -> dict[int, Path]:
     out: dict[int, Path] = {}
     for path in paths:
-        found = _RANK_FILE.match(path.name)
+        found = pattern.match(path.name)
         if found is not None:
             out[int(found.group(1))] = path
     return dict(sorted(out.items()))

@@ -137,19 +137,20 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     if memory is not None and not memory.used:
         _warn(f"the state generation {cfg.generation - 1} held in memory is not used: {memory.reason}")
         progress.emit(HeldStateSkipped(reason=memory.reason))
+    source = ""  # where the step it starts at comes from (nothing: from scratch)
     if memory is not None and memory.used:
         step = held_mod.apply(memory, runner, choice[0], job.identity())
         memory.payloads.clear()  # the stage has them now
-        progress.emit(CheckpointLoaded(step=step, checkpoint=f"memory of generation {cfg.generation - 1}"))
+        source = f"memory of generation {cfg.generation - 1}"
     elif choice[0]:
         # Rank 0 verified every file; each rank re-checks the manifest and the files it reads.
-        path = Path(choice[0])
-        loaded = ckpt_mod.verify(path, job.identity(), read_files=False)
+        loaded = ckpt_mod.verify(Path(choice[0]), job.identity(), read_files=False)
         runner.load(loaded)
-        step = loaded.step
-        progress.emit(CheckpointLoaded(step=step, checkpoint=str(path)))
-        if cfg.rank == 0:
-            print(f"spotmorph trainer: resuming from {loaded.path} (step {step})", file=sys.stderr)
+        step, source = loaded.step, str(loaded.path)
+    if source:
+        progress.emit(CheckpointLoaded(step=step, checkpoint=source))
+    if cfg.generation > 0 or (source and cfg.rank == 0):  # `spotmorph train` (generation 0): a resume, by rank 0
+        _say(f"rank {cfg.rank} of generation {cfg.generation}: resuming from {source or 'scratch'} (step {step})")
     first_step = step
     if cfg.rank == 0:
         write_hf_config(cfg.checkpoint_dir, spec)

@@ -700,6 +700,91 @@ class WatchEventsRequest(_message.Message):
 Global___WatchEventsRequest: _TypeAlias = WatchEventsRequest  # noqa: Y015
 
 @_typing.final
+class WatchLogsRequest(_message.Message):
+    """The trainers' logs of one job (what its ranks wrote to stdout and stderr), oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    """required"""
+    rank: _builtins.int
+    """only this rank's lines"""
+    generation: _builtins.int
+    """only this generation's lines (1 or more)"""
+    after: _builtins.int
+    """only lines with a larger id (a LogLine.id: where an earlier watch stopped)"""
+    follow: _builtins.bool
+    """keep the stream open for new lines (it ends once the job ended and went quiet)"""
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        rank: _builtins.int | None = ...,
+        generation: _builtins.int | None = ...,
+        after: _builtins.int = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_generation", b"_generation", "_rank", b"_rank", "generation", b"generation", "rank", b"rank"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_generation", b"_generation", "_rank", b"_rank", "after", b"after", "follow", b"follow", "generation", b"generation", "job", b"job", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__generation: _TypeAlias = _typing.Literal["generation"]  # noqa: Y015
+    _WhichOneofArgType__generation: _TypeAlias = _typing.Literal["_generation", b"_generation"]  # noqa: Y015
+    _WhichOneofReturnType__rank: _TypeAlias = _typing.Literal["rank"]  # noqa: Y015
+    _WhichOneofArgType__rank: _TypeAlias = _typing.Literal["_rank", b"_rank"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__generation) -> _WhichOneofReturnType__generation | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rank) -> _WhichOneofReturnType__rank | None: ...
+
+Global___WatchLogsRequest: _TypeAlias = WatchLogsRequest  # noqa: Y015
+
+@_typing.final
+class LogLine(_message.Message):
+    """One line of a trainer's log. The controller keeps a job's newest ~10,000 lines (at most ~4 MiB of text)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """the cursor: grows with every line the controller keeps"""
+    generation: _builtins.int
+    rank: _builtins.int
+    node: _builtins.str
+    """the node that ran the rank"""
+    at: _builtins.float
+    """unix seconds the controller received it"""
+    text: _builtins.str
+    """the line without its newline (UTF-8; a line over 16 KiB is cut, saying how much)"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        node: _builtins.str = ...,
+        at: _builtins.float = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "generation", b"generation", "id", b"id", "node", b"node", "rank", b"rank", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogLine: _TypeAlias = LogLine  # noqa: Y015
+
+@_typing.final
 class Gpu(_message.Message):
     """One GPU of a node, as its agent found it (NVML, else torch in a subprocess)."""
 
@@ -1522,3 +1607,127 @@ class ReportEventResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportEventResponse: _TypeAlias = ReportEventResponse  # noqa: Y015
+
+@_typing.final
+class LogChunk(_message.Message):
+    """A piece of one rank's log file (its trainer's stdout and stderr, `trainers/<job>/gen-<g>/rank-<r>.log`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    EOF_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    generation: _builtins.int
+    rank: _builtins.int
+    """a rank this node ran in that generation"""
+    offset: _builtins.int
+    """byte offset of `text` in that rank's log file"""
+    text: _builtins.bytes
+    """the file's bytes (UTF-8; anything else is kept with replacement characters)"""
+    eof: _builtins.bool
+    """the trainer exited and its file ends with this chunk: a last line without newline is kept"""
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        text: _builtins.bytes = ...,
+        eof: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eof", b"eof", "generation", b"generation", "job", b"job", "offset", b"offset", "rank", b"rank", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogChunk: _TypeAlias = LogChunk  # noqa: Y015
+
+@_typing.final
+class ReportLogsRequest(_message.Message):
+    """A node's trainers' logs: at most 256 KiB of text and 1,024 chunks (RESOURCE_EXHAUSTED), each rank once.
+    A chunk must continue exactly where the controller's copy of that file ends: what it repeats is
+    trimmed, and one that starts further on is not taken (the reply's offset says where to send from).
+    An empty chunk asks where the controller is.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    node_name: _builtins.str
+    incarnation: _builtins.int
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogChunk]: ...
+    def __init__(
+        self,
+        *,
+        node_name: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        chunks: _abc.Iterable[Global___LogChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "incarnation", b"incarnation", "node_name", b"node_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportLogsRequest: _TypeAlias = ReportLogsRequest  # noqa: Y015
+
+@_typing.final
+class LogOffset(_message.Message):
+    """How many bytes of one rank's log file the controller has: the next chunk starts there."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    generation: _builtins.int
+    rank: _builtins.int
+    offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "job", b"job", "offset", b"offset", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogOffset: _TypeAlias = LogOffset  # noqa: Y015
+
+@_typing.final
+class ReportLogsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogOffset]:
+        """one per chunk, in the request's order"""
+
+    def __init__(
+        self,
+        *,
+        offsets: _abc.Iterable[Global___LogOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportLogsResponse: _TypeAlias = ReportLogsResponse  # noqa: Y015

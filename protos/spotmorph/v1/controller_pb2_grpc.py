@@ -59,6 +59,11 @@ class JobsStub:
                 request_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.Event.FromString,
                 _registered_method=True)
+        self.WatchLogs = channel.unary_stream(
+                '/spotmorph.v1.Jobs/WatchLogs',
+                request_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.WatchLogsRequest.SerializeToString,
+                response_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.LogLine.FromString,
+                _registered_method=True)
 
 
 class JobsServicer:
@@ -94,6 +99,12 @@ class JobsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +132,11 @@ def add_JobsServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.WatchEventsRequest.FromString,
                     response_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.Event.SerializeToString,
+            ),
+            'WatchLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLogs,
+                    request_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.WatchLogsRequest.FromString,
+                    response_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.LogLine.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +274,33 @@ class Jobs:
             '/spotmorph.v1.Jobs/WatchEvents',
             protos_dot_spotmorph_dot_v1_dot_controller__pb2.WatchEventsRequest.SerializeToString,
             protos_dot_spotmorph_dot_v1_dot_controller__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/spotmorph.v1.Jobs/WatchLogs',
+            protos_dot_spotmorph_dot_v1_dot_controller__pb2.WatchLogsRequest.SerializeToString,
+            protos_dot_spotmorph_dot_v1_dot_controller__pb2.LogLine.FromString,
             options,
             channel_credentials,
             insecure,
@@ -408,6 +451,11 @@ class AgentStub:
                 request_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportEventRequest.SerializeToString,
                 response_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportEventResponse.FromString,
                 _registered_method=True)
+        self.ReportLogs = channel.unary_unary(
+                '/spotmorph.v1.Agent/ReportLogs',
+                request_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportLogsRequest.SerializeToString,
+                response_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportLogsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -431,6 +479,12 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -448,6 +502,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ReportEvent,
                     request_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportEventRequest.FromString,
                     response_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportEventResponse.SerializeToString,
+            ),
+            'ReportLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportLogs,
+                    request_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportLogsRequest.FromString,
+                    response_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -531,6 +590,33 @@ class Agent:
             '/spotmorph.v1.Agent/ReportEvent',
             protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportEventRequest.SerializeToString,
             protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportEventResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spotmorph.v1.Agent/ReportLogs',
+            protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportLogsRequest.SerializeToString,
+            protos_dot_spotmorph_dot_v1_dot_controller__pb2.ReportLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

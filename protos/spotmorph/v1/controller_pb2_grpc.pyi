@@ -42,6 +42,7 @@ class JobsStub:
     ListJobs: _grpc.UnaryUnaryMultiCallable[_controller_pb2.ListJobsRequest, _controller_pb2.ListJobsResponse]
     CancelJob: _grpc.UnaryUnaryMultiCallable[_controller_pb2.CancelJobRequest, _controller_pb2.Job]
     WatchEvents: _grpc.UnaryStreamMultiCallable[_controller_pb2.WatchEventsRequest, _controller_pb2.Event]
+    WatchLogs: _grpc.UnaryStreamMultiCallable[_controller_pb2.WatchLogsRequest, _controller_pb2.LogLine]
 
 @_typing.type_check_only
 class JobsAsyncStub(JobsStub):
@@ -51,6 +52,7 @@ class JobsAsyncStub(JobsStub):
     ListJobs: _aio.UnaryUnaryMultiCallable[_controller_pb2.ListJobsRequest, _controller_pb2.ListJobsResponse]  # type: ignore[assignment]
     CancelJob: _aio.UnaryUnaryMultiCallable[_controller_pb2.CancelJobRequest, _controller_pb2.Job]  # type: ignore[assignment]
     WatchEvents: _aio.UnaryStreamMultiCallable[_controller_pb2.WatchEventsRequest, _controller_pb2.Event]  # type: ignore[assignment]
+    WatchLogs: _aio.UnaryStreamMultiCallable[_controller_pb2.WatchLogsRequest, _controller_pb2.LogLine]  # type: ignore[assignment]
 
 class JobsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -87,6 +89,13 @@ class JobsServicer(metaclass=_abc_1.ABCMeta):
         request: _controller_pb2.WatchEventsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_controller_pb2.Event], _abc.AsyncIterator[_controller_pb2.Event]]: ...
+
+    @_abc_1.abstractmethod
+    def WatchLogs(
+        self,
+        request: _controller_pb2.WatchLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_controller_pb2.LogLine], _abc.AsyncIterator[_controller_pb2.LogLine]]: ...
 
 def add_JobsServicer_to_server(servicer: JobsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -129,6 +138,7 @@ class AgentStub:
     Register: _grpc.UnaryUnaryMultiCallable[_controller_pb2.RegisterRequest, _controller_pb2.RegisterResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_controller_pb2.HeartbeatRequest, _controller_pb2.HeartbeatResponse]
     ReportEvent: _grpc.UnaryUnaryMultiCallable[_controller_pb2.ReportEventRequest, _controller_pb2.ReportEventResponse]
+    ReportLogs: _grpc.UnaryUnaryMultiCallable[_controller_pb2.ReportLogsRequest, _controller_pb2.ReportLogsResponse]
 
 @_typing.type_check_only
 class AgentAsyncStub(AgentStub):
@@ -136,6 +146,7 @@ class AgentAsyncStub(AgentStub):
     Register: _aio.UnaryUnaryMultiCallable[_controller_pb2.RegisterRequest, _controller_pb2.RegisterResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_controller_pb2.HeartbeatRequest, _controller_pb2.HeartbeatResponse]  # type: ignore[assignment]
     ReportEvent: _aio.UnaryUnaryMultiCallable[_controller_pb2.ReportEventRequest, _controller_pb2.ReportEventResponse]  # type: ignore[assignment]
+    ReportLogs: _aio.UnaryUnaryMultiCallable[_controller_pb2.ReportLogsRequest, _controller_pb2.ReportLogsResponse]  # type: ignore[assignment]
 
 class AgentServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -158,5 +169,12 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
         request: _controller_pb2.ReportEventRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_controller_pb2.ReportEventResponse, _abc.Awaitable[_controller_pb2.ReportEventResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportLogs(
+        self,
+        request: _controller_pb2.ReportLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.ReportLogsResponse, _abc.Awaitable[_controller_pb2.ReportLogsResponse]]: ...
 
 def add_AgentServicer_to_server(servicer: AgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,116 @@
+"""Trainer logs in the state database: streams, lines and each job's totals (tables in :mod:`.schema`).
+
+One call appends one ReportLogs in one transaction: the node's ranks checked against the generation's
+assignments, each chunk taken into its stream (:func:`controller.core.logs.take`), the lines it
+completed inserted, then the job's oldest lines deleted down to its bound. The store calls these on a
+thread of its caller's choosing (never the event loop); log writes are serialised by their caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from sqlalchemy import Connection, insert, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from controller.core import logs
+from controller.core.logs import LogChunk, LogLine, LogStream, NotRun
+from controller.persistence.schema import assignments, log_jobs, log_lines, log_streams
+
+PRUNE_BATCH = 1000  # oldest lines read at a time while pruning
+
+
+def check_ranks(conn: Connection, node: str, chunks: Sequence[LogChunk]) -> None:
+    """Every chunk is of a rank the generation placed on ``node`` (else :class:`NotRun`, naming the chunk)."""
+    placed: dict[tuple[str, int], frozenset[int]] = {}
+    for i, chunk in enumerate(chunks):
+        key = (chunk.job, chunk.generation)
+        if key not in placed:
+            where = (
+                (assignments.c.job == chunk.job)
+                & (assignments.c.generation == chunk.generation)
+                & (assignments.c.node == node)
+            )
+            ranks = conn.execute(select(assignments.c.ranks).where(where)).scalar()
+            placed[key] = frozenset(int(r) for r in ranks or ())
+        if chunk.rank not in placed[key]:
+            raise NotRun(
+                f"chunks[{i}].rank: {node} ran no rank {chunk.rank} of job {chunk.job} generation "
+                f"{chunk.generation}; a node sends only the logs of the ranks it ran"
+            )
+
+
+def append(conn: Connection, node: str, chunks: Sequence[LogChunk], at: float) -> list[int]:
+    """Take ``chunks`` (each rank once) from ``node`` received ``at``; the offset each stream is at after."""
+    check_ranks(conn, node, chunks)
+    offsets: list[int] = []
+    added: dict[str, tuple[int, int]] = {}
+    for chunk in chunks:
+        stream = _stream(conn, chunk)
+        taken = logs.take(stream, chunk)
+        offsets.append(taken.stream.offset)
+        if taken.stream != stream:
+            values = {"offset": taken.stream.offset, "pending": taken.stream.pending, "cut": taken.stream.cut}
+            upsert = sqlite_insert(log_streams).values(
+                job=chunk.job, generation=chunk.generation, rank=chunk.rank, node=node, **values
+            )
+            conn.execute(upsert.on_conflict_do_update(index_elements=["job", "generation", "rank"], set_=values))
+        if not taken.lines:
+            continue
+        sizes = [logs.text_bytes(text) for text in taken.lines]
+        line = {"job": chunk.job, "generation": chunk.generation, "rank": chunk.rank, "node": node, "at": at}
+        conn.execute(
+            insert(log_lines), [{**line, "text": t, "size": n} for t, n in zip(taken.lines, sizes, strict=True)]
+        )
+        lines, size = added.get(chunk.job, (0, 0))
+        added[chunk.job] = (lines + len(sizes), size + sum(sizes))
+    for job, (lines, size) in added.items():
+        _bound(conn, job, lines, size)
+    return offsets
+
+
+def _stream(conn: Connection, chunk: LogChunk) -> LogStream:
+    where = (
+        (log_streams.c.job == chunk.job)
+        & (log_streams.c.generation == chunk.generation)
+        & (log_streams.c.rank == chunk.rank)
+    )
+    row = conn.execute(select(log_streams.c.offset, log_streams.c.pending, log_streams.c.cut).where(where)).first()
+    return LogStream() if row is None else LogStream(int(row.offset), bytes(row.pending), int(row.cut))
+
+
+def _bound(conn: Connection, job: str, lines: int, size: int) -> None:
+    """Add to the job's totals; past its bound, delete its oldest lines (:func:`controller.core.logs.prune`)."""
+    upsert = sqlite_insert(log_jobs).values(job=job, lines=lines, size=size)
+    set_ = {"lines": log_jobs.c.lines + upsert.excluded.lines, "size": log_jobs.c.size + upsert.excluded.size}
+    conn.execute(upsert.on_conflict_do_update(index_elements=["job"], set_=set_))
+    totals = conn.execute(select(log_jobs.c.lines, log_jobs.c.size).where(log_jobs.c.job == job)).one()
+    if not logs.over_bound(int(totals.lines), int(totals.size)):
+        return
+    kept = logs.prune(_oldest(conn, job), int(totals.lines), int(totals.size))
+    if kept.last_dropped is not None:
+        conn.execute(log_lines.delete().where((log_lines.c.job == job) & (log_lines.c.id <= kept.last_dropped)))
+    conn.execute(log_jobs.update().where(log_jobs.c.job == job).values(lines=kept.lines, size=kept.size))
+
+
+def _oldest(conn: Connection, job: str) -> Iterator[tuple[int, int]]:
+    """``(id, size)`` of the job's lines, oldest first, read a batch at a time."""
+    after = 0
+    while True:
+        query = select(log_lines.c.id, log_lines.c.size).where((log_lines.c.job == job) & (log_lines.c.id > after))
+        batch = [(int(i), int(s)) for i, s in conn.execute(query.order_by(log_lines.c.id).limit(PRUNE_BATCH))]
+        yield from batch
+        if len(batch) < PRUNE_BATCH:
+            return
+        after = batch[-1][0]
+
+
+def read(conn: Connection, job: str, after: int, rank: int | None, generation: int | None, limit: int) -> list[LogLine]:
+    """Up to ``limit`` of the job's lines with an id above ``after`` (of that rank, that generation), in order."""
+    query = select(log_lines).where((log_lines.c.job == job) & (log_lines.c.id > after))
+    if rank is not None:
+        query = query.where(log_lines.c.rank == rank)
+    if generation is not None:
+        query = query.where(log_lines.c.generation == generation)
+    rows = conn.execute(query.order_by(log_lines.c.id).limit(limit))
+    return [LogLine(r.id, r.job, r.generation, r.rank, r.node, r.at, r.text) for r in rows]
