@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from controller.core.commands import (
     AddJob,
@@ -90,5 +91,11 @@ def apply(world: World, commands: list[Command]) -> World:
             nodes.pop(command.node, None)
             forgotten.add(command.node)
             floor = max(floor, command.incarnation)
+        elif isinstance(
+            command, StartGeneration | RecordCheckpoint | RecordPause | RecordEvent | ReleaseInstance | RequestCapacity
+        ):
+            pass  # history and side effects: the store keeps them, the world's records do not change
+        else:
+            assert_never(command)  # a new command type must say here what it changes
     observed = {k: v for k, v in world.observed.items() if k not in forgotten} if forgotten else world.observed
     return World(nodes, jobs, observed, world.started_at, job_seq, node_seq, floor)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -29,6 +29,8 @@ from controller.core.model import (
     RecordCheckpoint,
     RecordEvent,
     RecordPause,
+    ReleaseInstance,
+    RequestCapacity,
     SetJob,
     SetNode,
     SetNodeSeq,
@@ -262,6 +264,10 @@ def _write(conn: Connection, command: Command) -> None:
         conn.execute(generations.update().where(where).values(pause_seconds=command.seconds))
     elif isinstance(command, RecordEvent):
         _event(conn, command.at, command.kind, command.job, command.node, dict(command.data))
+    elif isinstance(command, ReleaseInstance | RequestCapacity):
+        pass  # side effects the runner performs once persisted; their outcomes come back as events
+    else:
+        assert_never(command)  # a new command type must say here how it is stored
 
 
 def _event(
