@@ -29,6 +29,7 @@ from controller.spec_wire import spec_to_pb
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 from morphing.validation import shown
+from protos.reasons import REGISTER_AGAIN
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
@@ -104,11 +105,12 @@ class AgentService(rpc.AgentServicer):
         if principal is None or principal.role is not Role.NODE or principal.node != name:
             await abort(context, grpc.StatusCode.PERMISSION_DENIED, f"this token may not act as node {shown(name)}")
         if principal.incarnation != incarnation:
-            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "token and incarnation differ; register again")
+            code, detail = grpc.StatusCode.FAILED_PRECONDITION, "token and incarnation differ; register again"
+            await abort(context, code, detail, REGISTER_AGAIN)
         try:
             self.view.check_incarnation(name, incarnation)
         except (LookupError, intake.Stale) as exc:
-            await abort_for(context, exc)
+            await abort_for(context, exc, REGISTER_AGAIN)  # forgotten or replaced: this incarnation is over
 
     def _reply_assignment(self, name: str) -> pb.Assignment | None:
         """The node's assignment on the wire, rebuilt only when its node or job record changed.

@@ -19,6 +19,7 @@ from controller.core.intake import Conflict, Full, NotOwner, Stale, Taken
 from controller.core.logs import NotRun
 from controller.shell.failures import DecisionsFailed, Refused
 from morphing.errors import UserInputError
+from protos.reasons import REASON_KEY
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -38,15 +39,18 @@ STATUS_OF_ERROR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
 REFUSALS = (Stale, Conflict, NotOwner, NotRun, Taken, Full, DecisionsFailed, LookupError, UserInputError, Refused)
 
 
-async def abort(context: Context, code: grpc.StatusCode, detail: str) -> NoReturn:
+async def abort(context: Context, code: grpc.StatusCode, detail: str, reason: str = "") -> NoReturn:
+    """End the call; ``reason``: a word from :mod:`protos.reasons` the caller decides on (trailing metadata)."""
+    if reason:
+        context.set_trailing_metadata(((REASON_KEY, reason),))
     await context.abort(code, detail)
     raise AssertionError("unreachable")  # abort raises
 
 
-async def abort_for(context: Context, error: Exception) -> NoReturn:
+async def abort_for(context: Context, error: Exception, reason: str = "") -> NoReturn:
     """End the call with the status :data:`STATUS_OF_ERROR` gives ``error``, its message as the detail."""
     code = next((code for kind, code in STATUS_OF_ERROR if isinstance(error, kind)), grpc.StatusCode.INTERNAL)
-    await abort(context, code, str(error))
+    await abort(context, code, str(error), reason)
 
 
 @asynccontextmanager

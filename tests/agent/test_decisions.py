@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from morphing.errors import UserInputError
+from protos.reasons import REGISTER_AGAIN
 from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
 from worker_agent.agent.decisions import (
     CheckpointCommitted,
@@ -40,12 +41,14 @@ def report(rank: int, running: bool, code: int | None = None, checkpoint: int | 
 def test_failures_mean_retry_register_again_or_surface() -> None:
     assert classify_failure("UNAVAILABLE", "") is Failure.RETRY
     assert classify_failure("DEADLINE_EXCEEDED", "") is Failure.RETRY
-    assert classify_failure("UNKNOWN", "Exception calling application") is Failure.RETRY
+    assert classify_failure("UNKNOWN", "") is Failure.RETRY
     assert classify_failure("RESOURCE_EXHAUSTED", "") is Failure.RETRY
-    assert classify_failure("NOT_FOUND", "unknown node") is Failure.REGISTER_AGAIN
+    assert classify_failure("NOT_FOUND", "") is Failure.REGISTER_AGAIN
     assert classify_failure("UNAUTHENTICATED", "") is Failure.REGISTER_AGAIN
-    assert classify_failure("FAILED_PRECONDITION", "incarnation 1 is gone; register again") is Failure.REGISTER_AGAIN
-    assert classify_failure("FAILED_PRECONDITION", "generation 7 was never issued") is Failure.FATAL
+    assert classify_failure("FAILED_PRECONDITION", REGISTER_AGAIN) is Failure.REGISTER_AGAIN
+    # the typed word decides, never the message: one that merely says "register again" does not
+    assert classify_failure("FAILED_PRECONDITION", "") is Failure.FATAL
+    assert classify_failure("FAILED_PRECONDITION", "register again") is Failure.FATAL
     assert classify_failure("INVALID_ARGUMENT", "") is Failure.FATAL
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
+from protos.reasons import REASON_KEY, REGISTER_AGAIN
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.transport import (
@@ -23,8 +24,9 @@ from worker_agent.agent.wire import Registration
 OFFER = NodeOffer("", 2, "127.0.0.1", "vm-1")
 
 
-def failure(code: grpc.StatusCode, details: str = "") -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
+def failure(code: grpc.StatusCode, details: str = "", reason: str = "") -> grpc.aio.AioRpcError:
+    trailing = grpc.aio.Metadata((REASON_KEY, reason)) if reason else grpc.aio.Metadata()
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details, None)
 
 
 class FakeAgentStub:
@@ -95,13 +97,16 @@ def test_a_heartbeat_failure_says_what_it_means_and_a_reply_what_to_run() -> Non
     node = Registration("node-1", 1, "node-token", 1.0, 10.0)
     stub = FakeAgentStub(
         failure(grpc.StatusCode.DEADLINE_EXCEEDED),
-        failure(grpc.StatusCode.FAILED_PRECONDITION, "incarnation 1 is gone; register again"),
+        failure(grpc.StatusCode.FAILED_PRECONDITION, "incarnation 1 is gone; register again", REGISTER_AGAIN),
+        failure(grpc.StatusCode.FAILED_PRECONDITION, "job-1 generation 9 was never issued; register again?"),
         pb.HeartbeatResponse(heartbeat_interval_seconds=2.5),
     )
     connection = link(stub)
     with pytest.raises(ControllerUnreachable):
         asyncio.run(connection.heartbeat(node, [], None))
     with pytest.raises(RegisterAgain, match="register again"):
+        asyncio.run(connection.heartbeat(node, [], None))
+    with pytest.raises(CallRefused, match="never issued"):  # its words say "register again", its reason does not
         asyncio.run(connection.heartbeat(node, [], None))
     reply = asyncio.run(connection.heartbeat(node, [], None))
     assert reply.heartbeat_interval == 2.5 and reply.incoming.assignment.action == "idle"

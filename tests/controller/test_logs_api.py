@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from controller.core import logs
+from protos.reasons import REGISTER_AGAIN, reason_of
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 from tests.controller.conftest import Live
@@ -117,8 +118,14 @@ def test_a_stale_incarnation_is_refused_until_it_registers_again(live: Live) -> 
     chunk = pb.LogChunk(job=job, generation=generation, rank=rank, offset=0, text=b"before\n")
     assert send(node, chunk) == [7]
     again = Node(live, name=node.name, instance=node.vm)  # the same VM's agent restarted: a new incarnation
-    code, detail = refused(lambda: send(node, chunk))
-    assert code == CODE.FAILED_PRECONDITION and "register again" in detail
+    with pytest.raises(grpc.RpcError) as info:
+        send(node, chunk)
+    assert info.value.code() == CODE.FAILED_PRECONDITION and "register again" in (info.value.details() or "")
+    assert reason_of(info.value.trailing_metadata()) == REGISTER_AGAIN  # the word the agent decides on
+    unknown = pb.LogChunk(job=job, generation=generation + 5, rank=rank, offset=0, text=b"x\n")
+    with pytest.raises(grpc.RpcError) as info:
+        send(again, unknown)  # FAILED_PRECONDITION too, but no reason to register again
+    assert info.value.code() == CODE.FAILED_PRECONDITION and reason_of(info.value.trailing_metadata()) == ""
     assert send(again, pb.LogChunk(job=job, generation=generation, rank=rank)) == [7]  # asks: resumes exactly
     assert send(again, pb.LogChunk(job=job, generation=generation, rank=rank, offset=7, text=b"after\n")) == [13]
     assert texts(watch(live, job)) == ["before", "after"]

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from protos.reasons import REGISTER_AGAIN
 from worker_agent.agent.converge import Assignment, TrainerKey
 from worker_agent.agent.progress import TrainerReport
 
@@ -33,13 +34,13 @@ RETRYABLE_CODES = frozenset(
 )
 
 
-def classify_failure(code: str, details: str) -> Failure:
-    """``code``: the gRPC status code's name (``UNAVAILABLE``); ``details``: the server's message."""
+def classify_failure(code: str, reason: str) -> Failure:
+    """``code``: the gRPC status code's name (``UNAVAILABLE``); ``reason``: the word the controller gave in
+    its trailing metadata (:mod:`protos.reasons`; '' for none). A FAILED_PRECONDITION without
+    ``register-again`` (a report of a generation never issued, say) is not a reason to register again."""
     if code in RETRYABLE_CODES:
         return Failure.RETRY
-    if code in ("UNAUTHENTICATED", "NOT_FOUND"):
-        return Failure.REGISTER_AGAIN
-    if code == "FAILED_PRECONDITION" and "register again" in details:
+    if code in ("UNAUTHENTICATED", "NOT_FOUND") or reason == REGISTER_AGAIN:
         return Failure.REGISTER_AGAIN
     return Failure.FATAL
 

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from morphing.errors import UserInputError
+from protos.reasons import reason_of
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as pb_grpc
 from worker_agent.agent.decisions import (
@@ -137,7 +138,7 @@ class ControllerLink:
         try:
             return await call(request, metadata=(("authorization", f"Bearer {token}"),), timeout=CALL_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
-            failure = classify_failure(exc.code().name, exc.details() or "")
+            failure = classify_failure(exc.code().name, reason_of(exc.trailing_metadata()))
             if failure is Failure.RETRY:
                 raise ControllerUnreachable(exc.code().name) from exc
             if failure is Failure.REGISTER_AGAIN:
