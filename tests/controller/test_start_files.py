@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -21,18 +20,14 @@ from controller.files import read_small
 from morphing.errors import UserInputError
 from tests.controller.helpers import REPO
 
-ADDRESS_SPACE = 4 << 30  # ample for a controller; a reader of /dev/zero hits it within a second
-
-
-def _capped() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+ADDRESS_SPACE = 8 << 30  # ample for a controller and gRPC's threads; a reader of /dev/zero hits it in seconds
 
 
 def spotmorph(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "spotmorph.cli", *args]
-    return subprocess.run(
-        command, capture_output=True, text=True, cwd=REPO, timeout=60, preexec_fn=_capped, env=env, check=False
-    )
+    """The command with its address space capped by prlimit(1): no Python runs between fork and exec (a
+    ``preexec_fn`` would, in a test process whose earlier tests left gRPC threads running)."""
+    command = ["prlimit", f"--as={ADDRESS_SPACE}", "--", sys.executable, "-m", "spotmorph.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=60, env=env, check=False)
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:
