@@ -10,7 +10,10 @@ import pytest
 
 from spotmorph.local.harness import LocalCluster, checkpoint_diff, train_reference
 
-pytestmark = pytest.mark.slow
+# In `make soak` (about a minute of make test's serial cluster path, which is near CI's 20 minutes): in make
+# test, exact mode's bitwise chains through 1x1, 2x2, 3x1 and 1x3 run in tests/runtime/test_exact.py, and the
+# memory path's morphs on a cluster in tests/e2e/test_memory_morph.py.
+pytestmark = pytest.mark.soak
 
 STEPS, BATCH, SEED, MICRO = 120, 14, 5, 2
 
