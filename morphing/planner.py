@@ -20,7 +20,7 @@ cost, so predicted throughput never falls as GPUs are added (the planner may lea
 from __future__ import annotations
 
 import heapq
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -34,7 +34,6 @@ from morphing.slots import SlotSpace, check_counts
 from morphing.stages import GIB, LayerCosts, Partition, in_flight
 
 __all__ = ["Infeasible", "Plan", "PlanResult", "Planner", "throughput"]
-PLANS_REMEMBERED = 256  # node lists whose plan a planner keeps (the newest)
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,6 @@ class Planner:
         self._partitions: dict[tuple[int, int, int], Partition | None] = {}
         self._pipelines: dict[tuple[object, ...], tuple[float, ...]] = {}
         self._bases: dict[tuple[int, tuple[tuple[int, int], ...], float], _StageBase] = {}
-        self._plans: OrderedDict[tuple[tuple[tuple[str, int], ...], int | None], PlanResult] = OrderedDict()
 
     @property
     def num_layers(self) -> int:
@@ -113,15 +111,11 @@ class Planner:
         return self.plan(local_nodes(gpus, gpus_per_node))
 
     def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None) -> PlanResult:
-        """Best layout on ``nodes`` (``(name, free slots)`` in placement order), optionally with ``stages``;
-        remembered per node list (the controller asks every pass for each queued job: ~0.1 s at 512 GPUs)."""
-        key = (tuple((str(name), int(slots)) for name, slots in nodes), stages)
-        if key not in self._plans:
-            space = SlotSpace(nodes)
-            empty = Infeasible(0, "no GPUs available") if space.gpus <= 0 else None
-            self._plans[key] = empty or self._result(space, self._search(space, self._candidates(space, stages), None))
-            _ = len(self._plans) > PLANS_REMEMBERED and self._plans.popitem(last=False)  # the oldest goes
-        return self._plans[key]
+        """Best layout on ``nodes`` (``(name, free slots)`` in placement order), optionally with ``stages``."""
+        space = SlotSpace(nodes)
+        if space.gpus <= 0:
+            return Infeasible(0, "no GPUs available")
+        return self._result(space, self._search(space, self._candidates(space, stages), None))
 
     def smallest_pipeline(self) -> int | None:
         """The fewest stages whose layers fit in GPU memory (one replica), or ``None`` if none do."""
