@@ -203,8 +203,11 @@ class Controller:
         if self._tensorboard_task is not None and self.tensorboard is not None:
             self._tensorboard_task.cancel()
             await asyncio.gather(self._tensorboard_task, return_exceptions=True)
-            self.tensorboard.export(self.view.jobs())  # the last decisions' points
-            self.tensorboard.close()
+            try:
+                self.tensorboard.export(self.view.jobs())  # the last decisions' points
+                self.tensorboard.close()
+            except OSError as exc:  # a full disk must not keep the state directory locked
+                log.warning("tensorboard export to %s failed at stop: %s", self.settings.tensorboard_dir, exc)
         self.view.close()
         self.logbook.close()
         self.store.close()
