@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
+from spotmorph.local.harness import LocalCluster
 
-from .test_elastic import BATCH, INTERVAL, SEED, STEPS
+from .test_elastic import assert_equals_reference, submit
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,15 +50,7 @@ def test_a_gpu_job_through_an_eviction_and_back_equals_the_cpu_reference(
     gpus = [g for n in cluster.nodes() for g in n.get("gpus", [])]
     assert gpus, f"the node reports no GPU: {cluster.nodes()}"
     checkpoints = tmp_path / "ckpt"
-    job = cluster.submit(
-        steps=STEPS,
-        global_batch=BATCH,
-        seed=SEED,
-        dtype="float64",
-        checkpoint_interval=INTERVAL,
-        checkpoint_dir=checkpoints,
-        device="auto",
-    )
+    job = submit(cluster, checkpoints)  # the demo spec's device: auto, so CUDA on a node with a GPU
     cluster.wait_step(job, 40, 180)
     cluster.notes.append(f"GPU processes while generation 1 trained: {_gpu_processes()}")
     first = _trainer_starts(cluster)
@@ -74,7 +66,7 @@ def test_a_gpu_job_through_an_eviction_and_back_equals_the_cpu_reference(
     assert final["state"] == "SUCCEEDED", final
     assert final["steps_lost"] == 0, final
     assert final["generation"] >= 2, final
-    assert max_rel_diff(train_reference(references, STEPS, BATCH, SEED), checkpoints) <= 1e-9
+    assert_equals_reference(checkpoints, references)
     after = {name: lines for name, lines in _trainer_starts(cluster).items() if name not in first}
     assert after and all(line.endswith(" on cuda:0") for lines in after.values() for line in lines), after
     assert any(after.values()), after
