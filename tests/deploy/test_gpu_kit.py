@@ -9,7 +9,6 @@ say why, and leave the others to run.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tomllib
@@ -17,6 +16,8 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "bench" / "gpu-kit.txt"
@@ -27,10 +28,6 @@ IMAGE = {"torch", "numpy", "pyyaml", "aiohttp", "prometheus-client", "transforme
 LAZY = {"azure-mgmt-compute", "azure-identity", "azure-core", "grpcio-tools"}
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def kit() -> dict[str, str]:
     pins: dict[str, str] = {}
     for line in KIT.read_text().splitlines():
@@ -38,8 +35,8 @@ def kit() -> dict[str, str]:
         if line:
             name, _, version = line.partition("==")
             assert version, f"{line}: the kit pins one version of each wheel"
-            assert canonical(name) not in pins, f"{name} twice"
-            pins[canonical(name)] = version
+            assert canonicalize_name(name) not in pins, f"{name} twice"
+            pins[canonicalize_name(name)] = version
     return pins
 
 
@@ -47,7 +44,9 @@ def test_the_kit_pins_versions_the_project_accepts_and_never_torch_or_cuda() -> 
     """Each pin satisfies pyproject's requirement (grpcio's exact pin, pydantic's range, ...), so the GPU
     machine runs what the project declares; not the versions pip happened to pick here."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    declared = {canonical(Requirement(r).name): Requirement(r).specifier for r in project}
+    declared: dict[str, SpecifierSet] = {
+        canonicalize_name(Requirement(r).name): Requirement(r).specifier for r in project
+    }
     for name, version in kit().items():
         assert not name.startswith(("torch", "nvidia", "triton")), name
         if name in declared:
@@ -59,14 +58,14 @@ def test_the_kit_pins_versions_the_project_accepts_and_never_torch_or_cuda() -> 
 def test_the_kit_covers_every_runtime_need_the_gpu_image_lacks() -> None:
     pins = kit()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    wanted = {canonical(Requirement(r).name) for r in project} - IMAGE - LAZY
+    wanted = {canonicalize_name(Requirement(r).name) for r in project} - IMAGE - LAZY
     assert wanted <= set(pins), f"add to bench/gpu-kit.txt: {sorted(wanted - set(pins))}"
     for name in pins:  # and what the kit's own wheels need, on Linux with CPython 3.12
         for spec in metadata.requires(name) or []:
             requirement = Requirement(spec)
             env = {"python_version": "3.12", "platform_machine": "x86_64", "sys_platform": "linux", "extra": ""}
             if requirement.marker is None or requirement.marker.evaluate(env):
-                needed = canonical(requirement.name)
+                needed = canonicalize_name(requirement.name)
                 assert needed in pins or needed in IMAGE, f"{name} needs {needed}: add it to bench/gpu-kit.txt"
 
 
