@@ -13,6 +13,7 @@ from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.unreachable import held_out
+from controller.core.records import JobRecord
 from morphing.planner import Plan, Planner, PlanResult
 
 
@@ -40,16 +41,21 @@ def fail_unplannable(draft: Draft) -> None:
             draft.release_nodes(job_id, job.nodes, "job failed")
 
 
+def usable_nodes(draft: Draft, job: JobRecord, nodes: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``nodes`` the job may be placed on: not held out for it, and of a device it can use."""
+    return [
+        (name, slots)
+        for name, slots in nodes
+        if not held_out(job, name, draft.now) and may_run_on(job, draft.nodes[name])
+    ]
+
+
 def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str, int]]) -> Plan | None:
     """The best plan for the job on ``nodes`` (less the ones it excluded or whose devices it cannot use),
     or ``None`` if none runs it."""
     planner = planners.get(job_id)
     job = draft.jobs[job_id]
-    usable = [
-        (name, slots)
-        for name, slots in nodes
-        if not held_out(job, name, draft.now) and may_run_on(job, draft.nodes[name])
-    ]
+    usable = usable_nodes(draft, job, nodes)
     if not isinstance(planner, Planner) or not usable:
         return None
     result = planned(draft, job_id, planner.plan, usable)

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord
 from controller.core.reconcile.config import Planners
-from controller.core.reconcile.devices import NO_FREE_GPU_NODE, may_run_on, needs_gpus, waiting_reason
+from controller.core.reconcile.devices import NO_FREE_GPU_NODE, needs_gpus, waiting_reason
 from controller.core.reconcile.draft import Draft
-from controller.core.reconcile.generation import planned
+from controller.core.reconcile.generation import planned, usable_nodes
 from controller.core.reconcile.unreachable import held_out
 from morphing.planner import Infeasible, Plan, Planner
 from scheduler.queue import QueueEntry, admission_order
@@ -38,11 +38,7 @@ def present_nodes(draft: Draft) -> list[tuple[str, int]]:
 
 def unplaceable(draft: Draft, planners: Planners, job: JobRecord, nodes: Sequence[tuple[str, int]]) -> str | None:
     """Why ``job`` fits no layout of ``nodes``; None when one fits."""
-    usable = [
-        (name, slots)
-        for name, slots in nodes
-        if not held_out(job, name, draft.now) and may_run_on(job, draft.nodes[name])
-    ]
+    usable = usable_nodes(draft, job, nodes)
     if not usable:
         held = [name for name, _ in nodes if held_out(job, name, draft.now)]
         if held:
