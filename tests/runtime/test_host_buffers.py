@@ -123,7 +123,7 @@ import torch, torch.distributed as dist
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from worker_agent.runtime.comm import make_groups
-from worker_agent.runtime.engine import StageRunner, module_for_dtype
+from worker_agent.runtime.engine import StageRunner
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.partition import PartitionedModel
 
@@ -134,7 +134,7 @@ torch.set_num_threads(1)
 job = JobSpec(name="probe", entrypoint=entry, global_batch=4, steps=3, checkpoint_dir=ckpt, device="cpu")
 spec = build_spec(entry, job.seed)
 model = PartitionedModel(spec)
-module_for_dtype(model, torch.float32)
+model.to_dtype(torch.float32)
 layout = make_layout(num_layers=len(spec.layers), pipeline_stages=1, data_parallel=1, micro_batch_size=2,
                      global_batch=4)
 runner = StageRunner(job, layout, 0, model, make_groups(layout, model, 0, torch.device("cpu"), 60.0))
@@ -200,3 +200,71 @@ def test_background_checkpoints_in_reused_buffers_equal_written_ones_step_by_ste
         if previous is not None:
             assert ck.diff(previous, ours)["max_abs"] > 0.0, step
         previous = ours
+
+
+LIVE_PROBE = """
+import json, sys, time
+from datetime import timedelta
+from pathlib import Path
+import torch, torch.distributed as dist
+from morphing.jobspec import JobSpec
+from morphing.layout import make_layout
+from worker_agent.runtime import writer as writer_mod
+from worker_agent.runtime.checkpoint import CheckpointWriter
+from worker_agent.runtime.comm import make_groups
+from worker_agent.runtime.engine import StageRunner
+from worker_agent.runtime.entrypoint import build_spec
+from worker_agent.runtime.partition import PartitionedModel
+
+entry, ckpt = sys.argv[1], sys.argv[2]
+slow = writer_mod.write_layer_files
+def slow_disk(*args, **kwargs):  # the files are read only after the next step's forward and backward ran
+    time.sleep(1.0)
+    return slow(*args, **kwargs)
+writer_mod.write_layer_files = slow_disk
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
+torch.set_num_threads(1)
+job = JobSpec(name="probe", entrypoint=entry, global_batch=4, steps=3, checkpoint_dir=ckpt, device="cpu")
+model = PartitionedModel(build_spec(entry, job.seed))
+layout = make_layout(num_layers=len(model.layer_names), pipeline_stages=1, data_parallel=1, micro_batch_size=2,
+                     global_batch=4)
+runner = StageRunner(job, layout, 0, model, make_groups(layout, model, 0, torch.device("cpu"), 60.0))
+runner.run_step(0)
+at_one = {n: p.detach().clone() for n, p in runner.params}
+writer = CheckpointWriter(Path(ckpt), 0, 1, "run", 3, True, 60.0)
+live = runner.payloads(share=True)
+shares = all(t.data_ptr() == dict(runner.params)[n].data_ptr() for l in live.values() for n, t in l["tensors"].items())
+writer.save(1, live, {"job_hash": "x", "job": {}, "layout": layout.to_dict(), "generation": 0,
+                      "layer_names": model.layer_names, "data_cursor": {}}, background=True)
+runner.before_update = writer.files_written
+runner.run_step(1)
+writer.wait()
+files = sorted(writer_mod.step_dir(Path(ckpt), 1).glob("*.pt"))
+written = {n: t for f in files for n, t in torch.load(f, weights_only=True)["tensors"].items()}
+print(json.dumps({
+    "shares": shares,
+    "files": len(written),
+    "written_is_step_one": all(torch.equal(written[n], at_one[n]) for n in at_one),
+    "updated_after": any(not torch.equal(p, at_one[n]) for n, p in runner.params),
+    "gate_cleared": runner.before_update is None,
+}))
+"""
+
+
+def test_a_write_from_the_live_tensors_holds_the_step_it_was_taken_at(tmp_path: Path) -> None:
+    """After a morph through memory the held step is written in the background straight from the live CPU
+    tensors (no copy): the next step's forward and backward run beside the write, and its update waits until
+    the write has read them. A disk slowed by a second shows it: the file holds step 1, the update came after."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", LIVE_PROBE, TINY, str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["shares"] and found["files"] > 0, found
+    assert found["written_is_step_one"] and found["updated_after"] and found["gate_cleared"], found

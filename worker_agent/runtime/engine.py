@@ -16,12 +16,11 @@ every rank.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from morphing.errors import UserInputError
@@ -143,6 +142,7 @@ class StageRunner:
         self.schedule_name = "gpipe" if use_gpipe else "1f1b"
         self.schedule = schedule_cls(pipe_stage, self.n_micro, loss_fn=self._loss, scale_grads=False)
         self.signature = signature(self.spec.dataset[0])
+        self.before_update: Callable[[], None] | None = None  # waits for a write that reads the live tensors
 
     def _loss(self, output: Any, slots: torch.Tensor) -> torch.Tensor:
         targets = self.batch.targets[slots]
@@ -251,6 +251,9 @@ class StageRunner:
         self._clip()
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec.lr_schedule(step) * group.get("lr_scale", 1.0)
+        if self.before_update is not None:
+            self.before_update()
+            self.before_update = None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.exact is not None:
@@ -329,7 +332,8 @@ class StageRunner:
         """Host copies of the tensors this rank writes (``layers``: these instead of its share), taken at the
         step boundary (pinned memory on a GPU) into ``lease``'s buffers (one of :attr:`host`, released by the
         writer once written); without one, into fresh buffers. ``share``: the CPU tensors themselves, not
-        copies, for a rank that trains no more (what a stopped generation keeps for the next).
+        copies, for a rank that trains no more (what a stopped generation keeps for the next) or whose next
+        update waits for the write that reads them (:attr:`before_update`).
 
         The file format does not depend on the device: every tensor in it is a CPU tensor.
         """
@@ -393,8 +397,3 @@ class StageRunner:
             self.loss_scale = LossScale.from_dict(loss_scale)
         if self.exact is not None:
             self.model.sync_copies(self.layout, self.stage)
-
-
-def module_for_dtype(model: PartitionedModel, dtype: torch.dtype) -> None:
-    """Convert every layer (shared parameters stay shared) to the job's dtype."""
-    nn.ModuleList(model.modules).to(dtype)

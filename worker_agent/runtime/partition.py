@@ -112,6 +112,10 @@ class PartitionedModel:
                         setattr(owner, attribute, copy)
                 self.copies.setdefault(name, {})[layer] = copy
 
+    def to_dtype(self, dtype: torch.dtype) -> None:
+        """Convert every layer (shared parameters stay shared) to the job's dtype."""
+        nn.ModuleList(self.modules).to(dtype)
+
     def leaf(self, name: str, layer: int) -> nn.Parameter:
         """The tensor layer ``layer`` uses for parameter ``name`` (its own copy when untied)."""
         return self.copies.get(name, {}).get(layer, self.tensors[name])

@@ -60,17 +60,14 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     import torch.distributed as dist
 
     from worker_agent.runtime import checkpoint as ckpt_mod
-    from worker_agent.runtime import salvage
+    from worker_agent.runtime import salvage, warm_model
     from worker_agent.runtime.comm import configure_nccl, make_groups
     from worker_agent.runtime.device import autocast_dtype, resolve_device
     from worker_agent.runtime.dropout import warm_up as warm_up_dropout
-    from worker_agent.runtime.engine import StageRunner, module_for_dtype
-    from worker_agent.runtime.entrypoint import build_spec
+    from worker_agent.runtime.engine import StageRunner
     from worker_agent.runtime.hf_export import write_config as write_hf_config
     from worker_agent.runtime.job import MAX_INPUT_BYTES, data_cursor, load_job_spec, torch_dtype
-    from worker_agent.runtime.model_api import assign_dropout_keys, dropout_dtypes
-    from worker_agent.runtime.partition import PartitionedModel
-    from worker_agent.runtime.precision import check_float64
+    from worker_agent.runtime.model_api import dropout_dtypes
 
     job = load_job_spec(cfg.job_file)
     try:
@@ -92,14 +89,9 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
             torch.use_deterministic_algorithms(True)
     else:
         torch.set_num_threads(1)  # P x D ranks share this machine's cores
-    spec = build_spec(job.entrypoint, job.seed)
+    model, reused = warm_model.model_for(job, layout, device)  # the model a held generation of it built
+    spec = model.spec
     check_eval(spec, job.eval_interval)
-    model = PartitionedModel(spec, untie=job.exact)
-    model.check_layout(layout)
-    module_for_dtype(model, torch_dtype(job.dtype))
-    if job.dtype == "float64":
-        check_float64(spec)  # nothing inside computes in float32 (it would make the result the layout's)
-    assign_dropout_keys(spec.layers)
     warm_up_dropout(device, dropout_dtypes(spec, torch_dtype(job.dtype), autocast_dtype(job.precision)))
     control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
     stop = StopRequest(control)
@@ -147,6 +139,8 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         loaded = ckpt_mod.verify(Path(choice[0]), job.identity(), read_files=False)
         runner.load(loaded)
         step, source = loaded.step, str(loaded.path)
+    elif reused:  # nothing to resume from, and a past generation trained this model: the initial weights
+        warm_model.initial_weights(job, runner)
     if source:
         progress.emit(CheckpointLoaded(step=step, checkpoint=source))
     if cfg.generation > 0 or (source and cfg.rank == 0):  # `spotmorph train` (generation 0): a resume, by rank 0
@@ -261,13 +255,15 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
             if due and step != already_written:
                 writer.wait()  # the previous write is done before new host copies are taken (its buffers reused)
                 buffers = runner.host.lease()
+                live = step == durable_due and device.type == "cpu"  # no copy: the next update waits for the read
                 writer.save(
                     step,
-                    runner.payloads(lease=buffers),
+                    runner.payloads(lease=buffers, share=live),
                     manifest() if cfg.rank == 0 else None,
                     done=buffers.release,
                     background=True if step == durable_due else None,
                 )
+                runner.before_update = writer.files_written if live else None
                 if finishing:
                     writer.wait()
                 # How long training paused: the copy to host memory, plus the write itself unless in the background.

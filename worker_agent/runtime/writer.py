@@ -120,6 +120,8 @@ class CheckpointWriter:
         self.resumed_from = resumed_from
         self.acknowledged = acknowledged
         self._thread: threading.Thread | None = None
+        self._files_written = threading.Event()  # the write in flight read every tensor it was given
+        self._files_written.set()
         self._error: BaseException | None = None
         self.last_committed: int | None = None
         self.bytes_written = 0
@@ -133,10 +135,11 @@ class CheckpointWriter:
         done: Callable[[], None] | None = None,
         background: bool | None = None,
     ) -> None:
-        """Write ``payloads`` (already copied off the live tensors); ``manifest`` only on rank 0. ``done`` is
-        called once the write is over, written or failed (the host buffers may then be reused). ``background``
-        overrides the job's choice for this write."""
+        """Write ``payloads`` (copies, or live tensors left alone until :meth:`files_written`); ``manifest``
+        only on rank 0. ``done`` is called once the write is over, written or failed (the host buffers may then
+        be reused). ``background`` overrides the job's choice for this write."""
         self.wait()
+        self._files_written.clear()
         if self.background if background is None else background:
             self._thread = threading.Thread(
                 target=self._guarded, args=(step, payloads, manifest, done), name="checkpoint-writer", daemon=True
@@ -146,6 +149,7 @@ class CheckpointWriter:
             try:
                 self._write(step, payloads, manifest)
             finally:
+                self._files_written.set()
                 if done is not None:
                     done()
 
@@ -157,6 +161,11 @@ class CheckpointWriter:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def files_written(self) -> None:
+        """Block until the write in flight has read every tensor it was given (they may change after); its
+        commit may still be under way."""
+        self._files_written.wait()
 
     def check_fence(self) -> None:
         """:class:`GenerationFenced` when a newer generation (or another job) owns the directory now."""
@@ -183,6 +192,7 @@ class CheckpointWriter:
         except BaseException as exc:
             self._error = exc
         finally:
+            self._files_written.set()
             if done is not None:
                 done()
 
@@ -216,6 +226,7 @@ class CheckpointWriter:
         parts = directory / ".parts"
         parts.mkdir(parents=True, exist_ok=True)
         entries = write_layer_files(directory, payloads, self.rank)
+        self._files_written.set()
         self.bytes_written += sum(e["bytes"] for e in entries)
         part = {"generation": self.generation, "rank": self.rank, "files": entries}
         atomic_write(parts / part_name(self.generation, self.run_id, self.rank), json.dumps(part).encode())

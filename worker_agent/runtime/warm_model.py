@@ -1,0 +1,89 @@
+"""The model a trainer built, kept for the next generation of the same job on the same process.
+
+Building a spec (the user's imports, every layer initialised from the seed, the start-up checks that run
+each layer) costs about a second at 43M parameters on two cores, and each generation of a job builds the
+same model. A trainer that held its stage for the next generation (:mod:`worker_agent.runtime.held`)
+therefore starts that generation on the model it has. What a fresh build would differ in is put right:
+every parameter of the new stage is loaded (from peers' memory or the disk) before the first step,
+buffers go back to their values as built, gradients are dropped, and a generation that finds nothing to
+resume from takes its initial weights from a fresh build (:func:`initial_weights`). Only a model on the
+CPU is kept: on a GPU node the next generation may put another process on that GPU, which needs its
+memory (and no GPU has run it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from morphing.jobspec import JobSpec
+from morphing.layout import Layout
+from worker_agent.runtime.entrypoint import build_spec
+from worker_agent.runtime.job import torch_dtype
+from worker_agent.runtime.partition import PartitionedModel
+from worker_agent.runtime.precision import check_float64
+
+if TYPE_CHECKING:
+    from worker_agent.runtime.engine import StageRunner
+
+
+@dataclass
+class Built:
+    """A built model, the job it was built for, and its buffers' values as built."""
+
+    key: tuple[str, str]
+    model: PartitionedModel
+    buffers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+_BUILT: Built | None = None
+
+
+def model_for(job: JobSpec, layout: Layout, device: torch.device) -> tuple[PartitionedModel, bool]:
+    """The job's model, checked against ``layout``; True when it is the one this process built before."""
+    global _BUILT
+    key = (job.entrypoint, job.identity_hash())
+    if _BUILT is not None and _BUILT.key == key and device.type == "cpu":
+        model = _BUILT.model
+        model.check_layout(layout)
+        with torch.no_grad():
+            for buffer, value in _BUILT.buffers:
+                buffer.copy_(value)
+        for module in model.modules:
+            module.zero_grad(set_to_none=True)  # a step that failed in a collective may have left gradients
+        return model, True
+    _BUILT = None  # another job's model: let it go before this one is built
+    model = build(job)
+    model.check_layout(layout)
+    if device.type == "cpu":
+        buffers = [(b, b.detach().clone()) for module in model.modules for b in module.buffers()]
+        _BUILT = Built(key, model, buffers)
+    return model, False
+
+
+def build(job: JobSpec, check: bool = True) -> PartitionedModel:
+    """A fresh model in the job's dtype, its spec checked (:func:`build_spec`)."""
+    spec = build_spec(job.entrypoint, job.seed, check=check)
+    model = PartitionedModel(spec, untie=job.exact)
+    model.to_dtype(torch_dtype(job.dtype))
+    if job.dtype == "float64":
+        check_float64(spec)  # nothing inside computes in float32 (it would make the result the layout's)
+    return model
+
+
+def initial_weights(job: JobSpec, runner: StageRunner) -> None:
+    """Give the stage of a reused model (trained by a past generation) the job's initial weights."""
+    fresh = build(job, check=False)
+    with torch.no_grad():
+        for name, param in runner.params:
+            param.copy_(fresh.tensors[name])
+    if runner.exact is not None:
+        runner.model.sync_copies(runner.layout, runner.stage)
+
+
+def forget() -> None:
+    """Drop the kept model (the process is about to leave, or the job's state went elsewhere)."""
+    global _BUILT
+    _BUILT = None
