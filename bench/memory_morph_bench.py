@@ -62,18 +62,21 @@ PHASES = (
 Log = Callable[[str], None]
 WHY = (
     "Why (the ranks' progress lines): through memory the stopping ranks keep their stage's tensors (no copy, "
-    "nothing serialised) and g+1 runs on the same processes, with the user's imports done; a layer a rank keeps "
-    "is adopted as it is, a layer a peer lacks goes over gloo as its tensors' bytes with a SHA-256, and g+1 "
-    "writes the held step in the background. On eviction the leaving rank hands off only what no survivor holds "
-    "(here nothing: 1x2), so the stop writes nothing; after a kill the survivor keeps its step and no "
-    "just-in-time write is awaited (phase *salvage* 0). What memory still pays, on this 2-core machine with "
-    "~0.4 GB/s memory copies: g+1's first step copies the held state to host buffers for the background write, "
-    "whose hashing and writing then share the 2 cores with training (*first step*); at 120M on growth that costs "
-    "more than the disk path's synchronous stop write plus read-back (the page cache makes the disk fast here). "
-    "On a GPU node the copy is a device-to-pinned-host DMA and the write runs on otherwise idle cores; not "
-    "measured (no GPU). History (this machine, 2026-11-26, same command): with layers serialised by torch.save "
-    "and copied at the stop, growth memory / disk was 0.85 / 1.51 / 1.72 (4M / 43M / 120M); raw-byte moves "
-    "brought it to 0.48 / 0.91 / 1.34, and adopting the moved tensors without a copy to the figures above."
+    "nothing serialised) and g+1 runs on the same processes, on the model each built for g (no user import, "
+    "no initialisation, no start-up checks: *process start* near 0 where every rank of g+1 is a holder); a "
+    "layer a rank keeps is adopted as it is, a layer a peer lacks goes over gloo as its tensors' bytes with a "
+    "SHA-256, and g+1 writes the held step in the background straight from the live tensors (its first "
+    "step's forward and backward run beside the write, its update waits until the write has read them). On "
+    "eviction the leaving rank hands off only what no survivor holds (here nothing: 1x2), so the stop writes "
+    "nothing; after a kill the survivor keeps its step and no just-in-time write is awaited (phase *salvage* "
+    "0). What memory still pays on this 2-core machine: on growth the new VM's rank builds the model from its "
+    "spec (*process start*) and receives every layer (*load*), and the background write's serialising and "
+    "hashing share the 2 cores with both ranks' first step (*first step*, which holds one whole step of g+1). "
+    "On a GPU node the write is from pinned host copies; not measured (no GPU). History (this machine, "
+    "2026-11-26, same command): with layers serialised by torch.save and copied at the stop, growth memory / "
+    "disk was 0.85 / 1.51 / 1.72 (4M / 43M / 120M); raw-byte moves brought it to 0.48 / 0.91 / 1.34, adopting "
+    "the moved tensors without a copy to 0.76 / 0.86 / 1.26, and the model reuse and the write from live "
+    "tensors (next section) to the figures above."
 )
 
 

@@ -42,7 +42,7 @@ def reference(ckpt: ck.Checkpoint, mode: str) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["token", "sample"])
+@pytest.mark.parametrize("mode", ["token", pytest.param("sample", marks=pytest.mark.soak)])  # per-sample: make soak
 def test_eval_loss_is_layout_free_and_the_mean_over_the_eval_set(tmp_path: Path, mode: str) -> None:
     entry = f"{ENTRY}:gpt2_eval" if mode == "token" else f"{ENTRY}:gpt2_eval_sample"
     one = evaluations(tmp_path, "one", 1, 1, entry)

@@ -11,7 +11,8 @@ import pytest
 
 from tests.runtime.helpers import REPO, TINY, run, train_cmd
 
-pytestmark = pytest.mark.slow
+# One worker runs the module: its training fixture then runs once, not once per xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint-diff-runs")]
 DEMO = f"{REPO}/examples/tiny_gpt.py:build"
 
 

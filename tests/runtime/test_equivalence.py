@@ -14,7 +14,8 @@ from tests.runtime.helpers import run, train, train_cmd, wait_for
 from worker_agent.contract import ExitCode, GenerationDir, StepCompleted, TrainingStopped, events_of, read_progress
 from worker_agent.runtime import checkpoint as ck
 
-pytestmark = pytest.mark.slow
+# One worker runs the module: its training fixture then runs once, not once per xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("equivalence-chain")]
 
 
 @dataclass(frozen=True)

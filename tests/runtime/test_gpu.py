@@ -146,6 +146,7 @@ def test_the_gpu_bench_skips_without_cuda() -> None:
     assert result.returncode == 0 and result.stdout.strip() == "no CUDA device: skipped", result
 
 
+@pytest.mark.soak  # 90 s of `spotmorph train` runs on two cores; bench/gpu_check.sh runs the real bench on a GPU
 def test_the_gpu_bench_smoke_run_exercises_every_part_at_toy_sizes() -> None:
     """Not a GPU test: every part of the GPU bench runs (on CUDA where there is one, else on the CPU), so
     its first run on a GPU does not stop at a wrong call; the smoke run prints and writes no docs."""
