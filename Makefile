@@ -21,6 +21,10 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	@echo "installing the test and lint tools into $(VENV)"
 	$(PY) -m pip install -q -e '.[dev]'
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& echo "installing Debian's chromium for the dashboard's browser tests (seconds)" \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
+		|| echo "no chromium (not root, or no apt): the dashboard's browser tests will skip"
 	touch $@
 
 install: $(VENV)/.installed

@@ -26,12 +26,13 @@ from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_to
 from controller.api.cluster import ClusterService
 from controller.api.jobs import JobsService
 from controller.app.providers import ProviderFactory, make_provider
-from controller.app.settings import ControllerSettings, check_exposure
+from controller.app.settings import ControllerSettings, check_exposure, is_loopback
 from controller.app.state_lock import lock_state_dir
 from controller.app.tls import load_server_tls
 from controller.core.flapping import Damping
 from controller.core.reconcile import Config
 from controller.files import private_file, set_mode, write_public
+from controller.observability.curves import LossCurves
 from controller.observability.metrics import serve_metrics
 from controller.observability.tensorboard import TensorBoardExport
 from controller.persistence.store import Store
@@ -140,6 +141,7 @@ class Controller:
         rpc.add_JobsServicer_to_server(jobs, self.server)
         self.metrics_server: Any = None
         self.metrics_port = 0
+        self._curves_task: asyncio.Task[None] | None = None  # the dashboard's loss curves (observability.curves)
         self.tensorboard: TensorBoardExport | None = None
         self._tensorboard_task: asyncio.Task[None] | None = None
         rpc.add_ClusterServicer_to_server(ClusterService(self.view, self.store.schema_version()), self.server)
@@ -183,7 +185,13 @@ class Controller:
         write_public(self.settings.state_dir / "controller.addr", f"{host}:{self.port}\n".encode())
         if self.settings.metrics_listen:
             listen = self.settings.metrics_listen
-            self.metrics_server, self.metrics_port = await serve_metrics(listen, self.view, self.metrics_tls)
+            # The dashboard's data needs a token: served over TLS, or on loopback (no token crosses a network).
+            dashboard = None
+            if self.metrics_tls is not None or is_loopback(listen):
+                curves = LossCurves()
+                self._curves_task = asyncio.ensure_future(curves.run(self.view))
+                dashboard = (self.tokens, curves)
+            self.metrics_server, self.metrics_port = await serve_metrics(listen, self.view, self.metrics_tls, dashboard)
             metrics_host = self.settings.metrics_listen.rsplit(":", 1)[0]
             write_public(self.settings.state_dir / "metrics.addr", f"{metrics_host}:{self.metrics_port}\n".encode())
         if self.settings.tensorboard_dir is not None:
@@ -200,6 +208,9 @@ class Controller:
         await self.runner.close()
         if self.metrics_server is not None:
             await self.metrics_server.cleanup()
+        if self._curves_task is not None:
+            self._curves_task.cancel()
+            await asyncio.gather(self._curves_task, return_exceptions=True)
         if self._tensorboard_task is not None and self.tensorboard is not None:
             self._tensorboard_task.cancel()
             await asyncio.gather(self._tensorboard_task, return_exceptions=True)

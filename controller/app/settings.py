@@ -89,7 +89,8 @@ class ControllerSettings(BaseSettings):
     morph_cost_seconds: float = 30.0
     """Expected price of a morph, weighed against the throughput growth would bring."""
     metrics_listen: str | None = None
-    """HOST:PORT for Prometheus (GET /metrics; HTTPS with the API's certificate when TLS is on); None: off."""
+    """HOST:PORT for Prometheus (GET /metrics; HTTPS with the API's certificate when TLS is on) and, on loopback or
+    with TLS, the web dashboard (GET /); None: off."""
     tensorboard_dir: Path | None = None
     """Write TensorBoard event files here, a folder per job (loss, eval loss, samples/s, layout, morphs); None: off."""
     metrics_allow_remote: bool = False

@@ -20,8 +20,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from controller.core.causes import JobFailureCause
 from controller.core.lifecycle import JobState, NodeState
+from controller.observability.curves import LossCurves
 from controller.shell.latency import BOUNDS
 from controller.shell.views import MetricsSnapshot, StateView
+from controller.tokens import Tokens
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MORPH_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -186,12 +188,20 @@ def render(snapshot: MetricsSnapshot) -> bytes:
     return generate_latest(registry)
 
 
-async def serve_metrics(listen: str, view: StateView, tls: ssl.SSLContext | None = None) -> tuple[Any, int]:
-    """``GET /metrics`` on ``listen`` (HOST:PORT; port 0 picks one), over HTTPS with ``tls``.
+async def serve_metrics(
+    listen: str,
+    view: StateView,
+    tls: ssl.SSLContext | None = None,
+    dashboard: tuple[Tokens, LossCurves] | None = None,
+) -> tuple[Any, int]:
+    """``GET /metrics`` on ``listen`` (HOST:PORT; port 0 picks one), over HTTPS with ``tls``; with
+    ``dashboard`` the web dashboard too (:mod:`.dashboard`), its data for those tokens' readers.
 
     Returns (runner to clean up, port). An empty HOST is every interface, as for the gRPC port.
     """
     from aiohttp import web
+
+    from controller.observability.dashboard import add_routes
 
     async def metrics(_request: web.Request) -> web.Response:
         snapshot = await view.metrics()
@@ -199,6 +209,8 @@ async def serve_metrics(listen: str, view: StateView, tls: ssl.SSLContext | None
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    if dashboard is not None:
+        add_routes(app, view, *dashboard)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, _, port = listen.rpartition(":")

@@ -132,6 +132,16 @@ class Store:
         with self.engine.connect() as conn:
             return [event_from_row(r) for r in conn.execute(query)]
 
+    def recent_events(self, job: str | None, kinds: Sequence[str] | None, limit: int) -> list[EventRow]:
+        """The newest ``limit`` events (of ``job``, of ``kinds``, when given), oldest first."""
+        query = select(events).order_by(events.c.seq.desc()).limit(limit)
+        if job is not None:
+            query = query.where(events.c.job == job)
+        if kinds is not None:
+            query = query.where(events.c.kind.in_(list(kinds)))
+        with self.engine.connect() as conn:
+            return [event_from_row(r) for r in reversed(list(conn.execute(query)))]
+
     def generations(self, job: str) -> list[GenerationRow]:
         query = select(generations).where(generations.c.job == job).order_by(generations.c.generation)
         with self.engine.connect() as conn:

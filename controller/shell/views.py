@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -157,6 +157,10 @@ class StateView:
     async def events(self, after: int = 0, job: str | None = None, limit: int = 1000) -> tuple[EventRow, ...]:
         """Up to ``limit`` events with a sequence number above ``after`` (of ``job`` only, when given)."""
         return tuple(await self._read(self._store.events, after, job, limit))
+
+    async def recent_events(self, job: str | None, kinds: Sequence[str] | None, limit: int) -> tuple[EventRow, ...]:
+        """The newest ``limit`` events (of ``job``, of ``kinds``, when given), oldest first."""
+        return tuple(await self._read(self._store.recent_events, job, kinds, limit))
 
     async def metrics(self) -> MetricsSnapshot:
         now, nodes, jobs, latency = self.now(), self.nodes(), self.jobs(), self.heartbeat_latency()

@@ -20,6 +20,7 @@ from morphing.errors import UserInputError
 from morphing.words import plural
 from spotmorph.local import cluster, faults, platform, replay
 from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
+from spotmorph.local.layout import ClusterDir
 from spotmorph.local.network import PartitionFrom, check_shaping
 from spotmorph.local.provider import kill_vm
 
@@ -109,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"local cluster up: controller {context.controller}, nodes {nodes}{where} ({each} each)")
         print(f"files in {context.cluster_dir}; try `spotmorph nodes`, `spotmorph submit examples/tiny_gpt.yaml`")
+        files = ClusterDir(Path(context.cluster_dir))
+        print(f"dashboard: {files.dashboard_url()} (token: the operator's in {files.operator_token})")
         return 0
     if action == "down":
         removed = cluster.down()

@@ -94,6 +94,7 @@ def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[s
         "debounce_seconds": options.debounce,
         "rendezvous_port_base": rendezvous_port_base,
         "morph_cost_seconds": MORPH_COST_SECONDS,
+        "metrics_listen": "127.0.0.1:0",  # Prometheus metrics and the web dashboard, on this machine only
     }
     if options.tensorboard_dir is not None:
         settings["tensorboard_dir"] = str(options.tensorboard_dir)
@@ -133,7 +134,7 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
     platform_command = platform.command(cluster, imds_port, platform_host)
     cluster.platform_pid.write_text(str(spawn(platform_command, cluster.platform_log)))
     wait_for(
-        lambda: cluster.operator_token.exists() and cluster.node_secret.exists(),
+        lambda: cluster.operator_token.exists() and cluster.node_secret.exists() and cluster.metrics_address.exists(),
         60,
         "the controller to start",
         log=cluster.controller_log,

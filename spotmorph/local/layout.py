@@ -114,6 +114,19 @@ class ClusterDir:
         return self.state / "operator.token"
 
     @property
+    def reader_token(self) -> Path:
+        return self.state / "reader.token"
+
+    @property
+    def metrics_address(self) -> Path:
+        """HOST:PORT of the controller's metrics and dashboard (written once it serves them)."""
+        return self.state / "metrics.addr"
+
+    def dashboard_url(self) -> str:
+        """The dashboard's address (its page asks for a token: the operator's or the reader's file)."""
+        return f"http://{self.metrics_address.read_text().strip()}/"
+
+    @property
     def node_secret(self) -> Path:
         """What the controller derives every VM's agent token from (written when it starts)."""
         return self.state / NODE_SECRET

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from spotmorph.local.harness import ROOT, LocalCluster
+from tests.browser import CHROMIUM, parse, rendered
 from worker_agent.contract import CheckpointWritten, EvaluationCompleted, StepCompleted
 
 pytestmark = pytest.mark.slow
@@ -90,6 +91,32 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     assert stalls[-1] == {"generation": 2, "step": STEPS, "stall_seconds": stall}
     assert_tensorboard_shows_the_run(tmp_path / "tb" / job, cluster, job, final)
     assert_logs_show_both_generations(cluster, job)
+    assert_the_dashboard_shows_the_run(cluster, job, final)  # last: it skips where there is no chromium
+
+
+def assert_the_dashboard_shows_the_run(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
+    """The dashboard `local up` serves, in headless Chromium with the reader's token: the job SUCCEEDED on the
+    node left, both generations in its morph timeline (the second an eviction), every loss point the one the
+    trainers computed at that step, and the evaluations at the job's eval steps."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium for the dashboard check (make install-dev installs it as root); the rest passed")
+    token = cluster.files.reader_token.read_text().strip()
+    page = parse(rendered(f"{cluster.files.dashboard_url()}#token={token}"))
+    assert page.find("div", data_job=job) and page.find("span", **{"class": "state-SUCCEEDED"})
+    timeline = [row.text for row in page.elements if row.tag == "td" and "eviction" in row.text]
+    assert timeline, page.text()
+    computed = {
+        r.event.step: r.event.loss
+        for records in cluster.rank_progress(job).values()
+        for r in records
+        if isinstance(r.event, StepCompleted)
+    }
+    points = [(int(float(c.attrs["data-step"])), float(c.attrs["data-value"])) for c in page.find("circle")]
+    losses = [p for c, p in zip(page.find("circle"), points, strict=True) if c.attrs["class"] == "loss-point"]
+    evals = [p for c, p in zip(page.find("circle"), points, strict=True) if c.attrs["class"] == "eval-point"]
+    assert losses and all(value == computed[step] for step, value in losses), losses
+    assert [step for step, _ in evals][-1] == STEPS and evals[-1][1] == final["eval_loss"], evals
+    assert final["generation"] == 2 and f"generation {final['generation']}," in page.text()
 
 
 def assert_logs_show_both_generations(cluster: LocalCluster, job: str) -> None:

@@ -24,7 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-plaintext", action="store_true", default=None, help="no TLS beyond loopback")
     parser.add_argument("--heartbeat-expiry-seconds", type=float, help="a silent node is LOST after this")
     parser.add_argument("--debounce-seconds", type=float, help="wait this long after node arrivals")
-    parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve Prometheus metrics at /metrics")
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at /metrics (and, on loopback or with TLS, the web dashboard at /)",
+    )
     parser.add_argument(
         "--metrics-allow-remote", action="store_true", default=None, help="metrics beyond loopback without TLS"
     )

@@ -1,0 +1,156 @@
+"""The web dashboard through a real controller: its page, and the JSON the page draws, for readers only.
+
+A node reports a job's loss, evaluation and rate over the agent wire; the JSON the page asks for shows the
+node, the job's layout, its loss and eval curves, its morph timeline and the newest events. Without a token,
+or with one that is no operator's or reader's, the data is refused (401, 403) and nothing is shown. Job
+reasons and event text come from users and nodes: the page puts every string in as text, never as HTML.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.request
+from typing import Any
+
+from controller.core.lifecycle import JobState
+from controller.core.records import JobRecord, Training
+from controller.observability.curves import LossCurves
+from controller.observability.dashboard import API_PATH, HTML
+from protos.spotmorph.v1 import controller_pb2 as pb
+from tests.browser import needs_chromium, parse, rendered
+from tests.controller.conftest import Live
+from tests.controller.helpers import job as make_job
+from tests.controller.test_hostile_edge import running_job, wait_for
+
+
+def get(live: Live, path: str, token: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{live.controller.metrics_port}{path}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def state(live: Live) -> dict[str, Any]:
+    code, headers, body = get(live, API_PATH, live.token("reader"))
+    assert code == 200 and headers["Content-Type"].startswith("application/json"), (code, body)
+    return dict(json.loads(body))
+
+
+def test_the_page_is_served_whole_with_a_policy_that_allows_nothing_from_elsewhere(live: Live) -> None:
+    code, headers, body = get(live, "/")
+    assert code == 200 and headers["Content-Type"].startswith("text/html")
+    assert body.decode() == HTML and API_PATH in HTML
+    policy = headers["Content-Security-Policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert headers["X-Content-Type-Options"] == "nosniff" and headers["Cache-Control"] == "no-store"
+    assert "innerHTML" not in HTML and "insertAdjacentHTML" not in HTML  # users' text goes in as text only
+
+
+def test_the_data_needs_an_operator_or_reader_token(live: Live) -> None:
+    for token in (None, "not-a-token", ""):
+        code, headers, body = get(live, API_PATH, token)
+        assert code == 401 and b"token" in body and "Bearer" in headers.get("WWW-Authenticate", ""), (token, code)
+    code, _, body = get(live, API_PATH, live.agent_token("vm-dash"))
+    assert code == 403 and b"operator or reader" in body
+    assert get(live, API_PATH, live.token("operator"))[0] == 200
+    assert get(live, "/api/v1/other", live.token("reader"))[0] == 404
+
+
+def test_the_dashboard_shows_nodes_layouts_curves_morphs_and_events(live: Live) -> None:
+    node, job_id, generation = running_job(live, steps=100)
+
+    def report(step: int, loss: float) -> None:
+        node.beat(
+            pb.TrainerStatus(
+                job=job_id,
+                generation=generation,
+                rank=0,
+                running=True,
+                last_step=step,
+                loss=loss,
+                samples_per_second=64.0,
+            )
+        )
+        wait_for(lambda: state(live)["jobs"][0]["step"] == step, f"step {step} to reach the dashboard")
+
+    report(10, 2.5)
+    report(20, 2.25)
+    evaluated = pb.TrainerStatus(
+        job=job_id, generation=generation, rank=0, running=True, last_step=20, eval_step=20, eval_loss=2.75
+    )
+    node.beat(evaluated)
+    wait_for(lambda: state(live)["jobs"][0]["eval_curve"], "the evaluation to reach the dashboard")
+    shown = state(live)
+    (listed,) = [n for n in shown["nodes"] if n["name"] == node.name]
+    assert listed["state"] in ("ASSIGNED", "RUNNING") and listed["job"] == job_id and listed["gpus"] == []
+    (job,) = shown["jobs"]
+    assert job["id"] == job_id and job["state"] == "RUNNING" and job["generation"] == generation
+    layout = job["layout"]
+    assert layout["stages"] * layout["replicas"] == len(layout["placement"]) >= 1
+    assert {slot["node"] for slot in layout["placement"]} == {node.name}
+    assert layout["stage_layers"][0][0] == 0
+    assert job["loss"] == 2.25 and job["samples_per_second"] == 64.0 and job["eval_loss"] == 2.75
+    assert job["loss_curve"][0] == [10.0, 2.5]  # the first report is an event; later ones at most once a period
+    assert job["eval_curve"] == [[20.0, 2.75]]
+    assert [m["generation"] for m in job["morphs"]] == [generation] and job["morphs"][0]["cause"]
+    kinds = [e["kind"] for e in shown["events"]]
+    assert "GenerationIssued" in kinds and "EvaluationCompleted" in kinds
+    assert [e["seq"] for e in shown["events"]] == sorted((e["seq"] for e in shown["events"]), reverse=True)
+
+
+@needs_chromium
+def test_a_browser_shows_the_node_the_layout_the_curves_and_the_morph_and_nothing_without_a_token(live: Live) -> None:
+    node, job_id, generation = running_job(live, steps=100)
+    node.beat(
+        pb.TrainerStatus(
+            job=job_id,
+            generation=generation,
+            rank=0,
+            running=True,
+            last_step=10,
+            loss=2.5,
+            eval_step=10,
+            eval_loss=2.75,
+        )
+    )
+    wait_for(lambda: state(live)["jobs"][0]["eval_curve"], "the evaluation to reach the dashboard")
+    base = f"http://127.0.0.1:{live.controller.metrics_port}/"
+    page = parse(rendered(f"{base}#token={live.token('reader')}"))
+    assert len(page.find("tr", data_node=node.name)) == 1
+    assert page.find("div", data_job=job_id) and page.find("span", **{"class": "state-RUNNING"})
+    assert page.find("circle", data_step="10", data_value="2.5") and page.find(
+        "circle", data_step="10", data_value="2.75"
+    )
+    shown = page.text()
+    assert f"{node.name} #0" in shown and "stage 0 (layers 0-" in shown  # the layout grid: rank 0's slot
+    assert "step 10 of 100" in shown and "loss 2.5000" in shown and "eval loss 2.7500" in shown
+    assert "admitted" in shown and "GenerationIssued" in shown  # the morph timeline and the events
+    locked = parse(rendered(base))
+    assert not locked.find("tr", data_node=node.name) and "a token is needed" in locked.text()
+    refused = parse(rendered(f"{base}#token=not-a-token"))
+    assert not refused.find("tr", data_node=node.name) and "the token was refused (401)" in refused.text()
+
+
+def test_loss_curves_keep_each_step_once_redo_after_a_resume_and_thin_when_full() -> None:
+    def at(step: int, loss: float, job: str = "job-1") -> JobRecord:
+        return make_job(job, JobState.RUNNING, training=Training(loss, step))
+
+    curves = LossCurves(limit=4)
+    for step in (1, 2, 2, 3):
+        curves.observe([at(step, 10.0 - step)])
+    assert curves.of("job-1") == [(1, 9.0), (2, 8.0), (3, 7.0)]  # a heartbeat with nothing new adds nothing
+    curves.observe([at(2, 8.5)])  # a new generation resumed from step 1: its steps replace the old ones
+    assert curves.of("job-1") == [(1, 9.0), (2, 8.5)]
+    for step in (3, 4, 5):
+        curves.observe([at(step, 1.0)])
+    assert curves.of("job-1") == [(1, 9.0), (3, 1.0), (5, 1.0)]  # past 4 points, every other one stays
+    curves.observe([at(6, math.nan)])
+    assert curves.of("job-1")[-1] == (5, 1.0)  # no finite loss, no point
+    curves.observe([make_job("job-2", JobState.QUEUED)])
+    assert curves.of("job-1") == [] and curves.of("job-2") == []  # job-1 left the store (retention)
