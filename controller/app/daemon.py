@@ -186,12 +186,11 @@ class Controller:
         if self.settings.metrics_listen:
             listen = self.settings.metrics_listen
             # The dashboard's data needs a token: served over TLS, or on loopback (no token crosses a network).
-            dashboard = None
-            if self.metrics_tls is not None or is_loopback(listen):
-                curves = LossCurves()
-                self._curves_task = asyncio.ensure_future(curves.run(self.view))
-                dashboard = (self.tokens, curves)
+            dashboard = (self.tokens, LossCurves()) if self.metrics_tls is not None or is_loopback(listen) else None
             self.metrics_server, self.metrics_port = await serve_metrics(listen, self.view, self.metrics_tls, dashboard)
+            if dashboard is not None:
+                self._curves_task = asyncio.ensure_future(dashboard[1].run(self.view))
+                self._curves_task.add_done_callback(_log_if_failed)
             metrics_host = self.settings.metrics_listen.rsplit(":", 1)[0]
             write_public(self.settings.state_dir / "metrics.addr", f"{metrics_host}:{self.metrics_port}\n".encode())
         if self.settings.tensorboard_dir is not None:
@@ -236,3 +235,9 @@ async def serve(settings: ControllerSettings, providers: Mapping[str, ProviderFa
     await done.wait()
     await controller.stop()
     return 0
+
+
+def _log_if_failed(task: asyncio.Task[None]) -> None:
+    """A background task of the controller's that ended by an error says so (its work stopped)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task %s failed; the dashboard's loss curves stop here", task, exc_info=task.exception())

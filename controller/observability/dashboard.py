@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib.resources import files
 from typing import Any
 
@@ -28,7 +28,7 @@ from controller.tokens import Role, Tokens
 
 API_PATH = "/api/v1/dashboard"
 HTML = files("controller.observability").joinpath("dashboard.html").read_text(encoding="utf-8")
-CURVE_POINTS = 1000  # the newest points drawn per curve (events of the store, and losses heard since the start)
+CURVE_POINTS = 1000  # the newest points of each curve (events of the store, and losses heard since the start)
 EVENTS_SHOWN = 40  # the newest events listed
 READERS = frozenset({Role.OPERATOR, Role.READER})
 NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
@@ -71,23 +71,31 @@ def layout_view(job: JobRecord) -> dict[str, Any] | None:
     }
 
 
-def curve(rows: Iterable[EventRow], value: str, heard: Iterable[tuple[int, float]] = ()) -> list[list[float]]:
-    """``[step, value]`` points of the events' data and of what was ``heard`` since the controller started, in
-    step order, each step once (the newest report wins)."""
+def curve(rows: Iterable[EventRow], value: str, heard: Sequence[tuple[int, float]] = ()) -> list[list[float]]:
+    """``[step, value]`` points of the events' data (oldest first) and of what was ``heard`` since the controller
+    started, in step order, each step once. A newer generation that resumed from an earlier step redoes the
+    steps from there: the points it redoes are dropped, as the heard ones after it replace the events'."""
     points: dict[int, float] = {}
+    generation = 0
     for row in rows:
-        step, y = row.data.get("step"), _number(row.data.get(value))
-        if isinstance(step, int) and y is not None:
-            points[step] = y
-    points.update(heard)
-    return [[float(step), points[step]] for step in sorted(points)]
+        step, y, made_by = row.data.get("step"), _number(row.data.get(value)), row.data.get("generation")
+        if not isinstance(step, int) or y is None:
+            continue
+        if isinstance(made_by, int) and made_by > generation:
+            generation = made_by
+            points = {s: v for s, v in points.items() if s < step}
+        points[step] = y
+    if heard:
+        points = {s: v for s, v in points.items() if s < heard[0][0]}
+        points.update(heard)
+    return [[float(step), points[step]] for step in sorted(points)][-CURVE_POINTS:]
 
 
 def job_view(
     job: JobRecord,
     generations: Iterable[GenerationRow],
     events: Mapping[str, list[EventRow]],
-    heard: Iterable[tuple[int, float]] = (),
+    heard: Sequence[tuple[int, float]] = (),
 ) -> dict[str, Any]:
     spec = job.spec
     return {
@@ -116,7 +124,7 @@ def job_view(
             }
             for g in generations
         ],
-        "loss_curve": curve(events.get("TrainingProgressed", []), "loss", heard)[-CURVE_POINTS:],
+        "loss_curve": curve(events.get("TrainingProgressed", []), "loss", heard),
         "eval_curve": curve(events.get("EvaluationCompleted", []), "loss"),
     }
 
@@ -125,17 +133,30 @@ def event_view(row: EventRow) -> dict[str, Any]:
     return {"seq": row.seq, "at": row.at, "kind": row.kind, "job": row.job, "node": row.node}
 
 
-async def dashboard(view: StateView, curves: LossCurves) -> dict[str, Any]:
-    """What the page shows, as JSON: one read of the view (the store read on its reader threads)."""
+FINISHED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+CURVES = ("TrainingProgressed", "EvaluationCompleted")
+
+
+async def dashboard(view: StateView, curves: LossCurves, finished: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the page shows, as JSON: one read of the view (the store read on its reader threads). A finished
+    job's part is read once and kept in ``finished`` (it no longer changes)."""
     cluster = view.cluster()
-    details = await view.job_details(cluster.jobs)
     jobs = []
-    for detail in details:
-        found = await view.recent_events(detail.job.id, ("TrainingProgressed", "EvaluationCompleted"), CURVE_POINTS)
-        by_kind: dict[str, list[EventRow]] = {}
-        for row in found:
-            by_kind.setdefault(row.kind, []).append(row)
-        jobs.append(job_view(detail.job, detail.generations, by_kind, curves.of(detail.job.id)))
+    for job in cluster.jobs:
+        kept = finished.get(job.id)
+        if kept is not None and kept["state"] == str(job.state):
+            jobs.append(kept)
+            continue
+        detail = await view.job_detail(job.id)
+        if detail is None:
+            continue
+        found = {kind: list(await view.recent_events(job.id, (kind,), CURVE_POINTS)) for kind in CURVES}
+        shown = job_view(detail.job, detail.generations, found, curves.of(job.id))
+        if shown["state"] in FINISHED:
+            finished[job.id] = shown
+        jobs.append(shown)
+    for gone in set(finished) - {job.id for job in cluster.jobs}:
+        del finished[gone]
     newest = await view.recent_events(None, None, EVENTS_SHOWN)
     return {
         "now": view.now(),
@@ -169,11 +190,13 @@ def add_routes(app: web.Application, view: StateView, tokens: Tokens, curves: Lo
         headers = {**NO_STORE, "Content-Security-Policy": PAGE_POLICY}
         return web.Response(text=HTML, content_type="text/html", charset="utf-8", headers=headers)
 
+    finished: dict[str, dict[str, Any]] = {}
+
     async def data(request: web.Request) -> web.Response:
         refused = refusal(request.headers.get("Authorization", ""), tokens)
         if refused is not None:
             return refused
-        body = json.dumps(await dashboard(view, curves), allow_nan=False)
+        body = json.dumps(await dashboard(view, curves, finished), allow_nan=False)
         return web.Response(text=body, content_type="application/json", headers=NO_STORE)
 
     app.router.add_get("/", page)

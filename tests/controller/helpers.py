@@ -91,7 +91,7 @@ def seen(at: float, *ranks: RankReport, notice: float | None = None) -> NodeObse
     return NodeObservation(1, at, tuple(ranks), notice)
 
 
-STORE_READS = ("events", "generations", "event_counts", "checkpoints", "load", "schema_version")
+STORE_READS = ("events", "recent_events", "generations", "event_counts", "checkpoints", "load", "schema_version")
 
 
 def recording_reads(store: Store) -> list[tuple[str, threading.Thread]]:

@@ -17,7 +17,8 @@ from typing import Any
 from controller.core.lifecycle import JobState
 from controller.core.records import JobRecord, Training
 from controller.observability.curves import LossCurves
-from controller.observability.dashboard import API_PATH, HTML
+from controller.observability.dashboard import API_PATH, HTML, curve
+from controller.persistence.codec import EventRow
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.browser import needs_chromium, parse, rendered
 from tests.controller.conftest import Live
@@ -154,3 +155,21 @@ def test_loss_curves_keep_each_step_once_redo_after_a_resume_and_thin_when_full(
     assert curves.of("job-1")[-1] == (5, 1.0)  # no finite loss, no point
     curves.observe([make_job("job-2", JobState.QUEUED)])
     assert curves.of("job-1") == [] and curves.of("job-2") == []  # job-1 left the store (retention)
+
+
+def test_a_curve_drops_the_steps_a_newer_generation_redid_and_takes_what_was_heard_after_its_events() -> None:
+    def progressed(seq: int, generation: int, step: int, loss: float) -> EventRow:
+        return EventRow(
+            seq, float(seq), "TrainingProgressed", "job-1", None, {"generation": generation, "step": step, "loss": loss}
+        )
+
+    rows = [progressed(1, 1, 10, 3.0), progressed(2, 1, 20, 2.0), progressed(3, 1, 30, 1.5)]
+    rows += [progressed(4, 2, 20, 2.1), progressed(5, 2, 25, 1.9), progressed(6, 2, 40, 1.2)]  # resumed at 15
+    assert curve(rows, "loss") == [[10.0, 3.0], [20.0, 2.1], [25.0, 1.9], [40.0, 1.2]]
+    heard = [(30, 1.4), (35, 1.3)]  # what this controller heard since it started, from step 30 on
+    assert curve(rows, "loss", heard) == [[10.0, 3.0], [20.0, 2.1], [25.0, 1.9], [30.0, 1.4], [35.0, 1.3]]
+    odd = [
+        EventRow(7, 7.0, "TrainingProgressed", "job-1", None, {"step": "x", "loss": 1.0}),
+        progressed(8, 2, 50, 9e99),
+    ]
+    assert curve([*rows, *odd], "loss")[-1] == [50.0, 9e99]  # a step that is no number is no point

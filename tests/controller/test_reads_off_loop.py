@@ -1,10 +1,12 @@
 """Serving reads never blocks the event loop on SQLite: every store read that ListJobs, GetJob,
-CancelJob, WatchEvents (also following), the cluster calls and a metrics scrape cause runs on another
-thread than the controller's loop."""
+CancelJob, WatchEvents (also following), the cluster calls, a metrics scrape and the dashboard's data
+cause runs on another thread than the controller's loop."""
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.request
 
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
@@ -34,6 +36,10 @@ def test_serving_reads_the_store_off_the_event_loop(live: Live) -> None:
     assert [n.name for n in cluster.ListNodes(pb.ListNodesRequest()).nodes] == [reg.node_name]
     assert dict(cluster.GetClusterState(pb.GetClusterStateRequest()).job_states) == {"CANCELLED": 1}
     assert "spotmorph_morphs" in live.scrape()
-    assert {"generations", "events", "event_counts"} <= {method for method, _ in reads}
+    request = urllib.request.Request(f"http://127.0.0.1:{live.controller.metrics_port}/api/v1/dashboard")
+    request.add_header("Authorization", f"Bearer {live.token('reader')}")
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert json.loads(reply.read())["jobs"][0]["id"] == job_id
+    assert {"generations", "events", "event_counts", "recent_events"} <= {method for method, _ in reads}
     blocking = sorted({method for method, thread in reads if thread is on_loop})
     assert blocking == [], f"store reads on the event loop: {blocking}"

@@ -1,6 +1,6 @@
 """A held trainer's next generation starts on the model it built: what it keeps and what it puts right.
 
-A real 1x1 stage (gloo, one process): the model trains two steps, a buffer moves and a gradient is left
+A real 1x1 stage (gloo, one process): the model trains two steps, a buffer is replaced and a gradient is left
 behind (as a step that failed in a collective leaves one); the next generation of the same job gets the same
 model back with the buffer as built and no gradient, a generation with nothing to resume from gets the
 initial weights of a fresh build, and another job gets a model of its own.
@@ -33,7 +33,7 @@ class Counting(nn.Module):
         self.register_buffer("calls", torch.zeros(()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+        self.calls = self.calls + 1  # a new tensor in the buffer's name, not an update of the one built
         return self.inner(x)
 
 
@@ -72,8 +72,7 @@ initial = {n: t.detach().clone() for n, t in first.tensors.items()}
 _, runner = runner_of(first)
 runner.run_step(0)
 runner.run_step(1)
-calls = first.modules[1].calls
-moved = float(calls)
+moved = float(first.modules[1].calls)
 trained = {n: t.detach().clone() for n, t in first.tensors.items()}
 next(iter(first.tensors.values())).grad = torch.ones_like(next(iter(first.tensors.values())))
 again, reused_again = warm_model.model_for(job, layout, cpu)

@@ -264,10 +264,20 @@ def _training(modules: list[nn.Module]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def buffers_kept(modules: list[nn.Module]) -> Iterator[None]:
-    saved = [(b, b.detach().clone()) for module in modules for b in module.buffers()]
+    """Every module's buffers as they were, by name: the same tensors with the same values (a forward may
+    update one in place, put a new tensor in its name, or register another)."""
+    every = {id(m): m for module in modules for m in module.modules()}.values()
+    saved = [
+        (m, dict(m._buffers), {n: b.detach().clone() for n, b in m._buffers.items() if b is not None}) for m in every
+    ]
     try:
         yield
     finally:
         with torch.no_grad():
-            for buffer, copy in saved:
-                buffer.copy_(copy)
+            for module, tensors, values in saved:
+                module._buffers.clear()
+                module._buffers.update(tensors)
+                for name, value in values.items():
+                    original = tensors[name]
+                    if original is not None:
+                        original.copy_(value)

@@ -294,6 +294,7 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
             raise
         why = abort.explain(exc)
         _warn(f"collective failed after step {step} ({why}); holding step {step} for a just-in-time checkpoint")
+        writer.files_written()  # a write still reading the live tensors (after a morph) reads them before anyone else
         keeps = can_hold and not stop.leaving() and step < job.steps
         if keeps:  # for the next generation, should the controller keep the step in memory (stop) not write it
             _keep(held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank))

@@ -164,8 +164,13 @@ class CheckpointWriter:
 
     def files_written(self) -> None:
         """Block until the write in flight has read every tensor it was given (they may change after); its
-        commit may still be under way."""
-        self._files_written.wait()
+        commit may still be under way. :class:`CheckpointWriteFailed` past the writer's timeout."""
+        if not self._files_written.wait(self.timeout):
+            raise CheckpointWriteFailed(
+                f"the background checkpoint write to {self.root} has not read the state it was given after "
+                f"{self.timeout:.0f} s, so training cannot update it; the disk is too slow or hung: check it, or "
+                "point the job at another checkpoint_dir"
+            )
 
     def check_fence(self) -> None:
         """:class:`GenerationFenced` when a newer generation (or another job) owns the directory now."""
