@@ -125,11 +125,14 @@ def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
     for event in issued:
         data = event["data"]
         generation = int(data["generation"])
-        lost = max(0, last_step(progress.get(generation - 1, [])) - int(data["resume_step"])) if generation > 1 else 0
+        # Where it really started: a morph through memory resumes at the held step, not the committed one.
+        ran = [e.step for e in events_of(progress.get(generation, []), StepCompleted)]
+        resumed = min(ran) - 1 if ran else int(data.get("held_step") or data["resume_step"])
+        lost = max(0, last_step(progress.get(generation - 1, [])) - resumed) if generation > 1 else 0
         morph, pause = seconds.get(generation), pauses.get(generation)
         paused, decided = ("" if s is None else f"{s:.1f}" for s in (pause, morph))
         print(
-            f"  {generation:>3}  {data['layout']:<18} {data['resume_step']:>10} {lost:>10} "
+            f"  {generation:>3}  {data['layout']:<18} {resumed:>10} {lost:>10} "
             f"{paused:>8} {decided:>9}  {data['cause']}"
         )
     last = progress.get(int(final["generation"]), [])
