@@ -23,7 +23,7 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[dev]'
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& echo "installing Debian's chromium for the dashboard's browser tests (seconds)" \
-		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
+		&& DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q -o Acquire::http::Timeout=30 --no-install-recommends chromium >/dev/null; } \
 		|| echo "no chromium (not root, or no apt): the dashboard's browser tests will skip"
 	touch $@
 
