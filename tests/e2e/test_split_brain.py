@@ -149,10 +149,13 @@ def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints
     stale = trainer_pids(records(cluster, job, 1))
     # Generation 1 keeps training and writing: checkpoints the controller never hears of.
     cluster.wait(lambda: max(valid_steps(root, 1), default=0) > committed + INTERVAL, 120, "generation 1 to write on")
-    cluster.add(1)  # somewhere for generation 2 to run
-    signal_all(stale, signal.SIGSTOP)  # it stalls (a slow VM) while generation 2 starts, then goes on below
+    # It stalls (a slow VM) until generation 2 has started, its fence raised (before its rendezvous), then goes on:
+    # stopped here, on a fast machine it cannot finish its steps before the fence is there to stop it.
+    signal_all(stale, signal.SIGSTOP)
     written_unheard = max(valid_steps(root, 1))
+    cluster.add(1)  # somewhere for generation 2 to run
     generation, _ = cluster.wait_new_generation(job, 1, 180)
+    cluster.wait(lambda: bool(trainer_pids(records(cluster, job, generation))), 120, "generation 2's trainers to start")
     signal_all(stale, signal.SIGCONT)
     cluster.wait(lambda: bool(failures(records(cluster, job, 1))), 120, "generation 1 to run into the fence")
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 400)
