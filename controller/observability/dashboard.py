@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from controller.core.lifecycle import JOB_TERMINAL
 from controller.core.records import JobRecord, NodeRecord
 from controller.observability.curves import LossCurves
 from controller.persistence.codec import EventRow, GenerationRow
@@ -133,7 +134,6 @@ def event_view(row: EventRow) -> dict[str, Any]:
     return {"seq": row.seq, "at": row.at, "kind": row.kind, "job": row.job, "node": row.node}
 
 
-FINISHED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 CURVES = ("TrainingProgressed", "EvaluationCompleted")
 
 
@@ -152,7 +152,7 @@ async def dashboard(view: StateView, curves: LossCurves, finished: dict[str, dic
             continue
         found = {kind: list(await view.recent_events(job.id, (kind,), CURVE_POINTS)) for kind in CURVES}
         shown = job_view(detail.job, detail.generations, found, curves.of(job.id))
-        if shown["state"] in FINISHED:
+        if detail.job.state in JOB_TERMINAL:
             finished[job.id] = shown
         jobs.append(shown)
     for gone in set(finished) - {job.id for job in cluster.jobs}:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = f"{REPO}/examples/tiny_gpt.py:build_tiny"
@@ -48,6 +50,14 @@ def train_cmd(
 def run(cmd: list[str], timeout: float = 120) -> Result:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def probe(script: str, *args: str, timeout: float = 180) -> dict[str, Any]:
+    """Run ``script`` (Python source) in a process of its own with ``args``; the JSON object its last line prints."""
+    result = run([sys.executable, "-c", script, *args], timeout=timeout)
+    assert result.returncode == 0, result.explain()
+    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return found
 
 
 def train(checkpoint_dir: Path, stages: int, replicas: int, steps: int, *extra: str) -> Result:

@@ -8,15 +8,12 @@ and a copy is a copy, never a view of the live tensor.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import torch
 
-from tests.runtime.helpers import REPO, TINY, train
+from tests.runtime.helpers import TINY, probe, train
 from worker_agent.runtime import checkpoint as ck
 from worker_agent.runtime.checkpoint import CheckpointWriter, LayerPayload
 from worker_agent.runtime.fence import FENCE, Fence
@@ -116,9 +113,11 @@ def test_a_copy_taken_while_a_background_write_is_in_flight_never_overwrites_wha
     assert w3 is w1
 
 
-RUNNER_PROBE = """
-import json, sys
+# A real 1x1 stage of ENTRY (argv 1) in this process (gloo, world of one), checkpoints to argv 2.
+STAGE = """
+import json, sys, time
 from datetime import timedelta
+from pathlib import Path
 import torch, torch.distributed as dist
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
@@ -128,16 +127,19 @@ from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.partition import PartitionedModel
 
 entry, ckpt = sys.argv[1], sys.argv[2]
-store = dist.HashStore()
-dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=60))
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
 torch.set_num_threads(1)
 job = JobSpec(name="probe", entrypoint=entry, global_batch=4, steps=3, checkpoint_dir=ckpt, device="cpu")
-spec = build_spec(entry, job.seed)
-model = PartitionedModel(spec)
+model = PartitionedModel(build_spec(entry, job.seed))
 model.to_dtype(torch.float32)
-layout = make_layout(num_layers=len(spec.layers), pipeline_stages=1, data_parallel=1, micro_batch_size=2,
+layout = make_layout(num_layers=len(model.layer_names), pipeline_stages=1, data_parallel=1, micro_batch_size=2,
                      global_batch=4)
 runner = StageRunner(job, layout, 0, model, make_groups(layout, model, 0, torch.device("cpu"), 60.0))
+"""
+
+RUNNER_PROBE = (
+    STAGE
+    + """
 tensors = lambda p: [t for l in p.values() for t in [*l["tensors"].values(),
                      *(v for s in l["optimizer"].values() for v in s.values() if isinstance(v, torch.Tensor))]]
 runner.run_step(0)
@@ -162,22 +164,13 @@ print(json.dumps({
                      for two_l in two.values() for n, t in two_l["tensors"].items()),
 }))
 """
+)
 
 
 def test_a_stage_runners_second_checkpoint_reuses_the_first_ones_buffers(tmp_path: Path) -> None:
     """A real 1x1 stage (gloo, one process): after the first checkpoint's lease is released, the second copies
     every parameter and optimizer-state tensor into the same buffers, and holds the new step's values."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER_PROBE, TINY, str(tmp_path / "ckpt")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = probe(RUNNER_PROBE, TINY, str(tmp_path / "ckpt"))
     assert found["tensors"] > 0 and found["all_reused"], found
     assert found["allocated"] == found["tensors"] and found["reused"] == found["tensors"], found
     assert found["equal_live"] and found["changed"] and found["not_views"], found
@@ -202,33 +195,17 @@ def test_background_checkpoints_in_reused_buffers_equal_written_ones_step_by_ste
         previous = ours
 
 
-LIVE_PROBE = """
-import json, sys, time
-from datetime import timedelta
-from pathlib import Path
-import torch, torch.distributed as dist
-from morphing.jobspec import JobSpec
-from morphing.layout import make_layout
+LIVE_PROBE = (
+    STAGE
+    + """
 from worker_agent.runtime import writer as writer_mod
 from worker_agent.runtime.checkpoint import CheckpointWriter
-from worker_agent.runtime.comm import make_groups
-from worker_agent.runtime.engine import StageRunner
-from worker_agent.runtime.entrypoint import build_spec
-from worker_agent.runtime.partition import PartitionedModel
 
-entry, ckpt = sys.argv[1], sys.argv[2]
 slow = writer_mod.write_layer_files
 def slow_disk(*args, **kwargs):  # the files are read only after the next step's forward and backward ran
     time.sleep(1.0)
     return slow(*args, **kwargs)
 writer_mod.write_layer_files = slow_disk
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
-torch.set_num_threads(1)
-job = JobSpec(name="probe", entrypoint=entry, global_batch=4, steps=3, checkpoint_dir=ckpt, device="cpu")
-model = PartitionedModel(build_spec(entry, job.seed))
-layout = make_layout(num_layers=len(model.layer_names), pipeline_stages=1, data_parallel=1, micro_batch_size=2,
-                     global_batch=4)
-runner = StageRunner(job, layout, 0, model, make_groups(layout, model, 0, torch.device("cpu"), 60.0))
 runner.run_step(0)
 at_one = {n: p.detach().clone() for n, p in runner.params}
 writer = CheckpointWriter(Path(ckpt), 0, 1, "run", 3, True, 60.0)
@@ -249,22 +226,13 @@ print(json.dumps({
     "gate_cleared": runner.before_update is None,
 }))
 """
+)
 
 
 def test_a_write_from_the_live_tensors_holds_the_step_it_was_taken_at(tmp_path: Path) -> None:
     """After a morph through memory the held step is written in the background straight from the live CPU
     tensors (no copy): the next step's forward and backward run beside the write, and its update waits until
     the write has read them. A disk slowed by a second shows it: the file holds step 1, the update came after."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", LIVE_PROBE, TINY, str(tmp_path / "ckpt")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = probe(LIVE_PROBE, TINY, str(tmp_path / "ckpt"))
     assert found["shares"] and found["files"] > 0, found
     assert found["written_is_step_one"] and found["updated_after"] and found["gate_cleared"], found

@@ -8,13 +8,9 @@ initial weights of a fresh build, and another job gets a model of its own.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.runtime.helpers import REPO
+from tests.runtime.helpers import REPO, probe
 
 MODEL = '''
 import sys
@@ -98,17 +94,7 @@ def test_the_next_generation_of_a_held_trainer_reuses_its_model_and_puts_right_w
 ) -> None:
     entry = tmp_path / "counting.py"
     entry.write_text(MODEL.format(examples=str(REPO / "examples")))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, f"{entry}:build", str(tmp_path / "ckpt")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = probe(PROBE, f"{entry}:build", str(tmp_path / "ckpt"))
     assert found["reused"] == [False, True, False]
     assert found["same_object"] and found["other_object"]
     assert found["buffer_moved"] > 0 and found["buffer_now"] == 0.0

@@ -9,7 +9,7 @@ random state is restored afterwards and parameters are not touched; buffers are 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeGuard
 
 import torch
@@ -262,22 +262,32 @@ def _training(modules: list[nn.Module]) -> Iterator[None]:
             m.training = mode
 
 
-@contextlib.contextmanager
-def buffers_kept(modules: list[nn.Module]) -> Iterator[None]:
-    """Every module's buffers as they were, by name: the same tensors with the same values (a forward may
-    update one in place, put a new tensor in its name, or register another)."""
-    every = {id(m): m for module in modules for m in module.modules()}.values()
-    saved = [
-        (m, dict(m._buffers), {n: b.detach().clone() for n, b in m._buffers.items() if b is not None}) for m in every
-    ]
-    try:
-        yield
-    finally:
+class BufferSnapshot:
+    """Every module's buffers, by name: the tensors and their values, to be put back (a forward may update one
+    in place, put a new tensor in its name, or register another)."""
+
+    def __init__(self, modules: Iterable[nn.Module]) -> None:
+        every = {id(m): m for module in modules for m in module.modules()}.values()
+        self._saved = [
+            (m, dict(m._buffers), {n: b.detach().clone() for n, b in m._buffers.items() if b is not None})
+            for m in every
+        ]
+
+    def restore(self) -> None:
         with torch.no_grad():
-            for module, tensors, values in saved:
+            for module, tensors, values in self._saved:
                 module._buffers.clear()
                 module._buffers.update(tensors)
                 for name, value in values.items():
                     original = tensors[name]
                     if original is not None:
                         original.copy_(value)
+
+
+@contextlib.contextmanager
+def buffers_kept(modules: list[nn.Module]) -> Iterator[None]:
+    snapshot = BufferSnapshot(modules)
+    try:
+        yield
+    finally:
+        snapshot.restore()

@@ -5,8 +5,8 @@ each layer) costs about a second at 43M parameters on two cores, and each genera
 same model. A trainer that held its stage for the next generation (:mod:`worker_agent.runtime.held`)
 therefore starts that generation on the model it has. What a fresh build would differ in is put right:
 every parameter of the new stage is loaded (from peers' memory or the disk) before the first step,
-buffers go back to their values as built (by name: a module may replace one; one that registers or
-drops a buffer is built again), gradients are dropped, and a generation that finds nothing to
+buffers go back to the tensors and values they had as built (by name, as the start-up checks put them back:
+a forward may replace one or register another), gradients are dropped, and a generation that finds nothing to
 resume from takes its initial weights from a fresh build (:func:`initial_weights`). Only a model on the
 CPU is kept: on a GPU node the next generation may put another process on that GPU, which needs its
 memory (and no GPU has run it). Not put right: what a module keeps in plain attributes (a cache it fills in
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
+from worker_agent.runtime.checks import BufferSnapshot
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.job import torch_dtype
 from worker_agent.runtime.partition import PartitionedModel
@@ -34,27 +34,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Built:
-    """A built model, the job it was built for, and each module's buffers as built (by name)."""
+    """A built model, the job it was built for, and its buffers as built."""
 
     key: tuple[str, str]
     model: PartitionedModel
-    buffers: list[tuple[nn.Module, dict[str, torch.Tensor | None]]]
-
-    def restore_buffers(self) -> bool:
-        """Put every buffer back as built (a module may have replaced one); False when a module's buffers are
-        no longer the ones it was built with (it registered or dropped one): the model is built again."""
-        if any(set(module._buffers) != set(saved) for module, saved in self.buffers):
-            return False
-        with torch.no_grad():
-            for module, saved in self.buffers:
-                for name, value in saved.items():
-                    module._buffers[name] = None if value is None else value.clone()
-        return True
-
-
-def snapshot(model: PartitionedModel) -> list[tuple[nn.Module, dict[str, torch.Tensor | None]]]:
-    modules = {id(m): m for layer in model.modules for m in layer.modules()}.values()
-    return [(m, {n: None if b is None else b.detach().clone() for n, b in m._buffers.items()}) for m in modules]
+    buffers: BufferSnapshot
 
 
 _BUILT: Built | None = None
@@ -64,7 +48,8 @@ def model_for(job: JobSpec, layout: Layout, device: torch.device) -> tuple[Parti
     """The job's model, checked against ``layout``; True when it is the one this process built before."""
     global _BUILT
     key = (job.entrypoint, job.identity_hash())
-    if _BUILT is not None and _BUILT.key == key and device.type == "cpu" and _BUILT.restore_buffers():
+    if _BUILT is not None and _BUILT.key == key and device.type == "cpu":
+        _BUILT.buffers.restore()
         model = _BUILT.model
         model.check_layout(layout)
         for module in model.modules:
@@ -74,7 +59,7 @@ def model_for(job: JobSpec, layout: Layout, device: torch.device) -> tuple[Parti
     model = build(job)
     model.check_layout(layout)
     if device.type == "cpu":
-        _BUILT = Built(key, model, snapshot(model))
+        _BUILT = Built(key, model, BufferSnapshot(model.modules))
     return model, False
 
 
