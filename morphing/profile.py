@@ -35,6 +35,7 @@ Every layer must be profiled at the same micro-batch sizes; the planner only con
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import (
@@ -50,6 +51,7 @@ from pydantic import (
 )
 
 from morphing.errors import UserInputError, describe_validation_error
+from morphing.validation import shown
 
 PROFILE_FORMAT = "spotmorph.profile/v1"
 PROFILE_DOCS = "see the format in morphing/profile.py or docs/profile.md"
@@ -150,3 +152,20 @@ def parse_profile(text: str, what: str = "profile") -> Profile:
         return Profile.model_validate(data)
     except ValidationError as exc:
         raise UserInputError(describe_validation_error(exc, what, PROFILE_DOCS)) from exc
+
+
+def layers_mismatch(profile: Profile, model_layers: Sequence[str]) -> str | None:
+    """How a profile's layers differ from the names of the layers a model builds, in one clause; None if alike.
+
+    The planner cuts the model where the profile says layers are: a profile of another model (another
+    depth, or the same depth with other layers) plans stages the trainers cannot build.
+    """
+    names = [layer.name for layer in profile.layers]
+    if names == list(model_layers):
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(names, model_layers, strict=False)) if a != b), None)
+    count = f"the profile has {len(names)} layers, the model {len(model_layers)}"
+    if first is None:
+        return f"{count} (the first {min(len(names), len(model_layers))} agree)"
+    where = f"layer {first} is {shown(names[first])} in the profile, {shown(model_layers[first])} in the model"
+    return where if len(names) == len(model_layers) else f"{count} ({where})"

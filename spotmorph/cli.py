@@ -28,7 +28,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("agent", "worker_agent.commands.agent", "the worker agent daemon of one node"),
     ("local", "spotmorph.commands.local", "an embedded cluster of agent processes on this machine"),
     ("controller", "spotmorph.commands.controller", "the controller daemon (gRPC API, state, morphing decisions)"),
-    ("submit", "controller.client.commands.submit", "submit a job spec (YAML) to the controller"),
+    ("submit", "spotmorph.commands.submit", "submit a job spec (YAML) to the controller"),
     ("jobs", "controller.client.commands.jobs", "list jobs"),
     ("status", "controller.client.commands.status", "one job in detail: state, step, layout, morphs"),
     ("nodes", "controller.client.commands.nodes", "list the cluster's nodes"),

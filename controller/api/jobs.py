@@ -38,9 +38,9 @@ class JobsService(rpc.JobsServicer):
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.SubmitJobResponse:
         async with answered(context):
-            spec, key = submission.checked(request)
-            await asyncio.to_thread(submission.check_files, spec)
-            job = await self.writes.submit(spec, key)
+            asked = submission.checked(request)
+            await asyncio.to_thread(submission.check_files, asked.spec, asked.model_layers)
+            job = await self.writes.submit(asked.spec, asked.idempotency_key)
         return pb.SubmitJobResponse(id=job.id)
 
     async def GetJob(self, request: pb.GetJobRequest, context: Context) -> pb.Job:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import stat
+from dataclasses import dataclass
 
 from controller.shell.profiles import read_profile
 from controller.spec_wire import spec_to_dict
 from morphing.jobspec import JobSpec, parse_job_spec
+from morphing.profile import layers_mismatch
 from morphing.validation import (
     InvalidField,
     check_absolute_path,
@@ -28,23 +30,39 @@ from protos.spotmorph.v1 import controller_pb2 as pb
 
 MAX_IDEMPOTENCY_KEY = 128
 MAX_JOB_NAME = 128
+MAX_MODEL_LAYERS = 100_000  # a profile is at most 16 MiB: about 40,000 layers
+MAX_LAYER_NAME = 200
 
 
-def checked(request: pb.SubmitJobRequest) -> tuple[JobSpec, str | None]:
-    """The request's spec and idempotency key, every field checked (nothing read from disk yet)."""
+@dataclass(frozen=True)
+class Submission:
+    spec: JobSpec
+    idempotency_key: str | None
+    model_layers: tuple[str, ...]  # empty: the client did not say; the profile is not checked against them
+
+
+def checked(request: pb.SubmitJobRequest) -> Submission:
+    """The request's spec, idempotency key and model layers, every field checked (nothing read from disk yet)."""
     spec = parse_job_spec(spec_to_dict(request.spec))
     key = check_text("idempotency_key", request.idempotency_key, MAX_IDEMPOTENCY_KEY) or None
+    if len(request.model_layers) > MAX_MODEL_LAYERS:
+        raise InvalidField("model_layers", f"{len(request.model_layers)} names; a model has at most {MAX_MODEL_LAYERS}")
+    for index, name in enumerate(request.model_layers):
+        if not name:
+            raise InvalidField(f"model_layers[{index}]", "empty; name every layer as the entrypoint does")
+        check_text(f"model_layers[{index}]", name, MAX_LAYER_NAME)
     check_name("name", spec.name, MAX_JOB_NAME)
     check_entrypoint("entrypoint", spec.entrypoint)
     check_absolute_path("checkpoint_dir", spec.checkpoint_dir)
     if spec.profile is None:
         raise InvalidField("profile", "missing; the controller plans with it, measure one with `spotmorph profile`")
     check_absolute_path("profile", spec.profile)
-    return spec, key
+    return Submission(spec, key, tuple(request.model_layers))
 
 
-def check_files(spec: JobSpec) -> None:
-    """The files the controller and its agents will read exist and are what they should be (blocking I/O)."""
+def check_files(spec: JobSpec, model_layers: tuple[str, ...] = ()) -> None:
+    """The files the controller and its agents will read exist and are what they should be (blocking I/O);
+    the profile describes the model's layers when the client named them."""
     file = entrypoint_file(spec.entrypoint)
     if file is None:
         top = spec.entrypoint.rpartition(":")[0].split(".")[0]
@@ -61,4 +79,11 @@ def check_files(spec: JobSpec) -> None:
             raise InvalidField("entrypoint", f"file {shown(file, 200)} does not exist on the controller") from None
         if not stat.S_ISREG(mode):
             raise InvalidField("entrypoint", f"{shown(file, 200)} is not a regular file; name a .py file")
-    read_profile(spec.profile)
+    profile = read_profile(spec.profile)
+    problem = layers_mismatch(profile, model_layers) if model_layers else None
+    if problem:
+        raise InvalidField(
+            "profile",
+            f"{shown(spec.profile or '', 200)} (of {shown(profile.model)}) was not measured for this model: {problem}; "
+            "measure this one with `spotmorph profile ENTRYPOINT` (--from-config for a model larger than a device)",
+        )

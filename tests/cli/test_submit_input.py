@@ -73,3 +73,16 @@ def test_control_characters_in_a_path_are_refused(capsys: pytest.CaptureFixture[
     text = EXAMPLE.read_text().replace("checkpoint_dir: ../runs/tiny-gpt/checkpoints", 'checkpoint_dir: "ck\\0pt"')
     code, err = submit(capsys, spec_file(tmp_path, text))
     assert code == 2 and "control characters" in err
+
+
+def test_a_model_that_cannot_be_built_here_is_refused_before_any_connection(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`spotmorph submit` builds the model on the meta device to send its layer names for the profile check."""
+    broken = f"entrypoint={Path(__file__).resolve().parents[1] / 'runtime' / 'bad_models.py'}:raises"
+    code, err = submit(capsys, str(EXAMPLE), "--set", broken)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "building the model here to check its profile failed" in err and "model construction failed" in err
+    assert "--skip-model-check" in err
+    code, err = submit(capsys, str(EXAMPLE), "--set", broken, "--skip-model-check")
+    assert code != 2 and "building the model" not in err, err  # sent: nothing listens at 127.0.0.1:9

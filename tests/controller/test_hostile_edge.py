@@ -15,6 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from morphing.profile import parse_profile
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 from tests.controller.conftest import Live
@@ -191,6 +192,33 @@ def test_a_profile_must_be_a_small_regular_file_holding_a_profile(live: Live, tm
         code, detail = refusal(partial(jobs.SubmitJob, pb.SubmitJobRequest(spec=spec(live, entrypoint=entrypoint))))
         assert code == INVALID and detail.startswith("entrypoint:") and words in detail, detail
     assert not jobs.ListJobs(pb.ListJobsRequest()).jobs
+
+
+def test_a_profile_of_other_layers_than_the_clients_model_is_refused_at_submit(live: Live) -> None:
+    """`spotmorph submit` names the model's layers (built on the meta device); the controller checks the
+    profile it will plan with against them, and the names themselves as hostile input."""
+    jobs = live.jobs()
+    names = [layer.name for layer in parse_profile(live.profile.read_text()).layers]
+    assert len(names) >= 3
+    for layers, words in [
+        (names[:-1], f"the profile has {len(names)} layers, the model {len(names) - 1} (the first"),
+        ([names[0], "other", *names[2:]], f"layer 1 is {names[1]!r} in the profile, 'other' in the model"),
+        ([*names, "extra"], f"the profile has {len(names)} layers, the model {len(names) + 1}"),
+    ]:
+        request = pb.SubmitJobRequest(spec=spec(live), model_layers=layers)
+        code, detail = refusal(partial(jobs.SubmitJob, request))
+        assert code == INVALID and detail.startswith("profile: ") and words in detail, detail
+        assert "`spotmorph profile ENTRYPOINT`" in detail and "\n" not in detail, detail
+    for layers, field in [
+        (["a\x00b"], "model_layers[0]: "),
+        ([names[0], ""], "model_layers[1]: empty"),
+        (["x" * 201], "model_layers[0]: 201 characters"),
+        (["a"] * 100_001, "model_layers: 100001 names"),
+    ]:
+        code, detail = refusal(partial(jobs.SubmitJob, pb.SubmitJobRequest(spec=spec(live), model_layers=layers)))
+        assert code == INVALID and detail.startswith(field), detail
+    assert not jobs.ListJobs(pb.ListJobsRequest()).jobs
+    assert jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live), model_layers=names)).id
 
 
 def test_a_checkpoint_dir_another_live_job_uses_is_refused_at_submit(live: Live) -> None:

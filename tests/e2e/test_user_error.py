@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from spotmorph.local.harness import LocalCluster
+from spotmorph.local.harness import TINY_GPT_SPEC, LocalCluster
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
 NO_EVAL = "eval_interval=5 but the model's spec has no eval_dataset; set 0"
 
 
@@ -18,6 +19,11 @@ def test_a_trainer_that_refuses_the_jobs_input_fails_the_job_at_once(cluster: Lo
     cluster.up(nodes=2, slots=1)
     for vm in cluster.vms():  # CPU slots, also on a host with GPUs (one GPU per rank, one host for every VM)
         assert "--gpus none" in " ".join(vm.command()), vm.command()
+    other_model = f"profile={REPO / 'examples' / 'profiles' / 'hf_gpt2.json'}"  # the demo's spec, GPT-2's profile
+    refused = cluster.cli("submit", str(TINY_GPT_SPEC), "--set", other_model, check=False)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "INVALID_ARGUMENT: profile: " in refused.stderr and "was not measured for this model" in refused.stderr
+    assert "layer 1 is 'layer0' in the profile, 'block0' in the model" in refused.stderr, refused.stderr
     job = cluster.submit(steps=10, eval_interval=5, checkpoint_dir=tmp_path / "ckpt")
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED", "CANCELLED"}, 120)
     assert final["state"] == "FAILED" and final["failure_cause"] == "user_error", final

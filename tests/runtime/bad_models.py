@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 
 def returns_dict() -> dict[str, int]:
     return {"layers": 3}
@@ -35,3 +38,15 @@ def float32_inside() -> object:
     name, block = layers[1]
     layers[1] = (name, RoundsToFloat32(block))
     return dataclasses.replace(spec, layers=layers)
+
+
+def parameter_set_by_hand() -> object:
+    """The demo model with a parameter put in a module's table by hand: it cannot be kept off the device."""
+    import torch
+    from torch import nn
+
+    from worker_agent.runtime.entrypoint import load_entrypoint
+
+    spec: Any = load_entrypoint(f"{Path(__file__).parents[2]}/examples/tiny_gpt.py:build_tiny")()
+    spec.layers[0][1]._parameters["extra"] = nn.Parameter(torch.zeros(3))
+    return spec

@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds the model's weights and the samples timed")
     parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per measurement")
     parser.add_argument("--no-network", action="store_true", help="skip the loopback gloo measurements")
+    parser.add_argument(
+        "--from-config",
+        action="store_true",
+        help="for a model larger than this device: build it on the meta device (no weights in memory), take "
+        "parameter memory from the shapes and time the layers one at a time, each made real only while timed",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         precision=args.precision,
         device_index=args.device_index,
+        from_config=args.from_config,
     )
     write_profile(request, args.out)
     print(f"wrote {args.out}")

@@ -11,13 +11,11 @@ sizes, fitted as latency + bytes / bandwidth); there is one machine, so inter-no
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -32,15 +30,15 @@ from worker_agent.runtime.batch import (
     Activation,
     as_tuple,
     call_layer,
-    map_tensors,
     run_layers,
-    signature,
-    stack_samples,
 )
-from worker_agent.runtime.device import compute_context, median_seconds, resolve_device, stopwatch, synchronize
+from worker_agent.runtime.device import compute_context, resolve_device
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.job import torch_dtype
+from worker_agent.runtime.layer_timing import LayerTiming, Where, first_input, nbytes, saved_bytes
+from worker_agent.runtime.meta_build import build_spec_on_meta
 from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, sample_context
+from worker_agent.runtime.profiler_meta import profile_layers_one_at_a_time
 
 FORMAT = "spotmorph.profile/v1"
 
@@ -56,39 +54,13 @@ class ProfileRequest:
     device: Device = "cpu"
     precision: Precision = "fp32"
     device_index: int | None = None
+    # Build the model on the meta device and time its layers one at a time (a model larger than the device).
+    from_config: bool = False
 
 
-@dataclass(frozen=True)
-class _Where:
-    """The device layers run on and the context their forward (and the loss) runs in."""
-
-    device: torch.device
-    compute: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
-
-    def median_seconds(self, fn: Callable[[], Any], repeats: int) -> float:
-        return median_seconds(fn, repeats, self.device)
-
-
-def _saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
-    """Bytes autograd keeps for backward while ``fn`` runs (each storage counted once)."""
-    seen: dict[tuple[int, int], int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
-
-def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype, where: _Where) -> tuple[list[Activation], torch.Tensor]:
+def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype, where: Where) -> tuple[list[Activation], torch.Tensor]:
     """The input of every layer for a micro-batch of ``m`` samples, and the targets (on the device)."""
-    samples = [spec.dataset[i % len(spec.dataset)] for i in range(m)]
-    x, targets = stack_samples(samples, signature(samples[0]))
-    x = map_tensors(x, lambda t: (t.to(dtype) if t.is_floating_point() else t).to(where.device))
-    targets = (targets.to(dtype) if targets.is_floating_point() else targets).to(where.device)
+    x, targets = first_input(spec, m, dtype, where)
     inputs = []
     ids = torch.arange(m, device=where.device)
     with torch.no_grad(), sample_context(0, 0, ids), where.compute():
@@ -98,66 +70,6 @@ def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype, where: _Where) ->
     return inputs, targets
 
 
-def _nbytes(x: Activation) -> int:
-    return sum(t.numel() * t.element_size() for t in as_tuple(x))
-
-
-class _LayerTiming:
-    """Forward (with autograd recording, as in training) and backward of one layer on a fixed input."""
-
-    def __init__(
-        self,
-        spec: ModelSpec,
-        layer: nn.Module,
-        x: Activation,
-        targets: torch.Tensor,
-        seed: int,
-        last: bool,
-        where: _Where,
-    ) -> None:
-        self.spec, self.layer, self.targets, self.seed, self.last = spec, layer, targets, seed, last
-        self.where = where
-        self.x = map_tensors(x, lambda t: t.detach().requires_grad_(t.is_floating_point()))
-        self.ids = torch.arange(as_tuple(x)[0].shape[0], device=where.device)
-
-    def forward(self) -> torch.Tensor:
-        """The loss (last layer) or the layer output's differentiable tensors, flattened into one."""
-        with sample_context(self.seed, 0, self.ids), self.where.compute():
-            out = call_layer(self.layer, self.x)
-            if self.last:
-                return self.spec.loss(out, self.targets).sum()
-        grads = [t for t in as_tuple(out) if t.requires_grad]
-        if len(grads) == 1:
-            return grads[0]
-        return torch.cat([t.reshape(-1) for t in grads]) if grads else torch.zeros(1, requires_grad=True)
-
-    def backward_seconds(self, repeats: int) -> float:
-        times = []
-        for _ in range(repeats + 1):
-            out = self.forward()
-            with stopwatch(self.where.device) as elapsed:
-                torch.autograd.backward(out, torch.ones_like(out))
-            times.append(elapsed())
-        self.layer.zero_grad(set_to_none=True)
-        return max(statistics.median(times[1:]), 1e-9)
-
-    def peak_bytes(self) -> int:
-        """Allocator peak of one forward and backward above what was allocated before, less the parameter
-        gradients (the planner counts those with the parameters); GPU only."""
-        device = self.where.device
-        self.layer.zero_grad(set_to_none=True)
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        out = self.forward()
-        torch.autograd.backward(out, torch.ones_like(out))
-        synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - before
-        grads = sum(p.grad.numel() * p.grad.element_size() for p in self.layer.parameters() if p.grad is not None)
-        self.layer.zero_grad(set_to_none=True)
-        return max(0, peak - grads)
-
-
 def _scale_to_chained(
     spec: ModelSpec,
     result: list[dict[str, Any]],
@@ -165,7 +77,7 @@ def _scale_to_chained(
     x: Activation,
     targets: torch.Tensor,
     request: ProfileRequest,
-    where: _Where,
+    where: Where,
 ) -> None:
     """Scale one size's layer times so they add up to a forward + backward of the chained model.
 
@@ -189,8 +101,8 @@ def _scale_to_chained(
         r["backward_seconds"][key] *= ratio
 
 
-def profile_layers(spec: ModelSpec, request: ProfileRequest, where: _Where | None = None) -> list[dict[str, Any]]:
-    where = where or _Where(torch.device("cpu"))
+def profile_layers(spec: ModelSpec, request: ProfileRequest, where: Where | None = None) -> list[dict[str, Any]]:
+    where = where or Where(torch.device("cpu"))
     dtype = torch_dtype(request.dtype)
     last = len(spec.layers) - 1
     result: list[dict[str, Any]] = [
@@ -199,7 +111,7 @@ def profile_layers(spec: ModelSpec, request: ProfileRequest, where: _Where | Non
     for m in request.micro_batch_sizes:
         inputs, targets = _layer_inputs(spec, m, dtype, where)
         for i, (_, layer) in enumerate(spec.layers):
-            timing = _LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last, where)
+            timing = LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last, where)
             result[i]["forward_seconds"][str(m)] = where.median_seconds(timing.forward, request.repeats)
             result[i]["backward_seconds"][str(m)] = timing.backward_seconds(request.repeats)
         _scale_to_chained(spec, result, str(m), inputs[0], targets, request, where)
@@ -208,9 +120,9 @@ def profile_layers(spec: ModelSpec, request: ProfileRequest, where: _Where | Non
     for i, (_, layer) in enumerate(spec.layers):
         with torch.no_grad(), sample_context(request.seed, 0, torch.arange(m, device=where.device)), where.compute():
             out = call_layer(layer, inputs[i])
-        timing = _LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last, where)
-        saved = _saved_bytes(timing.forward)
-        result[i]["output_activation_bytes_per_sample"] = 0 if i == last else _nbytes(out) // m
+        timing = LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last, where)
+        saved = saved_bytes(timing.forward)
+        result[i]["output_activation_bytes_per_sample"] = 0 if i == last else nbytes(out) // m
         result[i]["parameter_bytes"] = sum(p.numel() * p.element_size() for p in layer.parameters())
         result[i]["activation_memory_bytes_per_sample"] = saved // m
         if where.device.type == "cuda":
@@ -314,14 +226,24 @@ def build_profile(request: ProfileRequest) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.set_num_threads(1)
-    spec = build_spec(request.entrypoint, request.seed)
-    nn.ModuleList([m for _, m in spec.layers]).to(torch_dtype(request.dtype)).to(device)
+    spec = (
+        build_spec_on_meta(request.entrypoint, request.seed)
+        if request.from_config
+        else build_spec(request.entrypoint, request.seed)
+    )
+    model = nn.ModuleList([m for _, m in spec.layers]).to(torch_dtype(request.dtype))
     assign_dropout_keys(spec.layers)
-    for _, layer in spec.layers:
-        layer.train()
-    layers = profile_layers(spec, request, _Where(device, compute_context(device, request.precision)))
+    model.train()
+    here = Where(device, compute_context(device, request.precision))
     where = f"this GPU ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "this CPU machine"
     timing = "CUDA events per layer" if device.type == "cuda" else "1 thread per layer timing"
+    if request.from_config:
+        sizes = request.micro_batch_sizes
+        layers = profile_layers_one_at_a_time(spec, sizes, request.seed, request.repeats, here)
+        timing += " (built on the meta device, one layer real at a time: times not scaled to a chained run)"
+    else:
+        model.to(device)
+        layers = profile_layers(spec, request, here)
     if request.network:
         net = measure_network()
         source = f"measured on {where}: {timing}; loopback gloo for the network"

@@ -1,12 +1,24 @@
-"""``spotmorph submit job.yaml``: validate a job spec locally, send it, print the new job's id."""
+"""``spotmorph submit job.yaml``: validate a job spec locally, send it, print the new job's id.
+
+The controller checks the profile against the names of the model's layers when the request carries
+them; it never builds the model itself (that would run a submitter's code on the head node). The
+composition root (:mod:`spotmorph.commands.submit`) passes ``model_layers``, which builds it here.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from controller.client.commands.common import add_client_arguments, call, dump
+
+if TYPE_CHECKING:
+    from morphing.jobspec import JobSpec
+
+ModelLayers = Callable[["JobSpec"], tuple[str, ...]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_client_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, model_layers: ModelLayers | None = None) -> int:
     from controller.spec import entrypoint_problem, load_spec_file, profile_problem
     from morphing.errors import UserInputError
     from morphing.jobspec import job_spec_schema
@@ -35,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from protos.spotmorph.v1 import controller_pb2 as pb
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
-    request = pb.SubmitJobRequest(spec=spec_to_pb(spec), idempotency_key=str(uuid.uuid4()))  # a retry: no 2nd job
+    layers = model_layers(spec) if model_layers is not None else ()
+    request = pb.SubmitJobRequest(  # the key: a retry makes no second job
+        spec=spec_to_pb(spec), idempotency_key=str(uuid.uuid4()), model_layers=layers
+    )
     reply, code = call(args, lambda ch: rpc.JobsStub(ch).SubmitJob(request))
     if reply is None:
         return code

@@ -541,6 +541,7 @@ class SubmitJobRequest(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    MODEL_LAYERS_FIELD_NUMBER: _builtins.int
     idempotency_key: _builtins.str
     """Optional (up to 128 printable characters; a uuid4 is a good one): a retried SubmitJob with the same
     key returns the job the first one created instead of a second job; the same key with another spec
@@ -548,15 +549,23 @@ class SubmitJobRequest(_message.Message):
     """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
+    @_builtins.property
+    def model_layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Optional: the names of the layers the entrypoint builds, in order, as the submitting client found them
+        (`spotmorph submit` builds the model on the meta device; the controller never runs a submitter's
+        code). When given, a profile measured for other layers is refused with INVALID_ARGUMENT.
+        """
+
     def __init__(
         self,
         *,
         spec: Global___JobSpec | None = ...,
         idempotency_key: _builtins.str = ...,
+        model_layers: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "model_layers", b"model_layers", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
