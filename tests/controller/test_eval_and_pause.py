@@ -194,7 +194,8 @@ def test_the_watch_view_shows_the_newest_eval_loss() -> None:
     assert "eval loss" not in watch_view({**job, "eval_loss": None, "eval_step": None}, None, 0.0)
 
 
-def test_a_stopped_generation_names_its_step_held_in_memory_and_a_skipped_one_is_said_and_counted() -> None:
+def held_at_41_after_an_eviction() -> Sim:
+    """Generation 2 of a 4-node job, named step 41 that generation 1 holds in memory (20 is committed)."""
     sim = started(4)
     beat_all(sim, 20, first_at=100.0, last_at=120.0, last_checkpoint_step=20)
     sim.step(1)
@@ -207,6 +208,11 @@ def test_a_stopped_generation_names_its_step_held_in_memory_and_a_skipped_one_is
         ranks = [RankReport("j1", 1, r, False, 0, 41, 20, last_step_at=141.0) for r in a.ranks]
         sim.beat(name, *ranks, notice=sim.now + 30 if name == victim else None)
     sim.step(2)
+    return sim
+
+
+def test_a_stopped_generation_names_its_step_held_in_memory_and_a_skipped_one_is_said_and_counted() -> None:
+    sim = held_at_41_after_an_eviction()
     job = sim.job()
     assert job.generation == 2 and job.steps_lost == 0
     given = assignment_for(sim.world, job.nodes[0])
@@ -221,6 +227,24 @@ def test_a_stopped_generation_names_its_step_held_in_memory_and_a_skipped_one_is
     beat_all(sim, 22, first_at=150.0, last_at=151.0, held_skipped=why)
     sim.step(1)
     assert len(events(sim, EventKind.HELD_STATE_SKIPPED)) == 1 and sim.job().steps_lost == 21
+
+
+def test_an_exchange_that_lost_a_peer_is_said_once_and_the_next_generation_resumes_from_the_committed_step() -> None:
+    """A holder died mid-exchange: the survivors say why (the trainer's HeldStateSkipped) and exit 1 in the same
+    report; the job morphs again, from the committed checkpoint, naming no held step."""
+    sim = held_at_41_after_an_eviction()
+    why = "the exchange of step 41 held by generation 1 lost a peer: Connection closed by peer; this generation ends"
+    ranks = {name: a.ranks for name in sim.job().nodes if (a := assignment_for(sim.world, name)) is not None}
+    for _ in range(2):  # the failure, then the same exited ranks once the abort began
+        for name, mine in ranks.items():
+            sim.beat(name, *[RankReport("j1", 2, r, False, 1, 20, 20, error="lost", held_skipped=why) for r in mine])
+        sim.step(2)
+    [skipped] = events(sim, EventKind.HELD_STATE_SKIPPED)
+    assert dict(skipped.data) == {"generation": 2, "held_step": 41, "resume_step": 20, "reason": why}
+    job = sim.job()
+    assert job.generation >= 3 and job.steps_lost == 21, job
+    given = assignment_for(sim.world, job.nodes[0])
+    assert given is not None and (given.held_step, given.resume_step) == (0, 20), given
 
 
 def test_an_aborted_generation_names_no_held_step() -> None:

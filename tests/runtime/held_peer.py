@@ -22,7 +22,7 @@ from morphing.layout import make_layout
 from worker_agent.contract import CommittedCheckpoint
 from worker_agent.runtime import layer_moves
 from worker_agent.runtime.handoff import hand_off
-from worker_agent.runtime.held import Offer, exchange, keep
+from worker_agent.runtime.held import Offer, exchange, keep, reported
 
 LAYERS = 4
 NAMED = CommittedCheckpoint(step=5, generation=1)
@@ -68,10 +68,12 @@ def main() -> None:
             json.dump(facts | {"sent": handed.sent, "received": handed.received}, fh)
         os._exit(0)
     needs = {r: frozenset(range(LAYERS)) for r in range(world)}
+    told: list[str] = []
+    names = [f"l{i}" for i in range(LAYERS)]
     try:
-        outcome = exchange(held, "job", rank, new, needs, NAMED, None, [f"l{i}" for i in range(LAYERS)])
+        outcome = reported(lambda: exchange(held, "job", rank, new, needs, NAMED, None, names), told.append)
     except Exception as exc:
-        result: dict[str, object] = {"raised": repr(exc)}
+        result: dict[str, object] = {"raised": repr(exc), "told": told}
     else:
         same = outcome.used and all(
             torch.equal(outcome.payloads[f"l{i}"]["tensors"][f"l{i}.w"], payload(i)["tensors"][f"l{i}.w"])  # type: ignore[index]
@@ -82,6 +84,7 @@ def main() -> None:
             for i in range(LAYERS)
         )
         result = {"used": outcome.used, "reason": outcome.reason, "same": same, "received": outcome.bytes_received}
+        result["told"] = told
     with open(out, "w") as fh:
         json.dump(result, fh)
     os._exit(0)

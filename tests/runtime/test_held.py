@@ -78,7 +78,7 @@ def run_world(tmp_path: Path, scenario: str, world: int = 3) -> list[dict[str, A
 
 def test_held_layers_move_to_the_ranks_that_lack_them_bit_for_bit(tmp_path: Path) -> None:
     results = run_world(tmp_path, "move")
-    assert all(r.get("used") and r.get("same") for r in results), results
+    assert all(r.get("used") and r.get("same") and r["told"] == [] for r in results), results
     assert results[0]["received"] > 0 and results[2]["received"] > results[0]["received"]
 
 
@@ -86,12 +86,17 @@ def test_a_checksum_mismatch_leaves_memory_on_every_rank(tmp_path: Path) -> None
     results = run_world(tmp_path, "corrupt")
     assert all(r.get("used") is False for r in results), results
     assert any("SHA-256" in r["reason"] for r in results), results
+    assert all(r["told"] == [r["reason"]] for r in results), "each rank says why memory is not used"
 
 
 def test_a_sender_that_dies_mid_transfer_fails_the_exchange_on_its_receivers(tmp_path: Path) -> None:
     results = run_world(tmp_path, "die")
     survivors = [results[0], results[2]]
-    assert all("raised" in r for r in survivors), results
+    assert all(r.get("raised", "").startswith("ExchangeFailed(") for r in survivors), results
+    for r in survivors:  # the event the trainer emits (HeldStateSkipped) before its generation ends
+        [told] = r["told"]
+        assert told.startswith("the exchange of step 5 held by generation 1 lost a peer: "), told
+        assert told.endswith("the next resumes from the newest committed checkpoint"), told
 
 
 def test_a_leaving_rank_hands_the_stage_only_it_holds_to_a_staying_one_bit_for_bit(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,6 +162,11 @@ def decide(
     return Decision(plan, "", valid)
 
 
+class ExchangeFailed(RuntimeError):
+    """A peer was lost (or went silent) during the exchange: the process group is broken and the generation
+    ends; the next resumes from the newest committed checkpoint, since the holders go with it."""
+
+
 def exchange(
     held: Held | None,
     job_hash: str,
@@ -172,18 +177,23 @@ def exchange(
     resume: CommittedCheckpoint | None,
     layer_names: Sequence[str],
 ) -> Outcome:
-    """Collective over the world group: every rank of the generation calls it when ``named`` is set."""
+    """Collective over the world group: every rank of the generation calls it when ``named`` is set.
+    A collective that fails (a peer gone or silent) raises :class:`ExchangeFailed`."""
     mine: Offer | None = None
     if held is not None and held.job_hash == job_hash:
         mine = held.offer()
     offers: list[Offer | None] = [None] * layout.world_size
-    dist.all_gather_object(offers, mine)
-    decision = decide(offers, layout, needs, named, resume)
-    if decision.plan is None:
-        return Outcome(False, decision.reason)
-    plan = decision.plan
-    received, bad = move(held.layers if held is not None else {}, plan.transfers(), rank)
-    why = agree(bad)
+    try:
+        dist.all_gather_object(offers, mine)
+        decision = decide(offers, layout, needs, named, resume)
+        if decision.plan is None:
+            return Outcome(False, decision.reason)
+        plan = decision.plan
+        received, bad = move(held.layers if held is not None else {}, plan.transfers(), rank)
+        why = agree(bad)
+    except (RuntimeError, ConnectionError) as exc:  # gloo: a closed connection, or the peer timeout
+        lost = f"the exchange of step {named.step} held by generation {named.generation} lost a peer"
+        raise ExchangeFailed(f"{lost}: {str(exc)[:300]}") from exc
     if why:
         return Outcome(False, why)
     payloads: dict[str, LayerPayload] = {}
@@ -220,11 +230,33 @@ def keep_stage(runner: StageRunner, job_hash: str, generation: int, step: int, r
     return keep(payloads, job_hash, generation, step, runner.layout, rank, scale)
 
 
-def take(held: Held | None, cfg: TrainerArguments, layout: Layout, job_hash: str, runner: StageRunner) -> Outcome:
-    """The generation's exchange (a collective: every rank calls it when its assignment names a held step)."""
-    assert cfg.held is not None
+def take(
+    held: Held | None,
+    cfg: TrainerArguments,
+    layout: Layout,
+    job_hash: str,
+    runner: StageRunner,
+    skipped: Callable[[str], None],
+) -> Outcome:
+    """The generation's exchange (a collective: every rank calls it when its assignment names a held step);
+    ``skipped`` hears why memory is not used, also when the exchange fails and the generation with it."""
+    named = cfg.held
+    assert named is not None
     needs = needs_of(runner.model, layout)
-    return exchange(held, job_hash, cfg.rank, layout, needs, cfg.held, cfg.resume, runner.model.layer_names)
+    names = runner.model.layer_names
+    return reported(lambda: exchange(held, job_hash, cfg.rank, layout, needs, named, cfg.resume, names), skipped)
+
+
+def reported(run: Callable[[], Outcome], skipped: Callable[[str], None]) -> Outcome:
+    """``run()``'s outcome, with why memory is not used told to ``skipped`` first (also when it raises)."""
+    try:
+        outcome = run()
+    except ExchangeFailed as exc:
+        skipped(f"{exc}; this generation ends and the next resumes from the newest committed checkpoint")
+        raise
+    if not outcome.used:
+        skipped(outcome.reason)
+    return outcome
 
 
 def apply(memory: Outcome, runner: StageRunner, chosen: str | None, job: Mapping[str, Any]) -> int:

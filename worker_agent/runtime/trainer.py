@@ -114,10 +114,14 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
         _warn(message)
         progress.emit(CheckpointSkipped(message=message))
 
+    def memory_skipped(reason: str) -> None:
+        _warn(f"the state generation {cfg.generation - 1} held in memory is not used: {reason}")
+        progress.emit(HeldStateSkipped(reason=reason))
+
     groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds)
     runner = StageRunner(job, layout, cfg.rank, model, groups, device)
     step = 0
-    memory = held_mod.take(HELD, cfg, layout, job.identity_hash(), runner) if cfg.held is not None else None
+    memory = held_mod.take(HELD, cfg, layout, job.identity_hash(), runner, memory_skipped) if cfg.held else None
     _forget_held()
     # Rank 0 verifies the committed checkpoint only when some layer is to be read from it (every rank agrees).
     choice: list[Any] = [None, "", uuid.uuid4().hex[:12]]
@@ -126,9 +130,6 @@ def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
     dist.broadcast_object_list(choice, src=0)
     if choice[1]:
         raise UserInputError(choice[1])
-    if memory is not None and not memory.used:
-        _warn(f"the state generation {cfg.generation - 1} held in memory is not used: {memory.reason}")
-        progress.emit(HeldStateSkipped(reason=memory.reason))
     source = ""  # where the step it starts at comes from (nothing: from scratch)
     if memory is not None and memory.used:
         step = held_mod.apply(memory, runner, choice[0], job.identity())
