@@ -12,6 +12,7 @@ from morphing.jobspec import SCHEDULES
 from morphing.planner import Plan, Planner, PlanResult
 from morphing.profile import Profile, parse_profile
 from morphing.stages import GIB
+from morphing.validation import shown
 from morphing.words import plural
 
 EXIT_NO_FIT = 1
@@ -76,19 +77,33 @@ def run(args: argparse.Namespace) -> int:
         if not args.gpu_memory_gib > 0:
             raise UserInputError(f"--gpu-memory-gib {args.gpu_memory_gib}: it must be > 0")
         memory = int(args.gpu_memory_gib * GIB)
-    planner = Planner(
-        load_profile(args.profile), args.global_batch, args.schedule, memory, args.activation_recomputation
-    )
+    profile = load_profile(args.profile)
+    planner = Planner(profile, args.global_batch, args.schedule, memory, args.activation_recomputation)
     if low == high:
         result = planner.plan_gpus(low, args.gpus_per_node)
         _print_single(result, args.json)
+        if not args.json:
+            print(network_line(profile))
         return 0 if result.feasible else EXIT_NO_FIT
     results = planner.what_if(high, args.gpus_per_node)[low - 1 :]
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         _print_table(results)
+        print(network_line(profile))
     return 0 if any(r.feasible for r in results) else EXIT_NO_FIT
+
+
+def network_line(profile: Profile) -> str:
+    """The network figures the plan rests on and where they come from: a profile copied from elsewhere
+    carries that cluster's network, which only a profile measured on this one replaces."""
+    cluster = profile.cluster
+    figures = (
+        f"{cluster.inter_node_bandwidth_bytes_per_second / 1e9:.2f} GB/s between nodes, all-reduce "
+        f"{cluster.allreduce_bandwidth_bytes_per_second / 1e9:.2f} GB/s"
+    )
+    source = shown(profile.source, 120) if profile.source else "the profile does not say where they come from"
+    return f"network             {figures} (the profile's: {source})"
 
 
 def _print_single(result: PlanResult, as_json: bool) -> None:

@@ -62,6 +62,10 @@ def test_human_table_and_single_view() -> None:
     assert "samples/s" in table.stdout.splitlines()[0]
     single = plan("--profile", str(GPT48), "--gpus", "16", "--gpus-per-node", "8", "--global-batch", "64")
     assert "throughput" in single.stdout and "stages x" in single.stdout
+    for out in (table.stdout, single.stdout):  # a copied profile's network is said, with where it comes from
+        last = out.splitlines()[-1]
+        assert last.startswith("network             3.12 GB/s between nodes, all-reduce 2.50 GB/s"), last
+        assert "(the profile's: 'analytic, not measured" in last, last
 
 
 def test_no_fit_exits_non_zero_with_the_limit_named() -> None:
