@@ -20,11 +20,23 @@ from torch import nn
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.model_api import ModelSpec
 
+# torch.nn.init's initialisers, skipped inside parameters_on_meta(): on a meta tensor they change nothing, and the
+# first normal_ there imports torch._dynamo (1.3 s here), which `spotmorph submit` would pay for every model.
+INITIALISERS = tuple(
+    name for name in dir(torch.nn.init) if name.endswith("_") and not name.startswith("_") and name != "calculate_gain"
+)
+
+
+def _skip(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return tensor
+
 
 @contextlib.contextmanager
 def parameters_on_meta() -> Iterator[None]:
-    """Parameters registered inside live on the meta device (a parameter is real only while it is made)."""
+    """Parameters registered inside live on the meta device (a parameter is real only while it is made), and
+    torch.nn.init's initialisers do nothing."""
     original = nn.Module.register_parameter
+    initialisers = {name: getattr(torch.nn.init, name) for name in INITIALISERS}
 
     def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original(module, name, param)
@@ -35,10 +47,14 @@ def parameters_on_meta() -> Iterator[None]:
             module._parameters[name] = meta
 
     nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
+    for name in initialisers:
+        setattr(torch.nn.init, name, _skip)
     try:
         yield
     finally:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
+        for name, function in initialisers.items():
+            setattr(torch.nn.init, name, function)
 
 
 def build_spec_on_meta(entrypoint: str, seed: int = 0) -> ModelSpec:
