@@ -84,3 +84,18 @@ def test_a_parameter_the_meta_build_cannot_see_is_refused(tmp_path: Path, capsys
     err = capsys.readouterr().err.strip()
     assert "embed.extra" in err and "outside nn.Module.register_parameter" in err and "\n" not in err, err
     assert not out.exists()
+
+
+def test_the_initialisers_and_parameter_registration_are_put_back_even_when_the_build_fails() -> None:
+    from morphing.errors import UserInputError
+    from worker_agent.runtime.meta_build import INITIALISERS
+
+    before = {name: getattr(torch.nn.init, name) for name in INITIALISERS}
+    register = nn.Module.register_parameter
+    build_spec_on_meta(TINY)
+    with pytest.raises(UserInputError, match="model construction failed"):
+        build_spec_on_meta(f"{BAD_MODELS}:raises")
+    assert {name: getattr(torch.nn.init, name) for name in INITIALISERS} == before and "normal_" in before
+    assert nn.Module.register_parameter is register
+    layer = nn.Linear(4, 4)
+    assert not layer.weight.is_meta and layer.weight.abs().sum() > 0  # built and initialised for real again
