@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROOTS: tuple[str, ...] = tuple(
     tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]
 )
-HAND_WRITTEN = ("morphing", "scheduler", "controller", "worker_agent", "spotmorph")
+HAND_WRITTEN = ("morphing", "controller", "worker_agent", "spotmorph")
 MAX_LINES = 400
 # Modules allowed over the limit, with a ceiling each (they may shrink, not grow); none today.
 OVER_LIMIT: dict[str, int] = {}

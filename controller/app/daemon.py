@@ -28,6 +28,7 @@ from controller.api.jobs import JobsService
 from controller.app.providers import ProviderFactory, make_provider
 from controller.app.settings import ControllerSettings, check_exposure, is_loopback
 from controller.app.state_lock import lock_state_dir
+from controller.app.timers import TimerConfig, Timers
 from controller.app.tls import load_server_tls
 from controller.core.flapping import Damping
 from controller.core.reconcile import Config
@@ -44,7 +45,6 @@ from controller.shell.views import StateView
 from morphing.errors import UserInputError
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
-from scheduler.timers import TimerConfig, Timers
 
 log = logging.getLogger("spotmorph.controller")
 
@@ -125,7 +125,9 @@ class Controller:
         self.inbox = ProviderInbox(clock)
         host = settings.listen.rsplit(":", 1)[0]
         provider, poll_seconds = make_provider(settings, self.inbox, clock, f"{host}:{self.port}", self.providers)
-        tuning = RunnerSettings(settings.reconcile_coalesce_seconds, settings.capacity_retry_seconds)
+        tuning = RunnerSettings(
+            settings.reconcile_coalesce_seconds, settings.capacity_retry_seconds, settings.validate_invariants
+        )
         self.stopping = asyncio.Event()
         self.health = AsyncHealthServicer()
         self._health_updates: set[asyncio.Task[None]] = set()

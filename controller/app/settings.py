@@ -105,6 +105,8 @@ class ControllerSettings(BaseSettings):
     """A capacity request the provider refused is asked again after this (a changed level at once)."""
     reconcile_coalesce_seconds: float = Field(default=0.005, ge=0)
     """The first of a burst of state changes waits this long so one reconcile decides them all."""
+    validate_invariants: bool = False
+    """Check every decided world against controller.core.invariants before it is committed (a bug's canary)."""
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     """On SIGTERM, in-flight calls get this long to finish."""
     max_receive_message_bytes: int = Field(default=MIB, ge=1024)

@@ -1,9 +1,11 @@
-"""The one way a node or a job changes state, and the one way its other fields change.
+"""The one way a node or a job changes state, the one way a job's action changes, and the way other fields do.
 
 :func:`move` checks the edge against its lifecycle table, applies what entering the target state
 does to the record (:data:`NODE_ENTERING`, :data:`JOB_ENTERING`: data, read beside the transition
 tables) and returns the command that persists the record with its timestamped :class:`Transition`.
-:func:`amend` changes other fields and refuses the ones only a move may write.
+:func:`act` changes a job's action along :data:`ACTION_TRANSITIONS` (a move into MORPHING names one,
+the next generation sets RUN: those are checked against the same table). :func:`amend` changes other
+fields and refuses the ones only a move or an act may write.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from controller.core.commands import SetJob, SetNode
 from controller.core.lifecycle import (
+    ACTION_TRANSITIONS,
     JOB_TRANSITIONS,
     NODE_TRANSITIONS,
     IllegalTransition,
@@ -79,8 +82,9 @@ class Lifecycle(Generic[S]):
         return transition(self.edges, self.kind, subject, source, target, reason, now)
 
     def managed(self) -> frozenset[str]:
-        """Fields only a move writes."""
-        return frozenset({"state", "state_since", *([self.reason_field] if self.reason_field else [])})
+        """Fields only a move writes (and a job's action, which an act writes too)."""
+        extra: set[str] = {"action"} if self.kind == "job" else set()
+        return frozenset({"state", "state_since", *extra, *([self.reason_field] if self.reason_field else [])})
 
 
 NODE_LIFECYCLE = Lifecycle[NodeState]("node", NODE_TRANSITIONS, NODE_ENTERING, None)
@@ -101,7 +105,21 @@ def move(
         return SetNode(_entered(NODE_LIFECYCLE, record.name, record, node_target, reason, now, fields), change)
     job_target = JobState(target)
     change = JOB_LIFECYCLE.change(record.id, record.state, job_target, reason, now)
-    return SetJob(_entered(JOB_LIFECYCLE, record.id, record, job_target, reason, now, fields), change)
+    entered = _entered(JOB_LIFECYCLE, record.id, record, job_target, reason, now, fields)
+    return SetJob(entered, change, _action_change(record, entered.action, reason, now))
+
+
+def act(record: JobRecord, action: Action, reason: str, now: float, **fields: Any) -> SetJob:
+    """``record`` told to ``action`` (other fields changed as :func:`amend` does); :class:`IllegalTransition`
+    if that is not an edge of :data:`ACTION_TRANSITIONS`. The same action again changes only the fields."""
+    changed = replace(record, **_unmanaged(JOB_LIFECYCLE, record.id, fields), action=action)
+    return SetJob(changed, None, _action_change(record, action, reason, now))
+
+
+def _action_change(record: JobRecord, action: Action, reason: str, now: float) -> Transition | None:
+    if action is record.action:
+        return None
+    return transition(ACTION_TRANSITIONS, "action", record.id, record.action, action, reason, now)
 
 
 @overload
@@ -132,7 +150,9 @@ def _entered(
     missing = [name for name in entry.requires if fields.get(name) is None]
     if missing:
         raise IllegalTransition(f"{lifecycle.kind} {subject}: entering {target} needs {', '.join(missing)}")
-    updates: dict[str, Any] = {**_unmanaged(lifecycle, subject, fields), **entry.sets, "state": target}
+    named = {name: value for name, value in fields.items() if name in entry.requires}  # managed ones included
+    others = {name: value for name, value in fields.items() if name not in entry.requires}
+    updates: dict[str, Any] = {**_unmanaged(lifecycle, subject, others), **named, **entry.sets, "state": target}
     updates.update({name: now for name in ("state_since", *entry.stamps)})
     if lifecycle.reason_field is not None:
         updates[lifecycle.reason_field] = reason

@@ -22,7 +22,8 @@ class SetNode:
 @dataclass(frozen=True)
 class SetJob:
     job: JobRecord
-    change: Transition | None = None
+    change: Transition | None = None  # its state changed
+    action: Transition | None = None  # its action changed (with a state change, or alone)
 
 
 @dataclass(frozen=True)

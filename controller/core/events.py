@@ -7,7 +7,8 @@ from enum import StrEnum
 
 class EventKind(StrEnum):
     JOB_SUBMITTED = "JobSubmitted"
-    JOB_STATE_CHANGED = "JobStateChanged"
+    JOB_STATE_CHANGED = "JobStateChanged"  # with its action's change when the move changed that too
+    JOB_ACTION_CHANGED = "JobActionChanged"  # what a morphing job's trainers are told, changed on its own
     NODE_REGISTERED = "NodeRegistered"
     NODE_STATE_CHANGED = "NodeStateChanged"
     NODE_HELD = "NodeHeld"  # came back soon after being LOST: waits in JOINING before it gets work

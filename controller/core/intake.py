@@ -16,7 +16,7 @@ from dataclasses import asdict
 from controller.core.changes import amend, move
 from controller.core.events import EventKind
 from controller.core.flapping import Damping, rejoin
-from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
+from controller.core.lifecycle import JOB_ACTIVE, JOB_TERMINAL, JobState, NodeState
 from controller.core.model import (
     AddJob,
     Command,
@@ -32,7 +32,6 @@ from controller.core.model import (
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
 
-ACTIVE = frozenset({JobState.RUNNING, JobState.MORPHING})
 GONE_OR_LOST = frozenset({NodeState.GONE, NodeState.LOST})
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
@@ -209,7 +208,7 @@ def commit_checkpoint(world: World, job_id: str, generation: int, step: int, now
     job = world.jobs.get(job_id)
     if job is None:
         raise LookupError(f"job {job_id} not found")
-    if job.state not in ACTIVE or generation != job.generation:
+    if job.state not in JOB_ACTIVE or generation != job.generation:
         raise Stale(f"job {job_id} is at generation {job.generation} ({job.state}); generation {generation} is stale")
     if step <= job.last_checkpoint_step:
         return []

@@ -1,9 +1,9 @@
-"""Node and job lifecycles as data: one transition table each, one function that changes state.
+"""Node and job lifecycles, and a job's action, as data: one transition table each, one function that changes them.
 
 Every legal edge is a key of a table whose value is the cause of that edge, so the graph can be read
 (and walked by tests) without reading code. :func:`transition` rejects illegal edges and returns a
-timestamped record that the store appends to the event log; :func:`controller.core.changes.move`, the
-only code that writes a record's state, calls it and applies what entering the target state does.
+timestamped record that the store appends to the event log; :func:`controller.core.changes.move` (a
+state) and :func:`controller.core.changes.act` (an action), the only code that writes them, call it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,18 @@ class JobState(StrEnum):
     CANCELLED = "CANCELLED"
 
 
+class Action(StrEnum):
+    """What the trainers of a job's current generation should do."""
+
+    RUN = "RUN"
+    STOP = "STOP"  # agree on the next step boundary, checkpoint (or keep the step in memory), exit 0
+    ABORT = "ABORT"  # exit now: a peer is gone and collectives would hang
+    HOLD = "HOLD"  # a collective failed: survivors hold their last completed step; named writers write it
+
+
 N = NodeState
 J = JobState
+A = Action
 
 NODE_TRANSITIONS: Mapping[tuple[NodeState, NodeState], str] = {
     (N.JOINING, N.READY): "first heartbeat after registration",
@@ -69,10 +79,25 @@ JOB_TRANSITIONS: Mapping[tuple[JobState, JobState], str] = {
     (J.MORPHING, J.CANCELLED): "cancelled by an operator",
 }
 
+# A job's action changes with a move into MORPHING (which names it), on its own while it morphs
+# (:func:`controller.core.changes.act`), and back to RUN when the next generation is issued.
+ACTION_TRANSITIONS: Mapping[tuple[Action, Action], str] = {
+    (A.RUN, A.STOP): "a planned morph (an eviction notice, growth that pays off): stop at a step boundary",
+    (A.RUN, A.ABORT): "a node lost, a trainer failed or could not start, or a peer unreachable: exit now",
+    (A.RUN, A.HOLD): "a collective failed: the survivors hold their last completed step for a salvage",
+    (A.STOP, A.ABORT): "a node went while stopping, or the stop timed out",
+    (A.HOLD, A.STOP): "the salvaged step stays in the survivors' memory: they stop as a planned morph's do",
+    (A.HOLD, A.ABORT): "the salvage committed its step, or gave up: resume from the newest committed checkpoint",
+    (A.STOP, A.RUN): "the next generation was issued",
+    (A.ABORT, A.RUN): "the next generation was issued",
+}
+
 NODE_TERMINAL = frozenset({N.GONE})
 JOB_TERMINAL = frozenset({J.SUCCEEDED, J.FAILED, J.CANCELLED})
+JOB_ACTIVE = frozenset({J.RUNNING, J.MORPHING})  # a generation of it holds nodes (its trainers run or stop)
+JOB_LIVE = frozenset(JobState) - JOB_TERMINAL  # queued or active: it still wants nodes
 
-S = TypeVar("S", NodeState, JobState)
+S = TypeVar("S", NodeState, JobState, Action)
 
 
 class IllegalTransition(RuntimeError):
@@ -83,7 +108,7 @@ class IllegalTransition(RuntimeError):
 class Transition:
     """A state change that happened: the edge, its cause from the table, why, and when."""
 
-    kind: str  # "node" or "job"
+    kind: str  # "node", "job", or "action" (a job's)
     subject: str
     source: str
     target: str

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from controller.core.causes import JobFailureCause, MorphCause
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.lifecycle import Action, JobState, NodeState
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 
-
-class Action(StrEnum):
-    """What the trainers of a generation should do."""
-
-    RUN = "RUN"
-    STOP = "STOP"  # agree on the next step boundary, checkpoint, exit 0
-    ABORT = "ABORT"  # exit now: a peer is gone and collectives would hang
-    HOLD = "HOLD"  # a collective failed: survivors hold their last completed step; named writers write it
+__all__ = ["Action"]  # its lifecycle (ACTION_TRANSITIONS) lives beside the states'
 
 
 @dataclass(frozen=True)

@@ -235,8 +235,12 @@ def _write(conn: Connection, command: Command) -> None:
     elif isinstance(command, SetJob):
         job = command.job
         conn.execute(jobs.update().where(jobs.c.id == job.id).values(state=str(job.state), data=job_to_dict(job)))
+        action = change_data(command.action) if command.action else None
         if command.change:
-            _event(conn, command.change.at, EventKind.JOB_STATE_CHANGED, job.id, None, change_data(command.change))
+            data = change_data(command.change) | ({"action": action} if action else {})
+            _event(conn, command.change.at, EventKind.JOB_STATE_CHANGED, job.id, None, data)
+        elif command.action and action:
+            _event(conn, command.action.at, EventKind.JOB_ACTION_CHANGED, job.id, None, action)
     elif isinstance(command, StartGeneration):
         layout = command.layout
         conn.execute(

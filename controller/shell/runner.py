@@ -21,9 +21,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.core import capacity, intake
+from controller.core import capacity, intake, invariants
 from controller.core.events import EventKind
-from controller.core.lifecycle import JobState
+from controller.core.lifecycle import JOB_LIVE
 from controller.core.model import (
     Action,
     Command,
@@ -48,7 +48,6 @@ from morphing.jobspec import JobSpec
 __all__ = ["MemoPlanner", "Runner", "RunnerSettings", "SystemClock"]
 
 log = logging.getLogger("spotmorph.controller")
-ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.MORPHING)
 
 
 class SystemClock:
@@ -80,6 +79,7 @@ def _essence(seen: NodeObservation | None) -> object:
 class RunnerSettings:
     coalesce_seconds: float = 0.005  # how long the first of a burst of state changes waits for others
     capacity_retry_seconds: float = 30.0  # a refused capacity request is asked again after this
+    validate: bool = False  # check controller.core.invariants on every decided world before committing it
 
 
 class Runner:
@@ -178,7 +178,7 @@ class Runner:
     def _decide(self, first: Sequence[Command]) -> None:
         """``first``, the provider's events and what reconcile makes of them, committed in one transaction."""
         world = apply(self.world, list(first)) if first else self.world
-        planners = {j.id: self.planner(j) for j in world.jobs.values() if j.state in ACTIVE}
+        planners = {j.id: self.planner(j) for j in world.jobs.values() if j.state in JOB_LIVE}
         self.reconciles += 1
         included = self._wanted  # every observation recorded so far is seen by this reconcile
         now = self.clock.now()
@@ -188,6 +188,8 @@ class Runner:
         if not self.deciding:  # written even when nothing changed: proves the database takes writes again
             commands.append(RecordEvent(EventKind.DECISIONS_RESUMED, now))
         decided = apply(self.world, commands) if commands else self.world
+        if self.settings.validate:
+            invariants.check(decided, self.world)  # raises: contained as any failing decision, nothing committed
         ask = capacity.next_ask(decided, now, self.capacity_ask, self.settings.capacity_retry_seconds)
         self.commit([*commands, ask] if ask else commands)
         self._undelivered = []
@@ -234,7 +236,7 @@ class Runner:
     def _fail_culprit(self, failure: Exception) -> bool:
         """Fail the first active job without which a decision succeeds (its own input breaks decisions)."""
         reason = f"the controller failed deciding on this job ({describe(failure)})"
-        for job_id in sorted(j.id for j in self.jobs.values() if j.state in ACTIVE):
+        for job_id in sorted(j.id for j in self.jobs.values() if j.state in JOB_LIVE):
             if self._attempt(fail(self.world, job_id, self.clock.now(), reason)):
                 log.error("job %s failed: %s", job_id, reason)
                 return True

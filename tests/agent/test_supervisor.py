@@ -14,7 +14,7 @@ from spotmorph.local.harness import max_rel_diff
 from spotmorph.local.processes import alive, port_range_base
 from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
-from worker_agent.agent.progress import Progress, absorb
+from worker_agent.agent.progress import TrainerProgress, absorb
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.contract import (
     CheckpointLoaded,
@@ -42,7 +42,7 @@ def test_progress_folds_the_facts_the_agent_reports() -> None:
         StepCompleted(42, 0.4, 0.1, 150.0, 40),
         TrainingFinished(42, 42, 1.0, 0.2),
     ]
-    progress = Progress()
+    progress = TrainerProgress()
     seen = []
     for event in said:
         progress = absorb(progress, ProgressRecord(event, 0, 1, 9, 0.0))

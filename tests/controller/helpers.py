@@ -106,3 +106,29 @@ def recording_reads(store: Store) -> list[tuple[str, threading.Thread]]:
 
         setattr(store, name, recorded)
     return calls
+
+
+class FakeProvider:
+    """An in-memory provider for tests: instances are added and removed by the test."""
+
+    def __init__(self, instances: frozenset[str] = frozenset(), *, fail_requests: bool = False) -> None:
+        self.instances = set(instances)
+        self.requested: list[int] = []  # every level asked for, in order
+        self.released: list[str] = []
+        self.fail_requests = fail_requests
+        self.closed = False
+
+    async def list_instances(self) -> frozenset[str]:
+        return frozenset(self.instances)
+
+    async def request_capacity(self, slots: int) -> None:
+        self.requested.append(slots)
+        if self.fail_requests:
+            raise RuntimeError(f"cannot provide {slots} slots")
+
+    async def release(self, name: str) -> None:
+        self.released.append(name)
+        self.instances.discard(name)
+
+    async def close(self) -> None:
+        self.closed = True

@@ -18,9 +18,9 @@ from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Command, NodeObservation, RequestCapacity, World
 from controller.core.reconcile import Config
 from controller.persistence.store import Store
-from controller.providers.base import FakeProvider, ProviderInbox, StaticProvider
+from controller.providers.base import ProviderInbox, StaticProvider
 from controller.shell.runner import Runner, RunnerSettings
-from tests.controller.helpers import job, node, spec, write_profile
+from tests.controller.helpers import FakeProvider, job, node, spec, write_profile
 
 J, N = JobState, NodeState
 

@@ -12,6 +12,7 @@ import pytest
 
 from controller.core.changes import JOB_ENTERING, NODE_ENTERING, Entering, amend, move
 from controller.core.lifecycle import (
+    ACTION_TRANSITIONS,
     JOB_TRANSITIONS,
     NODE_TRANSITIONS,
     IllegalTransition,
@@ -68,7 +69,8 @@ def test_every_node_edge_moves_and_every_other_pair_is_refused(source: NodeState
 
 @pytest.mark.parametrize(("source", "target"), list(itertools.product(JobState, JobState)))
 def test_every_job_edge_moves_and_every_other_pair_is_refused(source: JobState, target: JobState) -> None:
-    before = job("j1", source, at=1.0, morph_started_at=2.0, action=Action.ABORT, reason="earlier")
+    action = Action.ABORT if source is JobState.MORPHING else Action.RUN  # what a job in that state is told
+    before = job("j1", source, at=1.0, morph_started_at=2.0, action=action, reason="earlier")
     entry = JOB_ENTERING[target]
     passed = {name: KNOWN[name] for name in entry.requires}
     if (source, target) not in JOB_TRANSITIONS:
@@ -81,6 +83,11 @@ def test_every_job_edge_moves_and_every_other_pair_is_refused(source: JobState, 
     assert (change.kind, change.subject, change.source, change.target) == ("job", "j1", source, target)
     assert (change.cause, change.at) == (JOB_TRANSITIONS[(source, target)], NOW)
     _check_entry(before, after, entry, passed, {"state", "state_since", "reason"})
+    if after.action is before.action:
+        assert command.action is None
+    else:  # the move changed the action too, along its own table
+        assert command.action is not None and (command.action.source, command.action.target) == (action, after.action)
+        assert command.action.cause == ACTION_TRANSITIONS[(action, after.action)] and command.action.reason == "because"
 
 
 def test_every_state_says_what_entering_it_does() -> None:

@@ -21,7 +21,7 @@ from tests.controller.test_eval_and_pause_api import assert_refused_and_nothing_
 from tests.controller.test_hostile_edge import running_job, wait_for
 from tests.controller.test_metrics import parse
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
-from worker_agent.agent.progress import Progress, TrainerReport, absorb
+from worker_agent.agent.progress import TrainerProgress, TrainerReport, absorb
 from worker_agent.agent.refusals import fit
 from worker_agent.agent.wire import trainer_status_to_pb
 from worker_agent.contract import CheckpointWritten, ProgressRecord, StepCompleted, progress_line, read_progress
@@ -36,7 +36,7 @@ def test_the_agent_reads_the_stall_from_the_progress_file_and_carries_it_into_a_
     ]
     path = tmp_path / "progress.jsonl"
     path.write_text("".join(progress_line(r) + "\n" for r in lines))
-    progress = Progress()
+    progress = TrainerProgress()
     for record in read_progress(path):
         progress = absorb(progress, record)
     assert (progress.stall_step, progress.stall_seconds) == (4, 0.03125)

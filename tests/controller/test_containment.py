@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controller.core import intake
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import Command, NodeObservation, RankReport, World
 from controller.core.reconcile import Config
 from controller.persistence.store import Store
@@ -29,13 +30,14 @@ EXPIRY = 10.0
 Scenario = Callable[[Runner, FakeClock, list[bool]], Awaitable[None]]
 
 
-def run(tmp_path: Path, scenario: Scenario) -> None:
+def run(tmp_path: Path, scenario: Scenario, settings: RunnerSettings | None = None) -> None:
     async def main() -> None:
         clock = FakeClock()
         store = Store(tmp_path / "state.db")
         health: list[bool] = []
         config = Config(heartbeat_expiry_seconds=EXPIRY, debounce_seconds=0.0)
-        runner = Runner(store, clock, config, StaticProvider(), None, RunnerSettings(0.0), health.append)
+        tuning = settings or RunnerSettings(0.0)
+        runner = Runner(store, clock, config, StaticProvider(), None, tuning, health.append)
         try:
             await scenario(runner, clock, health)
         finally:
@@ -138,3 +140,22 @@ def test_a_submission_whose_decision_fails_leaves_no_job_and_health_follows_the_
         assert job.id == "job-1" and list(store.load()[1]) == ["job-1"]
 
     run(tmp_path, scenario)
+
+
+def test_with_validate_a_decided_world_breaking_an_invariant_is_not_committed(tmp_path: Path) -> None:
+    """`spotmorph controller --validate`: real decisions pass the check; a world a bug left wrong (a running job
+    told to STOP) is caught before its decision commits, and the job it comes from fails with the invariant."""
+
+    async def scenario(runner: Runner, clock: FakeClock, health: list[bool]) -> None:
+        job_id = await running_job(runner, clock, tmp_path)
+        runner.jobs[job_id] = replace(runner.jobs[job_id], action=Action.STOP)  # what a buggy decision would leave
+        clock.at += 1
+        await runner.tick()
+        job = runner.jobs[job_id]
+        assert job.state is JobState.FAILED and "InvariantViolated" in job.reason, job.reason
+        assert f"job {job_id} is RUNNING but its trainers are told STOP" in job.reason, job.reason
+        assert runner.deciding and health == []
+        assert all(n.job is None for n in runner.nodes.values())
+        assert runner.store.load()[1][job_id].state is JobState.FAILED
+
+    run(tmp_path, scenario, RunnerSettings(0.0, validate=True))

@@ -8,17 +8,21 @@ from typing import Any
 
 import pytest
 
+from controller.core.changes import act, amend
 from controller.core.lifecycle import (
+    ACTION_TRANSITIONS,
     JOB_TERMINAL,
     JOB_TRANSITIONS,
     NODE_TERMINAL,
     NODE_TRANSITIONS,
+    Action,
     IllegalTransition,
     JobState,
     NodeState,
     Transition,
     transition,
 )
+from tests.controller.helpers import job
 
 
 def node_transition(name: str, source: NodeState, target: NodeState, reason: str, now: float) -> Transition:
@@ -75,4 +79,35 @@ def test_graphs_are_connected_and_terminal_states_are_sinks() -> None:
 
 
 def test_every_edge_has_a_cause() -> None:
-    assert all(cause.strip() for cause in [*NODE_TRANSITIONS.values(), *JOB_TRANSITIONS.values()])
+    tables = (NODE_TRANSITIONS, JOB_TRANSITIONS, ACTION_TRANSITIONS)
+    assert all(cause.strip() for table in tables for cause in table.values())
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(Action, Action)))
+def test_action_edges(source: Action, target: Action) -> None:
+    """Every action edge is accepted by act() with its cause; every other change is refused; the same
+    action again changes only the other fields."""
+    record = job(state=JobState.MORPHING, action=source, morph_detail="eviction notice")
+    if source is target:
+        same = act(record, target, "again", 5.0, restarts=2)
+        assert same.action is None and same.job.action is source and same.job.restarts == 2
+    elif (source, target) in ACTION_TRANSITIONS:
+        command = act(record, target, "because", 5.0, restarts=2)
+        assert command.job.action is target and command.job.restarts == 2 and command.change is None
+        assert command.action is not None
+        assert (command.action.kind, command.action.source, command.action.target) == ("action", source, target)
+        assert command.action.cause == ACTION_TRANSITIONS[(source, target)] and command.action.at == 5.0
+    else:
+        with pytest.raises(IllegalTransition, match="not an edge"):
+            act(record, target, "because", 5.0)
+
+
+def test_the_action_graph_starts_at_run_and_every_action_leads_back_to_it() -> None:
+    assert _reachable(ACTION_TRANSITIONS, Action.RUN) == set(Action)
+    for action in Action:
+        assert Action.RUN in _reachable(ACTION_TRANSITIONS, action) | ({action} if action is Action.RUN else set())
+
+
+def test_only_a_move_or_an_act_sets_the_action() -> None:
+    with pytest.raises(IllegalTransition, match="only a move sets action"):
+        amend(job(), action=Action.STOP)

@@ -11,8 +11,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
 from controller.core.causes import MorphCause
+from controller.core.changes import act, move
 from controller.core.commands import AddJob
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.lifecycle import ACTION_TRANSITIONS, JobState, NodeState
 from controller.core.model import Action, RankReport, SetJob, StartGeneration, World, apply
 from controller.core.reconcile import Config, reconcile
 from controller.persistence.codec import job_to_dict
@@ -160,3 +161,22 @@ def test_causes_in_words_map_to_the_labels_metrics_used_to_give() -> None:
     assert legacy_morph_cause("grow: 161 vs 86 samples/s; stop timed out") is MorphCause.GROW
     assert legacy_morph_cause("resumed") is MorphCause.RESUMED
     assert legacy_morph_cause("something new") is MorphCause.OTHER
+
+
+def test_every_action_change_is_an_event_with_its_cause(tmp_path: Path) -> None:
+    """A move that changes the action says so in its JobStateChanged event; an act alone is JobActionChanged."""
+    store = Store(tmp_path / "state.db")
+    world = _running_world(store)
+    running = world.jobs["job-1"]
+    morphing = move(running, JobState.MORPHING, "eviction notice", 2.0, action=Action.STOP, morph_cause="eviction")
+    aborting = act(morphing.job, Action.ABORT, "stop timed out", 3.0)
+    store.persist([morphing, aborting])
+    *_, moved, acted = store.events(job="job-1")
+    assert (moved.kind, moved.data["from"], moved.data["to"]) == ("JobStateChanged", "RUNNING", "MORPHING")
+    assert moved.data["action"] == {
+        "from": "RUN", "to": "STOP", "cause": ACTION_TRANSITIONS[(Action.RUN, Action.STOP)], "reason": "eviction notice"
+    }  # fmt: skip
+    assert acted.kind == "JobActionChanged" and acted.at == 3.0
+    cause = ACTION_TRANSITIONS[(Action.STOP, Action.ABORT)]
+    assert acted.data == {"from": "STOP", "to": "ABORT", "cause": cause, "reason": "stop timed out"}
+    assert store.load()[1]["job-1"].action is Action.ABORT

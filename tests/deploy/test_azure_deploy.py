@@ -162,7 +162,7 @@ def test_the_container_file_runs_the_controller_as_a_non_root_user() -> None:
     text = (DEPLOY / "Containerfile").read_text()
     assert text.startswith("#") and "\nFROM python:3.11" in text
     assert "\nUSER spotmorph\n" in text and '"spotmorph", "controller"' in text
-    for folder in ("morphing", "scheduler", "controller", "protos", "spotmorph"):
+    for folder in ("morphing", "controller", "protos", "spotmorph"):
         assert f"COPY {folder} {folder}" in text
 
 

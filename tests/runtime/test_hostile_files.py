@@ -27,7 +27,7 @@ from worker_agent.contract import (
     read_progress,
 )
 from worker_agent.contract.hostile import HostileFile, parse_json_bounded, read_bounded, read_counter
-from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress
+from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, ProgressLog
 from worker_agent.runtime.errors import FenceError
 from worker_agent.runtime.fence import FENCE, LOCK, Fence, check_fence, raise_fence, read_fence
 from worker_agent.runtime.startup import Phase, StartupWatch
@@ -201,7 +201,7 @@ def test_a_fence_lock_held_by_another_host_ends_the_start_up_with_an_event_namin
         holder.wait()
 
     progress_file = tmp_path / "progress-rank-0.jsonl"
-    watch = StartupWatch(Progress(progress_file, 0, 2), 0, wait=lambda done, limit: False, exit=exit)
+    watch = StartupWatch(ProgressLog(progress_file, 0, 2), 0, wait=lambda done, limit: False, exit=exit)
     with watch.phase(Phase.FENCE, 60.0):
         raise_fence(tmp_path, Fence("job-1", 2))
     assert exits == [ExitCode.ABORTED]
@@ -213,7 +213,7 @@ def test_a_fence_lock_held_by_another_host_ends_the_start_up_with_an_event_namin
 
 def test_a_phase_that_finishes_in_time_ends_nothing(tmp_path: Path) -> None:
     exits: list[int] = []
-    watch = StartupWatch(Progress(None, 0, 1), 0, exit=exits.append)
+    watch = StartupWatch(ProgressLog(None, 0, 1), 0, exit=exits.append)
     with watch.phase(Phase.FENCE, 60.0):
         raise_fence(tmp_path, Fence("job-1", 1))
     assert exits == [] and read_fence(tmp_path) == Fence("job-1", 1)

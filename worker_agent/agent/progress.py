@@ -31,7 +31,7 @@ class Held:
 
 
 @dataclass(frozen=True)
-class Progress:
+class TrainerProgress:
     """What a trainer's progress file has said so far, folded into the latest facts."""
 
     step: int = 0
@@ -52,7 +52,7 @@ class Progress:
     held_skipped: str = ""  # why the state the previous generation held in memory was not used
 
 
-def absorb(progress: Progress, record: ProgressRecord) -> Progress:
+def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress:
     """``progress`` updated with one more record (pure: the supervisor's reading of the contract)."""
     event = record.event
     if isinstance(event, StepCompleted):

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from morphing.jobspec import JobSpec
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.agent.holders import Finished, Holders, Warm
-from worker_agent.agent.progress import Progress, TrainerReport, absorb
+from worker_agent.agent.progress import TrainerProgress, TrainerReport, absorb
 from worker_agent.contract import (
     CommittedCheckpoint,
     ExitCode,
@@ -88,7 +88,7 @@ class _Trainer:
     reader: ProgressReader
     log_path: Path
     stop_requested: bool = False
-    progress: Progress = field(default_factory=Progress)
+    progress: TrainerProgress = field(default_factory=TrainerProgress)
     hold_spool: WarmSpool | None = None
 
 

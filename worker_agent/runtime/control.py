@@ -18,7 +18,7 @@ from types import FrameType
 from worker_agent.contract import ControlDir, ProgressEvent, ProgressRecord, progress_line
 
 
-class Progress:
+class ProgressLog:
     """JSON lines for the agent (:mod:`worker_agent.contract.events`): one per event, flushed at once."""
 
     def __init__(self, path: Path | None, rank: int, generation: int) -> None:

@@ -49,7 +49,7 @@ from worker_agent.contract import (
     TrainerFailed,
 )
 from worker_agent.runtime.checkpoint import FORMAT, MANIFEST, LayerPayload, atomic_write, step_dir
-from worker_agent.runtime.control import Progress
+from worker_agent.runtime.control import ProgressLog
 from worker_agent.runtime.errors import FenceError, GenerationFenced
 from worker_agent.runtime.fence import Fence, check_fence
 from worker_agent.runtime.writer import load_part, part_files, write_layer_files
@@ -235,7 +235,7 @@ def hold(
     replica: int,
     step: int,
     error: str,  # what failed the collective (AbortWatch.explain)
-    progress: Progress,
+    progress: ProgressLog,
     control: ControlDir | None,
     root: Path,
     hold_seconds: float,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 
 from worker_agent.contract import ExitCode, TrainerFailed
-from worker_agent.runtime.control import Progress
+from worker_agent.runtime.control import ProgressLog
 
 
 class Phase(Enum):
@@ -42,7 +42,7 @@ class StartupWatch:
 
     def __init__(
         self,
-        progress: Progress,
+        progress: ProgressLog,
         rank: int,
         wait: Callable[[threading.Event, float], bool] = _wait,
         exit: Callable[[int], None] = _exit,

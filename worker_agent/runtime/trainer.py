@@ -37,7 +37,7 @@ from worker_agent.contract import (
 from worker_agent.contract.hostile import HostileFile, load_json_bounded
 from worker_agent.runtime import held as held_mod
 from worker_agent.runtime import resume
-from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progress, StopRequest
+from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, ProgressLog, StopRequest
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
 from worker_agent.runtime.handoff import hand_off
 from worker_agent.runtime.held import Held
@@ -55,7 +55,7 @@ KEPT: Held | None = None
 PARENT = os.getppid()  # the agent (or the warm trainer's agent): a holder exits when it is gone
 
 
-def train(cfg: TrainerArguments, progress: Progress) -> ExitCode:
+def train(cfg: TrainerArguments, progress: ProgressLog) -> ExitCode:
     import torch
     import torch.distributed as dist
 
@@ -340,7 +340,7 @@ def _forget_held() -> None:
 
 def run(cfg: TrainerArguments) -> ExitCode:
     """One generation of this rank: its exit code, with every failure reported as an event first."""
-    progress = Progress(cfg.progress_file, cfg.rank, cfg.generation)
+    progress = ProgressLog(cfg.progress_file, cfg.rank, cfg.generation)
     try:
         return train(cfg, progress)
     except UserInputError as exc:  # "node": this node cannot run the job as asked; "input": no node can

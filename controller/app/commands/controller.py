@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="write TensorBoard event files here, one folder per job (`tensorboard --logdir`)",
     )
+    parser.add_argument(
+        "--validate",
+        dest="validate_invariants",
+        action="store_true",
+        default=None,
+        help="check controller.core.invariants before every commit (a decision breaking one is not committed)",
+    )
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
 
 
@@ -70,6 +77,6 @@ def run(args: argparse.Namespace, providers: Mapping[str, ProviderFactory] | Non
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     keys = ("state_dir", "listen", "token_file", "tls_cert", "tls_key", "tls_ca", "allow_plaintext")
     more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen", "metrics_allow_remote", "tensorboard_dir")
-    overrides = {k: getattr(args, k) for k in (*keys, *more)}
+    overrides = {k: getattr(args, k) for k in (*keys, *more, "validate_invariants")}
     settings = load_settings(args.config, overrides)
     return asyncio.run(serve(settings, providers))

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from controller.core.causes import JobFailureCause
 from controller.core.intake import Stale
-from controller.core.lifecycle import JOB_TERMINAL, JobState, NodeState
+from controller.core.lifecycle import JOB_ACTIVE, JOB_TERMINAL, JobState, NodeState
 from controller.core.model import Action, Assignment, Command, Salvage, World, ranks_by_node
 from controller.core.reconcile.admission import admit_queued
 from controller.core.reconcile.config import Config, Planners
@@ -28,14 +28,12 @@ from controller.core.retention import forget_gone
 
 __all__ = ["Config", "Planners", "assignment_for", "cancel", "fail", "free_nodes", "reconcile"]
 
-ACTIVE_JOB = frozenset({JobState.RUNNING, JobState.MORPHING})
-
 
 def reconcile(world: World, now: float, config: Config, planners: Planners) -> list[Command]:
     draft = Draft(world, now)
     node_health(draft, config)
     for job_id in sorted(draft.jobs):
-        if draft.jobs[job_id].state in ACTIVE_JOB:
+        if draft.jobs[job_id].state in JOB_ACTIVE:
             progress(draft, job_id, config.progress_event_seconds)
     for job_id in sorted(draft.jobs):
         if draft.jobs[job_id].state is JobState.RUNNING:
@@ -61,7 +59,7 @@ def assignment_for(
     if node is None or node.job is None or node.state is NodeState.GONE:
         return None
     job = world.jobs.get(node.job)
-    if job is None or job.layout is None or job.state not in ACTIVE_JOB:
+    if job is None or job.layout is None or job.state not in JOB_ACTIVE:
         return None
     if ranks_of is None:
         ranks_of = ranks_by_node(job.layout)

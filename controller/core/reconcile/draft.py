@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from controller.core.changes import amend, move
+from controller.core.causes import MorphCause
+from controller.core.changes import act, amend, move
 from controller.core.commands import Command, RecordEvent, SetJob, SetNode
 from controller.core.events import EventKind
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import JobRecord, NodeRecord, World
 
 N = NodeState
@@ -50,6 +51,17 @@ class Draft:
 
     def amend_job(self, job_id: str, **fields: object) -> None:
         self._job(amend(self.jobs[job_id], **fields))
+
+    def start_morph(self, job_id: str, action: Action, cause: MorphCause, detail: str, **fields: object) -> None:
+        """The running job morphs: its trainers told ``action``, for ``cause``."""
+        self.move_job(
+            job_id, JobState.MORPHING, detail, action=action, morph_cause=cause, morph_detail=detail, **fields
+        )
+
+    def act(self, job_id: str, action: Action, reason: str, **fields: object) -> None:
+        """The morphing job's trainers told ``action`` instead (``reason`` goes in the event and ``morph_detail``)."""
+        job = self.jobs[job_id]
+        self._job(act(job, action, reason, self.now, morph_detail=f"{job.morph_detail}; {reason}", **fields))
 
     def issue(self, command: Command) -> None:
         """A command that changes no record here (a checkpoint, a generation, a provider call)."""

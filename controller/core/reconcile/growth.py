@@ -14,7 +14,6 @@ from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import planned
-from controller.core.reconcile.morph import start_morph
 from controller.core.reconcile.unreachable import held_out
 from morphing.planner import Plan, Planner
 from morphing.policy import decide_morph
@@ -54,7 +53,7 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
             remaining_seconds=remaining,
         )
         if decision.morph:
-            start_morph(draft, job.id, Action.STOP, MorphCause.GROW, f"grow: {decision.detail}")
+            draft.start_morph(job.id, Action.STOP, MorphCause.GROW, f"grow: {decision.detail}")
             continue
         offer = f"{job.generation}:{','.join(sorted(name for name, _ in usable))}"
         if offer != job.growth_declined:

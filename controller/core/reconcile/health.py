@@ -5,7 +5,7 @@ from __future__ import annotations
 from controller.core.commands import ReleaseInstance
 from controller.core.events import EventKind
 from controller.core.flapping import held, release_reason
-from controller.core.lifecycle import JobState, NodeState
+from controller.core.lifecycle import JOB_ACTIVE, NodeState
 from controller.core.model import NodeRecord
 from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
@@ -50,7 +50,7 @@ def withdrawn(draft: Draft, node: NodeRecord) -> None:
     """
     job = draft.jobs.get(node.job) if node.job is not None else None
     draft.event(EventKind.EVICTION_WITHDRAWN, node.job, node.name, not_before=node.eviction_not_before)
-    if job is not None and job.state in {JobState.RUNNING, JobState.MORPHING}:
+    if job is not None and job.state in JOB_ACTIVE:
         draft.move_node(node.name, N.ASSIGNED, "eviction notice withdrawn", job=job.id)
     else:
         draft.move_node(node.name, N.READY, "eviction notice withdrawn")

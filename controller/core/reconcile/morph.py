@@ -50,11 +50,11 @@ def supervise(draft: Draft, config: Config, job_id: str) -> None:
     if first_failure(draft, job_id):  # survivors hold their last step: salvage it (reconcile.salvage)
         return
     if lost:
-        start_morph(draft, job_id, Action.ABORT, MorphCause.NODE_LOST, f"node lost: {', '.join(lost)}")
+        draft.start_morph(job_id, Action.ABORT, MorphCause.NODE_LOST, f"node lost: {', '.join(lost)}")
     elif counted.failed:
         _trainers_failed(draft, config, job_id, counted.failed)
     elif draining:
-        start_morph(draft, job_id, Action.STOP, MorphCause.EVICTION, f"eviction notice: {', '.join(draining)}")
+        draft.start_morph(job_id, Action.STOP, MorphCause.EVICTION, f"eviction notice: {', '.join(draining)}")
 
 
 def _trainers_failed(draft: Draft, config: Config, job_id: str, failed: int) -> None:
@@ -78,7 +78,7 @@ def _trainers_failed(draft: Draft, config: Config, job_id: str, failed: int) -> 
         excluded = tuple(sorted({*job.excluded_nodes, *unstarted}))
         detail = f"trainers could not start on {names}; re-planning without it"
         fields = {"excluded_nodes": excluded, "rendezvous_failures": verdict.edges}
-        start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, **fields)
+        draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, **fields)
         return
     why = next(iter(unstarted.values()), "") or first_error(draft, job)
     if job.restarts + 1 > job.spec.max_restarts:
@@ -88,7 +88,7 @@ def _trainers_failed(draft: Draft, config: Config, job_id: str, failed: int) -> 
         draft.release_nodes(job_id, job.nodes, "job failed")
         return
     detail = f"{failed} trainer(s) failed"
-    start_morph(draft, job_id, Action.ABORT, MorphCause.TRAINER_FAILED, detail, restarts=job.restarts + 1)
+    draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_FAILED, detail, restarts=job.restarts + 1)
 
 
 def _implicated(draft: Draft, config: Config, job_id: str, unstarted: Mapping[str, str], verdict: Verdict) -> None:
@@ -102,8 +102,7 @@ def _implicated(draft: Draft, config: Config, job_id: str, unstarted: Mapping[st
     names = ", ".join(f"{n} (by {', '.join(p)})" for n, p in verdict.implicated.items())
     seconds = config.unreachable_exclusion_seconds
     detail = f"peers could not reach {names}; left out for {seconds:g} s"
-    start_morph(
-        draft,
+    draft.start_morph(
         job_id,
         Action.ABORT,
         MorphCause.PEER_UNREACHABLE,
@@ -112,10 +111,6 @@ def _implicated(draft: Draft, config: Config, job_id: str, unstarted: Mapping[st
         excluded_until=exclude_until(job, verdict.implicated, until, draft.now),
         rendezvous_failures=verdict.edges,
     )
-
-
-def start_morph(draft: Draft, job_id: str, action: Action, cause: MorphCause, detail: str, **fields: object) -> None:
-    draft.move_job(job_id, J.MORPHING, detail, action=action, morph_cause=cause, morph_detail=detail, **fields)
 
 
 def finish_if_done(draft: Draft, job_id: str, finished: bool) -> bool:
@@ -140,7 +135,7 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
         gone = [n for n in job.nodes if not draft.serves(job, n) and n not in job.suspected]
         if gone or draft.now - started > config.stop_timeout_seconds:
             why = f"node gone while stopping: {', '.join(gone)}" if gone else "stop timed out"
-            draft.amend_job(job_id, action=Action.ABORT, morph_detail=f"{job.morph_detail}; {why}")  # same cause
+            draft.act(job_id, Action.ABORT, why)  # the same cause
             job = draft.jobs[job_id]
     counted = census(draft, job)
     if finish_if_done(draft, job_id, counted.finished):

@@ -57,15 +57,7 @@ def refused(draft: Draft, job_id: str) -> bool:
         draft.event(EventKind.TRAINER_START_FAILED, job_id, name, generation=job.generation, error=error)
     detail = f"{names} cannot run it ({why}); re-planning without {'it' if len(unfit) == 1 else 'them'}"
     excluded = tuple(sorted({*job.excluded_nodes, *unfit}))
-    draft.move_job(
-        job_id,
-        JobState.MORPHING,
-        detail,
-        action=Action.ABORT,
-        morph_cause=MorphCause.TRAINER_START_FAILED,
-        morph_detail=detail,
-        excluded_nodes=excluded,
-    )
+    draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, excluded_nodes=excluded)
     return True
 
 

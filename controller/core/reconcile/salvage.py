@@ -69,14 +69,7 @@ def first_failure(draft: Draft, job_id: str) -> bool:
         replica=replica,
         step=report.held_step,
     )
-    draft.move_job(
-        job_id,
-        JobState.MORPHING,
-        detail,
-        action=Action.HOLD,
-        morph_cause=MorphCause.COLLECTIVE_FAILED,
-        morph_detail=detail,
-    )
+    draft.start_morph(job_id, Action.HOLD, MorphCause.COLLECTIVE_FAILED, detail)
     return True
 
 
@@ -160,8 +153,7 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
             step=step,
             holders=sorted(r for r, s in held.items() if s == step),
         )
-        detail = f"{job.morph_detail}; step {step} held in memory"
-        draft.amend_job(job.id, action=Action.STOP, salvage_step=step, morph_detail=detail, **fields)
+        draft.act(job.id, Action.STOP, f"step {step} held in memory", salvage_step=step, **fields)
         return
     deadline = draft.now + config.salvage_write_seconds
     draft.event(EventKind.SALVAGE_ORDERED, job.id, generation=job.generation, step=step, writers=list(writers))
@@ -178,9 +170,7 @@ def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
             reason=SalvageOutcome.COMMITTED,
             step=job.salvage_step,
         )
-        draft.amend_job(
-            job.id, action=Action.ABORT, morph_detail=f"{job.morph_detail}; salvaged step {job.salvage_step}"
-        )
+        draft.act(job.id, Action.ABORT, f"salvaged step {job.salvage_step}")
         return
     writer_nodes = {job.layout.placement[w].node for w in job.salvage_writers}
     failed = [
@@ -220,8 +210,7 @@ def _fall_back(
     """Give the salvage up (or need none): ABORT resumes from the newest committed checkpoint, as before."""
     facts: dict[str, object] = {**data, "generation": job.generation, "reason": reason}
     draft.event(EventKind.SALVAGE_ENDED, job.id, None, **facts, resume_step=job.last_checkpoint_step)
-    detail = f"{job.morph_detail}; {reason}: resuming from step {job.last_checkpoint_step}"
-    draft.amend_job(job.id, action=Action.ABORT, morph_detail=detail, **fields)
+    draft.act(job.id, Action.ABORT, f"{reason}: resuming from step {job.last_checkpoint_step}", **fields)
 
 
 def _silent(draft: Draft, name: str, grace: float) -> bool:

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from controller.app.timers import CHECKPOINT_REQUESTS, DEBOUNCE, HEARTBEAT_EXPIRY, PROVIDER_POLL, TimerConfig, Timers
 from controller.core import intake as agents
 from controller.core.lifecycle import NodeState
 from controller.core.model import NodeObservation
@@ -17,7 +18,6 @@ from controller.core.reconcile import Config
 from controller.persistence.store import Store
 from controller.providers.base import StaticProvider
 from controller.shell.runner import Runner
-from scheduler.timers import CHECKPOINT_REQUESTS, DEBOUNCE, HEARTBEAT_EXPIRY, PROVIDER_POLL, TimerConfig, Timers
 
 
 class FakeClock:

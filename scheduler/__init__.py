@@ -1,1 +1,0 @@
-"""When things happen: timers and the job queue (built with the controller issue)."""
