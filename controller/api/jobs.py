@@ -68,11 +68,12 @@ class JobsService(rpc.JobsServicer):
     async def WatchEvents(self, request: pb.WatchEventsRequest, context: Context) -> AsyncIterator[pb.Event]:
         async with answered(context):
             after = check_count("after_seq", request.after_seq)
+            decision = check_count("decision", request.decision) or None
             if request.job:
                 check_name("job", request.job, 2 * MAX_NAME_LENGTH)
         while True:
             changed = self.view.next_change()
-            rows = await self.view.events(after, request.job or None, EVENTS_PER_READ)
+            rows = await self.view.events(after, request.job or None, EVENTS_PER_READ, decision)
             for row in rows:
                 after = row.seq
                 yield pb.Event(
@@ -82,6 +83,7 @@ class JobsService(rpc.JobsServicer):
                     job=row.job or "",
                     node=row.node or "",
                     data_json=json.dumps(row.data, sort_keys=True),
+                    decision=row.decision or 0,
                 )
             if rows:
                 continue

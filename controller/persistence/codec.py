@@ -24,6 +24,7 @@ class EventRow:
     job: str | None
     node: str | None
     data: dict[str, Any]
+    decision: int | None = None  # the decision that wrote it (None: written before decisions were numbered)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def generation_from_row(row: Row[Any]) -> GenerationRow:
 
 
 def event_from_row(row: Row[Any]) -> EventRow:
-    return EventRow(row.seq, row.at, row.kind, row.job, row.node, row.data)
+    return EventRow(row.seq, row.at, row.kind, row.job, row.node, row.data, row.decision)
 
 
 def change_data(change: Transition) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -100,6 +100,7 @@ events = Table(
     Column("job", String),
     Column("node", String),
     Column("data", JSON, nullable=False),
+    Column("decision", Integer),  # the committed decision that wrote it (added by _v8; NULL before)
 )
 
 # Trainer logs (controller/core/logs.py): each rank's stream (how many bytes the controller has, the start of an
@@ -218,7 +219,15 @@ def _v7(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_job_kind ON events (job, kind, seq)"))
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
+def _v8(conn: Connection) -> None:
+    """Each event names the decision (one committed reconcile pass) that wrote it: why did that happen."""
+    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(events)"))}
+    if "decision" not in columns:  # _v1 builds today's tables, so a database born at v8 has it
+        conn.execute(text("ALTER TABLE events ADD COLUMN decision INTEGER"))
+    conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_decision ON events (decision, seq)"))
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -104,9 +104,12 @@ class Store:
         with self.engine.connect() as conn:
             return _counter(conn, "job_seq"), _counter(conn, "node_seq"), _counter(conn, "incarnation_floor")
 
-    def persist(self, commands: Iterable[Command]) -> None:
-        """One transaction; consecutive node updates (a generation issued on 1,000 nodes) are batched."""
+    def persist(self, commands: Iterable[Command]) -> int:
+        """One transaction, one decision: its number (counted in the store) is stamped on every event it
+        writes, and returned. Consecutive node updates (a generation issued on 1,000 nodes) are batched."""
         with self.engine.begin() as conn:
+            before = conn.execute(select(func.max(events.c.seq))).scalar() or 0
+            decision = _counter(conn, "decision_seq") + 1
             batch: list[SetNode] = []
             for command in commands:
                 if isinstance(command, SetNode):
@@ -118,6 +121,9 @@ class Store:
                 _write(conn, command)
             if batch:
                 _write_nodes(conn, batch)
+            _set_counter(conn, "decision_seq", decision)
+            conn.execute(events.update().where(events.c.seq > before).values(decision=decision))
+        return decision
 
     def event_counts(self) -> dict[str, int]:
         """How many events of each kind the log holds (for metrics)."""
@@ -125,10 +131,14 @@ class Store:
         with self.engine.connect() as conn:
             return {str(kind): int(count) for kind, count in conn.execute(query)}
 
-    def events(self, after: int = 0, job: str | None = None, limit: int = 1000) -> list[EventRow]:
+    def events(
+        self, after: int = 0, job: str | None = None, limit: int = 1000, decision: int | None = None
+    ) -> list[EventRow]:
         query = select(events).where(events.c.seq > after).order_by(events.c.seq).limit(limit)
         if job is not None:
             query = query.where(events.c.job == job)
+        if decision is not None:
+            query = query.where(events.c.decision == decision)
         with self.engine.connect() as conn:
             return [event_from_row(r) for r in conn.execute(query)]
 

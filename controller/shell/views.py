@@ -154,9 +154,11 @@ class StateView:
         """``jobs`` (default: every job, in submission order) with their generations."""
         return await self._details(self.jobs() if jobs is None else jobs)
 
-    async def events(self, after: int = 0, job: str | None = None, limit: int = 1000) -> tuple[EventRow, ...]:
-        """Up to ``limit`` events with a sequence number above ``after`` (of ``job`` only, when given)."""
-        return tuple(await self._read(self._store.events, after, job, limit))
+    async def events(
+        self, after: int = 0, job: str | None = None, limit: int = 1000, decision: int | None = None
+    ) -> tuple[EventRow, ...]:
+        """Up to ``limit`` events with a sequence number above ``after`` (of ``job``, of ``decision``, when given)."""
+        return tuple(await self._read(self._store.events, after, job, limit, decision))
 
     async def recent_events(self, job: str | None, kinds: Sequence[str] | None, limit: int) -> tuple[EventRow, ...]:
         """The newest ``limit`` events (of ``job``, of ``kinds``, when given), oldest first."""

@@ -123,7 +123,7 @@ def test_a_submission_whose_decision_fails_leaves_no_job_and_health_follows_the_
         store = runner.store
         persist = store.persist
 
-        def full(commands: Any) -> None:
+        def full(commands: Any) -> int:
             raise sqlite3.OperationalError("database or disk is full")
 
         store.persist = full  # type: ignore[method-assign]

@@ -74,6 +74,13 @@ def test_submit_runs_on_registered_nodes_and_fences(live: Live) -> None:
     assert code_of(lambda: other.Heartbeat(old)) == grpc.StatusCode.PERMISSION_DENIED
     events = list(jobs.WatchEvents(pb.WatchEventsRequest(job=job_id)))
     assert events[0].kind == "JobSubmitted" and any(e.kind == "GenerationIssued" for e in events)
+    # every event names the decision that wrote it, and a decision's events can be asked for alone
+    assert all(e.decision > 0 for e in events)
+    issued = next(e for e in events if e.kind == "GenerationIssued")
+    together = list(jobs.WatchEvents(pb.WatchEventsRequest(decision=issued.decision)))
+    assert issued.seq in {e.seq for e in together} and {e.decision for e in together} == {issued.decision}
+    assert any(e.kind == "NodeStateChanged" for e in together), "the nodes it placed ranks on, in the same decision"
+    assert not list(jobs.WatchEvents(pb.WatchEventsRequest(decision=10**9)))
 
 
 def test_bad_input_statuses(live: Live, tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def test_migrations_step_by_step_and_newer_schema_is_refused(tmp_path: Path) -> 
     assert migrate(engine) == SCHEMA_VERSION
     with engine.begin() as conn:
         indexes = conn.execute(text("SELECT name FROM sqlite_master WHERE type='index'")).scalars().all()
-        assert "events_by_job" in indexes
+        assert {"events_by_job", "events_by_decision"} <= set(indexes)
         conn.execute(text("UPDATE meta SET value='99' WHERE key='schema_version'"))
     engine.dispose()
     with pytest.raises(StoreError, match="newer"):
@@ -180,3 +180,31 @@ def test_every_action_change_is_an_event_with_its_cause(tmp_path: Path) -> None:
     cause = ACTION_TRANSITIONS[(Action.STOP, Action.ABORT)]
     assert acted.data == {"from": "STOP", "to": "ABORT", "cause": cause, "reason": "stop timed out"}
     assert store.load()[1]["job-1"].action is Action.ABORT
+
+
+def test_each_persist_is_a_numbered_decision_stamped_on_its_events(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    first = store.persist([AddJob(job("job-1"), 1)])
+    second = store.persist([AddJob(job("job-2"), 2), AddJob(job("job-3"), 3)])
+    assert second == first + 1
+    assert [(e.job, e.decision) for e in store.events()] == [("job-1", first), ("job-2", second), ("job-3", second)]
+    assert [e.job for e in store.events(decision=second)] == ["job-2", "job-3"]
+    store.close()
+    reopened = Store(tmp_path / "state.db")
+    assert reopened.persist([AddJob(job("job-4"), 4)]) == second + 1, "numbers go on after a restart"
+
+
+def test_events_written_before_decisions_were_numbered_have_none(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'v7.db'}")
+    migrate(engine, MIGRATIONS[:7])
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE events DROP COLUMN decision"))  # as a database written by version 7 was
+        conn.execute(
+            text("INSERT INTO events (at, kind, job, node, data) VALUES (1.0, 'JobSubmitted', 'j', NULL, '{}')")
+        )
+    engine.dispose()
+    store = Store(tmp_path / "v7.db")
+    [old] = store.events()
+    assert old.decision is None and old.kind == "JobSubmitted"
+    decided = store.persist([AddJob(job("job-2"), 2)])
+    assert [e.decision for e in store.events()] == [None, decided]

@@ -12,10 +12,28 @@ from typing import Any
 from controller.client.commands.common import add_client_arguments, call
 
 
+def count(text: str) -> int:
+    """A sequence or decision number: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: give 0 or a positive number")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", default="", help="only this job's events")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    parser.add_argument("--after", type=int, default=0, metavar="SEQ", help="only events after this sequence number")
+    parser.add_argument("--after", type=count, default=0, metavar="SEQ", help="only events after this sequence number")
+    parser.add_argument(
+        "--decision",
+        type=count,
+        default=0,
+        metavar="N",
+        help="only what decision N wrote (each line names its decision: dN)",
+    )
     add_client_arguments(parser)
 
 
@@ -40,16 +58,18 @@ def run(args: argparse.Namespace) -> int:
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
     def stream(channel: Any) -> int:
-        request = pb.WatchEventsRequest(after_seq=args.after, job=args.job, follow=args.follow)
+        request = pb.WatchEventsRequest(after_seq=args.after, job=args.job, follow=args.follow, decision=args.decision)
         for event in rpc.JobsStub(channel).WatchEvents(request):
             data = json.loads(event.data_json or "{}")
             if args.json:
                 row = {"seq": event.seq, "at": event.at, "kind": event.kind, "job": event.job or None}
-                print(json.dumps({**row, "node": event.node or None, "data": data}), flush=True)
+                row |= {"node": event.node or None, "data": data, "decision": event.decision or None}
+                print(json.dumps(row), flush=True)
             else:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
                 who = " ".join(x for x in (event.job, event.node) if x)
-                print(f"{event.seq:>6} {stamp} {event.kind:<22} {who:<16} {describe(data)}", flush=True)
+                decided = f"d{event.decision}" if event.decision else "-"
+                print(f"{event.seq:>6} {stamp} {decided:>6} {event.kind:<22} {who:<16} {describe(data)}", flush=True)
         return 0
 
     _, code = call(args, stream)

@@ -509,6 +509,7 @@ class Event(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     DATA_JSON_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     at: _builtins.float
     """unix seconds"""
@@ -517,6 +518,8 @@ class Event(_message.Message):
     job: _builtins.str
     node: _builtins.str
     data_json: _builtins.str
+    decision: _builtins.int
+    """the committed decision (one reconcile pass) that wrote it; 0: before they were numbered"""
     def __init__(
         self,
         *,
@@ -526,10 +529,11 @@ class Event(_message.Message):
         job: _builtins.str = ...,
         node: _builtins.str = ...,
         data_json: _builtins.str = ...,
+        decision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "data_json", b"data_json", "job", b"job", "kind", b"kind", "node", b"node", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "data_json", b"data_json", "decision", b"decision", "job", b"job", "kind", b"kind", "node", b"node", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -687,22 +691,26 @@ class WatchEventsRequest(_message.Message):
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     JOB_FIELD_NUMBER: _builtins.int
     FOLLOW_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
     after_seq: _builtins.int
     """only events with a larger sequence number"""
     job: _builtins.str
     """only this job's events (empty: all)"""
     follow: _builtins.bool
     """keep the stream open for new events"""
+    decision: _builtins.int
+    """only the events this decision wrote (0: every decision's)"""
     def __init__(
         self,
         *,
         after_seq: _builtins.int = ...,
         job: _builtins.str = ...,
         follow: _builtins.bool = ...,
+        decision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "follow", b"follow", "job", b"job"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "decision", b"decision", "follow", b"follow", "job", b"job"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
