@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.core.model import JobRecord
+from controller.core.reconcile.config import PlannerFor, Unplannable
 from controller.shell.profiles import read_profile
 from morphing.errors import UserInputError
 from morphing.layout import Layout
@@ -47,9 +48,9 @@ class Planners:
     """One planner per job, built once per spec (a job id reused after a rolled-back submit gets its own)."""
 
     def __init__(self) -> None:
-        self._built: dict[str, tuple[object, Planner | str]] = {}
+        self._built: dict[str, tuple[object, PlannerFor]] = {}
 
-    def __call__(self, job: JobRecord) -> Planner | str:
+    def __call__(self, job: JobRecord) -> PlannerFor:
         """The job's planner, or why none can be built (its profile cannot be read or is not valid)."""
         cached = self._built.get(job.id)
         if cached is not None and cached[0] is job.spec:
@@ -57,7 +58,7 @@ class Planners:
         try:
             spec = job.spec
             profile = read_profile(spec.profile)
-            built: Planner | str = MemoPlanner(
+            built: PlannerFor = MemoPlanner(
                 profile,
                 spec.global_batch,
                 spec.schedule,
@@ -65,6 +66,6 @@ class Planners:
                 micro_batch_size=spec.micro_batch_size if spec.exact else None,  # exact: the unit is fixed
             )
         except UserInputError as exc:
-            built = str(exc)
+            built = Unplannable(str(exc))
         self._built[job.id] = (job.spec, built)
         return built

@@ -23,6 +23,7 @@ from controller.core.model import (
     apply,
 )
 from controller.core.reconcile import Config, assignment_for, cancel, reconcile
+from controller.core.reconcile.config import PlannerFor
 from controller.core.reconcile.growth import measured_rate
 from morphing.jobspec import JobSpec
 from tests.controller.helpers import job, node, planner
@@ -36,7 +37,7 @@ class Sim:
 
     def __init__(self, world: World, config: Config = CONFIG, now: float = 0.0) -> None:
         self.world, self.config, self.now = world, config, now
-        self.planners = {j: planner() for j in world.jobs}
+        self.planners: dict[str, PlannerFor] = {j: planner() for j in world.jobs}
         self.log: list[object] = []
 
     def beat(self, name: str, *ranks: RankReport, notice: float | None = None) -> None:

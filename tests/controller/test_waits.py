@@ -124,3 +124,18 @@ def test_every_queued_job_has_a_reason_and_no_job_jumps_one_that_fits_the_cluste
         assert (now.state is J.RUNNING or now.reason in (WAITS_FOR_ROOM,) or now.reason.startswith("waits behind")) == (
             fits_cluster
         ), (queued.id, now.reason)
+
+
+def test_a_job_without_a_planner_fails_with_why_and_the_one_behind_it_runs() -> None:
+    """The shell hands reconcile an Unplannable (the profile went bad after submit) instead of a planner."""
+    from controller.core.causes import JobFailureCause
+    from controller.core.reconcile.config import Unplannable
+
+    sim = sim_of(2, job("broken", priority=5), job("fine", at=1.0))
+    why = "profile: /p.json is not valid JSON (line 1, column 1: Expecting value)"
+    sim.planners["broken"] = Unplannable(why)
+    sim.step()
+    broken, fine = sim.world.jobs["broken"], sim.world.jobs["fine"]
+    assert broken.state is J.FAILED and broken.reason == why, broken
+    assert broken.failure_cause is JobFailureCause.UNPLANNABLE
+    assert fine.state is J.RUNNING

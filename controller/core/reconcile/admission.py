@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState
 from controller.core.queue import QueueEntry, admit
-from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.config import Config, Planners, Unplannable
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
 from controller.core.reconcile.waits import Placement, explain_waits
@@ -18,8 +18,8 @@ from morphing.planner import Plan
 def admit_queued(draft: Draft, config: Config, planners: Planners) -> None:
     for job in [j for j in draft.jobs.values() if j.state is JobState.QUEUED]:
         problem = planners.get(job.id)
-        if isinstance(problem, str):
-            draft.move_job(job.id, JobState.FAILED, problem, failure_cause=JobFailureCause.UNPLANNABLE)
+        if isinstance(problem, Unplannable):
+            draft.move_job(job.id, JobState.FAILED, problem.reason, failure_cause=JobFailureCause.UNPLANNABLE)
     queued = [j for j in draft.jobs.values() if j.state is JobState.QUEUED]
     if not queued:
         return

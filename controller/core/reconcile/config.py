@@ -30,4 +30,12 @@ class Config:
     damping: Damping = field(default_factory=Damping)  # nodes that come back soon after LOST wait in JOINING
 
 
-Planners = Mapping[str, Planner | str]  # job id -> planner, or why none could be built
+@dataclass(frozen=True)
+class Unplannable:
+    """Why no planner could be built for a job (its profile cannot be read, or is not a valid one)."""
+
+    reason: str
+
+
+PlannerFor = Planner | Unplannable  # what the shell hands reconcile for one job
+Planners = Mapping[str, PlannerFor]  # job id -> its planner, or why it has none

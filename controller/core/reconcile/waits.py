@@ -46,7 +46,7 @@ def unplaceable(draft: Draft, planners: Planners, job: JobRecord, nodes: Sequenc
         return waiting_reason(job, draft.nodes) or NO_NODES
     planner = planners.get(job.id)
     if not isinstance(planner, Planner):
-        return planner or "no planner"
+        return planner.reason if planner is not None else "no planner"
     result = planned(draft, job.id, planner.plan, usable)
     gpus = sum(slots for _, slots in usable)
     if isinstance(result, Infeasible):
