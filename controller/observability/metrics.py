@@ -29,14 +29,16 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 MORPH_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
+ROUTINE_PROVIDER_EVENTS = frozenset({"ScaleOut", "ScaleOutDone", "DeleteInstances", "AgentTokenDelivered"})
+
+
 def provider_error(kind: str) -> bool:
-    """Provider events that report trouble (not the routine scale-outs and deletions)."""
-    return kind.startswith(("Azure", "Provider")) and kind not in {
-        "AzureScaleOut",
-        "AzureScaleOutDone",
-        "AzureDeleteInstances",
-        "AzureAgentTokenDelivered",
-    }
+    """Provider events that report trouble (not the routine scale-outs and deletions); ``Azure*`` is how a
+    state database written before the kinds were any provider's names them."""
+    for prefix in ("Provider", "Azure"):
+        if kind.startswith(prefix):
+            return kind.removeprefix(prefix) not in ROUTINE_PROVIDER_EVENTS
+    return False
 
 
 def families(snapshot: MetricsSnapshot) -> Iterator[Metric]:

@@ -65,10 +65,10 @@ CAPACITY_CODES = frozenset(
 )
 INFO_EVENTS = frozenset(
     {
-        EventKind.AZURE_SCALE_OUT,
-        EventKind.AZURE_SCALE_OUT_DONE,
-        EventKind.AZURE_DELETE_INSTANCES,
-        EventKind.AZURE_AGENT_TOKEN_DELIVERED,
+        EventKind.PROVIDER_SCALE_OUT,
+        EventKind.PROVIDER_SCALE_OUT_DONE,
+        EventKind.PROVIDER_DELETE_INSTANCES,
+        EventKind.PROVIDER_AGENT_TOKEN_DELIVERED,
     }
 )
 
@@ -80,7 +80,9 @@ class ProviderUnavailable(CannotList):
 def describe(exc: BaseException) -> Failure:
     """An Azure error as one event: what happened, in words an operator can act on."""
     if isinstance(exc, ClientAuthenticationError):
-        return Failure(EventKind.AZURE_AUTH_FAILED, f"not authorised: {_short(exc)} (check the identity and its role)")
+        return Failure(
+            EventKind.PROVIDER_AUTH_FAILED, f"not authorised: {_short(exc)} (check the identity and its role)"
+        )
     if isinstance(exc, HttpResponseError):
         status, code = exc.status_code, _code(exc)
         if status == 429:
@@ -89,19 +91,23 @@ def describe(exc: BaseException) -> Failure:
         if code in CAPACITY_CODES:
             return Failure(scale.CAPACITY_UNAVAILABLE, f"{code}: {_short(exc)}")
         if status == 409:
-            return Failure(EventKind.AZURE_CONFLICT, f"conflict (another operation on the scale set?): {_short(exc)}")
+            return Failure(
+                EventKind.PROVIDER_CONFLICT, f"conflict (another operation on the scale set?): {_short(exc)}"
+            )
         if isinstance(exc, ResourceNotFoundError) or status == 404:
-            return Failure(EventKind.AZURE_NOT_FOUND, f"not found: {_short(exc)} (check resource_group and scale_set)")
+            return Failure(
+                EventKind.PROVIDER_NOT_FOUND, f"not found: {_short(exc)} (check resource_group and scale_set)"
+            )
         if status in (401, 403):
             return Failure(
-                EventKind.AZURE_AUTH_FAILED, f"{status}: {_short(exc)} (check the identity's role assignment)"
+                EventKind.PROVIDER_AUTH_FAILED, f"{status}: {_short(exc)} (check the identity's role assignment)"
             )
-        return Failure(EventKind.AZURE_ERROR, f"{status} {code or ''}: {_short(exc)}".replace("  ", " "))
+        return Failure(EventKind.PROVIDER_ERROR, f"{status} {code or ''}: {_short(exc)}".replace("  ", " "))
     if isinstance(exc, ServiceRequestError):
-        return Failure(EventKind.AZURE_UNREACHABLE, f"cannot reach Azure Resource Manager: {_short(exc)}")
+        return Failure(EventKind.PROVIDER_UNREACHABLE, f"cannot reach Azure Resource Manager: {_short(exc)}")
     if isinstance(exc, AzureError):
-        return Failure(EventKind.AZURE_ERROR, _short(exc))
-    return Failure(EventKind.AZURE_ERROR, f"{type(exc).__name__}: {exc}")
+        return Failure(EventKind.PROVIDER_ERROR, _short(exc))
+    return Failure(EventKind.PROVIDER_ERROR, f"{type(exc).__name__}: {exc}")
 
 
 def _short(exc: BaseException) -> str:
@@ -201,13 +207,13 @@ class AzureScaleSetProvider:
         wanted = instances_for(slots, s.slots_per_instance)
         if wanted > self.desired:
             message = f"{wanted} VM(s) wanted, at most {self.desired} (max_capacity)"
-            self._event(EventKind.AZURE_CAPACITY_LIMITED, message=message, wanted=wanted, capacity=self.desired)
+            self._event(EventKind.PROVIDER_CAPACITY_LIMITED, message=message, wanted=wanted, capacity=self.desired)
 
     async def release(self, name: str, *, force: bool = False) -> None:
         """Delete the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
         if not scale.may_delete(self.port.busy(name), delete_busy=self.settings.delete_busy_nodes, force=force):
             self._event(
-                EventKind.AZURE_RELEASE_REFUSED, node=name, message="the node runs a job; operator override needed"
+                EventKind.PROVIDER_RELEASE_REFUSED, node=name, message="the node runs a job; operator override needed"
             )
             return
         instance = self.instances.get(name)
@@ -278,7 +284,7 @@ class AzureScaleSetProvider:
             await self._run(scale.SCALE, self._scale_out(plan.scale_out))
         if plan.deferred:
             self._event(
-                EventKind.AZURE_SCALE_IN_DEFERRED,
+                EventKind.PROVIDER_SCALE_IN_DEFERRED,
                 message=f"{plan.deferred} instance(s) above the desired {desired} run jobs",
             )
         if plan.scale_in:
@@ -306,16 +312,16 @@ class AzureScaleSetProvider:
             vm_profile = models.VirtualMachineScaleSetUpdateVMProfile(billing_profile=billing)
             update.properties = models.VirtualMachineScaleSetUpdateProperties(virtual_machine_profile=vm_profile)
         message = f"capacity {current} -> {wanted} ({out.running} running)"
-        self._event(EventKind.AZURE_SCALE_OUT, message=message, capacity=wanted)
+        self._event(EventKind.PROVIDER_SCALE_OUT, message=message, capacity=wanted)
         poller = await self.client.virtual_machine_scale_sets.begin_update(s.resource_group, s.scale_set, update)
         await poller.result()
-        self._event(EventKind.AZURE_SCALE_OUT_DONE, message=f"capacity {wanted}", capacity=wanted)
+        self._event(EventKind.PROVIDER_SCALE_OUT_DONE, message=f"capacity {wanted}", capacity=wanted)
 
     async def _delete(self, instances: list[Instance], why: str) -> None:
         s = self.settings
         ids = models.VirtualMachineScaleSetVMInstanceRequiredIDs(instance_ids=[i.instance_id for i in instances])
         names = sorted(i.name for i in instances)
-        self._event(EventKind.AZURE_DELETE_INSTANCES, message=f"{why}: {', '.join(names)}", instances=names)
+        self._event(EventKind.PROVIDER_DELETE_INSTANCES, message=f"{why}: {', '.join(names)}", instances=names)
         try:
             poller = await self.client.virtual_machine_scale_sets.begin_delete_instances(
                 s.resource_group, s.scale_set, ids
@@ -339,11 +345,11 @@ class AzureScaleSetProvider:
             retry_at = self.clock.now() + s.token_retry_seconds
             self.token_retry_at[instance.name] = retry_at
             message = f"{instance.name}: {_short(exc)}"
-            self._event(EventKind.AZURE_AGENT_TOKEN_FAILED, node=instance.name, message=message, retry_at=retry_at)
+            self._event(EventKind.PROVIDER_AGENT_TOKEN_FAILED, node=instance.name, message=message, retry_at=retry_at)
         else:
             self.tokens_delivered.add(instance.name)
             self.token_retry_at.pop(instance.name, None)
-            self._event(EventKind.AZURE_AGENT_TOKEN_DELIVERED, node=instance.name, message=f"{instance.name}")
+            self._event(EventKind.PROVIDER_AGENT_TOKEN_DELIVERED, node=instance.name, message=f"{instance.name}")
         finally:
             self.pending.pop(key, None)
 

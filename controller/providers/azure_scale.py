@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from controller.core.events import EventKind
 
 GONE_POWER = frozenset({"deallocated", "deallocating", "stopped", "stopping"})
-THROTTLED = EventKind.AZURE_THROTTLED
-CAPACITY_UNAVAILABLE = EventKind.AZURE_CAPACITY_UNAVAILABLE
+THROTTLED = EventKind.PROVIDER_THROTTLED
+CAPACITY_UNAVAILABLE = EventKind.PROVIDER_CAPACITY_UNAVAILABLE
 DEFAULT_RETRY_AFTER_SECONDS = 30.0  # a 429 without a usable Retry-After header
 SCALE, CLEAN = "scale", "clean"  # keys of the provider's background operations (one of each at a time)
 TOKEN_TASK = "token"  # "token:VM": handing VM its agent token (one at a time per VM)
@@ -46,7 +46,7 @@ class Instance:
 
 @dataclass(frozen=True)
 class Failure:
-    kind: EventKind  # the event kind: AzureThrottled, AzureCapacityUnavailable, ...
+    kind: EventKind  # the event kind: ProviderThrottled, ProviderCapacityUnavailable, ...
     message: str
     retry_after: float | None = None
 

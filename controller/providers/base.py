@@ -57,7 +57,7 @@ def instances_for(slots: int, slots_per_instance: int) -> int:
 
 @dataclass(frozen=True)
 class ProviderEvent:
-    """Something a provider did or ran into, for the event log (``AzureScaleOut``, ``AzureThrottled``, ...)."""
+    """Something a provider did or ran into, for the event log (``ProviderScaleOut``, ``ProviderThrottled``, ...)."""
 
     kind: EventKind
     at: float

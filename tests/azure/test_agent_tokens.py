@@ -47,7 +47,7 @@ def test_each_running_vm_gets_its_own_token_once_through_a_protected_parameter(t
             assert execution.protected == {"SPOTMORPH_AGENT_TOKEN": vm_token(execution.vm)}
             assert vm_token(execution.vm) not in str(execution.parameters)
         assert commands.resources == {}, "the Run Command is deleted once it ran"
-        assert h.kinds().count("AzureAgentTokenDelivered") == 3
+        assert h.kinds().count("ProviderAgentTokenDelivered") == 3
         await provider.list_instances()
         await settle(provider)
         assert len(commands.executions) == 3, "a VM is handed its token once"
@@ -65,7 +65,7 @@ def test_a_vm_whose_agent_is_not_ready_is_retried_on_its_own_clock(tmp_path: Pat
         await provider.list_instances()
         await settle(provider)
         assert (commands.etc(fine) / "agent.token").exists() and not (commands.etc(slow) / "agent.token").exists()
-        failed = [data for kind, data in h.events if kind == "AzureAgentTokenFailed"]
+        failed = [data for kind, data in h.events if kind == "ProviderAgentTokenFailed"]
         assert len(failed) == 1 and failed[0]["node"] == slow and "has not reported status" in failed[0]["message"]
         assert provider.backoff.not_before <= h.clock.now(), "one VM's trouble does not hold the scale set back"
         assert commands.resources == {}, "a failed Run Command is deleted too (its protected token with it)"

@@ -77,7 +77,7 @@ def test_evictions_without_notice_make_nodes_gone_and_errors_are_events(tmp_path
             await runner.poll_provider()  # throttled: an event, no crash, nothing marked gone
             assert runner.nodes[names[2]].state is NodeState.JOINING
             kinds = [e.kind for e in store.events()]
-            assert "AzureScaleOut" in kinds and kinds[-1] == "AzureThrottled"
+            assert "ProviderScaleOut" in kinds and kinds[-1] == "ProviderThrottled"
             await runner.close()
             store.close()
 
@@ -109,7 +109,7 @@ def test_a_queued_job_grows_the_scale_set_up_to_max_capacity_and_back(tmp_path: 
             await runner.settle()
             await runner.tick()
             kinds = [e.kind for e in store.events()]
-            assert kinds.count("CapacityRequested") == 3 and "AzureCapacityLimited" in kinds
+            assert kinds.count("CapacityRequested") == 3 and "ProviderCapacityLimited" in kinds
             await runner.close()
             store.close()
 

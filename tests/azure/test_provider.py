@@ -22,7 +22,7 @@ def test_fills_the_scale_set_and_lists_running_instances_by_vm_name(tmp_path: Pa
         assert names == frozenset(h.fake.running()) and len(names) == 7  # paged: 5 a page
         assert h.fake.capacity == 7
         assert ("PATCH", h.fake._vmss_path) in h.fake.requests
-        assert h.kinds() == ["AzureScaleOut", "AzureScaleOutDone"]
+        assert h.kinds() == ["ProviderScaleOut", "ProviderScaleOutDone"]
         assert all(v.startswith("spot_") for v in names)
         await provider.list_instances()
         await settle(provider)
@@ -50,7 +50,7 @@ def test_eviction_storm_half_the_set_is_noticed_and_replaced(tmp_path: Path) -> 
         listed = await provider.list_instances()
         assert len(listed) == 8 and not listed & set(evicted)
         assert h.fake.capacity == 8
-        assert "AzureScaleOutDone" in h.kinds()
+        assert "ProviderScaleOutDone" in h.kinds()
 
     run(tmp_path, scenario)
 
@@ -79,7 +79,7 @@ def test_capacity_unavailable_backs_off_then_recovers(tmp_path: Path) -> None:
         provider = h.provider(target_capacity=4, backoff_seconds=30, max_backoff_seconds=100)
         await provider.list_instances()
         await settle(provider)
-        assert h.kinds()[-1] == "AzureCapacityUnavailable"
+        assert h.kinds()[-1] == "ProviderCapacityUnavailable"
         assert "AllocationFailed" in h.events[-1][1]["message"]
         assert h.fake.capacity == 2  # the failed scale-out left nothing behind
         patches = len(h.fake.mutations())
@@ -95,7 +95,7 @@ def test_capacity_unavailable_backs_off_then_recovers(tmp_path: Path) -> None:
         await provider.list_instances()
         await settle(provider)
         assert provider.backoff.seconds == 100  # capped
-        assert h.kinds().count("AzureCapacityUnavailable") == 1  # the same failure is one event
+        assert h.kinds().count("ProviderCapacityUnavailable") == 1  # the same failure is one event
         h.fake.capacity_unavailable = False
         h.clock.advance(101)
         await provider.list_instances()
@@ -115,7 +115,7 @@ def test_throttling_honours_retry_after(tmp_path: Path) -> None:
         h.fake.throttle(10, retry_after=40)  # more than the SDK retries: the provider backs off
         with pytest.raises(ProviderUnavailable):
             await provider.list_instances()
-        assert h.kinds()[-1] == "AzureThrottled" and provider.backoff.throttled_until == h.clock.now() + 40
+        assert h.kinds()[-1] == "ProviderThrottled" and provider.backoff.throttled_until == h.clock.now() + 40
         sent = len(h.fake.requests)
         h.clock.advance(39)
         with pytest.raises(ProviderUnavailable):
@@ -136,7 +136,7 @@ def test_release_deletes_lost_nodes_but_never_a_busy_one_without_the_operator(tm
         h.busy_nodes.add(names[0])
         await provider.release(names[0])
         await settle(provider)
-        assert h.kinds()[-1] == "AzureReleaseRefused" and len(h.fake.vms) == 3
+        assert h.kinds()[-1] == "ProviderReleaseRefused" and len(h.fake.vms) == 3
         assert not h.fake.mutations()
         await provider.release(names[1])  # a LOST node: deleted
         await settle(provider)
@@ -158,7 +158,7 @@ def test_scale_in_spares_busy_nodes(tmp_path: Path) -> None:
         await provider.list_instances()
         await settle(provider)
         assert h.fake.running() == sorted(names[2:])  # 3 above target: the 2 idle ones go, busy ones stay
-        assert "AzureScaleInDeferred" in h.kinds()
+        assert "ProviderScaleInDeferred" in h.kinds()
 
     run(tmp_path, scenario)
 
@@ -181,7 +181,7 @@ def test_conflict_and_restart_mid_operation(tmp_path: Path) -> None:
         # An operation of its own while Azure is busy: 409, an event, retried on a later poll.
         await second.release("spot_0", force=True)
         await settle(second)
-        assert h.kinds()[-1] == "AzureConflict"
+        assert h.kinds()[-1] == "ProviderConflict"
         h.fake.finish_operations()
         assert len(await second.list_instances()) == 4
 
@@ -193,12 +193,12 @@ def test_wrong_resource_group_and_auth_are_events_not_crashes(tmp_path: Path) ->
         provider = h.provider(resource_group="elsewhere")
         with pytest.raises(ProviderUnavailable):
             await provider.list_instances()
-        assert h.kinds()[-1] == "AzureNotFound"
+        assert h.kinds()[-1] == "ProviderNotFound"
         await provider.release("spot_0", force=True)  # never listed: nothing to delete
 
     run(tmp_path, scenario)
 
 
 def test_describe_maps_errors() -> None:
-    assert describe(HttpResponseError(message="boom")).kind == "AzureError"
-    assert describe(ValueError("x")).kind == "AzureError"
+    assert describe(HttpResponseError(message="boom")).kind == "ProviderError"
+    assert describe(ValueError("x")).kind == "ProviderError"

@@ -78,7 +78,7 @@ def test_throttling_waits_for_retry_after_and_blocks_reads_too() -> None:
     assert not throttled.may_read(NOW + 39) and throttled.may_read(NOW + 40)
     without_header = scale.after_failure(Backoff(), Failure(scale.THROTTLED, "429"), NOW, 30, 100)
     assert without_header.throttled_until == NOW + scale.DEFAULT_RETRY_AFTER_SECONDS
-    assert scale.after_failure(Backoff(), Failure(EventKind.AZURE_CONFLICT, "409"), NOW, 30, 100) == Backoff()
+    assert scale.after_failure(Backoff(), Failure(EventKind.PROVIDER_CONFLICT, "409"), NOW, 30, 100) == Backoff()
 
 
 def test_desired_capacity_is_the_target_raised_to_the_ask_within_the_max() -> None:

@@ -89,7 +89,7 @@ def test_a_snapshot_renders_to_what_it_holds() -> None:
             # the label comes from the stored cause, never from the words (which may be reworded)
             generation("job-1", 3, MorphCause.NODE_LOST, "grow: words that say something else", 700.0),
         ),
-        event_counts=MappingProxyType({"AzureThrottled": 4, "AzureScaleOut": 9, "NodeRegistered": 3}),
+        event_counts=MappingProxyType({"ProviderThrottled": 4, "ProviderScaleOut": 9, "NodeRegistered": 3}),
         heartbeat_latency=LatencySnapshot(tuple(latency), 2, 2e-5),
     )
     samples = parse(render(snapshot).decode())
@@ -103,12 +103,13 @@ def test_a_snapshot_renders_to_what_it_holds() -> None:
     assert samples["spotmorph_morphs_total"] == {(("cause", "eviction"),): 1, (("cause", "node_lost"),): 1}
     assert samples["spotmorph_morph_seconds_bucket"][(("le", "20.0"),)] == 1
     assert samples["spotmorph_morph_seconds_bucket"][(("le", "+Inf"),)] == 2
-    assert samples["spotmorph_provider_errors_total"] == {(("kind", "AzureThrottled"),): 4}
+    assert samples["spotmorph_provider_errors_total"] == {(("kind", "ProviderThrottled"),): 4}
     assert samples["spotmorph_heartbeat_latency_seconds_bucket"][(("le", "0.001"),)] == 2
 
 
 def test_morph_labels_are_the_ones_dashboards_use_and_provider_errors_are_recognised() -> None:
     # every label dashboards knew is still there; the ones added since are new label values, not renamings
     assert {str(c) for c in MorphCause} == {*LABELS_BEFORE_CAUSES_WERE_STORED, "collective_failed", "peer_unreachable"}
-    assert provider_error("AzureThrottled") and not provider_error("AzureScaleOut")
+    assert provider_error("ProviderThrottled") and not provider_error("ProviderScaleOut")
+    assert provider_error("AzureThrottled") and not provider_error("AzureScaleOut"), "kinds an older database holds"
     assert not provider_error("NodeRegistered")
