@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row
 
-from controller.core.causes import JobFailureCause, MorphCause
+from controller.core.causes import MorphCause
 from controller.core.events import EventKind
-from controller.core.lifecycle import JobState, NodeState, Transition
-from controller.core.model import Action, Gpu, JobRecord, NodeRecord, Training
-from morphing.jobspec import JobSpec
-from morphing.layout import Layout
+from controller.core.lifecycle import Transition
+from controller.core.model import JobRecord, NodeRecord
+from controller.persistence.plain import from_plain, to_plain
 
 
 @dataclass(frozen=True)
@@ -41,13 +40,14 @@ class GenerationRow:
 
 
 def node_to_dict(node: NodeRecord) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, NodeState) else v) for k, v in asdict(node).items()}
+    data: dict[str, Any] = to_plain(node)
+    return data
 
 
 def node_from_dict(data: dict[str, Any]) -> NodeRecord:
-    """A node row's record; rows written before nodes reported GPUs have none (a CPU node)."""
-    gpus = tuple(Gpu(**gpu) for gpu in data.get("gpus", ()))
-    return NodeRecord(**{**data, "state": NodeState(data["state"]), "gpus": gpus})
+    """A node row's record, every field read by its type (rows older than a field are completed by a migration)."""
+    record: NodeRecord = from_plain(NodeRecord, data, "node")
+    return record
 
 
 def node_row(node: NodeRecord) -> dict[str, Any]:
@@ -55,76 +55,14 @@ def node_row(node: NodeRecord) -> dict[str, Any]:
 
 
 def job_to_dict(job: JobRecord) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "spec": job.spec.model_dump(),
-        "state": str(job.state),
-        "submitted_at": job.submitted_at,
-        "state_since": job.state_since,
-        "generation": job.generation,
-        "layout": job.layout.to_dict() if job.layout else None,
-        "action": str(job.action),
-        "rendezvous": job.rendezvous,
-        "resume_step": job.resume_step,
-        "resume_generation": job.resume_generation,
-        "held_step": job.held_step,
-        "held_generation": job.held_generation,
-        "step": job.step,
-        "last_checkpoint_step": job.last_checkpoint_step,
-        "last_checkpoint_generation": job.last_checkpoint_generation,
-        "steps_lost": job.steps_lost,
-        "restarts": job.restarts,
-        "checkpoint_request": job.checkpoint_request,
-        "morph_started_at": job.morph_started_at,
-        "morph_cause": str(job.morph_cause) if job.morph_cause is not None else None,
-        "morph_detail": job.morph_detail,
-        "reason": job.reason,
-        "failure_cause": str(job.failure_cause) if job.failure_cause is not None else None,
-        "excluded_nodes": list(job.excluded_nodes),
-        "rendezvous_failures": [list(e) for e in job.rendezvous_failures],
-        "excluded_until": [list(e) for e in job.excluded_until],
-        "growth_declined": job.growth_declined,
-        "idempotency_key": job.idempotency_key,
-        "eval_step": job.eval_step,
-        "eval_loss": job.eval_loss,
-        "checkpoint_stall_seconds": job.checkpoint_stall_seconds,
-        "checkpoint_stall_step": job.checkpoint_stall_step,
-        "checkpoint_stall_generation": job.checkpoint_stall_generation,
-        "last_step_at": job.last_step_at,
-        "paused_since": job.paused_since,
-        "decision_seconds": job.decision_seconds,
-        "suspected": list(job.suspected),
-        "salvage_step": job.salvage_step,
-        "salvage_writers": list(job.salvage_writers),
-        "salvage_deadline": job.salvage_deadline,
-        "training": asdict(job.training),
-    }
+    data: dict[str, Any] = to_plain(job)
+    return data
 
 
 def job_from_dict(data: dict[str, Any]) -> JobRecord:
-    fields = dict(data)
-    fields["spec"] = JobSpec.model_validate(data["spec"])
-    fields["state"] = JobState(data["state"])
-    fields["action"] = Action(data["action"])
-    fields["layout"] = Layout.from_dict(data["layout"]) if data["layout"] else None
-    fields["morph_cause"] = MorphCause(data["morph_cause"]) if data["morph_cause"] else None
-    cause = data.get("failure_cause")  # absent in rows written before failures had causes
-    fields["failure_cause"] = JobFailureCause(cause) if cause else None
-    fields["excluded_nodes"] = tuple(data.get("excluded_nodes", ()))  # absent in rows written before it existed
-    fields["growth_declined"] = data.get("growth_declined", "")
-    failures = data.get("rendezvous_failures", ())  # absent in rows written before reconcile.unreachable
-    fields["rendezvous_failures"] = tuple((str(n), str(h), float(t)) for n, h, t in failures)
-    fields["excluded_until"] = tuple((str(n), float(t)) for n, t in data.get("excluded_until", ()))
-    # Rows written before checkpoints were named by generation: their checkpoints are named by step alone,
-    # which generation 0 names (step-NNNNNNNN).
-    fields["resume_generation"] = data.get("resume_generation", 0)
-    fields["held_step"] = data.get("held_step", 0)  # absent in rows written before morphs through memory
-    fields["held_generation"] = data.get("held_generation", 0)
-    fields["last_checkpoint_generation"] = data.get("last_checkpoint_generation", 0)
-    fields["suspected"] = tuple(data.get("suspected", ()))  # absent in rows written before unplanned-loss salvage
-    fields["salvage_writers"] = tuple(data.get("salvage_writers", ()))
-    fields["training"] = Training(**data.get("training", {}))  # absent in rows written before losses were kept
-    return JobRecord(**fields)
+    """A job row's record, every field read by its type (rows older than a field are completed by a migration)."""
+    record: JobRecord = from_plain(JobRecord, data, "job")
+    return record
 
 
 def generation_from_row(row: Row[Any]) -> GenerationRow:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -29,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -227,7 +228,55 @@ def _v8(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_decision ON events (decision, seq)"))
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
+# Each job field a row may lack, with the value it had before the field existed (fields grew without schema
+# versions until 9, the codec filling them in): _v9 writes them into every row, and the codec reads rows
+# strictly from then on. A field added later gets a migration of its own.
+JOB_FIELDS_BEFORE: dict[str, Any] = {
+    "generation": 0, "layout": None, "action": "RUN", "rendezvous": "", "resume_step": 0, "resume_generation": 0,
+    "held_step": 0, "held_generation": 0, "step": 0, "last_checkpoint_step": 0, "last_checkpoint_generation": 0,
+    "steps_lost": 0, "restarts": 0, "checkpoint_request": 0, "morph_started_at": None, "morph_cause": None,
+    "morph_detail": "", "reason": "", "failure_cause": None, "excluded_nodes": [], "rendezvous_failures": [],
+    "excluded_until": [], "growth_declined": "", "idempotency_key": None, "eval_step": 0, "eval_loss": None,
+    "checkpoint_stall_seconds": None, "checkpoint_stall_step": 0, "checkpoint_stall_generation": 0,
+    "last_step_at": None, "paused_since": None, "decision_seconds": None, "suspected": [], "salvage_step": 0,
+    "salvage_writers": [], "salvage_deadline": 0.0, "training": {},
+}  # fmt: skip
+TRAINING_FIELDS_BEFORE: dict[str, Any] = {
+    "loss": None, "step": 0, "samples_per_second": None, "reported_at": None, "generation": 0,
+}  # fmt: skip
+
+
+def complete_job_row(data: dict[str, Any]) -> dict[str, Any]:
+    """A job row as version 9 writes it: absent fields as they were before they existed; an empty cause is none."""
+    row = {**JOB_FIELDS_BEFORE, **data}
+    row["training"] = {**TRAINING_FIELDS_BEFORE, **(row["training"] or {})}
+    for key in ("morph_cause", "failure_cause"):
+        row[key] = row[key] or None  # rows once stored "" for no cause
+    return row
+
+
+NODE_FIELDS_BEFORE: dict[str, Any] = {
+    "job": None, "eviction_not_before": None, "gpus": [], "instance": "", "lost_at": None, "flaps": 0,
+    "flapped_at": None, "held_until": None,
+}  # fmt: skip
+
+
+def complete_node_row(data: dict[str, Any]) -> dict[str, Any]:
+    """A node row as version 9 writes it (a node registered before nodes reported GPUs has none: a CPU node)."""
+    return {**NODE_FIELDS_BEFORE, **data}
+
+
+def _v9(conn: Connection) -> None:
+    """Every job and node row complete: the codec reads rows strictly, history lives in migrations only."""
+    for job_id, raw in conn.execute(text("SELECT id, data FROM jobs")).all():
+        row = complete_job_row(json.loads(raw))
+        conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(row)})
+    for name, raw in conn.execute(text("SELECT name, data FROM nodes")).all():
+        row = complete_node_row(json.loads(raw))
+        conn.execute(text("UPDATE nodes SET data = :data WHERE name = :name"), {"name": name, "data": json.dumps(row)})
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

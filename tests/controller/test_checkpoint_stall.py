@@ -15,6 +15,7 @@ from controller.core.events import EventKind
 from controller.core.model import RankReport
 from controller.core.reconcile import assignment_for
 from controller.persistence.codec import job_from_dict, job_to_dict
+from controller.persistence.schema import complete_job_row
 from tests.controller.test_eval_and_pause import events, evict_one
 from tests.controller.test_reconcile import Sim, started
 from tests.controller.test_timeline import SVG
@@ -89,7 +90,7 @@ def test_the_stall_survives_the_store_and_rows_written_before_it_load() -> None:
     row = job_to_dict(sim.job())
     assert job_from_dict(row) == sim.job()
     old = {k: v for k, v in row.items() if not k.startswith("checkpoint_stall_")}
-    assert shown(Sim(replace(sim.world, jobs={"j1": job_from_dict(old)}))) == (0, 0, None)
+    assert shown(Sim(replace(sim.world, jobs={"j1": job_from_dict(complete_job_row(old))}))) == (0, 0, None)
 
 
 def test_status_and_its_watch_view_show_the_stall_in_milliseconds() -> None:

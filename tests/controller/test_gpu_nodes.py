@@ -14,7 +14,7 @@ from controller.core import intake
 from controller.core.lifecycle import NodeState
 from controller.core.model import Gpu, RecordEvent, SetNode, World
 from controller.persistence.codec import node_from_dict, node_to_dict
-from controller.persistence.store import Store
+from controller.persistence.store import MIGRATIONS, Store, migrate
 from protos.spotmorph.v1 import controller_pb2 as pb
 from spotmorph.cli import main
 from tests.controller.conftest import Live
@@ -46,14 +46,16 @@ def test_node_rows_round_trip_with_gpus_and_rows_from_before_gpus_load_as_cpu_no
     store.persist([SetNode(with_gpus)])
     store.close()
     old = node_to_dict(node("node-2"))
-    old.pop("gpus")  # a row written by a controller that did not know about GPUs
-    engine = create_engine(f"sqlite:///{tmp_path / 'state.db'}")
+    old.pop("gpus")  # a row written by a controller that did not know about GPUs (schema 8 and before)
+    engine = create_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    migrate(engine, MIGRATIONS[:8])
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO nodes VALUES ('node-2', 1, 'READY', :data)"), {"data": json.dumps(old)})
     engine.dispose()
     nodes, _jobs = Store(tmp_path / "state.db").load()
     assert nodes["node-1"] == with_gpus
-    assert nodes["node-2"].gpus == () and nodes["node-2"] == node("node-2")
+    old_nodes, _jobs = Store(tmp_path / "old.db").load()  # schema 9 completed the row
+    assert old_nodes["node-2"].gpus == () and old_nodes["node-2"] == node("node-2")
 
 
 def test_registered_gpus_show_in_list_nodes_and_cluster_state(live: Live) -> None:

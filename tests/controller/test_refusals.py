@@ -14,6 +14,7 @@ from controller.core.model import Action, RankReport, RecordEvent, StartGenerati
 from controller.core.observations import Refusal
 from controller.core.reconcile import assignment_for
 from controller.persistence.codec import job_from_dict, job_to_dict
+from controller.persistence.schema import complete_job_row
 from tests.controller.helpers import job
 from tests.controller.test_reconcile import Sim, cluster, started
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
@@ -121,7 +122,7 @@ def test_the_cause_is_stored_and_shown_and_old_rows_have_none() -> None:
     assert job_from_dict(job_to_dict(failed)) == failed
     old = job_to_dict(job())
     del old["failure_cause"]
-    assert job_from_dict(old).failure_cause is None
+    assert job_from_dict(complete_job_row(old)).failure_cause is None
     assert job_to_pb(failed).failure_cause == "user_error" and job_to_pb(job()).failure_cause == ""
 
 

@@ -14,9 +14,10 @@ from controller.core.causes import MorphCause
 from controller.core.changes import act, move
 from controller.core.commands import AddJob
 from controller.core.lifecycle import ACTION_TRANSITIONS, JobState, NodeState
-from controller.core.model import Action, RankReport, SetJob, StartGeneration, World, apply
+from controller.core.model import Action, RankReport, SetJob, StartGeneration, Training, World, apply
 from controller.core.reconcile import Config, reconcile
-from controller.persistence.codec import job_to_dict
+from controller.persistence.codec import job_from_dict, job_to_dict
+from controller.persistence.plain import RowError
 from controller.persistence.schema import legacy_morph_cause
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
 from tests.controller.helpers import job, node, planner, seen
@@ -208,3 +209,26 @@ def test_events_written_before_decisions_were_numbered_have_none(tmp_path: Path)
     assert old.decision is None and old.kind == "JobSubmitted"
     decided = store.persist([AddJob(job("job-2"), 2)])
     assert [e.decision for e in store.events()] == [None, decided]
+
+
+def test_the_job_codec_reads_rows_strictly_and_a_migration_completes_older_ones(tmp_path: Path) -> None:
+    """One migration path: the codec has no defaults for absent fields; schema 9 writes them into old rows."""
+    row = job_to_dict(replace(job("job-1"), excluded_nodes=("node-2",), morph_cause=MorphCause.GROW))
+    assert job_from_dict(json.loads(json.dumps(row))) == replace(
+        job("job-1"), excluded_nodes=("node-2",), morph_cause=MorphCause.GROW
+    )
+    for field in ("training", "excluded_nodes", "held_step"):
+        lacking = {k: v for k, v in row.items() if k != field}
+        with pytest.raises(RowError, match=f"no {field} "):
+            job_from_dict(lacking)
+    with pytest.raises(RowError, match=r"job\.excluded_nodes: expected a list"):
+        job_from_dict({**row, "excluded_nodes": "node-2"})
+    engine = create_engine(f"sqlite:///{tmp_path / 'v8.db'}")
+    migrate(engine, MIGRATIONS[:8])
+    oldest = {k: v for k, v in row.items() if k in ("id", "spec", "state", "submitted_at", "state_since", "action")}
+    oldest |= {"morph_cause": "", "training": {"loss": 2.5, "step": 7}}  # what rows of long ago held
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'QUEUED', 1, :data)"), {"data": json.dumps(oldest)})
+    engine.dispose()
+    loaded = Store(tmp_path / "v8.db").load()[1]["job-1"]
+    assert loaded == replace(job("job-1"), training=Training(loss=2.5, step=7))
