@@ -73,6 +73,9 @@ INFO_EVENTS = frozenset(
 )
 
 
+K = EventKind
+
+
 class ProviderUnavailable(CannotList):
     """No instance list this time (Azure unreachable, throttled, ...): the runner skips the poll."""
 
@@ -80,9 +83,7 @@ class ProviderUnavailable(CannotList):
 def describe(exc: BaseException) -> Failure:
     """An Azure error as one event: what happened, in words an operator can act on."""
     if isinstance(exc, ClientAuthenticationError):
-        return Failure(
-            EventKind.PROVIDER_AUTH_FAILED, f"not authorised: {_short(exc)} (check the identity and its role)"
-        )
+        return Failure(K.PROVIDER_AUTH_FAILED, f"not authorised: {_short(exc)} (check the identity and its role)")
     if isinstance(exc, HttpResponseError):
         status, code = exc.status_code, _code(exc)
         if status == 429:
@@ -91,13 +92,9 @@ def describe(exc: BaseException) -> Failure:
         if code in CAPACITY_CODES:
             return Failure(scale.CAPACITY_UNAVAILABLE, f"{code}: {_short(exc)}")
         if status == 409:
-            return Failure(
-                EventKind.PROVIDER_CONFLICT, f"conflict (another operation on the scale set?): {_short(exc)}"
-            )
+            return Failure(K.PROVIDER_CONFLICT, f"conflict (another operation on the scale set?): {_short(exc)}")
         if isinstance(exc, ResourceNotFoundError) or status == 404:
-            return Failure(
-                EventKind.PROVIDER_NOT_FOUND, f"not found: {_short(exc)} (check resource_group and scale_set)"
-            )
+            return Failure(K.PROVIDER_NOT_FOUND, f"not found: {_short(exc)} (check resource_group and scale_set)")
         if status in (401, 403):
             return Failure(
                 EventKind.PROVIDER_AUTH_FAILED, f"{status}: {_short(exc)} (check the identity's role assignment)"

@@ -84,7 +84,7 @@ def require_rights(cluster_root: Path) -> None:
             f"CAP_SYS_ADMIN; this process (uid {os.geteuid()}) lacks {' and '.join(missing)}: run it as root "
             "with full capabilities (e.g. `sudo -E spotmorph local up --netns`), or drop --netns"
         )
-    probe = f"{prefix_of(cluster_root)}-probe"
+    probe = f"{prefix_of(cluster_root)}-probe{os.getpid()}"  # two processes probing at once (xdist) never collide
     made = _run([ip, "netns", "add", probe], check=False)
     _run([ip, "netns", "del", probe], check=False)
     if made.returncode != 0:

@@ -6,6 +6,7 @@ run. Every test ends with ``down`` and checks that no namespace or link of its c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -189,7 +190,8 @@ def test_down_after_up_was_killed_leaves_nothing(tmp_path: Path, cluster: LocalC
         cluster.wait(lambda: len(netns.leftovers(prefix)[0]) >= 2, 60, "`local up` to make namespaces")
         killed = descendants(up.pid)
         for pid in killed:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # a short-lived child (`ip`) may be gone already
+                os.kill(pid, signal.SIGKILL)
     finally:
         up.kill()
         up.wait()
