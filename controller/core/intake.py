@@ -13,6 +13,7 @@ import re
 from collections.abc import Collection
 from dataclasses import asdict
 
+from controller.core import facts
 from controller.core.changes import amend, move
 from controller.core.events import EventKind
 from controller.core.flapping import Damping, rejoin
@@ -177,17 +178,16 @@ def register(
         held_until=back.held_until,
     )
     commands.append(SetNode(node))
-    data = {"incarnation": incarnation, "slots": slots, "address": address, "gpus": [asdict(g) for g in gpus]}
-    commands.append(RecordEvent(EventKind.NODE_REGISTERED, now, None, name, data))
+    registered = facts.NodeRegistered(incarnation, slots, address, [asdict(g) for g in gpus])
+    commands.append(RecordEvent(registered.kind, now, None, name, registered.data()))
     if back.held_until is not None:
         seconds = back.hold_seconds(now)
         message = (
             f"back {now - (back.flapped_at or now):.1f} s after it was LOST (flap {back.flaps}): held in JOINING "
             f"for {seconds:g} s before it gets work"
         )
-        hold: dict[str, object] = {"flaps": back.flaps, "lost_at": back.flapped_at, "hold_seconds": seconds}
-        hold.update(until=back.held_until, message=message)
-        commands.append(RecordEvent(EventKind.NODE_HELD, now, None, name, hold))
+        hold = facts.NodeHeld(back.flaps, back.flapped_at, seconds, back.held_until, message)
+        commands.append(RecordEvent(hold.kind, now, None, name, hold.data()))
     return node, commands
 
 
@@ -214,7 +214,9 @@ def commit_checkpoint(world: World, job_id: str, generation: int, step: int, now
         return []
     return [
         RecordCheckpoint(job_id, generation, step, now),
-        RecordEvent(EventKind.CHECKPOINT_COMMITTED, now, job_id, None, {"generation": generation, "step": step}),
+        RecordEvent(
+            EventKind.CHECKPOINT_COMMITTED, now, job_id, None, facts.CheckpointCommitted(generation, step).data()
+        ),
         amend(job, last_checkpoint_step=step, last_checkpoint_generation=generation, step=max(step, job.step)),
     ]
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.core import capacity, intake, invariants
+from controller.core import capacity, facts, intake, invariants
 from controller.core.events import EventKind
 from controller.core.lifecycle import JOB_LIVE
 from controller.core.model import (
@@ -186,7 +186,7 @@ class Runner:
         commands = [*first, *(RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered)]
         commands += reconcile(world, now, self.config, planners)
         if not self.deciding:  # written even when nothing changed: proves the database takes writes again
-            commands.append(RecordEvent(EventKind.DECISIONS_RESUMED, now))
+            commands.append(RecordEvent(EventKind.DECISIONS_RESUMED, now, data=facts.DecisionsResumed().data()))
         decided = apply(self.world, commands) if commands else self.world
         if self.settings.validate:
             invariants.check(decided, self.world)  # raises: contained as any failing decision, nothing committed
@@ -273,7 +273,8 @@ class Runner:
             self._refused[name] = (seen, why)
         now = self.clock.now()
         try:
-            self.commit([RecordEvent(EventKind.REPORT_REFUSED, now, None, name, {"why": why}) for name in refused])
+            refusal = facts.ReportRefused(why)
+            self.commit([RecordEvent(refusal.kind, now, None, name, refusal.data()) for name in refused])
         except Exception as exc:  # the refusal stands; only its record is missing
             log.warning("recording refused reports failed: %s", describe(exc))
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from controller.core.causes import MorphCause
 from controller.core.changes import act, amend, move
 from controller.core.commands import Command, RecordEvent, SetJob, SetNode
-from controller.core.events import EventKind
+from controller.core.facts import Fact
 from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import JobRecord, NodeRecord, World
 
@@ -67,8 +67,9 @@ class Draft:
         """A command that changes no record here (a checkpoint, a generation, a provider call)."""
         self.commands.append(command)
 
-    def event(self, kind: EventKind, job: str | None = None, node: str | None = None, **data: object) -> None:
-        self.commands.append(RecordEvent(kind, self.now, job, node, data))
+    def event(self, fact: Fact, job: str | None = None, node: str | None = None) -> None:
+        """A fact for the event log, now, of ``job`` and ``node``."""
+        self.commands.append(RecordEvent(fact.kind, self.now, job, node, fact.data()))
 
     def release_nodes(self, job_id: str, names: Sequence[str], reason: str = "job released it") -> None:
         """Nodes of ``names`` that ``job_id`` holds hold nothing from now on (assigned ones are READY)."""

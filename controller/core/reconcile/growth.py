@@ -6,8 +6,8 @@ numbers the policy weighed, so an operator who sees idle nodes beside a running 
 
 from __future__ import annotations
 
+from controller.core import facts
 from controller.core.causes import MorphCause
-from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config, Planners
@@ -58,9 +58,7 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
         offer = f"{job.generation}:{','.join(sorted(name for name, _ in usable))}"
         if offer != job.growth_declined:
             draft.amend_job(job.id, growth_declined=offer)
-            draft.event(
-                EventKind.GROWTH_DECLINED,
-                job.id,
+            declined = facts.GrowthDeclined(
                 generation=job.generation,
                 free_nodes=[name for name, _ in usable],
                 reason=str(decision.reason),
@@ -70,6 +68,7 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
                 remaining_seconds=remaining,
                 morph_cost_seconds=config.morph_cost_seconds,
             )
+            draft.event(declined, job.id)
 
 
 def measured_rate(job: JobRecord, now: float, predicted: float | None) -> tuple[float | None, float]:

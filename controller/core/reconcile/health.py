@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from controller.core import facts
 from controller.core.commands import ReleaseInstance
-from controller.core.events import EventKind
 from controller.core.flapping import held, release_reason
 from controller.core.lifecycle import JOB_ACTIVE, NodeState
 from controller.core.model import NodeRecord
@@ -25,7 +25,7 @@ def node_health(draft: Draft, config: Config) -> None:
             draft.move_node(name, N.READY, release_reason(joining))
         node = draft.nodes[name]
         if current is not None and current.eviction_not_before is not None and node.state in LIVE:
-            draft.event(EventKind.EVICTION_NOTICED, node.job, name, not_before=current.eviction_not_before)
+            draft.event(facts.EvictionNoticed(current.eviction_not_before), node.job, name)
             draft.move_node(name, N.DRAINING, "eviction notice", eviction_not_before=current.eviction_not_before)
         elif current is not None and current.eviction_not_before is None and node.state is N.DRAINING and not silent:
             withdrawn(draft, node)
@@ -49,7 +49,7 @@ def withdrawn(draft: Draft, node: NodeRecord) -> None:
     finishes, and the next generation may use the node again), else it is free.
     """
     job = draft.jobs.get(node.job) if node.job is not None else None
-    draft.event(EventKind.EVICTION_WITHDRAWN, node.job, node.name, not_before=node.eviction_not_before)
+    draft.event(facts.EvictionWithdrawn(node.eviction_not_before), node.job, node.name)
     if job is not None and job.state in JOB_ACTIVE:
         draft.move_node(node.name, N.ASSIGNED, "eviction notice withdrawn", job=job.id)
     else:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause
-from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action
 from controller.core.reconcile.config import Config, Planners
@@ -68,7 +68,7 @@ def _trainers_failed(draft: Draft, config: Config, job_id: str, failed: int) -> 
     unstarted = start_failures(draft, job)
     if unstarted and len(unstarted) < len(job.nodes):
         for name, error in sorted(unstarted.items()):
-            draft.event(EventKind.TRAINER_START_FAILED, job_id, name, generation=job.generation, error=error)
+            draft.event(facts.TrainerStartFailed(job.generation, error), job_id, name)
         edges = rendezvous_edges(job, unstarted, draft.now)
         verdict = judge(job, edges, draft.now, config.unreachable_memory_seconds)
         if verdict.implicated:
@@ -96,9 +96,7 @@ def _implicated(draft: Draft, config: Config, job_id: str, unstarted: Mapping[st
     job = draft.jobs[job_id]
     until = draft.now + config.unreachable_exclusion_seconds
     for name, partners in verdict.implicated.items():
-        draft.event(
-            EventKind.NODE_IMPLICATED, job_id, name, generation=job.generation, partners=list(partners), until=until
-        )
+        draft.event(facts.NodeImplicated(job.generation, list(partners), until), job_id, name)
     names = ", ".join(f"{n} (by {', '.join(p)})" for n, p in verdict.implicated.items())
     seconds = config.unreachable_exclusion_seconds
     detail = f"peers could not reach {names}; left out for {seconds:g} s"

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from controller.core import facts
 from controller.core.commands import RecordCheckpoint, RecordPause
-from controller.core.events import EventKind
 from controller.core.model import JobRecord, RankReport, Training
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports
@@ -28,7 +28,7 @@ def progress(draft: Draft, job_id: str, progress_event_seconds: float = 60.0) ->
     ckpt = max([job.last_checkpoint_step, *(r.last_checkpoint_step for r in reports)])
     if ckpt > job.last_checkpoint_step:
         draft.issue(RecordCheckpoint(job.id, job.generation, ckpt, draft.now))
-        draft.event(EventKind.CHECKPOINT_COMMITTED, job.id, generation=job.generation, step=ckpt)
+        draft.event(facts.CheckpointCommitted(job.generation, ckpt), job.id)
     fields: dict[str, object] = {}
     if (step, ckpt) != (job.step, job.last_checkpoint_step):
         generation = job.generation if ckpt > job.last_checkpoint_step else job.last_checkpoint_generation
@@ -49,14 +49,7 @@ def _held_skipped(draft: Draft, job: JobRecord, reports: list[RankReport]) -> di
     if not job.held_step or not why:
         return {}
     lost = max(0, job.held_step - job.resume_step)
-    draft.event(
-        EventKind.HELD_STATE_SKIPPED,
-        job.id,
-        generation=job.generation,
-        held_step=job.held_step,
-        resume_step=job.resume_step,
-        reason=why,
-    )
+    draft.event(facts.HeldStateSkipped(job.generation, job.held_step, job.resume_step, why), job.id)
     step = max([job.resume_step, *(r.last_step for r in reports)])
     return {"held_step": 0, "held_generation": 0, "steps_lost": job.steps_lost + lost, "step": step}
 
@@ -70,14 +63,8 @@ def _training(draft: Draft, job: JobRecord, reports: list[RankReport], every: fl
         return {}  # a new generation's first loss replaces the last one even when it resumed from an earlier step
     training = Training(newest.loss, newest.last_step, newest.samples_per_second, seen.reported_at, job.generation)
     if seen.reported_at is None or draft.now - seen.reported_at >= every:
-        draft.event(
-            EventKind.TRAINING_PROGRESSED,
-            job.id,
-            generation=job.generation,
-            step=newest.last_step,
-            loss=newest.loss,
-            samples_per_second=newest.samples_per_second,
-        )
+        progressed = facts.TrainingProgressed(job.generation, newest.last_step, newest.loss, newest.samples_per_second)
+        draft.event(progressed, job.id)
         training = replace(training, reported_at=draft.now)
     return {"training": training}
 
@@ -88,7 +75,8 @@ def _evaluation(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict
     if newest is None or newest.eval_step <= job.eval_step:
         return {}
     loss = newest.eval_loss
-    draft.event(EventKind.EVALUATION_COMPLETED, job.id, generation=job.generation, step=newest.eval_step, loss=loss)
+    assert loss is not None  # chosen among the reports that have one
+    draft.event(facts.EvaluationCompleted(job.generation, newest.eval_step, loss), job.id)
     return {"eval_step": newest.eval_step, "eval_loss": loss}
 
 
@@ -106,9 +94,7 @@ def _stall(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str,
         (job.generation, step) < known or ((job.generation, step) == known and seconds <= job.checkpoint_stall_seconds)
     ):
         return {}
-    draft.event(
-        EventKind.CHECKPOINT_STALL_MEASURED, job.id, generation=job.generation, step=step, stall_seconds=seconds
-    )
+    draft.event(facts.CheckpointStallMeasured(job.generation, step, seconds), job.id)
     return {
         "checkpoint_stall_seconds": seconds,
         "checkpoint_stall_step": step,
@@ -127,15 +113,8 @@ def _pause(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str,
         return fields
     pause = max(0.0, first - job.paused_since)  # clocks are NTP-synced; a skewed one is no negative pause
     draft.issue(RecordPause(job.id, job.generation, pause))
-    draft.event(
-        EventKind.TRAINING_RESUMED,
-        job.id,
-        generation=job.generation,
-        step=max(job.resume_step, job.held_step) + 1,
-        pause_seconds=pause,
-        decision_seconds=job.decision_seconds,
-        paused_since=job.paused_since,
-        resumed_at=first,
-    )
+    step = max(job.resume_step, job.held_step) + 1
+    resumed = facts.TrainingResumed(job.generation, step, pause, job.decision_seconds, job.paused_since, first)
+    draft.event(resumed, job.id)
     fields["paused_since"] = None
     return fields

@@ -21,8 +21,8 @@ restarted up to ``max_restarts`` (:mod:`~controller.core.reconcile.morph`).
 
 from __future__ import annotations
 
+from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause
-from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, RankReport
 from controller.core.observations import Refusal
@@ -54,7 +54,7 @@ def refused(draft: Draft, job_id: str) -> bool:
         _fail(draft, job_id, f"no node of generation {job.generation} can run it ({names}): {why}")
         return True
     for name, error in sorted(unfit.items()):
-        draft.event(EventKind.TRAINER_START_FAILED, job_id, name, generation=job.generation, error=error)
+        draft.event(facts.TrainerStartFailed(job.generation, error), job_id, name)
     detail = f"{names} cannot run it ({why}); re-planning without {'it' if len(unfit) == 1 else 'them'}"
     excluded = tuple(sorted({*job.excluded_nodes, *unfit}))
     draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, excluded_nodes=excluded)

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause, SalvageOutcome
-from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config
@@ -59,16 +59,7 @@ def first_failure(draft: Draft, job_id: str) -> bool:
     replica, stage = job.layout.coords(report.rank)
     where = f"rank {report.rank}, stage {stage}, replica {replica}"
     detail = f"collective failed on {name} ({where}) after step {report.held_step}"
-    draft.event(
-        EventKind.COLLECTIVE_FAILED,
-        job_id,
-        name,
-        generation=job.generation,
-        rank=report.rank,
-        stage=stage,
-        replica=replica,
-        step=report.held_step,
-    )
+    draft.event(facts.CollectiveFailed(job.generation, report.rank, stage, replica, report.held_step), job_id, name)
     draft.start_morph(job_id, Action.HOLD, MorphCause.COLLECTIVE_FAILED, detail)
     return True
 
@@ -113,7 +104,7 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
     if not on_heard <= accounted and waited < patience:
         return
     if suspected:
-        draft.event(EventKind.NODES_SUSPECTED, job.id, generation=job.generation, nodes=list(suspected))
+        draft.event(facts.NodesSuspected(job.generation, list(suspected)), job.id)
     fields: dict[str, object] = {
         "suspected": suspected,
         "excluded_nodes": tuple(sorted({*job.excluded_nodes, *suspected})),
@@ -140,36 +131,24 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
         return
     step, writers = chosen
     if step <= job.last_checkpoint_step:
-        _fall_back(draft, job, SalvageOutcome.ALREADY_COMMITTED, fields, step=step)
+        _fall_back(draft, job, SalvageOutcome.ALREADY_COMMITTED, fields, step)
         return
     if job.spec.morph_through_memory:
         # The survivors keep step S as a planned stop's ranks do: stopped, they hold it for g+1, which takes it
         # from their memory and writes it in the background (nothing written or awaited here).
-        draft.event(
-            EventKind.SALVAGE_ENDED,
-            job.id,
-            generation=job.generation,
-            reason=SalvageOutcome.IN_MEMORY,
-            step=step,
-            holders=sorted(r for r, s in held.items() if s == step),
-        )
+        holding = sorted(r for r, s in held.items() if s == step)
+        draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.IN_MEMORY, step, holders=holding), job.id)
         draft.act(job.id, Action.STOP, f"step {step} held in memory", salvage_step=step, **fields)
         return
     deadline = draft.now + config.salvage_write_seconds
-    draft.event(EventKind.SALVAGE_ORDERED, job.id, generation=job.generation, step=step, writers=list(writers))
+    draft.event(facts.SalvageOrdered(job.generation, step, list(writers)), job.id)
     draft.amend_job(job.id, salvage_step=step, salvage_writers=writers, salvage_deadline=deadline, **fields)
 
 
 def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
     assert job.layout is not None
     if job.last_checkpoint_step >= job.salvage_step:  # the first writer's commit, recorded by progress
-        draft.event(
-            EventKind.SALVAGE_ENDED,
-            job.id,
-            generation=job.generation,
-            reason=SalvageOutcome.COMMITTED,
-            step=job.salvage_step,
-        )
+        draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.COMMITTED, job.salvage_step), job.id)
         draft.act(job.id, Action.ABORT, f"salvaged step {job.salvage_step}")
         return
     writer_nodes = {job.layout.placement[w].node for w in job.salvage_writers}
@@ -186,30 +165,37 @@ def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
         if gone:  # lost in the write: the generation does not wait for them, and g+1 leaves them out
             newly = [n for n in gone if n not in job.suspected]
             if newly:
-                draft.event(EventKind.NODES_SUSPECTED, job.id, generation=job.generation, nodes=newly)
+                draft.event(facts.NodesSuspected(job.generation, newly), job.id)
             fields = {
                 "suspected": tuple(sorted({*job.suspected, *gone})),
                 "excluded_nodes": tuple(sorted({*job.excluded_nodes, *gone})),
             }
-        _fall_back(
-            draft,
-            job,
-            SalvageOutcome.WRITER_FAILED,
-            fields,
-            writers_failed=failed,
-            nodes_gone=gone,
-            step=job.salvage_step,
-        )
+        _fall_back(draft, job, SalvageOutcome.WRITER_FAILED, fields, job.salvage_step, failed, gone)
     elif draft.now > job.salvage_deadline + DEADLINE_MARGIN_SECONDS:
-        _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, step=job.salvage_step)
+        _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, job.salvage_step)
 
 
 def _fall_back(
-    draft: Draft, job: JobRecord, reason: SalvageOutcome, fields: Mapping[str, object], **data: object
+    draft: Draft,
+    job: JobRecord,
+    reason: SalvageOutcome,
+    fields: Mapping[str, object],
+    step: int | None = None,
+    writers_failed: list[int] | None = None,
+    nodes_gone: list[str] | None = None,
+    stages_lost: list[int] | None = None,
 ) -> None:
     """Give the salvage up (or need none): ABORT resumes from the newest committed checkpoint, as before."""
-    facts: dict[str, object] = {**data, "generation": job.generation, "reason": reason}
-    draft.event(EventKind.SALVAGE_ENDED, job.id, None, **facts, resume_step=job.last_checkpoint_step)
+    ended = facts.SalvageEnded(
+        job.generation,
+        reason,
+        step,
+        writers_failed=writers_failed,
+        nodes_gone=nodes_gone,
+        stages_lost=stages_lost,
+        resume_step=job.last_checkpoint_step,
+    )
+    draft.event(ended, job.id)
     draft.act(job.id, Action.ABORT, f"{reason}: resuming from step {job.last_checkpoint_step}", **fields)
 
 
