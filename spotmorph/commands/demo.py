@@ -82,8 +82,13 @@ def _run(demo: _Demo, args: argparse.Namespace) -> int:
     checkpoints = cluster.home / "checkpoints"
     demo.say("starting a local cluster: a controller, a Scheduled Events service, 2 nodes x 2 CPU slots")
     cluster.up(nodes=2, slots=2)
-    job = cluster.submit(
-        steps=steps, global_batch=batch, dtype="float64", seed=0, checkpoint_interval=20, checkpoint_dir=checkpoints
+    job = cluster.submit_checked(  # as a user submits: the profile checked against the model
+        steps=steps,
+        global_batch=batch,
+        dtype="float64",
+        seed=0,
+        checkpoint_interval=20,
+        checkpoint_dir=checkpoints,
     )
     demo.say(f"submitted {job}: the tiny GPT of examples/tiny_gpt.py, B={batch}, {steps} steps, float64")
 

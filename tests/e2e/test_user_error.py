@@ -24,7 +24,7 @@ def test_a_trainer_that_refuses_the_jobs_input_fails_the_job_at_once(cluster: Lo
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "INVALID_ARGUMENT: profile: " in refused.stderr and "was not measured for this model" in refused.stderr
     assert "layer 1 is 'layer0' in the profile, 'block0' in the model" in refused.stderr, refused.stderr
-    job = cluster.submit(steps=10, eval_interval=5, checkpoint_dir=tmp_path / "ckpt")
+    job = cluster.submit_checked(steps=10, eval_interval=5, checkpoint_dir=tmp_path / "ckpt")  # its own profile
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED", "CANCELLED"}, 120)
     assert final["state"] == "FAILED" and final["failure_cause"] == "user_error", final
     assert final["reason"].startswith(NO_EVAL + " (rank "), final["reason"]

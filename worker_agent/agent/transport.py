@@ -49,7 +49,16 @@ from worker_agent.agent.wire import (
 log = logging.getLogger("spotmorph.agent")
 
 CALL_TIMEOUT_SECONDS = 10
-KEEPALIVE = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000)]
+# A restarted controller gives every node one heartbeat expiry (seconds) to be heard from again. gRPC's own
+# reconnect backoff grows to 4 s and more while the controller is down, and a call in that backoff fails at
+# once without trying: capped at 1 s, the agent reaches the new controller within a heartbeat or two.
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
 
 
 class CallFailed(Exception):
@@ -123,9 +132,9 @@ class ControllerLink:
                     self.endpoint.key.read_bytes() if self.endpoint.key else None,
                     self.endpoint.cert.read_bytes() if self.endpoint.cert else None,
                 )
-                self._channel = grpc.aio.secure_channel(self.endpoint.address, creds, options=KEEPALIVE)
+                self._channel = grpc.aio.secure_channel(self.endpoint.address, creds, options=CHANNEL_OPTIONS)
             else:
-                self._channel = grpc.aio.insecure_channel(self.endpoint.address, options=KEEPALIVE)
+                self._channel = grpc.aio.insecure_channel(self.endpoint.address, options=CHANNEL_OPTIONS)
             self._stub = pb_grpc.AgentStub(self._channel)
         return self._stub
 
