@@ -17,6 +17,19 @@ EXIT_NOT_FOUND, EXIT_DENIED, EXIT_UNAVAILABLE, EXIT_STATE = 3, 4, 5, 6
 T = TypeVar("T")
 
 
+def number(flag: str, value: str | None, least: int, most: int, fix: str) -> int | None:
+    """``value`` of ``flag`` as a whole number from ``least`` to ``most``; None when the flag was not given."""
+    if value is None:
+        return None
+    try:
+        parsed = int(value, 10)
+    except ValueError:
+        parsed = None
+    if parsed is None or not least <= parsed <= most:
+        raise UserInputError(f"{flag} {value!r}: {fix}")
+    return parsed
+
+
 def add_client_arguments(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
     parser.add_argument("--controller", metavar="HOST:PORT", help="default: $SPOTMORPH_CONTROLLER, else context")
     parser.add_argument(

@@ -9,31 +9,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from controller.client.commands.common import add_client_arguments, call
-
-
-def count(text: str) -> int:
-    """A sequence or decision number: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"{text} is out of range: give 0 or a positive number")
-    return value
+from controller.client.commands.common import add_client_arguments, call, number
+from morphing.validation import STORABLE_INT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", default="", help="only this job's events")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    parser.add_argument("--after", type=count, default=0, metavar="SEQ", help="only events after this sequence number")
-    parser.add_argument(
-        "--decision",
-        type=count,
-        default=0,
-        metavar="N",
-        help="only what decision N wrote (each line names its decision: dN)",
-    )
+    parser.add_argument("--after", metavar="SEQ", help="only events after this sequence number")
+    parser.add_argument("--decision", metavar="N", help="only what decision N wrote (each line names its decision: dN)")
     add_client_arguments(parser)
 
 
@@ -57,8 +41,12 @@ def run(args: argparse.Namespace) -> int:
     from protos.spotmorph.v1 import controller_pb2 as pb
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
+    after = number("--after", args.after, 0, STORABLE_INT, "give an event's sequence number, 0 or more") or 0
+    fix = "give a decision number (the dN of a line), 0 or more"
+    decision = number("--decision", args.decision, 0, STORABLE_INT, fix) or 0
+
     def stream(channel: Any) -> int:
-        request = pb.WatchEventsRequest(after_seq=args.after, job=args.job, follow=args.follow, decision=args.decision)
+        request = pb.WatchEventsRequest(after_seq=after, job=args.job, follow=args.follow, decision=decision)
         for event in rpc.JobsStub(channel).WatchEvents(request):
             data = json.loads(event.data_json or "{}")
             if args.json:

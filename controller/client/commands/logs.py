@@ -14,10 +14,10 @@ import re
 import sys
 from typing import Any
 
-from controller.client.commands.common import add_client_arguments, call
-from morphing.errors import UserInputError
+from controller.client.commands.common import add_client_arguments, call, number
+from morphing.validation import STORABLE_INT
 
-UINT32, STORABLE = 2**32 - 1, 2**63 - 1
+UINT32 = 2**32 - 1
 CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 and C1 controls but the tab
 
 
@@ -30,19 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generation", metavar="G", help="only this generation's lines (1 or more)")
     parser.add_argument("--after", metavar="ID", help="only lines after this one (an id from --json), e.g. to resume")
     add_client_arguments(parser)
-
-
-def number(flag: str, value: str | None, least: int, most: int, fix: str) -> int | None:
-    """``value`` of ``flag`` as a whole number from ``least`` to ``most``; None when the flag was not given."""
-    if value is None:
-        return None
-    try:
-        parsed = int(value, 10)
-    except ValueError:
-        parsed = None
-    if parsed is None or not least <= parsed <= most:
-        raise UserInputError(f"{flag} {value!r}: {fix}")
-    return parsed
 
 
 def shown(text: str) -> str:
@@ -70,11 +57,10 @@ def run(args: argparse.Namespace) -> int:
         "--rank", args.rank, 0, UINT32, "give a rank number, 0 or more (`spotmorph status JOB` shows the layout)"
     )
     generation = number(
-        "--generation", args.generation, 1, STORABLE, "give a generation number, 1 or more (`spotmorph status JOB`)"
+        "--generation", args.generation, 1, STORABLE_INT, "give a generation number, 1 or more (`spotmorph status JOB`)"
     )
-    after = (
-        number("--after", args.after, 0, STORABLE, "give a line id from `spotmorph logs JOB --json`, 0 or more") or 0
-    )
+    fix = "give a line id from `spotmorph logs JOB --json`, 0 or more"
+    after = number("--after", args.after, 0, STORABLE_INT, fix) or 0
     request = pb.WatchLogsRequest(job=args.job, after=after, follow=args.follow)
     if rank is not None:
         request.rank = rank
