@@ -8,26 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from morphing.profile import Profile, layers_mismatch, parse_profile
+from tests.controller.helpers import profile_dict
 
 NAMES = st.lists(st.text(alphabet="abcxyz0123", min_size=1, max_size=4), min_size=1, max_size=8)
 
 
 def profile_of(names: list[str]) -> Profile:
-    layer = {
-        "forward_seconds": {"1": 0.01},
-        "backward_seconds": {"1": 0.02},
-        "output_activation_bytes_per_sample": 8,
-        "parameter_bytes": 8,
-        "activation_memory_bytes_per_sample": 8,
-    }
-    cluster = {
-        "gpu_memory_bytes": 1 << 30,
-        "intra_node_bandwidth_bytes_per_second": 1e9,
-        "inter_node_bandwidth_bytes_per_second": 1e9,
-        "allreduce_bandwidth_bytes_per_second": 1e9,
-    }
-    data = {"format": "spotmorph.profile/v1", "model": "m", "layers": [{"name": n, **layer} for n in names]}
-    return parse_profile(json.dumps({**data, "cluster": cluster}))
+    data = profile_dict(len(names))
+    data["layers"] = [{**layer, "name": name} for layer, name in zip(data["layers"], names, strict=True)]
+    return parse_profile(json.dumps(data))
 
 
 @given(NAMES, NAMES)

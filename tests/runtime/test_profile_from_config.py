@@ -68,7 +68,7 @@ def test_only_the_layer_being_timed_has_real_weights() -> None:
 
     for name, layer in spec.layers:
         watch(name, layer)
-    records = profile_layers_one_at_a_time(spec, (2,), 0, 1, Where(torch.device("cpu")))
+    records = profile_layers_one_at_a_time(spec, (2,), 0, 1, Where(torch.device("cpu")), torch.float32)
     assert [r["name"] for r in records] == [name for name, _ in spec.layers]
     assert {name for name, _, _ in seen} == {name for name, _ in spec.layers}
     for name, real, elsewhere in seen:

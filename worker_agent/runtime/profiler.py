@@ -231,7 +231,8 @@ def build_profile(request: ProfileRequest) -> dict[str, Any]:
         if request.from_config
         else build_spec(request.entrypoint, request.seed)
     )
-    model = nn.ModuleList([m for _, m in spec.layers]).to(torch_dtype(request.dtype))
+    dtype = torch_dtype(request.dtype)
+    model = nn.ModuleList([m for _, m in spec.layers]).to(dtype)
     assign_dropout_keys(spec.layers)
     model.train()
     here = Where(device, compute_context(device, request.precision))
@@ -239,7 +240,7 @@ def build_profile(request: ProfileRequest) -> dict[str, Any]:
     timing = "CUDA events per layer" if device.type == "cuda" else "1 thread per layer timing"
     if request.from_config:
         sizes = request.micro_batch_sizes
-        layers = profile_layers_one_at_a_time(spec, sizes, request.seed, request.repeats, here)
+        layers = profile_layers_one_at_a_time(spec, sizes, request.seed, request.repeats, here, dtype)
         timing += " (built on the meta device, one layer real at a time: times not scaled to a chained run)"
     else:
         model.to(device)

@@ -22,11 +22,10 @@ from worker_agent.runtime.model_api import ModelSpec, sample_context
 
 
 def profile_layers_one_at_a_time(
-    spec: ModelSpec, sizes: tuple[int, ...], seed: int, repeats: int, where: Where
+    spec: ModelSpec, sizes: tuple[int, ...], seed: int, repeats: int, where: Where, dtype: torch.dtype
 ) -> list[dict[str, Any]]:
-    """The profile's layer records of a spec whose parameters are on the meta device."""
-    dtype = next((p.dtype for _, layer in spec.layers for p in layer.parameters() if p.is_floating_point()), None)
-    inputs = {m: first_input(spec, m, dtype or torch.float32, where) for m in sizes}
+    """The profile's layer records of a spec whose parameters are on the meta device (in ``dtype``)."""
+    inputs = {m: first_input(spec, m, dtype, where) for m in sizes}
     biggest, last = max(sizes), len(spec.layers) - 1
     result: list[dict[str, Any]] = []
     for i, (name, layer) in enumerate(spec.layers):
