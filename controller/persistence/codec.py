@@ -81,6 +81,9 @@ def change_data(change: Transition) -> dict[str, Any]:
     return {"from": change.source, "to": change.target, "cause": change.cause, "reason": change.reason}
 
 
-def event_row(at: float, kind: EventKind, job: str | None, node: str | None, data: dict[str, Any]) -> dict[str, Any]:
-    """An ``events`` row; ``data`` goes through JSON so it holds what reading it back gives."""
-    return {"at": at, "kind": str(kind), "job": job, "node": node, "data": json.loads(json.dumps(data))}
+def event_row(
+    at: float, kind: EventKind, job: str | None, node: str | None, data: dict[str, Any], decision: int
+) -> dict[str, Any]:
+    """An ``events`` row of ``decision``; ``data`` goes through JSON so it holds what reading it back gives."""
+    data = json.loads(json.dumps(data))
+    return {"at": at, "kind": str(kind), "job": job, "node": node, "data": data, "decision": decision}

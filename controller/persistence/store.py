@@ -108,7 +108,6 @@ class Store:
         """One transaction, one decision: its number (counted in the store) is stamped on every event it
         writes, and returned. Consecutive node updates (a generation issued on 1,000 nodes) are batched."""
         with self.engine.begin() as conn:
-            before = conn.execute(select(func.max(events.c.seq))).scalar() or 0
             decision = _counter(conn, "decision_seq") + 1
             batch: list[SetNode] = []
             for command in commands:
@@ -116,13 +115,12 @@ class Store:
                     batch.append(command)
                     continue
                 if batch:
-                    _write_nodes(conn, batch)
+                    _write_nodes(conn, batch, decision)
                     batch = []
-                _write(conn, command)
+                _write(conn, command, decision)
             if batch:
-                _write_nodes(conn, batch)
+                _write_nodes(conn, batch, decision)
             _set_counter(conn, "decision_seq", decision)
-            conn.execute(events.update().where(events.c.seq > before).values(decision=decision))
         return decision
 
     def event_counts(self) -> dict[str, int]:
@@ -197,7 +195,7 @@ UPSERT_NODE = _upsert_node.on_conflict_do_update(
 ADD_INCARNATION = sqlite_insert(incarnations).on_conflict_do_nothing()
 
 
-def _write_nodes(conn: Connection, commands: Sequence[SetNode]) -> None:
+def _write_nodes(conn: Connection, commands: Sequence[SetNode], decision: int) -> None:
     """Node upserts, incarnations and state-change events of ``commands``, one executemany each, in order."""
     conn.execute(UPSERT_NODE, [node_row(c.node) for c in commands])
     conn.execute(
@@ -205,7 +203,7 @@ def _write_nodes(conn: Connection, commands: Sequence[SetNode]) -> None:
         [{"node": c.node.name, "incarnation": c.node.incarnation, "registered_at": c.node.joined_at} for c in commands],
     )
     changes = [
-        event_row(c.change.at, EventKind.NODE_STATE_CHANGED, c.node.job, c.node.name, change_data(c.change))
+        event_row(c.change.at, EventKind.NODE_STATE_CHANGED, c.node.job, c.node.name, change_data(c.change), decision)
         for c in commands
         if c.change
     ]
@@ -222,21 +220,21 @@ def _set_counter(conn: Connection, key: str, value: int) -> None:
     conn.execute(upsert.on_conflict_do_update(index_elements=["key"], set_={"value": str(value)}))
 
 
-def _add_job(conn: Connection, command: AddJob) -> None:
+def _add_job(conn: Connection, command: AddJob, decision: int) -> None:
     """The job row, the job counter, its idempotency key (unique: a second job under it fails) and JobSubmitted."""
     job = command.job
     conn.execute(insert(jobs).values(id=job.id, state=str(job.state), seq=command.seq, data=job_to_dict(job)))
     _set_counter(conn, "job_seq", command.seq)
     if job.idempotency_key:
         conn.execute(insert(idempotency_keys).values(key=job.idempotency_key, job=job.id))
-    _event(conn, job.submitted_at, EventKind.JOB_SUBMITTED, job.id, None, {"name": job.spec.name})
+    _event(conn, decision, job.submitted_at, EventKind.JOB_SUBMITTED, job.id, None, {"name": job.spec.name})
 
 
-def _write(conn: Connection, command: Command) -> None:
+def _write(conn: Connection, command: Command, decision: int) -> None:
     if isinstance(command, SetNode):
-        _write_nodes(conn, [command])
+        _write_nodes(conn, [command], decision)
     elif isinstance(command, AddJob):
-        _add_job(conn, command)
+        _add_job(conn, command, decision)
     elif isinstance(command, SetNodeSeq):
         _set_counter(conn, "node_seq", command.seq)
     elif isinstance(command, ForgetNode):  # its incarnations and events stay: the node's history
@@ -245,12 +243,14 @@ def _write(conn: Connection, command: Command) -> None:
     elif isinstance(command, SetJob):
         job = command.job
         conn.execute(jobs.update().where(jobs.c.id == job.id).values(state=str(job.state), data=job_to_dict(job)))
-        action = change_data(command.action) if command.action else None
         if command.change:
-            data = change_data(command.change) | ({"action": action} if action else {})
-            _event(conn, command.change.at, EventKind.JOB_STATE_CHANGED, job.id, None, data)
-        elif command.action and action:
-            _event(conn, command.action.at, EventKind.JOB_ACTION_CHANGED, job.id, None, action)
+            data = change_data(command.change)
+            if command.action:  # the move changed what its trainers are told too
+                data["action"] = change_data(command.action)
+            _event(conn, decision, command.change.at, EventKind.JOB_STATE_CHANGED, job.id, None, data)
+        elif command.action:
+            action = change_data(command.action)
+            _event(conn, decision, command.action.at, EventKind.JOB_ACTION_CHANGED, job.id, None, action)
     elif isinstance(command, StartGeneration):
         layout = command.layout
         conn.execute(
@@ -276,7 +276,7 @@ def _write(conn: Connection, command: Command) -> None:
         if command.held_step:
             data.update(held_step=command.held_step, held_generation=command.held_generation)
         data.update(cause=command.morph_detail, morph_cause=str(command.morph_cause))
-        _event(conn, command.at, EventKind.GENERATION_ISSUED, command.job_id, None, data)
+        _event(conn, decision, command.at, EventKind.GENERATION_ISSUED, command.job_id, None, data)
     elif isinstance(command, RecordCheckpoint):
         conn.execute(
             sqlite_insert(checkpoints)
@@ -287,7 +287,7 @@ def _write(conn: Connection, command: Command) -> None:
         where = (generations.c.job == command.job_id) & (generations.c.generation == command.generation)
         conn.execute(generations.update().where(where).values(pause_seconds=command.seconds))
     elif isinstance(command, RecordEvent):
-        _event(conn, command.at, command.kind, command.job, command.node, dict(command.data))
+        _event(conn, decision, command.at, command.kind, command.job, command.node, dict(command.data))
     elif isinstance(command, ReleaseInstance | RequestCapacity):
         pass  # side effects the runner performs once persisted; their outcomes come back as events
     else:
@@ -295,6 +295,12 @@ def _write(conn: Connection, command: Command) -> None:
 
 
 def _event(
-    conn: Connection, at: float, kind: EventKind, job: str | None, node: str | None, data: dict[str, Any]
+    conn: Connection,
+    decision: int,
+    at: float,
+    kind: EventKind,
+    job: str | None,
+    node: str | None,
+    data: dict[str, Any],
 ) -> None:
-    conn.execute(insert(events), [event_row(at, kind, job, node, data)])
+    conn.execute(insert(events), [event_row(at, kind, job, node, data, decision)])
