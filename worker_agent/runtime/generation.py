@@ -9,7 +9,6 @@ trains. Kept apart so that the step loop reads as the per-step protocol alone.
 from __future__ import annotations
 
 import os
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from worker_agent.runtime import resume
 from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, ProgressLog, StopRequest
 from worker_agent.runtime.held import Held
 from worker_agent.runtime.startup import Phase, StartupWatch
-from worker_agent.runtime.trainer_setup import check_eval, process_started_at, rendezvous
+from worker_agent.runtime.trainer_setup import check_eval, process_started_at, rendezvous, say, warn
 
 if TYPE_CHECKING:
     import torch
@@ -159,11 +158,11 @@ def start(
     )
 
     def skipped(message: str) -> None:
-        _warn(message)
+        warn(message)
         progress.emit(CheckpointSkipped(message=message))
 
     def memory_skipped(reason: str) -> None:
-        _warn(f"the state generation {cfg.generation - 1} held in memory is not used: {reason}")
+        warn(f"the state generation {cfg.generation - 1} held in memory is not used: {reason}")
         progress.emit(HeldStateSkipped(reason=reason))
 
     groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds)
@@ -195,7 +194,7 @@ def start(
     if source:
         progress.emit(CheckpointLoaded(step=step, checkpoint=source))
     if cfg.generation > 0 or (source and cfg.rank == 0):  # `spotmorph train` (generation 0): a resume, by rank 0
-        _say(f"rank {cfg.rank} of generation {cfg.generation}: resuming from {source or 'scratch'} (step {step})")
+        say(f"rank {cfg.rank} of generation {cfg.generation}: resuming from {source or 'scratch'} (step {step})")
     if cfg.rank == 0:
         write_hf_config(cfg.checkpoint_dir, spec)
     # A checkpoint loaded from elsewhere is written here even when no step is left to train.
@@ -239,11 +238,3 @@ def start(
         durable_due=durable_due,
         can_hold=job.morph_through_memory and cfg.hold_spool is not None,
     )
-
-
-def _warn(message: str) -> None:
-    print(f"spotmorph trainer: warning: {message}", file=sys.stderr, flush=True)
-
-
-def _say(message: str) -> None:
-    print(f"spotmorph trainer: {message}", file=sys.stderr, flush=True)

@@ -10,7 +10,6 @@ step. A collective that fails is a lost peer: the rank holds its last completed 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from worker_agent.runtime import held as held_mod
 from worker_agent.runtime.generation import Generation
 from worker_agent.runtime.handoff import hand_off
 from worker_agent.runtime.held import Held
-from worker_agent.runtime.trainer_setup import check_eval_loss
+from worker_agent.runtime.trainer_setup import check_eval_loss, say, warn
 
 
 @dataclass(frozen=True)
@@ -98,14 +97,14 @@ def run(g: Generation, keep: Callable[[Held], None]) -> ExitCode:
             if agreed.fenced > 0:
                 # A newer generation raised the fence: the controller moved past this one. All ranks stop here.
                 message = fenced or "another rank found the checkpoint directory's fence raised past this generation"
-                _warn(message)
+                warn(message)
                 progress.emit(TrainerFailed(kind="fenced", message=message))
                 return ExitCode.FENCED
             if agreed.lapsed > 0:
                 # Some rank's agent stopped renewing its lease: the controller has lost (or will lose) that node, so
                 # this generation is over. Every rank stops at this same boundary, without a checkpoint.
                 message = g.lease.explain(g.step)
-                _warn(message)
+                warn(message)
                 progress.emit(TrainerFailed(kind="lease_expired", message=message))
                 return ExitCode.LEASE_EXPIRED
             stopping = agreed.stopping
@@ -146,9 +145,9 @@ def run(g: Generation, keep: Callable[[Held], None]) -> ExitCode:
                 kept = held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank)
                 handed = hand_off(kept, leaving, g.layout, cfg.rank)
                 in_memory = handed.ok
-                _say(f"handed off at step {step}: sent {handed.sent} B, received {handed.received} B")
+                say(f"handed off at step {step}: sent {handed.sent} B, received {handed.received} B")
                 if not handed.ok:
-                    _warn(f"the hand-off failed ({handed.reason}); the stop writes step {step}")
+                    warn(f"the hand-off failed ({handed.reason}); the stop writes step {step}")
             interval = job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0
             due = requested or step == g.durable_due or (not in_memory and (finishing or interval))
             if due and step != g.already_written:
@@ -201,7 +200,7 @@ def _hold_for_salvage(g: Generation, keep: Callable[[Held], None], why: str) -> 
     from worker_agent.runtime import salvage
 
     cfg, job, runner, step = g.cfg, g.job, g.runner, g.step
-    _warn(f"collective failed after step {step} ({why}); holding step {step} for a just-in-time checkpoint")
+    warn(f"collective failed after step {step} ({why}); holding step {step} for a just-in-time checkpoint")
     g.writer.files_written()  # a write still reading the live tensors (after a morph) reads them before anyone else
     keeps = g.can_hold and not g.stop.leaving() and step < job.steps
     if keeps:  # for the next generation, should the controller keep the step in memory (stop) not write it
@@ -223,11 +222,3 @@ def _hold_for_salvage(g: Generation, keep: Callable[[Held], None], why: str) -> 
         manifest=g.manifest,
         fence=g.writer.fence,
     )
-
-
-def _warn(message: str) -> None:
-    print(f"spotmorph trainer: warning: {message}", file=sys.stderr, flush=True)
-
-
-def _say(message: str) -> None:
-    print(f"spotmorph trainer: {message}", file=sys.stderr, flush=True)

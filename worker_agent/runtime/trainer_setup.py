@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -75,3 +76,11 @@ def process_started_at() -> float | None:
         return time.time() - (uptime - started)
     except (OSError, IndexError, ValueError):
         return None
+
+
+def warn(message: str) -> None:
+    print(f"spotmorph trainer: warning: {message}", file=sys.stderr, flush=True)
+
+
+def say(message: str) -> None:
+    print(f"spotmorph trainer: {message}", file=sys.stderr, flush=True)
