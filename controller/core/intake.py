@@ -23,6 +23,7 @@ from controller.core.model import (
     Command,
     Gpu,
     JobRecord,
+    NodeObservation,
     NodeRecord,
     RecordCheckpoint,
     RecordEvent,
@@ -238,3 +239,24 @@ def request_checkpoints(world: World, now: float) -> list[Command]:
         if job.state is JobState.RUNNING:
             commands.append(amend(job, checkpoint_request=job.checkpoint_request + 1))
     return commands
+
+
+def essence(seen: NodeObservation | None) -> object:
+    """What in an observation can change a decision (not the time, not the step): the runner decides at once
+    on a change of it, and leaves the rest to the next tick."""
+    if seen is None:
+        return None
+    ranks = sorted(
+        (
+            r.job,
+            r.generation,
+            r.rank,
+            r.running,
+            r.exit_code is None,
+            r.exit_code or 0,
+            r.last_checkpoint_step,
+            r.held_step or -1,
+        )
+        for r in seen.ranks
+    )  # exit_code None and a number never compared: a node may report a rank twice
+    return (seen.incarnation, seen.eviction_not_before, tuple(ranks))

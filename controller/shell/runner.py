@@ -17,30 +17,37 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import assert_never
 
 from controller.core import capacity, facts, intake, invariants
 from controller.core.events import EventKind
 from controller.core.lifecycle import JOB_LIVE
 from controller.core.model import (
     Action,
+    AddJob,
     Command,
+    ForgetNode,
     JobRecord,
     NodeObservation,
     NodeRecord,
+    RecordCheckpoint,
     RecordEvent,
+    RecordPause,
     ReleaseInstance,
     RequestCapacity,
     SetJob,
     SetNode,
+    SetNodeSeq,
+    StartGeneration,
     World,
     apply,
 )
 from controller.core.reconcile import Config, cancel, fail, reconcile
 from controller.persistence.store import Store, unavailable
 from controller.providers.base import CannotList, Clock, Provider, ProviderEvent, ProviderInbox
+from controller.shell.effects import Effects
 from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
 from controller.shell.planning import MemoPlanner, Planners
 from morphing.jobspec import JobSpec
@@ -53,26 +60,6 @@ log = logging.getLogger("spotmorph.controller")
 class SystemClock:
     def now(self) -> float:
         return time.time()
-
-
-def _essence(seen: NodeObservation | None) -> object:
-    """What in an observation can change a decision (not the time, not the step)."""
-    if seen is None:
-        return None
-    ranks = sorted(
-        (
-            r.job,
-            r.generation,
-            r.rank,
-            r.running,
-            r.exit_code is None,
-            r.exit_code or 0,
-            r.last_checkpoint_step,
-            r.held_step or -1,
-        )
-        for r in seen.ranks
-    )  # exit_code None and a number never compared: a node may report a rank twice
-    return (seen.incarnation, seen.eviction_not_before, tuple(ranks))
 
 
 @dataclass(frozen=True)
@@ -115,7 +102,7 @@ class Runner:
         self.lock = asyncio.Lock()
         self.changed = asyncio.Event()  # set after every commit: wakes event followers
         self.planner = Planners()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.effects = Effects()  # provider calls under way
         self.reconciles = 0
         self.coalesce_seconds = self.settings.coalesce_seconds
         self.capacity_ask: capacity.CapacityAsk | None = None  # the last level asked of the provider
@@ -144,20 +131,34 @@ class Runner:
         if any(isinstance(command, SetNode) for command in commands):
             self.inbox.publish_busy(capacity.busy_nodes(self.nodes))
         for command in commands:
-            if isinstance(command, ReleaseInstance):
-                self._spawn(self._release(command))
-            if isinstance(command, RequestCapacity):
-                self.capacity_ask = capacity.CapacityAsk(command.slots, self.clock.now())
-                self._spawn(self._request_capacity(command))
-            if isinstance(command, SetJob) and (change := command.change):
-                log.info("job %s: %s -> %s (%s)", command.job.id, change.source, change.target, change.reason)
+            self._act(command)
         self.changed.set()
         self.changed = asyncio.Event()
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _act(self, command: Command) -> None:
+        """A persisted command's side effect; a new command type must say here whether it has one."""
+        match command:
+            case ReleaseInstance():
+                self.effects.spawn(self._release(command))
+            case RequestCapacity():
+                self.capacity_ask = capacity.CapacityAsk(command.slots, self.clock.now())
+                self.effects.spawn(self._request_capacity(command))
+            case SetJob(change=change) if change is not None:
+                log.info("job %s: %s -> %s (%s)", command.job.id, change.source, change.target, change.reason)
+            case (
+                SetJob()
+                | SetNode()
+                | AddJob()
+                | SetNodeSeq()
+                | ForgetNode()
+                | StartGeneration()
+                | RecordCheckpoint()
+                | RecordPause()
+                | RecordEvent()
+            ):
+                pass  # stored, and applied to the world: nothing to do outside
+            case _:
+                assert_never(command)
 
     async def tick(self) -> None:
         async with self.lock:
@@ -330,7 +331,7 @@ class Runner:
         node = self.nodes.get(name)
         joining = node is not None and node.state.value == "JOINING"
         holding = any(j.action is Action.HOLD for j in self.jobs.values())  # a salvage's grace and writes are timed
-        if joining or holding or _essence(previous) != _essence(seen):
+        if joining or holding or intake.essence(previous) != intake.essence(seen):
             await self._reconcile_soon()
         refused = self._refused.pop(name, None)
         if refused is not None and refused[0] is seen:
@@ -380,8 +381,7 @@ class Runner:
 
     async def settle(self) -> None:
         """Wait for the side effects under way (provider calls) and the outcomes they log."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.effects.settle()
 
     async def close(self) -> None:
         """Persist the last decisions, finish the side effects under way, close the provider, log its last words."""
@@ -396,3 +396,4 @@ class Runner:
             self._undelivered += self.inbox.drain()
             self.commit([RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered])
             self._undelivered = []
+        await self.effects.close()

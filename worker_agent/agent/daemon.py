@@ -31,20 +31,15 @@ from pathlib import Path
 from morphing.errors import UserInputError
 from worker_agent.agent import decisions, refusals
 from worker_agent.agent.converge import (
-    AbortCollectives,
     Assignment,
-    KillTrainer,
-    RequestCheckpoint,
-    RequestSalvage,
-    RequestStop,
-    StartTrainer,
     TrainerKey,
     accept,
     converge,
 )
 from worker_agent.agent.decisions import EvictionNotice, Pushed
-from worker_agent.agent.gpus import Gpu, device_for_slot, trainer_environment
+from worker_agent.agent.gpus import Gpu, trainer_environment
 from worker_agent.agent.logs import LogShipper
+from worker_agent.agent.perform import perform
 from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor, kill_leftovers
 from worker_agent.agent.transport import (
@@ -295,40 +290,7 @@ class Agent:
             self.state.launch[(wanted.job_id, wanted.generation)] = incoming.launch
         self.state.desired = wanted
         for command in converge(wanted, (r.status for r in self.supervisor.reports())):
-            if isinstance(command, StartTrainer):
-                spec = self.state.launch[(command.key.job_id, command.key.generation)]
-                if not 0 <= command.slot < self.config.slots:  # hostile or confused: never two ranks on a GPU
-                    log.error(
-                        "not starting %s: slot %d is not one of this node's %d",
-                        command.key,
-                        command.slot,
-                        self.config.slots,
-                    )
-                    continue
-                device = device_for_slot(command.slot, self.config.gpus)
-                on = "" if device is None else f" on cuda:{device}"
-                log.info("starting %s in slot %d%s", command.key, command.slot, on)
-                self.supervisor.start(command.key, spec, device)
-            elif isinstance(command, RequestStop):
-                log.info("asking generation %d of %s to stop", command.generation, command.job_id)
-                # a node with an eviction notice is going: its trainers write the stop's checkpoint, not hold it
-                leaving = self.state.notice is not None
-                self.supervisor.request_stop(command.job_id, command.generation, leaving)
-            elif isinstance(command, RequestCheckpoint):
-                self.supervisor.request_checkpoint(command.job_id, command.generation, command.counter)
-            elif isinstance(command, AbortCollectives):
-                if self.supervisor.abort_collectives(command.job_id, command.generation):
-                    log.info(
-                        "generation %d of %s is held: its trainers abort their collectives",
-                        command.generation,
-                        command.job_id,
-                    )
-            elif isinstance(command, RequestSalvage):
-                log.info("salvage order for generation %d of %s: %s", command.generation, command.job_id, command.order)
-                self.supervisor.request_salvage(command.job_id, command.generation, command.order)
-            elif isinstance(command, KillTrainer):
-                log.info("killing %s: %s", command.key, command.reason)
-                self.supervisor.kill(command.key)
+            perform(command, self.supervisor, self.config, self.state.launch, self.state.notice is not None)
         keep = {(wanted.job_id, wanted.generation)}
         self.supervisor.forget(keep)
         self.state.launch = {k: v for k, v in self.state.launch.items() if k in keep}

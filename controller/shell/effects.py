@@ -1,0 +1,76 @@
+"""The runner's side effects under way, as tasks of one :class:`asyncio.TaskGroup` that lives until close.
+
+A side effect (a provider call) reports its expected failures itself, as events for the next decision.
+Anything else it raises is a bug: it ends the group, is logged at once, and is raised again from
+:meth:`Effects.settle` and :meth:`Effects.close` instead of vanishing with a task nobody awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger("spotmorph.controller")
+
+Effect = Coroutine[Any, Any, None]
+
+
+class Effects:
+    """Started on the first :meth:`spawn` (the runner is built outside the event loop in tests)."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Effect | None] = asyncio.Queue()
+        self._group: asyncio.Task[None] | None = None
+        self._running = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def spawn(self, effect: Effect) -> None:
+        if self._group is None:
+            self._group = asyncio.ensure_future(self._hold())
+            self._group.add_done_callback(_log_failure)
+        if self._group.done():  # the group ended (a bug, logged): nothing runs any more, nothing is left pending
+            effect.close()
+            log.error("side effect %r not run: the side effects' task group has ended", effect)
+            return
+        self._running += 1
+        self._idle.clear()
+        self._queue.put_nowait(effect)
+
+    async def _hold(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            while (effect := await self._queue.get()) is not None:
+                group.create_task(self._counted(effect))
+
+    async def _counted(self, effect: Effect) -> None:
+        try:
+            await effect
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.set()
+
+    async def settle(self) -> None:
+        """Wait for the side effects under way (and for any they lead to); raise the group's failure, if any."""
+        while self._group is not None and not self._group.done() and not self._idle.is_set():
+            idle = asyncio.ensure_future(self._idle.wait())
+            await asyncio.wait([idle, self._group], return_when=asyncio.FIRST_COMPLETED)
+            idle.cancel()
+        if self._group is not None and self._group.done():
+            self._group.result()
+
+    async def close(self) -> None:
+        """Let the side effects under way finish, then end the group."""
+        if self._group is None:
+            return
+        if not self._group.done():
+            self._queue.put_nowait(None)
+        await self._group
+        self._group = None
+
+
+def _log_failure(group: asyncio.Task[None]) -> None:
+    if not group.cancelled() and (failure := group.exception()) is not None:
+        log.error("a side effect failed unexpectedly; no further side effects run", exc_info=failure)
