@@ -68,18 +68,18 @@ def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.J
         spec=spec_to_pb(job.spec),
         restarts=job.restarts,
         rendezvous_endpoint=job.rendezvous,
-        eval_step=job.eval_step,
+        eval_step=job.evaluation.step,
         failure_cause=str(job.failure_cause or ""),
     )
-    if job.eval_loss is not None:
-        message.eval_loss = job.eval_loss
+    if job.evaluation.loss is not None:
+        message.eval_loss = job.evaluation.loss
     if job.training.loss is not None:
         message.loss, message.loss_step = job.training.loss, job.training.step
     if job.training.samples_per_second is not None:
         message.samples_per_second = job.training.samples_per_second
-    if job.checkpoint_stall_seconds is not None:
-        message.checkpoint_stall_step = job.checkpoint_stall_step
-        message.checkpoint_stall_seconds = job.checkpoint_stall_seconds
+    if job.checkpoint_stall.seconds is not None:
+        message.checkpoint_stall_step = job.checkpoint_stall.step
+        message.checkpoint_stall_seconds = job.checkpoint_stall.seconds
     return message
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, Unpack, overload
 
 from controller.core.commands import SetJob, SetNode
 from controller.core.lifecycle import (
@@ -25,7 +25,7 @@ from controller.core.lifecycle import (
     Transition,
     transition,
 )
-from controller.core.records import Action, JobRecord, NodeRecord
+from controller.core.records import Action, Hold, JobFields, JobRecord, MoveFields, NodeFields, NodeRecord
 
 N = NodeState
 J = JobState
@@ -40,6 +40,7 @@ class Entering:
     sets: Mapping[str, object] = field(default_factory=dict)  # fixed values
     stamps: tuple[str, ...] = ()  # fields set to the time of the change
     requires: tuple[str, ...] = ()  # fields only the caller knows, which it must pass
+    # a name may be a path into a nested record ("morph.started_at"): the rest of that record is kept
 
 
 NODE_ENTERING: Mapping[NodeState, Entering] = {
@@ -52,19 +53,12 @@ NODE_ENTERING: Mapping[NodeState, Entering] = {
 }
 
 JOB_ENTERING: Mapping[JobState, Entering] = {
-    J.QUEUED: Entering(),  # keeps morph_started_at: a morph that waits for capacity counts the wait
-    J.RUNNING: Entering(  # a new generation: no salvage of the last one pending
-        sets={
-            "action": Action.RUN,
-            "morph_started_at": None,
-            "suspected": (),
-            "salvage_step": 0,
-            "salvage_writers": (),
-            "salvage_deadline": 0.0,
-        },
+    J.QUEUED: Entering(),  # keeps morph.started_at: a morph that waits for capacity counts the wait
+    J.RUNNING: Entering(  # a new generation: its morph is over, no salvage of the last one pending
+        sets={"action": Action.RUN, "morph.started_at": None, "hold": Hold()},
         requires=("generation", "layout"),
     ),
-    J.MORPHING: Entering(stamps=("morph_started_at",), requires=("action", "morph_cause")),
+    J.MORPHING: Entering(stamps=("morph.started_at",), requires=("action", "morph.cause")),
     J.SUCCEEDED: Entering(),
     J.FAILED: Entering(requires=("failure_cause",)),  # a label beside the reason
     J.CANCELLED: Entering(),
@@ -92,9 +86,9 @@ JOB_LIFECYCLE = Lifecycle[JobState]("job", JOB_TRANSITIONS, JOB_ENTERING, "reaso
 
 
 @overload
-def move(record: NodeRecord, target: NodeState, reason: str, now: float, **fields: Any) -> SetNode: ...
+def move(record: NodeRecord, target: NodeState, reason: str, now: float, **fields: Unpack[NodeFields]) -> SetNode: ...
 @overload
-def move(record: JobRecord, target: JobState, reason: str, now: float, **fields: Any) -> SetJob: ...
+def move(record: JobRecord, target: JobState, reason: str, now: float, **fields: Unpack[MoveFields]) -> SetJob: ...
 def move(
     record: NodeRecord | JobRecord, target: NodeState | JobState, reason: str, now: float, **fields: Any
 ) -> SetNode | SetJob:
@@ -109,7 +103,7 @@ def move(
     return SetJob(entered, change, _action_change(record, entered.action, reason, now))
 
 
-def act(record: JobRecord, action: Action, reason: str, now: float, **fields: Any) -> SetJob:
+def act(record: JobRecord, action: Action, reason: str, now: float, **fields: Unpack[JobFields]) -> SetJob:
     """``record`` told to ``action`` (other fields changed as :func:`amend` does); :class:`IllegalTransition`
     if that is not an edge of :data:`ACTION_TRANSITIONS`. The same action again changes only the fields."""
     changed = replace(record, **_unmanaged(JOB_LIFECYCLE, record.id, fields), action=action)
@@ -123,9 +117,9 @@ def _action_change(record: JobRecord, action: Action, reason: str, now: float) -
 
 
 @overload
-def amend(record: NodeRecord, **fields: Any) -> SetNode: ...
+def amend(record: NodeRecord, **fields: Unpack[NodeFields]) -> SetNode: ...
 @overload
-def amend(record: JobRecord, **fields: Any) -> SetJob: ...
+def amend(record: JobRecord, **fields: Unpack[JobFields]) -> SetJob: ...
 def amend(record: NodeRecord | JobRecord, **fields: Any) -> SetNode | SetJob:
     """``record`` with other fields than its state changed, and the command that persists it."""
     if isinstance(record, NodeRecord):
@@ -147,13 +141,37 @@ def _entered(
     fixed = {*entry.sets, *entry.stamps} & set(fields)
     if fixed:
         raise IllegalTransition(f"{lifecycle.kind} {subject}: entering {target} sets {', '.join(sorted(fixed))} itself")
-    missing = [name for name in entry.requires if fields.get(name) is None]
+    missing = [name for name in entry.requires if _passed(fields, name) is None]
     if missing:
         raise IllegalTransition(f"{lifecycle.kind} {subject}: entering {target} needs {', '.join(missing)}")
-    named = {name: value for name, value in fields.items() if name in entry.requires}  # managed ones included
-    others = {name: value for name, value in fields.items() if name not in entry.requires}
-    updates: dict[str, Any] = {**_unmanaged(lifecycle, subject, others), **named, **entry.sets, "state": target}
-    updates.update({name: now for name in ("state_since", *entry.stamps)})
+    required = {name.partition(".")[0] for name in entry.requires}
+    named = {name: value for name, value in fields.items() if name in required}  # managed ones included
+    others = {name: value for name, value in fields.items() if name not in required}
+    updates: dict[str, Any] = {**_unmanaged(lifecycle, subject, others), **named, "state": target}
+    updates.update({**entry.sets, **{name: now for name in ("state_since", *entry.stamps)}})
     if lifecycle.reason_field is not None:
         updates[lifecycle.reason_field] = reason
-    return replace(record, **updates)
+    changed: R = _with(record, updates)
+    return changed
+
+
+def _passed(fields: Mapping[str, Any], path: str) -> Any:
+    """The value at ``path`` ("morph.cause") in what the caller passed; None when it passed none."""
+    head, _, rest = path.partition(".")
+    value = fields.get(head)
+    for name in rest.split(".") if rest and value is not None else ():
+        value = getattr(value, name)
+    return value
+
+
+def _with(record: Any, updates: Mapping[str, Any]) -> Any:
+    """``record`` with ``updates``, whose names may be paths into nested records (applied after whole ones)."""
+    whole = {name: value for name, value in updates.items() if "." not in name}
+    nested: dict[str, dict[str, Any]] = {}
+    for path, value in updates.items():
+        if "." in path:
+            head, _, rest = path.partition(".")
+            nested.setdefault(head, {})[rest] = value
+    changed = replace(record, **whole)
+    inner = {head: _with(getattr(changed, head), parts) for head, parts in nested.items()}
+    return replace(changed, **inner) if inner else changed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import Action, JobState, NodeState
@@ -52,6 +53,53 @@ class Training:
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """The newest evaluation the trainers reported: its mean loss over the eval dataset (the same in every layout)."""
+
+    step: int = 0  # 0: none yet
+    loss: float | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointStall:
+    """The newest checkpoint's stall: how long training paused for it (its slowest rank), its step and generation."""
+
+    seconds: float | None = None  # None: no checkpoint reported yet
+    step: int = 0
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Morph:
+    """The current (or last) morph: when and why it began, and what the pause it causes has cost so far."""
+
+    started_at: float | None = None  # None once the generation it led to is running
+    cause: MorphCause | None = None
+    detail: str = ""  # the cause in words, naming nodes and figures
+    paused_since: float | None = None  # while the generation's first step is awaited: the last step before the pause
+    decision_seconds: float | None = None  # how long the controller took to issue the current generation
+
+
+@dataclass(frozen=True)
+class Exclusions:
+    """Nodes this job's trainers could not start on, or whose peers could not reach them (reconcile.unreachable)."""
+
+    nodes: tuple[str, ...] = ()  # left out of every layout of the job
+    rendezvous_failures: tuple[tuple[str, str, float], ...] = ()  # (node, rendezvous host it could not reach, when)
+    until: tuple[tuple[str, float], ...] = ()  # left out until then
+
+
+@dataclass(frozen=True)
+class Hold:
+    """An unplanned loss (action HOLD): the nodes not heard from since the failure, and the salvage ordered."""
+
+    suspected: tuple[str, ...] = ()
+    step: int = 0  # the step the writers write (0: none ordered yet)
+    writers: tuple[int, ...] = ()  # one rank per stage, in stage order
+    deadline: float = 0.0  # nothing is written after it; the controller falls back then
+
+
+@dataclass(frozen=True)
 class JobRecord:
     id: str
     spec: JobSpec
@@ -72,36 +120,72 @@ class JobRecord:
     steps_lost: int = 0
     restarts: int = 0
     checkpoint_request: int = 0  # bumped to ask for a checkpoint at the next step boundary
-    morph_started_at: float | None = None
-    morph_cause: MorphCause | None = None  # why the current (or last) morph began
-    morph_detail: str = ""  # the same in words, naming nodes and figures
     reason: str = ""
     failure_cause: JobFailureCause | None = None  # set on entering FAILED; ``reason`` holds the words
-    excluded_nodes: tuple[str, ...] = ()  # nodes where this job's trainers could not start
-    # nodes its peers could not reach (reconcile.unreachable): the failed starts seen, and who is left out until when
-    rendezvous_failures: tuple[tuple[str, str, float], ...] = ()  # (node, rendezvous host it could not reach, when)
-    excluded_until: tuple[tuple[str, float], ...] = ()
     growth_declined: str = ""  # the (generation, free nodes) whose growth was last declined: said once
     idempotency_key: str | None = None  # the key its SubmitJob carried: a retry with it gets this job back
-    eval_step: int = 0  # the step of the newest evaluation reported (0: none yet)
-    eval_loss: float | None = None  # its mean loss over the eval dataset (the same in every layout)
-    # the newest checkpoint's stall: how long training paused for it (its slowest rank), and its step and generation
-    checkpoint_stall_seconds: float | None = None  # None: no checkpoint reported yet
-    checkpoint_stall_step: int = 0
-    checkpoint_stall_generation: int = 0
     last_step_at: float | None = None  # trainers' wall clock when the newest step reported was completed
-    paused_since: float | None = None  # while generation's first step is awaited: the last step before the pause
-    decision_seconds: float | None = None  # how long the controller took to issue the current generation
-    # an unplanned loss (action HOLD): the nodes not heard from since the failure, and the salvage ordered
-    suspected: tuple[str, ...] = ()
-    salvage_step: int = 0  # the step the writers write (0: none ordered yet)
-    salvage_writers: tuple[int, ...] = ()  # one rank per stage, in stage order
-    salvage_deadline: float = 0.0  # nothing is written after it; the controller falls back then
+    morph: Morph = Morph()
+    exclusions: Exclusions = Exclusions()
+    hold: Hold = Hold()
     training: Training = Training()
+    evaluation: Evaluation = Evaluation()
+    checkpoint_stall: CheckpointStall = CheckpointStall()
 
     @property
     def nodes(self) -> tuple[str, ...]:
         return self.layout.nodes() if self.layout else ()
+
+
+class JobFields(TypedDict, total=False):
+    """The keywords ``act`` and ``amend`` take for a job: its fields but the ones that name it and the ones only
+    a move or an act writes (state, state_since, reason, action). tests/controller/test_changes.py checks they agree."""
+
+    generation: int
+    layout: Layout | None
+    rendezvous: str
+    resume_step: int
+    resume_generation: int
+    held_step: int
+    held_generation: int
+    step: int
+    last_checkpoint_step: int
+    last_checkpoint_generation: int
+    steps_lost: int
+    restarts: int
+    checkpoint_request: int
+    failure_cause: JobFailureCause | None
+    growth_declined: str
+    idempotency_key: str | None
+    last_step_at: float | None
+    morph: Morph
+    exclusions: Exclusions
+    hold: Hold
+    training: Training
+    evaluation: Evaluation
+    checkpoint_stall: CheckpointStall
+
+
+class MoveFields(JobFields, total=False):
+    """The keywords a job's ``move`` takes: a move into MORPHING names the action its trainers are told."""
+
+    action: Action
+
+
+class NodeFields(TypedDict, total=False):
+    """The keywords ``move`` and ``amend`` take for a node (all but its name, incarnation and state)."""
+
+    slots: int
+    address: str
+    joined_at: float
+    job: str | None
+    eviction_not_before: float | None
+    gpus: tuple[Gpu, ...]
+    instance: str
+    lost_at: float | None
+    flaps: int
+    flapped_at: float | None
+    held_until: float | None
 
 
 def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:

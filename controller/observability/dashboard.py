@@ -110,7 +110,7 @@ def job_view(
         "layout": layout_view(job),
         "loss": _number(job.training.loss),
         "samples_per_second": _number(job.training.samples_per_second),
-        "eval_loss": _number(job.eval_loss),
+        "eval_loss": _number(job.evaluation.loss),
         "last_checkpoint_step": job.last_checkpoint_step,
         "steps_lost": job.steps_lost,
         "morphs": [

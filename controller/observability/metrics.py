@@ -100,15 +100,15 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     )
     for job in snapshot.jobs:
         lost.add_metric([job.id], job.steps_lost)
-        if job.eval_loss is not None:
-            eval_loss.add_metric([job.id], job.eval_loss)
-            eval_step.add_metric([job.id], job.eval_step)
+        if job.evaluation.loss is not None:
+            eval_loss.add_metric([job.id], job.evaluation.loss)
+            eval_step.add_metric([job.id], job.evaluation.step)
         if job.training.loss is not None:
             loss.add_metric([job.id], job.training.loss)
             loss_step.add_metric([job.id], job.training.step)
-        if job.checkpoint_stall_seconds is not None:
-            stall.add_metric([job.id], job.checkpoint_stall_seconds)
-            stall_step.add_metric([job.id], job.checkpoint_stall_step)
+        if job.checkpoint_stall.seconds is not None:
+            stall.add_metric([job.id], job.checkpoint_stall.seconds)
+            stall_step.add_metric([job.id], job.checkpoint_stall.step)
         elapsed = snapshot.now - job.state_since
         if job.state is JobState.RUNNING and elapsed > 0 and job.step > job.resume_step:
             rate.add_metric([job.id], (job.step - job.resume_step) * job.spec.global_batch / elapsed)

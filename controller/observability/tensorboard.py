@@ -43,7 +43,7 @@ class Point:
 
 
 def seen(job: JobRecord) -> Seen:
-    return Seen(job.training.step if job.training.loss is not None else 0, job.eval_step or 0, job.generation)
+    return Seen(job.training.step if job.training.loss is not None else 0, job.evaluation.step or 0, job.generation)
 
 
 def later(before: Seen | None, now: Seen) -> Seen:
@@ -63,8 +63,12 @@ def points(before: Seen | None, job: JobRecord) -> list[Point]:
         out.append(Point("train/loss", training.step, training.loss))
         if training.samples_per_second is not None:
             out.append(Point("train/samples_per_second", training.step, training.samples_per_second))
-    if job.eval_loss is not None and job.eval_step and job.eval_step > (before.eval_step if before else 0):
-        out.append(Point("eval/loss", job.eval_step, job.eval_loss))
+    if (
+        job.evaluation.loss is not None
+        and job.evaluation.step
+        and job.evaluation.step > (before.eval_step if before else 0)
+    ):
+        out.append(Point("eval/loss", job.evaluation.step, job.evaluation.loss))
     layout = job.layout
     if layout is not None and job.generation > (before.generation if before else 0):
         at = max(job.resume_step, job.held_step)  # the step it starts from: its checkpoint, or the memory held

@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -276,7 +276,40 @@ def _v9(conn: Connection) -> None:
         conn.execute(text("UPDATE nodes SET data = :data WHERE name = :name"), {"name": name, "data": json.dumps(row)})
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
+# Version 10 groups a job's flat fields into the records they belong to: new name -> {its field: the old one}.
+NESTED_JOB_FIELDS: dict[str, dict[str, str]] = {
+    "morph": {
+        "started_at": "morph_started_at", "cause": "morph_cause", "detail": "morph_detail",
+        "paused_since": "paused_since", "decision_seconds": "decision_seconds",
+    },
+    "exclusions": {"nodes": "excluded_nodes", "rendezvous_failures": "rendezvous_failures", "until": "excluded_until"},
+    "hold": {"suspected": "suspected", "step": "salvage_step", "writers": "salvage_writers",
+             "deadline": "salvage_deadline"},
+    "evaluation": {"step": "eval_step", "loss": "eval_loss"},
+    "checkpoint_stall": {
+        "seconds": "checkpoint_stall_seconds", "step": "checkpoint_stall_step",
+        "generation": "checkpoint_stall_generation",
+    },
+}  # fmt: skip
+
+
+def nest_job_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A version 9 job row as version 10 stores it (a row already nested is left as it is)."""
+    nested = dict(row)
+    for name, fields in NESTED_JOB_FIELDS.items():
+        if name not in nested:
+            nested[name] = {field: nested.pop(old) for field, old in fields.items()}
+    return nested
+
+
+def _v10(conn: Connection) -> None:
+    """Morph state, exclusions, the salvage hold and measurements as records of their own in each job row."""
+    for job_id, raw in conn.execute(text("SELECT id, data FROM jobs")).all():
+        row = nest_job_row(json.loads(raw))
+        conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(row)})
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -30,7 +30,7 @@ class Effects:
     def spawn(self, effect: Effect) -> None:
         if self._group is None:
             self._group = asyncio.ensure_future(self._hold())
-            self._group.add_done_callback(_log_failure)
+            self._group.add_done_callback(self._ended)
         if self._group.done():  # the group ended (a bug, logged): nothing runs any more, nothing is left pending
             effect.close()
             log.error("side effect %r not run: the side effects' task group has ended", effect)
@@ -42,15 +42,21 @@ class Effects:
     async def _hold(self) -> None:
         async with asyncio.TaskGroup() as group:
             while (effect := await self._queue.get()) is not None:
-                group.create_task(self._counted(effect))
+                group.create_task(effect).add_done_callback(self._finished)
 
-    async def _counted(self, effect: Effect) -> None:
-        try:
-            await effect
-        finally:
-            self._running -= 1
-            if self._running == 0:
-                self._idle.set()
+    def _finished(self, _: asyncio.Task[None]) -> None:
+        self._running -= 1
+        if self._running == 0:
+            self._idle.set()
+
+    def _ended(self, group: asyncio.Task[None]) -> None:
+        """Log a failure; close what the group never took (the loop may end before it ran: no coroutine is
+        left never awaited)."""
+        if not group.cancelled() and (failure := group.exception()) is not None:
+            log.error("a side effect failed unexpectedly; no further side effects run", exc_info=failure)
+        while not self._queue.empty():
+            if (effect := self._queue.get_nowait()) is not None:
+                effect.close()
 
     async def settle(self) -> None:
         """Wait for the side effects under way (and for any they lead to); raise the group's failure, if any."""
@@ -69,8 +75,3 @@ class Effects:
             self._queue.put_nowait(None)
         await self._group
         self._group = None
-
-
-def _log_failure(group: asyncio.Task[None]) -> None:
-    if not group.cancelled() and (failure := group.exception()) is not None:
-        log.error("a side effect failed unexpectedly; no further side effects run", exc_info=failure)

@@ -10,6 +10,8 @@ from typing import Any
 
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord, NodeObservation, NodeRecord, RankReport
+from controller.persistence.codec import job_from_dict, job_to_dict
+from controller.persistence.schema import NESTED_JOB_FIELDS, complete_job_row, nest_job_row
 from controller.persistence.store import Store
 from morphing.jobspec import JobSpec
 from morphing.planner import Planner
@@ -132,3 +134,17 @@ class FakeProvider:
 
     async def close(self) -> None:
         self.closed = True
+
+
+def version_9_row(record: JobRecord) -> dict[str, Any]:
+    """``record`` as a version 9 store kept it: every field flat (schema 10 nests them)."""
+    nested = job_to_dict(record)
+    flat = {k: v for k, v in nested.items() if k not in NESTED_JOB_FIELDS}
+    for name, fields in NESTED_JOB_FIELDS.items():
+        flat |= {old: nested[name][new] for new, old in fields.items()}
+    return flat
+
+
+def from_old_row(row: dict[str, Any]) -> JobRecord:
+    """A flat row of before version 9 (fields missing), read as the migrations leave it."""
+    return job_from_dict(nest_job_row(complete_job_row(row)))

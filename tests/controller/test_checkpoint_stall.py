@@ -15,7 +15,7 @@ from controller.core.events import EventKind
 from controller.core.model import RankReport
 from controller.core.reconcile import assignment_for
 from controller.persistence.codec import job_from_dict, job_to_dict
-from controller.persistence.schema import complete_job_row
+from tests.controller.helpers import from_old_row, version_9_row
 from tests.controller.test_eval_and_pause import events, evict_one
 from tests.controller.test_reconcile import Sim, started
 from tests.controller.test_timeline import SVG
@@ -34,7 +34,7 @@ def beat(sim: Sim, step: int, stalls: dict[str, tuple[int, float] | None]) -> No
 
 def shown(sim: Sim) -> tuple[int, int, float | None]:
     job = sim.job()
-    return job.checkpoint_stall_generation, job.checkpoint_stall_step, job.checkpoint_stall_seconds
+    return job.checkpoint_stall.generation, job.checkpoint_stall.step, job.checkpoint_stall.seconds
 
 
 def measured(sim: Sim) -> list[tuple[int, int, float]]:
@@ -89,8 +89,8 @@ def test_the_stall_survives_the_store_and_rows_written_before_it_load() -> None:
     sim.step(1)
     row = job_to_dict(sim.job())
     assert job_from_dict(row) == sim.job()
-    old = {k: v for k, v in row.items() if not k.startswith("checkpoint_stall_")}
-    assert shown(Sim(replace(sim.world, jobs={"j1": job_from_dict(complete_job_row(old))}))) == (0, 0, None)
+    old = {k: v for k, v in version_9_row(sim.job()).items() if not k.startswith("checkpoint_stall_")}
+    assert shown(Sim(replace(sim.world, jobs={"j1": from_old_row(old)}))) == (0, 0, None)
 
 
 def test_status_and_its_watch_view_show_the_stall_in_milliseconds() -> None:

@@ -47,15 +47,15 @@ def test_the_newest_evaluation_reaches_the_job_once_and_the_event_log() -> None:
     sim = started(2)
     beat_all(sim, 10, eval_step=10, eval_loss=2.5)
     sim.step(1)
-    assert (sim.job().eval_step, sim.job().eval_loss) == (10, 2.5)
+    assert (sim.job().evaluation.step, sim.job().evaluation.loss) == (10, 2.5)
     sim.step(1)  # the same report again: no second event
     assert [(e.data["step"], e.data["loss"]) for e in events(sim, EventKind.EVALUATION_COMPLETED)] == [(10, 2.5)]
     beat_all(sim, 25, eval_step=20, eval_loss=2.25)
     sim.step(1)
-    assert (sim.job().eval_step, sim.job().eval_loss) == (20, 2.25)
+    assert (sim.job().evaluation.step, sim.job().evaluation.loss) == (20, 2.25)
     beat_all(sim, 26, eval_step=10, eval_loss=9.0)  # an older evaluation never replaces a newer one
     sim.step(1)
-    assert (sim.job().eval_step, sim.job().eval_loss) == (20, 2.25)
+    assert (sim.job().evaluation.step, sim.job().evaluation.loss) == (20, 2.25)
     assert len(events(sim, EventKind.EVALUATION_COMPLETED)) == 2
 
 
@@ -76,14 +76,14 @@ def test_the_pause_runs_from_the_last_step_before_a_morph_to_the_first_after_it(
     sim = started(4)
     beat_all(sim, 40, first_at=100.0, last_at=140.0)
     sim.step(1)
-    assert sim.job().last_step_at == 140.0 and sim.job().paused_since is None  # generation 1: nothing paused
+    assert sim.job().last_step_at == 140.0 and sim.job().morph.paused_since is None  # generation 1: nothing paused
     evict_one(sim, 41, last_at=141.5)
-    morph_started = sim.job().morph_started_at
+    morph_started = sim.job().morph.started_at
     sim.step(2)  # the controller decides 2 s after the notice came
     job = sim.job()
     assert job.state is J.RUNNING and job.generation == 2
-    assert job.paused_since == 141.5
-    assert morph_started is not None and job.decision_seconds == sim.now - morph_started
+    assert job.morph.paused_since == 141.5
+    assert morph_started is not None and job.morph.decision_seconds == sim.now - morph_started
     sim.step(5)  # generation 2 starts: no step yet, nothing measured
     assert not [c for c in sim.log if isinstance(c, RecordPause)]
     beat_all(sim, 42, first_at=148.0, last_at=148.0)
@@ -94,11 +94,11 @@ def test_the_pause_runs_from_the_last_step_before_a_morph_to_the_first_after_it(
         "generation": 2,
         "step": 42,
         "pause_seconds": 6.5,
-        "decision_seconds": job.decision_seconds,
+        "decision_seconds": job.morph.decision_seconds,
         "paused_since": 141.5,
         "resumed_at": 148.0,
     }
-    assert sim.job().paused_since is None and sim.job().last_step_at == 148.0
+    assert sim.job().morph.paused_since is None and sim.job().last_step_at == 148.0
     beat_all(sim, 60, first_at=148.0, last_at=170.0)
     sim.step(1)
     assert len(events(sim, EventKind.TRAINING_RESUMED)) == 1  # measured once
@@ -122,7 +122,7 @@ def test_a_generation_that_never_stepped_carries_the_pause_to_the_next() -> None
         assert a is not None
         sim.beat(name, *[RankReport("j1", 2, r, False, 1, 41, 41, error="boom") for r in a.ranks])
     sim.step(1)
-    assert sim.job().generation == 3 and sim.job().paused_since == 141.0
+    assert sim.job().generation == 3 and sim.job().morph.paused_since == 141.0
     beat_all(sim, 42, first_at=150.0, last_at=150.0)
     sim.step(1)
     assert [c for c in sim.log if isinstance(c, RecordPause)] == [RecordPause("j1", 3, 9.0)]
@@ -142,7 +142,7 @@ def test_a_skewed_clock_never_makes_a_negative_pause() -> None:
 def test_the_first_generation_has_a_decision_time_of_none_and_no_pause() -> None:
     sim = started(2)
     first = next(c for c in sim.log if isinstance(c, StartGeneration))
-    assert first.morph_seconds is None and sim.job().decision_seconds is None
+    assert first.morph_seconds is None and sim.job().morph.decision_seconds is None
     beat_all(sim, 5, first_at=10.0, last_at=15.0)
     sim.step(1)
     assert not events(sim, EventKind.TRAINING_RESUMED)

@@ -22,6 +22,7 @@ from controller.core.lifecycle import (
     Transition,
     transition,
 )
+from controller.core.records import Morph
 from tests.controller.helpers import job
 
 
@@ -87,7 +88,7 @@ def test_every_edge_has_a_cause() -> None:
 def test_action_edges(source: Action, target: Action) -> None:
     """Every action edge is accepted by act() with its cause; every other change is refused; the same
     action again changes only the other fields."""
-    record = job(state=JobState.MORPHING, action=source, morph_detail="eviction notice")
+    record = job(state=JobState.MORPHING, action=source, morph=Morph(detail="eviction notice"))
     if source is target:
         same = act(record, target, "again", 5.0, restarts=2)
         assert same.action is None and same.job.action is source and same.job.restarts == 2
@@ -110,4 +111,4 @@ def test_the_action_graph_starts_at_run_and_every_action_leads_back_to_it() -> N
 
 def test_only_a_move_or_an_act_sets_the_action() -> None:
     with pytest.raises(IllegalTransition, match="only a move sets action"):
-        amend(job(), action=Action.STOP)
+        amend(job(), action=Action.STOP)  # type: ignore[call-overload]  # the runtime half of the type check

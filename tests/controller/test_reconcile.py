@@ -171,7 +171,7 @@ def test_unplanned_loss_aborts_survivors_and_resumes_from_checkpoint() -> None:
     resume = assignment_for(sim.world, j.nodes[0])
     assert resume is not None and (resume.resume_step, resume.resume_generation) == (50, 1)
     assert victim not in j.nodes
-    assert (j.morph_cause, j.morph_detail) == (MorphCause.NODE_LOST, f"node lost: {victim}")
+    assert (j.morph.cause, j.morph.detail) == (MorphCause.NODE_LOST, f"node lost: {victim}")
 
 
 def test_stale_generation_reports_never_change_the_job() -> None:
@@ -212,7 +212,7 @@ def test_trainer_failure_restarts_then_fails_after_max_restarts() -> None:
         sim.step()
         if attempt < 3:
             assert sim.job().state is J.RUNNING and sim.job().restarts == attempt + 1
-            assert sim.job().morph_cause is MorphCause.TRAINER_FAILED
+            assert sim.job().morph.cause is MorphCause.TRAINER_FAILED
     assert sim.job().state is J.FAILED
     assert all(n.job is None for n in sim.world.nodes.values())
 
@@ -248,8 +248,8 @@ def test_growth_after_debounce_when_it_pays() -> None:
     sim.step(1)
     assert sim.job().state is J.RUNNING  # debounce window still open
     sim.step(5)
-    assert sim.job().state is J.MORPHING and sim.job().morph_cause is MorphCause.GROW
-    assert sim.job().morph_detail.startswith("grow: ")
+    assert sim.job().state is J.MORPHING and sim.job().morph.cause is MorphCause.GROW
+    assert sim.job().morph.detail.startswith("grow: ")
     sim.run_ranks("j1", running=False, code=0, step=9, ckpt=9)
     sim.step()
     assert sim.job().state is J.RUNNING and len(sim.job().nodes) > 1
@@ -340,7 +340,7 @@ def test_a_node_whose_trainers_cannot_start_is_left_out_of_the_next_generation()
     sim.step(1)
     job_now = sim.job()
     assert job_now.state is J.MORPHING and job_now.action is Action.ABORT
-    assert job_now.excluded_nodes == (broken,) and job_now.morph_cause is MorphCause.TRAINER_START_FAILED
+    assert job_now.exclusions.nodes == (broken,) and job_now.morph.cause is MorphCause.TRAINER_START_FAILED
     assert job_now.restarts == first.restarts, "a broken node is not the job's fault"
     failed = [c for c in sim.log if isinstance(c, RecordEvent) and c.kind == "TrainerStartFailed"]
     assert [(c.node, c.data["error"]) for c in failed] == [(broken, error)]

@@ -18,6 +18,7 @@ from controller.core.reconcile.health import node_health
 from controller.core.reconcile.morph import advance_morph
 from controller.core.reconcile.progress import progress
 from controller.core.reconcile.reports import census, current_reports
+from controller.core.records import Morph
 from tests.controller.helpers import job, node, planner
 
 J, N = JobState, NodeState
@@ -129,9 +130,7 @@ def test_a_stop_that_times_out_aborts_and_keeps_its_cause() -> None:
         running(),
         state=J.MORPHING,
         action=Action.STOP,
-        morph_started_at=50.0,
-        morph_cause=MorphCause.EVICTION,
-        morph_detail="eviction notice: node-2",
+        morph=Morph(started_at=50.0, cause=MorphCause.EVICTION, detail="eviction notice: node-2"),
     )
     still = tuple(RankReport("j1", 2, r, True, None, 10, 10) for r in range(2))
     observed = {name: NodeObservation(2, 99.0, still) for name in NODES}
@@ -139,7 +138,7 @@ def test_a_stop_that_times_out_aborts_and_keeps_its_cause() -> None:
     advance_morph(draft, CONFIG, {"j1": planner()}, "j1")
     after = draft.jobs["j1"]
     assert (after.state, after.action) == (J.MORPHING, Action.ABORT)
-    assert (after.morph_cause, after.morph_detail) == (MorphCause.EVICTION, "eviction notice: node-2; stop timed out")
+    assert (after.morph.cause, after.morph.detail) == (MorphCause.EVICTION, "eviction notice: node-2; stop timed out")
     early = draft_of(stopping, observed, now=79.0)
     advance_morph(early, CONFIG, {"j1": planner()}, "j1")
     assert early.jobs["j1"].action is Action.STOP and early.commands == []

@@ -14,8 +14,7 @@ from controller.core.model import Action, RankReport, RecordEvent, StartGenerati
 from controller.core.observations import Refusal
 from controller.core.reconcile import assignment_for
 from controller.persistence.codec import job_from_dict, job_to_dict
-from controller.persistence.schema import complete_job_row
-from tests.controller.helpers import job
+from tests.controller.helpers import from_old_row, job, version_9_row
 from tests.controller.test_reconcile import Sim, cluster, started
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.agent.progress import TrainerReport
@@ -49,7 +48,7 @@ def test_a_user_error_fails_the_job_at_once_with_its_message_and_no_restart() ->
     failed = sim.job()
     assert failed.state is J.FAILED and failed.failure_cause is JobFailureCause.USER_ERROR
     assert failed.reason == f"{NO_DATA} (rank {rank} on {first})"
-    assert failed.restarts == 0 and failed.excluded_nodes == () and generations(sim) == [1]
+    assert failed.restarts == 0 and failed.exclusions.nodes == () and generations(sim) == [1]
     assert all(n.job is None for n in sim.world.nodes.values()), "its nodes are free for other jobs"
 
 
@@ -61,7 +60,7 @@ def test_a_crash_or_an_exit_2_without_the_trainers_word_takes_the_old_path() -> 
             sim.step()
             if attempt < 3:
                 assert sim.job().state is J.RUNNING and sim.job().restarts == attempt + 1
-                assert sim.job().morph_cause is MorphCause.TRAINER_FAILED and sim.job().failure_cause is None
+                assert sim.job().morph.cause is MorphCause.TRAINER_FAILED and sim.job().failure_cause is None
         assert sim.job().state is J.FAILED and sim.job().failure_cause is JobFailureCause.TRAINERS_FAILED
         assert sim.job().reason.startswith("2 trainer(s) failed; max_restarts=3"), refusal
 
@@ -75,8 +74,8 @@ def test_a_node_that_cannot_run_the_job_is_left_out_and_the_job_replans_on_the_o
     sim.step(1)
     now = sim.job()
     assert now.state is J.MORPHING and now.action is Action.ABORT
-    assert now.morph_cause is MorphCause.TRAINER_START_FAILED and NO_CUDA in now.morph_detail
-    assert now.excluded_nodes == (unfit,) and now.rendezvous_failures == ()
+    assert now.morph.cause is MorphCause.TRAINER_START_FAILED and NO_CUDA in now.morph.detail
+    assert now.exclusions.nodes == (unfit,) and now.exclusions.rendezvous_failures == ()
     assert now.restarts == first.restarts, "a node's lack is not the job's fault"
     events = [c for c in sim.log if isinstance(c, RecordEvent) and c.kind == "TrainerStartFailed"]
     assert [(c.node, c.data["error"]) for c in events] == [(unfit, NO_CUDA)]
@@ -120,9 +119,9 @@ def test_the_input_error_wins_over_a_node_s_lack_and_a_failed_job_always_has_a_c
 def test_the_cause_is_stored_and_shown_and_old_rows_have_none() -> None:
     failed = replace(job(), state=J.FAILED, reason=NO_DATA, failure_cause=JobFailureCause.USER_ERROR)
     assert job_from_dict(job_to_dict(failed)) == failed
-    old = job_to_dict(job())
+    old = version_9_row(job())
     del old["failure_cause"]
-    assert job_from_dict(complete_job_row(old)).failure_cause is None
+    assert from_old_row(old).failure_cause is None
     assert job_to_pb(failed).failure_cause == "user_error" and job_to_pb(job()).failure_cause == ""
 
 

@@ -37,7 +37,7 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("files")
     make_cluster_certs(folder, ["127.0.0.1"], ["operator"])

@@ -42,7 +42,7 @@ def refused(state: Path, *flags: str) -> str:
     return line
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("certs")
     make_cluster_certs(folder / "a", ["127.0.0.1"], ["operator"])

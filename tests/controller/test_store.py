@@ -16,11 +16,12 @@ from controller.core.commands import AddJob
 from controller.core.lifecycle import ACTION_TRANSITIONS, JobState, NodeState
 from controller.core.model import Action, RankReport, SetJob, StartGeneration, Training, World, apply
 from controller.core.reconcile import Config, reconcile
+from controller.core.records import CheckpointStall, Evaluation, Exclusions, Hold, Morph
 from controller.persistence.codec import job_from_dict, job_to_dict
 from controller.persistence.plain import RowError
-from controller.persistence.schema import legacy_morph_cause
+from controller.persistence.schema import JOB_FIELDS_BEFORE, legacy_morph_cause
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
-from tests.controller.helpers import job, node, planner, seen
+from tests.controller.helpers import job, node, planner, seen, version_9_row
 
 
 def _running_world(store: Store) -> World:
@@ -108,8 +109,7 @@ def test_a_morph_cause_round_trips_beside_its_words(tmp_path: Path) -> None:
         world.jobs["job-1"],
         state=JobState.MORPHING,
         action=Action.STOP,
-        morph_cause=MorphCause.EVICTION,
-        morph_detail="eviction notice: node-2",
+        morph=Morph(cause=MorphCause.EVICTION, detail="eviction notice: node-2"),
     )
     store.persist([SetJob(morphing)])
     assert store.load()[1]["job-1"] == morphing
@@ -119,7 +119,7 @@ def _legacy_database(path: Path) -> None:
     """A state file as a schema-2 controller left it: causes stored in words only."""
     engine = create_engine(f"sqlite:///{path}")
     migrate(engine, MIGRATIONS[:2])
-    old = job_to_dict(replace(job("job-1"), state=JobState.MORPHING, action=Action.ABORT))
+    old = version_9_row(replace(job("job-1"), state=JobState.MORPHING, action=Action.ABORT))
     old.pop("morph_detail")
     old["morph_cause"] = "node lost: node-3; stop timed out"
     layout = json.dumps({"unused": True})
@@ -140,7 +140,7 @@ def test_an_old_state_database_loads_with_causes_read_from_its_words(tmp_path: P
     store = Store(tmp_path / "old.db")
     assert store.schema_version() == SCHEMA_VERSION
     loaded = store.load()[1]["job-1"]
-    assert (loaded.morph_cause, loaded.morph_detail) == (MorphCause.NODE_LOST, "node lost: node-3; stop timed out")
+    assert (loaded.morph.cause, loaded.morph.detail) == (MorphCause.NODE_LOST, "node lost: node-3; stop timed out")
     causes = [(g.morph_cause, g.cause) for g in store.generations("job-1")]
     assert causes == [
         (MorphCause.ADMITTED, "admitted"),
@@ -169,7 +169,8 @@ def test_every_action_change_is_an_event_with_its_cause(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     world = _running_world(store)
     running = world.jobs["job-1"]
-    morphing = move(running, JobState.MORPHING, "eviction notice", 2.0, action=Action.STOP, morph_cause="eviction")
+    evicted = Morph(cause=MorphCause.EVICTION)
+    morphing = move(running, JobState.MORPHING, "eviction notice", 2.0, action=Action.STOP, morph=evicted)
     aborting = act(morphing.job, Action.ABORT, "stop timed out", 3.0)
     store.persist([morphing, aborting])
     *_, moved, acted = store.events(job="job-1")
@@ -213,16 +214,15 @@ def test_events_written_before_decisions_were_numbered_have_none(tmp_path: Path)
 
 def test_the_job_codec_reads_rows_strictly_and_a_migration_completes_older_ones(tmp_path: Path) -> None:
     """One migration path: the codec has no defaults for absent fields; schema 9 writes them into old rows."""
-    row = job_to_dict(replace(job("job-1"), excluded_nodes=("node-2",), morph_cause=MorphCause.GROW))
-    assert job_from_dict(json.loads(json.dumps(row))) == replace(
-        job("job-1"), excluded_nodes=("node-2",), morph_cause=MorphCause.GROW
-    )
-    for field in ("training", "excluded_nodes", "held_step"):
+    kept = replace(job("job-1"), exclusions=Exclusions(nodes=("node-2",)), morph=Morph(cause=MorphCause.GROW))
+    row = job_to_dict(kept)
+    assert job_from_dict(json.loads(json.dumps(row))) == kept
+    for field in ("training", "exclusions", "held_step"):
         lacking = {k: v for k, v in row.items() if k != field}
         with pytest.raises(RowError, match=f"no {field} "):
             job_from_dict(lacking)
-    with pytest.raises(RowError, match=r"job\.excluded_nodes: expected a list"):
-        job_from_dict({**row, "excluded_nodes": "node-2"})
+    with pytest.raises(RowError, match=r"job\.exclusions\.nodes: expected a list"):
+        job_from_dict({**row, "exclusions": {**row["exclusions"], "nodes": "node-2"}})
     engine = create_engine(f"sqlite:///{tmp_path / 'v8.db'}")
     migrate(engine, MIGRATIONS[:8])
     oldest = {k: v for k, v in row.items() if k in ("id", "spec", "state", "submitted_at", "state_since", "action")}
@@ -232,3 +232,25 @@ def test_the_job_codec_reads_rows_strictly_and_a_migration_completes_older_ones(
     engine.dispose()
     loaded = Store(tmp_path / "v8.db").load()[1]["job-1"]
     assert loaded == replace(job("job-1"), training=Training(loss=2.5, step=7))
+
+
+def test_schema_10_nests_a_version_9_job_row_keeping_every_value(tmp_path: Path) -> None:
+    """Morph state, exclusions, the hold and the measurements were flat fields of the row until version 10."""
+    kept = replace(
+        job("job-1"),
+        state=JobState.MORPHING,
+        action=Action.HOLD,
+        morph=Morph(12.5, MorphCause.NODE_LOST, "node lost: node-3", 11.0, 0.25),
+        exclusions=Exclusions(("node-3",), (("node-2", "node-1", 10.0),), (("node-4", 99.0),)),
+        hold=Hold(("node-3",), 40, (0, 1), 30.0),
+        evaluation=Evaluation(40, 2.75),
+        checkpoint_stall=CheckpointStall(0.5, 39, 2),
+    )
+    flat = version_9_row(kept)
+    assert set(flat) == {*JOB_FIELDS_BEFORE, "id", "spec", "state", "submitted_at", "state_since"}  # version 9's
+    engine = create_engine(f"sqlite:///{tmp_path / 'v9.db'}")
+    migrate(engine, MIGRATIONS[:9])
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)"), {"data": json.dumps(flat)})
+    engine.dispose()
+    assert Store(tmp_path / "v9.db").load()[1]["job-1"] == kept

@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from controller.core.lifecycle import JobState
 from controller.core.model import JobRecord
-from controller.core.records import Training
+from controller.core.records import Evaluation, Training
 from controller.observability.tensorboard import Point, Seen, TensorBoardExport, points, seen
 from controller.observability.tfevents import EventFile, crc32c, scalar_event
 from morphing.layout import make_layout
@@ -66,7 +66,7 @@ def test_a_new_generation_writes_its_layout_and_a_marker_and_a_new_step_its_loss
         Point("train/loss", 11, 2.4),
         Point("train/samples_per_second", 11, 12.5),
     ]
-    evaluated = points(Seen(11, 0, 1), running(step=11, loss=2.4, eval_step=11, eval_loss=2.9))
+    evaluated = points(Seen(11, 0, 1), running(step=11, loss=2.4, evaluation=Evaluation(11, 2.9)))
     assert evaluated == [Point("eval/loss", 11, 2.9)]
 
 

@@ -11,9 +11,9 @@ import pytest
 from controller.client.commands.status import loss_of, sparkline, watch_view
 from controller.core.events import EventKind
 from controller.persistence.codec import job_from_dict, job_to_dict
-from controller.persistence.schema import complete_job_row
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
+from tests.controller.helpers import from_old_row, version_9_row
 from tests.controller.test_eval_and_pause import beat_all, events
 from tests.controller.test_hostile_edge import refusal, running_job
 from tests.controller.test_reconcile import Sim, started
@@ -48,9 +48,9 @@ def test_the_newest_loss_reaches_the_job_and_the_log_at_most_once_a_period() -> 
 
 def test_a_record_written_before_losses_were_kept_loads_with_none() -> None:
     sim = started(1)
-    old = job_to_dict(sim.job())
+    old = version_9_row(sim.job())
     del old["training"]
-    assert job_from_dict(complete_job_row(old)).training.loss is None  # schema 9 completes older rows
+    assert from_old_row(old).training.loss is None  # schema 9 completes older rows
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from controller.core.lifecycle import JobState
 from controller.core.model import Action, RankReport, RecordEvent
 from controller.core.reconcile import assignment_for
 from controller.core.reconcile.unreachable import held_out, judge
+from controller.core.records import Exclusions
 from tests.controller.helpers import job
 from tests.controller.test_reconcile import CONFIG, Sim, cluster
 
@@ -78,12 +79,12 @@ def test_a_host_none_of_its_peers_can_reach_is_implicated_at_once_and_left_out_f
     cannot_start(sim, spokes)
     sim.step(1)
     now = sim.job()
-    assert now.state is J.MORPHING and now.action is Action.ABORT and now.morph_cause is MorphCause.PEER_UNREACHABLE
+    assert now.state is J.MORPHING and now.action is Action.ABORT and now.morph.cause is MorphCause.PEER_UNREACHABLE
     (event,) = implicated(sim)
     assert event.node == cut and event.data["partners"] == sorted(spokes)
     assert event.data["until"] == sim.now + CONFIG.unreachable_exclusion_seconds
-    assert now.excluded_nodes == (), "the nodes that could not reach it are not to blame"
-    assert cut in now.morph_detail and now.restarts == 0
+    assert now.exclusions.nodes == (), "the nodes that could not reach it are not to blame"
+    assert cut in now.morph.detail and now.restarts == 0
     end_generation(sim)
     assert cut not in sim.job().nodes and set(spokes) <= set(sim.job().nodes)
     assert held_out(sim.job(), cut, sim.now)
@@ -97,7 +98,7 @@ def test_one_failed_start_leaves_the_node_out_and_a_second_partner_implicates_th
     running(sim)
     cannot_start(sim, [first])  # one edge: which end is cut off cannot be told yet
     sim.step(1)
-    assert sim.job().excluded_nodes == (first,) and sim.job().morph_cause is MorphCause.TRAINER_START_FAILED
+    assert sim.job().exclusions.nodes == (first,) and sim.job().morph.cause is MorphCause.TRAINER_START_FAILED
     assert not implicated(sim)
     end_generation(sim)
     assert host(sim) == cut and first not in sim.job().nodes
@@ -107,14 +108,14 @@ def test_one_failed_start_leaves_the_node_out_and_a_second_partner_implicates_th
     sim.step(1)
     (event,) = implicated(sim)
     assert event.node == cut and event.data["partners"] == sorted([first, second])
-    assert sim.job().excluded_nodes == (), f"{first} is taken back: its failure is explained"
-    assert sim.job().morph_cause is MorphCause.PEER_UNREACHABLE
+    assert sim.job().exclusions.nodes == (), f"{first} is taken back: its failure is explained"
+    assert sim.job().morph.cause is MorphCause.PEER_UNREACHABLE
     end_generation(sim)
     assert set(sim.job().nodes) == {first, second}
 
 
 def test_failed_starts_older_than_the_memory_implicate_nobody() -> None:
-    record = replace(job(), rendezvous_failures=(("node-2", "node-1", 0.0),))
+    record = replace(job(), exclusions=Exclusions(rendezvous_failures=(("node-2", "node-1", 0.0),)))
     old = judge(record, [("node-3", "node-1", 1000.0)], 1000.0, memory_seconds=900.0)
     assert dict(old.implicated) == {} and old.edges == (("node-3", "node-1", 1000.0),)
     recent = judge(record, [("node-3", "node-1", 500.0)], 500.0, memory_seconds=900.0)
@@ -123,6 +124,6 @@ def test_failed_starts_older_than_the_memory_implicate_nobody() -> None:
 
 
 def test_a_spoke_that_failed_with_two_hosts_is_implicated_and_the_hosts_are_not() -> None:
-    record = replace(job(), rendezvous_failures=(("node-3", "node-1", 10.0),), excluded_nodes=("node-3",))
+    record = replace(job(), exclusions=Exclusions(("node-3",), (("node-3", "node-1", 10.0),)))
     verdict = judge(record, [("node-3", "node-2", 20.0)], 20.0, memory_seconds=900.0)
     assert dict(verdict.implicated) == {"node-3": ("node-1", "node-2")} and verdict.cleared == ("node-1", "node-2")

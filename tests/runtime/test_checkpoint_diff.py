@@ -11,7 +11,8 @@ import pytest
 
 from tests.runtime.helpers import REPO, TINY, run, train_cmd
 
-# One worker runs the module: its training fixture then runs once, not once per xdist worker.
+# One worker runs the module and its training fixture is session-scoped: it runs once, not once per xdist
+# worker, nor again after the worker ran another module's tests in between (a module scope would tear it down).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint-diff-runs")]
 DEMO = f"{REPO}/examples/tiny_gpt.py:build"
 
@@ -21,7 +22,7 @@ def diff(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("diff")
     for name, stages, steps, entry in (("a", 1, 3, TINY), ("b", 2, 3, TINY), ("c", 1, 2, TINY), ("d", 1, 3, DEMO)):

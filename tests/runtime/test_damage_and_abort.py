@@ -24,7 +24,7 @@ from worker_agent.runtime import checkpoint as ck
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("damage-pristine")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Checkpoints at steps 1, 2, 3 of a 1x1 run."""
     root = tmp_path_factory.mktemp("pristine") / "ckpt"

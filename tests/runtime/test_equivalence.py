@@ -14,7 +14,8 @@ from tests.runtime.helpers import run, train, train_cmd, wait_for
 from worker_agent.contract import ExitCode, GenerationDir, StepCompleted, TrainingStopped, events_of, read_progress
 from worker_agent.runtime import checkpoint as ck
 
-# One worker runs the module: its training fixture then runs once, not once per xdist worker.
+# One worker runs the module and its training fixture is session-scoped: it runs once, not once per xdist
+# worker, nor again after the worker ran another module's tests in between (a module scope would tear it down).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("equivalence-chain")]
 
 
@@ -28,7 +29,7 @@ class Chain:
     stopped_checkpoint: Path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     base = tmp_path_factory.mktemp("chain")
     root, reference, run_dir = base / "morphed", base / "reference", base / "run"

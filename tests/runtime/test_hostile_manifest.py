@@ -54,7 +54,7 @@ def write_checkpoints(root: Path, steps: list[int], job: dict[str, Any] = JOB) -
         writer.save(step, payloads, manifest)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Checkpoints at steps 1, 2, 3 of JOB."""
     root = tmp_path_factory.mktemp("pristine") / "ckpt"

@@ -289,8 +289,9 @@ class Agent:
         if incoming.launch is not None:
             self.state.launch[(wanted.job_id, wanted.generation)] = incoming.launch
         self.state.desired = wanted
+        leaving = self.state.notice is not None
         for command in converge(wanted, (r.status for r in self.supervisor.reports())):
-            perform(command, self.supervisor, self.config, self.state.launch, self.state.notice is not None)
+            perform(command, self.supervisor, self.config.gpus, self.config.slots, self.state.launch, leaving)
         keep = {(wanted.job_id, wanted.generation)}
         self.supervisor.forget(keep)
         self.state.launch = {k: v for k, v in self.state.launch.items() if k in keep}

@@ -18,10 +18,9 @@ from worker_agent.agent.converge import (
     RequestStop,
     StartTrainer,
 )
-from worker_agent.agent.gpus import device_for_slot
+from worker_agent.agent.gpus import Gpu, device_for_slot
 
 if TYPE_CHECKING:
-    from worker_agent.agent.daemon import AgentConfig
     from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 
 log = logging.getLogger("spotmorph.agent")
@@ -30,14 +29,16 @@ log = logging.getLogger("spotmorph.agent")
 def perform(
     command: Command,
     supervisor: Supervisor,
-    config: AgentConfig,
+    gpus: tuple[Gpu, ...],
+    slots: int,
     launch: dict[tuple[str, int], LaunchSpec],
     leaving: bool,
 ) -> None:
-    """``leaving``: the node has an eviction notice, so its trainers write the stop's checkpoint, not hold it."""
+    """``gpus``, ``slots``: the node's; ``launch``: what each generation runs; ``leaving``: the node has an eviction
+    notice, so its trainers write the stop's checkpoint, not hold it."""
     match command:
         case StartTrainer():
-            start(command, supervisor, config, launch[(command.key.job_id, command.key.generation)])
+            start(command, supervisor, gpus, slots, launch[(command.key.job_id, command.key.generation)])
         case RequestStop():
             log.info("asking generation %d of %s to stop", command.generation, command.job_id)
             supervisor.request_stop(command.job_id, command.generation, leaving)
@@ -60,12 +61,12 @@ def perform(
             assert_never(command)
 
 
-def start(command: StartTrainer, supervisor: Supervisor, config: AgentConfig, spec: LaunchSpec) -> None:
+def start(command: StartTrainer, supervisor: Supervisor, gpus: tuple[Gpu, ...], slots: int, spec: LaunchSpec) -> None:
     """Start one rank in its slot, on its GPU where the node has them; a slot the node lacks is refused."""
-    if not 0 <= command.slot < config.slots:  # hostile or confused: never two ranks on a GPU
-        log.error("not starting %s: slot %d is not one of this node's %d", command.key, command.slot, config.slots)
+    if not 0 <= command.slot < slots:  # hostile or confused: never two ranks on a GPU
+        log.error("not starting %s: slot %d is not one of this node's %d", command.key, command.slot, slots)
         return
-    device = device_for_slot(command.slot, config.gpus)
+    device = device_for_slot(command.slot, gpus)
     on = "" if device is None else f" on cuda:{device}"
     log.info("starting %s in slot %d%s", command.key, command.slot, on)
     supervisor.start(command.key, spec, device)

@@ -10,6 +10,7 @@ earlier decisions. Reports of any other incarnation or generation never change a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Unpack
 
 from controller.core.causes import JobFailureCause
 from controller.core.intake import Stale
@@ -24,6 +25,7 @@ from controller.core.reconcile.growth import grow
 from controller.core.reconcile.health import node_health
 from controller.core.reconcile.morph import advance_morph, supervise
 from controller.core.reconcile.progress import progress
+from controller.core.records import MoveFields
 from controller.core.retention import forget_gone
 
 __all__ = ["Config", "Planners", "assignment_for", "cancel", "fail", "free_nodes", "reconcile"]
@@ -80,8 +82,8 @@ def assignment_for(
         entrypoint=job.spec.entrypoint,
         spec=spec_for_generation(job, world.nodes),
         checkpoint_request=job.checkpoint_request,
-        salvage=Salvage(job.salvage_step, job.salvage_writers, job.salvage_deadline)
-        if job.action is Action.HOLD and job.salvage_writers
+        salvage=Salvage(job.hold.step, job.hold.writers, job.hold.deadline)
+        if job.action is Action.HOLD and job.hold.writers
         else None,
         held_step=job.held_step,
         held_generation=job.held_generation,
@@ -104,7 +106,9 @@ def fail(world: World, job_id: str, now: float, reason: str) -> list[Command]:
     return _end(world, job_id, now, JobState.FAILED, reason, failure_cause=JobFailureCause.DECISIONS_FAILED)
 
 
-def _end(world: World, job_id: str, now: float, state: JobState, reason: str, **fields: object) -> list[Command]:
+def _end(
+    world: World, job_id: str, now: float, state: JobState, reason: str, **fields: Unpack[MoveFields]
+) -> list[Command]:
     draft = Draft(world, now)
     job = draft.jobs[job_id]
     draft.move_job(job_id, state, reason, **fields)

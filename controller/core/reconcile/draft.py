@@ -8,6 +8,8 @@ exactly what was decided; states change only through :func:`controller.core.chan
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Unpack
 
 from controller.core.causes import MorphCause
 from controller.core.changes import act, amend, move
@@ -15,6 +17,7 @@ from controller.core.commands import Command, RecordEvent, SetJob, SetNode
 from controller.core.facts import Fact
 from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import JobRecord, NodeRecord, World
+from controller.core.records import JobFields, MoveFields, NodeFields
 
 N = NodeState
 SERVING = frozenset({N.ASSIGNED, N.DRAINING})
@@ -40,28 +43,31 @@ class Draft:
         self.unplannable: dict[str, str] = {}  # job -> why its planner failed (the job fails at the end of the pass)
         self.queue_blocked = False  # a queued job that fits the nodes here waits for some to be freed
 
-    def move_node(self, name: str, target: NodeState, reason: str, **fields: object) -> None:
+    def move_node(self, name: str, target: NodeState, reason: str, **fields: Unpack[NodeFields]) -> None:
         self._node(move(self.nodes[name], target, reason, self.now, **fields))
 
-    def amend_node(self, name: str, **fields: object) -> None:
+    def amend_node(self, name: str, **fields: Unpack[NodeFields]) -> None:
         self._node(amend(self.nodes[name], **fields))
 
-    def move_job(self, job_id: str, target: JobState, reason: str, **fields: object) -> None:
+    def move_job(self, job_id: str, target: JobState, reason: str, **fields: Unpack[MoveFields]) -> None:
         self._job(move(self.jobs[job_id], target, reason, self.now, **fields))
 
-    def amend_job(self, job_id: str, **fields: object) -> None:
+    def amend_job(self, job_id: str, **fields: Unpack[JobFields]) -> None:
         self._job(amend(self.jobs[job_id], **fields))
 
-    def start_morph(self, job_id: str, action: Action, cause: MorphCause, detail: str, **fields: object) -> None:
+    def start_morph(
+        self, job_id: str, action: Action, cause: MorphCause, detail: str, **fields: Unpack[JobFields]
+    ) -> None:
         """The running job morphs: its trainers told ``action``, for ``cause``."""
-        self.move_job(
-            job_id, JobState.MORPHING, detail, action=action, morph_cause=cause, morph_detail=detail, **fields
-        )
+        fields["morph"] = replace(fields.get("morph", self.jobs[job_id].morph), cause=cause, detail=detail)
+        self.move_job(job_id, JobState.MORPHING, detail, action=action, **fields)
 
-    def act(self, job_id: str, action: Action, reason: str, **fields: object) -> None:
-        """The morphing job's trainers told ``action`` instead (``reason`` goes in the event and ``morph_detail``)."""
+    def act(self, job_id: str, action: Action, reason: str, **fields: Unpack[JobFields]) -> None:
+        """The morphing job's trainers told ``action`` instead (``reason`` goes in the event and ``morph.detail``)."""
         job = self.jobs[job_id]
-        self._job(act(job, action, reason, self.now, morph_detail=f"{job.morph_detail}; {reason}", **fields))
+        morph = fields.get("morph", job.morph)
+        fields["morph"] = replace(morph, detail=f"{morph.detail}; {reason}")
+        self._job(act(job, action, reason, self.now, **fields))
 
     def issue(self, command: Command) -> None:
         """A command that changes no record here (a checkpoint, a generation, a provider call)."""

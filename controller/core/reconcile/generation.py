@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from controller.core.causes import JobFailureCause, MorphCause
@@ -71,7 +72,7 @@ def start_generation(
     (its step and the generation that committed it), never whatever else an older generation left on disk.
 
     ``stopped``: generation g ended in a planned stop at the job's step (or, after an unplanned loss, at the step
-    its survivors keep, ``salvage_step``), which its trainers keep in memory; g+1 is told to take that step
+    its survivors keep, ``hold.step``), which its trainers keep in memory; g+1 is told to take that step
     from them (``held_step``), the committed checkpoint being what it loads without."""
     job = draft.jobs[job_id]
     generation = job.generation + 1
@@ -80,11 +81,11 @@ def start_generation(
     port = config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
     resume, resume_generation = job.last_checkpoint_step, job.last_checkpoint_generation
     through_memory = stopped and job.spec.morph_through_memory
-    stopped_at = job.salvage_step or job.step  # the survivors of an unplanned loss keep the step salvaged
+    stopped_at = job.hold.step or job.step  # the survivors of an unplanned loss keep the step salvaged
     held_step = stopped_at if through_memory and job.generation and stopped_at > 0 else 0
     held_generation = job.generation if held_step else 0
     lost = max(0, job.step - max(resume, held_step)) if job.generation else 0
-    seconds = draft.now - job.morph_started_at if job.morph_started_at is not None else None
+    seconds = draft.now - job.morph.started_at if job.morph.started_at is not None else None
     draft.issue(
         StartGeneration(
             job_id,
@@ -114,8 +115,11 @@ def start_generation(
         step=max(resume, held_step),
         steps_lost=job.steps_lost + lost,
         # the pause runs from the job's last step (a generation that never stepped carries it on)
-        paused_since=job.paused_since if job.paused_since is not None else job.last_step_at,
-        decision_seconds=seconds,
+        morph=replace(
+            job.morph,
+            paused_since=job.morph.paused_since if job.morph.paused_since is not None else job.last_step_at,
+            decision_seconds=seconds,
+        ),
     )
     for name in layout.nodes():
         draft.move_node(name, NodeState.ASSIGNED, f"generation {generation} of {job_id}", job=job_id)

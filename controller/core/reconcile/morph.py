@@ -17,6 +17,7 @@ generations never share a slot.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause
@@ -35,6 +36,7 @@ from controller.core.reconcile.unreachable import (
     rendezvous_edges,
     still_excluded,
 )
+from controller.core.records import Exclusions
 
 J = JobState
 
@@ -75,10 +77,10 @@ def _trainers_failed(draft: Draft, config: Config, job_id: str, failed: int) -> 
             _implicated(draft, config, job_id, unstarted, verdict)
             return
         names = ", ".join(sorted(unstarted))
-        excluded = tuple(sorted({*job.excluded_nodes, *unstarted}))
+        excluded = tuple(sorted({*job.exclusions.nodes, *unstarted}))
         detail = f"trainers could not start on {names}; re-planning without it"
-        fields = {"excluded_nodes": excluded, "rendezvous_failures": verdict.edges}
-        draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, **fields)
+        exclusions = replace(job.exclusions, nodes=excluded, rendezvous_failures=verdict.edges)
+        draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, exclusions=exclusions)
         return
     why = next(iter(unstarted.values()), "") or first_error(draft, job)
     if job.restarts + 1 > job.spec.max_restarts:
@@ -105,9 +107,11 @@ def _implicated(draft: Draft, config: Config, job_id: str, unstarted: Mapping[st
         Action.ABORT,
         MorphCause.PEER_UNREACHABLE,
         detail,
-        excluded_nodes=still_excluded(job, unstarted, verdict),
-        excluded_until=exclude_until(job, verdict.implicated, until, draft.now),
-        rendezvous_failures=verdict.edges,
+        exclusions=Exclusions(
+            still_excluded(job, unstarted, verdict),
+            verdict.edges,
+            exclude_until(job, verdict.implicated, until, draft.now),
+        ),
     )
 
 
@@ -123,14 +127,14 @@ def finish_if_done(draft: Draft, job_id: str, finished: bool) -> bool:
 def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str) -> None:
     """Escalate a STOP that cannot finish; once the old generation is quiet, issue the next (or queue)."""
     job = draft.jobs[job_id]
-    started = job.morph_started_at if job.morph_started_at is not None else draft.now
+    started = job.morph.started_at if job.morph.started_at is not None else draft.now
     if job.action is Action.HOLD:
         advance_salvage(draft, config, job_id)
         job = draft.jobs[job_id]
         if job.action is Action.HOLD or job.state is not J.MORPHING:
             return
     if job.action is Action.STOP:
-        gone = [n for n in job.nodes if not draft.serves(job, n) and n not in job.suspected]
+        gone = [n for n in job.nodes if not draft.serves(job, n) and n not in job.hold.suspected]
         if gone or draft.now - started > config.stop_timeout_seconds:
             why = f"node gone while stopping: {', '.join(gone)}" if gone else "stop timed out"
             draft.act(job_id, Action.ABORT, why)  # the same cause
@@ -141,7 +145,7 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
     given_up = job.action is Action.ABORT and draft.now - started > config.abort_timeout_seconds
     if not counted.quiet and not given_up:
         return
-    keep = [n for n in job.nodes if draft.assigned(job, n) and n not in job.suspected]
+    keep = [n for n in job.nodes if draft.assigned(job, n) and n not in job.hold.suspected]
     draft.release_nodes(job_id, job.nodes, f"generation {job.generation} of {job_id} ended")
     nodes = [(n, draft.nodes[n].slots) for n in keep]
     nodes += [(n.name, n.slots) for n in free_nodes(draft.nodes) if n.name not in keep]
@@ -149,5 +153,5 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
     if plan is None:
         draft.move_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
         return
-    cause = job.morph_cause if job.morph_cause is not None else MorphCause.OTHER  # set on entering MORPHING
-    start_generation(draft, config, job_id, plan, cause, job.morph_detail, stopped=job.action is Action.STOP)
+    cause = job.morph.cause if job.morph.cause is not None else MorphCause.OTHER  # set on entering MORPHING
+    start_generation(draft, config, job_id, plan, cause, job.morph.detail, stopped=job.action is Action.STOP)

@@ -19,6 +19,7 @@ from controller.core.commands import RecordCheckpoint, RecordPause
 from controller.core.model import JobRecord, RankReport, Training
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports
+from controller.core.records import CheckpointStall, Evaluation, JobFields
 
 
 def progress(draft: Draft, job_id: str, progress_event_seconds: float = 60.0) -> None:
@@ -29,10 +30,10 @@ def progress(draft: Draft, job_id: str, progress_event_seconds: float = 60.0) ->
     if ckpt > job.last_checkpoint_step:
         draft.issue(RecordCheckpoint(job.id, job.generation, ckpt, draft.now))
         draft.event(facts.CheckpointCommitted(job.generation, ckpt), job.id)
-    fields: dict[str, object] = {}
+    fields: JobFields = {}
     if (step, ckpt) != (job.step, job.last_checkpoint_step):
         generation = job.generation if ckpt > job.last_checkpoint_step else job.last_checkpoint_generation
-        fields.update(step=step, last_checkpoint_step=ckpt, last_checkpoint_generation=generation)
+        fields.update({"step": step, "last_checkpoint_step": ckpt, "last_checkpoint_generation": generation})
     fields.update(_evaluation(draft, job, reports))
     fields.update(_training(draft, job, reports, progress_event_seconds))
     fields.update(_stall(draft, job, reports))
@@ -42,7 +43,7 @@ def progress(draft: Draft, job_id: str, progress_event_seconds: float = 60.0) ->
         draft.amend_job(job_id, **fields)
 
 
-def _held_skipped(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
+def _held_skipped(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields:
     """The generation was named a step held in memory and resumed from the committed checkpoint instead (every
     rank decides alike): said once, with the reason, and the steps between the two counted as lost."""
     why = next((r.held_skipped for r in reports if r.held_skipped), "")
@@ -54,7 +55,7 @@ def _held_skipped(draft: Draft, job: JobRecord, reports: list[RankReport]) -> di
     return {"held_step": 0, "held_generation": 0, "steps_lost": job.steps_lost + lost, "step": step}
 
 
-def _training(draft: Draft, job: JobRecord, reports: list[RankReport], every: float) -> dict[str, object]:
+def _training(draft: Draft, job: JobRecord, reports: list[RankReport], every: float) -> JobFields:
     """The newest step's loss and samples/s any rank reported (every rank reports the global batch's loss), kept
     on the job; an event says it at most every ``every`` seconds, so a long job's log stays readable."""
     newest = max((r for r in reports if r.loss is not None), key=lambda r: r.last_step, default=None)
@@ -69,18 +70,18 @@ def _training(draft: Draft, job: JobRecord, reports: list[RankReport], every: fl
     return {"training": training}
 
 
-def _evaluation(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
+def _evaluation(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields:
     """The newest evaluation any rank reported, once (every rank reports the same loss for a step)."""
     newest = max((r for r in reports if r.eval_loss is not None), key=lambda r: r.eval_step, default=None)
-    if newest is None or newest.eval_step <= job.eval_step:
+    if newest is None or newest.eval_step <= job.evaluation.step:
         return {}
     loss = newest.eval_loss
     assert loss is not None  # chosen among the reports that have one
     draft.event(facts.EvaluationCompleted(job.generation, newest.eval_step, loss), job.id)
-    return {"eval_step": newest.eval_step, "eval_loss": loss}
+    return {"evaluation": Evaluation(newest.eval_step, loss)}
 
 
-def _stall(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
+def _stall(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields:
     """How long the newest checkpoint paused training: its slowest rank's stall (the next step's collectives
     wait for every rank). Ranks report at different beats, so a later, longer stall of the same checkpoint
     replaces the one shown; a checkpoint of a newer generation, or at a newer step, replaces it in any case."""
@@ -89,32 +90,30 @@ def _stall(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str,
         return {}
     step = max(s for s, _ in stalls)
     seconds = max(t for s, t in stalls if s == step)
-    known = (job.checkpoint_stall_generation, job.checkpoint_stall_step)
-    if job.checkpoint_stall_seconds is not None and (
-        (job.generation, step) < known or ((job.generation, step) == known and seconds <= job.checkpoint_stall_seconds)
+    shown = job.checkpoint_stall
+    known = (shown.generation, shown.step)
+    if shown.seconds is not None and (
+        (job.generation, step) < known or ((job.generation, step) == known and seconds <= shown.seconds)
     ):
         return {}
     draft.event(facts.CheckpointStallMeasured(job.generation, step, seconds), job.id)
-    return {
-        "checkpoint_stall_seconds": seconds,
-        "checkpoint_stall_step": step,
-        "checkpoint_stall_generation": job.generation,
-    }
+    return {"checkpoint_stall": CheckpointStall(seconds, step, job.generation)}
 
 
-def _pause(draft: Draft, job: JobRecord, reports: list[RankReport]) -> dict[str, object]:
+def _pause(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields:
     """The newest step's time; and, at the first step of a generation after a morph, the pause it caused."""
-    fields: dict[str, object] = {}
+    fields: JobFields = {}
     ended = [r.last_step_at for r in reports if r.last_step_at is not None]
     if ended and (job.last_step_at is None or max(ended) > job.last_step_at):
         fields["last_step_at"] = max(ended)
     first = min((r.first_step_at for r in reports if r.first_step_at is not None), default=None)
-    if job.paused_since is None or first is None:
+    since = job.morph.paused_since
+    if since is None or first is None:
         return fields
-    pause = max(0.0, first - job.paused_since)  # clocks are NTP-synced; a skewed one is no negative pause
+    pause = max(0.0, first - since)  # clocks are NTP-synced; a skewed one is no negative pause
     draft.issue(RecordPause(job.id, job.generation, pause))
     step = max(job.resume_step, job.held_step) + 1
-    resumed = facts.TrainingResumed(job.generation, step, pause, job.decision_seconds, job.paused_since, first)
+    resumed = facts.TrainingResumed(job.generation, step, pause, job.morph.decision_seconds, since, first)
     draft.event(resumed, job.id)
-    fields["paused_since"] = None
+    fields["morph"] = replace(job.morph, paused_since=None)
     return fields

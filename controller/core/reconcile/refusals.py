@@ -9,7 +9,7 @@ A trainer says whose mistake it was, and its agent carries that beside the exit 
   said it) as its reason: no restart, no node left out, ``restarts`` unchanged.
 - ``node_unfit``: this node cannot run the job as asked (``device: cuda`` on a node that registered GPUs
   but whose torch sees none: a CPU build of torch, a driver gone). Another node may run it, so the nodes
-  that said so are left out of the job (``excluded_nodes``; a ``TrainerStartFailed`` event each, with the
+  that said so are left out of the job (``exclusions.nodes``; a ``TrainerStartFailed`` event each, with the
   message) and it re-plans on the others (cause ``start_failed``), as for any node where trainers could not
   start, but without counting it as a failed rendezvous (:mod:`~controller.core.reconcile.unreachable`).
   When every node of the generation said so, none of them can run it: the job FAILS at once, cause
@@ -20,6 +20,8 @@ restarted up to ``max_restarts`` (:mod:`~controller.core.reconcile.morph`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause
@@ -56,8 +58,8 @@ def refused(draft: Draft, job_id: str) -> bool:
     for name, error in sorted(unfit.items()):
         draft.event(facts.TrainerStartFailed(job.generation, error), job_id, name)
     detail = f"{names} cannot run it ({why}); re-planning without {'it' if len(unfit) == 1 else 'them'}"
-    excluded = tuple(sorted({*job.excluded_nodes, *unfit}))
-    draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, excluded_nodes=excluded)
+    excluded = replace(job.exclusions, nodes=tuple(sorted({*job.exclusions.nodes, *unfit})))
+    draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail, exclusions=excluded)
     return True
 
 

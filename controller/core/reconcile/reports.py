@@ -49,7 +49,7 @@ class Census:
 
 def census(draft: Draft, job: JobRecord) -> Census:
     # lost, gone, new incarnations run nothing; nodes suspected lost after a failed collective are not waited for
-    serving = [name for name in job.nodes if draft.serves(job, name) and name not in job.suspected]
+    serving = [name for name in job.nodes if draft.serves(job, name) and name not in job.hold.suspected]
     reporting = [name for name in serving if _reported_since_morph(job, observation(draft, name))]
     quiet = len(reporting) == len(serving) and not any(
         r.running for name in reporting for r in _ranks_up_to_current(job, observation(draft, name))
@@ -81,7 +81,7 @@ def first_error(draft: Draft, job: JobRecord) -> str:
 
 def _reported_since_morph(job: JobRecord, seen: NodeObservation | None) -> bool:
     """Whether the node reported at all (since the morph began, if one did): else it may still be starting trainers."""
-    return seen is not None and (job.morph_started_at is None or seen.last_seen >= job.morph_started_at)
+    return seen is not None and (job.morph.started_at is None or seen.last_seen >= job.morph.started_at)
 
 
 def _ranks_up_to_current(job: JobRecord, seen: NodeObservation | None) -> Iterator[RankReport]:

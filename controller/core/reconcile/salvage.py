@@ -2,7 +2,7 @@
 
 The trainers of generation g whose collective failed hold the parameters and optimizer state of their
 last completed step in memory and report it (``RankReport.held_step``). On the first such report the job
-morphs with action HOLD, with ``morph_started_at`` as the time of the failure; then, pure and timed by
+morphs with action HOLD, with ``morph.started_at`` as the time of the failure; then, pure and timed by
 ``draft.now`` (no heartbeat expiry is waited for):
 
 1. **suspect**: a node of the generation that neither reported a failed collective (or an exit) nor was
@@ -32,6 +32,7 @@ the peer timeout) counts as a restart, bounded by ``max_restarts`` like any trai
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause, SalvageOutcome
@@ -40,6 +41,7 @@ from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports, observation
+from controller.core.records import JobFields
 
 DEADLINE_MARGIN_SECONDS = 2.0  # past the writers' deadline: what a late report may still need
 
@@ -81,7 +83,7 @@ def choose(held: Mapping[int, int], stage_of: Mapping[int, int], stages: int) ->
 def advance_salvage(draft: Draft, config: Config, job_id: str) -> None:
     """One pass of steps 1-3 of the module docstring for a job in HOLD."""
     job = draft.jobs[job_id]
-    if job.salvage_writers:
+    if job.hold.writers:
         _watch_writers(draft, config, job)
     else:
         _decide(draft, config, job)
@@ -90,7 +92,7 @@ def advance_salvage(draft: Draft, config: Config, job_id: str) -> None:
 def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
     layout = job.layout
     assert layout is not None
-    failed_at = job.morph_started_at if job.morph_started_at is not None else draft.now
+    failed_at = job.morph.started_at if job.morph.started_at is not None else draft.now
     serving = [n for n in job.nodes if draft.serves(job, n)]
     spoke = {n for n, r in current_reports(draft, job) if r.held_step is not None or not r.running}
     heard = [n for n in serving if n in spoke or ((seen := observation(draft, n)) and seen.last_seen >= failed_at)]
@@ -105,10 +107,9 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
         return
     if suspected:
         draft.event(facts.NodesSuspected(job.generation, list(suspected)), job.id)
-    fields: dict[str, object] = {
-        "suspected": suspected,
-        "excluded_nodes": tuple(sorted({*job.excluded_nodes, *suspected})),
-    }
+    hold = replace(job.hold, suspected=suspected)
+    excluded = tuple(sorted({*job.exclusions.nodes, *suspected}))
+    fields: JobFields = {"hold": hold, "exclusions": replace(job.exclusions, nodes=excluded)}
     if not suspected:  # nothing was lost: a trainer failed or a step outlived the peer timeout
         if job.restarts + 1 > job.spec.max_restarts:
             draft.move_job(
@@ -138,48 +139,49 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
         # from their memory and writes it in the background (nothing written or awaited here).
         holding = sorted(r for r, s in held.items() if s == step)
         draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.IN_MEMORY, step, holders=holding), job.id)
-        draft.act(job.id, Action.STOP, f"step {step} held in memory", salvage_step=step, **fields)
+        fields["hold"] = replace(hold, step=step)
+        draft.act(job.id, Action.STOP, f"step {step} held in memory", **fields)
         return
     deadline = draft.now + config.salvage_write_seconds
     draft.event(facts.SalvageOrdered(job.generation, step, list(writers)), job.id)
-    draft.amend_job(job.id, salvage_step=step, salvage_writers=writers, salvage_deadline=deadline, **fields)
+    fields["hold"] = replace(hold, step=step, writers=writers, deadline=deadline)
+    draft.amend_job(job.id, **fields)
 
 
 def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
     assert job.layout is not None
-    if job.last_checkpoint_step >= job.salvage_step:  # the first writer's commit, recorded by progress
-        draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.COMMITTED, job.salvage_step), job.id)
-        draft.act(job.id, Action.ABORT, f"salvaged step {job.salvage_step}")
+    hold = job.hold
+    if job.last_checkpoint_step >= hold.step:  # the first writer's commit, recorded by progress
+        draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.COMMITTED, hold.step), job.id)
+        draft.act(job.id, Action.ABORT, f"salvaged step {hold.step}")
         return
-    writer_nodes = {job.layout.placement[w].node for w in job.salvage_writers}
+    writer_nodes = {job.layout.placement[w].node for w in hold.writers}
     failed = [
-        r.rank
-        for _, r in current_reports(draft, job)
-        if r.rank in job.salvage_writers and not r.running and r.exit_code != 0
+        r.rank for _, r in current_reports(draft, job) if r.rank in hold.writers and not r.running and r.exit_code != 0
     ]
     gone = sorted(
         n for n in writer_nodes if not draft.serves(job, n) or _silent(draft, n, config.suspect_grace_seconds)
     )
     if failed or gone:
-        fields: dict[str, object] = {}
+        fields: JobFields = {}
         if gone:  # lost in the write: the generation does not wait for them, and g+1 leaves them out
-            newly = [n for n in gone if n not in job.suspected]
+            newly = [n for n in gone if n not in hold.suspected]
             if newly:
                 draft.event(facts.NodesSuspected(job.generation, newly), job.id)
             fields = {
-                "suspected": tuple(sorted({*job.suspected, *gone})),
-                "excluded_nodes": tuple(sorted({*job.excluded_nodes, *gone})),
+                "hold": replace(hold, suspected=tuple(sorted({*hold.suspected, *gone}))),
+                "exclusions": replace(job.exclusions, nodes=tuple(sorted({*job.exclusions.nodes, *gone}))),
             }
-        _fall_back(draft, job, SalvageOutcome.WRITER_FAILED, fields, job.salvage_step, failed, gone)
-    elif draft.now > job.salvage_deadline + DEADLINE_MARGIN_SECONDS:
-        _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, job.salvage_step)
+        _fall_back(draft, job, SalvageOutcome.WRITER_FAILED, fields, hold.step, failed, gone)
+    elif draft.now > hold.deadline + DEADLINE_MARGIN_SECONDS:
+        _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, hold.step)
 
 
 def _fall_back(
     draft: Draft,
     job: JobRecord,
     reason: SalvageOutcome,
-    fields: Mapping[str, object],
+    fields: JobFields,
     step: int | None = None,
     writers_failed: list[int] | None = None,
     nodes_gone: list[str] | None = None,

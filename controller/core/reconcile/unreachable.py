@@ -8,9 +8,9 @@ the host of its store, which waits for the others longer than they try to reach 
 reach the host": an **edge** (node, host), kept on the job with its time.
 
 One edge cannot say which end is cut off; the rule before this one leaves the node that could not start
-out of the job (``excluded_nodes``). A node in edges with **two or more different partners** within
+out of the job (``exclusions.nodes``). A node in edges with **two or more different partners** within
 ``unreachable_memory_seconds`` is the one thing those failures have in common: it is **implicated**. It
-is left out of the job's generations for ``unreachable_exclusion_seconds`` (``excluded_until``; a
+is left out of the job's generations for ``unreachable_exclusion_seconds`` (``exclusions.until``; a
 ``NodeImplicated`` event names it, its partners and until when), the partners that were left out because
 of an edge with it are taken back, and the edges it explains are forgotten. After the exclusion it may
 return (growth); cut off still, it is implicated again at its next failed start.
@@ -48,7 +48,7 @@ def rendezvous_edges(job: JobRecord, unstarted: Iterable[str], now: float) -> li
 
 def judge(job: JobRecord, new: Iterable[Edge], now: float, memory_seconds: float) -> Verdict:
     """The job's recent edges with ``new`` added, and the nodes implicated by two or more partners."""
-    recent = [e for e in (*job.rendezvous_failures, *new) if now - e[2] <= memory_seconds]
+    recent = [e for e in (*job.exclusions.rendezvous_failures, *new) if now - e[2] <= memory_seconds]
     partners: dict[str, set[str]] = {}
     for node, host, _ in recent:
         partners.setdefault(node, set()).add(host)
@@ -65,16 +65,16 @@ def still_excluded(job: JobRecord, unstarted: Iterable[str], verdict: Verdict) -
     """The nodes left out for good after ``verdict``: those that could not start, less the cleared and the
     implicated (who are left out for a while instead)."""
     dropped = {*verdict.cleared, *verdict.implicated}
-    return tuple(sorted({*job.excluded_nodes, *unstarted} - dropped))
+    return tuple(sorted({*job.exclusions.nodes, *unstarted} - dropped))
 
 
 def held_out(job: JobRecord, name: str, now: float) -> bool:
     """Whether the job leaves ``name`` out now: it could not start there, or it is implicated for a while."""
-    return name in job.excluded_nodes or any(n == name and now < until for n, until in job.excluded_until)
+    return name in job.exclusions.nodes or any(n == name and now < until for n, until in job.exclusions.until)
 
 
 def exclude_until(job: JobRecord, names: Iterable[str], until: float, now: float) -> tuple[tuple[str, float], ...]:
     """The job's timed exclusions, still running at ``now``, with ``names`` held out until ``until``."""
     names = set(names)
-    kept = [(n, u) for n, u in job.excluded_until if u > now and n not in names]
+    kept = [(n, u) for n, u in job.exclusions.until if u > now and n not in names]
     return tuple(sorted([*kept, *((n, until) for n in names)]))
