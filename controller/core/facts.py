@@ -3,8 +3,9 @@
 As the trainer's events are (:mod:`worker_agent.contract.events`), so are the controller's own: a decision
 says ``draft.event(CollectiveFailed(generation=3, rank=1, ...), job, node)`` and mypy checks the fields,
 where a ``**data`` of any keys would store a misspelt one silently. :meth:`Fact.data` is what the event log
-keeps (a field left ``None`` where the class marks it optional is left out). Events the providers report
-carry what their cloud said and stay plain data.
+keeps (a field left ``None`` where the class marks it optional is left out). The providers' events are
+:mod:`controller.providers.facts`; the store derives the state changes' and generations' events from the
+typed commands it writes (a :class:`~controller.core.lifecycle.Transition`, a ``StartGeneration``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from azure.mgmt.compute.aio import ComputeManagementClient
 
 from controller.core.events import EventKind
 from controller.providers import azure_scale as scale
-from controller.providers import azure_tokens
+from controller.providers import azure_tokens, facts
 from controller.providers.azure_config import AzureSettings
 from controller.providers.azure_scale import Failure, Instance
 from controller.providers.base import CannotList, Clock, ProviderPort, SilentPort, instances_for
@@ -204,14 +204,13 @@ class AzureScaleSetProvider:
         wanted = instances_for(slots, s.slots_per_instance)
         if wanted > self.desired:
             message = f"{wanted} VM(s) wanted, at most {self.desired} (max_capacity)"
-            self._event(EventKind.PROVIDER_CAPACITY_LIMITED, message=message, wanted=wanted, capacity=self.desired)
+            self._event(facts.ProviderCapacityLimited(self.scale_set, message, wanted, self.desired))
 
     async def release(self, name: str, *, force: bool = False) -> None:
         """Delete the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
         if not scale.may_delete(self.port.busy(name), delete_busy=self.settings.delete_busy_nodes, force=force):
-            self._event(
-                EventKind.PROVIDER_RELEASE_REFUSED, node=name, message="the node runs a job; operator override needed"
-            )
+            why = "the node runs a job; operator override needed"
+            self._event(facts.ProviderReleaseRefused(self.scale_set, why, name))
             return
         instance = self.instances.get(name)
         if instance is None:
@@ -280,10 +279,8 @@ class AzureScaleSetProvider:
         if plan.scale_out is not None:
             await self._run(scale.SCALE, self._scale_out(plan.scale_out))
         if plan.deferred:
-            self._event(
-                EventKind.PROVIDER_SCALE_IN_DEFERRED,
-                message=f"{plan.deferred} instance(s) above the desired {desired} run jobs",
-            )
+            message = f"{plan.deferred} instance(s) above the desired {desired} run jobs"
+            self._event(facts.ProviderScaleInDeferred(self.scale_set, message))
         if plan.scale_in:
             await self._run(scale.SCALE, self._delete(list(plan.scale_in), f"scale in to {desired}"))
         if self.vm_token is not None:
@@ -309,16 +306,16 @@ class AzureScaleSetProvider:
             vm_profile = models.VirtualMachineScaleSetUpdateVMProfile(billing_profile=billing)
             update.properties = models.VirtualMachineScaleSetUpdateProperties(virtual_machine_profile=vm_profile)
         message = f"capacity {current} -> {wanted} ({out.running} running)"
-        self._event(EventKind.PROVIDER_SCALE_OUT, message=message, capacity=wanted)
+        self._event(facts.ProviderScaleOut(self.scale_set, message, wanted))
         poller = await self.client.virtual_machine_scale_sets.begin_update(s.resource_group, s.scale_set, update)
         await poller.result()
-        self._event(EventKind.PROVIDER_SCALE_OUT_DONE, message=f"capacity {wanted}", capacity=wanted)
+        self._event(facts.ProviderScaleOutDone(self.scale_set, f"capacity {wanted}", wanted))
 
     async def _delete(self, instances: list[Instance], why: str) -> None:
         s = self.settings
         ids = models.VirtualMachineScaleSetVMInstanceRequiredIDs(instance_ids=[i.instance_id for i in instances])
         names = sorted(i.name for i in instances)
-        self._event(EventKind.PROVIDER_DELETE_INSTANCES, message=f"{why}: {', '.join(names)}", instances=names)
+        self._event(facts.ProviderDeleteInstances(self.scale_set, f"{why}: {', '.join(names)}", names))
         try:
             poller = await self.client.virtual_machine_scale_sets.begin_delete_instances(
                 s.resource_group, s.scale_set, ids
@@ -342,11 +339,11 @@ class AzureScaleSetProvider:
             retry_at = self.clock.now() + s.token_retry_seconds
             self.token_retry_at[instance.name] = retry_at
             message = f"{instance.name}: {_short(exc)}"
-            self._event(EventKind.PROVIDER_AGENT_TOKEN_FAILED, node=instance.name, message=message, retry_at=retry_at)
+            self._event(facts.ProviderAgentTokenFailed(self.scale_set, message, instance.name, retry_at))
         else:
             self.tokens_delivered.add(instance.name)
             self.token_retry_at.pop(instance.name, None)
-            self._event(EventKind.PROVIDER_AGENT_TOKEN_DELIVERED, node=instance.name, message=f"{instance.name}")
+            self._event(facts.ProviderAgentTokenDelivered(self.scale_set, instance.name, instance.name))
         finally:
             self.pending.pop(key, None)
 
@@ -378,13 +375,16 @@ class AzureScaleSetProvider:
             log.warning("%s (again): %s", failure.kind, failure.message)
             return  # the same failure on every poll is one event, not one a poll
         self._failing[failure.kind] = failure.message
-        self._event(failure.kind, operation=what, message=failure.message, retry_at=self.backoff.retry_at(now))
+        fact = facts.CALL_FAILURES[failure.kind]
+        self._event(fact(self.scale_set, failure.message, what, self.backoff.retry_at(now)))
 
-    def _event(self, kind: EventKind, **data: Any) -> None:
-        message = str(data.get("message", ""))
-        log.log(logging.INFO if kind in INFO_EVENTS else logging.WARN, "%s: %s", kind, message)
-        present = {k: v for k, v in data.items() if v is not None}
-        self.port.report(kind, {"scale_set": self.settings.scale_set, **present})
+    @property
+    def scale_set(self) -> str:
+        return self.settings.scale_set
+
+    def _event(self, fact: facts.ScaleSetFact) -> None:
+        log.log(logging.INFO if fact.kind in INFO_EVENTS else logging.WARN, "%s: %s", fact.kind, fact.message)
+        self.port.report(fact)
 
 
 def _instance(name: str | None, instance_id: str | None, properties: Any, location: str | None = None) -> Instance:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.core.events import EventKind
+from controller.core.facts import Fact
 
 
 class Clock(Protocol):
@@ -65,9 +66,10 @@ class ProviderEvent:
 
 
 class ProviderPort(Protocol):
-    """All a provider may ask of the controller: record an event, and whether a node runs a job."""
+    """All a provider may ask of the controller: record an event (:mod:`controller.providers.facts`), and whether
+    a node runs a job."""
 
-    def report(self, kind: EventKind, data: Mapping[str, Any]) -> None: ...
+    def report(self, fact: Fact) -> None: ...
 
     def busy(self, name: str) -> bool: ...
 
@@ -75,7 +77,7 @@ class ProviderPort(Protocol):
 class SilentPort:
     """The port of a provider nobody listens to (the ``spotmorph local`` commands, one-off tools)."""
 
-    def report(self, kind: EventKind, data: Mapping[str, Any]) -> None:
+    def report(self, fact: Fact) -> None:
         return None
 
     def busy(self, name: str) -> bool:
@@ -94,8 +96,8 @@ class ProviderInbox:
         self._events: list[ProviderEvent] = []
         self._busy: frozenset[str] = frozenset()
 
-    def report(self, kind: EventKind, data: Mapping[str, Any]) -> None:
-        self._events.append(ProviderEvent(kind, self.clock.now(), dict(data)))
+    def report(self, fact: Fact) -> None:
+        self._events.append(ProviderEvent(fact.kind, self.clock.now(), fact.data()))
 
     def busy(self, name: str) -> bool:
         return name in self._busy

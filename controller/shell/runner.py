@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from typing import assert_never
 
 from controller.core import capacity, facts, intake, invariants
-from controller.core.events import EventKind
 from controller.core.lifecycle import JOB_LIVE
 from controller.core.model import (
     Action,
@@ -46,6 +45,7 @@ from controller.core.model import (
 )
 from controller.core.reconcile import Config, cancel, fail, reconcile
 from controller.persistence.store import Store, unavailable
+from controller.providers import facts as provider_facts
 from controller.providers.base import CannotList, Clock, Provider, ProviderEvent, ProviderInbox
 from controller.shell.effects import Effects
 from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
@@ -187,7 +187,7 @@ class Runner:
         commands = [*first, *(RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered)]
         commands += reconcile(world, now, self.config, planners)
         if not self.deciding:  # written even when nothing changed: proves the database takes writes again
-            commands.append(RecordEvent(EventKind.DECISIONS_RESUMED, now, data=facts.DecisionsResumed().data()))
+            commands.append(RecordEvent(facts.DecisionsResumed.kind, now, data=facts.DecisionsResumed().data()))
         decided = apply(self.world, commands) if commands else self.world
         if self.settings.validate:
             invariants.check(decided, self.world)  # raises: contained as any failing decision, nothing committed
@@ -296,7 +296,7 @@ class Runner:
             await self.provider.release(command.node)
         except Exception as exc:  # an event (counted in spotmorph_provider_errors_total), never lost in a task
             log.warning("releasing %s failed: %s", command.node, exc)
-            self.inbox.report(EventKind.PROVIDER_RELEASE_FAILED, {"node": command.node, "error": str(exc)})
+            self.inbox.report(provider_facts.ProviderReleaseFailed(command.node, str(exc)))
 
     async def _request_capacity(self, command: RequestCapacity) -> None:
         """Ask the provider; the outcome is logged and tells the next decision whether to ask again."""
@@ -304,15 +304,15 @@ class Runner:
             await self.provider.request_capacity(command.slots)
         except Exception as exc:
             log.warning("capacity request for %d slots failed: %s", command.slots, exc)
-            failed, data = True, {"slots": command.slots, "error": str(exc)}
+            outcome: facts.Fact = provider_facts.ProviderCapacityRequestFailed(command.slots, str(exc))
         else:
-            failed, data = False, {"slots": command.slots}
+            outcome = provider_facts.CapacityRequested(command.slots)
         async with self.lock:
             now = self.clock.now()
             if self.capacity_ask is not None and self.capacity_ask.slots == command.slots:
+                failed = isinstance(outcome, provider_facts.ProviderCapacityRequestFailed)
                 self.capacity_ask = replace(self.capacity_ask, at=now, failed=failed)
-            kind = EventKind.PROVIDER_CAPACITY_REQUEST_FAILED if failed else EventKind.CAPACITY_REQUESTED
-            self.commit([RecordEvent(kind, now, None, None, data)])
+            self.commit([RecordEvent(outcome.kind, now, None, None, outcome.data())])
 
     async def decide(self, make: Callable[[World, float], list[Command]]) -> None:
         """Run a pure decision on the current world; its commands are committed with the reconcile after it."""

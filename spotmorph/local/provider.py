@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.core.events import EventKind
 from controller.files import write_private
 from controller.providers.base import ProviderPort, SilentPort, instances_for
+from controller.providers.facts import LocalVmsStarted
 from controller.tokens import issue_vm_token
 from spotmorph.local import gpu_share, netns
 from spotmorph.local.layout import ClusterDir, VmDir
@@ -94,9 +94,7 @@ class LocalProcessProvider:
         if missing > 0:
             started = self.start(missing)
             names = [vm.name for vm in started]
-            self.port.report(
-                EventKind.LOCAL_VMS_STARTED, {"vms": names, "slots": self.slots, "message": ", ".join(names)}
-            )
+            self.port.report(LocalVmsStarted(names, self.slots, ", ".join(names)))
 
     async def release(self, name: str) -> None:
         vm = self.find(name)

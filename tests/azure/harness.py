@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +12,7 @@ from typing import Any
 from azure.core.credentials import AccessToken
 from azure.core.pipeline.transport._aiohttp import AioHttpTransport
 
+from controller.core.facts import Fact
 from controller.providers.azure import AzureScaleSetProvider
 from controller.providers.azure_config import AzureSettings
 from controller.providers.base import ProviderPort
@@ -104,8 +105,8 @@ class Harness:
         self.providers.append(provider)
         return provider
 
-    def report(self, kind: str, data: Mapping[str, Any]) -> None:
-        self.events.append((kind, dict(data)))
+    def report(self, fact: Fact) -> None:
+        self.events.append((str(fact.kind), fact.data()))
 
     def busy(self, name: str) -> bool:
         return name in self.busy_nodes

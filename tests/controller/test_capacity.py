@@ -19,6 +19,7 @@ from controller.core.model import Command, NodeObservation, RequestCapacity, Wor
 from controller.core.reconcile import Config
 from controller.persistence.store import Store
 from controller.providers.base import ProviderInbox, StaticProvider
+from controller.providers.facts import LocalVmsStarted
 from controller.shell.runner import Runner, RunnerSettings
 from tests.controller.helpers import FakeProvider, job, node, spec, write_profile
 
@@ -142,12 +143,16 @@ def test_busy_nodes_are_published_to_the_port_after_each_commit(tmp_path: Path) 
 def test_provider_reports_are_logged_when_they_happened_even_without_a_list(tmp_path: Path) -> None:
     async def scenario(runner: Runner, clock: Clock, store: Store) -> None:
         await runner.decide(register("n1"))
-        runner.inbox.report(EventKind.LOCAL_VMS_STARTED, {"message": "at 100"})
+        runner.inbox.report(LocalVmsStarted(["vm-9"], 1, "at 100"))
         clock.at += 5
         await runner.poll_provider()  # a static cluster cannot list: nothing is GONE, the report is logged
         assert runner.nodes["n1"].state is N.JOINING
         event = store.events()[-1]
-        assert (event.kind, event.at, event.data) == (EventKind.LOCAL_VMS_STARTED, 100.0, {"message": "at 100"})
+        assert (event.kind, event.at, event.data) == (
+            EventKind.LOCAL_VMS_STARTED,
+            100.0,
+            {"vms": ["vm-9"], "slots": 1, "message": "at 100"},
+        )
 
     run(tmp_path, StaticProvider(), scenario)
 

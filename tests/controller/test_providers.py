@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,10 @@ import pytest
 
 from controller.app.providers import make_provider
 from controller.app.settings import ControllerSettings, LocalSettings
+from controller.core import facts as core_facts
+from controller.core.events import EventKind
+from controller.core.facts import Fact
+from controller.providers import facts as provider_facts
 from controller.providers.base import CannotList, ProviderInbox, StaticProvider
 from morphing.errors import UserInputError
 from spotmorph.commands.controller import PROVIDERS
@@ -29,8 +33,8 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def report(self, kind: str, data: Mapping[str, Any]) -> None:
-        self.events.append((kind, dict(data)))
+    def report(self, fact: Fact) -> None:
+        self.events.append((str(fact.kind), fact.data()))
 
     def busy(self, name: str) -> bool:
         return False
@@ -88,3 +92,18 @@ def test_the_factory_builds_each_provider_on_the_port_it_is_given(tmp_path: Path
     assert (provider.controller, provider.slots, provider.max_nodes) == ("127.0.0.1:4242", 4, 2)
     assert provider.imds_url == "http://127.0.0.1:9" and provider.port is inbox
     assert provider.cluster_dir == tmp_path.resolve() and provider.state_dir == tmp_path / "state"
+
+
+def test_every_event_kind_has_its_dataclass_or_is_derived_from_a_typed_command() -> None:
+    """One dataclass per kind a decision or a provider reports; the rest the store writes from commands."""
+    classes = [*vars(core_facts).values(), *vars(provider_facts).values()]
+    typed = {c.kind for c in classes if isinstance(c, type) and issubclass(c, core_facts.Fact) and "kind" in vars(c)}
+    derived = {
+        EventKind.JOB_SUBMITTED,  # AddJob
+        EventKind.JOB_STATE_CHANGED,  # SetJob.change (a Transition)
+        EventKind.JOB_ACTION_CHANGED,  # SetJob.action
+        EventKind.NODE_STATE_CHANGED,  # SetNode.change
+        EventKind.GENERATION_ISSUED,  # StartGeneration
+    }
+    assert typed | derived == set(EventKind) and not typed & derived
+    assert set(provider_facts.CALL_FAILURES) == {c.kind for c in provider_facts.CALL_FAILURES.values()}
