@@ -59,6 +59,7 @@ class AgentService(rpc.AgentServicer):
         self.latency = latency or Histogram()  # time inside Heartbeat, shown in GetClusterState
         self._replies: dict[str, tuple[NodeRecord | None, JobRecord | None, pb.Assignment | None]] = {}
         self._layouts: dict[str, tuple[Layout, JobSpec, pb.Layout | None, pb.JobSpec, dict[str, tuple[int, ...]]]] = {}
+        self._prepared: dict[str, tuple[JobSpec, pb.Prepare]] = {}  # the hint last sent to free nodes, on the wire
 
     async def Register(self, request: pb.RegisterRequest, context: Context) -> pb.RegisterResponse:
         registered: list[NodeRecord] = []
@@ -147,11 +148,26 @@ class AgentService(rpc.AgentServicer):
                 notice = reports.notice("eviction", request.eviction) if request.HasField("eviction") else None
                 seen = NodeObservation(request.incarnation, self.view.now(), ranks, notice)
                 await self.writes.observe(request.node_name, seen)
+            assignment = self._reply_assignment(request.node_name)
+            prepare = None if assignment is not None else self._prepare(request.node_name)
             return pb.HeartbeatResponse(
-                assignment=self._reply_assignment(request.node_name), heartbeat_interval_seconds=self.interval
+                assignment=assignment, heartbeat_interval_seconds=self.interval, prepare=prepare
             )
         finally:
             self.latency.record(time.perf_counter() - started)
+
+    def _prepare(self, name: str) -> pb.Prepare | None:
+        """What a free node's warm trainers may build ahead (:func:`controller.core.reconcile.growth.growth_hint`);
+        the wire form is built once per spec, not once per heartbeat."""
+        hint = self.view.growth_hint(name)
+        if hint is None:
+            return None
+        job_id, spec = hint
+        cached = self._prepared.get(job_id)
+        if cached is None or cached[0] != spec:
+            cached = (spec, pb.Prepare(job=job_id, spec=spec_to_pb(spec), entrypoint=spec.entrypoint))
+            self._prepared = {job_id: cached}  # one job is hinted at a time, mostly: no cache to grow
+        return cached[1]
 
     async def ReportEvent(self, request: pb.ReportEventRequest, context: Context) -> pb.ReportEventResponse:
         name = request.node_name

@@ -23,9 +23,11 @@ from controller.core.lifecycle import JobState
 from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord
 from controller.core.queue import QueueEntry, admission_order
 from controller.core.reconcile import assignment_for
+from controller.core.reconcile.growth import growth_hint
 from controller.persistence.store import EventRow, GenerationRow, Store
 from controller.shell.latency import Histogram
 from controller.shell.runner import Runner
+from morphing.jobspec import JobSpec
 
 READER_THREAD_PREFIX = "spotmorph-store-reader"
 T = TypeVar("T")
@@ -122,6 +124,10 @@ class StateView:
     def assignment(self, name: str, ranks_of: Mapping[str, tuple[int, ...]] | None = None) -> Assignment | None:
         """What node ``name`` should run now (``ranks_of``: its job's ranks by node, when known)."""
         return assignment_for(self._runner.world, name, ranks_of)
+
+    def growth_hint(self, name: str) -> tuple[str, JobSpec] | None:
+        """The job a growth would most likely place on the free node ``name``, and its trainers' spec."""
+        return growth_hint(self._runner.world, name, self.now())
 
     def next_change(self) -> asyncio.Event:
         """An event set by the next commit: take it before reading, so no commit goes unnoticed."""

@@ -90,6 +90,16 @@ def test_no_assignment_means_idle_but_no_assignment_in_a_report_reply_means_unch
     assert report_reply_from_pb(stop).assignment.action == "stop"  # type: ignore[union-attr]
 
 
+def test_a_free_nodes_hint_is_the_spec_its_trainers_would_get_and_a_bad_one_is_dropped() -> None:
+    assert heartbeat_reply_from_pb(pb.HeartbeatResponse()).prepare is None
+    hint = pb.Prepare(job="job-1", spec=spec_to_pb(job()), entrypoint="/n/tiny_gpt.py:build")
+    prepared = heartbeat_reply_from_pb(pb.HeartbeatResponse(prepare=hint)).prepare
+    assert prepared == job().model_copy(update={"entrypoint": "/n/tiny_gpt.py:build"})
+    bad = pb.Prepare(job="job-1", spec=pb.JobSpec(name="j", entrypoint="m.py:f", global_batch=0, steps=9))
+    reply = heartbeat_reply_from_pb(pb.HeartbeatResponse(prepare=bad, heartbeat_interval_seconds=0.5))
+    assert reply.prepare is None and reply.heartbeat_interval == 0.5, "only a hint: the reply is applied"
+
+
 def test_registration_defaults_when_the_controller_leaves_intervals_out() -> None:
     reply = pb.RegisterResponse(node_name="node-2", incarnation=3, node_token="t")
     assert registration_from_pb(reply) == Registration("node-2", 3, "t", 1.0, 10.0)

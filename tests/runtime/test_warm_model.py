@@ -100,3 +100,40 @@ def test_the_next_generation_of_a_held_trainer_reuses_its_model_and_puts_right_w
     assert found["buffer_moved"] > 0 and found["buffer_now"] == 0.0
     assert found["grads_left"] == []
     assert found["trained_differs"] and found["initial_again"]
+
+
+PREPARE_PROBE = """
+import json, sys
+import torch
+from morphing.jobspec import JobSpec
+from morphing.layout import make_layout
+from worker_agent.runtime import warm_model
+
+entry, ckpt = sys.argv[1], sys.argv[2]
+cpu = torch.device("cpu")
+job = JobSpec(name="probe", entrypoint=entry, global_batch=4, steps=3, checkpoint_dir=ckpt, device="cpu")
+layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
+on_gpu = warm_model.prepare(job.model_copy(update={"device": "cuda"}))
+built, again = warm_model.prepare(job), warm_model.prepare(job)
+prebuilt = warm_model._BUILT.model
+first, trained_first = warm_model.model_for(job, layout, cpu)
+second, trained_second = warm_model.model_for(job, layout, cpu)
+fresh = warm_model.build(job)
+print(json.dumps({
+    "prepared": [on_gpu, built, again],
+    "same_object": first is prebuilt and second is prebuilt,
+    "trained": [trained_first, trained_second],
+    "initial": all(torch.equal(t, fresh.tensors[n]) for n, t in first.tensors.items()),
+}))
+"""
+
+
+def test_a_model_prepared_ahead_is_the_one_the_first_generation_gets_with_its_initial_weights(tmp_path: Path) -> None:
+    """A free node's hint (:func:`warm_model.prepare`): built once, CPU jobs only, handed to the generation that
+    comes as untrained (it needs no initial weights put back), and as trained to the one after it."""
+    entry = tmp_path / "counting.py"
+    entry.write_text(MODEL.format(examples=str(REPO / "examples")))
+    found = probe(PREPARE_PROBE, f"{entry}:build", str(tmp_path / "ckpt"))
+    assert found["prepared"] == [False, True, False]
+    assert found["same_object"] and found["initial"]
+    assert found["trained"] == [False, True]

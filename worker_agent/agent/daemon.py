@@ -259,6 +259,8 @@ class Agent:
         if reply.heartbeat_interval is not None:
             self.state.interval = reply.heartbeat_interval
         self._apply(reply.incoming)
+        if reply.prepare is not None and reply.incoming.assignment.action == "idle":
+            self.supervisor.prepare(reply.prepare)
         desired = self.state.desired
         if desired is not None and desired.action in ("run", "stop"):
             self.supervisor.renew_leases(desired.job_id, desired.generation)

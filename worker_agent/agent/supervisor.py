@@ -225,6 +225,14 @@ class Supervisor:
             spool.pid_file.write_text(str(process.pid))
             self._warm.append(Warm(process, spool))
 
+    def prepare(self, job: JobSpec) -> None:
+        """Hand ``job`` to the waiting warm trainers to build its model ahead: the controller's hint that a
+        growth may bring it to this free node. Each builds it once; nothing runs until an assignment."""
+        text = job.model_dump_json()
+        for warm in self._warm:
+            if warm.process.poll() is None and warm.spool.hand_prepare(text):
+                LOG.info("warm trainer %s: building %s's model ahead", warm.spool.path.name, job.name)
+
     def _stop_warming(self, why: str) -> None:
         if self.warm:
             LOG.warning("no more warm trainers on this node (%s); trainers start cold", why)

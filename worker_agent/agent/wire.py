@@ -7,6 +7,7 @@ The job spec crosses unchanged: an optional field the controller left unset take
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec
 from worker_agent.contract import CommittedCheckpoint, ExitCode, SalvageOrder
+
+log = logging.getLogger("spotmorph.agent")
 
 MAX_HELD_SKIPPED = 1000  # characters of a trainer's reason for not taking the held state (the controller keeps fewer)
 
@@ -67,6 +70,7 @@ class LogChunk:
 class HeartbeatReply:
     incoming: Incoming
     heartbeat_interval: float | None  # None: keep the current one
+    prepare: JobSpec | None = None  # a free node's hint: the spec of the job a growth would most likely bring
 
 
 def registration_from_pb(reply: pb.RegisterResponse) -> Registration:
@@ -140,7 +144,20 @@ def salvage_from_pb(message: pb.Assignment) -> str:
 def heartbeat_reply_from_pb(reply: pb.HeartbeatResponse) -> HeartbeatReply:
     """A heartbeat reply without an assignment means: run nothing."""
     incoming = incoming_from_pb(reply.assignment if reply.HasField("assignment") else None)
-    return HeartbeatReply(incoming, reply.heartbeat_interval_seconds or None)
+    return HeartbeatReply(incoming, reply.heartbeat_interval_seconds or None, prepare_from_pb(reply))
+
+
+def prepare_from_pb(reply: pb.HeartbeatResponse) -> JobSpec | None:
+    """The hint's spec as the job's trainers would read it; an unusable one is dropped (it is only a hint, and
+    must never keep the reply's assignment from being applied)."""
+    if not reply.HasField("prepare") or not reply.prepare.job:
+        return None
+    try:
+        spec = spec_from_pb(reply.prepare.spec, what=f"job spec of {reply.prepare.job}")
+    except UserInputError as exc:
+        log.warning("ignoring the hint to prepare %s: %s", reply.prepare.job, exc)
+        return None
+    return spec.model_copy(update={"entrypoint": reply.prepare.entrypoint}) if reply.prepare.entrypoint else spec
 
 
 def report_reply_from_pb(reply: pb.ReportEventResponse) -> Incoming | None:

@@ -261,6 +261,20 @@ class WarmSpool:
     def assigned(self) -> bool:
         return self.assignment_file.exists()
 
+    @property
+    def prepare_file(self) -> Path:
+        """The spec of a job the agent was told a growth may bring here: the warm trainer builds its model ahead."""
+        return self.path / "prepare.json"
+
+    def hand_prepare(self, job_json: str) -> bool:
+        """Write (whole) the job the warm trainer should build ahead; False when it holds that one already."""
+        if self.prepare_file.exists() and self.prepare_file.read_text() == job_json:
+            return False
+        temporary = self.path / f"{self.prepare_file.name}.tmp"
+        temporary.write_text(job_json)
+        temporary.rename(self.prepare_file)
+        return True
+
 
 @dataclass(frozen=True)
 class TrainersDir:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from worker_agent.contract import WarmAssignment, WarmSpool
 from worker_agent.contract.hostile import read_bounded
@@ -13,11 +14,21 @@ POLL_SECONDS = 0.02
 MAX_ASSIGNMENT_BYTES = 1 << 20
 
 
-def wait_for_assignment(spool: WarmSpool, parent: int, deadline: float | None = None) -> WarmAssignment | None:
-    """The assignment handed over in ``spool``; None once the agent that started us is gone (or at ``deadline``)."""
+def wait_for_assignment(
+    spool: WarmSpool, parent: int, deadline: float | None = None, prepare: Callable[[str], None] | None = None
+) -> WarmAssignment | None:
+    """The assignment handed over in ``spool``; None once the agent that started us is gone (or at ``deadline``).
+    Meanwhile ``prepare`` is called with each new job the agent hands it to get ready for (its spec's JSON)."""
+    prepared = ""
     while not spool.assigned():
         if os.getppid() != parent or (deadline is not None and time.monotonic() > deadline):
             return None
+        if prepare is not None and spool.prepare_file.exists():
+            job = read_bounded(spool.prepare_file, MAX_ASSIGNMENT_BYTES).decode()
+            if job != prepared:
+                prepared = job
+                prepare(job)
+                continue
         time.sleep(POLL_SECONDS)
     return WarmAssignment.from_json(read_bounded(spool.assignment_file, MAX_ASSIGNMENT_BYTES).decode())
 

@@ -44,12 +44,31 @@ def _preload() -> None:
             print(f"spotmorph warm trainer: warning: cannot import {name} ahead: {exc!r}", file=sys.stderr, flush=True)
 
 
+def _prepare(job_json: str) -> None:
+    """Build the hinted job's model ahead (its user code runs here, as it would in the trainer); a failure is
+    the trainer's to report if the job does come, so it is only noted in the warm trainer's log."""
+    started = time.monotonic()
+    try:
+        from morphing.jobspec import job_spec_from_json
+        from worker_agent.runtime import warm_model
+
+        job = job_spec_from_json(job_json, what="the job to prepare")
+        if warm_model.prepare(job):
+            print(
+                f"spotmorph warm trainer: built {job.name}'s model ahead in {time.monotonic() - started:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    except (Exception, SystemExit) as exc:  # the user's code may exit: this process still waits for its assignment
+        print(f"spotmorph warm trainer: warning: cannot build the model ahead: {exc!r}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = WarmArguments.from_argv(argv)
     spool = WarmSpool(args.spool)
     _preload()
     spool.ready_file.write_text(str(time.time()))
-    task = wait_for_assignment(spool, args.parent)
+    task = wait_for_assignment(spool, args.parent, prepare=_prepare)
     if task is None:
         return 0
     assigned_at = time.time()

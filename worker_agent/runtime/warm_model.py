@@ -39,28 +39,44 @@ class Built:
     key: tuple[str, str]
     model: PartitionedModel
     buffers: BufferSnapshot
+    trained: bool = True  # False while only prepared: its weights are still the initial ones
 
 
 _BUILT: Built | None = None
 
 
 def model_for(job: JobSpec, layout: Layout, device: torch.device) -> tuple[PartitionedModel, bool]:
-    """The job's model, checked against ``layout``; True when it is the one this process built before."""
+    """The job's model, checked against ``layout``; True when a past generation of this process trained it."""
     global _BUILT
     key = (job.entrypoint, job.identity_hash())
     if _BUILT is not None and _BUILT.key == key and device.type == "cpu":
         _BUILT.buffers.restore()
-        model = _BUILT.model
+        model, trained = _BUILT.model, _BUILT.trained
         model.check_layout(layout)
         for module in model.modules:
             module.zero_grad(set_to_none=True)  # a step that failed in a collective may have left gradients
-        return model, True
+        _BUILT.trained = True  # from here on, this generation trains it
+        return model, trained
     _BUILT = None  # another job's model: let it go before this one is built
     model = build(job)
     model.check_layout(layout)
     if device.type == "cpu":
         _BUILT = Built(key, model, BufferSnapshot(model.modules))
     return model, False
+
+
+def prepare(job: JobSpec) -> bool:
+    """Build ``job``'s model before any assignment (a free node's hint that a growth may bring the job here),
+    so :func:`model_for` finds it built and the growth's pause does not hold the build. CPU jobs only, as
+    :func:`model_for` keeps; False when there was nothing to do."""
+    global _BUILT
+    key = (job.entrypoint, job.identity_hash())
+    if job.device != "cpu" or (_BUILT is not None and _BUILT.key == key):
+        return False
+    _BUILT = None  # another job's model: let it go first
+    model = build(job)
+    _BUILT = Built(key, model, BufferSnapshot(model.modules), trained=False)
+    return True
 
 
 def build(job: JobSpec, check: bool = True) -> PartitionedModel:

@@ -9,7 +9,7 @@ before they boot must wait for them, and its reason says so in ``spotmorph statu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from controller.core.lifecycle import NodeState
 from controller.core.model import JobRecord, NodeRecord
@@ -44,8 +44,14 @@ def spec_for_generation(job: JobRecord, nodes: Mapping[str, NodeRecord]) -> JobS
     Each trainer would otherwise pick CUDA where its node has a GPU and the CPU where not, and ranks of
     one generation on both kinds of node would build NCCL and gloo groups with each other and hang.
     """
-    if job.spec.device != "auto" or job.layout is None:
+    if job.layout is None:
         return job.spec
-    placed = [nodes.get(name) for name in job.layout.nodes()]
+    return spec_on(job.spec, [nodes.get(name) for name in job.layout.nodes()])
+
+
+def spec_on(spec: JobSpec, placed: Sequence[NodeRecord | None]) -> JobSpec:
+    """``spec`` as its trainers on ``placed`` get it (``device: auto`` resolved for all of them)."""
+    if spec.device != "auto":
+        return spec
     every_one_has_gpus = all(node is not None and node.gpus for node in placed)
-    return job.spec.model_copy(update={"device": "cuda" if every_one_has_gpus else "cpu"})
+    return spec.model_copy(update={"device": "cuda" if every_one_has_gpus else "cpu"})

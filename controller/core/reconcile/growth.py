@@ -1,33 +1,54 @@
 """Running jobs take free nodes when nobody waits, if the policy says the morph pays off.
 
 When it does not, one ``GrowthDeclined`` event per generation and set of free nodes says why, with the
-numbers the policy weighed, so an operator who sees idle nodes beside a running job can tell.
+numbers the policy weighed, so an operator who sees idle nodes beside a running job can tell. Before it
+does, :func:`growth_hint` tells a free node which job it would most likely take, so its warm trainers build
+that job's model ahead and the growth's pause does not hold the build.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from controller.core import facts
 from controller.core.causes import MorphCause
-from controller.core.lifecycle import JobState
-from controller.core.model import Action, JobRecord
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import Action, JobRecord, World
 from controller.core.reconcile.config import Config, Planners
-from controller.core.reconcile.devices import may_run_on
+from controller.core.reconcile.devices import may_run_on, spec_on
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import planned
 from controller.core.reconcile.unreachable import held_out
+from morphing.jobspec import JobSpec
 from morphing.planner import Plan, Planner
 from morphing.policy import decide_morph
 
 
+def growing(jobs: Iterable[JobRecord]) -> list[JobRecord]:
+    """The running jobs in the order growth offers them free nodes."""
+    running = (j for j in jobs if j.state is JobState.RUNNING and j.layout is not None)
+    return sorted(running, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
+
+
+def growth_hint(world: World, name: str, now: float) -> tuple[str, JobSpec] | None:
+    """The job a growth would most likely place on the free node ``name``, and the spec its trainers would be
+    given there; None unless that job trains on the CPU (only a CPU model is kept by a warm trainer,
+    :mod:`worker_agent.runtime.warm_model`). A hint for the node's warm trainers, never a decision."""
+    node = world.nodes.get(name)
+    if node is None or node.state is not NodeState.READY or node.job is not None:
+        return None
+    for job in growing(world.jobs.values()):
+        if job.action is not Action.RUN or held_out(job, name, now) or not may_run_on(job, node):
+            continue
+        spec = spec_on(job.spec, [*(world.nodes.get(n) for n in job.nodes), node])
+        return (job.id, spec) if spec.device == "cpu" else None
+    return None
+
+
 def grow(draft: Draft, config: Config, planners: Planners) -> None:
-    jobs = draft.jobs.values()
     if draft.queue_blocked or not draft.arrivals_settled(config.debounce_seconds):
         return
-    running = sorted(
-        (j for j in jobs if j.state is JobState.RUNNING and j.layout is not None),
-        key=lambda j: (-j.spec.priority, j.submitted_at, j.id),
-    )
-    for job in running:
+    for job in growing(draft.jobs.values()):
         free = free_nodes(draft.nodes)
         planner = planners.get(job.id)
         if not free or not isinstance(planner, Planner) or job.layout is None:

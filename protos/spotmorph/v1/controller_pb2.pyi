@@ -1464,24 +1464,61 @@ class HeartbeatResponse(_message.Message):
 
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    PREPARE_FIELD_NUMBER: _builtins.int
     heartbeat_interval_seconds: _builtins.float
     @_builtins.property
     def assignment(self) -> Global___Assignment:
         """absent: run nothing (stop any trainer)"""
+
+    @_builtins.property
+    def prepare(self) -> Global___Prepare:
+        """to a free node only: the job a growth would most likely place on it"""
 
     def __init__(
         self,
         *,
         assignment: Global___Assignment | None = ...,
         heartbeat_interval_seconds: _builtins.float = ...,
+        prepare: Global___Prepare | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "prepare", b"prepare"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "heartbeat_interval_seconds", b"heartbeat_interval_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "heartbeat_interval_seconds", b"heartbeat_interval_seconds", "prepare", b"prepare"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
+
+@_typing.final
+class Prepare(_message.Message):
+    """A hint, never an order: the job a growth would place on this free node and the spec its trainers would be
+    given. The node's warm trainers build that job's model ahead (CPU jobs), so a growth onto the node does not
+    pay the build inside the morph's pause. Nothing is fenced by it and nothing runs until an Assignment says so.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    ENTRYPOINT_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    entrypoint: _builtins.str
+    @_builtins.property
+    def spec(self) -> Global___JobSpec: ...
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        spec: Global___JobSpec | None = ...,
+        entrypoint: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entrypoint", b"entrypoint", "job", b"job", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Prepare: _TypeAlias = Prepare  # noqa: Y015
 
 @_typing.final
 class TrainerExited(_message.Message):

@@ -1,0 +1,76 @@
+"""A free node's warm trainer builds the model of the job a growth may bring, before any assignment.
+
+Real processes: the supervisor's warm trainer is told to prepare a job (the controller's hint) whose user code
+fails, which it only notes, then the job itself, whose model it builds once; the trainer it then becomes
+trains that job bit for bit as a cold trainer does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from morphing.jobspec import JobSpec
+from morphing.layout import make_layout
+from spotmorph.local.harness import max_rel_diff
+from spotmorph.local.processes import port_range_base
+from tests.runtime.helpers import TINY, wait_for
+from worker_agent.agent.converge import TrainerKey
+from worker_agent.agent.supervisor import LaunchSpec, Supervisor
+
+STEPS = 6
+
+
+def launch(tmp_path: Path, name: str, port: int) -> LaunchSpec:
+    layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
+    job = JobSpec(
+        name="prepared",
+        entrypoint=TINY,
+        global_batch=4,
+        seed=5,
+        dtype="float64",
+        device="cpu",
+        steps=STEPS,
+        checkpoint_interval=0,
+        checkpoint_dir=str(tmp_path / name),
+        timeout_seconds=30.0,
+    )
+    return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port}", tmp_path / name)
+
+
+def run_to_the_end(supervisor: Supervisor, spec: LaunchSpec) -> None:
+    key = TrainerKey("job-1", 1, 0)
+    supervisor.start(key, spec)
+    wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 120, "the run to finish")
+    [report] = supervisor.reports()
+    assert report.status.exit_code == 0 and report.step == STEPS, supervisor.log_tail(key)
+
+
+def warm_log(supervisor: Supervisor) -> str:
+    return "".join(w.spool.log_file.read_text() for w in supervisor._warm if w.spool.log_file.exists())
+
+
+def test_a_prepared_warm_trainer_trains_bit_for_bit_as_a_cold_one_and_a_broken_hint_is_only_noted(
+    tmp_path: Path,
+) -> None:
+    warm = Supervisor(tmp_path / "warm", warm=1)
+    cold = Supervisor(tmp_path / "cold")
+    prepared = launch(tmp_path, "warm-ckpt", port_range_base(1))
+    broken = prepared.job.model_copy(update={"entrypoint": f"{tmp_path}/missing_model.py:build"})
+    try:
+        warm.prewarm()
+        wait_for(lambda: warm.warm_ready() == 1, 120, "the warm trainer's imports")
+        warm.prepare(broken)
+        wait_for(lambda: "cannot build the model ahead" in warm_log(warm), 120, "the failed build noted")
+        [waiting] = warm._warm
+        assert waiting.process.poll() is None, "the warm trainer waits on for a hint or an assignment"
+        warm.prepare(prepared.job)
+        warm.prepare(prepared.job)  # every heartbeat repeats the hint: it is built once
+        wait_for(lambda: "built prepared's model ahead" in warm_log(warm), 120, "the model built ahead")
+        assert warm_log(warm).count("built prepared's model ahead") == 1
+        run_to_the_end(warm, prepared)
+        reference = launch(tmp_path, "cold-ckpt", port_range_base(1) + 5)
+        run_to_the_end(cold, reference)
+        assert max_rel_diff(reference.checkpoint_dir, prepared.checkpoint_dir) == 0.0
+    finally:
+        warm.kill_all()
+        cold.kill_all()

@@ -1,0 +1,77 @@
+"""A free node is told which job a growth would most likely bring it (its warm trainers build that model
+ahead); a hint never reaches a node that runs something, nor names a job that would not come."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controller.core.lifecycle import Action, JobState, NodeState
+from controller.core.model import Gpu, World
+from controller.core.reconcile.growth import growth_hint
+from controller.core.records import Exclusions
+from protos.spotmorph.v1 import controller_pb2 as pb
+from tests.controller.conftest import Live
+from tests.controller.helpers import job, node, planner
+from tests.controller.test_hostile_edge import Node, running_job
+
+R, N = JobState.RUNNING, NodeState
+ONE = planner().plan([("node-1", 1)]).layout  # type: ignore[union-attr]
+TWO = planner().plan([("node-2", 1)]).layout  # type: ignore[union-attr]
+GPU = (Gpu(0, "H100", 80 << 30),)
+
+
+def world() -> World:
+    """Job ``a`` on node-1, job ``b`` (of a higher priority) on node-2, and a free node."""
+    nodes = {
+        "node-1": node("node-1", N.ASSIGNED, job="a"),
+        "node-2": node("node-2", N.ASSIGNED, job="b"),
+        "free": node("free"),
+    }
+    low = job("a", R, priority=0, layout=ONE)
+    high = job("b", R, priority=5, layout=TWO)
+    return World(nodes, {"a": low, "b": high})
+
+
+def test_the_free_node_is_told_the_job_growth_offers_it_first_with_the_spec_its_trainers_get() -> None:
+    hint = growth_hint(world(), "free", 10.0)
+    assert hint is not None
+    job_id, spec = hint
+    assert job_id == "b", "the higher priority job is offered free nodes first"
+    assert spec.device == "cpu" and spec == world().jobs["b"].spec.model_copy(update={"device": "cpu"})
+
+
+def test_no_hint_for_a_node_that_is_not_free_or_a_job_that_would_not_come() -> None:
+    base = world()
+    assert growth_hint(base, "node-1", 10.0) is None, "an assigned node runs its job"
+    assert growth_hint(base, "nowhere", 10.0) is None
+    joining = replace(base, nodes={**base.nodes, "free": node("free", N.JOINING)})
+    assert growth_hint(joining, "free", 10.0) is None
+    held = replace(base.jobs["b"], exclusions=Exclusions(until=(("free", 20.0),)))
+    only_a = replace(base, jobs={**base.jobs, "b": held})
+    assert growth_hint(only_a, "free", 10.0) == ("a", base.jobs["a"].spec.model_copy(update={"device": "cpu"}))
+    later = growth_hint(only_a, "free", 25.0)
+    assert later is not None and later[0] == "b", "held out only until 20.0"
+    stopping = {k: replace(j, state=JobState.MORPHING, action=Action.STOP) for k, j in base.jobs.items()}
+    assert growth_hint(replace(base, jobs=stopping), "free", 10.0) is None, "a morphing job grows on its next plan"
+
+
+def test_no_hint_when_the_job_would_train_on_a_gpu_there() -> None:
+    """Only a model on the CPU is kept by a warm trainer: a GPU generation builds its own on its device."""
+    base = world()
+    gpus = {n: replace(r, gpus=GPU) for n, r in base.nodes.items()}
+    assert growth_hint(replace(base, nodes=gpus), "free", 10.0) is None  # device auto resolves to cuda there
+    cuda = {k: replace(j, spec=j.spec.model_copy(update={"device": "cuda"})) for k, j in base.jobs.items()}
+    assert growth_hint(replace(base, nodes=gpus, jobs=cuda), "free", 10.0) is None
+    mixed = {**base.nodes, "free": replace(base.nodes["free"], gpus=GPU)}
+    assert growth_hint(replace(base, nodes=mixed), "free", 10.0) is not None, "auto on a CPU job's nodes stays cpu"
+
+
+def test_a_free_nodes_heartbeat_carries_the_hint_and_an_assigned_ones_does_not(live: Live) -> None:
+    busy, job_id, _ = running_job(live)
+    assert not busy.beat().HasField("prepare")
+    free = Node(live)
+    free.beat()  # JOINING -> READY
+    reply = free.beat()
+    assert not reply.HasField("assignment") or not reply.assignment.job, "growth declined: the node stays free"
+    assert reply.prepare.job == job_id and reply.prepare.spec.device == "cpu"
+    assert reply.prepare.entrypoint == live.jobs().GetJob(pb.GetJobRequest(id=job_id)).spec.entrypoint
