@@ -293,10 +293,14 @@ def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="planned morph pause, through memory and through the disk")
     parser.add_argument("--sizes", default="4m,43m", help="comma-separated, of " + ", ".join(SIZES))
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of " + ", ".join(CASES))
     parser.add_argument("--quick", action="store_true", help="the 4M model's growth only; prints, writes no docs")
     args = parser.parse_args(argv)
     sizes = ["4m"] if args.quick else [s.strip() for s in args.sizes.split(",") if s.strip()]
-    cases = ["growth"] if args.quick else list(CASES)
+    cases = ["growth"] if args.quick else [c.strip() for c in args.cases.split(",") if c.strip()]
+    if unknown := [c for c in cases if c not in CASES]:
+        parser.error(f"--cases {','.join(unknown)}: not one of {', '.join(CASES)}")
+    partial = args.quick or set(cases) != set(CASES)  # printed only: the docs' section holds every case
 
     def log(text: str) -> None:
         print(f"  [memory_morph_bench] {text}", flush=True)
@@ -308,9 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for case in cases:
                 runs += [one(Path(tmp) / f"{size}-{case}-{p}", size, case, p, log) for p in PATHS]
     command = "python -m bench.memory_morph_bench" + (" --quick" if args.quick else f" --sizes {','.join(sizes)}")
+    if not args.quick and partial:
+        command += f" --cases {','.join(cases)}"
     text = section(runs, {s: state_bytes(s) for s in sizes}, command, (load_before, os.getloadavg()[0]))
     print(text)
-    if not args.quick:
+    if not partial:
         replace_section(HEADING, text)
     return 0
 

@@ -387,7 +387,8 @@ class Runner:
         """Persist the last decisions, finish the side effects under way, close the provider, log its last words."""
         async with self.lock:
             self._quietly(self._reconcile)
-        await self.settle()
+        with contextlib.suppress(Exception):  # a side effect's bug was logged as it ended the group: stop all the same
+            await self.effects.close()
         try:
             await self.provider.close()
         except Exception as exc:
@@ -396,4 +397,3 @@ class Runner:
             self._undelivered += self.inbox.drain()
             self.commit([RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered])
             self._undelivered = []
-        await self.effects.close()
