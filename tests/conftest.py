@@ -26,3 +26,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``--dist loadgroup`` on a pytest with which pytest-xdist no longer groups (from 9.2, whose node ids
+    xdist can no longer tag with the group: pytest-dev/pytest-xdist#1386): the clusters' tests would silently
+    run two at a time."""
+    broken = tuple(int(part) for part in pytest.version_tuple[:2] if isinstance(part, int)) >= (9, 2)
+    if broken and config.getoption("dist", "no") == "loadgroup":
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} breaks --dist loadgroup (pytest-dev/pytest-xdist#1386): install the "
+            "pytest pyproject.toml allows (pip install -e '.[dev]'), or run without -n"
+        )
