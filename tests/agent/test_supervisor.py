@@ -122,14 +122,16 @@ def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp
         assert sorted(r.pid for r in second) == sorted(holders), "generation 2 runs on the same processes"
         loaded = loaded_by(supervisor, 2)
         assert [(e.step, e.checkpoint) for e in loaded] == [(step, "memory of generation 1")] * 2
-        wait_for(lambda: any(r.last_checkpoint_step == step for r in supervisor.reports()), 60, "the durable write")
+        # written once generation 2's first step is done: the step after the held one, in the background
+        wait_for(lambda: any(r.last_checkpoint_step == step + 1 for r in supervisor.reports()), 60, "the durable write")
     finally:
         supervisor.kill_all()
 
 
 def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(tmp_path: Path) -> None:
     """Generation 2 (2 x 1) takes generation 1's (1 x 2) stopped step S from memory and runs to the end; so does
-    generation 3 (2 x 1) from the disk, from the checkpoint of S that generation 2 wrote: the ends are equal."""
+    generation 3 (2 x 1) from the disk, from the checkpoint of S + 1 that generation 2 wrote after its first step
+    (not beside it): the ends are equal."""
     supervisor = Supervisor(tmp_path / "work")
     steps = 400
     launch = spec(tmp_path, steps=steps)
@@ -162,19 +164,20 @@ def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(
         from_memory = tmp_path / "from-memory"
         shutil.copytree(checkpoints, from_memory)
         shutil.rmtree(next(checkpoints.glob(f"step-{steps:08d}-*")))  # generation 2's end: g3 makes its own
-        assert next(checkpoints.glob(f"step-{held:08d}-g2")), "generation 2 wrote the held step"
+        assert next(checkpoints.glob(f"step-{held + 1:08d}-g2")), "generation 2 wrote the step after the held one"
+        assert not list(checkpoints.glob(f"step-{held:08d}-*")), "and not the held step beside its first step"
         third = replace(
             launch,
             layout=pipeline.to_dict(),
             rendezvous=f"127.0.0.1:{port_range_base(1) + 9}",
-            resume=CommittedCheckpoint(held, 2),
+            resume=CommittedCheckpoint(held + 1, 2),
         )
         for rank in range(2):
             supervisor.start(TrainerKey("job-1", 3, rank), third)
         supervisor.forget({("job-1", 3)})
         wait_for(lambda: finished(3), 120, "generation 3 to finish")
         loaded = loaded_by(supervisor, 3)
-        assert loaded and all(e.step == held and e.checkpoint.endswith("-g2") for e in loaded), loaded
+        assert loaded and all(e.step == held + 1 and e.checkpoint.endswith("-g2") for e in loaded), loaded
         assert max_rel_diff(from_memory, checkpoints) == 0.0
     finally:
         supervisor.kill_all()

@@ -75,7 +75,7 @@ class Generation:
     step: int  # steps completed: where it resumed, then each one it trains
     first_step: int  # where it resumed
     already_written: int | None  # a step whose checkpoint this generation need not write (it resumed from it)
-    durable_due: int | None  # the held step this generation writes at once, in the background
+    durable_due: int | None  # resumed from memory only: the step it writes first, in the background
     can_hold: bool  # this rank may keep its stage in memory at a stop (the job morphs through memory)
 
     def manifest(self) -> dict[str, Any]:
@@ -201,7 +201,11 @@ def start(
     already_written = step if resume.same_directory(chosen.checkpoint, cfg.checkpoint_dir) else None
     if memory is not None and memory.used and (cfg.resume is None or cfg.resume.step != step):
         already_written = None  # the held step is in memory only: written at once, in the background
-    durable_due = step if already_written is None and memory is not None and memory.used else None
+    # Resumed from memory only: the step after the held one is written, in the background, once this generation's
+    # first step is done, not beside that step (on a busy host the write shares its cores with the step that ends
+    # the morph's pause). Until then every rank holds the step in memory, as the stopped generation did.
+    from_memory_only = already_written is None and memory is not None and memory.used
+    durable_due = (step + 1 if step < job.steps else step) if from_memory_only else None
     writer = ckpt_mod.CheckpointWriter(
         cfg.checkpoint_dir,
         cfg.rank,
