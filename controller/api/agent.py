@@ -33,6 +33,8 @@ from protos.reasons import REGISTER_AGAIN
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
+SOON_BEAT_SECONDS = 0.2  # how often a free node that may get work within seconds beats (as a morphing one does)
+
 
 def certificate_name(context: Context) -> str | None:
     """The common name of the client certificate (mutual TLS), if the caller presented one."""
@@ -148,11 +150,12 @@ class AgentService(rpc.AgentServicer):
                 notice = reports.notice("eviction", request.eviction) if request.HasField("eviction") else None
                 seen = NodeObservation(request.incarnation, self.view.now(), ranks, notice)
                 await self.writes.observe(request.node_name, seen)
-            assignment = self._reply_assignment(request.node_name)
-            prepare = None if assignment is not None else self._prepare(request.node_name)
-            return pb.HeartbeatResponse(
-                assignment=assignment, heartbeat_interval_seconds=self.interval, prepare=prepare
-            )
+            name = request.node_name
+            assignment = self._reply_assignment(name)
+            prepare = None if assignment is not None else self._prepare(name)
+            soon = assignment is None and self.view.assignment_soon(name)  # its work comes in a reply: beat often
+            interval = min(self.interval, SOON_BEAT_SECONDS) if soon else self.interval
+            return pb.HeartbeatResponse(assignment=assignment, heartbeat_interval_seconds=interval, prepare=prepare)
         finally:
             self.latency.record(time.perf_counter() - started)
 

@@ -23,7 +23,7 @@ from controller.core.lifecycle import JobState
 from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord
 from controller.core.queue import QueueEntry, admission_order
 from controller.core.reconcile import assignment_for
-from controller.core.reconcile.growth import growth_hint
+from controller.core.reconcile.growth import assignment_soon, growth_hint
 from controller.persistence.store import EventRow, GenerationRow, Store
 from controller.shell.latency import Histogram
 from controller.shell.runner import Runner
@@ -128,6 +128,10 @@ class StateView:
     def growth_hint(self, name: str) -> tuple[str, JobSpec] | None:
         """The job a growth would most likely place on the free node ``name``, and its trainers' spec."""
         return growth_hint(self._runner.world, name, self.now())
+
+    def assignment_soon(self, name: str) -> bool:
+        """Whether the free node ``name`` may be given work within seconds (it is then told to beat often)."""
+        return assignment_soon(self._runner.world, name, self.now(), self._runner.config.debounce_seconds)
 
     def next_change(self) -> asyncio.Event:
         """An event set by the next commit: take it before reading, so no commit goes unnoticed."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from controller.api.agent import SOON_BEAT_SECONDS
 from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import Gpu, World
-from controller.core.reconcile.growth import growth_hint
+from controller.core.reconcile.growth import assignment_soon, growth_hint
 from controller.core.records import Exclusions
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
@@ -75,3 +76,25 @@ def test_a_free_nodes_heartbeat_carries_the_hint_and_an_assigned_ones_does_not(l
     assert not reply.HasField("assignment") or not reply.assignment.job, "growth declined: the node stays free"
     assert reply.prepare.job == job_id and reply.prepare.spec.device == "cpu"
     assert reply.prepare.entrypoint == live.jobs().GetJob(pb.GetJobRequest(id=job_id)).spec.entrypoint
+
+
+def test_a_free_node_beats_often_only_while_work_may_reach_it_within_seconds() -> None:
+    """While arrivals settle (a growth may be decided) or a job morphs (its next generation may take it)."""
+    base = world()
+    joined = replace(base, nodes={**base.nodes, "free": replace(base.nodes["free"], joined_at=100.0)})
+    assert assignment_soon(joined, "free", 104.0, debounce_seconds=5.0), "within the debounce window"
+    assert assignment_soon(joined, "free", 107.9, debounce_seconds=5.0), "and the grace after it"
+    assert not assignment_soon(joined, "free", 108.1, debounce_seconds=5.0), "settled, growth declined: 1 Hz again"
+    assert not assignment_soon(joined, "node-1", 104.0, debounce_seconds=5.0), "an assigned node beats as it does"
+    morphing = {**joined.jobs, "a": replace(joined.jobs["a"], state=JobState.MORPHING, action=Action.STOP)}
+    assert assignment_soon(replace(joined, jobs=morphing), "free", 500.0, debounce_seconds=5.0)
+    gpus = {n: replace(r, gpus=GPU) for n, r in joined.nodes.items()}  # no hint: a growth there builds on its GPU
+    assert assignment_soon(replace(joined, nodes=gpus), "free", 104.0, debounce_seconds=5.0) is False
+
+
+def test_the_free_nodes_reply_asks_for_fast_beats_while_a_growth_may_come(live: Live) -> None:
+    busy, _, _ = running_job(live)
+    free = Node(live)
+    free.beat()  # JOINING -> READY: it just arrived, a growth onto it may be decided once arrivals settle
+    assert free.beat().heartbeat_interval_seconds == SOON_BEAT_SECONDS
+    assert busy.beat().heartbeat_interval_seconds == live.controller.settings.heartbeat_interval_seconds

@@ -45,6 +45,23 @@ def growth_hint(world: World, name: str, now: float) -> tuple[str, JobSpec] | No
     return None
 
 
+SETTLE_GRACE_SECONDS = 3.0  # past the debounce window: the reconcile that decides, and the old generation's stop
+
+
+def assignment_soon(world: World, name: str, now: float, debounce_seconds: float) -> bool:
+    """Whether the free node ``name`` may be given work within seconds: a job is morphing (its next generation
+    may take free nodes), or a growth onto it may be decided once the newest arrivals have settled. Such a node
+    is told to beat often, as a morphing node's agent does: its assignment reaches it only in a heartbeat reply."""
+    node = world.nodes.get(name)
+    if node is None or node.state is not NodeState.READY or node.job is not None:
+        return False
+    if any(j.state is JobState.MORPHING for j in world.jobs.values()):
+        return True
+    newest = max(n.joined_at for n in world.nodes.values() if n.state is NodeState.READY and n.job is None)
+    settling = now - newest < debounce_seconds + SETTLE_GRACE_SECONDS
+    return settling and growth_hint(world, name, now) is not None
+
+
 def grow(draft: Draft, config: Config, planners: Planners) -> None:
     if draft.queue_blocked or not draft.arrivals_settled(config.debounce_seconds):
         return
