@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from worker_agent.contract import WarmAssignment, WarmSpool
-from worker_agent.contract.hostile import read_bounded
+from worker_agent.contract.hostile import HostileFile, read_bounded
 
 POLL_SECONDS = 0.02
 MAX_ASSIGNMENT_BYTES = 1 << 20
@@ -24,7 +24,10 @@ def wait_for_assignment(
         if os.getppid() != parent or (deadline is not None and time.monotonic() > deadline):
             return None
         if prepare is not None and spool.prepare_file.exists():
-            job = read_bounded(spool.prepare_file, MAX_ASSIGNMENT_BYTES).decode()
+            try:  # only a hint: one that cannot be read is not prepared, and the wait goes on
+                job = read_bounded(spool.prepare_file, MAX_ASSIGNMENT_BYTES).decode(errors="replace")
+            except (OSError, HostileFile):
+                job = prepared
             if job != prepared:
                 prepared = job
                 prepare(job)
