@@ -8,6 +8,12 @@ import pytest
 
 from controller.shell.effects import Effects
 
+# A coroutine left never awaited (reported as it is collected) fails the test.
+pytestmark = [
+    pytest.mark.filterwarnings("error::RuntimeWarning"),
+    pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),
+]
+
 
 def test_settle_waits_for_the_effects_under_way_and_for_those_they_spawn() -> None:
     done: list[str] = []
