@@ -152,20 +152,17 @@ class AgentService(rpc.AgentServicer):
                 await self.writes.observe(request.node_name, seen)
             name = request.node_name
             assignment = self._reply_assignment(name)
-            prepare = None if assignment is not None else self._prepare(name)
-            soon = assignment is None and self.view.assignment_soon(name)  # its work comes in a reply: beat often
+            hint = None if assignment is not None else self.view.growth_hint(name)
+            prepare = None if hint is None else self._prepare(*hint)
+            soon = assignment is None and self.view.assignment_soon(name, hint is not None)  # work comes in a reply
             interval = min(self.interval, SOON_BEAT_SECONDS) if soon else self.interval
             return pb.HeartbeatResponse(assignment=assignment, heartbeat_interval_seconds=interval, prepare=prepare)
         finally:
             self.latency.record(time.perf_counter() - started)
 
-    def _prepare(self, name: str) -> pb.Prepare | None:
+    def _prepare(self, job_id: str, spec: JobSpec) -> pb.Prepare:
         """What a free node's warm trainers may build ahead (:func:`controller.core.reconcile.growth.growth_hint`);
         the wire form is built once per spec, not once per heartbeat."""
-        hint = self.view.growth_hint(name)
-        if hint is None:
-            return None
-        job_id, spec = hint
         cached = self._prepared.get(job_id)
         if cached is None or cached[0] != spec:
             cached = (spec, pb.Prepare(job=job_id, spec=spec_to_pb(spec), entrypoint=spec.entrypoint))

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from controller.core.commands import RecordEvent
 from controller.core.events import EventKind
 
 
@@ -25,6 +26,10 @@ class Fact:
     def data(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {k: v for k, v in out.items() if not (v is None and k in self.optional)}
+
+    def recorded(self, at: float, job: str | None = None, node: str | None = None) -> RecordEvent:
+        """The command that writes this fact to the event log, at ``at``, of ``job`` and ``node``."""
+        return RecordEvent(self.kind, at, job, node, self.data())
 
 
 @dataclass(frozen=True)

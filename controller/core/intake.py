@@ -15,7 +15,6 @@ from dataclasses import asdict
 
 from controller.core import facts
 from controller.core.changes import amend, move
-from controller.core.events import EventKind
 from controller.core.flapping import Damping, rejoin
 from controller.core.lifecycle import JOB_ACTIVE, JOB_TERMINAL, JobState, NodeState
 from controller.core.model import (
@@ -26,7 +25,6 @@ from controller.core.model import (
     NodeObservation,
     NodeRecord,
     RecordCheckpoint,
-    RecordEvent,
     SetNode,
     SetNodeSeq,
     World,
@@ -180,7 +178,7 @@ def register(
     )
     commands.append(SetNode(node))
     registered = facts.NodeRegistered(incarnation, slots, address, [asdict(g) for g in gpus])
-    commands.append(RecordEvent(registered.kind, now, None, name, registered.data()))
+    commands.append(registered.recorded(now, node=name))
     if back.held_until is not None:
         seconds = back.hold_seconds(now)
         message = (
@@ -188,7 +186,7 @@ def register(
             f"for {seconds:g} s before it gets work"
         )
         hold = facts.NodeHeld(back.flaps, back.flapped_at, seconds, back.held_until, message)
-        commands.append(RecordEvent(hold.kind, now, None, name, hold.data()))
+        commands.append(hold.recorded(now, node=name))
     return node, commands
 
 
@@ -215,9 +213,7 @@ def commit_checkpoint(world: World, job_id: str, generation: int, step: int, now
         return []
     return [
         RecordCheckpoint(job_id, generation, step, now),
-        RecordEvent(
-            EventKind.CHECKPOINT_COMMITTED, now, job_id, None, facts.CheckpointCommitted(generation, step).data()
-        ),
+        facts.CheckpointCommitted(generation, step).recorded(now, job_id),
         amend(job, last_checkpoint_step=step, last_checkpoint_generation=generation, step=max(step, job.step)),
     ]
 

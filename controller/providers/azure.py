@@ -96,15 +96,13 @@ def describe(exc: BaseException) -> Failure:
         if isinstance(exc, ResourceNotFoundError) or status == 404:
             return Failure(K.PROVIDER_NOT_FOUND, f"not found: {_short(exc)} (check resource_group and scale_set)")
         if status in (401, 403):
-            return Failure(
-                EventKind.PROVIDER_AUTH_FAILED, f"{status}: {_short(exc)} (check the identity's role assignment)"
-            )
-        return Failure(EventKind.PROVIDER_ERROR, f"{status} {code or ''}: {_short(exc)}".replace("  ", " "))
+            return Failure(K.PROVIDER_AUTH_FAILED, f"{status}: {_short(exc)} (check the identity's role assignment)")
+        return Failure(K.PROVIDER_ERROR, f"{status} {code or ''}: {_short(exc)}".replace("  ", " "))
     if isinstance(exc, ServiceRequestError):
-        return Failure(EventKind.PROVIDER_UNREACHABLE, f"cannot reach Azure Resource Manager: {_short(exc)}")
+        return Failure(K.PROVIDER_UNREACHABLE, f"cannot reach Azure Resource Manager: {_short(exc)}")
     if isinstance(exc, AzureError):
-        return Failure(EventKind.PROVIDER_ERROR, _short(exc))
-    return Failure(EventKind.PROVIDER_ERROR, f"{type(exc).__name__}: {exc}")
+        return Failure(K.PROVIDER_ERROR, _short(exc))
+    return Failure(K.PROVIDER_ERROR, f"{type(exc).__name__}: {exc}")
 
 
 def _short(exc: BaseException) -> str:

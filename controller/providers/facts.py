@@ -146,14 +146,5 @@ class ProviderError(ProviderCallFailed):
 
 
 CALL_FAILURES: dict[EventKind, type[ProviderCallFailed]] = {
-    cls.kind: cls
-    for cls in (
-        ProviderThrottled,
-        ProviderCapacityUnavailable,
-        ProviderConflict,
-        ProviderNotFound,
-        ProviderAuthFailed,
-        ProviderUnreachable,
-        ProviderError,
-    )
+    cls.kind: cls for cls in ProviderCallFailed.__subclasses__()
 }

@@ -187,7 +187,7 @@ class Runner:
         commands = [*first, *(RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered)]
         commands += reconcile(world, now, self.config, planners)
         if not self.deciding:  # written even when nothing changed: proves the database takes writes again
-            commands.append(RecordEvent(facts.DecisionsResumed.kind, now, data=facts.DecisionsResumed().data()))
+            commands.append(facts.DecisionsResumed().recorded(now))
         decided = apply(self.world, commands) if commands else self.world
         if self.settings.validate:
             invariants.check(decided, self.world)  # raises: contained as any failing decision, nothing committed
@@ -275,7 +275,7 @@ class Runner:
         now = self.clock.now()
         try:
             refusal = facts.ReportRefused(why)
-            self.commit([RecordEvent(refusal.kind, now, None, name, refusal.data()) for name in refused])
+            self.commit([refusal.recorded(now, node=name) for name in refused])
         except Exception as exc:  # the refusal stands; only its record is missing
             log.warning("recording refused reports failed: %s", describe(exc))
 
@@ -312,7 +312,7 @@ class Runner:
             if self.capacity_ask is not None and self.capacity_ask.slots == command.slots:
                 failed = isinstance(outcome, provider_facts.ProviderCapacityRequestFailed)
                 self.capacity_ask = replace(self.capacity_ask, at=now, failed=failed)
-            self.commit([RecordEvent(outcome.kind, now, None, None, outcome.data())])
+            self.commit([outcome.recorded(now)])
 
     async def decide(self, make: Callable[[World, float], list[Command]]) -> None:
         """Run a pure decision on the current world; its commands are committed with the reconcile after it."""

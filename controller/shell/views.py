@@ -129,9 +129,9 @@ class StateView:
         """The job a growth would most likely place on the free node ``name``, and its trainers' spec."""
         return growth_hint(self._runner.world, name, self.now())
 
-    def assignment_soon(self, name: str) -> bool:
+    def assignment_soon(self, name: str, hinted: bool) -> bool:
         """Whether the free node ``name`` may be given work within seconds (it is then told to beat often)."""
-        return assignment_soon(self._runner.world, name, self.now(), self._runner.config.debounce_seconds)
+        return assignment_soon(self._runner.world, name, self.now(), self._runner.config.debounce_seconds, hinted)
 
     def next_change(self) -> asyncio.Event:
         """An event set by the next commit: take it before reading, so no commit goes unnoticed."""

@@ -78,18 +78,23 @@ def test_a_free_nodes_heartbeat_carries_the_hint_and_an_assigned_ones_does_not(l
     assert reply.prepare.entrypoint == live.jobs().GetJob(pb.GetJobRequest(id=job_id)).spec.entrypoint
 
 
+def soon(world: World, name: str, now: float) -> bool:
+    """As the heartbeat's reply decides it: with the hint the node is given, if any."""
+    return assignment_soon(world, name, now, 5.0, hinted=growth_hint(world, name, now) is not None)
+
+
 def test_a_free_node_beats_often_only_while_work_may_reach_it_within_seconds() -> None:
     """While arrivals settle (a growth may be decided) or a job morphs (its next generation may take it)."""
     base = world()
     joined = replace(base, nodes={**base.nodes, "free": replace(base.nodes["free"], joined_at=100.0)})
-    assert assignment_soon(joined, "free", 104.0, debounce_seconds=5.0), "within the debounce window"
-    assert assignment_soon(joined, "free", 107.9, debounce_seconds=5.0), "and the grace after it"
-    assert not assignment_soon(joined, "free", 108.1, debounce_seconds=5.0), "settled, growth declined: 1 Hz again"
-    assert not assignment_soon(joined, "node-1", 104.0, debounce_seconds=5.0), "an assigned node beats as it does"
+    assert soon(joined, "free", 104.0), "within the debounce window"
+    assert soon(joined, "free", 107.9), "and the grace after it"
+    assert not soon(joined, "free", 108.1), "settled, growth declined: 1 Hz again"
+    assert not soon(joined, "node-1", 104.0), "an assigned node beats as it does"
     morphing = {**joined.jobs, "a": replace(joined.jobs["a"], state=JobState.MORPHING, action=Action.STOP)}
-    assert assignment_soon(replace(joined, jobs=morphing), "free", 500.0, debounce_seconds=5.0)
+    assert soon(replace(joined, jobs=morphing), "free", 500.0)
     gpus = {n: replace(r, gpus=GPU) for n, r in joined.nodes.items()}  # no hint: a growth there builds on its GPU
-    assert assignment_soon(replace(joined, nodes=gpus), "free", 104.0, debounce_seconds=5.0) is False
+    assert soon(replace(joined, nodes=gpus), "free", 104.0) is False
 
 
 def test_the_free_nodes_reply_asks_for_fast_beats_while_a_growth_may_come(live: Live) -> None:

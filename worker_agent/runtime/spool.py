@@ -19,11 +19,12 @@ def wait_for_assignment(
 ) -> WarmAssignment | None:
     """The assignment handed over in ``spool``; None once the agent that started us is gone (or at ``deadline``).
     Meanwhile ``prepare`` is called with each new job the agent hands it to get ready for (its spec's JSON)."""
-    prepared = ""
+    prepared, seen = "", (0, 0)  # the job last prepared, and the file it was read from (inode, mtime)
     while not spool.assigned():
         if os.getppid() != parent or (deadline is not None and time.monotonic() > deadline):
             return None
-        if prepare is not None and spool.prepare_file.exists():
+        if prepare is not None and (handed := _handed(spool)) not in (None, seen):
+            seen = handed  # the agent replaces the file whole (a rename): read it only when it is a new one
             try:  # only a hint: one that cannot be read is not prepared, and the wait goes on
                 job = read_bounded(spool.prepare_file, MAX_ASSIGNMENT_BYTES).decode(errors="replace")
             except (OSError, HostileFile):
@@ -34,6 +35,15 @@ def wait_for_assignment(
                 continue
         time.sleep(POLL_SECONDS)
     return WarmAssignment.from_json(read_bounded(spool.assignment_file, MAX_ASSIGNMENT_BYTES).decode())
+
+
+def _handed(spool: WarmSpool) -> tuple[int, int] | None:
+    """Which prepare file the spool holds (its inode and mtime), None for none."""
+    try:
+        status = spool.prepare_file.stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns
 
 
 def take_over(task: WarmAssignment) -> None:

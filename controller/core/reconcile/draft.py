@@ -13,7 +13,7 @@ from typing import Unpack
 
 from controller.core.causes import MorphCause
 from controller.core.changes import act, amend, move
-from controller.core.commands import Command, RecordEvent, SetJob, SetNode
+from controller.core.commands import Command, SetJob, SetNode
 from controller.core.facts import Fact
 from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import JobRecord, NodeRecord, World
@@ -75,7 +75,7 @@ class Draft:
 
     def event(self, fact: Fact, job: str | None = None, node: str | None = None) -> None:
         """A fact for the event log, now, of ``job`` and ``node``."""
-        self.commands.append(RecordEvent(fact.kind, self.now, job, node, fact.data()))
+        self.commands.append(fact.recorded(self.now, job, node))
 
     def release_nodes(self, job_id: str, names: Sequence[str], reason: str = "job released it") -> None:
         """Nodes of ``names`` that ``job_id`` holds hold nothing from now on (assigned ones are READY)."""

@@ -48,10 +48,11 @@ def growth_hint(world: World, name: str, now: float) -> tuple[str, JobSpec] | No
 SETTLE_GRACE_SECONDS = 3.0  # past the debounce window: the reconcile that decides, and the old generation's stop
 
 
-def assignment_soon(world: World, name: str, now: float, debounce_seconds: float) -> bool:
+def assignment_soon(world: World, name: str, now: float, debounce_seconds: float, hinted: bool) -> bool:
     """Whether the free node ``name`` may be given work within seconds: a job is morphing (its next generation
-    may take free nodes), or a growth onto it may be decided once the newest arrivals have settled. Such a node
-    is told to beat often, as a morphing node's agent does: its assignment reaches it only in a heartbeat reply."""
+    may take free nodes), or a growth onto it may be decided once the newest arrivals have settled (``hinted``:
+    :func:`growth_hint` names a job for it). Such a node is told to beat often, as a morphing node's agent
+    does: its assignment reaches it only in a heartbeat reply."""
     node = world.nodes.get(name)
     if node is None or node.state is not NodeState.READY or node.job is not None:
         return False
@@ -59,7 +60,7 @@ def assignment_soon(world: World, name: str, now: float, debounce_seconds: float
         return True
     newest = max(n.joined_at for n in world.nodes.values() if n.state is NodeState.READY and n.job is None)
     settling = now - newest < debounce_seconds + SETTLE_GRACE_SECONDS
-    return settling and growth_hint(world, name, now) is not None
+    return settling and hinted
 
 
 def grow(draft: Draft, config: Config, planners: Planners) -> None:
