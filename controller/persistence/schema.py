@@ -298,7 +298,8 @@ def nest_job_row(row: dict[str, Any]) -> dict[str, Any]:
     nested = dict(row)
     for name, fields in NESTED_JOB_FIELDS.items():
         if name not in nested:
-            nested[name] = {field: nested.pop(old) for field, old in fields.items()}
+            # a field a (damaged) row lacks stays absent: the codec then refuses the row, naming it
+            nested[name] = {field: nested.pop(old) for field, old in fields.items() if old in nested}
     return nested
 
 

@@ -19,7 +19,7 @@ from controller.core.reconcile import Config, reconcile
 from controller.core.records import CheckpointStall, Evaluation, Exclusions, Hold, Morph
 from controller.persistence.codec import job_from_dict, job_to_dict
 from controller.persistence.plain import RowError
-from controller.persistence.schema import JOB_FIELDS_BEFORE, legacy_morph_cause
+from controller.persistence.schema import JOB_FIELDS_BEFORE, legacy_morph_cause, nest_job_row
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
 from tests.controller.helpers import job, node, planner, seen, version_9_row
 
@@ -254,3 +254,10 @@ def test_schema_10_nests_a_version_9_job_row_keeping_every_value(tmp_path: Path)
         conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)"), {"data": json.dumps(flat)})
     engine.dispose()
     assert Store(tmp_path / "v9.db").load()[1]["job-1"] == kept
+
+
+def test_a_damaged_version_9_row_is_refused_naming_the_field_it_lacks() -> None:
+    flat = version_9_row(job("job-1"))
+    del flat["morph_cause"]
+    with pytest.raises(RowError, match=r"job\.morph: no cause"):
+        job_from_dict(nest_job_row(flat))
