@@ -53,6 +53,7 @@ from worker_agent.contract import (
 HEADING = "## Planned morph through memory against the disk (`bench/memory_morph_bench.py`)"
 BATCH, SEED, NOTICE, INTERVAL = 4, 3, 20, 1000
 STEPS_BEFORE = 3  # steps of generation g after every warm trainer is ready, before the morph is set off
+NEW_STEPS = 4  # steps of generation g+1 read for its step time (the first one left out)
 CASES = {"growth": (1, 2), "eviction": (2, 1), "kill": (2, 1)}  # VMs (= ranks) before and after
 PATHS = {"memory": True, "disk": False}
 PHASES = (
@@ -64,9 +65,9 @@ WHY = (
     "Why (the ranks' progress lines): through memory the stopping ranks keep their stage's tensors (no copy, "
     "nothing serialised) and g+1 runs on the same processes, on the model each built for g (no user import, "
     "no initialisation, no start-up checks: *process start* near 0 where every rank of g+1 is a holder); a "
-    "layer a rank keeps is adopted as it is, a layer a peer lacks goes over gloo as its tensors' bytes with a "
-    "SHA-256, and once its first step is done g+1 writes the step after the held one in the background straight "
-    "from the live tensors (its second step's forward and backward run beside the write, its update waits "
+    "layer a rank keeps is adopted as it is, a layer a peer lacks goes over gloo as its tensors' bytes with an "
+    "XXH3-128 checksum, and once its first step is done g+1 writes the step after the held one in the background "
+    "straight from the live tensors (its second step's forward and backward run beside the write, its update waits "
     "until the write has read them). On "
     "eviction the leaving rank hands off only what no survivor holds (here nothing: 1x2), so the stop writes "
     "nothing; after a kill the survivor keeps its step and no just-in-time write is awaited (phase *salvage* "
@@ -90,7 +91,14 @@ class Run:
     steps_lost: int = 0  # the controller's count
     stop_write: float = 0.0  # the slowest rank's TrainingStopped.checkpoint_seconds
     step_seconds: float = 0.0  # median step of generation g
+    new_step_seconds: float = 0.0  # median step of generation g+1, its first step left out
     resumed_from: str = ""  # memory, disk or mixed (g+1's `resumed` records)
+
+    @property
+    def idle(self) -> float:
+        """The pause less one step of g+1: the time no step ran (the pause ends with g+1's first step done)."""
+        return self.pause - self.new_step_seconds
+
     layouts: str = ""  # P x D of g -> of g+1, the planner's choice from the profile
     durable: float = 0.0  # the stop agreed -> that step's checkpoint committed
     phases: dict[str, float] = field(default_factory=dict)
@@ -198,20 +206,24 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     )
     run.pause = float(resumed["data"]["pause_seconds"])
     old = [x.event for xs in cluster.progress(job, r.old).values() for x in xs]
-    new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
     stops = [e for e in old if isinstance(e, TrainingStopped)]
     salvaged = [e.seconds for e in old if isinstance(e, SalvageWritten)]
     run.stop_write = max([s.checkpoint_seconds for s in stops] + salvaged or [0.0])
     stop_step = max([s.step for s in stops] + [e.step for e in old if isinstance(e, CollectiveFailed)])
     steps = [e.step_seconds for e in old if isinstance(e, StepCompleted)]
     run.step_seconds = statistics.median(steps[1:] or steps)
-    loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
-    memory = sum(1 for c in loaded if c.startswith("memory of generation"))
-    run.resumed_from = "memory" if memory == len(loaded) else "disk" if memory == 0 else "mixed"
     committed = wait_event(
         cluster, job, lambda e: e["kind"] == "CheckpointCommitted" and e["data"]["step"] >= stop_step, "the commit"
     )
     run.durable = float(committed["at"]) - r.milestones.get("stop", r.start)
+    cluster.wait(lambda: generation_step(cluster, job, r.generation) >= stop_step + NEW_STEPS, 600, "g+1's steps")
+    new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
+    firsts = {e.step for e in new if isinstance(e, StepCompleted)}
+    later = [e.step_seconds for e in new if isinstance(e, StepCompleted) and e.step > min(firsts)]
+    run.new_step_seconds = statistics.median(later)
+    loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
+    memory = sum(1 for c in loaded if c.startswith("memory of generation"))
+    run.resumed_from = "memory" if memory == len(loaded) else "disk" if memory == 0 else "mixed"
     status = cluster.status(job)
     run.steps_lost, run.layouts = int(status["steps_lost"]), f"{run.layouts} → {shape(status)}"
     issued = [
@@ -242,6 +254,21 @@ def ratio(runs: Sequence[Run], size: str, case: str, attr: str) -> str:
     return f"{by['memory'] / by['disk']:.2f}" if by.get("disk") and "memory" in by else "-"
 
 
+def by_size(runs: Sequence[Run]) -> list[str]:
+    """Each larger model's pause and idle time over the smallest model's, same morph and path, same run."""
+    sizes = list(dict.fromkeys(r.size for r in runs))
+    if len(sizes) < 2:
+        return []
+    lines = ["", f"Over the {sizes[0].upper()} model's, same morph and path, same run:", ""]
+    lines += ["| model | morph | path | pause | idle |", "|---|---|---|---:|---:|"]
+    base = {(r.case, r.path): r for r in runs if r.size == sizes[0]}
+    for r in runs:
+        if r.size != sizes[0] and (small := base.get((r.case, r.path))) is not None:
+            pause, idle = r.pause / small.pause, r.idle / small.idle if small.idle > 0 else float("nan")
+            lines.append(f"| {r.size.upper()} | {r.case} | {r.path} | {pause:.2f} | {idle:.2f} |")
+    return lines
+
+
 def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str, load: tuple[float, ...]) -> str:
     where = f"Machine: {machine()}; load average {load[0]:.2f} before, {load[1]:.2f} after."
     lines = [
@@ -253,20 +280,24 @@ def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str
         "planner's profiles in bench/profiles (`spotmorph profile` on this machine at low load). "
         f"The 120M model was {'run' if '120m' in sizes else 'not run'}.",
         "",
-        "| model | params | state MB | morph | path | step s | pause s | stop write s | resumed | lost | durable s |",
-        "|---|---:|---:|---|---|---:|---:|---:|---|---:|---:|",
+        "| model | params | state MB | morph | path | step s | g+1 step s | pause s | idle s | stop write s | resumed "
+        "| lost | durable s |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in runs:
         params, state = sizes[r.size]
         lines.append(
             f"| {r.size.upper()} | {params / 1e6:.1f}M | {state / 1e6:.0f} | {r.case} {r.layouts} | {r.path} | "
-            f"{r.step_seconds:.2f} | {r.pause:.2f} | {r.stop_write:.2f} | {r.resumed_from} | {r.steps_lost} | "
+            f"{r.step_seconds:.2f} | {r.new_step_seconds:.2f} | {r.pause:.2f} | {r.idle:.2f} | {r.stop_write:.2f} | "
+            f"{r.resumed_from} | {r.steps_lost} | "
             f"{r.durable:.2f} |"
         )
-    lines += ["", "Memory / disk, same run:", "", "| model | morph | pause | stop write |", "|---|---|---:|---:|"]
+    lines += ["", "Memory / disk, same run:", "", "| model | morph | pause | idle | stop write |"]
+    lines += ["|---|---|---:|---:|---:|"]
     for size, case in dict.fromkeys((r.size, r.case) for r in runs):
-        pause, write = ratio(runs, size, case, "pause"), ratio(runs, size, case, "stop_write")
-        lines.append(f"| {size.upper()} | {case} | {pause} | {write} |")
+        cells = " | ".join(ratio(runs, size, case, attr) for attr in ("pause", "idle", "stop_write"))
+        lines.append(f"| {size.upper()} | {case} | {cells} |")
+    lines += by_size(runs)
     lines += ["", "Where the pause went (s; each phase ends when its slowest rank is done):", ""]
     lines += ["| model | morph | path | " + " | ".join(PHASES) + " |", "|---|---|---|" + "---:|" * len(PHASES)]
     for r in runs:
@@ -276,6 +307,8 @@ def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str
     lines += ["", "What the run's records say that was not expected:", "", *(f"- {n}" for n in notes)] if notes else []
     lines += [
         "",
+        "*idle*: the pause less one step of g+1 (its median step, the first left out): the time no step ran, "
+        "since the pause ends with g+1's first step done; "
         "*state MB*: parameters and AdamW's two moments, 4 bytes each (the head's copy of the tied embedding "
         f"included); eviction: `local preempt NODE --notice {NOTICE}`; kill: `local kill NODE`; *stop write*: the "
         "slowest rank's `TrainingStopped.checkpoint_seconds` (after a kill, `SalvageWritten.seconds`), on the "

@@ -2,10 +2,10 @@
 
 ``python held_peer.py RANK WORLD PORT SCENARIO OUT``: old layout 2 stages x 1 replica (layers 0-1, 2-3),
 new layout 1 stage x WORLD replicas; new ranks 0 and 1 held old ranks 0 and 1, the others nothing.
-Scenarios: ``move``; ``corrupt`` (rank 1 sends a wrong SHA-256 with each layer); ``die`` (rank 1 leaves
+Scenarios: ``move``; ``corrupt`` (rank 1 sends a wrong checksum with each layer); ``die`` (rank 1 leaves
 after telling the others what it holds, before it sends anything). With WORLD 2, at the stop of the old
 layout (``worker_agent.runtime.handoff.hand_off``): ``handoff`` (rank 1 leaves and hands its stage to rank 0)
-and ``handoff-corrupt`` (with a wrong SHA-256).
+and ``handoff-corrupt`` (with a wrong checksum).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def main() -> None:
     if rank < 2:
         first, last = old.stage_layers[rank]
         held = keep({i: payload(i) for i in range(first, last)}, "job", 1, 5, old, rank, None)
-        if scenario.endswith("corrupt") and rank == 1:  # what it sends says a SHA-256 its bytes do not have
-            layer_moves._trailer = lambda hexdigest: torch.zeros(32, dtype=torch.uint8)
+        if scenario.endswith("corrupt") and rank == 1:  # what it sends says a checksum its bytes do not have
+            layer_moves._trailer = lambda hexdigest: torch.zeros(layer_moves.DIGEST_BYTES, dtype=torch.uint8)
     if scenario == "die" and rank == 1:
         assert held is not None
         offers: list[Offer | None] = [None] * world

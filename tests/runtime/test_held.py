@@ -85,7 +85,7 @@ def test_held_layers_move_to_the_ranks_that_lack_them_bit_for_bit(tmp_path: Path
 def test_a_checksum_mismatch_leaves_memory_on_every_rank(tmp_path: Path) -> None:
     results = run_world(tmp_path, "corrupt")
     assert all(r.get("used") is False for r in results), results
-    assert any("SHA-256" in r["reason"] for r in results), results
+    assert any("checksum (XXH3-128)" in r["reason"] for r in results), results
     assert all(r["told"] == [r["reason"]] for r in results), "each rank says why memory is not used"
 
 
@@ -113,4 +113,4 @@ def test_a_leaving_rank_hands_the_stage_only_it_holds_to_a_staying_one_bit_for_b
 def test_a_hand_off_with_a_bad_checksum_fails_on_every_rank(tmp_path: Path) -> None:
     results = run_world(tmp_path, "handoff-corrupt", world=2)
     assert all(r.get("ok") is False for r in results), results
-    assert any("SHA-256" in r["reason"] for r in results), results
+    assert any("checksum (XXH3-128)" in r["reason"] for r in results), results

@@ -4,7 +4,7 @@ hold to ranks that stay, over the old generation's world group, and go without w
 Every rank of the stopping generation calls :func:`hand_off` at the same step boundary (a collective): one
 ``all_gather_object`` says who leaves and the size of each layer, every rank computes the same moves
 (:func:`morphing.transfer.plan_handoff`) and they are sent as a morph's moves are (:func:`layer_moves.move`:
-the tensors' bytes, then their SHA-256). A staying rank adds what it received to what it keeps, so the next
+the tensors' bytes, then their XXH3-128 checksum). A staying rank adds what it received to what it keeps, so the next
 generation finds every layer of the step in some survivor's memory and writes the step to the disk in the
 background. A checksum that does not match, on any rank, leaves memory for the disk: every rank then writes
 the step at the stop, as it would without this. A peer that dies mid-way fails the collective, as any lost

@@ -6,8 +6,8 @@ themselves; host copies on a GPU) and waits for its next assignment instead of e
 The controller names ``S`` (``--held S:g``) in generation g+1's assignments; g+1's ranks, on whatever
 processes they run, tell each other what they hold (one ``all_gather_object``), every rank computes the
 same transfer plan (:func:`morphing.transfer.plan_transfer`) and the holders send the layers their new
-owners lack over the world group (gloo, host memory), point to point, as their tensors' bytes with a
-SHA-256 (:mod:`worker_agent.runtime.layer_moves`).
+owners lack over the world group (gloo, host memory), point to point, as their tensors' bytes with an
+XXH3-128 checksum (:mod:`worker_agent.runtime.layer_moves`).
 
 Any doubt leaves memory for the disk, the same on every rank: a holder of another job, step or layout, a
 layer no survivor holds (unless ``S`` itself is the committed checkpoint), a checksum that does not match.

@@ -3,20 +3,22 @@
 A layer's payload (parameters and optimizer state) goes as its tensors' own bytes, no serialisation: per
 move ``i`` (tags ``i * TAG_SPAN + k``) a header (the length of a JSON description: the payload with each
 tensor replaced by its dtype and shape), the description, each non-empty tensor as it lies in memory, and a
-trailer with the SHA-256 of those bytes in order. The sender hashes while its sends are in flight, the
-receiver as each tensor arrives, so hashing overlaps the transfer; a receiver whose SHA-256 differs says so
-and every rank leaves memory for the disk (the callers' all-reduce).
+trailer with the XXH3-128 checksum of those bytes in order. The sender hashes while its sends are in flight,
+the receiver as each tensor arrives, so hashing overlaps the transfer; a receiver whose checksum differs says
+so and every rank leaves memory for the disk (the callers' all-reduce). XXH3, not SHA-256: it guards against
+a torn or misrouted transfer, not an adversary (a peer in the job runs its code anyway), and at about 10 GB/s
+a core against SHA-256's 1.1 it no longer doubles the time a layer takes to move.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import xxhash
 
 from morphing.transfer import Transfer
 from worker_agent.runtime.checkpoint import LayerPayload
@@ -61,8 +63,11 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
+DIGEST_BYTES = 16  # XXH3-128
+
+
 def digest(tensors: Sequence[torch.Tensor]) -> str:
-    h = hashlib.sha256()
+    h = xxhash.xxh3_128()
     for tensor in tensors:
         if tensor.numel():
             h.update(as_bytes(tensor).numpy().data)
@@ -119,20 +124,20 @@ def move(
             raise ValueError(f"rank {transfer.sender} described {len(tensors)} tensors for layer {transfer.layer}")
         base, src = i * TAG_SPAN, transfer.sender
         works = [dist.irecv(as_bytes(t), src, tag=base + 2 + k) if t.numel() else None for k, t in enumerate(tensors)]
-        trailer = torch.empty(32, dtype=torch.uint8)
+        trailer = torch.empty(DIGEST_BYTES, dtype=torch.uint8)
         last = dist.irecv(trailer, src, tag=base + TAG_SPAN - 1)
         incoming.append((transfer, payload, tensors, works, trailer, last))
     received: dict[int, LayerPayload] = {}
     bad = ""
     for transfer, payload, tensors, works, trailer, trailer_work in incoming:
-        h = hashlib.sha256()
+        h = xxhash.xxh3_128()
         for tensor, work in zip(tensors, works, strict=True):  # each tensor hashed as soon as it is in
             if tensor.numel():
                 _wait(work)
                 h.update(as_bytes(tensor).numpy().data)
         _wait(trailer_work)
         if bytes(trailer.numpy()).hex() != h.hexdigest() and not bad:
-            bad = f"layer {transfer.layer} from rank {transfer.sender} does not match its SHA-256"
+            bad = f"layer {transfer.layer} from rank {transfer.sender} does not match its checksum (XXH3-128)"
         received[transfer.layer] = payload
     for work in sends:
         _wait(work)
@@ -145,7 +150,7 @@ def agree(bad: str) -> str:
     dist.all_reduce(flag, op=dist.ReduceOp.SUM)
     if flag.item() == 0:
         return ""
-    return bad or "another rank received a layer whose SHA-256 does not match its sender's"
+    return bad or "another rank received a layer whose checksum (XXH3-128) does not match its sender's"
 
 
 def _wait(work: Any) -> None:
