@@ -4,9 +4,9 @@ A GPT-2-shaped state (vocabulary 50257, 1024 positions, an embedding layer, 12 b
 float32 parameters with Adam's two moments and its step), its width chosen so that the layer files hold
 about ``--mb`` megabytes (default 490: about 41M parameters), is
 
-- written by ``CheckpointWriter`` as one rank writes it (serialise, SHA-256, fsync, rename, part file,
-  manifest), and, as the raw baseline, the same layer files' bytes with plain open/write/fsync;
-- read back as a resume reads it (``resolve``: every file's SHA-256 checked against the manifest, then
+- written by ``CheckpointWriter`` as one rank writes it (serialise, XXH3-128, fsync, rename, part
+  file, manifest), and, as the raw baseline, the same layer files' bytes with plain open/write/fsync;
+- read back as a resume reads it (``resolve``: every file's checksum checked against the manifest, then
   ``load_tensors``: every file verified again and loaded), and, as the raw baseline, with plain open/read:
   cold (every file dropped from the page cache first, ``posix_fadvise(DONTNEED)`` on each file, so both read
   the disk) and warm (from the page cache).
@@ -41,8 +41,10 @@ POSITIONS = 1024
 BLOCKS = 12
 BYTES_PER_PARAM = 12  # float32 parameter, exp_avg, exp_avg_sq
 HISTORY = (
-    "What bounds the read: it hashes every file twice (`resolve`, then `load_tensors`), and SHA-256 runs at "
-    "about 1.2 GB/s per core here, while the raw read hashes nothing. History (2026-11-25, this machine, "
+    "The read hashes every file twice (`resolve`, then `load_tensors`); the raw read hashes nothing. Until "
+    "format v3 (2026-11-26) the checksum was SHA-256, about 1.1 GB/s per core here, and the read ran at 0.24-0.36 "
+    "of raw (cold 0.28-0.43, warm 0.22-0.25 in three runs), the write at 1.08-1.21; XXH3-128 runs at about 10 "
+    "GB/s per core. History (2026-11-25, this machine, "
     "four earlier pairs of runs of this bench, each pair the old code then the new): before layer files were "
     "streamed (torch.save into memory, then written; read whole into a bytearray, hashed, then torch.load "
     "copied it; one file at a time), write 0.47-0.67, cold read 0.13-0.21 and warm read 0.06-0.12 of raw; "
@@ -215,7 +217,7 @@ def section(figures: Figures, width: int, command: str, quick: bool, load: tuple
         "|---|---|---|---|---|",
     ]
     for label, kind in (
-        ("write (serialise, SHA-256, fsync, rename; part file, manifest)", "write"),
+        ("write (serialise, XXH3-128, fsync, rename; part file, manifest)", "write"),
         ("read, cold (verify every file, then verify again and load)", "cold"),
         ("read, warm (the same, from the page cache)", "warm"),
     ):
@@ -243,7 +245,7 @@ def section(figures: Figures, width: int, command: str, quick: bool, load: tuple
             "plain open/write/fsync and reads them with plain open/read, in the same run, alternating with the "
             f"project's runs; each figure is the median of {len(figures.seconds['write'])} and each ratio is "
             "project / raw. A cold read drops every file from the page cache first (`posix_fadvise(DONTNEED)` per "
-            "file); the project's read is what a resume does: `resolve` checks every file's SHA-256, "
+            "file); the project's read is what a resume does: `resolve` checks every file's checksum, "
             f"`load_tensors` checks it again and loads. The raw baseline handles one file at a time, the project "
             f"up to {streams.WORKERS} at once (so its fsyncs overlap).",
             "",

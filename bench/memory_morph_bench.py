@@ -53,7 +53,7 @@ from worker_agent.contract import (
 HEADING = "## Planned morph through memory against the disk (`bench/memory_morph_bench.py`)"
 BATCH, SEED, NOTICE, INTERVAL = 4, 3, 20, 1000
 STEPS_BEFORE = 3  # steps of generation g after every warm trainer is ready, before the morph is set off
-NEW_STEPS = 4  # steps of generation g+1 read for its step time (the first one left out)
+NEW_STEPS = 4  # steps of generation g+1 read for its step time, after the morph's checkpoint is committed
 CASES = {"growth": (1, 2), "eviction": (2, 1), "kill": (2, 1)}  # VMs (= ranks) before and after
 PATHS = {"memory": True, "disk": False}
 PHASES = (
@@ -91,12 +91,13 @@ class Run:
     steps_lost: int = 0  # the controller's count
     stop_write: float = 0.0  # the slowest rank's TrainingStopped.checkpoint_seconds
     step_seconds: float = 0.0  # median step of generation g
-    new_step_seconds: float = 0.0  # median step of generation g+1, its first step left out
+    new_step_seconds: float = 0.0  # median step of generation g+1 once the morph's checkpoint is committed
     resumed_from: str = ""  # memory, disk or mixed (g+1's `resumed` records)
 
     @property
     def idle(self) -> float:
-        """The pause less one step of g+1: the time no step ran (the pause ends with g+1's first step done)."""
+        """The pause less one step of g+1: about the time no step ran (the pause ends with g+1's first step
+        done, and that step may be slower than g+1's later ones: its first collectives, its allocations)."""
         return self.pause - self.new_step_seconds
 
     layouts: str = ""  # P x D of g -> of g+1, the planner's choice from the profile
@@ -216,11 +217,8 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
         cluster, job, lambda e: e["kind"] == "CheckpointCommitted" and e["data"]["step"] >= stop_step, "the commit"
     )
     run.durable = float(committed["at"]) - r.milestones.get("stop", r.start)
-    cluster.wait(lambda: generation_step(cluster, job, r.generation) >= stop_step + NEW_STEPS, 600, "g+1's steps")
+    run.new_step_seconds = steady_step(cluster, job, r.generation, float(committed["at"]))
     new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
-    firsts = {e.step for e in new if isinstance(e, StepCompleted)}
-    later = [e.step_seconds for e in new if isinstance(e, StepCompleted) and e.step > min(firsts)]
-    run.new_step_seconds = statistics.median(later)
     loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
     memory = sum(1 for c in loaded if c.startswith("memory of generation"))
     run.resumed_from = "memory" if memory == len(loaded) else "disk" if memory == 0 else "mixed"
@@ -243,6 +241,23 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     if run.steps_lost or r.steps_lost:
         run.notes.append(f"steps lost: {run.steps_lost} (controller), {r.steps_lost} (progress)")
     return run
+
+
+def steady_step(cluster: LocalCluster, job: str, generation: int, after: float) -> float:
+    """The median step of ``generation`` once nothing runs beside its steps: of the steps completed after
+    ``after`` (the morph's checkpoint committed, so the background write is over), the first left out."""
+
+    def steps() -> dict[int, list[float]]:
+        records = (x for xs in cluster.progress(job, generation).values() for x in xs if x.time > after)
+        out: dict[int, list[float]] = {}
+        for x in records:
+            if isinstance(x.event, StepCompleted):
+                out.setdefault(x.event.step, []).append(x.event.step_seconds)
+        return out
+
+    cluster.wait(lambda: len(steps()) > NEW_STEPS, 600, f"{NEW_STEPS + 1} steps of generation {generation}")
+    done = steps()
+    return statistics.median(s for step in sorted(done)[1:] for s in done[step])
 
 
 def shape(status: dict[str, Any]) -> str:
@@ -307,8 +322,9 @@ def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str
     lines += ["", "What the run's records say that was not expected:", "", *(f"- {n}" for n in notes)] if notes else []
     lines += [
         "",
-        "*idle*: the pause less one step of g+1 (its median step, the first left out): the time no step ran, "
-        "since the pause ends with g+1's first step done; "
+        f"*g+1 step*: g+1's median step once the morph's checkpoint is committed (of {NEW_STEPS} steps, the "
+        "background write over); *idle*: the pause less one step of g+1, about the time no step ran, since the "
+        "pause ends with g+1's first step done; "
         "*state MB*: parameters and AdamW's two moments, 4 bytes each (the head's copy of the tied embedding "
         f"included); eviction: `local preempt NODE --notice {NOTICE}`; kill: `local kill NODE`; *stop write*: the "
         "slowest rank's `TrainingStopped.checkpoint_seconds` (after a kill, `SalvageWritten.seconds`), on the "

@@ -2,7 +2,7 @@
 
 For every layout of the demo model with at most 4 processes, ``spotmorph train`` runs a few dozen steps;
 the median step time of rank 0 (after warm-up) is compared with ``Planner.evaluate`` on a profile
-calibrated in the same run. Checkpoint write and read throughput (serialise + SHA-256 + fsync + rename,
+calibrated in the same run. Checkpoint write and read throughput (serialise + checksum + fsync + rename,
 and read + verify + load) are divided by the throughput of one plain fsync'd file of the same size.
 ``python bench/runtime_bench.py`` prints the section and updates it in docs/benchmarks.md.
 """
@@ -191,15 +191,15 @@ def run() -> str:
             "(isolated layers run faster than chained ones). The machine is shared and noisy: the same "
             "layout varies between runs by tens of per cent.",
             "",
-            "Checkpoint I/O: one rank writing every layer file (serialise, SHA-256, fsync, rename, manifest) "
-            "and reading it back (verify every SHA-256, load), against one plain fsync'd file of the same "
+            "Checkpoint I/O: one rank writing every layer file (serialise, XXH3-128, fsync, rename, manifest) "
+            "and reading it back (verify every checksum, load), against one plain fsync'd file of the same "
             "size written and read in the same run.",
             "",
             *io_rows,
             "",
             "For the small demo checkpoint the cost is per file (every layer file serialised, hashed, "
             "fsync'd and renamed, plus the part file and the manifest, each with a directory fsync), so its "
-            "ratio is small; the wider model shows the rate on large files. Reading is bounded by SHA-256 "
+            "ratio is small; the wider model shows the rate on large files. Reading is bounded by checksum "
             "verification and unpickling, while the raw read comes from the page cache.",
         ]
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -76,3 +77,14 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def as_sha256_format(step: Path, format: str) -> None:
+    """Rewrite the manifest of ``step`` as a v1 or v2 writer left it: each file's SHA-256, not its XXH3-128."""
+    path = step / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for entry in manifest["files"]:
+        del entry["xxh3_128"]
+        entry["sha256"] = hashlib.sha256((step / entry["path"]).read_bytes()).hexdigest()
+    manifest["format"] = format
+    path.write_text(json.dumps(manifest))

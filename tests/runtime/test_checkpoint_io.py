@@ -6,7 +6,6 @@ is exactly what was verified, whatever happens to the file afterwards. Real file
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import subprocess
@@ -19,9 +18,10 @@ from typing import Any
 
 import pytest
 import torch
+import xxhash
 
 from morphing.jobspec import identity_hash
-from tests.runtime.helpers import REPO
+from tests.runtime.helpers import REPO, as_sha256_format
 from worker_agent.runtime import checkpoint as ck
 from worker_agent.runtime import manifest as manifest_mod
 from worker_agent.runtime import streams
@@ -80,7 +80,7 @@ def test_layer_files_hold_the_bytes_and_entries_they_always_had_and_no_temp_file
     for entry in manifest["files"]:
         data = ck.serialise(payloads[entry["layer"]])  # torch.save into memory, as the writer once did
         assert (found.path / entry["path"]).read_bytes() == data
-        assert entry["bytes"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+        assert entry["bytes"] == len(data) and entry["xxh3_128"] == xxhash.xxh3_128(data).hexdigest()
         assert entry["tensors"] == [f"{entry['layer']}.w"] and entry["writer_rank"] == 0
     assert sorted(p.name for p in found.path.iterdir()) == sorted([*(f"{layer}.pt" for layer in payloads), ck.MANIFEST])
     loaded = ck.load_tensors(found, set(found.file_of_tensor()))
@@ -104,7 +104,7 @@ def test_no_whole_layer_file_is_held_in_python_memory_on_the_way_to_or_from_the_
     finally:
         tracemalloc.stop()
     assert [e["path"] for e in entries] == [f"{layer}.pt" for layer in payloads]  # in the order of the payloads
-    manifest = {e.path: e.model_dump(by_alias=True) | {"tensors": list(e.tensors)} for e in found.manifest.files}
+    manifest = {e.path: e.model_dump(by_alias=True, exclude_none=True) | {"tensors": list(e.tensors)} for e in found.manifest.files}
     assert entries == [manifest[e["path"]] for e in entries]  # the same bytes, written again
     assert (found.path / "embed.pt").stat().st_size > 40e6
     assert written_peak < 8e6 and read_peak < 8e6, (written_peak, read_peak)
@@ -141,7 +141,7 @@ def test_the_copy_a_layer_is_loaded_from_cannot_be_changed(tmp_path: Path) -> No
                     change()
         finally:
             os.close(fd)
-        assert hashlib.sha256(Path(copy).read_bytes()).hexdigest() == entry.sha256
+        assert xxhash.xxh3_128(Path(copy).read_bytes()).hexdigest() == entry.xxh3_128
 
 
 def test_without_a_memfd_a_layer_loads_from_a_verified_copy_in_memory(
@@ -153,7 +153,7 @@ def test_without_a_memfd_a_layer_loads_from_a_verified_copy_in_memory(
     loaded = ck.load_tensors(found, set(found.file_of_tensor()))
     assert all(_equal(loaded[f"{layer}.pt"], payload) for layer, payload in payloads.items())
     _flip_a_byte(found.path / "head.pt")
-    with pytest.raises(ck.CheckpointError, match=r"step-00000001/head\.pt: SHA-256 does not match the manifest"):
+    with pytest.raises(ck.CheckpointError, match=r"step-00000001/head\.pt: checksum \(XXH3-128\) does not match"):
         ck.load_tensors(found, {"head.w"})
 
 
@@ -166,9 +166,9 @@ def _flip_a_byte(path: Path) -> None:
 def test_a_file_changed_after_verification_is_refused_when_loaded(tmp_path: Path) -> None:
     found = _write(tmp_path, _payloads())
     _flip_a_byte(found.path / "block1.pt")
-    with pytest.raises(ck.CheckpointError, match=r"step-00000001/block1\.pt: SHA-256 does not match the manifest"):
+    with pytest.raises(ck.CheckpointError, match=r"step-00000001/block1\.pt: checksum \(XXH3-128\) does not"):
         ck.load_tensors(found, {"block1.w"})
-    with pytest.raises(ck.CheckpointError, match=r"block1\.pt: SHA-256 does not match the manifest"):
+    with pytest.raises(ck.CheckpointError, match=r"block1\.pt: checksum \(XXH3-128\) does not match the manifest"):
         ck.verify(found.path)
 
 
@@ -258,3 +258,19 @@ def test_the_checkpoint_io_bench_runs_quickly_and_prints_only(tmp_path: Path) ->
         assert ours > 0 and raw > 0 and ratio > 0, line
     assert list(tmp_path.iterdir()) == []
     assert (REPO / "docs" / "benchmarks.md").read_text() == docs
+
+
+def test_a_v2_checkpoint_with_sha256_checksums_still_loads_and_its_damage_is_named(tmp_path: Path) -> None:
+    payloads = _payloads()
+    found = _write(tmp_path, payloads)
+    as_sha256_format(found.path, manifest_mod.FORMAT_V2)
+    found = ck.resolve(tmp_path)
+    assert found.manifest.format == manifest_mod.FORMAT_V2
+    assert {e.checksum[0] for e in found.manifest.files} == {streams.SHA256}
+    loaded = ck.load_tensors(found, set(found.file_of_tensor()))
+    assert all(_equal(loaded[f"{layer}.pt"], payload) for layer, payload in payloads.items())
+    _flip_a_byte(found.path / "block1.pt")
+    with pytest.raises(ck.CheckpointError, match=r"block1\.pt: SHA-256 does not match the manifest"):
+        ck.verify(found.path)
+    with pytest.raises(ck.CheckpointError, match=r"block1\.pt: SHA-256 does not match the manifest"):
+        ck.load_tensors(found, {"block1.w"})

@@ -63,7 +63,7 @@ def _killed_mid_write(d: Path) -> None:
 
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "truncated file": (_truncate, "bytes, manifest says"),
-    "wrong checksum": (_flip_byte, "SHA-256 does not match"),
+    "wrong checksum": (_flip_byte, "checksum (XXH3-128) does not match"),
     "missing manifest": (_drop_manifest, "no manifest.json"),
     "garbled manifest": (_garble_manifest, "unreadable manifest"),
     "killed during write": (_killed_mid_write, "no manifest.json"),
@@ -92,7 +92,7 @@ def test_verify_command_reports_fallback_and_rejects_a_damaged_checkpoint(pristi
     assert "step 2" in ok.stdout and "step-00000003" in ok.stderr
     bad = run([*cli, str(ck.step_dir(root, 3))])
     assert bad.returncode == 2, bad.explain()
-    assert "SHA-256" in bad.stderr and "Traceback" not in bad.stderr
+    assert "checksum (XXH3-128) does not match" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_train_resumes_from_previous_checkpoint_after_damage_and_says_so(pristine: Path, tmp_path: Path) -> None:

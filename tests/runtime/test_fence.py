@@ -19,6 +19,7 @@ import torch
 
 from morphing.errors import UserInputError
 from morphing.jobspec import identity_hash
+from tests.runtime.helpers import as_sha256_format
 from worker_agent.runtime import checkpoint as ck
 from worker_agent.runtime.errors import FenceError, GenerationFenced
 from worker_agent.runtime.fence import FENCE, Fence, check_fence, raise_fence, read_fence
@@ -192,9 +193,10 @@ def test_a_manifest_moved_under_another_generations_name_is_refused(tmp_path: Pa
 
 
 def _as_v1(directory: Path, generation: int) -> None:
+    as_sha256_format(directory, ck.FORMAT_V1)
     path = directory / ck.MANIFEST
     manifest = json.loads(path.read_text())
-    manifest.update(format=ck.FORMAT_V1, generation=generation)
+    manifest.update(generation=generation)
     path.write_text(json.dumps(manifest))
 
 

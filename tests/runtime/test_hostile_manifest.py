@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -70,10 +71,10 @@ def _edit(step: Path, change: Callable[[dict[str, Any]], None]) -> None:
 
 
 def _borrow(entry: dict[str, Any], source: Path) -> None:
-    """Point ``entry`` at ``source`` with its real size and SHA-256, so only the path can give it away."""
+    """Point ``entry`` at ``source`` with its real size and checksum, so only the path can give it away."""
     entry["path"] = str(source)
     entry["bytes"] = source.stat().st_size
-    entry["sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
+    entry["xxh3_128"] = xxhash.xxh3_128(source.read_bytes()).hexdigest()
 
 
 def _dotdot(step: Path) -> None:
@@ -147,6 +148,25 @@ def _grown_to_a_terabyte(step: Path) -> None:
     os.truncate(step / "head.pt", 1 << 40)
 
 
+def _sha256_in_a_v3_manifest(step: Path) -> None:
+    """A SHA-256 that matches the file, but format v3 lists XXH3-128: a mixed-up or hand-edited manifest."""
+
+    def change(m: dict[str, Any]) -> None:
+        entry = m["files"][0]
+        del entry["xxh3_128"]
+        entry["sha256"] = hashlib.sha256((step / entry["path"]).read_bytes()).hexdigest()
+
+    _edit(step, change)
+
+
+def _two_checksums(step: Path) -> None:
+    _edit(step, lambda m: m["files"][0].update(sha256="0" * 64))
+
+
+def _no_checksum(step: Path) -> None:
+    _edit(step, lambda m: m["files"][0].pop("xxh3_128"))
+
+
 def _named_pipe(step: Path) -> None:
     (step / "head.pt").unlink()
     os.mkfifo(step / "head.pt")
@@ -166,6 +186,9 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
     "integer path": (_integer_path, "files[0].path: Input should be a valid string"),
     "size mismatch": (_grown_to_a_terabyte, f"head.pt: {1 << 40} bytes, manifest says"),
     "named pipe": (_named_pipe, "head.pt: is not a regular file"),
+    "SHA-256 in a v3 manifest": (_sha256_in_a_v3_manifest, "manifest gives every file's checksum as xxh3_128"),
+    "two checksums": (_two_checksums, "must name exactly one checksum"),
+    "no checksum": (_no_checksum, "must name exactly one checksum"),
 }
 
 
@@ -233,7 +256,7 @@ def test_a_manifest_of_another_step_is_damage(root: Path) -> None:
 
 
 def test_a_layer_file_that_is_no_layer_file_is_damage(root: Path) -> None:
-    """A matching SHA-256 shows only that manifest and file agree: the payload itself is checked too."""
+    """A matching checksum shows only that manifest and file agree: the payload itself is checked too."""
 
     def change(m: dict[str, Any]) -> None:
         _borrow(m["files"][0], ck.step_dir(root, 3) / m["files"][0]["path"])

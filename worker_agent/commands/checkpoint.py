@@ -20,7 +20,7 @@ from morphing.errors import UserInputError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
-    verify = sub.add_parser("verify", help="check manifests, sizes and SHA-256 of a checkpoint")
+    verify = sub.add_parser("verify", help="check manifests, sizes and checksums of a checkpoint")
     verify.add_argument("dir", type=Path, help="a checkpoint directory (its newest committed step)")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.add_argument(

@@ -3,7 +3,7 @@
 ``DIR/step-NNNNNNNN-gG/`` (``step-NNNNNNNN/`` for generation 0, a standalone run) holds one file per layer
 (``LAYER.pt``: the tensors the layer owns, keyed by stable parameter name, and their optimizer state) and
 ``manifest.json`` (step, generation, data cursor, job hash, writer layout, file list with sizes and
-SHA-256). How they are written (part files, the manifest last and atomically, the fence, pruning) is
+checksums). How they are written (part files, the manifest last and atomically, the fence, pruning) is
 :mod:`worker_agent.runtime.writer`; a directory without a valid manifest is not a checkpoint, and what
 "valid" means, and how files are read without trusting the manifest, is :mod:`worker_agent.runtime.manifest`.
 A controller generation loads exactly the checkpoint the controller committed (:func:`committed`); a
@@ -166,7 +166,7 @@ def load_tensors(ckpt: Checkpoint, names: set[str]) -> dict[str, LayerPayload]:
 
 
 def _load_payload(path: Path, entry: FileEntry) -> LayerPayload:
-    """One layer file, deserialised; it must hold the tensors its manifest entry lists (a SHA-256 that
+    """One layer file, deserialised; it must hold the tensors its manifest entry lists (a checksum that
     matches only shows the manifest and the file agree, not that the file is a layer file).
 
     It is loaded from a sealed private copy of exactly the bytes that were verified (:func:`verified_copy`),

@@ -27,14 +27,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from morphing.jobspec import identity_hash
 from worker_agent.contract.hostile import HostileFile, open_regular
 from worker_agent.runtime.errors import CheckpointError, ForeignCheckpoint
-from worker_agent.runtime.streams import hash_read, sealed_copy
+from worker_agent.runtime.streams import SHA256, XXH3, check_hash, hash_read, sealed_copy
 
 MANIFEST = "manifest.json"
 # v2: the directory is named by step and writer generation (step-NNNNNNNN-gG; generation 0, a standalone run,
-# keeps the v1 name step-NNNNNNNN) and the manifest's generation must be the directory's. v1 still loads.
+# keeps the v1 name step-NNNNNNNN) and the manifest's generation must be the directory's. v3: each file's
+# checksum is XXH3-128 (``xxh3_128``), not SHA-256 (``sha256``; :mod:`worker_agent.runtime.streams` says why).
+# v1 and v2 still load.
 FORMAT_V1 = "spotmorph.checkpoint/v1"
-FORMAT = "spotmorph.checkpoint/v2"
-FORMATS = (FORMAT_V1, FORMAT)
+FORMAT_V2 = "spotmorph.checkpoint/v2"
+FORMAT = "spotmorph.checkpoint/v3"
+FORMATS = (FORMAT_V1, FORMAT_V2, FORMAT)
 STEP_DIR = re.compile(r"^step-(\d{8,})(?:-g([1-9]\d*))?$")
 # Far above any real manifest (an entry is a few hundred bytes plus its tensor names), far below memory.
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
@@ -42,6 +45,7 @@ _ERRORS_SHOWN = 3
 
 Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Xxh3 = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 
 
 class _Strict(BaseModel):
@@ -78,7 +82,8 @@ class FileEntry(_Strict):
     path: str
     layer: str = Field(min_length=1)
     size: Count = Field(alias="bytes")
-    sha256: Sha256
+    sha256: Sha256 | None = None  # formats v1 and v2
+    xxh3_128: Xxh3 | None = None  # format v3
     tensors: tuple[str, ...]
     writer_rank: Count
 
@@ -102,11 +107,18 @@ class FileEntry(_Strict):
     def _named_after_layer(self) -> FileEntry:
         if self.path != f"{self.layer}.pt":
             raise ValueError(f"path {self.path!r} is not the file of layer {self.layer!r} ({self.layer}.pt)")
+        if (self.sha256 is None) == (self.xxh3_128 is None):
+            raise ValueError(f"file {self.path!r} must name exactly one checksum, xxh3_128 (format v3) or sha256")
         return self
+
+    @property
+    def checksum(self) -> tuple[str, str]:
+        """(algorithm, hex) as :mod:`worker_agent.runtime.streams` names them."""
+        return (XXH3, self.xxh3_128) if self.xxh3_128 is not None else (SHA256, self.sha256 or "")
 
 
 class Manifest(_Strict):
-    """``manifest.json`` as ``CheckpointWriter`` commits it (format v1)."""
+    """``manifest.json`` as ``CheckpointWriter`` commits it (formats v1 to v3)."""
 
     format: str
     step: Count
@@ -141,6 +153,9 @@ class Manifest(_Strict):
                 raise ValueError(f"{kind} {twice[0]!r} is listed more than once")
         if sorted(f.layer for f in self.files) != sorted(self.layer_names):
             raise ValueError("files do not hold exactly one file per layer of layer_names")
+        algorithm = XXH3 if self.format == FORMAT else SHA256
+        if any(f.checksum[0] != algorithm for f in self.files):
+            raise ValueError(f"a {self.format} manifest gives every file's checksum as {algorithm}")
         return self
 
     def describe_job(self, hash_digits: int = 12) -> str:
@@ -290,8 +305,7 @@ def verify_file(dir_fd: int, path: Path, entry: FileEntry) -> None:
     chunks and hashed on the way (:func:`~worker_agent.runtime.streams.hash_read`), nothing kept."""
     where = f"{path.name}/{entry.path}"
     with _opened(dir_fd, where, entry.path, entry.size) as (fd, size):
-        if hash_read(fd, size, where) != entry.sha256:
-            raise CheckpointError(f"{where}: SHA-256 does not match the manifest")
+        check_hash(hash_read(fd, size, where, algorithm=entry.checksum[0]), entry.checksum, where)
 
 
 @contextmanager
@@ -303,6 +317,6 @@ def verified_copy(path: Path, entry: FileEntry) -> Iterator[str | io.BytesIO]:
     with (
         step_directory(path) as dir_fd,
         _opened(dir_fd, where, entry.path, entry.size) as (fd, size),
-        sealed_copy(fd, size, where, entry.sha256) as copy,
+        sealed_copy(fd, size, where, entry.checksum) as copy,
     ):
         yield copy

@@ -156,7 +156,7 @@ def part_name(generation: int, rank: int) -> str:
 def write_part(
     root: Path, step: int, generation: int, rank: int, payloads: dict[str, LayerPayload], fence: Fence | None = None
 ) -> None:
-    """This writer's layer files, then its part file (the list of them, with sizes and SHA-256)."""
+    """This writer's layer files, then its part file (the list of them, with sizes and checksums)."""
     if fence is not None:
         check_fence(root, fence)  # a newer generation has started: the controller fell back, write nothing
     directory = step_dir(root, step, generation)

@@ -71,7 +71,7 @@ def run(cfg: TrainerArguments) -> ExitCode:
         progress.emit(TrainerFailed(kind="fenced", message=str(exc)))
         return ExitCode.FENCED
     except CheckpointError as exc:
-        # Rank 0 checked sizes and SHA-256, so a file changed since or is no layer file at all (a SHA-256
+        # Rank 0 checked sizes and checksums, so a file changed since or is no layer file at all (a checksum
         # is only as trustworthy as the manifest that lists it).
         message = f"checkpoint cannot be loaded: {exc}; move that step directory aside to resume from the one before"
         print(f"spotmorph trainer (rank {cfg.rank}): error: {message}", file=sys.stderr, flush=True)

@@ -63,7 +63,7 @@ def write_layer_file(directory: Path, layer: str, payload: LayerPayload, rank: i
         "path": path.name,
         "layer": layer,
         "bytes": written.size,
-        "sha256": written.hexdigest(),
+        "xxh3_128": written.hexdigest(),
         "tensors": sorted(payload["tensors"]),
         "writer_rank": rank,
     }
