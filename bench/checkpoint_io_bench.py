@@ -42,9 +42,10 @@ BLOCKS = 12
 BYTES_PER_PARAM = 12  # float32 parameter, exp_avg, exp_avg_sq
 HISTORY = (
     "The read hashes every file twice (`resolve`, then `load_tensors`); the raw read hashes nothing. Until "
-    "format v3 (2026-11-26) the checksum was SHA-256, about 1.1 GB/s per core here, and the read ran at 0.24-0.36 "
-    "of raw (cold 0.28-0.43, warm 0.22-0.25 in three runs), the write at 1.08-1.21; XXH3-128 runs at about 10 "
-    "GB/s per core. History (2026-11-25, this machine, "
+    "format v3 the checksum was SHA-256, about 1.1 GB/s per core here; XXH3-128 runs at about 10 GB/s per "
+    "core. On 2026-11-26 (Intel Xeon, 2 cores), three runs in a row: v3, SHA-256 (commit 847d7d9), v3 again: "
+    "write 1.60 / 1.73 / 1.42 of raw, cold read 0.77 / 0.49 / 0.59, warm read 0.48 / 0.23 / 0.48 (the table is "
+    "the third run). History (2026-11-25, this machine, "
     "four earlier pairs of runs of this bench, each pair the old code then the new): before layer files were "
     "streamed (torch.save into memory, then written; read whole into a bytearray, hashed, then torch.load "
     "copied it; one file at a time), write 0.47-0.67, cold read 0.13-0.21 and warm read 0.06-0.12 of raw; "

@@ -73,12 +73,12 @@ WHY = (
     "nothing; after a kill the survivor keeps its step and no just-in-time write is awaited (phase *salvage* "
     "0). On growth the new VM's warm trainer built the job's model while the node was free (the controller's "
     "hint), so *process start* is near 0 there too. What memory still pays on this 2-core machine: on growth "
-    "the new rank receives every layer (*load*), and *first step* holds one whole step of g+1. "
-    "On a GPU node the write is from pinned host copies; not measured (no GPU). History (this machine, "
-    "2026-11-26, same command): with layers serialised by torch.save and copied at the stop, growth memory / "
-    "disk was 0.85 / 1.51 / 1.72 (4M / 43M / 120M); raw-byte moves brought it to 0.48 / 0.91 / 1.34, adopting "
-    "the moved tensors without a copy to 0.76 / 0.86 / 1.26, and the model reuse and the write from live "
-    "tensors (next section) to the figures above."
+    "the new rank receives every layer (*load*: the bytes that move), and *first step* holds one whole step "
+    "of g+1 (*idle* leaves it out). On a GPU node the write is from pinned host copies; not measured (no GPU). "
+    "History (this machine, 2026-11-26, same command): with layers serialised by torch.save and copied at the "
+    "stop, growth memory / disk was 0.85 / 1.51 / 1.72 (4M / 43M / 120M); raw-byte moves brought it to 0.48 / "
+    "0.91 / 1.34, adopting the moved tensors without a copy to 0.76 / 0.86 / 1.26, the model reuse and the "
+    "write from live tensors to 0.45 / 0.50 (4M / 43M), and the sections below to the figures above."
 )
 
 
