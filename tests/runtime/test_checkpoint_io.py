@@ -104,7 +104,8 @@ def test_no_whole_layer_file_is_held_in_python_memory_on_the_way_to_or_from_the_
     finally:
         tracemalloc.stop()
     assert [e["path"] for e in entries] == [f"{layer}.pt" for layer in payloads]  # in the order of the payloads
-    manifest = {e.path: e.model_dump(by_alias=True, exclude_none=True) | {"tensors": list(e.tensors)} for e in found.manifest.files}
+    files = found.manifest.files
+    manifest = {e.path: e.model_dump(by_alias=True, exclude_none=True) | {"tensors": list(e.tensors)} for e in files}
     assert entries == [manifest[e["path"]] for e in entries]  # the same bytes, written again
     assert (found.path / "embed.pt").stat().st_size > 40e6
     assert written_peak < 8e6 and read_peak < 8e6, (written_peak, read_peak)
