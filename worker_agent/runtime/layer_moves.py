@@ -25,6 +25,7 @@ from worker_agent.runtime.checkpoint import LayerPayload
 
 TAG_SPAN = 1 << 16  # tags per move: header, description, tensors, trailer
 MAX_DESCRIPTION_BYTES = 64 << 20
+DIGEST_BYTES = 16  # the trailer: an XXH3-128
 TENSOR = "__tensor__"
 
 
@@ -61,9 +62,6 @@ def allocate(description: Any, tensors: list[torch.Tensor]) -> Any:
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's bytes, as a uint8 view of the same memory."""
     return tensor.reshape(-1).view(torch.uint8)
-
-
-DIGEST_BYTES = 16  # XXH3-128
 
 
 def digest(tensors: Sequence[torch.Tensor]) -> str:
