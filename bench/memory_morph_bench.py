@@ -286,6 +286,12 @@ def ratio(runs: Sequence[Run], size: str, case: str, attr: str) -> str:
     return f"{by['memory'] / by['disk']:.2f}" if by.get("disk") and "memory" in by else "-"
 
 
+def wide_batches(runs: Sequence[Run]) -> str:
+    """The global batches of the runs on 4 VMs, for the section's header ("" when there are none)."""
+    wide = {r.size: batch(r.size, r.case) for r in runs if batch(r.size, r.case) != BATCH}
+    return f" ({', '.join(f'{s.upper()} {b}' for s, b in wide.items())} on 4 VMs)" if wide else ""
+
+
 def by_size(runs: Sequence[Run]) -> list[str]:
     """Each larger model's pause and idle time over the smallest model's, same morph and path, same run."""
     sizes = list(dict.fromkeys(r.size for r in runs))
@@ -308,8 +314,8 @@ def section(runs: Sequence[Run], sizes: dict[str, tuple[int, int]], command: str
         "",
         "Toy run (`--quick`), not a measurement." if "--quick" in command else where,
         f"Command: `{command}`: one run, every row from it, one morph a row, on a fresh local cluster (1 slot a "
-        f"VM); float32, global batch {BATCH}, a checkpoint every {INTERVAL} steps (only the morph writes), the "
-        "planner's profiles in bench/profiles (`spotmorph profile` on this machine at low load). "
+        f"VM); float32, global batch {BATCH}{wide_batches(runs)}, a checkpoint every {INTERVAL} steps (only the "
+        "morph writes), the planner's profiles in bench/profiles (`spotmorph profile` on this machine at low load). "
         f"The 120M model was {'run' if '120m' in sizes else 'not run'}.",
         "",
         "| model | params | state MB | morph | path | step s | g+1 step s | pause s | idle s | stop write s | resumed "
