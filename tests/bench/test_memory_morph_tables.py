@@ -1,0 +1,45 @@
+"""The memory-morph bench's tables: idle time, each model over the smallest, the 4-VM cases' batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.memory_morph_bench import BATCH, CASES, WIDE_BATCH, Run, batch, by_size, wide_batches
+
+
+def run(size: str, case: str, path: str, pause: float, step: float) -> Run:
+    return Run(size, case, path, pause=pause, new_step_seconds=step)
+
+
+def test_idle_is_the_pause_less_one_step_of_the_next_generation() -> None:
+    assert run("4m", "growth", "memory", 0.6, 0.25).idle == pytest.approx(0.35)
+
+
+def test_each_larger_model_is_compared_with_the_smallest_for_the_same_morph_and_path() -> None:
+    runs = [
+        run("4m", "growth", "memory", 0.5, 0.25),
+        run("4m", "growth", "disk", 1.0, 0.5),
+        run("43m", "growth", "memory", 2.0, 1.25),
+        run("43m", "growth", "disk", 5.0, 1.5),
+        run("43m", "kill", "memory", 4.0, 1.0),  # no 4M kill to compare with: no row
+    ]
+    lines = by_size(runs)
+    assert "Over the 4M model's, same morph and path, same run:" in lines
+    rows = [line for line in lines if line.startswith("| 43M")]
+    assert rows == ["| 43M | growth | memory | 4.00 | 3.00 |", "| 43M | growth | disk | 5.00 | 7.00 |"]
+
+
+def test_no_comparison_without_a_second_size_and_none_over_a_smaller_idle_of_zero() -> None:
+    assert by_size([run("43m", "growth", "memory", 2.0, 1.0)]) == []
+    lines = by_size([run("4m", "eviction", "disk", 0.5, 0.5), run("43m", "eviction", "disk", 2.0, 1.0)])
+    assert math.isnan(float(lines[-1].split("|")[5]))
+
+
+def test_the_four_vm_cases_run_at_a_batch_every_vm_is_wanted_for_and_the_header_says_so() -> None:
+    wide = [case for case, vms in CASES.items() if max(vms) > 2]
+    assert wide and all(batch(size, case) == WIDE_BATCH[size] for size in WIDE_BATCH for case in wide)
+    assert all(batch("43m", case) == BATCH for case in CASES if case not in wide)
+    assert wide_batches([run("4m", "growth", "memory", 1, 1)]) == ""
+    assert wide_batches([run("43m", "kill-4-3", "disk", 1, 1)]) == f" (43M {WIDE_BATCH['43m']} on 4 VMs)"
