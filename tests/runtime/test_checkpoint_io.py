@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,8 +24,8 @@ import xxhash
 from morphing.jobspec import identity_hash
 from tests.runtime.helpers import REPO, as_sha256_format
 from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime import durable, streams
 from worker_agent.runtime import manifest as manifest_mod
-from worker_agent.runtime import streams
 from worker_agent.runtime import writer as writer_mod
 from worker_agent.runtime.durable import atomic_write_stream
 from worker_agent.runtime.errors import CheckpointWriteFailed
@@ -275,3 +276,38 @@ def test_a_v2_checkpoint_with_sha256_checksums_still_loads_and_its_damage_is_nam
         ck.verify(found.path)
     with pytest.raises(ck.CheckpointError, match=r"block1\.pt: SHA-256 does not match the manifest"):
         ck.load_tensors(found, {"block1.w"})
+
+
+def _racing_commit(monkeypatch: pytest.MonkeyPatch, commit: bool) -> None:
+    """Make ``.parts`` vanish between the rename of a rank's part and the fsync of its directory, as rank 0's
+    commit removes it once every part is there; ``commit``: rank 0 wrote the manifest first, as it does."""
+    real = durable.fsync_dir
+
+    def fsync_dir(path: Path) -> None:
+        if path.name == ".parts":
+            if commit:
+                (path.parent / ck.MANIFEST).write_text("{}")
+            shutil.rmtree(path)
+        real(path)
+
+    monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
+
+
+def test_a_rank_whose_part_rank_0_committed_before_its_fsync_has_written_its_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _racing_commit(monkeypatch, commit=True)
+    writer = ck.CheckpointWriter(tmp_path, 1, 2, "test", keep=2, background=False, timeout=10, generation=2)
+    writer.save(18, _payloads(), None)
+    assert sorted(p.name for p in ck.step_dir(tmp_path, 18, 2).iterdir()) == sorted(
+        [ck.MANIFEST, *(f"{layer}.pt" for layer in _payloads())]
+    )
+
+
+def test_a_parts_directory_gone_without_a_commit_still_fails_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _racing_commit(monkeypatch, commit=False)
+    writer = ck.CheckpointWriter(tmp_path, 1, 2, "test", keep=2, background=False, timeout=10, generation=2)
+    with pytest.raises(CheckpointWriteFailed, match="checkpoint step 18 could not be written"):
+        writer.save(18, _payloads(), None)

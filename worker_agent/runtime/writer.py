@@ -234,7 +234,14 @@ class CheckpointWriter:
         self._files_written.set()
         self.bytes_written += sum(e["bytes"] for e in entries)
         part = {"generation": self.generation, "rank": self.rank, "files": entries}
-        atomic_write(parts / part_name(self.generation, self.run_id, self.rank), json.dumps(part).encode())
+        try:
+            atomic_write(parts / part_name(self.generation, self.run_id, self.rank), json.dumps(part).encode())
+        except FileNotFoundError:
+            # Rank 0 read this part once it was renamed into place, committed the step and removed .parts while
+            # this rank was still syncing that directory: the step is committed, nothing was lost. Without the
+            # manifest the directory went for another reason (a newer generation's cleanup), and that fails.
+            if not (directory / MANIFEST).exists():
+                raise
         if manifest is not None:
             self._commit(step, directory, parts, manifest)
         self.seconds_writing += time.perf_counter() - started
