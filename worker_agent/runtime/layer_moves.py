@@ -18,14 +18,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import xxhash
 
 from morphing.transfer import Transfer
 from worker_agent.runtime.checkpoint import LayerPayload
+from worker_agent.runtime.streams import HASHERS, SHOWN, XXH3
 
 TAG_SPAN = 1 << 16  # tags per move: header, description, tensors, trailer
 MAX_DESCRIPTION_BYTES = 64 << 20
-DIGEST_BYTES = 16  # the trailer: an XXH3-128
+DIGEST_BYTES = 16  # the trailer: an XXH3-128, the checksum checkpoint files carry too
+CHECKSUM = SHOWN[XXH3]
 TENSOR = "__tensor__"
 
 
@@ -65,7 +66,7 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def digest(tensors: Sequence[torch.Tensor]) -> str:
-    h = xxhash.xxh3_128()
+    h = HASHERS[XXH3]()
     for tensor in tensors:
         if tensor.numel():
             h.update(as_bytes(tensor).numpy().data)
@@ -128,14 +129,14 @@ def move(
     received: dict[int, LayerPayload] = {}
     bad = ""
     for transfer, payload, tensors, works, trailer, trailer_work in incoming:
-        h = xxhash.xxh3_128()
+        h = HASHERS[XXH3]()
         for tensor, work in zip(tensors, works, strict=True):  # each tensor hashed as soon as it is in
             if tensor.numel():
                 _wait(work)
                 h.update(as_bytes(tensor).numpy().data)
         _wait(trailer_work)
         if bytes(trailer.numpy()).hex() != h.hexdigest() and not bad:
-            bad = f"layer {transfer.layer} from rank {transfer.sender} does not match its checksum (XXH3-128)"
+            bad = f"layer {transfer.layer} from rank {transfer.sender} does not match its {CHECKSUM}"
         received[transfer.layer] = payload
     for work in sends:
         _wait(work)
@@ -148,7 +149,7 @@ def agree(bad: str) -> str:
     dist.all_reduce(flag, op=dist.ReduceOp.SUM)
     if flag.item() == 0:
         return ""
-    return bad or "another rank received a layer whose checksum (XXH3-128) does not match its sender's"
+    return bad or f"another rank received a layer whose {CHECKSUM} does not match its sender's"
 
 
 def _wait(work: Any) -> None:
