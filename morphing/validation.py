@@ -20,6 +20,7 @@ STORABLE_INT = 2**63 - 1  # the largest integer SQLite stores
 MAX_NAME_LENGTH = 63
 MAX_PATH_LENGTH = 4096
 MAX_HOSTNAME_LENGTH = 253
+MAX_JOB_ID = 128  # a job id as agents and clients may name it back to the controller
 LATEST_TIME = 1e11  # unix seconds in the year 5138: later is not a time a VM will be evicted at
 MAX_STALL_SECONDS = 7 * 86400.0  # a checkpoint that paused training longer (a week) is a broken report
 # A loss larger in magnitude is a broken report or a user's mis-scaled loss, not a diverged model (that is

@@ -148,7 +148,8 @@ class AgentService(rpc.AgentServicer):
             async with answered(context):
                 ranks = reports.trainers(self.view, request.node_name, request.trainers)
                 notice = reports.notice("eviction", request.eviction) if request.HasField("eviction") else None
-                seen = NodeObservation(request.incarnation, self.view.now(), ranks, notice)
+                building = reports.building(self.view, request.building)
+                seen = NodeObservation(request.incarnation, self.view.now(), ranks, notice, building)
                 await self.writes.observe(request.node_name, seen)
             name = request.node_name
             assignment = self._reply_assignment(name)

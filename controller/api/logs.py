@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.api.reports import MAX_JOB_ID, issued, known_job
+from controller.api.reports import issued, known_job
 from controller.core.intake import Full
 from controller.core.logs import MAX_CHUNKS, MAX_RANK, MAX_REQUEST_BYTES, LogChunk, LogLine
 from controller.shell.views import StateView
-from morphing.validation import STORABLE_INT, InvalidField, check_count, check_name, shown
+from morphing.validation import MAX_JOB_ID, STORABLE_INT, InvalidField, check_count, check_name, shown
 from protos.spotmorph.v1 import controller_pb2 as pb
 
 MAX_OFFSET = STORABLE_INT - MAX_REQUEST_BYTES  # a chunk's end must still be a number SQLite stores

@@ -17,6 +17,7 @@ from controller.core.intake import Full, Stale
 from controller.core.model import JobRecord, RankReport
 from controller.shell.views import StateView
 from morphing.validation import (
+    MAX_JOB_ID,
     MAX_LOSS,
     MAX_PATH_LENGTH,
     MAX_SAMPLES_PER_SECOND,
@@ -39,7 +40,6 @@ MAX_TRAINERS = 4096  # trainers one node reports (or one node's reports add up t
 MAX_SLOTS = 1024
 MAX_ERROR_CHARACTERS = 2000  # a trainer's error (its message or its log's tail) is cut to this
 MAX_INSTANCE_ID = 256
-MAX_JOB_ID = 128
 
 
 def known_job(view: StateView, field: str, job_id: str) -> JobRecord:
@@ -203,6 +203,15 @@ def collective_failed(
     if len(kept) >= MAX_TRAINERS:
         raise Full(f"collective_failed: this node already reports {len(kept)} trainers, the most it may")
     return (*kept, rank)
+
+
+def building(view: StateView, job_id: str) -> str:
+    """The job a free node reports its warm trainer building ahead; a name that is no job's id is refused, and
+    a job this controller no longer has (it ended since the hint) is dropped: the build is only an optimisation."""
+    if not job_id:
+        return ""
+    check_name("building", job_id, MAX_JOB_ID)
+    return job_id if view.job(job_id) is not None else ""
 
 
 def notice(field: str, message: pb.EvictionNotice) -> float:

@@ -72,6 +72,7 @@ def reconcile_config(s: ControllerSettings) -> Config:
         progress_event_seconds=s.progress_event_seconds,
         rendezvous_port_base=s.rendezvous_port_base,
         morph_cost_seconds=s.morph_cost_seconds,
+        warm_build_wait_seconds=s.warm_build_wait_seconds,
         damping=Damping(s.rejoin_hold_seconds, s.rejoin_hold_max_seconds, s.flap_memory_seconds),
     )
 

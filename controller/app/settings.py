@@ -88,6 +88,9 @@ class ControllerSettings(BaseSettings):
     """First port of the rank-0 trainers' rendezvous range."""
     morph_cost_seconds: float = 30.0
     """Expected price of a morph, weighed against the throughput growth would bring."""
+    warm_build_wait_seconds: float = Field(default=60.0, ge=0, le=86_400)
+    """A growth onto a free node whose warm trainer is still building the job's model ahead waits for the build,
+    at most this long after the node joined (0: never waits; the new rank then builds inside the pause)."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus (GET /metrics; HTTPS with the API's certificate when TLS is on) and, on loopback or
     with TLS, the web dashboard (GET /); None: off."""

@@ -255,4 +255,4 @@ def essence(seen: NodeObservation | None) -> object:
         )
         for r in seen.ranks
     )  # exit_code None and a number never compared: a node may report a rank twice
-    return (seen.incarnation, seen.eviction_not_before, tuple(ranks))
+    return (seen.incarnation, seen.eviction_not_before, seen.building, tuple(ranks))

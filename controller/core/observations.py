@@ -47,3 +47,4 @@ class NodeObservation:
     last_seen: float
     ranks: tuple[RankReport, ...] = ()
     eviction_not_before: float | None = None
+    building: str = ""  # a job whose model a warm trainer here is building ahead (a growth hint's), not yet built

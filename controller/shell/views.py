@@ -131,7 +131,7 @@ class StateView:
 
     def assignment_soon(self, name: str, hinted: bool) -> bool:
         """Whether the free node ``name`` may be given work within seconds (it is then told to beat often)."""
-        return assignment_soon(self._runner.world, name, self.now(), self._runner.config.debounce_seconds, hinted)
+        return assignment_soon(self._runner.world, name, self.now(), self._runner.config, hinted)
 
     def next_change(self) -> asyncio.Event:
         """An event set by the next commit: take it before reading, so no commit goes unnoticed."""

@@ -59,14 +59,20 @@ def test_a_prepared_warm_trainer_trains_bit_for_bit_as_a_cold_one_and_a_broken_h
     try:
         warm.prewarm()
         wait_for(lambda: warm.warm_ready() == 1, 120, "the warm trainer's imports")
-        warm.prepare(broken)
+        assert warm.building() == ""
+        warm.prepare("job-0", broken)
+        assert warm.building() == "job-0", "reported until it has tried: a growth onto the node waits for it"
         wait_for(lambda: "cannot build the model ahead" in warm_log(warm), 120, "the failed build noted")
+        wait_for(lambda: warm.building() == "", 10, "a failed build no longer reported as under way")
         [waiting] = warm._warm
         assert waiting.process.poll() is None, "the warm trainer waits on for a hint or an assignment"
-        warm.prepare(prepared.job)
-        warm.prepare(prepared.job)  # every heartbeat repeats the hint: it is built once
+        warm.prepare("job-1", prepared.job)
+        assert warm.building() == "job-1"
+        warm.prepare("job-1", prepared.job)  # every heartbeat repeats the hint: it is built once
         wait_for(lambda: "built prepared's model ahead" in warm_log(warm), 120, "the model built ahead")
-        assert warm_log(warm).count("built prepared's model ahead") == 1
+        wait_for(lambda: warm.building() == "", 10, "the build reported done")
+        warm.prepare("job-1", prepared.job)
+        assert warm.building() == "" and warm_log(warm).count("built prepared's model ahead") == 1
         run_to_the_end(warm, prepared)
         reference = launch(tmp_path, "cold-ckpt", port_range_base(1) + 5)
         run_to_the_end(cold, reference)

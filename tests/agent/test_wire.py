@@ -18,6 +18,7 @@ from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, Tr
 from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.wire import (
     IDLE,
+    Prepare,
     Registration,
     heartbeat_reply_from_pb,
     heartbeat_to_pb,
@@ -94,7 +95,10 @@ def test_a_free_nodes_hint_is_the_spec_its_trainers_would_get_and_a_bad_one_is_d
     assert heartbeat_reply_from_pb(pb.HeartbeatResponse()).prepare is None
     hint = pb.Prepare(job="job-1", spec=spec_to_pb(job()), entrypoint="/n/tiny_gpt.py:build")
     prepared = heartbeat_reply_from_pb(pb.HeartbeatResponse(prepare=hint)).prepare
-    assert prepared == job().model_copy(update={"entrypoint": "/n/tiny_gpt.py:build"})
+    assert prepared == Prepare("job-1", job().model_copy(update={"entrypoint": "/n/tiny_gpt.py:build"}))
+    for hostile in ("../../etc", "j" * 500, "job 1"):  # reported back in ``building``: a name, bounded
+        named = pb.Prepare(job=hostile, spec=spec_to_pb(job()))
+        assert heartbeat_reply_from_pb(pb.HeartbeatResponse(prepare=named)).prepare is None
     bad = pb.Prepare(job="job-1", spec=pb.JobSpec(name="j", entrypoint="m.py:f", global_batch=0, steps=9))
     reply = heartbeat_reply_from_pb(pb.HeartbeatResponse(prepare=bad, heartbeat_interval_seconds=0.5))
     assert reply.prepare is None and reply.heartbeat_interval == 0.5, "only a hint: the reply is applied"
@@ -112,6 +116,8 @@ def test_reports_and_facts_become_requests() -> None:
     status = beat.trainers[0]
     assert (status.exit_code, status.last_step, len(status.error), status.last_checkpoint_step) == (3, 12, 1000, 0)
     assert not heartbeat_to_pb(NODE, [], None).HasField("eviction")
+    assert heartbeat_to_pb(NODE, [], None).building == ""
+    assert heartbeat_to_pb(NODE, [], None, "job-1").building == "job-1"
     assert report_to_pb(NODE, TrainerExited(exited)).WhichOneof("event") == "trainer_exited"
     committed = report_to_pb(NODE, CheckpointCommitted("job-1", 2, 40))
     assert committed.checkpoint_committed.step == 40 and committed.node_name == "node-2"

@@ -8,6 +8,7 @@ from dataclasses import replace
 from controller.api.agent import SOON_BEAT_SECONDS
 from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import Gpu, World
+from controller.core.reconcile.config import Config
 from controller.core.reconcile.growth import assignment_soon, growth_hint
 from controller.core.records import Exclusions
 from protos.spotmorph.v1 import controller_pb2 as pb
@@ -80,7 +81,8 @@ def test_a_free_nodes_heartbeat_carries_the_hint_and_an_assigned_ones_does_not(l
 
 def soon(world: World, name: str, now: float) -> bool:
     """As the heartbeat's reply decides it: with the hint the node is given, if any."""
-    return assignment_soon(world, name, now, 5.0, hinted=growth_hint(world, name, now) is not None)
+    config = Config(debounce_seconds=5.0)
+    return assignment_soon(world, name, now, config, hinted=growth_hint(world, name, now) is not None)
 
 
 def test_a_free_node_beats_often_only_while_work_may_reach_it_within_seconds() -> None:

@@ -232,7 +232,7 @@ class Agent:
         await self._push_urgent(reports)
         self._acknowledge_notice_if_done(reports)
         try:
-            reply = await self.link.heartbeat(self.state.node, reports, self.state.notice)
+            reply = await self.link.heartbeat(self.state.node, reports, self.state.notice, self.supervisor.building())
         except UserInputError as exc:
             log.error("the controller's assignment is unusable: %s", exc)
             return
@@ -260,7 +260,7 @@ class Agent:
             self.state.interval = reply.heartbeat_interval
         self._apply(reply.incoming)
         if reply.prepare is not None and reply.incoming.assignment.action == "idle":
-            self.supervisor.prepare(reply.prepare)
+            self.supervisor.prepare(reply.prepare.job_id, reply.prepare.spec)
         desired = self.state.desired
         if desired is not None and desired.action in ("run", "stop"):
             self.supervisor.renew_leases(desired.job_id, desired.generation)

@@ -109,6 +109,7 @@ class Supervisor:
         self._salvage_orders: dict[tuple[str, int], str] = {}
         self._holders = Holders()  # trainers that stopped and keep their state for the next generation
         self.hold = True  # offer trainers a hold spool (a planned morph through memory)
+        self._hint: tuple[str, str] | None = None  # the job last handed to warm trainers to build ahead, its spec
 
     def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
         return self.trainers_dir.generation_dir(job_id, generation)
@@ -225,13 +226,22 @@ class Supervisor:
             spool.pid_file.write_text(str(process.pid))
             self._warm.append(Warm(process, spool))
 
-    def prepare(self, job: JobSpec) -> None:
+    def prepare(self, job_id: str, job: JobSpec) -> None:
         """Hand ``job`` to the waiting warm trainers to build its model ahead: the controller's hint that a
         growth may bring it to this free node. Each builds it once; nothing runs until an assignment."""
         text = job.model_dump_json()
+        self._hint = (job_id, text)
         for warm in self._warm:
             if warm.process.poll() is None and warm.spool.hand_prepare(text):
                 LOG.info("warm trainer %s: building %s's model ahead", warm.spool.path.name, job.name)
+
+    def building(self) -> str:
+        """The job whose model a waiting warm trainer is still building ahead ("": none): the controller holds a
+        growth onto this node until the build is done, so the growth's pause does not hold it."""
+        if self._hint is None:
+            return ""
+        job_id, text = self._hint
+        return job_id if any(w.process.poll() is None and w.spool.building(text) for w in self._warm) else ""
 
     def _stop_warming(self, why: str) -> None:
         if self.warm:

@@ -180,9 +180,10 @@ class ControllerLink:
         return None
 
     async def heartbeat(
-        self, node: Registration, reports: list[TrainerReport], notice: EvictionNotice | None
+        self, node: Registration, reports: list[TrainerReport], notice: EvictionNotice | None, building: str = ""
     ) -> HeartbeatReply:
-        reply = await self._call("Heartbeat", heartbeat_to_pb(node, reports, notice), node.node_token)
+        """``building``: the job whose model a warm trainer here is building ahead (:meth:`Supervisor.building`)."""
+        reply = await self._call("Heartbeat", heartbeat_to_pb(node, reports, notice, building), node.node_token)
         return heartbeat_reply_from_pb(reply)
 
     async def report_event(self, node: Registration, fact: UrgentFact | EvictionNotice) -> Incoming | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec, parse_job_spec
-from morphing.validation import is_time
+from morphing.validation import MAX_JOB_ID, InvalidField, check_name, is_time
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment, TrainerKey
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
@@ -70,7 +70,15 @@ class LogChunk:
 class HeartbeatReply:
     incoming: Incoming
     heartbeat_interval: float | None  # None: keep the current one
-    prepare: JobSpec | None = None  # a free node's hint: the spec of the job a growth would most likely bring
+    prepare: Prepare | None = None  # a free node's hint: the job a growth would most likely bring
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """A job a growth would most likely bring to this free node, and the spec its trainers would be given."""
+
+    job_id: str
+    spec: JobSpec
 
 
 def registration_from_pb(reply: pb.RegisterResponse) -> Registration:
@@ -147,17 +155,20 @@ def heartbeat_reply_from_pb(reply: pb.HeartbeatResponse) -> HeartbeatReply:
     return HeartbeatReply(incoming, reply.heartbeat_interval_seconds or None, prepare_from_pb(reply))
 
 
-def prepare_from_pb(reply: pb.HeartbeatResponse) -> JobSpec | None:
-    """The hint's spec as the job's trainers would read it; an unusable one is dropped (it is only a hint, and
-    must never keep the reply's assignment from being applied)."""
+def prepare_from_pb(reply: pb.HeartbeatResponse) -> Prepare | None:
+    """The hint's job and spec as the job's trainers would read it; an unusable one is dropped (it is only a
+    hint, and must never keep the reply's assignment from being applied)."""
     if not reply.HasField("prepare") or not reply.prepare.job:
         return None
     try:
-        spec = spec_from_pb(reply.prepare.spec, what=f"job spec of {reply.prepare.job}")
-    except UserInputError as exc:
-        log.warning("ignoring the hint to prepare %s: %s", reply.prepare.job, exc)
+        job_id = check_name("prepare.job", reply.prepare.job, MAX_JOB_ID)
+        spec = spec_from_pb(reply.prepare.spec, what=f"job spec of {job_id}")
+    except (UserInputError, InvalidField) as exc:
+        log.warning("ignoring the hint to prepare %r: %s", reply.prepare.job[:MAX_JOB_ID], exc)
         return None
-    return spec.model_copy(update={"entrypoint": reply.prepare.entrypoint}) if reply.prepare.entrypoint else spec
+    if reply.prepare.entrypoint:
+        spec = spec.model_copy(update={"entrypoint": reply.prepare.entrypoint})
+    return Prepare(job_id, spec)
 
 
 def report_reply_from_pb(reply: pb.ReportEventResponse) -> Incoming | None:
@@ -214,12 +225,13 @@ _REFUSALS: dict[str, pb.TrainerRefusal.ValueType] = {
 
 
 def heartbeat_to_pb(
-    node: Registration, reports: list[TrainerReport], notice: EvictionNotice | None
+    node: Registration, reports: list[TrainerReport], notice: EvictionNotice | None, building: str = ""
 ) -> pb.HeartbeatRequest:
     request = pb.HeartbeatRequest(
         node_name=node.node_name,
         incarnation=node.incarnation,
         trainers=[trainer_status_to_pb(r) for r in reports],
+        building=building,
     )
     if notice is not None:
         request.eviction.CopyFrom(pb.EvictionNotice(not_before=notice.not_before, source="imds"))

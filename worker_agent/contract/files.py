@@ -16,6 +16,7 @@ generation dir.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -274,6 +275,31 @@ class WarmSpool:
         temporary.write_text(job_json)
         temporary.rename(self.prepare_file)
         return True
+
+    @property
+    def prepared_file(self) -> Path:
+        """Written by the warm trainer once it has tried to build a handed job (built or failed): its digest."""
+        return self.path / "prepared"
+
+    def mark_prepared(self, job_json: str) -> None:
+        temporary = self.path / f"{self.prepared_file.name}.tmp"
+        temporary.write_text(_digest(job_json))
+        temporary.rename(self.prepared_file)
+
+    def building(self, job_json: str) -> bool:
+        """It was handed ``job_json`` to build ahead and has not finished trying."""
+        try:
+            handed = self.prepare_file.read_text() == job_json
+        except OSError:
+            return False
+        try:
+            return handed and self.prepared_file.read_text() != _digest(job_json)
+        except OSError:
+            return handed
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

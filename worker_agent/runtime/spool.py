@@ -32,6 +32,7 @@ def wait_for_assignment(
             if job != prepared:
                 prepared = job
                 prepare(job)
+                spool.mark_prepared(job)  # built or not: the agent stops reporting it as being built
                 continue
         time.sleep(POLL_SECONDS)
     return WarmAssignment.from_json(read_bounded(spool.assignment_file, MAX_ASSIGNMENT_BYTES).decode())

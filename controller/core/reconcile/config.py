@@ -24,6 +24,7 @@ class Config:
     unreachable_memory_seconds: float = 900.0  # failed starts remembered to find a node its peers cannot reach
     unreachable_exclusion_seconds: float = 300.0  # ... which the job then leaves out this long
     morph_cost_seconds: float = 30.0
+    warm_build_wait_seconds: float = 60.0  # a growth waits this long after a node joined for its warm build
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rendezvous_port_base: int = 29500
     rendezvous_port_span: int = 500

@@ -3,17 +3,20 @@
 When it does not, one ``GrowthDeclined`` event per generation and set of free nodes says why, with the
 numbers the policy weighed, so an operator who sees idle nodes beside a running job can tell. Before it
 does, :func:`growth_hint` tells a free node which job it would most likely take, so its warm trainers build
-that job's model ahead and the growth's pause does not hold the build.
+that job's model ahead and the growth's pause does not hold the build; and a growth waits while such a node
+reports that build under way (:func:`building_ahead`), up to ``warm_build_wait_seconds`` after it joined: a
+model that takes longer to build than the debounce (any large one) would otherwise be built inside the pause.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from controller.core import facts
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
-from controller.core.model import Action, JobRecord, World
+from controller.core.model import Action, JobRecord, NodeRecord, World
+from controller.core.observations import NodeObservation
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on, spec_on
 from controller.core.reconcile.draft import Draft, free_nodes
@@ -48,32 +51,50 @@ def growth_hint(world: World, name: str, now: float) -> tuple[str, JobSpec] | No
 SETTLE_GRACE_SECONDS = 3.0  # past the debounce window: the reconcile that decides, and the old generation's stop
 
 
-def assignment_soon(world: World, name: str, now: float, debounce_seconds: float, hinted: bool) -> bool:
+def building_ahead(
+    observed: Mapping[str, NodeObservation], node: NodeRecord, job_id: str | None, now: float, wait_seconds: float
+) -> bool:
+    """The node's warm trainer reports building ``job_id``'s model ahead (any job's, for None), and the node
+    joined less than ``wait_seconds`` ago: a growth onto it waits for the build rather than pause for it."""
+    seen = observed.get(node.name)
+    if seen is None or not seen.building or (job_id is not None and seen.building != job_id):
+        return False
+    return now - node.joined_at < wait_seconds
+
+
+def assignment_soon(world: World, name: str, now: float, config: Config, hinted: bool) -> bool:
     """Whether the free node ``name`` may be given work within seconds: a job is morphing (its next generation
-    may take free nodes), or a growth onto it may be decided once the newest arrivals have settled (``hinted``:
-    :func:`growth_hint` names a job for it). Such a node is told to beat often, as a morphing node's agent
-    does: its assignment reaches it only in a heartbeat reply."""
+    may take free nodes), or a growth onto it may be decided once the newest arrivals have settled or its warm
+    build is done (``hinted``: :func:`growth_hint` names a job for it). Such a node is told to beat often, as a
+    morphing node's agent does: its assignment reaches it only in a heartbeat reply, and its build's end only
+    in a heartbeat."""
     node = world.nodes.get(name)
     if node is None or node.state is not NodeState.READY or node.job is not None:
         return False
     if any(j.state is JobState.MORPHING for j in world.jobs.values()):
         return True
     newest = max(n.joined_at for n in world.nodes.values() if n.state is NodeState.READY and n.job is None)
-    settling = now - newest < debounce_seconds + SETTLE_GRACE_SECONDS
-    return settling and hinted
+    settling = now - newest < config.debounce_seconds + SETTLE_GRACE_SECONDS
+    return hinted and (settling or building_ahead(world.observed, node, None, now, config.warm_build_wait_seconds))
 
 
 def grow(draft: Draft, config: Config, planners: Planners) -> None:
     if draft.queue_blocked or not draft.arrivals_settled(config.debounce_seconds):
         return
+    claimed: set[str] = set()  # free nodes a job higher in the order grows onto in this pass
     for job in growing(draft.jobs.values()):
-        free = free_nodes(draft.nodes)
+        free = [n for n in free_nodes(draft.nodes) if n.name not in claimed]
         planner = planners.get(job.id)
         if not free or not isinstance(planner, Planner) or job.layout is None:
             return
         usable = [(n.name, n.slots) for n in free if not held_out(job, n.name, draft.now) and may_run_on(job, n)]
         if not usable:
             continue
+        if any(
+            building_ahead(draft.observed, draft.nodes[n], job.id, draft.now, config.warm_build_wait_seconds)
+            for n, _ in usable
+        ):
+            return  # its model is being built on a node it may take: no job takes the free nodes meanwhile
         current = planned(draft, job.id, planner.evaluate, job.layout)
         held = [(n, draft.nodes[n].slots) for n in job.nodes]
         candidate = planned(draft, job.id, planner.plan, held + usable)
@@ -93,6 +114,7 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
         )
         if decision.morph:
             draft.start_morph(job.id, Action.STOP, MorphCause.GROW, f"grow: {decision.detail}")
+            claimed.update(name for name, _ in usable)  # a lower job stopping for the same nodes would only restart
             continue
         offer = f"{job.generation}:{','.join(sorted(name for name, _ in usable))}"
         if offer != job.growth_declined:

@@ -1434,8 +1434,13 @@ class HeartbeatRequest(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     TRAINERS_FIELD_NUMBER: _builtins.int
     EVICTION_FIELD_NUMBER: _builtins.int
+    BUILDING_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     incarnation: _builtins.int
+    building: _builtins.str
+    """A free node's warm trainer is building this job's model ahead (the job of a Prepare it was given), not
+    yet done: a growth onto the node waits for it, up to a deadline. Empty: nothing is being built.
+    """
     @_builtins.property
     def trainers(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrainerStatus]: ...
     @_builtins.property
@@ -1449,10 +1454,11 @@ class HeartbeatRequest(_message.Message):
         incarnation: _builtins.int = ...,
         trainers: _abc.Iterable[Global___TrainerStatus] | None = ...,
         eviction: Global___EvictionNotice | None = ...,
+        building: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["eviction", b"eviction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["eviction", b"eviction", "incarnation", b"incarnation", "node_name", b"node_name", "trainers", b"trainers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["building", b"building", "eviction", b"eviction", "incarnation", b"incarnation", "node_name", b"node_name", "trainers", b"trainers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
