@@ -38,8 +38,9 @@ PARENT = os.getppid()  # the agent (or the warm trainer's agent): a holder exits
 
 def train(cfg: TrainerArguments, progress: ProgressLog) -> ExitCode:
     """One generation: set up (:mod:`worker_agent.runtime.generation`), then its steps (:mod:`.step_loop`)."""
-    from worker_agent.runtime import generation, step_loop
+    from worker_agent.runtime import allocator, generation, step_loop
 
+    allocator.keep_freed_memory()  # before the model's tensors: every step then reuses what the last one freed
     return step_loop.run(generation.start(cfg, progress, HELD, _forget_held, ASSIGNED_AT), _keep)
 
 

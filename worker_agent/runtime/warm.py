@@ -44,6 +44,18 @@ def _preload() -> None:
             print(f"spotmorph warm trainer: warning: cannot import {name} ahead: {exc!r}", file=sys.stderr, flush=True)
 
 
+def _tune_allocator() -> None:
+    """As the trainer it becomes will, before the model built ahead allocates (a bad setting is that trainer's
+    to report, exit 2, once it has an assignment)."""
+    from worker_agent.runtime import allocator
+    from worker_agent.runtime.errors import NodeUnfit
+
+    try:
+        allocator.keep_freed_memory()
+    except NodeUnfit as exc:
+        print(f"spotmorph warm trainer: warning: {exc}", file=sys.stderr, flush=True)
+
+
 def _prepare(job_json: str) -> None:
     """Build the hinted job's model ahead (its user code runs here, as it would in the trainer); a failure is
     the trainer's to report if the job does come, so it is only noted in the warm trainer's log."""
@@ -66,6 +78,7 @@ def _prepare(job_json: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = WarmArguments.from_argv(argv)
     spool = WarmSpool(args.spool)
+    _tune_allocator()
     _preload()
     spool.ready_file.write_text(str(time.time()))
     task = wait_for_assignment(spool, args.parent, prepare=_prepare)

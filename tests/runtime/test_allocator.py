@@ -1,0 +1,65 @@
+"""Trainers keep the memory a step frees for the next step (:mod:`worker_agent.runtime.allocator`).
+
+In processes of their own (malloc's settings are the process's): a training loop whose tensors are larger
+than glibc's mmap threshold faults its memory in every step with glibc's defaults, and not at all once the
+first steps have run with the trainer's settings; a bad setting is the node's error, exit 2, named.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.helpers import probe, run, train_cmd
+
+LOOP = """
+import json, resource, sys
+from worker_agent.runtime.allocator import keep_freed_memory
+tuned = keep_freed_memory()
+import torch
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 2048))  # 32 MB each
+optimizer = torch.optim.AdamW(model.parameters())
+x = torch.randn(64, 2048)
+faults = []
+for step in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    model(x).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"tuned": tuned, "faults": faults, "checksum": float(sum(p.sum() for p in model.parameters()))}))
+"""
+
+glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the allocator's knobs are glibc's")
+
+
+def loop(monkeypatch: pytest.MonkeyPatch, mode: str) -> dict[str, object]:
+    monkeypatch.setenv("SPOTMORPH_MALLOC", mode)
+    return probe(LOOP)
+
+
+@glibc
+def test_a_step_reuses_the_memory_the_last_one_freed_where_the_system_default_faults_it_in_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kept, system = loop(monkeypatch, "keep"), loop(monkeypatch, "system")
+    assert kept["tuned"] is True and system["tuned"] is False
+    kept_faults, system_faults = kept["faults"], system["faults"]
+    assert isinstance(kept_faults, list) and isinstance(system_faults, list)
+    page_faults_per_step = 32 * (1 << 20) // 4096  # one 32 MB tensor's pages
+    assert min(system_faults[2:]) > page_faults_per_step, f"glibc's default unmaps large frees: {system_faults}"
+    assert sum(kept_faults[2:]) < sum(system_faults[2:]) / 5, f"kept {kept_faults}, system {system_faults}"
+    assert kept["checksum"] == system["checksum"], "where the memory comes from changes no number"
+
+
+def test_a_bad_setting_is_the_nodes_error_exit_2_named_with_its_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPOTMORPH_MALLOC", "jemalloc")
+    result = run(train_cmd(tmp_path / "ckpt", 1, 1, 1))
+    assert result.returncode == 2, result.explain()
+    assert "SPOTMORPH_MALLOC='jemalloc' on this node is not one of keep, system; unset it" in result.stderr
