@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
@@ -42,50 +42,9 @@ from worker_agent.runtime.exact import ExactGradients, clip_coefficient
 from worker_agent.runtime.host_buffers import HostLease, HostPool
 from worker_agent.runtime.job import step_indices, torch_dtype
 from worker_agent.runtime.loss_scale import LossScale
-from worker_agent.runtime.model_api import sample_context
 from worker_agent.runtime.partition import PartitionedModel
+from worker_agent.runtime.pipeline_stage import Batch, Stage, static_metadata
 from worker_agent.runtime.stage_state import all_reduce_coalesced, placed_state, state_of
-
-
-class _Batch:
-    """The current step's per-slot targets, weights and sample ids (read by the loss and dropout)."""
-
-    def __init__(self) -> None:
-        self.step = 0
-        self.targets = torch.empty(0)
-        self.weights = torch.empty(0)
-        self.sample_ids = torch.empty(0, dtype=torch.long)
-        self.micro_batch_size = 1
-        self.denominator = 1.0  # B, or the step's non-ignored target tokens in token mode
-        self.evaluating = False  # forward only: the loss is not scaled
-
-
-class _Stage(PipelineStage):
-    """A PipelineStage that tells layout-free dropout which samples each micro-batch holds."""
-
-    def __init__(self, batch: _Batch, seed: int, exact: ExactGradients | None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._batch = batch
-        self._seed = seed
-        self._exact = exact
-
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().backward_one_chunk(*args, **kwargs)
-        if self._exact is not None:
-            self._exact.take()  # exact mode: this micro-batch's gradients, summed in integers
-        return out
-
-    def forward_one_chunk(
-        self,
-        fwd_chunk_id: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None = None,
-        save_forward_output: bool = True,
-    ) -> Any:
-        m = self._batch.micro_batch_size
-        ids = self._batch.sample_ids[fwd_chunk_id * m : (fwd_chunk_id + 1) * m]
-        with sample_context(self._seed, self._batch.step, ids):
-            return super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
 
 
 class StageRunner:
@@ -120,14 +79,18 @@ class StageRunner:
         self.is_first = self.stage == 0
         self.is_last = self.stage == layout.pipeline_stages - 1
         self.host = HostPool()  # host buffers of its checkpoints, reused from one to the next
-        self.batch = _Batch()
+        self.batch = Batch()
         self.batch.micro_batch_size = layout.micro_batch_size
         self.share = share_of(layout, self.replica, job.micro_batch_size if job.exact else None)
         self.n_micro = -(-(self.share[1] - self.share[0]) // layout.micro_batch_size)
         units = -(-job.global_batch // layout.micro_batch_size)
         uses = max(len(info.layers) for info in model.params.values())
         self.exact = ExactGradients(model.stage_leaves(layout, self.stage), units, uses) if job.exact else None
-        pipe_stage = _Stage(
+        self.signature = signature(self.spec.dataset[0])
+        known = static_metadata(
+            self.spec.dataset, self.signature, layout.micro_batch_size, layout.pipeline_stages, self.dtype
+        )
+        pipe_stage = Stage(
             self.batch,
             job.seed,
             self.exact,
@@ -136,12 +99,12 @@ class StageRunner:
             num_stages=layout.pipeline_stages,
             device=self.device,
             group=groups.replica,
+            **known,
         )
         use_gpipe = job.schedule == "gpipe" or self.n_micro < layout.pipeline_stages
         schedule_cls = ScheduleGPipe if use_gpipe else Schedule1F1B
         self.schedule_name = "gpipe" if use_gpipe else "1f1b"
         self.schedule = schedule_cls(pipe_stage, self.n_micro, loss_fn=self._loss, scale_grads=False)
-        self.signature = signature(self.spec.dataset[0])
         self.before_update: Callable[[], None] | None = None  # waits for a write that reads the live tensors
 
     def _loss(self, output: Any, slots: torch.Tensor) -> torch.Tensor:
