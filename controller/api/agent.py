@@ -11,6 +11,8 @@ shared agent token (where enabled) the instance id or address is only claimed, a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import replace
 
@@ -142,24 +144,40 @@ class AgentService(rpc.AgentServicer):
         return reply
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Context) -> pb.HeartbeatResponse:
-        started = time.perf_counter()
+        started, waited = time.perf_counter(), 0.0
         try:
             await self._fence(request.node_name, request.incarnation, context)
             async with answered(context):
+                wait = reports.wait_seconds(request.wait_seconds)
                 ranks = reports.trainers(self.view, request.node_name, request.trainers)
                 notice = reports.notice("eviction", request.eviction) if request.HasField("eviction") else None
                 building = reports.building(self.view, request.building)
                 seen = NodeObservation(request.incarnation, self.view.now(), ranks, notice, building)
                 await self.writes.observe(request.node_name, seen)
-            name = request.node_name
-            assignment = self._reply_assignment(name)
-            hint = None if assignment is not None else self.view.growth_hint(name)
-            prepare = None if hint is None else self._prepare(*hint)
-            soon = assignment is None and self.view.assignment_soon(name, hint is not None)  # work comes in a reply
-            interval = min(self.interval, SOON_BEAT_SECONDS) if soon else self.interval
-            return pb.HeartbeatResponse(assignment=assignment, heartbeat_interval_seconds=interval, prepare=prepare)
+            changed = self.view.next_change()  # taken before the reply is read: no commit after it goes unseen
+            reply, awaits_work = self._heartbeat_reply(request.node_name)
+            if wait > 0 and awaits_work:
+                waiting = time.perf_counter()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), wait)
+                waited = time.perf_counter() - waiting
+                reply, _ = self._heartbeat_reply(request.node_name)
+                reply.waited = True
+            return reply
         finally:
-            self.latency.record(time.perf_counter() - started)
+            self.latency.record(time.perf_counter() - started - waited)
+
+    def _heartbeat_reply(self, name: str) -> tuple[pb.HeartbeatResponse, bool]:
+        """The node's reply as things stand, and whether work may reach it within seconds: a free node a growth
+        may take, or a node of a morphing job whose trainers stopped (its next generation comes in a reply)."""
+        assignment = self._reply_assignment(name)
+        hint = None if assignment is not None else self.view.growth_hint(name)
+        prepare = None if hint is None else self._prepare(*hint)
+        soon = assignment is None and self.view.assignment_soon(name, hint is not None)
+        interval = min(self.interval, SOON_BEAT_SECONDS) if soon else self.interval
+        between = assignment is not None and assignment.action in (pb.ACTION_STOP, pb.ACTION_ABORT)
+        reply = pb.HeartbeatResponse(assignment=assignment, heartbeat_interval_seconds=interval, prepare=prepare)
+        return reply, soon or between
 
     def _prepare(self, job_id: str, spec: JobSpec) -> pb.Prepare:
         """What a free node's warm trainers may build ahead (:func:`controller.core.reconcile.growth.growth_hint`);

@@ -9,6 +9,7 @@ kept or decided on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -212,6 +213,16 @@ def building(view: StateView, job_id: str) -> str:
         return ""
     check_name("building", job_id, MAX_JOB_ID)
     return job_id if view.job(job_id) is not None else ""
+
+
+MAX_WAIT_SECONDS = 5.0  # a heartbeat held longer could outlast the agent's call timeout
+
+
+def wait_seconds(value: float) -> float:
+    """How long the agent lets the controller hold its heartbeat's reply: 0 to :data:`MAX_WAIT_SECONDS`."""
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_WAIT_SECONDS:
+        raise InvalidField("wait_seconds", f"{value!r}: give 0 to {MAX_WAIT_SECONDS:g} seconds (0: answer at once)")
+    return value
 
 
 def notice(field: str, message: pb.EvictionNotice) -> float:

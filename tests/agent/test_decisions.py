@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from controller.api.reports import MAX_WAIT_SECONDS
 from morphing.errors import UserInputError
 from protos.reasons import REGISTER_AGAIN
 from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
@@ -21,6 +22,7 @@ from worker_agent.agent.decisions import (
     backed_off_interval,
     beat_interval,
     classify_failure,
+    heartbeat_wait,
     lease_lapsed,
     lease_seconds,
     may_acknowledge,
@@ -29,6 +31,7 @@ from worker_agent.agent.decisions import (
     urgent_facts,
 )
 from worker_agent.agent.progress import Held, TrainerReport
+from worker_agent.agent.transport import CALL_TIMEOUT_SECONDS
 from worker_agent.commands.agent import _lease_seconds
 
 
@@ -65,6 +68,12 @@ def test_a_failing_controller_never_sees_this_node_silent_past_a_third_of_its_ex
 ) -> None:
     backed = backed_off_interval(interval, max_backoff, expiry)
     assert backed <= max(expiry / 3, 0) and backed <= max_backoff and backed <= 2 * interval
+
+
+def test_the_controller_may_hold_a_beat_only_while_no_trainer_of_the_node_runs() -> None:
+    """A running trainer's exit or failed collective is pushed before a beat; a held beat would delay the next."""
+    assert heartbeat_wait(running=True) == 0.0
+    assert 0.0 < heartbeat_wait(running=False) <= MAX_WAIT_SECONDS < CALL_TIMEOUT_SECONDS
 
 
 def test_the_agent_beats_fast_only_while_its_trainers_are_asked_to_stop() -> None:

@@ -118,6 +118,10 @@ def test_reports_and_facts_become_requests() -> None:
     assert not heartbeat_to_pb(NODE, [], None).HasField("eviction")
     assert heartbeat_to_pb(NODE, [], None).building == ""
     assert heartbeat_to_pb(NODE, [], None, "job-1").building == "job-1"
+    assert heartbeat_to_pb(NODE, [], None).wait_seconds == 0.0
+    assert heartbeat_to_pb(NODE, [], None, wait_seconds=1.0).wait_seconds == 1.0
+    assert heartbeat_reply_from_pb(pb.HeartbeatResponse(waited=True)).waited
+    assert not heartbeat_reply_from_pb(pb.HeartbeatResponse()).waited, "an older controller never holds a reply"
     assert report_to_pb(NODE, TrainerExited(exited)).WhichOneof("event") == "trainer_exited"
     committed = report_to_pb(NODE, CheckpointCommitted("job-1", 2, 40))
     assert committed.checkpoint_committed.step == 40 and committed.node_name == "node-2"

@@ -138,11 +138,12 @@ class Agent:
             shipper = asyncio.create_task(self._ship_logs())
             while not self._stopping:
                 self.state.healthy = True
-                await self._beat()
+                again = await self._beat()
                 if self.supervisor.settled():
                     self.supervisor.prewarm()
                 self._wake.clear()
-                await self._pause()
+                if not again:
+                    await self._pause()
         finally:
             for task in (watcher, self._acknowledging, shipper):
                 if task is not None:
@@ -227,21 +228,24 @@ class Agent:
                 log.warning("report adjusted to the controller's bounds: %s", adjustment)
         return reports
 
-    async def _beat(self) -> None:
+    async def _beat(self) -> bool:
+        """One heartbeat; True when the controller held its reply for a change, so the next one goes at once."""
         reports = self._reports()
         await self._push_urgent(reports)
         self._acknowledge_notice_if_done(reports)
+        wait = decisions.heartbeat_wait(running=bool(self.supervisor.running()))
         try:
-            reply = await self.link.heartbeat(self.state.node, reports, self.state.notice, self.supervisor.building())
+            building = self.supervisor.building()
+            reply = await self.link.heartbeat(self.state.node, reports, self.state.notice, building, wait)
         except UserInputError as exc:
             log.error("the controller's assignment is unusable: %s", exc)
-            return
+            return False
         except CallRefused as exc:
             # Never an exit: the next node to take this job would be refused the same (a crash loop).
             self.state.withheld, line = refusals.after_refusal(exc.detail, reports, self.state.withheld)
             log.error("heartbeat refused (%s): %s", exc.code, line)
             self._stop_trainers_if_lease_lapsed()
-            return
+            return False
         except ControllerUnreachable as exc:
             log.warning("heartbeat failed (%s); trainers keep running", exc)
             self.state.healthy = False
@@ -249,12 +253,12 @@ class Agent:
                 self.state.interval, self.config.max_backoff_seconds, self.state.node.heartbeat_expiry
             )
             self._stop_trainers_if_lease_lapsed()
-            return
+            return False
         except RegisterAgain as exc:
             log.warning("controller no longer knows this incarnation (%s); registering anew", exc)
             self.supervisor.kill_all()
             await self._register()
-            return
+            return False
         self.state.last_contact = time.monotonic()
         if reply.heartbeat_interval is not None:
             self.state.interval = reply.heartbeat_interval
@@ -272,6 +276,7 @@ class Agent:
                 if (r.status.key.job_id, r.status.key.generation) == current
             ]
             self.supervisor.acknowledge(desired.job_id, desired.generation, max(steps, default=0))
+        return reply.waited
 
     def _stop_trainers_if_lease_lapsed(self) -> None:
         lease = self.supervisor.lease_seconds

@@ -81,6 +81,16 @@ def beat_interval(interval: float, desired: Assignment | None, healthy: bool, mo
     return interval
 
 
+HEARTBEAT_WAIT_SECONDS = 1.0  # below the call timeout; an eviction notice is pushed on its own meanwhile
+
+
+def heartbeat_wait(running: bool) -> float:
+    """How long the controller may hold a heartbeat's reply: only while none of this node's trainers runs,
+    since a running one's exit or failed collective must reach the controller at once (pushed before a beat);
+    the controller holds it only while work may reach the node within seconds."""
+    return 0.0 if running else HEARTBEAT_WAIT_SECONDS
+
+
 @dataclass(frozen=True)
 class TrainerExited:
     report: TrainerReport

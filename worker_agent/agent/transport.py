@@ -180,10 +180,17 @@ class ControllerLink:
         return None
 
     async def heartbeat(
-        self, node: Registration, reports: list[TrainerReport], notice: EvictionNotice | None, building: str = ""
+        self,
+        node: Registration,
+        reports: list[TrainerReport],
+        notice: EvictionNotice | None,
+        building: str = "",
+        wait_seconds: float = 0.0,
     ) -> HeartbeatReply:
-        """``building``: the job whose model a warm trainer here is building ahead (:meth:`Supervisor.building`)."""
-        reply = await self._call("Heartbeat", heartbeat_to_pb(node, reports, notice, building), node.node_token)
+        """``building``: the job whose model a warm trainer here is building ahead (:meth:`Supervisor.building`);
+        ``wait_seconds``: how long the controller may hold the reply while work may reach the node."""
+        request = heartbeat_to_pb(node, reports, notice, building, wait_seconds)
+        reply = await self._call("Heartbeat", request, node.node_token)
         return heartbeat_reply_from_pb(reply)
 
     async def report_event(self, node: Registration, fact: UrgentFact | EvictionNotice) -> Incoming | None:

@@ -71,6 +71,7 @@ class HeartbeatReply:
     incoming: Incoming
     heartbeat_interval: float | None  # None: keep the current one
     prepare: Prepare | None = None  # a free node's hint: the job a growth would most likely bring
+    waited: bool = False  # the controller held the reply until something changed: beat again at once
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def salvage_from_pb(message: pb.Assignment) -> str:
 def heartbeat_reply_from_pb(reply: pb.HeartbeatResponse) -> HeartbeatReply:
     """A heartbeat reply without an assignment means: run nothing."""
     incoming = incoming_from_pb(reply.assignment if reply.HasField("assignment") else None)
-    return HeartbeatReply(incoming, reply.heartbeat_interval_seconds or None, prepare_from_pb(reply))
+    return HeartbeatReply(incoming, reply.heartbeat_interval_seconds or None, prepare_from_pb(reply), reply.waited)
 
 
 def prepare_from_pb(reply: pb.HeartbeatResponse) -> Prepare | None:
@@ -225,13 +226,18 @@ _REFUSALS: dict[str, pb.TrainerRefusal.ValueType] = {
 
 
 def heartbeat_to_pb(
-    node: Registration, reports: list[TrainerReport], notice: EvictionNotice | None, building: str = ""
+    node: Registration,
+    reports: list[TrainerReport],
+    notice: EvictionNotice | None,
+    building: str = "",
+    wait_seconds: float = 0.0,
 ) -> pb.HeartbeatRequest:
     request = pb.HeartbeatRequest(
         node_name=node.node_name,
         incarnation=node.incarnation,
         trainers=[trainer_status_to_pb(r) for r in reports],
         building=building,
+        wait_seconds=wait_seconds,
     )
     if notice is not None:
         request.eviction.CopyFrom(pb.EvictionNotice(not_before=notice.not_before, source="imds"))

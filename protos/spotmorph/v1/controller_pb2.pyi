@@ -1435,11 +1435,18 @@ class HeartbeatRequest(_message.Message):
     TRAINERS_FIELD_NUMBER: _builtins.int
     EVICTION_FIELD_NUMBER: _builtins.int
     BUILDING_FIELD_NUMBER: _builtins.int
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     incarnation: _builtins.int
     building: _builtins.str
     """A free node's warm trainer is building this job's model ahead (the job of a Prepare it was given), not
     yet done: a growth onto the node waits for it, up to a deadline. Empty: nothing is being built.
+    """
+    wait_seconds: _builtins.float
+    """The agent may wait this long for the reply (0 to 5 s; it asks when none of its trainers is running). While
+    work may reach the node within seconds (a growth onto a free node, the next generation of a morphing job),
+    the controller answers once something changed, or at the end of the wait: the assignment reaches the node
+    when it is issued, not a beat later.
     """
     @_builtins.property
     def trainers(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrainerStatus]: ...
@@ -1455,10 +1462,11 @@ class HeartbeatRequest(_message.Message):
         trainers: _abc.Iterable[Global___TrainerStatus] | None = ...,
         eviction: Global___EvictionNotice | None = ...,
         building: _builtins.str = ...,
+        wait_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["eviction", b"eviction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["building", b"building", "eviction", b"eviction", "incarnation", b"incarnation", "node_name", b"node_name", "trainers", b"trainers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["building", b"building", "eviction", b"eviction", "incarnation", b"incarnation", "node_name", b"node_name", "trainers", b"trainers", "wait_seconds", b"wait_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1471,7 +1479,10 @@ class HeartbeatResponse(_message.Message):
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     PREPARE_FIELD_NUMBER: _builtins.int
+    WAITED_FIELD_NUMBER: _builtins.int
     heartbeat_interval_seconds: _builtins.float
+    waited: _builtins.bool
+    """the reply waited for a change (wait_seconds): beat again at once"""
     @_builtins.property
     def assignment(self) -> Global___Assignment:
         """absent: run nothing (stop any trainer)"""
@@ -1486,10 +1497,11 @@ class HeartbeatResponse(_message.Message):
         assignment: Global___Assignment | None = ...,
         heartbeat_interval_seconds: _builtins.float = ...,
         prepare: Global___Prepare | None = ...,
+        waited: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "prepare", b"prepare"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "heartbeat_interval_seconds", b"heartbeat_interval_seconds", "prepare", b"prepare"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "heartbeat_interval_seconds", b"heartbeat_interval_seconds", "prepare", b"prepare", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

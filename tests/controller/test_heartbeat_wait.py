@@ -1,0 +1,57 @@
+"""A heartbeat the controller may hold (``wait_seconds``): only while work may reach the node within seconds,
+answered when something changed, and the field checked like any other.
+
+Real gRPC against a live controller whose clock the test moves: a node that runs a job is answered at once; a
+free node that just arrived (a growth onto it may be decided) is answered once the state changes (here: a job
+submitted) or at the end of its wait, and told so (``waited``: beat again at once).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import grpc
+import pytest
+
+from controller.api.reports import MAX_WAIT_SECONDS
+from protos.spotmorph.v1 import controller_pb2 as pb
+from tests.controller.conftest import Live
+from tests.controller.test_contract import spec
+from tests.controller.test_hostile_edge import Node, refusal, running_job
+
+
+def test_a_node_with_work_is_answered_at_once(live_clock: Live) -> None:
+    busy, job_id, _ = running_job(live_clock)
+    reply = busy.beat(wait_seconds=MAX_WAIT_SECONDS)
+    assert reply.assignment.job == job_id and reply.assignment.action == pb.ACTION_RUN
+    assert not reply.waited
+
+
+def test_a_free_node_that_may_get_work_is_answered_when_something_changes(live_clock: Live) -> None:
+    running_job(live_clock)
+    free = Node(live_clock)
+    free.beat()  # JOINING -> READY: a growth onto it may be decided once arrivals settle
+    assert free.beat(wait_seconds=0.05).waited, "nothing changed: answered at the end of the wait"
+    replies: list[pb.HeartbeatResponse] = []
+    held = threading.Thread(target=lambda: replies.append(free.beat(wait_seconds=MAX_WAIT_SECONDS)))
+    held.start()
+    other = spec(live_clock, name="another", checkpoint_dir=str(live_clock.state_dir / "another"))
+    live_clock.jobs().SubmitJob(pb.SubmitJobRequest(spec=other))
+    held.join(MAX_WAIT_SECONDS - 0.5)  # well before the wait ends: the submission's commit answers it
+    assert not held.is_alive() and replies[0].waited
+
+
+def test_a_free_node_with_nothing_coming_is_answered_at_once(live_clock: Live) -> None:
+    assert live_clock.clock is not None
+    free = Node(live_clock)
+    free.beat()
+    live_clock.clock.at += 100.0  # long settled, no job to grow: no work within seconds
+    assert not free.beat(wait_seconds=MAX_WAIT_SECONDS).waited
+
+
+@pytest.mark.parametrize("wait", [-1.0, math.nan, math.inf, MAX_WAIT_SECONDS + 1])
+def test_a_wait_out_of_range_is_refused_naming_the_field(live_clock: Live, wait: float) -> None:
+    free = Node(live_clock)
+    code, detail = refusal(lambda: free.beat(wait_seconds=wait))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "wait_seconds" in detail
