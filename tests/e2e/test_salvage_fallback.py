@@ -12,7 +12,8 @@ Real controller, agents (warm trainers, the default) and trainers; ``local kill`
   controller falls back (``writer_failed``) and the next generation loads the newest periodic checkpoint.
 
 Kills are timed from the trainers' progress files (read directly, not through the controller), a few steps
-past a periodic checkpoint, so the survivors always hold a step newer than it. The final checkpoint must equal
+past the next periodic checkpoint from where the trainers are once generation 1 runs (a loaded machine may
+take seconds to get there), so the survivors always hold a step newer than it. The final checkpoint must equal
 an uninterrupted 1-process run (float64, 1e-9). Events and causes are asserted, never wall-clock times.
 """
 
@@ -40,7 +41,7 @@ from worker_agent.runtime.salvage import PAUSE_ENV
 
 pytestmark = pytest.mark.slow
 
-STEPS, BATCH, SEED, INTERVAL = 80, 16, 7, 40
+STEPS, BATCH, SEED, INTERVAL = 200, 16, 7, 40
 PAUSE_SECONDS = 20.0  # a writer's pause inside its write: the window for the kill (the deadline is 30 s)
 MANIFEST = "manifest.json"
 
@@ -69,17 +70,20 @@ def submit(cluster: LocalCluster, checkpoints: Path, profile: Path = DEMO_PROFIL
 
 
 def just_past_a_checkpoint(cluster: LocalCluster, job: str) -> dict[str, Any]:
-    """Wait until the trainers are a few steps past the periodic checkpoint at INTERVAL and well before the
-    job's end; returns generation 1's status (its layout), read before: a command takes a while on a loaded
-    machine. The trainers' progress files are read directly (milliseconds), so the kill right after lands
-    between two checkpoints: the survivors hold a step newer than the newest committed one."""
+    """Wait until the trainers are a few steps past the next periodic checkpoint and well before the one after;
+    returns generation 1's status (its layout), read before: a command takes a while on a loaded machine. The
+    trainers' progress files are read directly (milliseconds), so the kill right after lands between two
+    checkpoints: the survivors hold a step newer than the newest committed one."""
     status = cluster.status(job)
     assert int(status["generation"]) == 1, status
+    boundary = (cluster.steps_reported() // INTERVAL + 1) * INTERVAL
+    assert boundary + INTERVAL <= STEPS, f"the trainers are past step {boundary - INTERVAL}: too near the end"
+    low, high = boundary + 3, boundary + INTERVAL - 10
 
     def in_window() -> bool:
-        return INTERVAL + 3 <= cluster.steps_reported() <= STEPS - 10
+        return low <= cluster.steps_reported() <= high
 
-    cluster.wait(in_window, 120, f"the trainers at step {INTERVAL + 3}..{STEPS - 10}")
+    cluster.wait(in_window, 120, f"the trainers at step {low}..{high}")
     return status
 
 
