@@ -63,3 +63,51 @@ def test_a_bad_setting_is_the_nodes_error_exit_2_named_with_its_fix(
     result = run(train_cmd(tmp_path / "ckpt", 1, 1, 1))
     assert result.returncode == 2, result.explain()
     assert "SPOTMORPH_MALLOC='jemalloc' on this node is not one of keep, system; unset it" in result.stderr
+
+
+BIG = """
+import torch
+from torch import nn
+from worker_agent.runtime.model_api import ModelSpec
+
+
+def build():
+    data = [(torch.zeros(1024), torch.zeros(1024)) for _ in range(8)]
+    return ModelSpec(
+        layers=[("a", nn.Linear(1024, 1024)), ("b", nn.Linear(1024, 1024))],  # 8 MB of parameters
+        loss=lambda out, target: ((out - target) ** 2).sum(-1),
+        dataset=data,
+        optimizer=lambda params: torch.optim.AdamW([p for _, p in params]),
+        lr_schedule=lambda step: 1.0,
+    )
+"""
+
+PREPARED = """
+import json, resource, sys
+from worker_agent.runtime.allocator import keep_freed_memory
+keep_freed_memory()
+import torch
+from morphing.jobspec import JobSpec
+from worker_agent.runtime import warm_model
+
+job = JobSpec(name="big", entrypoint=sys.argv[1], global_batch=4, steps=1, checkpoint_dir="unused", device="cpu")
+warm_model.prepare(job)
+parameter_bytes = sum(t.numel() * t.element_size() for t in warm_model._BUILT.model.tensors.values())
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+landed = [torch.ones(parameter_bytes // 4 // 16) for _ in range(3 * 16)]  # moved parameters and two moments
+print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, "bytes": 3 * parameter_bytes}))
+"""
+
+
+@glibc
+def test_a_prepared_warm_trainer_has_the_memory_a_growths_moves_land_in_already_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = tmp_path / "big.py"
+    entry.write_text(BIG)
+    touched = probe(PREPARED, f"{entry}:build")
+    monkeypatch.setenv("SPOTMORPH_MALLOC", "system")  # freed memory goes back: nothing is kept touched
+    fresh = probe(PREPARED, f"{entry}:build")
+    pages = fresh["bytes"] // 4096
+    assert fresh["faults"] > pages // 2, fresh
+    assert touched["faults"] < pages // 20, f"touched {touched}, fresh {fresh}"

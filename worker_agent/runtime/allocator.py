@@ -25,6 +25,7 @@ MODES = ("keep", "system")
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4
 NEVER_TRIM = -1  # mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming completely"
+_keeping = False  # this process was tuned: memory it frees stays mapped, touched, for its next allocations
 
 
 def keep_freed_memory() -> bool:
@@ -43,4 +44,11 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError, TypeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    global _keeping
+    _keeping = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    return _keeping
+
+
+def keeping() -> bool:
+    """Whether memory this process frees stays in its heap (:func:`keep_freed_memory` took effect)."""
+    return _keeping

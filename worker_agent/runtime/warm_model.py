@@ -22,6 +22,7 @@ import torch
 
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
+from worker_agent.runtime import allocator
 from worker_agent.runtime.checks import BufferSnapshot
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.job import torch_dtype
@@ -76,7 +77,23 @@ def prepare(job: JobSpec) -> bool:
     _BUILT = None  # another job's model: let it go first
     model = build(job)
     _BUILT = Built(key, model, BufferSnapshot(model.modules), trained=False)
+    if allocator.keeping():
+        touch_memory(RESERVE_PER_PARAMETER_BYTE * sum(t.numel() * t.element_size() for t in model.tensors.values()))
     return True
+
+
+# What a growth brings a new rank beside the model it built: the moved parameters and optimizer state (AdamW:
+# two moments) and its first step's gradients, in parameter bytes.
+RESERVE_PER_PARAMETER_BYTE = 4
+
+
+def touch_memory(nbytes: int) -> None:
+    """Fault ``nbytes`` of heap in and free them: kept by the process (:mod:`worker_agent.runtime.allocator`),
+    the pages are there, zeroed, when the growth's moves land, instead of being faulted in one at a time inside
+    the pause (measured: 516 MB received into fresh memory took 0.19 s, into touched memory 0.06 s)."""
+    block = torch.empty(nbytes, dtype=torch.uint8)
+    block.fill_(0)
+    del block
 
 
 def build(job: JobSpec, check: bool = True) -> PartitionedModel:
