@@ -75,22 +75,23 @@ PHASES = (
 Log = Callable[[str], None]
 WHY = (
     "Why (the ranks' progress lines): through memory the stopping ranks keep their stage's tensors (no copy, "
-    "nothing serialised) and g+1 runs on the same processes, on the model each built for g (no user import, "
-    "no initialisation, no start-up checks: *process start* near 0 where every rank of g+1 is a holder); a "
-    "layer a rank keeps is adopted as it is, a layer a peer lacks goes over gloo as its tensors' bytes with an "
-    "XXH3-128 checksum, and once its first step is done g+1 writes the step after the held one in the background "
-    "straight from the live tensors (its second step's forward and backward run beside the write, its update waits "
-    "until the write has read them). On "
-    "eviction the leaving rank hands off only what no survivor holds (here nothing: 1x2), so the stop writes "
-    "nothing; after a kill the survivor keeps its step and no just-in-time write is awaited (phase *salvage* "
-    "0). On growth the new VM's warm trainer built the job's model while the node was free (the controller's "
-    "hint), so *process start* is near 0 there too. What memory still pays on this 2-core machine: on growth "
-    "the new rank receives every layer (*load*: the bytes that move), and *first step* holds one whole step "
-    "of g+1 (*idle* leaves it out). On a GPU node the write is from pinned host copies; not measured (no GPU). "
-    "History (this machine, 2026-11-26, same command): with layers serialised by torch.save and copied at the "
-    "stop, growth memory / disk was 0.85 / 1.51 / 1.72 (4M / 43M / 120M); raw-byte moves brought it to 0.48 / "
-    "0.91 / 1.34, adopting the moved tensors without a copy to 0.76 / 0.86 / 1.26, the model reuse and the "
-    "write from live tensors to 0.45 / 0.50 (4M / 43M), and the sections below to the figures above."
+    "nothing serialised) and g+1 runs on the same processes, on the model each built for g (*process start* near "
+    "0 where every rank of g+1 is a holder); a layer a rank keeps is adopted as it is, a layer a peer lacks goes "
+    "over gloo as its tensors' bytes with an XXH3-128 checksum, and g+1 writes the step after the held one in the "
+    "background from the live tensors once its first step is done. On eviction the leaving rank hands off only "
+    "what no survivor holds (here nothing), so the stop writes nothing; after a kill the survivor keeps its step "
+    "(phase *salvage* 0). On growth the new VM's warm trainer built the job's model while the node was free and "
+    "the growth waited for that build (the controller's hint and the heartbeat's *building*), and touched the "
+    "memory the moves land in, so *process start* is near 0 there too and *load* runs at the speed of the "
+    "bytes that move; a free or stopped node's heartbeat is held until its assignment is issued (*deliver* near "
+    "0). Trainers keep the memory a step frees and a one-stage pipeline is told its tensors, so g+1's first step "
+    "costs what its later ones do: *first step* is one step of g+1 (*idle* leaves it out). On a GPU node the "
+    "write is from pinned host copies; not measured (no GPU). History (this machine, same command), growth "
+    "memory / disk: with layers serialised by torch.save and copied at the stop 0.85 / 1.51 / 1.72 (4M / 43M / "
+    "120M, 2026-11-26); raw-byte moves 0.48 / 0.91 / 1.34; adopting the moved tensors 0.76 / 0.86 / 1.26; the "
+    "model reuse and the write from live tensors 0.45 / 0.50 (4M / 43M); XXH3 checksums 0.39 / 0.35 "
+    "(2026-11-26); and on 2026-11-27 the growth's wait for the build, trainers that keep freed memory, a "
+    "one-stage pipeline told its tensors, held heartbeats and touched memory, to the figures above."
 )
 
 
@@ -283,7 +284,7 @@ def shape(status: dict[str, Any]) -> str:
 
 def ratio(runs: Sequence[Run], size: str, case: str, attr: str) -> str:
     by = {r.path: float(getattr(r, attr)) for r in runs if (r.size, r.case) == (size, case)}
-    return f"{by['memory'] / by['disk']:.2f}" if by.get("disk") and "memory" in by else "-"
+    return f"{by['memory'] / by['disk']:.2f}" if by.get("disk", 0.0) >= 0.01 and "memory" in by else "-"  # not 0
 
 
 def wide_batches(runs: Sequence[Run]) -> str:

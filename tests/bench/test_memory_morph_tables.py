@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.memory_morph_bench import BATCH, CASES, WIDE_BATCH, Run, batch, by_size, wide_batches
+from bench.memory_morph_bench import BATCH, CASES, WIDE_BATCH, Run, batch, by_size, ratio, wide_batches
 
 
 def run(size: str, case: str, path: str, pause: float, step: float) -> Run:
@@ -43,3 +43,9 @@ def test_the_four_vm_cases_run_at_a_batch_every_vm_is_wanted_for_and_the_header_
     assert all(batch("43m", case) == BATCH for case in CASES if case not in wide)
     assert wide_batches([run("4m", "growth", "memory", 1, 1)]) == ""
     assert wide_batches([run("43m", "kill-4-3", "disk", 1, 1)]) == f" (43M {WIDE_BATCH['43m']} on 4 VMs)"
+
+
+def test_memory_over_disk_is_left_out_where_the_disk_figure_is_about_zero() -> None:
+    runs = [run("4m", "growth-3-4", "memory", 1.46, 0.57), run("4m", "growth-3-4", "disk", 1.54, 1.54)]
+    assert ratio(runs, "4m", "growth-3-4", "pause") == "0.95"
+    assert ratio(runs, "4m", "growth-3-4", "idle") == "-", "an idle of 0.00 s through the disk is no baseline"
