@@ -36,9 +36,13 @@ def test_a_free_node_that_may_get_work_is_answered_when_something_changes(live_c
     replies: list[pb.HeartbeatResponse] = []
     held = threading.Thread(target=lambda: replies.append(free.beat(wait_seconds=MAX_WAIT_SECONDS)))
     held.start()
-    other = spec(live_clock, name="another", checkpoint_dir=str(live_clock.state_dir / "another"))
-    live_clock.jobs().SubmitJob(pb.SubmitJobRequest(spec=other))
-    held.join(MAX_WAIT_SECONDS - 0.5)  # well before the wait ends: the submission's commit answers it
+    for n in range(4):  # a commit the held call sees (one that came before the hold began would not wake it)
+        held.join(0.3)
+        if not held.is_alive():
+            break
+        other = spec(live_clock, name=f"another-{n}", checkpoint_dir=str(live_clock.state_dir / f"another-{n}"))
+        live_clock.jobs().SubmitJob(pb.SubmitJobRequest(spec=other))
+    held.join(MAX_WAIT_SECONDS - 2.0)  # well before the wait ends: a submission's commit answers it
     assert not held.is_alive() and replies[0].waited
 
 
