@@ -111,3 +111,18 @@ def test_a_prepared_warm_trainer_has_the_memory_a_growths_moves_land_in_already_
     pages = fresh["bytes"] // 4096
     assert fresh["faults"] > pages // 2, fresh
     assert touched["faults"] < pages // 20, f"touched {touched}, fresh {fresh}"
+
+
+def test_a_warm_trainer_touches_at_most_half_the_memory_the_node_has_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker_agent.runtime import warm_model
+
+    sizes = {"SC_AVPHYS_PAGES": 2048, "SC_PAGE_SIZE": 4096}  # 8 MB free
+    monkeypatch.setattr("worker_agent.runtime.warm_model.os.sysconf", lambda name: sizes[name])
+    assert warm_model.touch_memory(1 << 40) == 4 << 20, "a 7B model's 4x would be 112 GB: half of what is free"
+    assert warm_model.touch_memory(1 << 20) == 1 << 20
+
+    def unknown(name: str) -> int:
+        raise ValueError(name)
+
+    monkeypatch.setattr("worker_agent.runtime.warm_model.os.sysconf", unknown)
+    assert warm_model.touch_memory(1 << 20) == 0, "nothing touched where the free memory cannot be read"
