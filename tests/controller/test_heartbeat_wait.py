@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import grpc
 import pytest
@@ -59,3 +60,24 @@ def test_a_wait_out_of_range_is_refused_naming_the_field(live_clock: Live, wait:
     free = Node(live_clock)
     code, detail = refusal(lambda: free.beat(wait_seconds=wait))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "wait_seconds" in detail
+
+
+def test_a_stopping_node_of_a_morphing_job_is_held_until_the_next_generation_is_issued(live: Live) -> None:
+    node, job_id, generation = running_job(live, steps=100)
+    notice = pb.EvictionNotice(not_before=time.time() + 30, source="imds")
+    stopping = node.beat(eviction=notice)
+    assert stopping.assignment.action == pb.ACTION_STOP
+    assert node.beat(eviction=notice, wait_seconds=0.05).waited, "its next generation comes in a reply: held"
+    spare = Node(live, slots=2)
+    replies: list[pb.HeartbeatResponse] = []
+    held = threading.Thread(target=lambda: replies.append(spare.beat(wait_seconds=MAX_WAIT_SECONDS)))
+    held.start()  # JOINING -> READY: free while a job morphs, so work may come within seconds
+    ranks = list(stopping.assignment.ranks)
+    stopped = [
+        pb.TrainerStatus(job=job_id, generation=generation, rank=r, running=False, exit_code=0, last_step=5)
+        for r in ranks
+    ]
+    node.beat(*stopped, eviction=notice)  # the stop is done: the next generation is issued, on the spare
+    held.join(MAX_WAIT_SECONDS + 5)
+    beats = [*replies, spare.beat()]
+    assert any(b.assignment.generation == generation + 1 for b in beats), beats
