@@ -86,10 +86,9 @@ class StageRunner:
         units = -(-job.global_batch // layout.micro_batch_size)
         uses = max(len(info.layers) for info in model.params.values())
         self.exact = ExactGradients(model.stage_leaves(layout, self.stage), units, uses) if job.exact else None
-        self.signature = signature(self.spec.dataset[0])
-        known = static_metadata(
-            self.spec.dataset, self.signature, layout.micro_batch_size, layout.pipeline_stages, self.dtype
-        )
+        first_item = self.spec.dataset[0]
+        self.signature = signature(first_item)
+        known = static_metadata(first_item, layout.micro_batch_size, layout.pipeline_stages, self.dtype)
         pipe_stage = Stage(
             self.batch,
             job.seed,

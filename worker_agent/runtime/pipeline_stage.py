@@ -18,25 +18,23 @@ from typing import Any
 import torch
 from torch.distributed.pipelining import PipelineStage
 
-from worker_agent.runtime.batch import as_tuple, stack_samples
+from worker_agent.runtime.batch import as_tuple
 from worker_agent.runtime.exact import ExactGradients
 from worker_agent.runtime.model_api import sample_context
 
 
-def static_metadata(
-    dataset: Any, signature: str, micro_batch_size: int, stages: int, dtype: torch.dtype
-) -> dict[str, Any]:
-    """``PipelineStage`` keyword arguments for a stage that is the whole pipeline; none for a longer one."""
+def static_metadata(item: Any, micro_batch_size: int, stages: int, dtype: torch.dtype) -> dict[str, Any]:
+    """``PipelineStage`` keyword arguments for a stage that is the whole pipeline, from one dataset ``item``
+    (input, target); none for a longer one."""
     if stages != 1:
         return {}
-    inputs, _ = stack_samples([dataset[0]], signature)
     example = tuple(
         torch.empty(
-            (micro_batch_size, *t.shape[1:]),
+            (micro_batch_size, *t.shape),
             dtype=dtype if t.is_floating_point() else t.dtype,
             device="meta",
         )
-        for t in as_tuple(inputs)
+        for t in as_tuple(item[0])
     )
     return {"input_args": example, "output_args": torch.empty(0, device="meta")}
 
