@@ -23,8 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, machine, replace_section, spotmorph
-from worker_agent.contract import GenerationDir, StepCompleted, events_of, read_progress
+from bench.common import ROOT, machine, median_step_seconds, replace_section, spotmorph
 
 HEADING = "## Trainers keep freed memory: step time and page faults against glibc's defaults"
 MODES = ("system", "keep")
@@ -55,10 +54,8 @@ def one(size: str, replicas: int, mode: str, steps: int, work: Path) -> dict[str
     usage = json.loads(out.stdout.strip().splitlines()[-1])
     if usage["code"] != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {usage['code']} with SPOTMORPH_MALLOC={mode}")
-    records = read_progress(GenerationDir(run_dir).progress_file(0))
-    times = [e.step_seconds for e in events_of(records, StepCompleted) if e.step > WARMUP]
     return {
-        "step": statistics.median(times),
+        "step": median_step_seconds(run_dir, WARMUP),
         "faults": usage["faults"] / steps,
         "rss_mb": usage["max_rss_kb"] / 1024,
     }

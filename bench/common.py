@@ -24,6 +24,14 @@ def time_command(args: Sequence[str], repeats: int) -> list[float]:
     return out
 
 
+def median_step_seconds(run_dir: Path, warmup: int) -> float:
+    """Rank 0's median ``step_seconds`` after step ``warmup`` of a ``spotmorph train --run-dir RUN_DIR`` run."""
+    from worker_agent.contract import GenerationDir, StepCompleted, events_of, read_progress
+
+    records = read_progress(GenerationDir(run_dir).progress_file(0))
+    return float(statistics.median(e.step_seconds for e in events_of(records, StepCompleted) if e.step > warmup))
+
+
 def spotmorph(*args: str) -> list[str]:
     return [sys.executable, "-m", "spotmorph.cli", *args]
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, replace_section, spotmorph
-from worker_agent.contract import GenerationDir, StepCompleted, events_of, read_progress
+from bench.common import ROOT, median_step_seconds, replace_section, spotmorph
 
 ENTRY = "examples/tiny_gpt.py:build"
 GLOBAL_BATCH = 16
@@ -46,9 +45,7 @@ def measured_step_seconds(stages: int, replicas: int, work: Path) -> float:
         f"--run-dir={run_dir}",
     )
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    records = read_progress(GenerationDir(run_dir).progress_file(0))
-    times = [e.step_seconds for e in events_of(records, StepCompleted) if e.step > WARMUP]
-    return float(statistics.median(times))
+    return median_step_seconds(run_dir, WARMUP)
 
 
 def step_time_table(work: Path) -> tuple[list[str], list[float]]:
