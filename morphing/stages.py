@@ -167,8 +167,8 @@ class LayerCosts:
         """Contiguous split into ``stages`` stages minimising the slowest stage, each within memory.
 
         ``None`` when no split fits in memory. Exact: the optimal bottleneck is one of the range sums,
-        found by binary search with a greedy feasibility check (greedy maximal packing is optimal
-        because a stage's cost and memory only grow as it takes more layers).
+        found by binary search with a greedy feasibility check that packs stages from the last one back
+        (``_packed_from_the_back``).
         """
         unconstrained = self._time_balanced(stages)
         if self._fits(unconstrained, schedule, micro_batches, memory_limit):
@@ -190,27 +190,61 @@ class LayerCosts:
         return self._unconstrained[stages]
 
     def _search(self, stages: int, schedule: Schedule, micro_batches: int, memory_limit: float) -> Partition | None:
-        if not self._greedy(stages, schedule, micro_batches, memory_limit, float("inf")):
+        if not self._packed_from_the_back(stages, schedule, micro_batches, memory_limit, float("inf")):
             return None
         candidates = self.range_costs
         lo = bisect.bisect_left(candidates, max(self.compute_seconds(i, i + 1) for i in range(self.num_layers)))
         hi = len(candidates) - 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._greedy(stages, schedule, micro_batches, memory_limit, candidates[mid]):
+            if self._packed_from_the_back(stages, schedule, micro_batches, memory_limit, candidates[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        bounds = self._greedy(stages, schedule, micro_batches, memory_limit, candidates[lo])
+        limit = candidates[lo]
+        front = self._packed_from_the_front(stages, schedule, micro_batches, memory_limit, limit)
+        bounds = front or self._packed_from_the_back(stages, schedule, micro_batches, memory_limit, limit)
         assert bounds is not None
-        bounds = self._split_to(bounds, stages)
         ranges = tuple(itertools.pairwise(bounds))
         return Partition(ranges, max(self.compute_seconds(a, b) for a, b in ranges))
 
-    def _greedy(
+    def _packed_from_the_back(
         self, stages: int, schedule: Schedule, micro_batches: int, memory_limit: float, limit: float
     ) -> list[int] | None:
-        """Stage boundaries packing each stage as far as ``limit`` seconds and memory allow."""
+        """Exactly ``stages`` boundaries, each stage from the last back starting as early as ``limit`` seconds
+        and memory allow while leaving a layer for every stage before it; ``None`` when none fit.
+
+        Exact where packing from the front is not: a later stage holds fewer micro-batches under 1F1B, so
+        a layer only it can hold needs every earlier stage used. If any split fits, the one with latest
+        starts ``a_j`` does, and this one starts each stage no later than it (by induction from the back:
+        a stage's memory only grows as it takes layers, and a layer fits a later stage if an earlier one).
+        """
+        n = self.num_layers
+        bounds = [n]
+        for stage in range(stages - 1, 0, -1):
+            last = bounds[-1]
+            held = in_flight(schedule, stage, stages, micro_batches)
+            first = max(
+                stage,
+                self._nearest(self._compute, last, limit),
+                self._nearest_in_memory(last, held, memory_limit, stage),
+            )
+            if first >= last:
+                return None
+            bounds.append(first)
+        last = bounds[-1]
+        held = in_flight(schedule, 0, stages, micro_batches)
+        if self.compute_seconds(0, last) > limit or self.memory_total(0, last, held) > memory_limit:
+            return None
+        bounds.append(0)
+        return bounds[::-1]
+
+    def _packed_from_the_front(
+        self, stages: int, schedule: Schedule, micro_batches: int, memory_limit: float, limit: float
+    ) -> list[int] | None:
+        """Boundaries packing each stage as far as ``limit`` seconds and memory allow, split to ``stages``.
+
+        Preferred where it fits (the shape plans have always had); not exact on its own (see above)."""
         n = self.num_layers
         bounds = [0]
         first = 0
@@ -227,7 +261,27 @@ class LayerCosts:
                 return None
             bounds.append(last)
             first = last
-        return bounds
+        return self._split_to(bounds, stages)
+
+    def _nearest(self, prefix: list[float], last: int, limit: float) -> int:
+        """Smallest ``first`` with ``prefix[last] - prefix[first] <= limit`` (prefix is non-decreasing)."""
+        first = bisect.bisect_left(prefix, prefix[last] - limit, 0, last)
+        while first < last and prefix[last] - prefix[first] > limit:
+            first += 1
+        while first > 0 and prefix[last] - prefix[first - 1] <= limit:
+            first -= 1
+        return first
+
+    def _nearest_in_memory(self, last: int, held: int, memory_limit: float, floor: int) -> int:
+        """Smallest ``first >= floor`` whose stage ``[first, last)`` fits, or ``last`` when no layer does."""
+        if self._additive:
+            return self._nearest(self._memory_prefix(held), last, memory_limit)
+        if memory_limit == float("inf"):
+            return floor
+        first = last
+        while first > floor and self.memory_total(first - 1, last, held) <= memory_limit:
+            first -= 1
+        return first
 
     def _furthest(self, prefix: list[float], first: int, limit: float) -> int:
         """Largest ``last`` with ``prefix[last] - prefix[first] <= limit`` (prefix is non-decreasing)."""

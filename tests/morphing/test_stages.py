@@ -85,6 +85,39 @@ def test_partition_balances_time_not_layer_count() -> None:
     assert found.bottleneck_seconds == 15.0
 
 
+def test_a_layer_only_the_last_stage_can_hold_is_left_to_it() -> None:
+    """Under 1F1B the last of 3 stages holds 1 of 2 micro-batches in flight, the others 2: layer 2 fits only
+    the last stage, so layers 0 and 1 need a stage each. Packing from the front put both in stage 0 and
+    found nothing (a hypothesis example found it). Layer 3 is slow, so the split balancing time alone
+    (layers 0-2 over two stages, 3 alone) does not fit either."""
+    layers = [
+        {
+            "name": f"l{i}",
+            "forward_seconds": {"4": 10.0 if i == 3 else 1.0},
+            "backward_seconds": {"4": 20.0 if i == 3 else 2.0},
+            "output_activation_bytes_per_sample": 0,
+            "parameter_bytes": 0,
+            "activation_memory_bytes_per_sample": 27_262_977 if i == 2 else 0,
+        }
+        for i in range(4)
+    ]
+    cluster = {
+        "gpu_memory_bytes": 218_103_808,
+        "intra_node_bandwidth_bytes_per_second": 1.0,
+        "inter_node_bandwidth_bytes_per_second": 1.0,
+        "allreduce_bandwidth_bytes_per_second": 1.0,
+    }
+    profile = Profile.model_validate(
+        {"format": "spotmorph.profile/v1", "model": "x", "layers": layers, "cluster": cluster}
+    )
+    costs = LayerCosts(profile, 4)
+    assert costs.memory_total(2, 3, 2) > 218_103_808 >= costs.memory_total(2, 3, 1)
+    found = costs.balanced_partition(3, "1f1b", 2, 218_103_808)
+    assert found is not None
+    assert found.stage_layers == ((0, 1), (1, 2), (2, 4))
+    assert found.bottleneck_seconds == 33.0
+
+
 @st.composite
 def measured_profiles(draw: st.DrawFn, max_layers: int = 7, memory_gib: tuple[float, float] = (0.2, 40.0)) -> Profile:
     """Profiles where some layers carry an allocator peak, as a GPU calibration writes them."""
