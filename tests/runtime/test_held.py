@@ -89,14 +89,25 @@ def test_a_checksum_mismatch_leaves_memory_on_every_rank(tmp_path: Path) -> None
     assert all(r["told"] == [r["reason"]] for r in results), "each rank says why memory is not used"
 
 
-def test_a_sender_that_dies_mid_transfer_fails_the_exchange_on_its_receivers(tmp_path: Path) -> None:
+def test_a_sender_killed_mid_transfer_fails_the_exchange_on_its_receivers(tmp_path: Path) -> None:
     results = run_world(tmp_path, "die")
+    assert results[1] == {}, "rank 1 was killed after its first tensor was on its way"
     survivors = [results[0], results[2]]
     assert all(r.get("raised", "").startswith("ExchangeFailed(") for r in survivors), results
     for r in survivors:  # the event the trainer emits (HeldStateSkipped) before its generation ends
         [told] = r["told"]
         assert told.startswith("the exchange of step 5 held by generation 1 lost a peer: "), told
         assert told.endswith("the next resumes from the newest committed checkpoint"), told
+
+
+def test_a_silent_sender_fails_the_exchange_after_the_peer_timeout_not_the_world_groups(tmp_path: Path) -> None:
+    """Rank 1 stays alive and sends nothing. Its receivers give up on the exchange group's peer timeout (2 s)
+    with a timeout; on the world group's (30 s) they would still wait when rank 1 exits, and see it close."""
+    results = run_world(tmp_path, "silent")
+    for r in (results[0], results[2]):
+        assert r.get("raised", "").startswith("ExchangeFailed(") and "Timed out" in r["raised"], results
+        [told] = r["told"]
+        assert told.startswith("the exchange of step 5 held by generation 1 lost a peer: "), told
 
 
 def test_a_leaving_rank_hands_the_stage_only_it_holds_to_a_staying_one_bit_for_bit(tmp_path: Path) -> None:

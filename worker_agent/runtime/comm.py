@@ -96,6 +96,17 @@ def make_groups(
     return Groups(own, pipeline, data_parallel, tied)
 
 
+def peer_world(world_size: int, timeout_seconds: float) -> dist.ProcessGroup:
+    """A gloo group of every rank whose point-to-point receives give up after ``timeout_seconds``: the world
+    group's keep the timeout they were created with (the job's long one), whatever ``_set_pg_timeout`` says
+    later, so held layers moved over it would wait that long on a silent peer. A collective: every rank
+    creates it at the same point."""
+    group: dist.ProcessGroup = dist.new_group(
+        list(range(world_size)), timeout=timedelta(seconds=timeout_seconds), backend="gloo"
+    )
+    return group
+
+
 def abort_communicators() -> None:
     """Abort this process's NCCL communicators (newest first), so no GPU kernel waits on a peer that is gone.
 

@@ -1,5 +1,6 @@
 """A stop where a node leaves (an eviction notice), through memory: the leaving ranks hand the layers only they
-hold to ranks that stay, over the old generation's world group, and go without writing a checkpoint.
+hold to ranks that stay, over a group of every rank of the old generation bounded by the peer timeout
+(:func:`worker_agent.runtime.comm.peer_world`), and go without writing a checkpoint.
 
 Every rank of the stopping generation calls :func:`hand_off` at the same step boundary (a collective): one
 ``all_gather_object`` says who leaves and the size of each layer, every rank computes the same moves
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from morphing.layout import Layout
 from morphing.transfer import plan_handoff
+from worker_agent.runtime.comm import peer_world
 from worker_agent.runtime.held import Held, payload_bytes
 from worker_agent.runtime.layer_moves import agree, move
 
@@ -33,20 +35,22 @@ class Handed:
     received: int = 0
 
 
-def hand_off(kept: Held, leaving: bool, layout: Layout, rank: int) -> Handed:
-    """Collective over the default group: ``kept`` (this rank's stage at the stop) gains the layers a leaving
-    rank hands it; a leaving rank sends and keeps nothing afterwards (the caller drops ``kept``)."""
+def hand_off(kept: Held, leaving: bool, layout: Layout, rank: int, peer_timeout: float) -> Handed:
+    """Collective over every rank: ``kept`` (this rank's stage at the stop) gains the layers a leaving rank
+    hands it; a leaving rank sends and keeps nothing afterwards (the caller drops ``kept``). A peer silent for
+    ``peer_timeout`` seconds fails it."""
+    group = peer_world(layout.world_size, peer_timeout)
     mine = (leaving, kept.offer().sizes)
     everyone: list[tuple[bool, dict[int, int]] | None] = [None] * layout.world_size
-    dist.all_gather_object(everyone, mine)
+    dist.all_gather_object(everyone, mine, group=group)
     leavers = frozenset(r for r, said in enumerate(everyone) if said is not None and said[0])
     sizes = [
         max((said[1].get(layer, 0) for said in everyone if said is not None), default=0)
         for layer in range(layout.num_layers)
     ]
     moves = plan_handoff(layout, leavers, sizes)
-    received, bad = move(kept.layers, moves, rank)
-    why = agree(bad)
+    received, bad = move(kept.layers, moves, rank, group)
+    why = agree(bad, group)
     if why:
         return Handed(False, why)
     kept.layers.update(received)

@@ -6,8 +6,9 @@ themselves; host copies on a GPU) and waits for its next assignment instead of e
 The controller names ``S`` (``--held S:g``) in generation g+1's assignments; g+1's ranks, on whatever
 processes they run, tell each other what they hold (one ``all_gather_object``), every rank computes the
 same transfer plan (:func:`morphing.transfer.plan_transfer`) and the holders send the layers their new
-owners lack over the world group (gloo, host memory), point to point, as their tensors' bytes with an
-XXH3-128 checksum (:mod:`worker_agent.runtime.layer_moves`).
+owners lack over a group of every rank bounded by the job's peer timeout (gloo, host memory,
+:func:`worker_agent.runtime.comm.peer_world`), point to point, as their tensors' bytes with an XXH3-128
+checksum (:mod:`worker_agent.runtime.layer_moves`).
 
 Any doubt leaves memory for the disk, the same on every rank: a holder of another job, step or layout, a
 layer no survivor holds (unless ``S`` itself is the committed checkpoint), a checksum that does not match.
@@ -34,6 +35,7 @@ from morphing.transfer import SourceKind, TransferPlan, plan_transfer
 from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAssignment, WarmSpool
 from worker_agent.runtime import checkpoint as ckpt_mod
 from worker_agent.runtime.checkpoint import LayerPayload
+from worker_agent.runtime.comm import peer_world
 from worker_agent.runtime.layer_moves import agree, move
 from worker_agent.runtime.partition import PartitionedModel
 from worker_agent.runtime.spool import wait_for_assignment
@@ -176,21 +178,23 @@ def exchange(
     named: CommittedCheckpoint,
     resume: CommittedCheckpoint | None,
     layer_names: Sequence[str],
+    peer_timeout: float,
 ) -> Outcome:
-    """Collective over the world group: every rank of the generation calls it when ``named`` is set.
-    A collective that fails (a peer gone or silent) raises :class:`ExchangeFailed`."""
+    """Collective over every rank of the generation, each calls it when ``named`` is set. A collective that
+    fails (a peer gone, or silent for ``peer_timeout`` seconds) raises :class:`ExchangeFailed`."""
     mine: Offer | None = None
     if held is not None and held.job_hash == job_hash:
         mine = held.offer()
     offers: list[Offer | None] = [None] * layout.world_size
     try:
-        dist.all_gather_object(offers, mine)
+        group = peer_world(layout.world_size, peer_timeout)
+        dist.all_gather_object(offers, mine, group=group)
         decision = decide(offers, layout, needs, named, resume)
         if decision.plan is None:
             return Outcome(False, decision.reason)
         plan = decision.plan
-        received, bad = move(held.layers if held is not None else {}, plan.transfers(), rank)
-        why = agree(bad)
+        received, bad = move(held.layers if held is not None else {}, plan.transfers(), rank, group)
+        why = agree(bad, group)
     except (RuntimeError, ConnectionError) as exc:  # gloo: a closed connection, or the peer timeout
         lost = f"the exchange of step {named.step} held by generation {named.generation} lost a peer"
         raise ExchangeFailed(f"{lost}: {str(exc)[:300]}") from exc
@@ -244,7 +248,8 @@ def take(
     assert named is not None
     needs = needs_of(runner.model, layout)
     names = runner.model.layer_names
-    return reported(lambda: exchange(held, job_hash, cfg.rank, layout, needs, named, cfg.resume, names), skipped)
+    peer = runner.job.peer_timeout_seconds
+    return reported(lambda: exchange(held, job_hash, cfg.rank, layout, needs, named, cfg.resume, names, peer), skipped)
 
 
 def reported(run: Callable[[], Outcome], skipped: Callable[[str], None]) -> Outcome:

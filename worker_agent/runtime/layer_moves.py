@@ -82,10 +82,11 @@ def _trailer(hexdigest: str) -> torch.Tensor:
 
 
 def move(
-    layers: Mapping[int, LayerPayload], moves: Sequence[Transfer], rank: int
+    layers: Mapping[int, LayerPayload], moves: Sequence[Transfer], rank: int, group: dist.ProcessGroup
 ) -> tuple[dict[int, LayerPayload], str]:
-    """Send what this rank gives from ``layers``, receive what it lacks, over the default group. Returns the
-    payloads received by layer and why one is unusable ("" when none is)."""
+    """Send what this rank gives from ``layers``, receive what it lacks, over ``group`` (every rank, in rank
+    order: :func:`worker_agent.runtime.comm.peer_world`). Returns the payloads received by layer and why one
+    is unusable ("" when none is)."""
     sends: list[Any] = []
     outgoing: list[tuple[int, Transfer, list[torch.Tensor]]] = []
     headers: dict[int, tuple[Transfer, torch.Tensor, Any]] = {}
@@ -98,14 +99,15 @@ def move(
                 raise ValueError(f"layer {transfer.layer} holds {len(tensors)} tensors; at most {TAG_SPAN - 3} move")
             blob = torch.frombuffer(bytearray(text), dtype=torch.uint8)
             to = transfer.receiver
-            sends += [dist.isend(_header(len(text)), to, tag=base), dist.isend(blob, to, tag=base + 1)]
-            sends += [dist.isend(as_bytes(t), to, tag=base + 2 + k) for k, t in enumerate(tensors) if t.numel()]
+            sends += [dist.isend(_header(len(text)), to, group, tag=base), dist.isend(blob, to, group, tag=base + 1)]
+            sends += [dist.isend(as_bytes(t), to, group, tag=base + 2 + k) for k, t in enumerate(tensors) if t.numel()]
             outgoing.append((i, transfer, tensors))
         elif transfer.receiver == rank:
             header = torch.empty(1, dtype=torch.int64)
-            headers[i] = (transfer, header, dist.irecv(header, transfer.sender, tag=base))
+            headers[i] = (transfer, header, dist.irecv(header, transfer.sender, group, tag=base))
     for i, transfer, tensors in outgoing:  # hashed while the bytes are on their way
-        sends.append(dist.isend(_trailer(digest(tensors)), transfer.receiver, tag=i * TAG_SPAN + TAG_SPAN - 1))
+        last_tag = i * TAG_SPAN + TAG_SPAN - 1
+        sends.append(dist.isend(_trailer(digest(tensors)), transfer.receiver, group, tag=last_tag))
     described = {}
     for i, (transfer, header, work) in headers.items():
         _wait(work)
@@ -113,7 +115,7 @@ def move(
         if not 0 < length <= MAX_DESCRIPTION_BYTES:
             raise ValueError(f"rank {transfer.sender} announced {length} bytes describing layer {transfer.layer}")
         blob = torch.empty(length, dtype=torch.uint8)
-        described[i] = (transfer, blob, dist.irecv(blob, transfer.sender, tag=i * TAG_SPAN + 1))
+        described[i] = (transfer, blob, dist.irecv(blob, transfer.sender, group, tag=i * TAG_SPAN + 1))
     incoming = []
     for i, (transfer, blob, work) in described.items():
         _wait(work)
@@ -122,9 +124,11 @@ def move(
         if len(tensors) > TAG_SPAN - 3:
             raise ValueError(f"rank {transfer.sender} described {len(tensors)} tensors for layer {transfer.layer}")
         base, src = i * TAG_SPAN, transfer.sender
-        works = [dist.irecv(as_bytes(t), src, tag=base + 2 + k) if t.numel() else None for k, t in enumerate(tensors)]
+        works = [
+            dist.irecv(as_bytes(t), src, group, tag=base + 2 + k) if t.numel() else None for k, t in enumerate(tensors)
+        ]
         trailer = torch.empty(DIGEST_BYTES, dtype=torch.uint8)
-        last = dist.irecv(trailer, src, tag=base + TAG_SPAN - 1)
+        last = dist.irecv(trailer, src, group, tag=base + TAG_SPAN - 1)
         incoming.append((transfer, payload, tensors, works, trailer, last))
     received: dict[int, LayerPayload] = {}
     bad = ""
@@ -143,10 +147,11 @@ def move(
     return received, bad
 
 
-def agree(bad: str) -> str:
-    """Collective: why some rank's moves are unusable ("" when every rank's are), the same on every rank."""
+def agree(bad: str, group: dist.ProcessGroup) -> str:
+    """Collective over ``group``: why some rank's moves are unusable ("" when every rank's are), the same on
+    every rank."""
     flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
-    dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+    dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=group)
     if flag.item() == 0:
         return ""
     return bad or f"another rank received a layer whose {CHECKSUM} does not match its sender's"

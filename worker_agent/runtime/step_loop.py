@@ -143,7 +143,7 @@ def run(g: Generation, keep: Callable[[Held], None]) -> ExitCode:
             kept = None
             if in_memory and leavers > 0:
                 kept = held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank)
-                handed = hand_off(kept, leaving, g.layout, cfg.rank)
+                handed = hand_off(kept, leaving, g.layout, cfg.rank, job.peer_timeout_seconds)
                 in_memory = handed.ok
                 say(f"handed off at step {step}: sent {handed.sent} B, received {handed.received} B")
                 if not handed.ok:
