@@ -110,12 +110,14 @@ class Planner:
         check_counts(gpus, gpus_per_node)
         return self.plan(local_nodes(gpus, gpus_per_node))
 
-    def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None) -> PlanResult:
-        """Best layout on ``nodes`` (``(name, free slots)`` in placement order), optionally with ``stages``."""
+    def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None, least_gpus: int = 1) -> PlanResult:
+        """Best layout on ``nodes`` (``(name, free slots)`` in placement order), optionally with ``stages``, using
+        at least ``least_gpus`` of them (so that it reaches the first nodes holding that many slots)."""
         space = SlotSpace(nodes)
         if space.gpus <= 0:
             return Infeasible(0, "no GPUs available")
-        return self._result(space, self._search(space, self._candidates(space, stages), None))
+        candidates = [c for c in self._candidates(space, stages) if c.gpus_used >= least_gpus]
+        return self._result(space, self._search(space, candidates, None))
 
     def smallest_pipeline(self) -> int | None:
         """The fewest stages whose layers fit in GPU memory (one replica), or ``None`` if none do."""

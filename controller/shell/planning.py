@@ -25,14 +25,14 @@ class MemoPlanner(Planner):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._plans: dict[tuple[tuple[tuple[str, int], ...], int | None], PlanResult] = {}
+        self._plans: dict[tuple[tuple[tuple[str, int], ...], int | None, int], PlanResult] = {}
         self._evaluated: tuple[Layout, PlanResult] | None = None
 
-    def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None) -> PlanResult:
-        key = (tuple(nodes), stages)
+    def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None, least_gpus: int = 1) -> PlanResult:
+        key = (tuple(nodes), stages, least_gpus)
         found = self._plans.get(key)
         if found is None:
-            found = super().plan(nodes, stages)
+            found = super().plan(nodes, stages, least_gpus)
             if len(self._plans) >= self.MAX_REMEMBERED:
                 self._plans.clear()
             self._plans[key] = found

@@ -51,15 +51,17 @@ def usable_nodes(draft: Draft, job: JobRecord, nodes: Sequence[tuple[str, int]])
     ]
 
 
-def fit(draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str, int]]) -> Plan | None:
-    """The best plan for the job on ``nodes`` (less the ones it excluded or whose devices it cannot use),
-    or ``None`` if none runs it."""
+def fit(
+    draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str, int]], least_gpus: int = 1
+) -> Plan | None:
+    """The best plan for the job on ``nodes`` (less the ones it excluded or whose devices it cannot use) using
+    at least ``least_gpus`` of them, or ``None`` if none runs it."""
     planner = planners.get(job_id)
     job = draft.jobs[job_id]
     usable = usable_nodes(draft, job, nodes)
     if not isinstance(planner, Planner) or not usable:
         return None
-    result = planned(draft, job_id, planner.plan, usable)
+    result = planned(draft, job_id, planner.plan, usable, None, least_gpus)
     if not isinstance(result, Plan) or result.gpus_used < job.spec.min_gpus:
         return None
     return result

@@ -26,6 +26,7 @@ from controller.core.model import Action
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
+from controller.core.reconcile.holders import holders_to_keep, prefer_holders
 from controller.core.reconcile.refusals import refused
 from controller.core.reconcile.reports import census, first_error, start_failures
 from controller.core.reconcile.salvage import advance_salvage, first_failure
@@ -36,7 +37,7 @@ from controller.core.reconcile.unreachable import (
     rendezvous_edges,
     still_excluded,
 )
-from controller.core.records import Exclusions
+from controller.core.records import Exclusions, JobRecord
 
 J = JobState
 
@@ -124,6 +125,16 @@ def finish_if_done(draft: Draft, job_id: str, finished: bool) -> bool:
     return finished
 
 
+def holders_needed(job: JobRecord, keep: list[str]) -> tuple[str, ...]:
+    """The nodes of ``keep`` g+1 must include to take the stopped step from memory (none when it is not
+    taken from memory, or is the committed checkpoint, which gives any layer no one holds)."""
+    held = job.hold.step or job.step
+    through_memory = job.action is Action.STOP and job.spec.morph_through_memory and job.generation > 0
+    if not through_memory or job.layout is None or held <= job.last_checkpoint_step:
+        return ()
+    return holders_to_keep(job.layout, keep, handed_off=not job.hold.step)
+
+
 def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str) -> None:
     """Escalate a STOP that cannot finish; once the old generation is quiet, issue the next (or queue)."""
     job = draft.jobs[job_id]
@@ -147,9 +158,13 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
         return
     keep = [n for n in job.nodes if draft.assigned(job, n) and n not in job.hold.suspected]
     draft.release_nodes(job_id, job.nodes, f"generation {job.generation} of {job_id} ended")
+    holders = holders_needed(job, keep)
+    keep = [*holders, *(n for n in keep if n not in holders)]  # placed first: a small layout reaches them
     nodes = [(n, draft.nodes[n].slots) for n in keep]
     nodes += [(n.name, n.slots) for n in free_nodes(draft.nodes) if n.name not in keep]
     plan = fit(draft, planners, job_id, nodes)
+    if plan is not None and not set(holders) <= set(plan.layout.nodes()):
+        plan = prefer_holders(plan, fit(draft, planners, job_id, nodes, sum(draft.nodes[n].slots for n in holders)))
     if plan is None:
         draft.move_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
         return
