@@ -19,6 +19,18 @@ from dataclasses import dataclass
 from morphing.layout import Layout
 
 
+class HeldSkipCause(enum.StrEnum):
+    """Why a generation did not take the step the last one held in memory (and loaded the committed checkpoint
+    instead): the trainers' ``HeldStateSkipped``, the agent's report and the controller's event carry it."""
+
+    NOT_HELD = "not_held"  # no trainer of the generation holds that step
+    INCONSISTENT = "inconsistent"  # the holders disagree on the job or layout, or claim the same old rank
+    LAYERS_MISSING = "layers_missing"  # a layer no trainer of the generation holds, and the step is not committed
+    CHECKSUM_MISMATCH = "checksum_mismatch"  # a layer arrived with other bytes than its sender's
+    PEER_LOST = "peer_lost"  # a peer's connection closed during the exchange (its process died)
+    PEER_TIMEOUT = "peer_timeout"  # a peer was silent past the peer timeout during the exchange
+
+
 class SourceKind(enum.Enum):
     """Where a new rank gets one layer: kept in its own memory, sent by a peer, or read from disk."""
 

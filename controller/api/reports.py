@@ -17,6 +17,7 @@ from controller.api import wire
 from controller.core.intake import Full, Stale
 from controller.core.model import JobRecord, RankReport
 from controller.shell.views import StateView
+from morphing.transfer import HeldSkipCause
 from morphing.validation import (
     MAX_JOB_ID,
     MAX_LOSS,
@@ -87,6 +88,13 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
             )
         check_step(f"{field}.held_step", status.held_step, job.spec.steps)
     skipped = printable(status.held_skipped, MAX_ERROR_CHARACTERS)
+    causes = [str(cause) for cause in HeldSkipCause]
+    if status.held_skipped_cause and (status.held_skipped_cause not in causes or not skipped):
+        raise InvalidField(
+            f"{field}.held_skipped_cause",
+            f"one of {', '.join(causes)}, beside held_skipped's words (or empty), "
+            f"not {status.held_skipped_cause[:40]!r}",
+        )
     return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS), skipped)
 
 

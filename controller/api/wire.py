@@ -10,6 +10,7 @@ from controller.core.observations import Refusal
 from controller.persistence.store import GenerationRow
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
+from morphing.transfer import HeldSkipCause
 from morphing.validation import InvalidField
 from protos.spotmorph.v1 import controller_pb2 as pb
 
@@ -133,7 +134,8 @@ def salvage_to_pb(salvage: Salvage | None) -> pb.Salvage | None:
 
 
 def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "") -> RankReport:
-    """A trainer's status as a rank report (``error``, ``held_skipped``: texts as the caller keeps them)."""
+    """A trainer's status as a rank report (``error``, ``held_skipped``: texts as the caller keeps them; its
+    ``held_skipped_cause`` one of :class:`HeldSkipCause`'s values or empty, as the caller checked)."""
     return RankReport(
         job=status.job,
         generation=status.generation,
@@ -152,6 +154,7 @@ def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "") -
         stall_step=status.checkpoint_stall_step,
         stall_seconds=status.checkpoint_stall_seconds if status.HasField("checkpoint_stall_seconds") else None,
         held_skipped=held_skipped,
+        held_skipped_cause=HeldSkipCause(status.held_skipped_cause) if status.held_skipped_cause else None,
         loss=status.loss if status.HasField("loss") else None,
         samples_per_second=status.samples_per_second if status.HasField("samples_per_second") else None,
     )

@@ -60,11 +60,16 @@ class CheckpointCommitted(Fact):
 
 @dataclass(frozen=True)
 class HeldStateSkipped(Fact):
+    """A generation resumed from the committed checkpoint, not the step it was named in memory: why, and its
+    class (``cause``, a :class:`morphing.transfer.HeldSkipCause`; left out when an older agent names none)."""
+
     kind = EventKind.HELD_STATE_SKIPPED
+    optional = frozenset({"cause"})
     generation: int
     held_step: int
     resume_step: int
     reason: str
+    cause: str | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from morphing.transfer import HeldSkipCause
+
 
 class Refusal(StrEnum):
     """A trainer that exited with a user error (exit 2), by whose mistake it was; never restarted as it is."""
@@ -37,6 +39,7 @@ class RankReport:
     stall_step: int = 0  # the step of its newest checkpoint ...
     stall_seconds: float | None = None  # ... and how long that checkpoint paused it (None: none reported yet)
     held_skipped: str = ""  # it did not take the step the previous generation held in memory: why
+    held_skipped_cause: HeldSkipCause | None = None  # ... and its class (None: unsaid, by an older agent)
     loss: float | None = None  # the global-batch training loss of last_step (None: none reported)
     samples_per_second: float | None = None  # the rate last_step ran at
 

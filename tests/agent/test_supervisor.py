@@ -19,6 +19,7 @@ from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.contract import (
     CheckpointLoaded,
     CommittedCheckpoint,
+    HeldStateSkipped,
     ProgressEvent,
     ProgressRecord,
     StepCompleted,
@@ -51,6 +52,10 @@ def test_progress_folds_the_facts_the_agent_reports() -> None:
     assert (progress.loss, progress.samples_per_second) == (0.4, 150.0)
     failed = absorb(progress, ProgressRecord(TrainerFailed("abort", "peer gone"), 0, 1, 9, 0.0))
     assert failed.error == "peer gone" and failed.step == 42
+    skipped = absorb(progress, ProgressRecord(HeldStateSkipped("a peer went silent", "peer_timeout"), 0, 1, 9, 0.0))
+    assert (skipped.held_skipped, skipped.held_skipped_cause) == ("a peer went silent", "peer_timeout")
+    forged = absorb(progress, ProgressRecord(HeldStateSkipped("why", "rm -rf /"), 0, 1, 9, 0.0))  # a trainer's file
+    assert (forged.held_skipped, forged.held_skipped_cause) == ("why", "")
 
 
 def spec(tmp_path: Path, steps: int, memory: bool = True) -> LaunchSpec:

@@ -18,6 +18,7 @@ from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import RankReport, RecordEvent, StartGeneration
 from controller.core.reconcile import assignment_for
+from morphing.transfer import HeldSkipCause
 from tests.controller.test_reconcile import Sim, started
 from tests.controller.test_timeline import SVG
 
@@ -218,10 +219,11 @@ def test_a_stopped_generation_names_its_step_held_in_memory_and_a_skipped_one_is
     given = assignment_for(sim.world, job.nodes[0])
     assert given is not None and (given.held_step, given.held_generation, given.resume_step) == (41, 1, 20)
     why = "layers 3 are held by no trainer and step 41 has no durable checkpoint"
-    beat_all(sim, 21, first_at=150.0, last_at=150.0, held_skipped=why)
+    beat_all(sim, 21, first_at=150.0, last_at=150.0, held_skipped=why, held_skipped_cause=HeldSkipCause.LAYERS_MISSING)
     sim.step(1)
     [skipped] = events(sim, EventKind.HELD_STATE_SKIPPED)
-    assert dict(skipped.data) == {"generation": 2, "held_step": 41, "resume_step": 20, "reason": why}
+    said = {"generation": 2, "held_step": 41, "resume_step": 20, "reason": why, "cause": "layers_missing"}
+    assert dict(skipped.data) == said
     job = sim.job()
     assert (job.steps_lost, job.held_step, job.step) == (21, 0, 21)
     beat_all(sim, 22, first_at=150.0, last_at=151.0, held_skipped=why)
@@ -240,7 +242,7 @@ def test_an_exchange_that_lost_a_peer_is_said_once_and_the_next_generation_resum
             sim.beat(name, *[RankReport("j1", 2, r, False, 1, 20, 20, error="lost", held_skipped=why) for r in mine])
         sim.step(2)
     [skipped] = events(sim, EventKind.HELD_STATE_SKIPPED)
-    assert dict(skipped.data) == {"generation": 2, "held_step": 41, "resume_step": 20, "reason": why}
+    assert dict(skipped.data) == {"generation": 2, "held_step": 41, "resume_step": 20, "reason": why}  # no cause said
     job = sim.job()
     assert job.generation >= 3 and job.steps_lost == 21, job
     given = assignment_for(sim.world, job.nodes[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from controller.api import wire
 from controller.client.commands.common import job_dict
 from controller.client.commands.status import morph_line
+from morphing.transfer import HeldSkipCause
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
 from tests.controller.test_hostile_edge import INVALID, Node, refusal, running_job, wait_for
@@ -53,8 +55,12 @@ def test_the_agent_wire_carries_evaluation_and_step_times_into_a_rank_report() -
     rank = wire.rank_from_pb(message, "")
     assert (rank.eval_step, rank.eval_loss) == (10, 2.125)
     assert (rank.first_step_at, rank.last_step_at) == (1_700_000_001.25, 1_700_000_009.5)
+    skipped = replace(report, held_skipped="a peer went silent", held_skipped_cause="peer_timeout")
+    said = wire.rank_from_pb(pb.TrainerStatus.FromString(trainer_status_to_pb(skipped).SerializeToString()), "")
+    assert said.held_skipped_cause is HeldSkipCause.PEER_TIMEOUT
     bare = wire.rank_from_pb(trainer_status_to_pb(TrainerReport(report.status, pid=7)), "")
     assert (bare.eval_step, bare.eval_loss, bare.first_step_at, bare.last_step_at) == (0, None, None, None)
+    assert bare.held_skipped_cause is None
     measured = TrainerReport(report.status, pid=7, step=12, eval_step=10, eval_loss=math.nan)
     diverged = trainer_status_to_pb(fit(measured)[0])  # the agent fits every report to the bounds before sending
     assert not diverged.HasField("eval_loss") and diverged.eval_step == 0  # never a value the controller refuses
@@ -72,6 +78,8 @@ HOSTILE = [
     ({"last_step_at": 1e300}, "last_step_at"),
     ({"first_step_at": 200.0, "last_step_at": 100.0}, "first_step_at"),  # the first step after the newest
     ({"first_step_at": 100.0}, "first_step_at"),  # a first step without a newest one
+    ({"held_skipped": "why", "held_skipped_cause": "gremlins"}, "held_skipped_cause"),  # not a HeldSkipCause
+    ({"held_skipped_cause": "peer_lost"}, "held_skipped_cause"),  # a class without its words
 ]
 
 

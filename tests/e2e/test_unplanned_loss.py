@@ -19,7 +19,7 @@ from worker_agent.contract import CheckpointLoaded
 
 pytestmark = pytest.mark.slow
 
-STEPS, BATCH, SEED, INTERVAL = 200, 16, 7, 100
+STEPS, BATCH, SEED, INTERVAL = 200, 16, 7, 150  # the kill lands near step 30
 
 
 @pytest.mark.parametrize("path", ["memory", pytest.param("disk", marks=pytest.mark.soak)])
@@ -39,6 +39,7 @@ def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
     )
     before = cluster.wait_step(job, 30, 180)
     assert int(before["layout"]["data_parallel"]) >= 2, before["layout"]
+    assert len(cluster.job_nodes(job)) == 2, "each VM holds a replica of every stage (contiguous placement)"
     victim = cluster.job_nodes(job)[-1]
     cluster.kill(victim)
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
@@ -58,8 +59,9 @@ def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
     assert first < kinds.index("NodesSuspected") < issued
     assert not lost or lost[0] > issued, "the next generation waited for the heartbeat expiry"
     resume_step = int(events[issued]["data"]["resume_step"])
-    if ended["data"]["reason"] == "in_memory":
-        assert path == "memory" and "SalvageOrdered" not in kinds, kinds  # nothing written before generation 2
+    if path == "memory":  # the survivor held a replica of every stage, and no checkpoint is near the kill
+        assert ended["data"]["reason"] == "in_memory", ended
+        assert "SalvageOrdered" not in kinds, kinds  # nothing written before generation 2
         held = int(ended["data"]["step"])
         assert int(events[issued]["data"]["held_step"]) == held and final["steps_lost"] <= 1
         loads = [
@@ -69,13 +71,11 @@ def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
         committed = {(e["data"]["generation"], e["data"]["step"]) for e in events if e["kind"] == "CheckpointCommitted"}
         assert any(g == 2 and step >= held for g, step in committed), committed  # generation 2 wrote it (or later)
     elif ended["data"]["reason"] == "committed":
-        assert path == "disk"
         assert final["steps_lost"] <= 1
         assert resume_step == int(ended["data"]["step"])  # the salvaged step
-    elif ended["data"]["reason"] == "already_committed":  # the kill came right after the periodic checkpoint
+    else:  # the kill came right after the periodic checkpoint
+        assert ended["data"]["reason"] == "already_committed", ended
         assert final["steps_lost"] <= 1
         assert resume_step == int(ended["data"]["resume_step"]) >= int(ended["data"]["step"])
-    else:  # the layout put a whole stage on the victim: the periodic checkpoint, and the log says so
-        assert ended["data"]["reason"] == "stage_lost", ended
     expected = train_reference(references, STEPS, BATCH, SEED)
     assert max_rel_diff(expected, checkpoints) <= 1e-9

@@ -88,11 +88,12 @@ def main() -> None:
             json.dump(facts | {"sent": handed.sent, "received": handed.received}, fh)
         os._exit(0)
     needs = {r: frozenset(range(LAYERS)) for r in range(world)}
-    told: list[str] = []
+    told: list[tuple[str, str]] = []
     names = [f"l{i}" for i in range(LAYERS)]
     try:
         outcome = reported(
-            lambda: exchange(held, "job", rank, new, needs, NAMED, None, names, PEER_TIMEOUT), told.append
+            lambda: exchange(held, "job", rank, new, needs, NAMED, None, names, PEER_TIMEOUT),
+            lambda cause, why: told.append((cause.value, why)),
         )
     except Exception as exc:
         result: dict[str, object] = {"raised": repr(exc), "told": told}

@@ -86,7 +86,7 @@ def test_a_checksum_mismatch_leaves_memory_on_every_rank(tmp_path: Path) -> None
     results = run_world(tmp_path, "corrupt")
     assert all(r.get("used") is False for r in results), results
     assert any("checksum (XXH3-128)" in r["reason"] for r in results), results
-    assert all(r["told"] == [r["reason"]] for r in results), "each rank says why memory is not used"
+    assert all(r["told"] == [["checksum_mismatch", r["reason"]]] for r in results), "each rank says why, and its class"
 
 
 def test_a_sender_killed_mid_transfer_fails_the_exchange_on_its_receivers(tmp_path: Path) -> None:
@@ -95,8 +95,10 @@ def test_a_sender_killed_mid_transfer_fails_the_exchange_on_its_receivers(tmp_pa
     survivors = [results[0], results[2]]
     assert all(r.get("raised", "").startswith("ExchangeFailed(") for r in survivors), results
     for r in survivors:  # the event the trainer emits (HeldStateSkipped) before its generation ends
-        [told] = r["told"]
-        assert told.startswith("the exchange of step 5 held by generation 1 lost a peer: "), told
+        [(cause, told)] = r["told"]
+        assert cause == "peer_lost" and told.startswith("the exchange of step 5 held by generation 1 lost a peer: "), (
+            told
+        )
         assert told.endswith("the next resumes from the newest committed checkpoint"), told
 
 
@@ -106,8 +108,10 @@ def test_a_silent_sender_fails_the_exchange_after_the_peer_timeout_not_the_world
     results = run_world(tmp_path, "silent")
     for r in (results[0], results[2]):
         assert r.get("raised", "").startswith("ExchangeFailed(") and "Timed out" in r["raised"], results
-        [told] = r["told"]
-        assert told.startswith("the exchange of step 5 held by generation 1 lost a peer: "), told
+        [(cause, told)] = r["told"]
+        assert cause == "peer_timeout" and told.startswith(
+            "the exchange of step 5 held by generation 1 lost a peer: "
+        ), told
 
 
 def test_a_leaving_rank_hands_the_stage_only_it_holds_to_a_staying_one_bit_for_bit(tmp_path: Path) -> None:

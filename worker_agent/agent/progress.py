@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from morphing.transfer import HeldSkipCause
 from worker_agent.agent.converge import TrainerStatus
 from worker_agent.contract import (
     CheckpointLoaded,
@@ -50,6 +51,7 @@ class TrainerProgress:
     stall_step: int = 0  # the step of the newest checkpoint that reported its stall
     stall_seconds: float | None = None  # how long that checkpoint paused training (None: none reported yet)
     held_skipped: str = ""  # why the state the previous generation held in memory was not used
+    held_skipped_cause: str = ""  # its class, a HeldSkipCause value ("" from a trainer that names none)
 
 
 def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress:
@@ -69,7 +71,8 @@ def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress
     elif isinstance(event, EvaluationCompleted):
         progress = replace(progress, eval_step=event.step, eval_loss=event.eval_loss)
     elif isinstance(event, HeldStateSkipped):
-        progress = replace(progress, held_skipped=event.reason)
+        cause = event.cause if event.cause in set(HeldSkipCause) else ""  # a trainer's file: hostile
+        progress = replace(progress, held_skipped=str(event.reason), held_skipped_cause=cause)
     elif isinstance(event, CheckpointLoaded):
         progress = replace(progress, step=event.step)
     elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
@@ -109,3 +112,4 @@ class TrainerReport:
     stall_step: int = 0  # its newest checkpoint's step ...
     stall_seconds: float | None = None  # ... and how long it paused training (None: no checkpoint reported yet)
     held_skipped: str = ""  # why it did not take the state the previous generation held (empty: it did, or none)
+    held_skipped_cause: str = ""  # its class, a HeldSkipCause value

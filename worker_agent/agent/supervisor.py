@@ -375,6 +375,7 @@ class Supervisor:
             stall_step=progress.stall_step,
             stall_seconds=progress.stall_seconds,
             held_skipped=progress.held_skipped,
+            held_skipped_cause=progress.held_skipped_cause,
         )
 
     def log_tail(self, key: TrainerKey, lines: int = 5) -> str:

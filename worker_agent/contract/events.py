@@ -48,9 +48,11 @@ class CheckpointSkipped:
 
 @dataclass(frozen=True)
 class HeldStateSkipped:
-    """The step the previous generation held in memory was not used (the committed checkpoint was): why."""
+    """The step the previous generation held in memory was not used (the committed checkpoint was): why, and
+    its class (a :class:`morphing.transfer.HeldSkipCause` value; empty in lines written before there was one)."""
 
     reason: str
+    cause: str = ""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
+from morphing.transfer import HeldSkipCause
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointSkipped,
@@ -161,9 +162,9 @@ def start(
         warn(message)
         progress.emit(CheckpointSkipped(message=message))
 
-    def memory_skipped(reason: str) -> None:
+    def memory_skipped(cause: HeldSkipCause, reason: str) -> None:
         warn(f"the state generation {cfg.generation - 1} held in memory is not used: {reason}")
-        progress.emit(HeldStateSkipped(reason=reason))
+        progress.emit(HeldStateSkipped(reason=reason, cause=cause.value))
 
     groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds)
     runner = StageRunner(job, layout, cfg.rank, model, groups, device)

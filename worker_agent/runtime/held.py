@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from morphing.layout import Layout
-from morphing.transfer import SourceKind, TransferPlan, plan_transfer
+from morphing.transfer import HeldSkipCause, SourceKind, TransferPlan, plan_transfer
 from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAssignment, WarmSpool
 from worker_agent.runtime import checkpoint as ckpt_mod
 from worker_agent.runtime.checkpoint import LayerPayload
@@ -90,6 +90,7 @@ class Decision:
     plan: TransferPlan | None
     reason: str = ""
     offers: Mapping[int, Offer] = field(default_factory=dict)  # by new rank
+    cause: HeldSkipCause | None = None  # with ``reason`` when ``plan`` is None
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Outcome:
 
     used: bool
     reason: str = ""
+    cause: HeldSkipCause | None = None  # with ``reason`` when not ``used``
     step: int = 0
     payloads: dict[str, LayerPayload] = field(default_factory=dict)
     from_disk: frozenset[int] = frozenset()
@@ -138,35 +140,46 @@ def decide(
         if offer is not None and (offer.step, offer.generation) == (named.step, named.generation)
     }
     if not valid:
-        return Decision(None, f"no trainer holds step {named.step} of generation {named.generation}")
+        why = f"no trainer holds step {named.step} of generation {named.generation}"
+        return Decision(None, why, cause=HeldSkipCause.NOT_HELD)
     layouts = {repr(sorted(o.layout.items())) for o in valid.values()}
     hashes = {o.job_hash for o in valid.values()}
     if len(layouts) != 1 or len(hashes) != 1:
-        return Decision(None, "the trainers holding that step disagree on its layout or job")
+        return Decision(
+            None, "the trainers holding that step disagree on its layout or job", cause=HeldSkipCause.INCONSISTENT
+        )
     old = Layout.from_dict(next(iter(valid.values())).layout)
     if old.num_layers != layout.num_layers:
-        return Decision(None, f"the held layout has {old.num_layers} layers, this one {layout.num_layers}")
+        why = f"the held layout has {old.num_layers} layers, this one {layout.num_layers}"
+        return Decision(None, why, cause=HeldSkipCause.INCONSISTENT)
     survivors = {o.rank: rank for rank, o in valid.items()}
     if len(survivors) != len(valid) or not all(0 <= r < old.world_size for r in survivors):
-        return Decision(None, "two trainers claim the same old rank, or one outside the held layout")
+        return Decision(
+            None,
+            "two trainers claim the same old rank, or one outside the held layout",
+            cause=HeldSkipCause.INCONSISTENT,
+        )
     sizes = [max((o.sizes.get(layer, 0) for o in valid.values()), default=0) for layer in range(layout.num_layers)]
     holds = {o.rank: frozenset(o.sizes) for o in valid.values()}  # a stage, plus what a leaving rank handed it
     try:
         plan = plan_transfer(old, layout, survivors, sizes, needs=needs, holds=holds)
     except ValueError as exc:
-        return Decision(None, f"the held state cannot be planned: {exc}")
+        return Decision(None, f"the held state cannot be planned: {exc}", cause=HeldSkipCause.INCONSISTENT)
     missing = plan.from_disk()
     if missing and (resume is None or resume.step != named.step):
         held_by_none = ", ".join(str(layer) for layer in sorted(missing)[:8])
-        return Decision(
-            None, f"layers {held_by_none} are held by no trainer and step {named.step} has no durable checkpoint"
-        )
+        why = f"layers {held_by_none} are held by no trainer and step {named.step} has no durable checkpoint"
+        return Decision(None, why, cause=HeldSkipCause.LAYERS_MISSING)
     return Decision(plan, "", valid)
 
 
 class ExchangeFailed(RuntimeError):
     """A peer was lost (or went silent) during the exchange: the process group is broken and the generation
     ends; the next resumes from the newest committed checkpoint, since the holders go with it."""
+
+    def __init__(self, message: str, cause: HeldSkipCause) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 def exchange(
@@ -191,15 +204,17 @@ def exchange(
         dist.all_gather_object(offers, mine, group=group)
         decision = decide(offers, layout, needs, named, resume)
         if decision.plan is None:
-            return Outcome(False, decision.reason)
+            return Outcome(False, decision.reason, decision.cause)
         plan = decision.plan
         received, bad = move(held.layers if held is not None else {}, plan.transfers(), rank, group)
         why = agree(bad, group)
     except (RuntimeError, ConnectionError) as exc:  # gloo: a closed connection, or the peer timeout
         lost = f"the exchange of step {named.step} held by generation {named.generation} lost a peer"
-        raise ExchangeFailed(f"{lost}: {str(exc)[:300]}") from exc
+        silent = "Timed out" in str(exc)  # gloo's words for a receive past the group's timeout
+        cause = HeldSkipCause.PEER_TIMEOUT if silent else HeldSkipCause.PEER_LOST
+        raise ExchangeFailed(f"{lost}: {str(exc)[:300]}", cause) from exc
     if why:
-        return Outcome(False, why)
+        return Outcome(False, why, HeldSkipCause.CHECKSUM_MISMATCH)
     payloads: dict[str, LayerPayload] = {}
     disk: set[int] = set()
     for (receiver, layer), source in plan.sources.items():
@@ -213,7 +228,7 @@ def exchange(
             disk.add(layer)
     scale = next((o.loss_scale for o in decision.offers.values()), None)
     moved = sum(payload_bytes(payload) for payload in received.values())
-    return Outcome(True, "", named.step, payloads, frozenset(disk), scale, moved)
+    return Outcome(True, "", None, named.step, payloads, frozenset(disk), scale, moved)
 
 
 def needs_of(model: PartitionedModel, layout: Layout) -> dict[int, frozenset[int]]:
@@ -240,7 +255,7 @@ def take(
     layout: Layout,
     job_hash: str,
     runner: StageRunner,
-    skipped: Callable[[str], None],
+    skipped: Callable[[HeldSkipCause, str], None],
 ) -> Outcome:
     """The generation's exchange (a collective: every rank calls it when its assignment names a held step);
     ``skipped`` hears why memory is not used, also when the exchange fails and the generation with it."""
@@ -252,15 +267,16 @@ def take(
     return reported(lambda: exchange(held, job_hash, cfg.rank, layout, needs, named, cfg.resume, names, peer), skipped)
 
 
-def reported(run: Callable[[], Outcome], skipped: Callable[[str], None]) -> Outcome:
+def reported(run: Callable[[], Outcome], skipped: Callable[[HeldSkipCause, str], None]) -> Outcome:
     """``run()``'s outcome, with why memory is not used told to ``skipped`` first (also when it raises)."""
     try:
         outcome = run()
     except ExchangeFailed as exc:
-        skipped(f"{exc}; this generation ends and the next resumes from the newest committed checkpoint")
+        skipped(exc.cause, f"{exc}; this generation ends and the next resumes from the newest committed checkpoint")
         raise
     if not outcome.used:
-        skipped(outcome.reason)
+        assert outcome.cause is not None
+        skipped(outcome.cause, outcome.reason)
     return outcome
 
 

@@ -12,8 +12,9 @@ these per file on a few threads: ``hashlib``, ``xxhash`` and file I/O release th
 The checksum is XXH3-128 (:data:`XXH3`, format v3): it guards against torn, truncated and mixed-up files,
 not an adversary (whoever can write a layer file can write its manifest), and at about 10 GB/s a core it
 is no longer what bounds a read (``bench/checkpoint_io_bench.py``: about half the raw disk's rate here,
-the copy into the sealed snapshot and ``torch.load`` the rest), where SHA-256 (formats v1 and v2, still read) ran at about 1.1 GB/s and,
-every file hashed twice on a resume, held the read to a third of the raw disk's rate.
+the copy into the sealed snapshot and ``torch.load`` the rest), where SHA-256 (formats v1 and v2, still
+read) ran at about 1.1 GB/s and, every file hashed twice on a resume, held the read to a third of the raw
+disk's rate.
 """
 
 from __future__ import annotations

@@ -46,11 +46,14 @@ def progress(draft: Draft, job_id: str, progress_event_seconds: float = 60.0) ->
 def _held_skipped(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields:
     """The generation was named a step held in memory and resumed from the committed checkpoint instead (every
     rank decides alike): said once, with the reason, and the steps between the two counted as lost."""
-    why = next((r.held_skipped for r in reports if r.held_skipped), "")
-    if not job.held_step or not why:
+    said = next((r for r in reports if r.held_skipped), None)
+    if not job.held_step or said is None:
         return {}
     lost = max(0, job.held_step - job.resume_step)
-    draft.event(facts.HeldStateSkipped(job.generation, job.held_step, job.resume_step, why), job.id)
+    cause = said.held_skipped_cause.value if said.held_skipped_cause is not None else None
+    draft.event(
+        facts.HeldStateSkipped(job.generation, job.held_step, job.resume_step, said.held_skipped, cause), job.id
+    )
     step = max([job.resume_step, *(r.last_step for r in reports)])
     return {"held_step": 0, "held_generation": 0, "steps_lost": job.steps_lost + lost, "step": step}
 
