@@ -25,8 +25,11 @@ from worker_agent.contract import (
     StepCompleted,
     TrainerFailed,
     TrainingFinished,
+    parse_progress_line,
     read_progress,
 )
+
+FIELDS = '"rank": 0, "generation": 1, "pid": 9, "time": 0.0}'
 
 
 def loaded_by(supervisor: Supervisor, generation: int) -> list[CheckpointLoaded]:
@@ -56,6 +59,8 @@ def test_progress_folds_the_facts_the_agent_reports() -> None:
     assert (skipped.held_skipped, skipped.held_skipped_cause) == ("a peer went silent", "peer_timeout")
     forged = absorb(progress, ProgressRecord(HeldStateSkipped("why", "rm -rf /"), 0, 1, 9, 0.0))  # a trainer's file
     assert (forged.held_skipped, forged.held_skipped_cause) == ("why", "")
+    odd = absorb(progress, parse_progress_line('{"event": "held_skipped", "reason": [1], "cause": [2], ' + FIELDS))
+    assert (odd.held_skipped, odd.held_skipped_cause) == ("[1]", "")  # JSON of other types, read as no cause
 
 
 def spec(tmp_path: Path, steps: int, memory: bool = True) -> LaunchSpec:

@@ -71,7 +71,8 @@ def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress
     elif isinstance(event, EvaluationCompleted):
         progress = replace(progress, eval_step=event.step, eval_loss=event.eval_loss)
     elif isinstance(event, HeldStateSkipped):
-        cause = event.cause if event.cause in set(HeldSkipCause) else ""  # a trainer's file: hostile
+        said = event.cause  # a trainer's file: hostile (any JSON value)
+        cause = said if isinstance(said, str) and said in set(HeldSkipCause) else ""
         progress = replace(progress, held_skipped=str(event.reason), held_skipped_cause=cause)
     elif isinstance(event, CheckpointLoaded):
         progress = replace(progress, step=event.step)
