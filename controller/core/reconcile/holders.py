@@ -23,11 +23,11 @@ def holders_to_keep(layout: Layout, kept: Sequence[str], handed_off: bool) -> tu
     """The nodes of ``kept`` (in its order) the next generation must include so that its ranks hold every layer
     of ``layout`` (the old generation's) at the stop; empty when no choice of them does.
 
-    A stage with a rank on a kept node is held there (a replica is as good as another: the fewest nodes that
-    hold every such stage, those holding the most stages first). A stage with none was handed off at the stop
-    when ``handed_off`` (an eviction notice: the leaving ranks send their layers to staying ones, balanced by
-    bytes, so any kept node may hold some: all are needed), and is lost otherwise (a node killed without
-    notice: memory cannot give it, nothing to keep)."""
+    A stage with a rank on a kept node is held there (a replica is as good as another: nodes are taken
+    greedily, the one holding the most stages not yet held first, at most one per stage). A stage with none
+    was handed off at the stop when ``handed_off`` (an eviction notice: the leaving ranks send their layers
+    to staying ones, balanced by bytes, so any kept node may hold some: all are needed), and is lost
+    otherwise (a node killed without notice: memory cannot give it, nothing to keep)."""
     stages_on: dict[str, set[int]] = {name: set() for name in kept}
     for rank, slot in enumerate(layout.placement):
         if slot.node in stages_on:
