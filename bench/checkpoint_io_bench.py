@@ -6,8 +6,9 @@ about ``--mb`` megabytes (default 490: about 41M parameters), is
 
 - written by ``CheckpointWriter`` as one rank writes it (serialise, XXH3-128, fsync, rename, part
   file, manifest), and, as the raw baseline, the same layer files' bytes with plain open/write/fsync;
-- read back as a resume reads it (``resolve``: every file's checksum checked against the manifest, then
-  ``load_tensors``: every file verified again and loaded), and, as the raw baseline, with plain open/read:
+- read back as a controller's resume reads it (``committed``: the manifest checked, then ``load_tensors``:
+  every file verified as it is loaded, once), as a standalone resume does (``resolve`` first verifies every
+  file to pick a valid checkpoint, so each is read twice), and, as the raw baseline, with plain open/read:
   cold (every file dropped from the page cache first, ``posix_fadvise(DONTNEED)`` on each file, so both read
   the disk) and warm (from the page cache).
 
@@ -41,7 +42,9 @@ POSITIONS = 1024
 BLOCKS = 12
 BYTES_PER_PARAM = 12  # float32 parameter, exp_avg, exp_avg_sq
 HISTORY = (
-    "The read hashes every file twice (`resolve`, then `load_tensors`); the raw read hashes nothing. Until "
+    "Until 2026-11-27 a controller's resume also read every file twice (rank 0 verified the committed "
+    "checkpoint's files before any rank loaded them), as the standalone rows still do; the raw read hashes "
+    "nothing. Until "
     "format v3 the checksum was SHA-256, about 1.1 GB/s per core here; XXH3-128 runs at about 10 GB/s per "
     "core. On 2026-11-26 (Intel Xeon, 2 cores), three runs in a row: v3, SHA-256 (commit 847d7d9), v3 again: "
     "write 1.60 / 1.73 / 1.42 of raw, cold read 0.77 / 0.49 / 0.59, warm read 0.48 / 0.23 / 0.48 (the table is "
@@ -178,15 +181,16 @@ def measure(work: Path, megabytes: float, repeats: int) -> tuple[Figures, int]:
     files = {f"{layer}.pt": ck.serialise(payload) for layer, payload in payloads.items()}
     size = sum(len(data) for data in files.values())
     names = {name for payload in payloads.values() for name in payload["tensors"]}
-    seconds: dict[str, list[float]] = {k: [] for k in ("write", "raw write", "cold", "raw cold", "warm", "raw warm")}
+    kinds = ("write", "raw write", "cold", "raw cold", "warm", "raw warm", "cold twice", "warm twice")
+    seconds: dict[str, list[float]] = {k: [] for k in kinds}
 
     def timed(kind: str, action: Callable[[], object]) -> None:
         start = time.perf_counter()
         action()
         seconds[kind].append(time.perf_counter() - start)
 
-    def project_read(root: Path) -> None:
-        found = ck.resolve(ck.step_dir(root, 1))
+    def project_read(root: Path, choose: bool = False) -> None:
+        found = ck.resolve(ck.step_dir(root, 1)) if choose else ck.committed(root, 1, 0, read_files=False)
         loaded = ck.load_tensors(found, names)
         assert len(loaded) == len(payloads)
 
@@ -202,6 +206,9 @@ def measure(work: Path, megabytes: float, repeats: int) -> tuple[Figures, int]:
         timed("raw cold", partial(raw_read, raw, list(files)))
         timed("warm", partial(project_read, root))
         timed("raw warm", partial(raw_read, raw, list(files)))
+        drop_from_page_cache(ck.step_dir(root, 1))
+        timed("cold twice", partial(project_read, root, choose=True))
+        timed("warm twice", partial(project_read, root, choose=True))
         shutil.rmtree(root)
         shutil.rmtree(raw)
     return Figures(size, seconds), width
@@ -219,12 +226,15 @@ def section(figures: Figures, width: int, command: str, quick: bool, load: tuple
     ]
     for label, kind in (
         ("write (serialise, XXH3-128, fsync, rename; part file, manifest)", "write"),
-        ("read, cold (verify every file, then verify again and load)", "cold"),
+        ("read, cold, a controller's resume (the manifest, then each file verified as it loads)", "cold"),
         ("read, warm (the same, from the page cache)", "warm"),
+        ("read, cold, a standalone resume (verify every file to choose, then verify again and load)", "cold twice"),
+        ("read, warm, a standalone resume", "warm twice"),
     ):
-        ours, raw = figures.rate(kind), figures.rate(f"raw {kind}")
+        base = kind.removesuffix(" twice")
+        ours, raw = figures.rate(kind), figures.rate(f"raw {base}")
         each = ", ".join(
-            f"{r / o:.2f}" for o, r in zip(figures.seconds[kind], figures.seconds[f"raw {kind}"], strict=True)
+            f"{r / o:.2f}" for o, r in zip(figures.seconds[kind], figures.seconds[f"raw {base}"], strict=True)
         )
         rows.append(f"| {label} | {ours / 1e6:.0f} | {raw / 1e6:.0f} | {ours / raw:.2f} | {each} |")
     gpu = "a GPU (not used here)" if torch.cuda.is_available() else "no GPU"
@@ -246,8 +256,10 @@ def section(figures: Figures, width: int, command: str, quick: bool, load: tuple
             "plain open/write/fsync and reads them with plain open/read, in the same run, alternating with the "
             f"project's runs; each figure is the median of {len(figures.seconds['write'])} and each ratio is "
             "project / raw. A cold read drops every file from the page cache first (`posix_fadvise(DONTNEED)` per "
-            "file); the project's read is what a resume does: `resolve` checks every file's checksum, "
-            f"`load_tensors` checks it again and loads. The raw baseline handles one file at a time, the project "
+            "file); the project's read is what a controller's resume does (`committed`: the manifest, then "
+            "`load_tensors` checks each file as it loads it) and what a standalone one does (`resolve` first "
+            "checks every file's checksum to choose a valid checkpoint). The raw baseline handles one file at a "
+            "time, the project "
             f"up to {streams.WORKERS} at once (so its fsyncs overlap).",
             "",
             *rows,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from morphing.layout import make_layout
 from tests.agent.test_supervisor import spec
 from tests.runtime.helpers import wait_for
 from worker_agent.agent.converge import TrainerKey
@@ -114,5 +115,43 @@ def test_a_fenced_generation_commits_nothing_more_and_the_next_loads_exactly_the
         assert {(e.step, Path(e.checkpoint).name) for e in loaded} == {(committed, f"step-{committed:08d}-g1")}
         # Generation 2 dropped what generation 1 wrote past the committed checkpoint.
         assert max(committed_steps(root, 1)) == committed
+    finally:
+        supervisor.kill_all()
+
+
+def test_a_damaged_file_one_rank_reads_fails_every_rank_as_the_users_error(tmp_path: Path) -> None:
+    """Only the stage that loads a layer file reads it (rank 0 checks the committed checkpoint's manifest, not
+    every file, so each byte is read once): the rank that finds it damaged makes every rank fail with the same
+    input error, not the others meet it as a lost peer."""
+    supervisor = Supervisor(tmp_path / "work")
+    launch = spec(tmp_path, steps=2)
+    root = launch.checkpoint_dir
+    try:
+        for rank in range(2):
+            supervisor.start(TrainerKey("job-1", 1, rank), launch)
+        wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 90, "generation 1 to finish")
+        assert committed_steps(root, 1) == [2]
+        head = ck.step_dir(root, 2, 1) / "head.pt"
+        head.write_bytes(b"\0" * head.stat().st_size)  # same size: only reading it tells
+        pipeline = make_layout(num_layers=4, pipeline_stages=2, data_parallel=1, micro_batch_size=2, global_batch=6)
+        resumed = replace(
+            launch,
+            job=launch.job.model_copy(update={"steps": 4}),
+            layout=pipeline.to_dict(),
+            rendezvous=spec(tmp_path, 1).rendezvous,
+            resume=CommittedCheckpoint(2, 1),
+        )
+        for rank in range(2):
+            supervisor.start(TrainerKey("job-1", 2, rank), resumed)
+        wait_for(
+            lambda: all(not r.status.running for r in supervisor.reports() if r.status.key.generation == 2),
+            90,
+            "generation 2 to fail",
+        )
+        codes = [r.status.exit_code for r in supervisor.reports() if r.status.key.generation == 2]
+        assert codes == [ExitCode.USER_ERROR] * 2, codes
+        said = failures(supervisor, "job-1", 2)
+        assert [f.kind for f in said] == ["input"] * 2, said
+        assert all("step-00000002-g1 is damaged" in f.message and "head.pt" in f.message for f in said), said
     finally:
         supervisor.kill_all()

@@ -102,8 +102,10 @@ def newest_valid(root: Path, job: Job = None, warn: Callable[[str], None] | None
     return None
 
 
-def committed(root: Path, step: int, generation: int, job: Job = None) -> Checkpoint:
+def committed(root: Path, step: int, generation: int, job: Job = None, *, read_files: bool = True) -> Checkpoint:
     """The checkpoint the controller committed: exactly ``step`` written by ``generation``, never another one.
+    Without ``read_files`` only its manifest is checked here (the files are when they are loaded: there is no
+    other checkpoint to fall back to, so reading them twice would only double the time a resume reads).
 
     Before format v2 a generation wrote ``step-NNNNNNNN``; such a (v1) checkpoint is the committed one only
     when its manifest names the same generation. Missing or damaged, it is a :class:`UserInputError`: falling
@@ -119,7 +121,7 @@ def committed(root: Path, step: int, generation: int, job: Job = None) -> Checkp
             "committed: restore that directory, or cancel the job"
         )
     try:
-        return verify(path, job)
+        return verify(path, job, read_files=read_files)
     except CheckpointError as exc:
         fix = f"; {_OTHER_JOB_FIX}" if isinstance(exc, ForeignCheckpoint) else "; restore it, or cancel the job"
         raise UserInputError(f"{what} is damaged: {exc}{fix}") from exc

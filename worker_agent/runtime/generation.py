@@ -171,7 +171,8 @@ def start(
     step = 0
     memory = held_mod.take(held, cfg, layout, job.identity_hash(), runner, memory_skipped) if cfg.held else None
     forget_held()
-    # Rank 0 verifies the committed checkpoint only when some layer is to be read from it (every rank agrees).
+    # Rank 0 chooses the checkpoint only when some layer is to be read from it (every rank agrees); it reads every
+    # file only when it must choose among several (standalone), else each rank checks the files it loads.
     choice = [ResumeChoice(None, "", uuid.uuid4().hex[:12])]
     if cfg.rank == 0 and (memory is None or not memory.used or memory.from_disk):
         checkpoint, refusal = resume.choose(cfg, job.identity(), skipped)
@@ -182,14 +183,15 @@ def start(
         raise UserInputError(chosen.refusal)
     source = ""  # where the step it starts at comes from (nothing: from scratch)
     if memory is not None and memory.used:
-        step = held_mod.apply(memory, runner, chosen.checkpoint, job.identity())
+        used, path = memory, chosen.checkpoint
+        step = resume.loaded_by_all(lambda: held_mod.apply(used, runner, path, job.identity()), path, layout.world_size)
         memory.payloads.clear()  # the stage has them now
         source = f"memory of generation {cfg.generation - 1}"
     elif chosen.checkpoint:
-        # Rank 0 verified every file; each rank re-checks the manifest and the files it reads.
-        loaded = ckpt_mod.verify(Path(chosen.checkpoint), job.identity(), read_files=False)
-        runner.load(loaded)
-        step, source = loaded.step, str(loaded.path)
+        # Each rank checks the manifest and the files it reads (rank 0 read every file only if it had to choose).
+        path = chosen.checkpoint
+        step = resume.loaded_by_all(lambda: _load(runner, path, job), path, layout.world_size)
+        source = chosen.checkpoint
     elif reused:  # nothing to resume from, and a past generation trained this model: the initial weights
         warm_model.initial_weights(job, runner)
     if source:
@@ -243,3 +245,12 @@ def start(
         durable_due=durable_due,
         can_hold=job.morph_through_memory and cfg.hold_spool is not None,
     )
+
+
+def _load(runner: StageRunner, checkpoint: str, job: JobSpec) -> int:
+    """This rank's stage from ``checkpoint``: its manifest and the files the stage reads, checked on the way."""
+    from worker_agent.runtime import checkpoint as ckpt_mod
+
+    loaded = ckpt_mod.verify(Path(checkpoint), job.identity(), read_files=False)
+    runner.load(loaded)
+    return loaded.step
