@@ -95,7 +95,8 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
             f"one of {', '.join(causes)}, beside held_skipped's words (or empty), "
             f"not {status.held_skipped_cause[:40]!r}",
         )
-    return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS), skipped)
+    handed = printable(status.hand_off_failed, MAX_ERROR_CHARACTERS)
+    return wire.rank_from_pb(status, printable(status.error, MAX_ERROR_CHARACTERS), skipped, handed)
 
 
 def evaluation(field: str, status: pb.TrainerStatus) -> None:

@@ -133,9 +133,10 @@ def salvage_to_pb(salvage: Salvage | None) -> pb.Salvage | None:
     return pb.Salvage(step=salvage.step, writers=list(salvage.writers), deadline=salvage.deadline)
 
 
-def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "") -> RankReport:
-    """A trainer's status as a rank report (``error``, ``held_skipped``: texts as the caller keeps them; its
-    ``held_skipped_cause`` one of :class:`HeldSkipCause`'s values or empty, as the caller checked)."""
+def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "", hand_off_failed: str = "") -> RankReport:
+    """A trainer's status as a rank report (``error``, ``held_skipped``, ``hand_off_failed``: texts as the caller
+    keeps them; its ``held_skipped_cause`` one of :class:`HeldSkipCause`'s values or empty, as the caller
+    checked)."""
     return RankReport(
         job=status.job,
         generation=status.generation,
@@ -154,6 +155,7 @@ def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "") -
         stall_step=status.checkpoint_stall_step,
         stall_seconds=status.checkpoint_stall_seconds if status.HasField("checkpoint_stall_seconds") else None,
         held_skipped=held_skipped,
+        hand_off_failed=hand_off_failed,
         held_skipped_cause=HeldSkipCause(status.held_skipped_cause) if status.held_skipped_cause else None,
         loss=status.loss if status.HasField("loss") else None,
         samples_per_second=status.samples_per_second if status.HasField("samples_per_second") else None,

@@ -15,6 +15,7 @@ class EventKind(StrEnum):
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
     HELD_STATE_SKIPPED = "HeldStateSkipped"  # a generation resumed from the disk, not the memory it was named
+    HAND_OFF_FAILED = "HandOffFailed"  # a stop for an eviction wrote its step: the layers handed over were damaged
     EVALUATION_COMPLETED = "EvaluationCompleted"  # a generation's trainers reported a new eval loss
     TRAINING_PROGRESSED = "TrainingProgressed"  # the newest step's loss and samples/s, at most once a period
     CHECKPOINT_STALL_MEASURED = "CheckpointStallMeasured"  # how long a checkpoint paused training (its slowest rank)

@@ -73,6 +73,17 @@ class HeldStateSkipped(Fact):
 
 
 @dataclass(frozen=True)
+class HandOffFailed(Fact):
+    """At a generation's stop for an eviction, the layers its leaving ranks handed to staying ones did not all
+    arrive intact (``reason``, a rank's words): every rank wrote ``step`` to the disk instead, so none is lost."""
+
+    kind = EventKind.HAND_OFF_FAILED
+    generation: int
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class TrainingProgressed(Fact):
     kind = EventKind.TRAINING_PROGRESSED
     generation: int

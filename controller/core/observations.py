@@ -40,6 +40,7 @@ class RankReport:
     stall_seconds: float | None = None  # ... and how long that checkpoint paused it (None: none reported yet)
     held_skipped: str = ""  # it did not take the step the previous generation held in memory: why
     held_skipped_cause: HeldSkipCause | None = None  # ... and its class (None: unsaid, by an older agent)
+    hand_off_failed: str = ""  # at its generation's stop for an eviction, the hand-off failed: why
     loss: float | None = None  # the global-batch training loss of last_step (None: none reported)
     samples_per_second: float | None = None  # the rate last_step ran at
 

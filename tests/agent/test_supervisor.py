@@ -19,6 +19,7 @@ from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.contract import (
     CheckpointLoaded,
     CommittedCheckpoint,
+    HandOffFailed,
     HeldStateSkipped,
     ProgressEvent,
     ProgressRecord,
@@ -61,6 +62,10 @@ def test_progress_folds_the_facts_the_agent_reports() -> None:
     assert (forged.held_skipped, forged.held_skipped_cause) == ("why", "")
     odd = absorb(progress, parse_progress_line('{"event": "held_skipped", "reason": [1], "cause": [2], ' + FIELDS))
     assert (odd.held_skipped, odd.held_skipped_cause) == ("[1]", "")  # JSON of other types, read as no cause
+    handed = absorb(progress, ProgressRecord(HandOffFailed(42, "a layer's checksum did not match"), 0, 1, 9, 0.0))
+    assert handed.hand_off_failed == "a layer's checksum did not match" and handed.step == 42
+    odd = absorb(progress, parse_progress_line('{"event": "hand_off_failed", "step": 42, "reason": {}, ' + FIELDS))
+    assert odd.hand_off_failed == "{}"
 
 
 def spec(tmp_path: Path, steps: int, memory: bool = True) -> LaunchSpec:

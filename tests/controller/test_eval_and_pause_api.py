@@ -118,7 +118,9 @@ def test_an_evaluation_reaches_status_metrics_and_the_event_log(live: Live) -> N
     assert (untouched["eval_loss"], untouched["eval_step"]) == (None, None)
 
 
-def test_a_morphs_pause_reaches_status_metrics_and_the_event_log(live: Live) -> None:
+def evicted_and_stopped(live: Live, hand_off_failed: str = "") -> tuple[str, int, Node]:
+    """A job whose only node is evicted: its ranks stop at step 31 (saying ``hand_off_failed``) and the next
+    generation is issued to a spare node, returned with the job and the stopped generation."""
     node, job_id, generation = running_job(live, steps=100)
     ranks = list(node.beat().assignment.ranks)
     before = [status(job_id, generation, r, 30, first_step_at=1000.0, last_step_at=1030.0) for r in ranks]
@@ -137,11 +139,28 @@ def test_a_morphs_pause_reaches_status_metrics_and_the_event_log(live: Live) -> 
             last_checkpoint_step=31,
             first_step_at=1000.0,
             last_step_at=1031.25,
+            hand_off_failed=hand_off_failed,
         )
         for r in ranks
     ]
     node.beat(*stopped, eviction=pb.EvictionNotice(not_before=time.time() + 30, source="imds"))
     wait_for(lambda: job_of(live, job_id).generation == generation + 1, "the next generation")
+    return job_id, generation, spare
+
+
+def test_a_failed_hand_off_is_said_once_in_the_event_log(live: Live) -> None:
+    job_id, generation, spare = evicted_and_stopped(live, "layer block0's checksum did not match\x1b[2J")
+    assert event_data(live, "HandOffFailed") == [
+        {"generation": generation, "step": 31, "reason": "layer block0's checksum did not match[2J"}
+    ]
+    spare.beat()
+    spare.beat()
+    assert len(event_data(live, "HandOffFailed")) == 1
+
+
+def test_a_morphs_pause_reaches_status_metrics_and_the_event_log(live: Live) -> None:
+    job_id, generation, spare = evicted_and_stopped(live)
+    assert event_data(live, "HandOffFailed") == []
     assignment = spare.beat().assignment
     assert assignment.generation == generation + 1 and assignment.resume_step == 31
     morph = job_dict(job_of(live, job_id))["morphs"][0]

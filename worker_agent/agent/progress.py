@@ -12,6 +12,7 @@ from worker_agent.contract import (
     CollectiveFailed,
     EvaluationCompleted,
     FailureKind,
+    HandOffFailed,
     HeldStateSkipped,
     ProgressRecord,
     SalvageWritten,
@@ -52,6 +53,7 @@ class TrainerProgress:
     stall_seconds: float | None = None  # how long that checkpoint paused training (None: none reported yet)
     held_skipped: str = ""  # why the state the previous generation held in memory was not used
     held_skipped_cause: str = ""  # its class, a HeldSkipCause value ("" from a trainer that names none)
+    hand_off_failed: str = ""  # why the layers leaving ranks handed over at this generation's stop were not used
 
 
 def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress:
@@ -74,6 +76,8 @@ def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress
         said = event.cause  # a trainer's file: hostile (any JSON value)
         cause = said if isinstance(said, str) and said in set(HeldSkipCause) else ""
         progress = replace(progress, held_skipped=str(event.reason), held_skipped_cause=cause)
+    elif isinstance(event, HandOffFailed):
+        progress = replace(progress, hand_off_failed=str(event.reason))
     elif isinstance(event, CheckpointLoaded):
         progress = replace(progress, step=event.step)
     elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
@@ -114,3 +118,4 @@ class TrainerReport:
     stall_seconds: float | None = None  # ... and how long it paused training (None: no checkpoint reported yet)
     held_skipped: str = ""  # why it did not take the state the previous generation held (empty: it did, or none)
     held_skipped_cause: str = ""  # its class, a HeldSkipCause value
+    hand_off_failed: str = ""  # why its stop's hand-off was not used (empty: it was, or there was none)

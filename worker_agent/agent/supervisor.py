@@ -376,6 +376,7 @@ class Supervisor:
             stall_seconds=progress.stall_seconds,
             held_skipped=progress.held_skipped,
             held_skipped_cause=progress.held_skipped_cause,
+            hand_off_failed=progress.hand_off_failed,
         )
 
     def log_tail(self, key: TrainerKey, lines: int = 5) -> str:

@@ -205,6 +205,7 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
     status.refusal = refusal_to_pb(report)
     status.held_skipped = report.held_skipped[:MAX_HELD_SKIPPED]
     status.held_skipped_cause = report.held_skipped_cause
+    status.hand_off_failed = report.hand_off_failed[:MAX_HELD_SKIPPED]
     stall = report.stall_seconds
     if stall is not None:
         status.checkpoint_stall_step, status.checkpoint_stall_seconds = report.stall_step, stall

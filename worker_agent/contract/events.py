@@ -56,6 +56,15 @@ class HeldStateSkipped:
 
 
 @dataclass(frozen=True)
+class HandOffFailed:
+    """At an eviction's stop, the layers the leaving ranks handed over did not all arrive intact (``reason``):
+    nothing was handed off, and every rank wrote the stopped ``step`` to the disk instead."""
+
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class StepCompleted:
     """``step`` optimizer steps are done (on every rank: they all-reduce once per step)."""
 
@@ -147,6 +156,7 @@ ProgressEvent = (
     | CheckpointLoaded
     | CheckpointSkipped
     | HeldStateSkipped
+    | HandOffFailed
     | StepCompleted
     | EvaluationCompleted
     | CheckpointWritten
@@ -162,6 +172,7 @@ EVENT_NAMES: dict[type[ProgressEvent], str] = {
     CheckpointLoaded: "resumed",
     CheckpointSkipped: "checkpoint_skipped",
     HeldStateSkipped: "held_skipped",
+    HandOffFailed: "hand_off_failed",
     StepCompleted: "step",
     EvaluationCompleted: "eval",
     CheckpointWritten: "checkpoint",

@@ -18,6 +18,7 @@ from worker_agent.contract import (
     CheckpointWritten,
     EvaluationCompleted,
     ExitCode,
+    HandOffFailed,
     StepCompleted,
     TrainerFailed,
     TrainingFinished,
@@ -148,6 +149,7 @@ def run(g: Generation, keep: Callable[[Held], None]) -> ExitCode:
                 say(f"handed off at step {step}: sent {handed.sent} B, received {handed.received} B")
                 if not handed.ok:
                     warn(f"the hand-off failed ({handed.reason}); the stop writes step {step}")
+                    progress.emit(HandOffFailed(step=step, reason=handed.reason))
             interval = job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0
             due = requested or step == g.durable_due or (not in_memory and (finishing or interval))
             if due and step != g.already_written:

@@ -28,7 +28,7 @@ from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
 from controller.core.reconcile.holders import holders_to_keep, prefer_holders
 from controller.core.reconcile.refusals import refused
-from controller.core.reconcile.reports import census, first_error, start_failures
+from controller.core.reconcile.reports import census, current_reports, first_error, start_failures
 from controller.core.reconcile.salvage import advance_salvage, first_failure
 from controller.core.reconcile.unreachable import (
     Verdict,
@@ -156,6 +156,9 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
     given_up = job.action is Action.ABORT and draft.now - started > config.abort_timeout_seconds
     if not counted.quiet and not given_up:
         return
+    said = next((r for _, r in current_reports(draft, job) if r.hand_off_failed), None)
+    if said is not None:  # this pass ends the generation's stop: said once
+        draft.event(facts.HandOffFailed(job.generation, said.last_step, said.hand_off_failed), job_id)
     keep = [n for n in job.nodes if draft.assigned(job, n) and n not in job.hold.suspected]
     draft.release_nodes(job_id, job.nodes, f"generation {job.generation} of {job_id} ended")
     holders = holders_needed(job, keep)

@@ -1116,6 +1116,7 @@ class TrainerStatus(_message.Message):
     LOSS_FIELD_NUMBER: _builtins.int
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     HELD_SKIPPED_CAUSE_FIELD_NUMBER: _builtins.int
+    HAND_OFF_FAILED_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -1156,6 +1157,10 @@ class TrainerStatus(_message.Message):
     """With held_skipped: its class, a morphing.transfer.HeldSkipCause value ("not_held", "inconsistent",
     "layers_missing", "checksum_mismatch", "peer_lost", "peer_timeout"; empty from an older agent).
     """
+    hand_off_failed: _builtins.str
+    """At this generation's stop for an eviction, the layers the leaving ranks handed over did not all arrive
+    intact: why, in words (empty: they did, or nothing was handed over). Every rank wrote the step instead.
+    """
     def __init__(
         self,
         *,
@@ -1179,10 +1184,11 @@ class TrainerStatus(_message.Message):
         loss: _builtins.float | None = ...,
         samples_per_second: _builtins.float | None = ...,
         held_skipped_cause: _builtins.str = ...,
+        hand_off_failed: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "held_step", b"held_step", "last_step_at", b"last_step_at", "loss", b"loss", "samples_per_second", b"samples_per_second"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "held_skipped", b"held_skipped", "held_skipped_cause", b"held_skipped_cause", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "loss", b"loss", "rank", b"rank", "refusal", b"refusal", "running", b"running", "samples_per_second", b"samples_per_second"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "hand_off_failed", b"hand_off_failed", "held_skipped", b"held_skipped", "held_skipped_cause", b"held_skipped_cause", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "loss", b"loss", "rank", b"rank", "refusal", b"refusal", "running", b"running", "samples_per_second", b"samples_per_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
