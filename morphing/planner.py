@@ -116,8 +116,11 @@ class Planner:
         space = SlotSpace(nodes)
         if space.gpus <= 0:
             return Infeasible(0, "no GPUs available")
-        candidates = [c for c in self._candidates(space, stages) if c.gpus_used >= least_gpus]
-        return self._result(space, self._search(space, candidates, None))
+        every = self._candidates(space, stages)
+        best = self._search(space, [c for c in every if c.gpus_used >= least_gpus], None)
+        if best is None and least_gpus > 1 and self._search(space, every, None) is not None:
+            return Infeasible(space.gpus, f"no layout that fits uses {least_gpus} or more of the {space.gpus} GPUs")
+        return self._result(space, best)
 
     def smallest_pipeline(self) -> int | None:
         """The fewest stages whose layers fit in GPU memory (one replica), or ``None`` if none do."""

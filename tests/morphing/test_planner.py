@@ -129,6 +129,17 @@ def test_batch_smaller_than_gpus_caps_replicas() -> None:
     assert sum(result.layout.samples_per_replica) == 3
 
 
+def test_a_gpu_floor_no_layout_reaches_is_named_as_the_reason() -> None:
+    """With one sample a step there is one replica, so no layout uses more GPUs than the model has layers."""
+    planner = Planner(GPT48, 1)
+    nodes = local_nodes(64, 8)
+    assert isinstance(planner.plan(nodes), Plan)
+    refused = planner.plan(nodes, least_gpus=60)
+    assert isinstance(refused, Infeasible)
+    assert refused.reason == "no layout that fits uses 60 or more of the 64 GPUs", refused.reason
+    assert isinstance(planner.plan(nodes, least_gpus=8), Plan)
+
+
 def test_recomputation_fits_activation_heavy_models_on_fewer_gpus_and_predicts_a_slower_step() -> None:
     layer = {
         "forward_seconds": {"1": 0.01},
