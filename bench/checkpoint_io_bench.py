@@ -48,7 +48,7 @@ HISTORY = (
     "format v3 the checksum was SHA-256, about 1.1 GB/s per core here; XXH3-128 runs at about 10 GB/s per "
     "core. On 2026-11-26 (Intel Xeon, 2 cores), three runs in a row: v3, SHA-256 (commit 847d7d9), v3 again: "
     "write 1.60 / 1.73 / 1.42 of raw, cold read 0.77 / 0.49 / 0.59, warm read 0.48 / 0.23 / 0.48 (the table is "
-    "the third run). History (2026-11-25, this machine, "
+    "the third run). History (2026-11-25, the Intel Xeon, "
     "four earlier pairs of runs of this bench, each pair the old code then the new): before layer files were "
     "streamed (torch.save into memory, then written; read whole into a bytearray, hashed, then torch.load "
     "copied it; one file at a time), write 0.47-0.67, cold read 0.13-0.21 and warm read 0.06-0.12 of raw; "

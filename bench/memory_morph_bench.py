@@ -181,7 +181,7 @@ def one(work: Path, size: str, case: str, path: str, log: Log) -> Run:
     work.mkdir(parents=True)
     cluster = LocalCluster(work / "home", poll=0.2)
     try:
-        cluster.up(nodes=before, slots=1)
+        cluster.up(nodes=before, slots=1, heartbeat_expiry=10.0 if before + after > 3 else 5.0)  # 4 VMs starve agents
         job = cluster.submit(write_spec(work, size, path, batch(size, case)))
         cluster.wait_status(job, lambda s: s["state"] == "RUNNING" and world_size(s) == before, 300, "the layout")
         old = int(cluster.status(job)["generation"])

@@ -18,6 +18,7 @@ BENCHMARKS = (
     "bench.checkpoint_io_bench",
     "bench.morph_bench",
     "bench.warm_bench",
+    "bench.launch_bench",
     "bench.controller_bench",
 )
 

@@ -149,7 +149,7 @@ def evicted_and_stopped(live: Live, hand_off_failed: str = "") -> tuple[str, int
 
 
 def test_a_failed_hand_off_is_said_once_in_the_event_log(live: Live) -> None:
-    job_id, generation, spare = evicted_and_stopped(live, "layer block0's checksum did not match\x1b[2J")
+    _, generation, spare = evicted_and_stopped(live, "layer block0's checksum did not match\x1b[2J")
     assert event_data(live, "HandOffFailed") == [
         {"generation": generation, "step": 31, "reason": "layer block0's checksum did not match[2J"}
     ]

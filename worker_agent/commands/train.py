@@ -49,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto (default): one GPU per rank when there are enough, else CPU; cuda: refuse to run without",
     )
     parser.add_argument(
+        "--spawn-ranks",
+        action="store_true",
+        help="start each rank as a new Python interpreter (on the CPU they are forked from this process by "
+        "default, which imported torch once for all of them)",
+    )
+    parser.add_argument(
         "--activation-recomputation",
         action="store_true",
         help="recompute each layer during backward instead of keeping its activations (less memory)",
@@ -158,5 +164,13 @@ def run(args: argparse.Namespace) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="spotmorph-run-") as tmp:
         run_dir = args.run_dir or Path(tmp)
-        local = LocalRun(job, layout, args.checkpoint_dir, run_dir, log_every=args.log_every, load_from=args.load_from)
+        local = LocalRun(
+            job,
+            layout,
+            args.checkpoint_dir,
+            run_dir,
+            log_every=args.log_every,
+            load_from=args.load_from,
+            fork=not args.spawn_ranks,
+        )
         return run_local(local)

@@ -7,18 +7,22 @@ control dir's stop request. When one trainer fails the others are given time to 
 process-group timeouts) and are killed only if they overstay it; survivors that hold their last step for
 a just-in-time checkpoint (:mod:`worker_agent.runtime.salvage`) are asked to stop, since no controller
 orders one here. On CUDA, rank ``r`` uses GPU ``r``
-(its local rank), so a layout needs a GPU per rank.
+(its local rank), so a layout needs a GPU per rank. On the CPU the ranks are forked from the launcher,
+which imported torch once for all of them (:mod:`worker_agent.runtime.forked`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -37,6 +41,7 @@ from worker_agent.contract import (
     TrainingFinished,
     TrainingStopped,
 )
+from worker_agent.runtime.forked import ForkedRank, preload, read_port
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class LocalRun:
     generation: int = 0
     log_every: int = 10
     load_from: Path | None = None
+    fork: bool = True  # on the CPU, fork the ranks from this process (False: a new interpreter each)
 
 
 def local_device(requested: Device, ranks: int) -> Device:
@@ -86,22 +92,41 @@ def run_local(run: LocalRun) -> int:
     directory.control.clear_abort()  # a reused --run-dir: an old order must not sever this run's ranks
     directory.job_file.write_text(run.job.model_dump_json(indent=1))
     directory.layout_file.write_text(json.dumps(run.layout.to_dict(), indent=1))
-    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
-        "127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False
-    )
-    procs = []
-    for rank in range(run.layout.world_size):
+    ranks = range(run.layout.world_size)
+    for rank in ranks:
         directory.progress_file(rank).unlink(missing_ok=True)
-        arguments = TrainerArguments.in_generation_dir(
+
+    def arguments(rank: int, port: int) -> TrainerArguments:
+        return TrainerArguments.in_generation_dir(
             directory,
             rank,
-            rendezvous=f"127.0.0.1:{store.port}",
+            rendezvous=f"127.0.0.1:{port}",
             checkpoint_dir=run.checkpoint_dir,
             load_from=run.load_from,
             generation=run.generation,
             device_index=rank if run.job.device == "cuda" else None,
         )
-        procs.append(subprocess.Popen(arguments.command(sys.executable), start_new_session=True))
+
+    procs: list[subprocess.Popen[bytes] | ForkedRank] = []
+    ports: list[int] = []  # where the forked ranks are told the store's port (the write end of a pipe each)
+    if run.fork and run.job.device == "cpu":
+        preload()
+        for rank in ranks:
+            read, write = os.pipe()
+            ports.append(write)
+            argv = partial(_forked_argv, arguments, rank, read)
+            procs.append(ForkedRank(argv, close=tuple(ports)))  # the child keeps no write end: EOF reaches it
+            os.close(read)
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
+        "127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False
+    )
+    for write in ports:
+        os.write(write, f"{store.port}\n".encode())
+        os.close(write)
+    if not ports:
+        for rank in ranks:
+            command = arguments(rank, store.port).command(sys.executable)
+            procs.append(subprocess.Popen(command, start_new_session=True))
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         directory.control.request_stop()
@@ -115,7 +140,12 @@ def run_local(run: LocalRun) -> int:
         del store
 
 
-def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.Popen[bytes]]) -> int:
+def _forked_argv(arguments: Callable[[int, int], TrainerArguments], rank: int, read: int) -> list[str]:
+    """In a forked rank: its trainer arguments, once the launcher says the store's port."""
+    return arguments(rank, read_port(read)).to_argv()
+
+
+def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.Popen[bytes] | ForkedRank]) -> int:
     relay = _Relay(ProgressReader(directory.progress_file(0)), run.log_every, run.job.steps)
     grace = 2 * run.job.timeout_seconds + 10
     failed_at: float | None = None
