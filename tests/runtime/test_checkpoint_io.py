@@ -254,7 +254,8 @@ def test_the_checkpoint_io_bench_runs_quickly_and_prints_only(tmp_path: Path) ->
     assert result.returncode == 0, result
     out = result.stdout
     assert "toy size, not a measurement" in out, out
-    for row in ("| write (", "| read, cold (", "| read, warm ("):
+    rows = ("| write (", "| read, cold, a controller", "| read, warm (", "| read, cold, a standal", "| read, warm, a")
+    for row in rows:
         line = next(line for line in out.splitlines() if line.startswith(row))
         ours, raw, ratio = (float(c) for c in line.split("|")[2:5])
         assert ours > 0 and raw > 0 and ratio > 0, line
