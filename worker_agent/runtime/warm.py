@@ -29,11 +29,10 @@ MODEL_LIBRARIES = ("transformers.modeling_utils",)
 def _preload() -> None:
     """What a trainer imports before it can do anything (the bulk of a cold start)."""
     import torch
-    import torch.distributed
-    import torch.distributed.pipelining
 
-    from worker_agent.runtime import checkpoint, engine, job, model_api, partition  # noqa: F401
+    from worker_agent.runtime.forked import preload
 
+    preload()  # the same imports spotmorph train's launcher does once for its forked ranks
     torch.set_num_threads(1)
     for name in MODEL_LIBRARIES:
         if importlib.util.find_spec(name.partition(".")[0]) is None:
