@@ -13,13 +13,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from controller.client.context import Context
+from spotmorph.local.cli_calls import ROOT, CommandFailed, ask, run_cli
 from spotmorph.local.cluster import require_context, start_controller
 from spotmorph.local.layout import ClusterDir, VmDir
 from spotmorph.local.platform import schedule_eviction
@@ -35,7 +35,6 @@ from worker_agent.contract import (
     read_progress,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY_GPT_SPEC = ROOT / "examples" / "tiny_gpt.yaml"
 TINY_GPT = f"{ROOT}/examples/tiny_gpt.py:build"
 ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -44,17 +43,8 @@ HAS_STEP = (CheckpointLoaded, StepCompleted, CheckpointWritten, TrainingStopped,
 E = TypeVar("E")
 
 
-class CommandFailed(RuntimeError):
-    """A ``spotmorph`` command exited non-zero; the message has its stdout and stderr."""
-
-
 class JobEnded(RuntimeError):
     """The job ended (succeeded, failed, cancelled) before what was waited for happened."""
-
-
-def spotmorph(*args: str) -> list[str]:
-    """The command line of ``spotmorph ARGS`` with this Python."""
-    return [sys.executable, "-m", "spotmorph.cli", *args]
 
 
 def cluster_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -63,22 +53,6 @@ def cluster_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str,
     for name in ("SPOTMORPH_CONTROLLER", "SPOTMORPH_TOKEN"):
         env.pop(name, None)
     return env
-
-
-def run_cli(
-    args: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 120, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(
-        spotmorph(*args),
-        capture_output=True,
-        text=True,
-        env=None if env is None else dict(env),
-        cwd=ROOT,
-        timeout=timeout,
-    )
-    if check and out.returncode != 0:
-        raise CommandFailed(f"spotmorph {' '.join(args)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
-    return out
 
 
 def first_event(records: Iterable[ProgressRecord], kind: type[E]) -> tuple[float, E] | None:
@@ -162,6 +136,15 @@ class LocalCluster:
     def cli_json(self, *args: str) -> Any:
         return json.loads(self.cli(*args, "--json").stdout)
 
+    def ask(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A read-only client command (status, nodes, events, jobs) in this process, as it runs as a process:
+        what the harness polls (spotmorph.local.cli_calls says why)."""
+        context = self.context()
+        return ask(args, context.controller, context.token(), check)
+
+    def ask_json(self, *args: str) -> Any:
+        return json.loads(self.ask(*args, "--json").stdout)
+
     def up(
         self,
         nodes: int,
@@ -207,10 +190,10 @@ class LocalCluster:
     # -- what the controller says -----------------------------------------------------------------
 
     def status(self, job: str) -> dict[str, Any]:
-        return dict(self.cli_json("status", job))
+        return dict(self.ask_json("status", job))
 
     def nodes(self) -> list[dict[str, Any]]:
-        return list(self.cli_json("nodes"))
+        return list(self.ask_json("nodes"))
 
     def node_state(self, node: str) -> str:
         return str({n["name"]: n["state"] for n in self.nodes()}.get(node, ""))
@@ -222,12 +205,12 @@ class LocalCluster:
 
     def events(self, job: str | None = None) -> list[dict[str, Any]]:
         """The controller's event log (of ``job``), one dict an event."""
-        out = self.cli("events", "--json", *(["--job", job] if job else []))
+        out = self.ask("events", "--json", *(["--job", job] if job else []))
         return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
     def event_log(self) -> str:
         """The event log as ``spotmorph events`` shows it, or why it could not be read."""
-        out = self.cli("events", check=False)
+        out = self.ask("events", check=False)
         return out.stdout + out.stderr
 
     # -- waiting ----------------------------------------------------------------------------------
@@ -334,7 +317,7 @@ class LocalCluster:
     def start_controller(self) -> None:
         """Start the controller again (after ``kill_controller``); returns once it serves."""
         start_controller(self.files, self.env)
-        self.wait(lambda: self.cli("jobs", check=False).returncode == 0, 60, "the controller to serve again")
+        self.wait(lambda: self.ask("jobs", check=False).returncode == 0, 60, "the controller to serve again")
 
     # -- what the trainers say --------------------------------------------------------------------
 

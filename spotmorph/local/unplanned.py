@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spotmorph.local.harness import ROOT, LocalCluster
+from spotmorph.local.cli_calls import ROOT
+from spotmorph.local.harness import LocalCluster
 from spotmorph.local.provider import kill_vm
 
 DEMO_PROFILE = ROOT / "examples" / "profiles" / "tiny_gpt.json"

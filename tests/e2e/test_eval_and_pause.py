@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from spotmorph.local.harness import ROOT, LocalCluster
+from spotmorph.local.cli_calls import ROOT
+from spotmorph.local.harness import LocalCluster
 from tests.browser import CHROMIUM, parse, rendered
 from worker_agent.contract import CheckpointWritten, EvaluationCompleted, StepCompleted
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from spotmorph.local import netns
-from spotmorph.local.harness import LocalCluster, spotmorph
+from spotmorph.local.cli_calls import spotmorph
+from spotmorph.local.harness import LocalCluster
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.network import NODE_INTERFACE, prefix_of
 from spotmorph.local.processes import alive

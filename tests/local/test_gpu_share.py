@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from morphing.errors import UserInputError
 from spotmorph.local import gpu_share
-from spotmorph.local.harness import cluster_env, spotmorph
+from spotmorph.local.cli_calls import spotmorph
+from spotmorph.local.harness import cluster_env
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.processes import wait_for
 from spotmorph.local.provider import LocalProcessProvider, kill_vm

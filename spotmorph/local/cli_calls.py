@@ -1,0 +1,68 @@
+"""Running ``spotmorph`` commands for the harness: as a new process, or, for the read-only questions it polls
+(``status``, ``nodes``, ``events``), inside this one.
+
+A poll is a question asked every fraction of a second for minutes. As a process, each costs an interpreter
+start and the client's imports (0.8 s of CPU on a 2-core AMD EPYC, measured): a test waiting on a status
+spent most of a core on asking, taken from the cluster it waited for. In this process the same command
+(its parser, its gRPC call, its JSON) answers in milliseconds; the controller, the address and the token
+are the cluster's own, named on the command line, so nothing in this process's environment is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class CommandFailed(RuntimeError):
+    """A ``spotmorph`` command exited non-zero; the message has its stdout and stderr."""
+
+
+def spotmorph(*args: str) -> list[str]:
+    """The command line of ``spotmorph ARGS`` with this Python."""
+    return [sys.executable, "-m", "spotmorph.cli", *args]
+
+
+def _checked(
+    args: Sequence[str], out: subprocess.CompletedProcess[str], check: bool
+) -> subprocess.CompletedProcess[str]:
+    if check and out.returncode != 0:
+        raise CommandFailed(f"spotmorph {' '.join(args)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def run_cli(
+    args: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``spotmorph ARGS`` as a new process (with ``env``, from the repository's root)."""
+    out = subprocess.run(
+        spotmorph(*args),
+        capture_output=True,
+        text=True,
+        env=None if env is None else dict(env),
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    return _checked(args, out, check)
+
+
+def ask(args: Sequence[str], controller: str, token: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``spotmorph ARGS --controller CONTROLLER --token TOKEN`` in this process: a client command's exit code,
+    stdout and stderr exactly as the process would give them."""
+    from spotmorph.cli import main
+
+    command = [*args, "--controller", controller, *([f"--token={token}"] if token else [])]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(command)
+        except SystemExit as exc:  # argparse's usage errors, as the process would exit
+            code = exc.code if isinstance(exc.code, int) else 1
+    out = subprocess.CompletedProcess(["spotmorph", *command], code, stdout.getvalue(), stderr.getvalue())
+    return _checked(args, out, check)
