@@ -43,7 +43,7 @@ typecheck: install-dev
 layers: install-dev
 	$(VENV)/bin/lint-imports
 
-# Two workers: the tests that start local clusters run one after another on one of them (tests/conftest.py).
+# Two workers; tests that share a session fixture run on one of them (tests/conftest.py).
 unit: install-dev
 	$(VENV)/bin/pytest -q -n 2 --dist loadgroup tests
 

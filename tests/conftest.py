@@ -1,25 +1,17 @@
 """Test-suite wide: tests marked ``soak`` (long variants) run only when ``-m`` selects them (``make soak``).
 
-``make test`` runs on two pytest-xdist workers (``--dist loadgroup``): the tests that start local clusters
-(``tests/e2e``, ``tests/local``) form one group, run one after another on one worker, so at most one cluster
-loads the machine at a time, while the other worker takes the rest.
+``make test`` runs on two pytest-xdist workers (``--dist loadgroup``): tests that share an expensive session
+fixture name an ``xdist_group`` so they run on one worker. The tests that start local clusters run on both
+workers, two clusters at a time at most: the suite is bound by the CPU, and two at a time overlap the waits
+each has (a notice, a heartbeat's expiry) with the other's work.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-CLUSTER_DIRS = ("e2e", "local")
-TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
-        if parts and parts[0] in CLUSTER_DIRS:
-            item.add_marker(pytest.mark.xdist_group("clusters"))
     if "soak" in str(config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="a soak test (minutes): run with `make soak` or `pytest -m soak`")
@@ -30,8 +22,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse ``--dist loadgroup`` on a pytest with which pytest-xdist no longer groups (from 9.2, whose node ids
-    xdist can no longer tag with the group: pytest-dev/pytest-xdist#1386): the clusters' tests would silently
-    run two at a time."""
+    xdist can no longer tag with the group: pytest-dev/pytest-xdist#1386): the tests of one group would silently
+    run on both workers, each building their session fixture."""
     broken = tuple(int(part) for part in pytest.version_tuple[:2] if isinstance(part, int)) >= (9, 2)
     if broken and config.getoption("dist", "no") == "loadgroup":
         raise pytest.UsageError(

@@ -46,7 +46,7 @@ def run_to_the_end(supervisor: Supervisor, spec: LaunchSpec) -> None:
 
 
 def warm_log(supervisor: Supervisor) -> str:
-    return "".join(w.spool.log_file.read_text() for w in supervisor._warm if w.spool.log_file.exists())
+    return "".join(w.spool.log_file.read_text() for w in supervisor.warm_trainers.waiting if w.spool.log_file.exists())
 
 
 def test_a_prepared_warm_trainer_trains_bit_for_bit_as_a_cold_one_and_a_broken_hint_is_only_noted(
@@ -64,7 +64,7 @@ def test_a_prepared_warm_trainer_trains_bit_for_bit_as_a_cold_one_and_a_broken_h
         assert warm.building() == "job-0", "reported until it has tried: a growth onto the node waits for it"
         wait_for(lambda: "cannot build the model ahead" in warm_log(warm), 120, "the failed build noted")
         wait_for(lambda: warm.building() == "", 10, "a failed build no longer reported as under way")
-        [waiting] = warm._warm
+        [waiting] = warm.warm_trainers.waiting
         assert waiting.process.poll() is None, "the warm trainer waits on for a hint or an assignment"
         warm.prepare("job-1", prepared.job)
         assert warm.building() == "job-1"

@@ -247,8 +247,8 @@ def test_warm_trainers_that_cannot_start_are_given_up_and_the_agent_goes_on(tmp_
     dying = Supervisor(tmp_path / "b", python="/bin/false", warm=2)
     for _ in range(3):
         dying.prewarm()
-        for warm in dying._warm:
+        for warm in dying.warm_trainers.waiting:
             warm.process.wait(10)
     dying.prewarm()
     assert dying.warm == 0, "warm trainers that keep exiting unused are no longer started"
-    assert not dying._warm
+    assert not dying.warm_trainers.waiting

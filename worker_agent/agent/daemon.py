@@ -116,6 +116,7 @@ class Agent:
             python=config.trainer_python,
             env=trainer_environment(os.environ, config.gpus, config.socket_interface),
             warm=config.warm_trainers,
+            zygote=not config.gpus,  # a CPU node forks its warm trainers (forking after CUDA is initialised fails)
         )
         self.link = ControllerLink(Endpoint(config.controller, config.ca, config.cert, config.key))
         self.logs = LogShipper(self.work_dir.trainers, self._send_logs, self.supervisor.running)

@@ -7,10 +7,33 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
 from dataclasses import dataclass
+from typing import Protocol
 
+from worker_agent.agent.zygote import Adopted
 from worker_agent.contract import ExitCode, WarmSpool
+
+
+class Process(Protocol):
+    """What the supervisor uses of a trainer's process: a :class:`subprocess.Popen`, or one the zygote forked."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def kill_group(process: Process) -> None:
+    """SIGKILL ``process`` and its process group, and wait for it (a forked warm trainer the zygote has not
+    answered for yet: once it has)."""
+    if isinstance(process, Adopted):
+        process.kill_group()
+    elif process.pid > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 @dataclass
@@ -29,7 +52,7 @@ class Finished:
 
 @dataclass
 class Warm:
-    process: subprocess.Popen[bytes]
+    process: Process
     spool: WarmSpool
     holds: tuple[str, int] | None = None  # (job, generation) whose stopped state this process keeps
 
@@ -42,6 +65,9 @@ class Holders:
 
     def add(self, holder: Warm) -> None:
         self._held.append(holder)
+
+    def pids(self) -> set[int]:
+        return {h.process.pid for h in self._held}
 
     def take(self, job_id: str) -> Warm | None:
         """A live holder of ``job_id``'s state (it leaves the holders), or None."""
@@ -57,7 +83,5 @@ class Holders:
         for holder in list(self._held):
             if holder.holds not in keep:
                 self._held.remove(holder)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(holder.process.pid, signal.SIGKILL)
-                holder.process.wait()
+                kill_group(holder.process)
                 shutil.rmtree(holder.spool.path, ignore_errors=True)

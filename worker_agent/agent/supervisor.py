@@ -26,12 +26,14 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from morphing.jobspec import JobSpec
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
-from worker_agent.agent.holders import Finished, Holders, Warm
+from worker_agent.agent.holders import Finished, Holders, Process, Warm, kill_group
 from worker_agent.agent.progress import TrainerProgress, TrainerReport, absorb
+from worker_agent.agent.warming import WarmTrainers
+from worker_agent.agent.zygote import Adopted, reap_orphans
 from worker_agent.contract import (
     CommittedCheckpoint,
     ExitCode,
@@ -39,13 +41,11 @@ from worker_agent.contract import (
     ProgressReader,
     TrainerArguments,
     TrainersDir,
-    WarmArguments,
     WarmAssignment,
     WarmSpool,
 )
 
 LOG = logging.getLogger("spotmorph.agent")
-MAX_WARM_DEATHS = 3  # warm trainers dying unused before the supervisor stops keeping them
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,6 @@ class LaunchSpec:
     resume: CommittedCheckpoint | None = None  # the checkpoint the controller committed (None: from scratch)
     store_rank: int = 0
     held: CommittedCheckpoint | None = None  # the step the previous generation keeps in memory, if any
-
-
-class _Process(Protocol):
-    pid: int
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
 
 
 class _FailedStart:
@@ -84,7 +76,7 @@ class _FailedStart:
 @dataclass
 class _Trainer:
     key: TrainerKey
-    process: _Process
+    process: Process
     reader: ProgressReader
     log_path: Path
     stop_requested: bool = False
@@ -94,22 +86,32 @@ class _Trainer:
 
 class Supervisor:
     def __init__(
-        self, work_dir: Path, python: str = sys.executable, env: dict[str, str] | None = None, warm: int = 0
+        self,
+        work_dir: Path,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+        warm: int = 0,
+        zygote: bool = False,
     ) -> None:
+        """``zygote``: fork warm trainers from one process that imported once (a CPU node's agent; this process
+        then adopts its descendants' orphans, see :mod:`worker_agent.agent.zygote`)."""
         self.trainers_dir = TrainersDir(work_dir)
         self.python = python
         self.env = env
-        self.warm = warm
+        self.warm_trainers = WarmTrainers(self.trainers_dir, python, env, warm, zygote)
+        self._adopts = zygote
         self._trainers: dict[TrainerKey, _Trainer] = {}
-        self._warm: list[Warm] = []
-        self._warm_serial = 0
-        self._warm_deaths = 0  # warm trainers that exited before being handed an assignment
+        self._hold_serial = 0
         self._checkpoint_requests: dict[tuple[str, int], int] = {}
         self.lease_seconds: float | None = None  # set once the agent registered: trainers started after get a lease
         self._salvage_orders: dict[tuple[str, int], str] = {}
         self._holders = Holders()  # trainers that stopped and keep their state for the next generation
         self.hold = True  # offer trainers a hold spool (a planned morph through memory)
-        self._hint: tuple[str, str] | None = None  # the job last handed to warm trainers to build ahead, its spec
+
+    @property
+    def warm(self) -> int:
+        """How many warm trainers this node keeps waiting (0 once it gave them up)."""
+        return self.warm_trainers.count
 
     def generation_dir(self, job_id: str, generation: int) -> GenerationDir:
         return self.trainers_dir.generation_dir(job_id, generation)
@@ -139,7 +141,7 @@ class Supervisor:
         )
         if self.lease_seconds is not None:
             directory.control.renew_lease(self.lease_seconds)  # before the trainer can look for it
-        process: _Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path), key.job_id)
+        process: Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path), key.job_id)
         if process is None:
             with open(log_path, "ab") as log:
                 try:
@@ -162,27 +164,21 @@ class Supervisor:
         self._trainers[key] = _Trainer(key, process, reader, log_path, hold_spool=hold_spool)
 
     def _hold_spool(self, key: TrainerKey) -> WarmSpool:
-        self._warm_serial += 1
-        spool = self.trainers_dir.warm_spool(f"h-{os.getpid()}-{self._warm_serial}")
+        self._hold_serial += 1
+        spool = self.trainers_dir.warm_spool(f"h-{os.getpid()}-{self._hold_serial}")
         shutil.rmtree(spool.path, ignore_errors=True)
         spool.path.mkdir(parents=True)
         return spool
 
-    def _hand_to_warm(self, assignment: WarmAssignment, job_id: str) -> subprocess.Popen[bytes] | None:
+    def _hand_to_warm(self, assignment: WarmAssignment, job_id: str) -> Process | None:
         """Give the trainer's arguments to a process holding this job's state, else to a warm one (a ready one
         first); None when there is none."""
         self._reap_holders()
-        holder = self._holders.take(job_id)
-        if holder is not None:
-            holder.spool.hand_over(assignment.to_json())
-            return holder.process
-        self._warm = [w for w in self._warm if w.process.poll() is None]
-        self._warm.sort(key=lambda w: not w.spool.ready())
-        if not self._warm:
+        taken = self._holders.take(job_id) or self.warm_trainers.take()
+        if taken is None:
             return None
-        warm = self._warm.pop(0)
-        warm.spool.hand_over(assignment.to_json())
-        return warm.process
+        taken.spool.hand_over(assignment.to_json())
+        return taken.process
 
     def _reap_holders(self) -> None:
         """A trainer that stopped and holds its state has ended its generation (exit 0 for it); its process
@@ -190,7 +186,7 @@ class Supervisor:
         for trainer in self._trainers.values():
             spool = trainer.hold_spool
             process = trainer.process
-            if spool is None or not isinstance(process, subprocess.Popen) or process.poll() is not None:
+            if spool is None or not isinstance(process, (subprocess.Popen, Adopted)) or process.poll() is not None:
                 continue
             if spool.holding():
                 trainer.process = Finished(process.pid)
@@ -199,58 +195,24 @@ class Supervisor:
                 LOG.info("%s stopped and keeps its state in memory for the next generation", trainer.key)
 
     def prewarm(self) -> None:
-        """Start warm trainers until ``warm`` of them wait (call when no morph is under way).
-
-        Warm trainers are an optimisation: when they cannot start (the trainer's Python is missing) or keep
-        dying before they are used, the supervisor stops keeping them and says why; trainers then start cold,
-        and a cold start that fails is reported as a start failure, as ever."""
-        alive = [w for w in self._warm if w.process.poll() is None]
-        self._warm_deaths += len(self._warm) - len(alive)
-        self._warm = alive
-        if self._warm_deaths >= MAX_WARM_DEATHS:
-            self._stop_warming(f"{self._warm_deaths} warm trainers exited before they were used")
-        while len(self._warm) < self.warm:
-            self._warm_serial += 1
-            spool = self.trainers_dir.warm_spool(f"w-{os.getpid()}-{self._warm_serial}")
-            shutil.rmtree(spool.path, ignore_errors=True)
-            spool.path.mkdir(parents=True)
-            command = WarmArguments(spool.path, os.getpid()).command(self.python)
-            try:
-                with open(spool.log_file, "ab") as log:
-                    process = subprocess.Popen(
-                        command, stdout=log, stderr=subprocess.STDOUT, process_group=0, env=self.env
-                    )
-            except OSError as exc:
-                self._stop_warming(f"cannot start {command[0]}: {exc.strerror or exc}")
-                return
-            spool.pid_file.write_text(str(process.pid))
-            self._warm.append(Warm(process, spool))
+        """Start warm trainers until ``warm`` of them wait (call when no morph is under way, so their start does
+        not compete with a morph for the CPU); collect the orphans this node adopted, if it does."""
+        self.warm_trainers.replenish()
+        if self._adopts:
+            reap_orphans({t.process.pid for t in self._trainers.values()} | self._holders.pids())
 
     def prepare(self, job_id: str, job: JobSpec) -> None:
-        """Hand ``job`` to the waiting warm trainers to build its model ahead: the controller's hint that a
-        growth may bring it to this free node. Each builds it once; nothing runs until an assignment."""
-        text = job.model_dump_json()
-        self._hint = (job_id, text)
-        for warm in self._warm:
-            if warm.process.poll() is None and warm.spool.hand_prepare(text):
-                LOG.info("warm trainer %s: building %s's model ahead", warm.spool.path.name, job.name)
+        """Hand ``job`` to the waiting warm trainers to build its model ahead (the controller's growth hint)."""
+        self.warm_trainers.prepare(job_id, job)
 
     def building(self) -> str:
         """The job whose model a waiting warm trainer is still building ahead ("": none): the controller holds a
         growth onto this node until the build is done, so the growth's pause does not hold it."""
-        if self._hint is None:
-            return ""
-        job_id, text = self._hint
-        return job_id if any(w.process.poll() is None and w.spool.building(text) for w in self._warm) else ""
-
-    def _stop_warming(self, why: str) -> None:
-        if self.warm:
-            LOG.warning("no more warm trainers on this node (%s); trainers start cold", why)
-        self.warm = 0
+        return self.warm_trainers.building()
 
     def warm_ready(self) -> int:
         """Warm trainers that have finished their imports."""
-        return sum(1 for w in self._warm if w.process.poll() is None and w.spool.ready())
+        return self.warm_trainers.ready()
 
     def settled(self) -> bool:
         """No trainer is between its start and its first step (a good moment to start warm ones)."""
@@ -319,20 +281,12 @@ class Supervisor:
         trainer = self._trainers.get(key)
         if trainer is None or trainer.process.poll() is not None:
             return
-        try:
-            os.killpg(trainer.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        trainer.process.wait()
+        kill_group(trainer.process)
 
     def kill_all(self) -> None:
         for key in list(self._trainers):
             self.kill(key)
-        for warm in self._warm:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(warm.process.pid, signal.SIGKILL)
-            warm.process.wait()
-        self._warm = []
+        self.warm_trainers.kill_all()
         self._holders.drop(set())
 
     def reports(self) -> list[TrainerReport]:

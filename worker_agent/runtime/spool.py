@@ -17,11 +17,14 @@ MAX_ASSIGNMENT_BYTES = 1 << 20
 def wait_for_assignment(
     spool: WarmSpool, parent: int, deadline: float | None = None, prepare: Callable[[str], None] | None = None
 ) -> WarmAssignment | None:
-    """The assignment handed over in ``spool``; None once the agent that started us is gone (or at ``deadline``).
+    """The assignment handed over in ``spool``; None once the agent that started us is gone, or took the spool
+    away (it gave this process up), or at ``deadline``.
     Meanwhile ``prepare`` is called with each new job the agent hands it to get ready for (its spec's JSON)."""
     prepared, seen = "", (0, 0)  # the job last prepared, and the file it was read from (inode, mtime)
     while not spool.assigned():
-        if os.getppid() != parent or (deadline is not None and time.monotonic() > deadline):
+        if os.getppid() != parent or not spool.path.is_dir():
+            return None
+        if deadline is not None and time.monotonic() > deadline:
             return None
         if prepare is not None and (handed := _handed(spool)) not in (None, seen):
             seen = handed  # the agent replaces the file whole (a rename): read it only when it is a new one

@@ -1,0 +1,54 @@
+"""Warm trainers forked from the node's zygote (real processes: tests/agent/zygote_probe.py drives a supervisor
+in a process of its own): they are the agent's children in process groups of their own, a trainer handed to
+one trains, a warm trainer that dies is seen to, orphans are collected, and nothing outlives the supervisor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from spotmorph.local.cli_calls import ROOT
+
+
+def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outlives_it(tmp_path: Path) -> None:
+    probe = subprocess.run(
+        [sys.executable, "-m", "tests.agent.zygote_probe", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    seen = json.loads(probe.stdout.splitlines()[-1])
+    warm = seen["warm"]
+    assert len(set(warm)) == 2 and seen["zygote"] not in warm
+    assert seen["parents"] == [seen["parents"][0]] * 2 and seen["parents"][0] != seen["zygote"], (
+        "adopted by the supervisor's process, not left with the zygote"
+    )
+    assert seen["groups"] == warm, "each in a process group of its own"
+    assert seen["cmdlines_are_the_zygotes"], "forks of the zygote, not new interpreters"
+    assert seen["trainer"]["pid"] in warm and seen["trainer"]["exit"] == 0 and seen["trainer"]["step"] == 4, seen
+    assert seen["killed_exit"] == -9
+    assert len(set(seen["replaced"]) - {0}) == 2 and not set(seen["replaced"]) & set(warm), seen["replaced"]
+    assert seen["orphans_reaped"] == 1
+    assert seen["children_left"] == [] and seen["pending_children_left"] == []
+    assert seen["pending_pids"] == [0, 0], "asked of a zygote still importing: no pid yet, and none signalled"
+    for pid in warm + seen["replaced"] + [seen["zygote"]]:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
+
+
+def test_a_zygote_that_cannot_run_leaves_the_node_without_warm_trainers_not_without_trainers(tmp_path: Path) -> None:
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom worker_agent.agent.supervisor import Supervisor\n"
+        "s = Supervisor(Path(sys.argv[1]), python='/bin/false', warm=2, zygote=True)\n"
+        "for _ in range(4):\n    s.prewarm()\n    [w.process.wait(30) for w in s.warm_trainers.waiting]\n"
+        "print(s.warm, [w.process.poll() for w in s.warm_trainers.waiting])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0 []", out.stdout + out.stderr  # given up: trainers start cold
+    assert "the zygote exited" in out.stderr and "no more warm trainers on this node" in out.stderr, out.stderr

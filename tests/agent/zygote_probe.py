@@ -1,0 +1,112 @@
+"""``python -m tests.agent.zygote_probe TMP``: a supervisor that forks its warm trainers from a zygote, driven
+through what an agent does with them; prints one JSON object of what it saw (tests/agent/test_zygote.py).
+
+It runs as a process of its own because the supervisor makes its process a child subreaper, which a pytest
+worker must not become (it would adopt every daemon a later test leaves behind).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from morphing.jobspec import JobSpec
+from morphing.layout import make_layout
+from spotmorph.local.processes import port_range_base
+from tests.runtime.helpers import TINY, wait_for
+from worker_agent.agent.converge import TrainerKey
+from worker_agent.agent.supervisor import LaunchSpec, Supervisor
+from worker_agent.agent.zygote import reap_orphans
+
+STEPS = 4
+
+
+def launch(tmp: Path) -> LaunchSpec:
+    layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
+    job = JobSpec(
+        name="forked",
+        entrypoint=TINY,
+        global_batch=4,
+        seed=5,
+        dtype="float64",
+        device="cpu",
+        steps=STEPS,
+        checkpoint_interval=0,
+        checkpoint_dir=str(tmp / "ckpt"),
+        timeout_seconds=30.0,
+    )
+    return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port_range_base(2)}", tmp / "ckpt")
+
+
+def stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+
+
+def children() -> list[int]:
+    """This process's children, live or zombie."""
+    own = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if stat(int(entry))[1] == own:
+                    found.append(int(entry))
+            except (OSError, IndexError):
+                pass
+    return found
+
+
+def main(tmp: Path) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    supervisor = Supervisor(tmp / "node", warm=2, zygote=True)
+    supervisor.prewarm()
+    wait_for(lambda: supervisor.warm_ready() == 2, 120, "two forked warm trainers")
+    zygote = supervisor.warm_trainers._zygote
+    assert zygote is not None
+    warm = [w.process.pid for w in supervisor.warm_trainers.waiting]
+    seen["zygote"] = zygote.process.pid
+    seen["warm"] = warm
+    seen["parents"] = [int(stat(pid)[1]) for pid in warm]
+    seen["groups"] = [int(stat(pid)[2]) for pid in warm]
+    seen["cmdlines_are_the_zygotes"] = all(
+        Path(f"/proc/{pid}/cmdline").read_bytes() == Path(f"/proc/{zygote.process.pid}/cmdline").read_bytes()
+        for pid in warm
+    )
+    key = TrainerKey("job-1", 1, 0)
+    supervisor.start(key, launch(tmp))
+    wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 120, "the forked trainer to finish")
+    (report,) = supervisor.reports()
+    seen["trainer"] = {"pid": report.pid, "exit": report.status.exit_code, "step": report.step}
+    (left,) = [w.process for w in supervisor.warm_trainers.waiting]
+    os.kill(left.pid, signal.SIGKILL)  # a warm trainer dies unused: its exit is seen as a child's
+    wait_for(lambda: left.poll() is not None, 30, "the killed warm trainer's exit")
+    seen["killed_exit"] = left.poll()
+    supervisor.prewarm()
+    wait_for(lambda: supervisor.warm_ready() == 2, 60, "the two replacements")
+    seen["replaced"] = [w.process.pid for w in supervisor.warm_trainers.waiting]
+    orphan_parent = subprocess.Popen([sys.executable, "-c", "import os, time\nif os.fork() == 0: time.sleep(0.2)"])
+    orphan_parent.wait()
+    time.sleep(0.5)  # the orphan (adopted by this process, a subreaper) has exited: a zombie nobody waits for
+    before = len(children())
+    reap_orphans({w.process.pid for w in supervisor.warm_trainers.waiting} | {zygote.process.pid})
+    seen["orphans_reaped"] = before - len(children())
+    started = time.monotonic()
+    supervisor.kill_all()
+    seen["kill_all_seconds"] = time.monotonic() - started
+    seen["children_left"] = [pid for pid in children() if stat(pid)[0] != "Z"]
+    pending = Supervisor(tmp / "pending", warm=2, zygote=True)
+    pending.prewarm()  # the zygote is still importing: both warm trainers are only asked for
+    seen["pending_pids"] = [w.process.pid for w in pending.warm_trainers.waiting]
+    pending.kill_all()
+    seen["pending_children_left"] = [pid for pid in children() if stat(pid)[0] != "Z"]
+    return seen
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1]))))

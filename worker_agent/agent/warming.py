@@ -1,0 +1,120 @@
+"""The warm trainers of one node: kept waiting, handed to trainer starts, replaced, told to build a job ahead.
+
+A warm trainer is ``python -m worker_agent.runtime.warm`` in a warm spool: torch imported, waiting for an
+assignment. On a CPU node they are forked by the node's zygote (:mod:`worker_agent.agent.zygote`), which
+imports once for all of them; elsewhere (a GPU node, or no zygote to be had) each is a new interpreter.
+Warm trainers are an optimisation: when they cannot start or keep dying unused, the node stops keeping them
+and says why, and trainers start cold.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+
+from morphing.jobspec import JobSpec
+from worker_agent.agent.holders import Process, Warm, kill_group
+from worker_agent.agent.zygote import Zygote
+from worker_agent.contract import TrainersDir, WarmArguments, WarmSpool
+
+LOG = logging.getLogger("spotmorph.agent")
+MAX_WARM_DEATHS = 3  # warm trainers dying unused before the node stops keeping them
+
+
+class WarmTrainers:
+    def __init__(
+        self, trainers_dir: TrainersDir, python: str, env: dict[str, str] | None, count: int, zygote: bool
+    ) -> None:
+        self.trainers_dir = trainers_dir
+        self.python = python
+        self.env = env
+        self.count = count  # how many to keep waiting (0: none, trainers start cold)
+        self.waiting: list[Warm] = []
+        self._serial = 0
+        self._deaths = 0  # warm trainers that exited before being handed an assignment
+        self._hint: tuple[str, str] | None = None  # the job last handed to them to build ahead, its spec
+        self._use_zygote = zygote
+        self._zygote: Zygote | None = None
+
+    def take(self) -> Warm | None:
+        """A live warm trainer (a ready one first), which leaves the waiting ones; None when there is none."""
+        self.waiting = [w for w in self.waiting if w.process.poll() is None]
+        self.waiting.sort(key=lambda w: not w.spool.ready())
+        return self.waiting.pop(0) if self.waiting else None
+
+    def replenish(self) -> None:
+        """Start warm trainers until ``count`` of them wait (call when no morph is under way)."""
+        alive = [w for w in self.waiting if w.process.poll() is None]
+        self._deaths += len(self.waiting) - len(alive)
+        self.waiting = alive
+        if self._deaths >= MAX_WARM_DEATHS:
+            self._stop(f"{self._deaths} warm trainers exited before they were used")
+        while len(self.waiting) < self.count:
+            self._serial += 1
+            spool = self.trainers_dir.warm_spool(f"w-{os.getpid()}-{self._serial}")
+            shutil.rmtree(spool.path, ignore_errors=True)
+            spool.path.mkdir(parents=True)
+            process = self._start(spool)
+            if process is None:
+                return
+            self.waiting.append(Warm(process, spool))
+
+    def _start(self, spool: WarmSpool) -> Process | None:
+        zygote = self._zygote_at_hand()
+        if zygote is not None:
+            return zygote.fork(spool)
+        command = WarmArguments(spool.path, os.getpid()).command(self.python)
+        try:
+            with open(spool.log_file, "ab") as log:
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, process_group=0, env=self.env)
+        except OSError as exc:
+            self._stop(f"cannot start {command[0]}: {exc.strerror or exc}")
+            return None
+        spool.pid_file.write_text(str(process.pid))
+        return process
+
+    def _zygote_at_hand(self) -> Zygote | None:
+        """The node's zygote, started on first use; None where there is none (then or ever after)."""
+        if self._zygote is not None and not self._zygote.alive():
+            why = self._zygote.spool.log_file
+            LOG.warning("the zygote exited (see %s); warm trainers start as new interpreters", why)
+            self._zygote, self._use_zygote = None, False
+        if self._zygote is None and self._use_zygote:
+            spool = self.trainers_dir.warm_spool(f"z-{os.getpid()}")
+            self._zygote = Zygote.start(self.python, spool, self.env)
+            self._use_zygote = self._zygote is not None
+        return self._zygote
+
+    def prepare(self, job_id: str, job: JobSpec) -> None:
+        """Hand ``job`` to the waiting warm trainers to build its model ahead: the controller's hint that a
+        growth may bring it to this free node. Each builds it once; nothing runs until an assignment."""
+        text = job.model_dump_json()
+        self._hint = (job_id, text)
+        for warm in self.waiting:
+            if warm.process.poll() is None and warm.spool.hand_prepare(text):
+                LOG.info("warm trainer %s: building %s's model ahead", warm.spool.path.name, job.name)
+
+    def building(self) -> str:
+        """The job whose model a waiting warm trainer is still building ahead ("": none)."""
+        if self._hint is None:
+            return ""
+        job_id, text = self._hint
+        return job_id if any(w.process.poll() is None and w.spool.building(text) for w in self.waiting) else ""
+
+    def ready(self) -> int:
+        """Warm trainers that have finished their imports."""
+        return sum(1 for w in self.waiting if w.process.poll() is None and w.spool.ready())
+
+    def kill_all(self) -> None:
+        if self._zygote is not None:
+            self._zygote.stop()  # first: a warm trainer it has not answered for yet is answered for at once
+        for warm in self.waiting:
+            kill_group(warm.process)
+        self.waiting = []
+
+    def _stop(self, why: str) -> None:
+        if self.count:
+            LOG.warning("no more warm trainers on this node (%s); trainers start cold", why)
+        self.count = 0

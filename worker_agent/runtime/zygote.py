@@ -1,0 +1,126 @@
+"""A node's zygote: one process that imports what a trainer imports once, then forks each warm trainer.
+
+A warm trainer's imports (torch, its pipelining, the model libraries) cost 3-8 s of CPU each on a 2-core VM,
+paid again for every warm trainer the agent keeps and for every one it starts to replace one a morph used:
+on the same cores as the training. The zygote pays them once per agent; each warm trainer is then a fork
+that shares their pages copy-on-write.
+
+``python -m worker_agent.runtime.zygote --spool=DIR --parent=AGENT_PID``, with pipes on stdin and stdout
+(:mod:`worker_agent.agent.zygote` is the other end): the agent writes one JSON line per warm trainer it wants
+(``{"spool": PATH}``); the zygote answers each, once its imports are done, with ``{"spool": PATH, "pid": N}``
+(or ``"error"``). It forks twice, so the warm trainer is an orphan adopted by the agent, a child subreaper:
+the agent waits for it and reads its exit code as for a process it started itself. The warm trainer gets a
+process group of its own and its spool's log, as a warm trainer the agent starts does, and runs
+:func:`worker_agent.runtime.warm.main`. Only for CPU nodes (as :mod:`worker_agent.runtime.forked`). The
+zygote ends when its stdin closes: the agent is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from worker_agent.contract import WarmSpool
+from worker_agent.runtime import warm
+
+ADOPTION_SECONDS = 10.0  # how long a forked warm trainer waits to become the agent's child before it gives up
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker_agent.runtime.zygote")
+    parser.add_argument("--spool", required=True, help="the zygote's own folder (its pid and log)")
+    parser.add_argument("--parent", required=True, type=int, help="the agent: the warm trainers' parent")
+    args = parser.parse_args(argv)
+    warm._tune_allocator()
+    warm._preload()
+    for line in sys.stdin:  # one request a line; the loop ends when the agent closes the pipe
+        try:
+            spool = str(json.loads(line)["spool"])
+        except (ValueError, KeyError, TypeError) as exc:
+            _answer({"error": f"not a request: {exc!r}"})
+            continue
+        if not os.path.isdir(spool):  # the agent gave it up before its turn came
+            _answer({"spool": spool, "error": "the spool is gone"})
+            continue
+        try:
+            _answer({"spool": spool, "pid": _fork_warm(spool, args.parent)})
+        except OSError as exc:
+            _answer({"spool": spool, "error": f"cannot fork: {exc.strerror or exc}"})
+    return 0
+
+
+def _answer(reply: dict[str, object]) -> None:
+    os.write(1, (json.dumps(reply) + "\n").encode())
+
+
+def _fork_warm(spool: str, parent: int) -> int:
+    """Fork a warm trainer for ``spool`` through a middle process that exits at once, so the agent adopts it;
+    its pid, once the middle process is gone (the warm trainer is the agent's by then)."""
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(read_end)
+            child = os.fork()
+            if child == 0:
+                os.close(write_end)
+                _become_warm(spool, parent)
+            os.write(write_end, f"{child}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    said = b""
+    while chunk := os.read(read_end, 32):
+        said += chunk
+    os.close(read_end)
+    os.waitpid(middle, 0)
+    if not said.strip().isdigit():
+        raise OSError(0, "the middle process could not fork")
+    return int(said)
+
+
+def _become_warm(spool: str, parent: int) -> None:
+    """The forked warm trainer: its own process group, no stdin, its spool's log; then, once the agent has
+    adopted it, a warm trainer like any other. Never returns into the zygote's loop."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        folder = WarmSpool(Path(spool))
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        log = os.open(folder.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        folder.pid_file.write_text(str(os.getpid()))
+        deadline = time.monotonic() + ADOPTION_SECONDS
+        while os.getppid() != parent:  # the middle process is on its way out; then the agent adopts this one
+            if time.monotonic() > deadline:
+                raise SystemExit(f"spotmorph warm trainer: not adopted by the agent (pid {parent}); exiting")
+            time.sleep(0.001)
+        code = warm.main([f"--spool={spool}", f"--parent={parent}"])
+    except SystemExit as exc:
+        if isinstance(exc.code, int):
+            code = exc.code
+        elif exc.code is not None:
+            print(exc.code, file=sys.stderr)
+        else:
+            code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
