@@ -19,6 +19,7 @@ BENCHMARKS = (
     "bench.morph_bench",
     "bench.warm_bench",
     "bench.launch_bench",
+    "bench.zygote_bench",
     "bench.controller_bench",
 )
 

@@ -35,6 +35,9 @@ def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outl
     assert seen["orphans_reaped"] == 1
     assert seen["children_left"] == [] and seen["pending_children_left"] == []
     assert seen["pending_pids"] == [0, 0], "asked of a zygote still importing: no pid yet, and none signalled"
+    pending = seen["pending_trainer"]
+    assert pending["exit"] == 0 and pending["step"] == 4 and pending["pid"] > 0, pending
+    assert not seen["pid_file_at_start"] and seen["pending_pid_file"] == pending["pid"], "its pid file, once known"
     for pid in warm + seen["replaced"] + [seen["zygote"]]:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
 

@@ -103,6 +103,13 @@ def main(tmp: Path) -> dict[str, Any]:
     pending = Supervisor(tmp / "pending", warm=2, zygote=True)
     pending.prewarm()  # the zygote is still importing: both warm trainers are only asked for
     seen["pending_pids"] = [w.process.pid for w in pending.warm_trainers.waiting]
+    pending.start(key, launch(tmp))  # handed to a warm trainer not forked yet: it trains once it is
+    pid_file = pending.generation_dir("job-1", 1).pid_file(0)
+    seen["pid_file_at_start"] = pid_file.exists()
+    wait_for(lambda: not any(r.status.running for r in pending.reports()), 120, "the pending trainer to finish")
+    (report,) = pending.reports()
+    seen["pending_trainer"] = {"pid": report.pid, "exit": report.status.exit_code, "step": report.step}
+    seen["pending_pid_file"] = int(pid_file.read_text()) if pid_file.exists() else 0
     pending.kill_all()
     seen["pending_children_left"] = [pid for pid in children() if stat(pid)[0] != "Z"]
     return seen

@@ -82,6 +82,7 @@ class _Trainer:
     stop_requested: bool = False
     progress: TrainerProgress = field(default_factory=TrainerProgress)
     hold_spool: WarmSpool | None = None
+    pid_recorded: bool = False
 
 
 class Supervisor:
@@ -156,12 +157,20 @@ class Supervisor:
                     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                     log.write(f"cannot start a trainer with {self.python}: {reason}\n".encode())
                     process = _FailedStart()
-        if process.pid > 0:
-            directory.pid_file(key.rank).write_text(str(process.pid))
-            if hold_spool is not None:
-                hold_spool.pid_file.write_text(str(process.pid))
         reader = ProgressReader(directory.progress_file(key.rank))
-        self._trainers[key] = _Trainer(key, process, reader, log_path, hold_spool=hold_spool)
+        self._trainers[key] = trainer = _Trainer(key, process, reader, log_path, hold_spool=hold_spool)
+        self._record_pid(trainer)
+
+    def _record_pid(self, trainer: _Trainer) -> None:
+        """The trainer's pid files (what a next incarnation of the agent kills), once its pid is known: at once,
+        or for a warm trainer the zygote has yet to fork, at a later report."""
+        if trainer.pid_recorded or trainer.process.pid <= 0:
+            return
+        pid = str(trainer.process.pid)
+        self.generation_dir(trainer.key.job_id, trainer.key.generation).pid_file(trainer.key.rank).write_text(pid)
+        if trainer.hold_spool is not None:
+            trainer.hold_spool.pid_file.write_text(pid)
+        trainer.pid_recorded = True
 
     def _hold_spool(self, key: TrainerKey) -> WarmSpool:
         self._hold_serial += 1
@@ -199,7 +208,8 @@ class Supervisor:
         not compete with a morph for the CPU); collect the orphans this node adopted, if it does."""
         self.warm_trainers.replenish()
         if self._adopts:
-            reap_orphans({t.process.pid for t in self._trainers.values()} | self._holders.pids())
+            waited = {t.process.pid for t in self._trainers.values()} | self._holders.pids()
+            reap_orphans(waited | self.warm_trainers.pids())
 
     def prepare(self, job_id: str, job: JobSpec) -> None:
         """Hand ``job`` to the waiting warm trainers to build its model ahead (the controller's growth hint)."""
@@ -303,6 +313,7 @@ class Supervisor:
         self._holders.drop(keep)
 
     def _report(self, trainer: _Trainer) -> TrainerReport:
+        self._record_pid(trainer)
         code = trainer.process.poll()  # first: an exit is reported with every record written before it (its class)
         for record in trainer.reader.poll():
             trainer.progress = absorb(trainer.progress, record)

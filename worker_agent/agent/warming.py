@@ -107,6 +107,11 @@ class WarmTrainers:
         """Warm trainers that have finished their imports."""
         return sum(1 for w in self.waiting if w.process.poll() is None and w.spool.ready())
 
+    def pids(self) -> set[int]:
+        """The processes this keeps (waiting warm trainers, the zygote): waited for by their own handles."""
+        zygote = {self._zygote.process.pid} if self._zygote is not None else set()
+        return {w.process.pid for w in self.waiting} | zygote
+
     def kill_all(self) -> None:
         if self._zygote is not None:
             self._zygote.stop()  # first: a warm trainer it has not answered for yet is answered for at once
