@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests import forkserver_client as forkserver
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = f"{REPO}/examples/tiny_gpt.py:build_tiny"
@@ -49,6 +52,11 @@ def train_cmd(
 
 
 def run(cmd: list[str], timeout: float = 120) -> Result:
+    """``cmd`` from the repository's root, with this process's environment; ``python -m spotmorph.cli ...``
+    forked from this worker's fork server (tests/forkserver.py says why and when not), anything else a new
+    process. ``SPOTMORPH_TEST_FORKSERVER=0`` makes every command a new process."""
+    if cmd[:3] == [sys.executable, "-m", "spotmorph.cli"] and os.environ.get("SPOTMORPH_TEST_FORKSERVER") != "0":
+        return Result(*forkserver.run(cmd[1:], REPO, timeout))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 

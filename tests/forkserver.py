@@ -1,0 +1,99 @@
+"""A pytest worker's fork server for ``python -m spotmorph.cli ...``: the suite's commands without the imports.
+
+The suite runs ``spotmorph train`` (and ``checkpoint``, ``profile``) a few hundred times, each a new
+interpreter importing torch and its pipelining (3-6 s of CPU on the 2-core machines it runs on; the suite is
+bound by their CPU). This process imports them once (what ``spotmorph train``'s launcher imports before it
+forks its ranks), then forks one child per command: the child takes the command's working directory,
+environment, argv and the default signal handlers, points stdout and stderr at files, and runs the module as
+``python -m`` does (:func:`runpy.run_module`); its exit code comes back as an interpreter's would. Only
+commands whose behaviour is the command's own go through it (``tests/runtime/helpers.py``: ``run``); a test
+that measures a process (its page faults, its memory, its imports) starts a new interpreter.
+
+Protocol, one JSON line each way: ``{"argv": [...], "cwd": ..., "env": {...}, "out": PATH, "err": PATH}``; the
+answer ``{"pid": N}`` once forked, then ``{"exit": CODE}``. It ends when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import runpy
+import signal
+import sys
+import traceback
+from typing import Any
+
+
+def preload() -> None:
+    from worker_agent.runtime.forked import preload as rank_imports
+    from worker_agent.runtime.warm import MODEL_LIBRARIES
+
+    rank_imports()
+    importlib.import_module("spotmorph.cli")
+    for name in MODEL_LIBRARIES:
+        if importlib.util.find_spec(name.partition(".")[0]) is not None:
+            importlib.import_module(name)
+
+
+def answer(reply: dict[str, Any]) -> None:
+    os.write(1, (json.dumps(reply) + "\n").encode())
+
+
+def child(request: dict[str, Any]) -> None:
+    """The command, as a new interpreter would run it; never returns."""
+    code = 1
+    try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        for fd, path in ((1, request["out"]), (2, request["err"])):
+            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(opened, fd)
+            os.close(opened)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sys.path[0] = os.getcwd()  # as `python -m` has it
+        flag, target, *rest = request["argv"]
+        if flag != "-m":
+            raise SystemExit(f"forkserver: only `python -m MODULE ...`, not {flag!r}")
+        sys.argv = [target, *rest]
+        sys.modules.pop(target, None)  # as in a new interpreter: the module runs as __main__, not imported first
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        if isinstance(exc.code, int):
+            code = exc.code
+        elif exc.code is not None:
+            print(exc.code, file=sys.stderr)
+        else:
+            code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> int:
+    preload()
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            child(request)
+        answer({"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        answer({"exit": os.waitstatus_to_exitcode(status)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""This pytest worker's end of its fork server (tests/forkserver.py): started on first use, one per worker."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_server: subprocess.Popen[bytes] | None = None
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _started() -> subprocess.Popen[bytes]:
+    global _server
+    if _server is None or _server.poll() is not None:
+        _server = subprocess.Popen(
+            [sys.executable, "-m", "tests.forkserver"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            bufsize=0,
+        )
+    return _server
+
+
+def _reply(server: subprocess.Popen[bytes], deadline: float | None) -> dict[str, Any] | None:
+    """The server's next line; None at ``deadline``."""
+    assert server.stdout is not None
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        if select.select([server.stdout], [], [], left)[0]:
+            line = server.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the fork server exited {server.wait()}")
+            found: dict[str, Any] = json.loads(line)
+            return found
+
+
+def run(argv: list[str], cwd: Path, timeout: float) -> tuple[int, str, str]:
+    """``python ARGV`` (``-m MODULE ...``) forked from the server: exit code, stdout, stderr. Past ``timeout`` the
+    command is killed and :class:`subprocess.TimeoutExpired` raised, as :func:`subprocess.run` does."""
+    server = _started()
+    assert server.stdin is not None
+    with tempfile.TemporaryDirectory(prefix="forked-") as folder:
+        out, err = Path(folder, "out"), Path(folder, "err")
+        request = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ), "out": str(out), "err": str(err)}
+        server.stdin.write((json.dumps(request) + "\n").encode())
+        server.stdin.flush()
+        forked = _reply(server, time.monotonic() + 120)
+        if forked is None:
+            raise RuntimeError("the fork server did not fork within 120 s")
+        done = _reply(server, time.monotonic() + timeout)
+        if done is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(forked["pid"]), signal.SIGKILL)
+            _reply(server, None)
+            raise subprocess.TimeoutExpired(["python", *argv], timeout)
+        return int(done["exit"]), out.read_text(errors="replace"), err.read_text(errors="replace")

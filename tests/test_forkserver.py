@@ -1,0 +1,39 @@
+"""The suite's fork server (tests/forkserver.py) runs a ``python -m`` command as a new interpreter would: its
+argv, working directory, environment, default signal handlers, stdout, stderr and exit code; past its timeout
+the command is killed and the server goes on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import forkserver_client
+
+
+def test_a_forked_command_runs_as_a_new_interpreter_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKSERVER_MARKER", "seen")
+    code, out, err = forkserver_client.run(["-m", "tests.forkserver_echo", "3", "0"], tmp_path, 60)
+    said = json.loads(out)
+    assert code == 3 and err == "to stderr\n"
+    assert said == {
+        "argv": ["3", "0"],
+        "cwd": str(tmp_path),
+        "marker": "seen",
+        "sigint_default": True,
+        "sigterm_default": True,
+        "name": "__main__",
+    }
+    monkeypatch.delenv("FORKSERVER_MARKER")
+    code, out, _ = forkserver_client.run(["-m", "tests.forkserver_echo", "0"], tmp_path, 60)
+    assert code == 0 and json.loads(out)["marker"] is None, "each command gets the environment of its call"
+
+
+def test_a_command_past_its_timeout_is_killed_and_the_next_one_runs(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        forkserver_client.run(["-m", "tests.forkserver_echo", "0", "60"], tmp_path, 1)
+    code, _, err = forkserver_client.run(["-m", "spotmorph.cli", "train"], tmp_path, 60)
+    assert code == 2 and err.splitlines()[-1].startswith("spotmorph train: error: the following arguments are"), err
+    assert "Warning" not in err, "what a new interpreter says, and nothing more"
