@@ -22,8 +22,9 @@ import os
 import runpy
 import signal
 import sys
-import traceback
 from typing import Any
+
+from worker_agent.runtime.forked import end_as_an_interpreter
 
 
 def preload() -> None:
@@ -43,8 +44,8 @@ def answer(reply: dict[str, Any]) -> None:
 
 def child(request: dict[str, Any]) -> None:
     """The command, as a new interpreter would run it; never returns."""
-    code = 1
-    try:
+
+    def command() -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -64,20 +65,8 @@ def child(request: dict[str, Any]) -> None:
         sys.argv = [target, *rest]
         sys.modules.pop(target, None)  # as in a new interpreter: the module runs as __main__, not imported first
         runpy.run_module(target, run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        if isinstance(exc.code, int):
-            code = exc.code
-        elif exc.code is not None:
-            print(exc.code, file=sys.stderr)
-        else:
-            code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+    end_as_an_interpreter(command)
 
 
 def main() -> int:

@@ -19,6 +19,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 
 def preload() -> None:
@@ -80,8 +81,8 @@ def read_port(fd: int) -> int:
 def _become_the_rank(argv: Callable[[], list[str]]) -> None:
     """The child: a session of its own and the signal handlers a new interpreter has, as ``subprocess.Popen(...,
     start_new_session=True)`` would give it, then the trainer, which ends the process itself."""
-    code = 1
-    try:
+
+    def rank() -> None:
         os.setsid()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -90,7 +91,19 @@ def _become_the_rank(argv: Callable[[], list[str]]) -> None:
         from worker_agent.runtime import trainer
 
         trainer.main(argv())
-    except SystemExit as exc:  # as an interpreter ends on it: a number is the exit code, anything else is said
+
+    end_as_an_interpreter(rank)
+
+
+def end_as_an_interpreter(body: Callable[[], object]) -> NoReturn:
+    """Run ``body`` in a forked child and end the process as an interpreter ends on what it raised (a number is
+    the exit code, anything else is said and is 1; a traceback is printed); never returns into the parent's
+    code, whatever happens."""
+    code = 1
+    try:
+        body()
+        code = 0
+    except SystemExit as exc:
         if isinstance(exc.code, int):
             code = exc.code
         elif exc.code is not None:

@@ -22,11 +22,11 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from worker_agent.contract import WarmSpool
 from worker_agent.runtime import warm
+from worker_agent.runtime.forked import end_as_an_interpreter
 
 ADOPTION_SECONDS = 10.0  # how long a forked warm trainer waits to become the agent's child before it gives up
 
@@ -89,8 +89,8 @@ def _fork_warm(spool: str, parent: int) -> int:
 def _become_warm(spool: str, parent: int) -> None:
     """The forked warm trainer: its own process group, no stdin, its spool's log; then, once the agent has
     adopted it, a warm trainer like any other. Never returns into the zygote's loop."""
-    code = 1
-    try:
+
+    def warm_trainer() -> int:
         os.setpgid(0, 0)
         folder = WarmSpool(Path(spool))
         null = os.open(os.devnull, os.O_RDONLY)
@@ -106,20 +106,9 @@ def _become_warm(spool: str, parent: int) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"spotmorph warm trainer: not adopted by the agent (pid {parent}); exiting")
             time.sleep(0.001)
-        code = warm.main([f"--spool={spool}", f"--parent={parent}"])
-    except SystemExit as exc:
-        if isinstance(exc.code, int):
-            code = exc.code
-        elif exc.code is not None:
-            print(exc.code, file=sys.stderr)
-        else:
-            code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        raise SystemExit(warm.main([f"--spool={spool}", f"--parent={parent}"]))
+
+    end_as_an_interpreter(warm_trainer)
 
 
 if __name__ == "__main__":
