@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from spotmorph.local.cli_calls import ROOT
+from tests.agent.test_prepare import STEPS
 
 
 def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outlives_it(tmp_path: Path) -> None:
@@ -29,14 +30,14 @@ def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outl
     )
     assert seen["groups"] == warm, "each in a process group of its own"
     assert seen["cmdlines_are_the_zygotes"], "forks of the zygote, not new interpreters"
-    assert seen["trainer"]["pid"] in warm and seen["trainer"]["exit"] == 0 and seen["trainer"]["step"] == 4, seen
+    assert seen["trainer"]["pid"] in warm and seen["trainer"]["exit"] == 0 and seen["trainer"]["step"] == STEPS, seen
     assert seen["killed_exit"] == -9
     assert len(set(seen["replaced"]) - {0}) == 2 and not set(seen["replaced"]) & set(warm), seen["replaced"]
     assert seen["orphans_reaped"] == 1
     assert seen["children_left"] == [] and seen["pending_children_left"] == []
     assert seen["pending_pids"] == [0, 0], "asked of a zygote still importing: no pid yet, and none signalled"
     pending = seen["pending_trainer"]
-    assert pending["exit"] == 0 and pending["step"] == 4 and pending["pid"] > 0, pending
+    assert pending["exit"] == 0 and pending["step"] == STEPS and pending["pid"] > 0, pending
     assert not seen["pid_file_at_start"] and seen["pending_pid_file"] == pending["pid"], "its pid file, once known"
     for pid in warm + seen["replaced"] + [seen["zygote"]]:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]

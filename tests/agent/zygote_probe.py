@@ -16,32 +16,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from morphing.jobspec import JobSpec
-from morphing.layout import make_layout
 from spotmorph.local.processes import port_range_base
-from tests.runtime.helpers import TINY, wait_for
+from tests.agent.test_prepare import launch as prepared_launch
+from tests.runtime.helpers import wait_for
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.agent.zygote import reap_orphans
 
-STEPS = 4
-
 
 def launch(tmp: Path) -> LaunchSpec:
-    layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
-    job = JobSpec(
-        name="forked",
-        entrypoint=TINY,
-        global_batch=4,
-        seed=5,
-        dtype="float64",
-        device="cpu",
-        steps=STEPS,
-        checkpoint_interval=0,
-        checkpoint_dir=str(tmp / "ckpt"),
-        timeout_seconds=30.0,
-    )
-    return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port_range_base(2)}", tmp / "ckpt")
+    return prepared_launch(tmp, "ckpt", port_range_base(2))
 
 
 def stat(pid: int) -> list[str]:
