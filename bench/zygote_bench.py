@@ -25,17 +25,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, machine, replace_section
+from bench.warm_bench import cpu_seconds
 
 HEADING = "## Warm trainers forked from the node's zygote (`bench/zygote_bench.py`)"
 MODES = ("zygote", "interpreters")
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pss_mib(pid: int) -> float:
@@ -51,9 +44,9 @@ def one(mode: str, count: int, tmp: Path) -> dict[str, float]:
 
     supervisor = Supervisor(tmp, warm=count, zygote=mode == "zygote")
 
-    def zygote_pid() -> int:
+    def zygote_cpu() -> float:
         zygote = supervisor.warm_trainers._zygote
-        return zygote.process.pid if zygote is not None else 0
+        return cpu_seconds(zygote.process.pid) if zygote is not None else 0.0
 
     def until_ready() -> float:
         started = time.monotonic()
@@ -68,18 +61,18 @@ def one(mode: str, count: int, tmp: Path) -> dict[str, float]:
         ready = until_ready()
         time.sleep(0.5)
         waiting = [w.process.pid for w in supervisor.warm_trainers.waiting]
-        start_cpu = sum(cpu_seconds(pid) for pid in [*waiting, zygote_pid()])
+        start_cpu = sum(cpu_seconds(pid) for pid in waiting) + zygote_cpu()
         pss = statistics.median(pss_mib(pid) for pid in waiting)
         for _ in range(count):  # a morph takes them (no warm trainer died unused), and its trainers end
             taken = supervisor.warm_trainers.take()
             assert taken is not None
             os.killpg(taken.process.pid, signal.SIGKILL)
             taken.process.wait()
-        zygote_before = cpu_seconds(zygote_pid())
+        zygote_before = zygote_cpu()
         replaced = until_ready()
         time.sleep(0.5)
         waiting = [w.process.pid for w in supervisor.warm_trainers.waiting]
-        replace_cpu = sum(cpu_seconds(pid) for pid in waiting) + cpu_seconds(zygote_pid()) - zygote_before
+        replace_cpu = sum(cpu_seconds(pid) for pid in waiting) + zygote_cpu() - zygote_before
     finally:
         supervisor.kill_all()
     return {
