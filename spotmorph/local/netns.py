@@ -143,7 +143,7 @@ def make_network(cluster: ClusterDir, subnet: str | None = None) -> NetworkPlan:
         plan = NetworkPlan(prefix, choose_subnet(prefix, _used_networks(), subnet))
         cluster.network_plan.write_text(plan.to_json())
         _record(cluster, "link", plan.bridge)
-        _run([ip, "link", "add", plan.bridge, "type", "bridge"])
+        _run([ip, "link", "add", plan.bridge, "address", plan.bridge_mac, "type", "bridge"])
         for address in (plan.controller_address, plan.platform_address):
             _run([ip, "addr", "add", f"{address}/{plan.network.prefixlen}", "dev", plan.bridge])
         _run([ip, "link", "set", plan.bridge, "up"])

@@ -9,6 +9,9 @@ root namespace. In a /24 such as ``10.77.5.0/24``:
   its host whatever its network does;
 - ``.(10 + N)`` is VM ``vm-N``'s address (N up to 240).
 
+The bridge's MAC address is set when it is made (:attr:`NetworkPlan.bridge_mac`), never left to follow its
+ports, so the controller's address keeps the MAC every namespace resolved it to as VMs come and go.
+
 Names start with the cluster's prefix (``sm`` and 5 hex digits of a hash of the cluster directory,
 so one home always has the same prefix and two homes differ): the bridge ``<prefix>-br``, the VM's
 namespace ``<prefix>-vm-N`` and the host end of its veth ``<prefix>-vN`` (Linux allows 15 characters).
@@ -83,6 +86,16 @@ class NetworkPlan:
     @property
     def bridge(self) -> str:
         return f"{self.prefix}-br"
+
+    @property
+    def bridge_mac(self) -> str:
+        """The bridge's own MAC address, set when it is made: locally administered, unicast, from the subnet.
+
+        A bridge left to choose takes the lowest MAC among its ports and changes it as VMs join; a namespace
+        that cached the old one for the controller's address could then lose the controller for tens of
+        seconds (seen: a node declared lost right after a VM was added). A MAC that is set stays put."""
+        a, b, c, d = self.network.network_address.packed
+        return f"02:73:6d:{b:02x}:{c:02x}:{(a ^ d):02x}"
 
     @property
     def controller_address(self) -> str:

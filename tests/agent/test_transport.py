@@ -12,6 +12,7 @@ from protos.reasons import REASON_KEY, REGISTER_AGAIN
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.transport import (
+    MAX_DETAIL,
     CallRefused,
     ControllerLink,
     ControllerUnreachable,
@@ -97,13 +98,18 @@ def test_a_heartbeat_failure_says_what_it_means_and_a_reply_what_to_run() -> Non
     node = Registration("node-1", 1, "node-token", 1.0, 10.0)
     stub = FakeAgentStub(
         failure(grpc.StatusCode.DEADLINE_EXCEEDED),
+        failure(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses;\n last error: " + "x" * 400),
         failure(grpc.StatusCode.FAILED_PRECONDITION, "incarnation 1 is gone; register again", REGISTER_AGAIN),
         failure(grpc.StatusCode.FAILED_PRECONDITION, "job-1 generation 9 was never issued; register again?"),
         pb.HeartbeatResponse(heartbeat_interval_seconds=2.5),
     )
     connection = link(stub)
-    with pytest.raises(ControllerUnreachable):
+    with pytest.raises(ControllerUnreachable, match=r"^DEADLINE_EXCEEDED$"):
         asyncio.run(connection.heartbeat(node, [], None))
+    with pytest.raises(ControllerUnreachable) as unreachable:  # gRPC's reason, on one bounded line
+        asyncio.run(connection.heartbeat(node, [], None))
+    assert str(unreachable.value).startswith("UNAVAILABLE: failed to connect to all addresses; last error: xxx")
+    assert len(str(unreachable.value)) == len("UNAVAILABLE: ") + MAX_DETAIL and "\n" not in str(unreachable.value)
     with pytest.raises(RegisterAgain, match="register again"):
         asyncio.run(connection.heartbeat(node, [], None))
     with pytest.raises(CallRefused, match="never issued"):  # its words say "register again", its reason does not

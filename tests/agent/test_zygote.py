@@ -35,6 +35,7 @@ def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outl
     assert len(set(seen["replaced"]) - {0}) == 2 and not set(seen["replaced"]) & set(warm), seen["replaced"]
     assert seen["orphans_reaped"] == 1
     assert seen["children_left"] == [] and seen["pending_children_left"] == []
+    assert seen["zygote_after_kill_all"] not in (0, seen["zygote"]), "kill_all (registering anew) keeps no dead zygote"
     assert seen["pending_pids"] == [0, 0], "asked of a zygote still importing: no pid yet, and none signalled"
     pending = seen["pending_trainer"]
     assert pending["exit"] == 0 and pending["step"] == STEPS and pending["pid"] > 0, pending

@@ -84,6 +84,11 @@ def main(tmp: Path) -> dict[str, Any]:
     supervisor.kill_all()
     seen["kill_all_seconds"] = time.monotonic() - started
     seen["children_left"] = [pid for pid in children() if stat(pid)[0] != "Z"]
+    supervisor.prewarm()  # an agent that registers anew kills all, then keeps warm trainers again
+    wait_for(lambda: supervisor.warm_ready() == 2, 120, "warm trainers after kill_all")
+    again = supervisor.warm_trainers._zygote
+    seen["zygote_after_kill_all"] = again.process.pid if again is not None else 0
+    supervisor.kill_all()
     pending = Supervisor(tmp / "pending", warm=2, zygote=True)
     pending.prewarm()  # the zygote is still importing: both warm trainers are only asked for
     seen["pending_pids"] = [w.process.pid for w in pending.warm_trainers.waiting]

@@ -56,11 +56,15 @@ def test_each_vm_is_a_namespace_with_its_own_address(cluster: LocalCluster) -> N
         ours = os.readlink(f"/proc/{vm.pid}/ns/net")
         assert ours != os.readlink("/proc/self/ns/net")
         assert os.stat(f"/run/netns/{plan.namespace(vm.serial)}").st_ino == os.stat(f"/proc/{vm.pid}/ns/net").st_ino
+    bridge_mac = Path(f"/sys/class/net/{plan.bridge}/address")
+    assert bridge_mac.read_text().strip() == plan.bridge_mac
     # `local add` gives the new VM a namespace too
     cluster.add(1)
     cluster.wait(lambda: len(cluster.nodes()) == 3, 60, "node-3 to register")
     added = {n["name"]: n["address"] for n in cluster.nodes()}["node-3"]
     assert added == plan.vm_address(3)
+    # a bridge left to itself takes its lowest port MAC, so a VM joining could move the controller's MAC
+    assert bridge_mac.read_text().strip() == plan.bridge_mac, "the bridge's MAC stays as VMs join"
 
 
 @pytest.mark.parametrize("kind", ["controller", "peers", "all"])

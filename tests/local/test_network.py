@@ -38,6 +38,14 @@ def test_addresses_controller_platform_and_vms() -> None:
     assert NetworkPlan.from_json(PLAN.to_json()) == PLAN
 
 
+def test_the_bridge_mac_is_set_unicast_locally_administered_and_differs_between_clusters() -> None:
+    macs = {NetworkPlan("sm00000", f"10.77.{n}.0/24").bridge_mac for n in range(256)}
+    assert len(macs) == 256
+    for mac in macs:
+        first = int(mac.split(":")[0], 16)
+        assert first & 0x01 == 0 and first & 0x02, mac  # unicast, locally administered
+
+
 def test_the_prefix_is_stable_per_directory_and_differs_between_directories(tmp_path: Path) -> None:
     assert prefix_of(tmp_path / "a") == prefix_of(tmp_path / "a")
     assert prefix_of(tmp_path / "a") != prefix_of(tmp_path / "b")

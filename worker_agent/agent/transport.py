@@ -61,6 +61,18 @@ CHANNEL_OPTIONS = [
 ]
 
 
+MAX_DETAIL = 240  # characters of gRPC's own words kept in a log line
+
+
+def unreachable_because(code: str, details: str) -> str:
+    """The code and gRPC's reason on one bounded line ("UNAVAILABLE: ... Connection refused"): an operator
+    tells a controller that is down from a route, an address or a handshake that fails."""
+    detail = " ".join(details.split())
+    if len(detail) > MAX_DETAIL:
+        detail = detail[: MAX_DETAIL - 3] + "..."
+    return f"{code}: {detail}" if detail else code
+
+
 class CallFailed(Exception):
     """A call to the controller that did not get a reply; ``str()`` says why."""
 
@@ -149,7 +161,7 @@ class ControllerLink:
         except grpc.aio.AioRpcError as exc:
             failure = classify_failure(exc.code().name, reason_of(exc.trailing_metadata()))
             if failure is Failure.RETRY:
-                raise ControllerUnreachable(exc.code().name) from exc
+                raise ControllerUnreachable(unreachable_because(exc.code().name, exc.details() or "")) from exc
             if failure is Failure.REGISTER_AGAIN:
                 raise RegisterAgain(exc.details() or exc.code().name) from exc
             raise CallRefused(method, exc.code().name, exc.details() or "") from exc

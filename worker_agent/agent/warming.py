@@ -113,8 +113,11 @@ class WarmTrainers:
         return {w.process.pid for w in self.waiting} | zygote
 
     def kill_all(self) -> None:
+        """End every warm trainer and the zygote; the next :meth:`replenish` starts a new zygote (an agent that
+        registers anew kills all and goes on)."""
         if self._zygote is not None:
             self._zygote.stop()  # first: a warm trainer it has not answered for yet is answered for at once
+            self._zygote = None
         for warm in self.waiting:
             kill_group(warm.process)
         self.waiting = []

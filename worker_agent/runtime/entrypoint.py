@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,11 @@ def load_entrypoint(entrypoint: str) -> Callable[[], Any]:
         except Exception as exc:
             raise UserInputError(f"importing {target} failed: {exc!r}") from exc
     else:
+        # The current directory first, as `python -m` has it: `spotmorph train mymodel:build` (a console script,
+        # whose sys.path starts at its own bin/) imports mymodel.py from where the user stands.
+        here = os.getcwd()
+        if here not in sys.path and "" not in sys.path:
+            sys.path.insert(0, here)
         try:
             module = importlib.import_module(target)
         except ImportError as exc:

@@ -86,8 +86,6 @@ def _become_the_rank(argv: Callable[[], list[str]]) -> None:
         os.setsid()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())  # as `python -m` has it: module entrypoints import from here
         from worker_agent.runtime import trainer
 
         trainer.main(argv())
