@@ -91,9 +91,9 @@ class NetworkPlan:
     def bridge_mac(self) -> str:
         """The bridge's own MAC address, set when it is made: locally administered, unicast, from the subnet.
 
-        A bridge left to choose takes the lowest MAC among its ports and changes it as VMs join; a namespace
-        that cached the old one for the controller's address could then lose the controller for tens of
-        seconds (seen: a node declared lost right after a VM was added). A MAC that is set stays put."""
+        A bridge left to choose takes the lowest MAC among its ports and changes it as VMs join; frames to the
+        old one were dropped, so a namespace that had cached it lost the controller until its ARP entry
+        expired (seen: a node declared lost for 25 s right after a VM was added). A MAC that is set stays."""
         a, b, c, d = self.network.network_address.packed
         return f"02:73:6d:{b:02x}:{c:02x}:{(a ^ d):02x}"
 
