@@ -8,7 +8,13 @@ each has (a notice, a heartbeat's expiry) with the other's work.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Mapping, Sequence
+
 import pytest
+
+from spotmorph.local import cli_calls
+from tests import forkserver_client
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,3 +36,19 @@ def pytest_configure(config: pytest.Config) -> None:
             f"pytest {pytest.__version__} breaks --dist loadgroup (pytest-dev/pytest-xdist#1386): install the "
             "pytest pyproject.toml allows (pip install -e '.[dev]'), or run without -n"
         )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _harness_commands_forked() -> Iterator[None]:
+    """The harness's ``spotmorph`` commands (``local up``, ``checkpoint diff``, a reference ``train``) forked from
+    this worker's fork server, as the runtime tests' are; ``SPOTMORPH_TEST_FORKSERVER=0`` starts each anew."""
+    if os.environ.get("SPOTMORPH_TEST_FORKSERVER") == "0":
+        yield
+        return
+
+    def forked(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
+        return forkserver_client.run(argv, cli_calls.ROOT, timeout, env)
+
+    cli_calls.use_runner(forked)
+    yield
+    cli_calls.use_runner(None)

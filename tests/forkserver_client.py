@@ -10,11 +10,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 _server: subprocess.Popen[bytes] | None = None
+_one_at_a_time = threading.Lock()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,14 +49,20 @@ def _reply(server: subprocess.Popen[bytes], deadline: float | None) -> dict[str,
             return found
 
 
-def run(argv: list[str], cwd: Path, timeout: float) -> tuple[int, str, str]:
-    """``python ARGV`` (``-m MODULE ...``) forked from the server: exit code, stdout, stderr. Past ``timeout`` the
-    command is killed and :class:`subprocess.TimeoutExpired` raised, as :func:`subprocess.run` does."""
+def run(argv: Sequence[str], cwd: Path, timeout: float, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """``python ARGV`` (``-m MODULE ...``) forked from the server, with ``env`` (this process's by default): exit
+    code, stdout, stderr. Past ``timeout`` the command is killed and :class:`subprocess.TimeoutExpired` raised, as
+    :func:`subprocess.run` does. One command at a time (the server waits for each)."""
+    with _one_at_a_time:
+        return _run(list(argv), cwd, timeout, dict(os.environ if env is None else env))
+
+
+def _run(argv: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> tuple[int, str, str]:
     server = _started()
     assert server.stdin is not None
     with tempfile.TemporaryDirectory(prefix="forked-") as folder:
         out, err = Path(folder, "out"), Path(folder, "err")
-        request = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ), "out": str(out), "err": str(err)}
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "out": str(out), "err": str(err)}
         server.stdin.write((json.dumps(request) + "\n").encode())
         server.stdin.flush()
         forked = _reply(server, time.monotonic() + 120)

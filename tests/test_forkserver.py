@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
+from spotmorph.local import cli_calls
 from tests import forkserver_client
 
 
@@ -37,3 +39,29 @@ def test_a_command_past_its_timeout_is_killed_and_the_next_one_runs(tmp_path: Pa
     code, _, err = forkserver_client.run(["-m", "spotmorph.cli", "train"], tmp_path, 60)
     assert code == 2 and err.splitlines()[-1].startswith("spotmorph train: error: the following arguments are"), err
     assert "Warning" not in err, "what a new interpreter says, and nothing more"
+
+
+def test_the_harness_commands_go_through_the_runner_with_their_environment(tmp_path: Path) -> None:
+    seen: list[tuple[list[str], dict[str, str], float]] = []
+
+    def forked(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
+        seen.append((list(argv), dict(env), timeout))
+        return forkserver_client.run(argv, cli_calls.ROOT, timeout, env)
+
+    missing = str(tmp_path / "nothing-here")
+    before = cli_calls.use_runner(forked)
+    try:
+        inside = cli_calls.run_cli(("checkpoint", "verify", missing), {"MARK": "1", "PATH": "/usr/bin:/bin"}, 90, False)
+        with pytest.raises(cli_calls.CommandFailed, match="exited 2"):
+            cli_calls.run_cli(("checkpoint", "verify", missing), {"PATH": "/usr/bin:/bin"})
+        cli_calls.use_runner(None)
+        new = cli_calls.run_cli(("checkpoint", "verify", missing), {"PATH": "/usr/bin:/bin"}, 90, False)
+    finally:
+        cli_calls.use_runner(before)
+    assert seen[0] == (
+        ["-m", "spotmorph.cli", "checkpoint", "verify", missing],
+        {"MARK": "1", "PATH": "/usr/bin:/bin"},
+        90,
+    )
+    assert (inside.returncode, inside.stdout, inside.stderr) == (new.returncode, new.stdout, new.stderr)
+    assert inside.returncode == 2 and missing in inside.stderr, inside

@@ -40,6 +40,9 @@ def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outl
     pending = seen["pending_trainer"]
     assert pending["exit"] == 0 and pending["step"] == STEPS and pending["pid"] > 0, pending
     assert not seen["pid_file_at_start"] and seen["pending_pid_file"] == pending["pid"], "its pid file, once known"
+    assert seen["pid_when_kill_returned"] == 0, "a kill does not wait for the zygote to fork the trainer"
+    doomed = seen["doomed_trainer"]
+    assert doomed["pid"] > 0 and doomed["exit"] == -9 and seen["doomed_children_left"] == [], seen
     for pid in warm + seen["replaced"] + [seen["zygote"]]:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
 

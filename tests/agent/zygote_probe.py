@@ -101,6 +101,16 @@ def main(tmp: Path) -> dict[str, Any]:
     seen["pending_pid_file"] = int(pid_file.read_text()) if pid_file.exists() else 0
     pending.kill_all()
     seen["pending_children_left"] = [pid for pid in children() if stat(pid)[0] != "Z"]
+    doomed = Supervisor(tmp / "doomed", warm=1, zygote=True)
+    doomed.prewarm()
+    doomed.start(key, launch(tmp))  # handed to a warm trainer not forked yet, then killed (an abort came)
+    doomed.kill(key)  # returns without waiting for the zygote: the agent's loop (its heartbeats) goes on
+    seen["pid_when_kill_returned"] = doomed.reports()[0].pid
+    wait_for(lambda: not any(r.status.running for r in doomed.reports()), 120, "the killed trainer to be reaped")
+    (report,) = doomed.reports()
+    seen["doomed_trainer"] = {"pid": report.pid, "exit": report.status.exit_code}
+    doomed.kill_all()
+    seen["doomed_children_left"] = [pid for pid in children() if stat(pid)[0] != "Z"]
     return seen
 
 

@@ -3,12 +3,13 @@ controller, each answer (exit code, stdout, stderr) is the one ``spotmorph`` giv
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from controller.client.context import Context, write_context
-from spotmorph.local.cli_calls import CommandFailed, ask, run_cli
+from spotmorph.local.cli_calls import ROOT, CommandFailed, ask, spotmorph
 from spotmorph.local.harness import cluster_env
 
 from .conftest import Live
@@ -31,7 +32,7 @@ def test_each_question_asked_in_process_is_answered_as_the_command_answers_it(li
     env = cluster_env(home)
     for question in QUESTIONS:
         inside = ask(question, live.address, token, check=False)
-        outside = run_cli(question, env, check=False)
+        outside = subprocess.run(spotmorph(*question), capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
         assert (inside.returncode, inside.stdout, inside.stderr) == (
             outside.returncode,
             outside.stdout,

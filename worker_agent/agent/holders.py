@@ -26,10 +26,13 @@ class Process(Protocol):
 
 
 def kill_group(process: Process) -> None:
-    """SIGKILL ``process`` and its process group, and wait for it (a forked warm trainer the zygote has not
-    answered for yet: once it has)."""
+    """SIGKILL ``process`` and its process group, and wait for it. A trainer the zygote has not forked yet is
+    killed once it says which it is (a later ``poll`` reaps it): waiting here would hold the agent's loop, and
+    its heartbeats, for as long as the zygote still imports."""
     if isinstance(process, Adopted):
         process.kill_group()
+        if not process.pid:
+            return
     elif process.pid > 0:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)

@@ -294,9 +294,11 @@ class Supervisor:
         kill_group(trainer.process)
 
     def kill_all(self) -> None:
+        """Every process of this node: the zygote first, so a trainer it has not forked yet is answered for now
+        (forked: killed and waited for; not: never started) and nothing is left to be forked later."""
+        self.warm_trainers.kill_all()
         for key in list(self._trainers):
             self.kill(key)
-        self.warm_trainers.kill_all()
         self._holders.drop(set())
 
     def reports(self) -> list[TrainerReport]:

@@ -18,6 +18,7 @@ zygote ends when its stdin closes: the agent is gone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -72,6 +73,8 @@ def _fork_warm(spool: str, parent: int) -> int:
             if child == 0:
                 os.close(write_end)
                 _become_warm(spool, parent)
+            with contextlib.suppress(OSError):  # before its pid is said: a kill of its group reaches it at once
+                os.setpgid(child, child)
             os.write(write_end, f"{child}\n".encode())
         finally:
             os._exit(0)
@@ -91,7 +94,8 @@ def _become_warm(spool: str, parent: int) -> None:
     adopted it, a warm trainer like any other. Never returns into the zygote's loop."""
 
     def warm_trainer() -> int:
-        os.setpgid(0, 0)
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)  # the middle process may have made it the leader already
         folder = WarmSpool(Path(spool))
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
