@@ -177,7 +177,22 @@ class Adopted:
 
 
 def reap_orphans(waited: set[int]) -> None:
-    """Collect this process's exited children that nobody waits for (orphans it adopted as a subreaper)."""
+    """Collect this process's exited children that nobody waits for (orphans it adopted as a subreaper).
+
+    Called every beat: with no exited child at all (nearly always) it is one ``waitid`` that reaps nothing;
+    only an exited child that is waited for elsewhere (its handle has not polled it yet) hides others behind
+    it, and then ``/proc`` is read for the rest."""
+    while True:
+        try:
+            exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return  # no children at all
+        if exited is None:
+            return
+        if exited.si_pid in waited:
+            break
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(exited.si_pid, os.WNOHANG)
     own = str(os.getpid())
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
