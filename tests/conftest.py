@@ -3,7 +3,8 @@
 ``make test`` runs on two pytest-xdist workers (``--dist loadgroup``): tests that share an expensive session
 fixture name an ``xdist_group`` so they run on one worker. The tests that start local clusters run on both
 workers, two clusters at a time at most: the suite is bound by the CPU, and two at a time overlap the waits
-each has (a notice, a heartbeat's expiry) with the other's work.
+each has (a notice, a heartbeat's expiry) with the other's work. The harness's ``spotmorph`` commands are forked
+from the worker's fork server (tests/forkserver.py) rather than started as new interpreters.
 """
 
 from __future__ import annotations
