@@ -9,7 +9,6 @@ from the worker's fork server (tests/forkserver.py) rather than started as new i
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
@@ -43,7 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _harness_commands_forked() -> Iterator[None]:
     """The harness's ``spotmorph`` commands (``local up``, ``checkpoint diff``, a reference ``train``) forked from
     this worker's fork server, as the runtime tests' are; ``SPOTMORPH_TEST_FORKSERVER=0`` starts each anew."""
-    if os.environ.get("SPOTMORPH_TEST_FORKSERVER") == "0":
+    if not forkserver_client.enabled():
         yield
         return
 

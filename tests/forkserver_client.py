@@ -21,6 +21,11 @@ _one_at_a_time = threading.Lock()
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def enabled() -> bool:
+    """Whether commands go through the fork server (``SPOTMORPH_TEST_FORKSERVER=0``: every one a new process)."""
+    return os.environ.get("SPOTMORPH_TEST_FORKSERVER") != "0"
+
+
 def _started() -> subprocess.Popen[bytes]:
     global _server
     if _server is None or _server.poll() is not None:

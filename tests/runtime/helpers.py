@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -55,7 +54,7 @@ def run(cmd: list[str], timeout: float = 120) -> Result:
     """``cmd`` from the repository's root, with this process's environment; ``python -m spotmorph.cli ...``
     forked from this worker's fork server (tests/forkserver.py says why and when not), anything else a new
     process. ``SPOTMORPH_TEST_FORKSERVER=0`` makes every command a new process."""
-    if cmd[:3] == [sys.executable, "-m", "spotmorph.cli"] and os.environ.get("SPOTMORPH_TEST_FORKSERVER") != "0":
+    if cmd[:3] == [sys.executable, "-m", "spotmorph.cli"] and forkserver.enabled():
         return Result(*forkserver.run(cmd[1:], REPO, timeout))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     return Result(proc.returncode, proc.stdout, proc.stderr)

@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from worker_agent.contract import WarmSpool
 from worker_agent.runtime import warm
@@ -93,7 +94,7 @@ def _become_warm(spool: str, parent: int) -> None:
     """The forked warm trainer: its own process group, no stdin, its spool's log; then, once the agent has
     adopted it, a warm trainer like any other. Never returns into the zygote's loop."""
 
-    def warm_trainer() -> int:
+    def warm_trainer() -> NoReturn:
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # the middle process may have made it the leader already
         folder = WarmSpool(Path(spool))
