@@ -29,7 +29,8 @@ def mistral_model() -> nn.Module:
         num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=1,
         vocab_size=hm.VOCAB, max_position_embeddings=hm.SEQ, sliding_window=5, pad_token_id=0,
     )  # fmt: skip
-    return MistralForCausalLM(config)
+    model: nn.Module = MistralForCausalLM(config)
+    return model
 
 
 def qwen2_model() -> nn.Module:
@@ -39,7 +40,8 @@ def qwen2_model() -> nn.Module:
         num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=hm.VOCAB, max_position_embeddings=hm.SEQ, tie_word_embeddings=True, pad_token_id=0,
     )  # fmt: skip
-    return Qwen2ForCausalLM(config)
+    model: nn.Module = Qwen2ForCausalLM(config)
+    return model
 
 
 def batch(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
