@@ -9,12 +9,14 @@ from the worker's fork server (tests/forkserver.py) rather than started as new i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 
 from spotmorph.local import cli_calls
 from tests import forkserver_client
+from worker_agent.runtime.warm import IMPORTS_ENV
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -27,9 +29,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse ``--dist loadgroup`` on a pytest with which pytest-xdist no longer groups (from 9.2, whose node ids
-    xdist can no longer tag with the group: pytest-dev/pytest-xdist#1386): the tests of one group would silently
-    run on both workers, each building their session fixture."""
+    """Warm trainers import nothing ahead unless a test says so. Refuse ``--dist loadgroup`` on a pytest with
+    which pytest-xdist no longer groups (from 9.2, whose node ids xdist can no longer tag with the group:
+    pytest-dev/pytest-xdist#1386): the tests of one group would silently run on both workers, each building
+    their session fixture."""
+    # Warm trainers and zygotes import no model library ahead (2 s of CPU each, ~100 of them in a run): the
+    # clusters here train the tiny models; tests/runtime/test_warm_preload.py runs the default.
+    os.environ.setdefault(IMPORTS_ENV, "")
     broken = tuple(int(part) for part in pytest.version_tuple[:2] if isinstance(part, int)) >= (9, 2)
     if broken and config.getoption("dist", "no") == "loadgroup":
         raise pytest.UsageError(
