@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import GPT2Config, GPT2LMHeadModel
-
 from spotmorph import ModelSpec
 from spotmorph.data import TokenFileDataset
 from spotmorph.hf import causal_lm_spec, default_optimizer
@@ -24,6 +22,8 @@ SIZES = {"4m": (256, 5, 4), "43m": (768, 6, 12), "120m": (768, 17, 12)}  # width
 
 
 def build_size(size: str) -> ModelSpec:
+    from transformers import GPT2Config, GPT2LMHeadModel  # here: what imports SIZES needs no transformers (6 s)
+
     width, blocks, heads = SIZES[size]
     train = TokenFileDataset(DATA / "lighthouse.bin", seq_len=SEQ_LEN)
     vocab = train.vocab_size or 257  # the sidecar names it; 257 is the byte tokenizer's

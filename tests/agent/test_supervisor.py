@@ -148,7 +148,7 @@ def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(
     generation 3 (2 x 1) from the disk, from the checkpoint of S + 1 that generation 2 wrote after its first step
     (not beside it): the ends are equal."""
     supervisor = Supervisor(tmp_path / "work")
-    steps = 400
+    steps = 120
     launch = spec(tmp_path, steps=steps)
     pipeline = make_layout(num_layers=4, pipeline_stages=2, data_parallel=1, micro_batch_size=2, global_batch=6)
     try:
