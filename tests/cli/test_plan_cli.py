@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
+from tests.runtime.helpers import Result, run
+
 ROOT = Path(__file__).resolve().parents[2]
 GPT48 = ROOT / "examples" / "profiles" / "gpt48.json"
 
 
-def spotmorph(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "spotmorph.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
+def spotmorph(*args: str) -> Result:
+    return run([sys.executable, "-m", "spotmorph.cli", *args])
 
 
-def plan(*args: str) -> subprocess.CompletedProcess[str]:
+def plan(*args: str) -> Result:
     return spotmorph("plan", *args)
 
 

@@ -36,7 +36,7 @@ def platform_port(cluster: LocalCluster) -> int:
 
 
 def test_each_vm_is_a_namespace_with_its_own_address(cluster: LocalCluster) -> None:
-    cluster.up(nodes=2, slots=1, netns=True)
+    cluster.up(nodes=2, slots=1, netns=True, warm_trainers=0)
     plan = plan_of(cluster)
     context = cluster.context()
     assert context.controller.startswith(f"{plan.controller_address}:")
@@ -69,7 +69,7 @@ def test_each_vm_is_a_namespace_with_its_own_address(cluster: LocalCluster) -> N
 
 @pytest.mark.parametrize("kind", ["controller", "peers", "all"])
 def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: LocalCluster, kind: str) -> None:
-    cluster.up(nodes=2, slots=1, netns=True)
+    cluster.up(nodes=2, slots=1, netns=True, warm_trainers=0)
     plan = plan_of(cluster)
     # node names follow registration order, which the two agents race for: find node-1's VM
     mine = cluster.vm_of("node-1").serial
@@ -107,7 +107,7 @@ def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: Loca
 
 
 def test_partitioned_from_the_controller_past_the_expiry_makes_the_node_lost(cluster: LocalCluster) -> None:
-    cluster.up(nodes=2, slots=1, heartbeat_expiry=5.0, netns=True)
+    cluster.up(nodes=2, slots=1, heartbeat_expiry=5.0, netns=True, warm_trainers=0)
     cluster.cli("local", "partition", "node-1", "--from", "controller")
     cluster.wait(lambda: cluster.node_state("node-1") == "LOST", 30, "node-1 to be LOST")
     assert cluster.node_state("node-2") == "READY"
@@ -118,7 +118,7 @@ def test_partitioned_from_the_controller_past_the_expiry_makes_the_node_lost(clu
 
 
 def test_netem_names_the_missing_module_or_shapes_the_link(cluster: LocalCluster) -> None:
-    cluster.up(nodes=1, slots=1, netns=True)
+    cluster.up(nodes=1, slots=1, netns=True, warm_trainers=0)
     namespace = plan_of(cluster).namespace(1)
 
     def qdisc() -> str:
@@ -142,7 +142,7 @@ def test_netem_names_the_missing_module_or_shapes_the_link(cluster: LocalCluster
 
 
 def test_netem_delay_where_the_kernel_has_sch_netem(cluster: LocalCluster) -> None:
-    cluster.up(nodes=1, slots=1, netns=True)
+    cluster.up(nodes=1, slots=1, netns=True, warm_trainers=0)
     out = cluster.cli("local", "netem", "node-1", "--delay", "25", "--loss", "2", "--rate", "50", check=False)
     if out.returncode == 2 and "sch_netem" in out.stderr:
         pytest.skip("this kernel has no sch_netem module (tc netem); the test above checks the message")
@@ -157,7 +157,7 @@ def test_netem_delay_where_the_kernel_has_sch_netem(cluster: LocalCluster) -> No
 
 
 def test_faults_on_a_loopback_cluster_say_to_use_netns(cluster: LocalCluster) -> None:
-    cluster.up(nodes=1, slots=1)
+    cluster.up(nodes=1, slots=1, warm_trainers=0)
     out = cluster.cli("local", "partition", "node-1", check=False)
     assert out.returncode == 2 and "local up --netns" in out.stderr
 

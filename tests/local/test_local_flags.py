@@ -8,14 +8,13 @@ the verb looks for a cluster, so these run with none up.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from spotmorph.local.network import check_shaping, netem_args, tbf_args
-from tests.controller.helpers import REPO
+from tests.runtime.helpers import run
 
 # (the verb's arguments, the flag the one line must name)
 BAD = {
@@ -38,7 +37,7 @@ def test_a_bad_number_exits_2_with_one_line_naming_the_flag(case: str, tmp_path:
     args, named = BAD[case]
     env = {**os.environ, "SPOTMORPH_HOME": str(tmp_path)}
     command = [sys.executable, "-m", "spotmorph.cli", "local", *args]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=60, check=False)
+    done = run(command, timeout=60, env=env)
     assert done.returncode == 2, f"exit {done.returncode}:\n{done.stdout}{done.stderr}"
     [line] = done.stderr.strip().splitlines()
     assert named in line and "give" in line, line

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,13 +50,13 @@ def train_cmd(
     ]
 
 
-def run(cmd: list[str], timeout: float = 120) -> Result:
-    """``cmd`` from the repository's root, with this process's environment; ``python -m spotmorph.cli ...``
-    forked from this worker's fork server (tests/forkserver.py says why and when not), anything else a new
-    process. ``SPOTMORPH_TEST_FORKSERVER=0`` makes every command a new process."""
+def run(cmd: list[str], timeout: float = 120, env: Mapping[str, str] | None = None) -> Result:
+    """``cmd`` from the repository's root, with ``env`` (this process's environment by default); ``python -m
+    spotmorph.cli ...`` forked from this worker's fork server (tests/forkserver.py says why and when not),
+    anything else a new process. ``SPOTMORPH_TEST_FORKSERVER=0`` makes every command a new process."""
     if cmd[:3] == [sys.executable, "-m", "spotmorph.cli"] and forkserver.enabled():
-        return Result(*forkserver.run(cmd[1:], REPO, timeout))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        return Result(*forkserver.run(cmd[1:], REPO, timeout, env))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -3,13 +3,12 @@ tensor) or the checkpoints are of different models or steps, 2 on bad input, 0 w
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import REPO, TINY, run, train_cmd
+from tests.runtime.helpers import REPO, TINY, Result, run, train_cmd
 
 # One worker runs the module and its training fixture is session-scoped: it runs once, not once per xdist
 # worker, nor again after the worker ran another module's tests in between (a module scope would tear it down).
@@ -17,9 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint-diff-runs")]
 DEMO = f"{REPO}/examples/tiny_gpt.py:build"
 
 
-def diff(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "spotmorph.cli", "checkpoint", "diff", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+def diff(*args: str | Path) -> Result:
+    return run([sys.executable, "-m", "spotmorph.cli", "checkpoint", "diff", *map(str, args)])
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
 from morphing.layout import InvalidLayout, even_partition, make_layout, share_of, unit_shares
-from tests.runtime.helpers import REPO, TINY, run, train_cmd
+from tests.runtime.helpers import TINY, Result, run, train_cmd
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.exact import LIMB, limbs, to_float
 from worker_agent.runtime.partition import PartitionedModel
@@ -115,9 +114,8 @@ def exact_train(ckpt: Path, stages: int, replicas: int, steps: int, *extra: str,
     assert result.returncode == 0, result.explain()
 
 
-def bitwise(a: Path, b: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "spotmorph.cli", "checkpoint", "diff", str(a), str(b), "--bitwise"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+def bitwise(a: Path, b: Path) -> Result:
+    return run([sys.executable, "-m", "spotmorph.cli", "checkpoint", "diff", str(a), str(b), "--bitwise"])
 
 
 # 24 steps: a float sum that depended on the layout would differ in its bits from the first step on.
