@@ -1,4 +1,5 @@
-"""A pytest worker's fork server for ``python -m spotmorph.cli ...``: the suite's commands without the imports.
+"""A pytest worker's fork server for ``python -m spotmorph.cli ...`` (and ``python -c``): the suite's commands
+without the imports.
 
 The suite runs ``spotmorph train`` (and ``checkpoint``, ``profile``) a few hundred times, each a new
 interpreter importing torch and its pipelining (3-6 s of CPU on the 2-core machines it runs on; the suite is
@@ -58,10 +59,14 @@ def child(request: dict[str, Any]) -> None:
             os.close(opened)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        sys.path[0] = os.getcwd()  # as `python -m` has it
         flag, target, *rest = request["argv"]
+        if flag == "-c":  # as `python -c CODE ARGS...` runs CODE
+            sys.path[0], sys.argv = "", ["-c", *rest]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            return
         if flag != "-m":
-            raise SystemExit(f"forkserver: only `python -m MODULE ...`, not {flag!r}")
+            raise SystemExit(f"forkserver: only `python -m MODULE ...` or `python -c CODE ...`, not {flag!r}")
+        sys.path[0] = os.getcwd()  # as `python -m` has it
         sys.argv = [target, *rest]
         sys.modules.pop(target, None)  # as in a new interpreter: the module runs as __main__, not imported first
         runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -1,4 +1,4 @@
-"""The suite's fork server (tests/forkserver.py) runs a ``python -m`` command as a new interpreter would: its
+"""The suite's fork server (tests/forkserver.py) runs a ``python -m`` or ``-c`` command as a new interpreter would: its
 argv, working directory, environment, default signal handlers, stdout, stderr and exit code; past its timeout
 the command is killed and the server goes on."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -31,6 +32,19 @@ def test_a_forked_command_runs_as_a_new_interpreter_would(tmp_path: Path, monkey
     monkeypatch.delenv("FORKSERVER_MARKER")
     code, out, _ = forkserver_client.run(["-m", "tests.forkserver_echo", "0"], tmp_path, 60)
     assert code == 0 and json.loads(out)["marker"] is None, "each command gets the environment of its call"
+
+
+def test_python_c_runs_its_code_as_main_with_its_arguments_as_a_new_interpreter_would(tmp_path: Path) -> None:
+    code = (
+        "import json, os, sys; print(json.dumps([__name__, sys.argv, sys.path[0], os.getcwd()])); "
+        "sys.exit(int(sys.argv[1]))"
+    )
+    forked = forkserver_client.run(["-c", code, "4", "x"], tmp_path, 60)
+    new = subprocess.run([sys.executable, "-c", code, "4", "x"], cwd=tmp_path, capture_output=True, text=True)
+    assert forked == (new.returncode, new.stdout, new.stderr) == (4, json.dumps(
+        ["__main__", ["-c", "4", "x"], "", str(tmp_path)]) + "\n", "")  # fmt: skip
+    failed = forkserver_client.run(["-c", "raise ValueError('no')"], tmp_path, 60)
+    assert failed[0] == 1 and failed[2].rstrip().endswith("ValueError: no") and 'File "<string>"' in failed[2]
 
 
 def test_a_command_past_its_timeout_is_killed_and_the_next_one_runs(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the alloca
 
 def loop(monkeypatch: pytest.MonkeyPatch, mode: str) -> dict[str, object]:
     monkeypatch.setenv("SPOTMORPH_MALLOC", mode)
-    return probe(LOOP)
+    return probe(LOOP, new_interpreter=True)
 
 
 @glibc
@@ -105,9 +105,9 @@ def test_a_prepared_warm_trainer_has_the_memory_a_growths_moves_land_in_already_
 ) -> None:
     entry = tmp_path / "big.py"
     entry.write_text(BIG)
-    touched = probe(PREPARED, f"{entry}:build")
+    touched = probe(PREPARED, f"{entry}:build", new_interpreter=True)
     monkeypatch.setenv("SPOTMORPH_MALLOC", "system")  # freed memory goes back: nothing is kept touched
-    fresh = probe(PREPARED, f"{entry}:build")
+    fresh = probe(PREPARED, f"{entry}:build", new_interpreter=True)
     pages = fresh["bytes"] // 4096
     assert fresh["faults"] > pages // 2, fresh
     assert touched["faults"] < pages // 20, f"touched {touched}, fresh {fresh}"

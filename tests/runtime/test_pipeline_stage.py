@@ -75,6 +75,7 @@ from worker_agent.runtime.engine import StageRunner
 from worker_agent.runtime.warm_model import build
 
 entry, dtype, told = sys.argv[1], sys.argv[2], sys.argv[3] == "told"
+dist.set_debug_level_from_env()  # read when torch.distributed is imported: maybe before this process had it
 if not told:
     engine.static_metadata = lambda *args: {}  # torch infers, as it did before
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
