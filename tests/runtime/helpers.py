@@ -50,12 +50,15 @@ def train_cmd(
     ]
 
 
-def run(cmd: list[str], timeout: float = 120, env: Mapping[str, str] | None = None) -> Result:
+def run(
+    cmd: list[str], timeout: float = 120, env: Mapping[str, str] | None = None, new_interpreter: bool = False
+) -> Result:
     """``cmd`` from the repository's root, with ``env`` (this process's environment by default); ``python -m
     spotmorph.cli ...`` and ``python -c ...`` forked from this worker's fork server (tests/forkserver.py says why
-    and when not), anything else a new process. ``SPOTMORPH_TEST_FORKSERVER=0`` makes every command a new process."""
+    and when not) unless a ``new_interpreter`` is asked for, anything else a new process.
+    ``SPOTMORPH_TEST_FORKSERVER=0`` makes every command a new process."""
     forks = cmd[:3] == [sys.executable, "-m", "spotmorph.cli"] or (cmd[:2] == [sys.executable, "-c"] and len(cmd) > 2)
-    if forks and forkserver.enabled():
+    if forks and not new_interpreter and forkserver.enabled():
         return Result(*forkserver.run(cmd[1:], REPO, timeout, env))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
     return Result(proc.returncode, proc.stdout, proc.stderr)
@@ -64,12 +67,7 @@ def run(cmd: list[str], timeout: float = 120, env: Mapping[str, str] | None = No
 def probe(script: str, *args: str, timeout: float = 180, new_interpreter: bool = False) -> dict[str, Any]:
     """Run ``script`` (Python source) in a process of its own with ``args`` (forked from the fork server, or a
     ``new_interpreter`` where the process itself is measured); the JSON object its last line prints."""
-    command = [sys.executable, "-c", script, *args]
-    if new_interpreter:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-        result = Result(done.returncode, done.stdout, done.stderr)
-    else:
-        result = run(command, timeout=timeout)
+    result = run([sys.executable, "-c", script, *args], timeout=timeout, new_interpreter=new_interpreter)
     assert result.returncode == 0, result.explain()
     found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return found

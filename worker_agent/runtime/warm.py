@@ -40,9 +40,10 @@ def ahead_imports(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     if value is None:
         return MODEL_LIBRARIES
     names = [n.strip() for n in value.split(",") if n.strip()]
-    for bad in [n for n in names if not MODULE_NAME.fullmatch(n)]:
-        warn(f"{IMPORTS_ENV}: {bad[:80]!r} is no module name (write dotted names, comma-separated), left out")
-    return tuple(n for n in names if MODULE_NAME.fullmatch(n))
+    bad = [n for n in names if not MODULE_NAME.fullmatch(n)]
+    for name in bad:
+        warn(f"{IMPORTS_ENV}: {name[:80]!r} is no module name (write dotted names, comma-separated), left out")
+    return tuple(n for n in names if n not in bad)
 
 
 def warn(message: str) -> None:
