@@ -183,7 +183,7 @@ def run() -> str:
             "competes for a core, so crowded layouts run slower than the time-share estimate; (2) fixed "
             "per-step work the profile format has no field for (the optimizer step, gradient clipping, "
             "data loading, the stop/loss all-reduce); (3) per-micro-batch overhead of "
-            "`torch.distributed.pipelining` (Python scheduling, gloo p2p of small activations). Layer times "
+            "the pipeline schedule (Python scheduling, gloo p2p of small activations). Layer times "
             "are scaled so that their sum matches a chained forward + backward measured by the profiler "
             "(isolated layers run faster than chained ones). The machine is shared and noisy: the same "
             "layout varies between runs by tens of per cent.",

@@ -126,7 +126,7 @@ def run(counts: tuple[int, ...] = (2, 4), repeat: int = 3) -> str:
             HEADING,
             "",
             f"{machine()}; medians of {repeat}, the two modes interleaved. On a node without GPUs the agent forks "
-            "its warm trainers from one zygote that imported torch, its pipelining, the runtime and "
+            "its warm trainers from one zygote that imported torch, the runtime and "
             "`transformers.modeling_utils` once; the baseline starts a new interpreter per warm trainer, as a GPU "
             "node still does. *Start*: from the first `prewarm` to N ready, and the CPU time of every process "
             "(the zygote's imports included). *Replace N*: the N killed (a morph used them), `prewarm` again.",

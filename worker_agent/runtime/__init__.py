@@ -1,1 +1,1 @@
-"""The training process: torch.distributed + torch.distributed.pipelining, checkpoints, calibration."""
+"""The training process: torch.distributed and the runtime's own pipeline schedules, checkpoints, calibration."""

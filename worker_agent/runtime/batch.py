@@ -3,7 +3,7 @@ checks and the profiler, so all three treat tuples, padding and token counts the
 
 An activation is one tensor or a tuple of tensors, each with the sample dimension first (that is what
 lets the runtime cut a batch into micro-batches of any size). A tuple a layer returns is unpacked into
-the next layer's positional arguments, inside a stage exactly as ``PipelineStage`` does between stages,
+the next layer's positional arguments, inside a stage exactly as the pipeline does between stages,
 so where the pipeline is cut does not matter.
 """
 

@@ -2,7 +2,7 @@
 
 The batch invariant lives here. Replica ``d`` takes its contiguous slice of the step's ``B`` sample
 indices, pads its last micro-batch with weight-0 copies so every micro-batch has ``m`` samples, and each
-micro-batch contributes ``sum(weight * per-sample loss) / B`` (the schedule's own 1/n scaling is off); in
+micro-batch contributes ``sum(weight * per-sample loss) / B``; in
 token mode ``sum(weight * per-token loss) / N`` with ``N`` the non-ignored targets of all ``B`` samples,
 counted from the step's indices before it runs.
 Gradients are summed over replicas per stage, and tied copies over every rank that holds one, so the
@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
@@ -43,7 +42,8 @@ from worker_agent.runtime.host_buffers import HostLease, HostPool
 from worker_agent.runtime.job import step_indices, torch_dtype
 from worker_agent.runtime.loss_scale import LossScale
 from worker_agent.runtime.partition import PartitionedModel
-from worker_agent.runtime.pipeline_stage import Batch, Stage, static_metadata
+from worker_agent.runtime.pipeline_stage import Batch, Stage
+from worker_agent.runtime.schedule import Schedule
 from worker_agent.runtime.stage_state import all_reduce_coalesced, placed_state, state_of
 
 
@@ -86,24 +86,13 @@ class StageRunner:
         units = -(-job.global_batch // layout.micro_batch_size)
         uses = max(len(info.layers) for info in model.params.values())
         self.exact = ExactGradients(model.stage_leaves(layout, self.stage), units, uses) if job.exact else None
-        first_item = self.spec.dataset[0]
-        self.signature = signature(first_item)
-        known = static_metadata(first_item, layout.micro_batch_size, layout.pipeline_stages, self.dtype)
-        pipe_stage = Stage(
-            self.batch,
-            job.seed,
-            self.exact,
-            submodule=module,
-            stage_index=self.stage,
-            num_stages=layout.pipeline_stages,
-            device=self.device,
-            group=groups.replica,
-            **known,
+        self.signature = signature(self.spec.dataset[0])
+        stage = Stage(
+            module, self.stage, layout.pipeline_stages, groups.replica, self.device, self.batch, job.seed, self.exact
         )
         use_gpipe = job.schedule == "gpipe" or self.n_micro < layout.pipeline_stages
-        schedule_cls = ScheduleGPipe if use_gpipe else Schedule1F1B
         self.schedule_name = "gpipe" if use_gpipe else "1f1b"
-        self.schedule = schedule_cls(pipe_stage, self.n_micro, loss_fn=self._loss, scale_grads=False)
+        self.schedule = Schedule(stage, self.n_micro, self._loss, self.schedule_name)
         self.before_update: Callable[[], None] | None = None  # waits for a write that reads the live tensors
 
     def _loss(self, output: Any, slots: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ class StageModule(nn.Module):
     """The layers of one stage, chained as the whole model chains them.
 
     A tuple a layer returns becomes the next layer's positional arguments here exactly as it does when
-    ``PipelineStage`` sends it to the next stage, so a model runs the same whichever way it is cut.
+    the pipeline sends it to the next stage, so a model runs the same whichever way it is cut.
     ``compute`` is the context the layers run in (autocast for bf16 / fp16; it is entered here, so the
     pipeline's shape inference sees the dtypes the real forward sends); with ``recompute`` each layer
     keeps only its input for backward (:mod:`worker_agent.runtime.recompute`).

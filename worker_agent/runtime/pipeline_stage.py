@@ -1,42 +1,41 @@
-"""The runtime's ``PipelineStage``: it tells layout-free dropout which samples each micro-batch holds, and a
-one-stage pipeline tells it its tensors up front, so its first step runs no extra forward.
+"""One rank's pipeline stage: its layers' forward and backward a micro-batch at a time, and the point-to-point
+operations that move a micro-batch's boundary tensors to the next stage and their gradients back
+(:mod:`worker_agent.runtime.schedule` orders them).
 
-Without ``input_args`` and ``output_args`` a ``PipelineStage`` infers its tensors' shapes on the schedule's
-first step by running the whole stage forward once more on the first micro-batch (``DYNAMIC`` inference):
-0.22 s at 43M parameters on this machine's CPU, paid by every generation (a morph's pause ends with that
-step) and by every fresh start. With one stage nothing is received or sent: the inputs are the micro-batch
-itself, whose shapes every dataset item shares (:func:`worker_agent.runtime.batch.signature`), and the outputs
-go to the loss, where torch reads only how many there are. So both are given as meta tensors and the stage
-runs ``STATIC``. With several stages the inner boundaries' shapes are the user's layers' to say, so torch
-still infers them.
+The runtime's own rather than ``torch.distributed.pipelining``'s: importing that pulls in dynamo, DTensor and
+FSDP, 1.2-1.8 s of CPU at the start of every trainer, warm trainer and zygote on a 2-core VM, for what a stage
+needs here. What crosses a boundary is said once, on the first micro-batch a stage sends: a small integer
+header (how many tensors, each one's dtype and shape), so no extra forward infers it. Every floating tensor
+that crosses gets a gradient back (zeros where the next stage's backward gave it none), so both sides know
+what moves without asking again. A stage tells layout-free dropout which samples each micro-batch holds.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.pipelining import PipelineStage
+import torch.distributed as dist
 
+from morphing.errors import UserInputError
 from worker_agent.runtime.batch import as_tuple
 from worker_agent.runtime.exact import ExactGradients
 from worker_agent.runtime.model_api import sample_context
 
-
-def static_metadata(item: Any, micro_batch_size: int, stages: int, dtype: torch.dtype) -> dict[str, Any]:
-    """``PipelineStage`` keyword arguments for a stage that is the whole pipeline, from one dataset ``item``
-    (input, target); none for a longer one."""
-    if stages != 1:
-        return {}
-    example = tuple(
-        torch.empty(
-            (micro_batch_size, *t.shape),
-            dtype=dtype if t.is_floating_point() else t.dtype,
-            device="meta",
-        )
-        for t in as_tuple(item[0])
-    )
-    return {"input_args": example, "output_args": torch.empty(0, device="meta")}
+# The dtypes a boundary tensor may have, by their index in the header.
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
 
 
 class Batch:
@@ -52,29 +51,167 @@ class Batch:
         self.evaluating = False  # forward only: the loss is not scaled
 
 
-class Stage(PipelineStage):
-    """A PipelineStage that tells layout-free dropout which samples each micro-batch holds."""
+@dataclass(frozen=True)
+class Boundary:
+    """What one micro-batch sends from a stage to the next: each tensor's dtype and shape, in order."""
 
-    def __init__(self, batch: Batch, seed: int, exact: ExactGradients | None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    tensors: tuple[tuple[torch.dtype, tuple[int, ...]], ...]
+
+    @classmethod
+    def of(cls, outputs: tuple[Any, ...], stage: int) -> Boundary:
+        for value in outputs:
+            if not isinstance(value, torch.Tensor):
+                raise UserInputError(
+                    f"stage {stage}'s last layer returned a {type(value).__name__}; a layer that ends a stage must "
+                    "return a tensor or a tuple of tensors (they are what is sent to the next stage)"
+                )
+            if value.dtype not in DTYPES:
+                raise UserInputError(f"stage {stage} would send a {value.dtype} tensor; supported: {DTYPES}")
+        return cls(tuple((t.dtype, tuple(t.shape)) for t in outputs))
+
+    def encode(self) -> list[int]:
+        out = [len(self.tensors)]
+        for dtype, shape in self.tensors:
+            out += [DTYPES.index(dtype), len(shape), *shape]
+        return out
+
+    @classmethod
+    def decode(cls, values: list[int]) -> Boundary:
+        tensors, at = [], 1
+        for _ in range(values[0]):
+            dtype, ndim = DTYPES[values[at]], values[at + 1]
+            tensors.append((dtype, tuple(values[at + 2 : at + 2 + ndim])))
+            at += 2 + ndim
+        return cls(tuple(tensors))
+
+    def floating(self) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+        return [(d, s) for d, s in self.tensors if d.is_floating_point]
+
+
+class Stage:
+    """One stage of one replica's pipeline; its neighbours are the ranks ``stage_index +- 1`` of ``group``."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        stage_index: int,
+        num_stages: int,
+        group: dist.ProcessGroup,
+        device: torch.device,
+        batch: Batch,
+        seed: int,
+        exact: ExactGradients | None,
+    ) -> None:
+        self.module = module
+        self.index = stage_index
+        self.num_stages = num_stages
+        self.is_first = stage_index == 0
+        self.is_last = stage_index == num_stages - 1
+        self.group = group
+        self.device = device
+        self.prev = -1 if self.is_first else dist.get_global_rank(group, stage_index - 1)
+        self.next = -1 if self.is_last else dist.get_global_rank(group, stage_index + 1)
         self._batch = batch
         self._seed = seed
         self._exact = exact
+        self._sends: Boundary | None = None  # said to the next stage once
+        self._receives: Boundary | None = None  # heard from the previous stage once
+        self._saved: dict[int, tuple[tuple[Any, ...], tuple[torch.Tensor, ...]]] = {}  # chunk: outputs, inputs
+        self._inputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._output_grads: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._input_grads: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._outgoing: dict[int, tuple[torch.Tensor, ...]] = {}
 
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().backward_one_chunk(*args, **kwargs)
+    def forward(self, chunk: int, args: tuple[torch.Tensor, ...]) -> Any:
+        """This stage's layers on micro-batch ``chunk`` (``args`` on the first stage, what was received on
+        another); keeps what its backward needs while gradients are on."""
+        training = torch.is_grad_enabled()
+        if self.is_first:
+            inputs = args
+        else:
+            inputs = tuple(x.requires_grad_(training and x.is_floating_point()) for x in self._inputs.pop(chunk))
+        m = self._batch.micro_batch_size
+        ids = self._batch.sample_ids[chunk * m : (chunk + 1) * m]
+        with sample_context(self._seed, self._batch.step, ids):
+            output = self.module(*inputs)
+        outputs = as_tuple(output)
+        if training:
+            self._saved[chunk] = (outputs, inputs)
+        if not self.is_last:
+            self._outgoing[chunk] = tuple(t.detach().contiguous() for t in outputs)
+        return output
+
+    def backward(self, chunk: int, loss: torch.Tensor | None) -> None:
+        """Gradients of micro-batch ``chunk`` into the parameters (from its loss on the last stage, from the
+        gradients received on another), and of its received inputs for the previous stage."""
+        outputs, inputs = self._saved.pop(chunk)
+        if self.is_last:
+            assert loss is not None
+            torch.autograd.backward(loss)
+        else:
+            floating = [t for t in outputs if t.is_floating_point()]
+            pairs = [(t, g) for t, g in zip(floating, self._output_grads.pop(chunk), strict=True) if t.requires_grad]
+            if pairs:
+                torch.autograd.backward([t for t, _ in pairs], grad_tensors=[g for _, g in pairs])
+        if not self.is_first:
+            self._input_grads[chunk] = tuple(
+                x.grad if x.grad is not None else torch.zeros_like(x) for x in inputs if x.is_floating_point()
+            )
         if self._exact is not None:
             self._exact.take()  # exact mode: this micro-batch's gradients, summed in integers
-        return out
 
-    def forward_one_chunk(
-        self,
-        fwd_chunk_id: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None = None,
-        save_forward_output: bool = True,
-    ) -> Any:
-        m = self._batch.micro_batch_size
-        ids = self._batch.sample_ids[fwd_chunk_id * m : (fwd_chunk_id + 1) * m]
-        with sample_context(self._seed, self._batch.step, ids):
-            return super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
+    def fwd_recv_ops(self, chunk: int) -> list[dist.P2POp]:
+        if self.is_first:
+            return []
+        if self._receives is None:
+            self._receives = self._hear()
+        buffers = tuple(torch.empty(s, dtype=d, device=self.device) for d, s in self._receives.tensors)
+        self._inputs[chunk] = buffers
+        return [dist.P2POp(dist.irecv, b, self.prev, self.group) for b in buffers]
+
+    def fwd_send_ops(self, chunk: int) -> list[dist.P2POp]:
+        if self.is_last:
+            return []
+        tensors = self._outgoing.pop(chunk)
+        boundary = Boundary.of(tensors, self.index)
+        if self._sends is None:
+            self._say(boundary)
+            self._sends = boundary
+        elif boundary != self._sends:
+            raise UserInputError(
+                f"stage {self.index} sends {boundary.tensors} on micro-batch {chunk} but sent {self._sends.tensors} "
+                "before: what a layer that ends a stage returns must keep its shapes and dtypes from one "
+                "micro-batch to the next (pad the inputs to one length)"
+            )
+        return [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
+
+    def bwd_recv_ops(self, chunk: int) -> list[dist.P2POp]:
+        if self.is_last:
+            return []
+        assert self._sends is not None
+        buffers = tuple(torch.empty(s, dtype=d, device=self.device) for d, s in self._sends.floating())
+        self._output_grads[chunk] = buffers
+        return [dist.P2POp(dist.irecv, b, self.next, self.group) for b in buffers]
+
+    def bwd_send_ops(self, chunk: int) -> list[dist.P2POp]:
+        if self.is_first:
+            return []
+        grads = tuple(g.contiguous() for g in self._input_grads.pop(chunk))
+        return [dist.P2POp(dist.isend, g, self.prev, self.group) for g in grads]
+
+    def forget(self) -> None:
+        """Drop what a step that failed midway left (activations, buffers); the header stays said."""
+        for held in (self._saved, self._inputs, self._output_grads, self._input_grads, self._outgoing):
+            held.clear()
+
+    def _say(self, boundary: Boundary) -> None:
+        header = torch.tensor(boundary.encode(), dtype=torch.int64, device=self.device)
+        dist.send(torch.tensor([header.numel()], dtype=torch.int64, device=self.device), self.next, self.group)
+        dist.send(header, self.next, self.group)
+
+    def _hear(self) -> Boundary:
+        size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        dist.recv(size, self.prev, self.group)
+        header = torch.zeros(int(size[0]), dtype=torch.int64, device=self.device)
+        dist.recv(header, self.prev, self.group)
+        return Boundary.decode([int(v) for v in header.cpu().tolist()])

@@ -1,6 +1,6 @@
 """A node's zygote: one process that imports what a trainer imports once, then forks each warm trainer.
 
-A warm trainer's imports (torch, its pipelining, the model libraries) cost 3-8 s of CPU each on a 2-core VM,
+A warm trainer's imports (torch, the runtime, the model libraries) cost 3-8 s of CPU each on a 2-core VM,
 paid again for every warm trainer the agent keeps and for every one it starts to replace one a morph used:
 on the same cores as the training. The zygote pays them once per agent; each warm trainer is then a fork
 that shares their pages copy-on-write.
