@@ -2,7 +2,7 @@
 without the imports.
 
 The suite runs ``spotmorph train`` (and ``checkpoint``, ``profile``) a few hundred times, each a new
-interpreter importing torch and the runtime (2-4 s of CPU on the 2-core machines it runs on; the suite is
+interpreter importing torch and the runtime (3-6 s of CPU on the 2-core machines it runs on; the suite is
 bound by their CPU). This process imports them once (what ``spotmorph train``'s launcher imports before it
 forks its ranks), then forks one child per command: the child takes the command's working directory,
 environment, argv and the default signal handlers, points stdout and stderr at files, and runs the module as

@@ -1,9 +1,9 @@
 """The runtime's own pipeline (:mod:`worker_agent.runtime.pipeline_stage`, :mod:`worker_agent.runtime.schedule`).
 
-Real gloo processes, one per stage, train a model whose stage boundaries carry a tuple of three tensors (a
-float one with gradients, token ids, and a float one no parameter made): GPipe and 1F1B over two and three
-stages end bitwise where one stage ends, each layer runs one forward per micro-batch from the first step on,
-and no rank imports ``torch.distributed.pipelining`` or dynamo. A layer whose output changes shape from one
+Real gloo processes, one per stage, train a model whose stage boundaries carry a tuple of three tensors (a float one
+with gradients, token ids, and a float one no parameter made): GPipe and 1F1B over two and three stages end bitwise
+where one stage ends (losses, evaluation and parameters after two steps), and each layer runs one forward per micro-
+batch from the first step on (no forward that infers the boundary). A layer whose output changes shape from one
 micro-batch to the next gets an error that says so.
 """
 
@@ -120,7 +120,6 @@ def rank_main(rank, store_path, out):
             "losses": losses if rank == stages - 1 else [],
             "eval": [float(v) for v in evaluated],
             "calls": calls,
-            "imported": sorted(m for m in ("torch._dynamo", "torch.distributed.pipelining") if m in sys.modules),
         }
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
@@ -152,10 +151,8 @@ print(json.dumps({"ranks": ranks}))
 """
 
 
-def run_pipeline(
-    stages: int, kind: str, n_micro: int, scenario: str = "plain", new_interpreter: bool = False
-) -> list[dict[str, Any]]:
-    found = probe(PROBE, str(stages), kind, str(n_micro), scenario, new_interpreter=new_interpreter)
+def run_pipeline(stages: int, kind: str, n_micro: int, scenario: str = "plain") -> list[dict[str, Any]]:
+    found = probe(PROBE, str(stages), kind, str(n_micro), scenario)
     ranks: list[dict[str, Any]] = found["ranks"]
     return ranks
 
@@ -178,12 +175,6 @@ def test_every_schedule_and_cut_ends_bitwise_where_one_stage_ends(stages: int, k
     assert len(merged(one)["losses"]) == 2 and all(len(step) == 4 for step in merged(one)["losses"])
     for rank in cut:
         assert rank["calls"] == [[4] * len(rank["calls"][0]), [8] * len(rank["calls"][0])], "one forward a micro-batch"
-
-
-def test_a_pipeline_imports_neither_torchs_pipelining_nor_dynamo() -> None:
-    """They cost a trainer's start 1.2-1.8 s of CPU (a new interpreter: the fork server imports more)."""
-    ranks = run_pipeline(2, "1f1b", 4, new_interpreter=True)
-    assert [rank.get("imported") for rank in ranks] == [[], []], ranks
 
 
 def test_an_output_that_changes_shape_between_micro_batches_is_refused_with_the_fix() -> None:

@@ -1,9 +1,9 @@
 """Ranks of a CPU run forked from the launcher, which imports torch once for all of them.
 
-A trainer process spends most of a cold start importing: torch and the runtime take 2-4 s of CPU on a 2-core
-VM, paid once per rank when every rank is a new interpreter (a 2x2 layout: four times, on the same two cores).
-The launcher imports them once (:func:`preload`) and forks each rank from itself: the rank starts with them
-imported, sharing their pages copy-on-write.
+A trainer process spends most of a cold start importing: torch, its dynamo (which torch.optim's step imports) and
+the runtime take 3-6 s of CPU on a 2-core VM, paid once per rank when every rank is a new interpreter (a 2x2 layout:
+four times, on the same two cores). The launcher imports them once (:func:`preload`) and forks each rank from
+itself: the rank starts with them imported, sharing their pages copy-on-write.
 
 Only for the CPU: a process that forks after CUDA is initialised cannot use CUDA in its children, so CUDA
 runs keep a new interpreter per rank. The launcher forks before it starts any thread of its own (the
@@ -25,6 +25,7 @@ from typing import NoReturn
 def preload() -> None:
     """What every rank imports before it can do anything (the bulk of its start); nothing that starts a thread."""
     import torch
+    import torch._dynamo  # torch.optim's step imports it (2 s of CPU): once here, not in every rank
     import torch.distributed  # noqa: F401
 
     from worker_agent.runtime import checkpoint, engine, job, model_api, partition  # noqa: F401

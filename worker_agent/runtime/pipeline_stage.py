@@ -2,10 +2,11 @@
 operations that move a micro-batch's boundary tensors to the next stage and their gradients back
 (:mod:`worker_agent.runtime.schedule` orders them).
 
-The runtime's own rather than ``torch.distributed.pipelining``'s: importing that pulls in dynamo, DTensor and
-FSDP, 1.2-1.8 s of CPU at the start of every trainer, warm trainer and zygote on a 2-core VM, for what a stage
-needs here. What crosses a boundary is said once, on the first micro-batch a stage sends: a small integer
-header (how many tensors, each one's dtype and shape), so no extra forward infers it. Every floating tensor
+The runtime's own rather than ``torch.distributed.pipelining``'s, whose stages infer what crosses a boundary by
+running the stage once more on a generation's first micro-batch (a forward, and a backward after the first
+stage: in the step that ends every morph's pause), and whose API is still a prototype's. Here what crosses is
+said once, on the first micro-batch a stage sends: a small integer header (how many tensors, each one's dtype
+and shape). Every floating tensor
 that crosses gets a gradient back (zeros where the next stage's backward gave it none), so both sides know
 what moves without asking again. A stage tells layout-free dropout which samples each micro-batch holds.
 """
