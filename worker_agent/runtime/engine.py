@@ -1,10 +1,9 @@
 """One rank's share of a training step: its pipeline stage, gradient reduction, clipping and update.
 
-The batch invariant lives here. Replica ``d`` takes its contiguous slice of the step's ``B`` sample
-indices, pads its last micro-batch with weight-0 copies so every micro-batch has ``m`` samples, and each
-micro-batch contributes ``sum(weight * per-sample loss) / B``; in
-token mode ``sum(weight * per-token loss) / N`` with ``N`` the non-ignored targets of all ``B`` samples,
-counted from the step's indices before it runs.
+The batch invariant lives here. Replica ``d`` takes its contiguous slice of the step's ``B`` sample indices,
+pads its last micro-batch with weight-0 copies so every micro-batch has ``m`` samples, and each micro-batch
+contributes ``sum(weight * per-sample loss) / B``; in token mode ``sum(weight * per-token loss) / N`` with ``N``
+the non-ignored targets of all ``B`` samples, counted from the step's indices before it runs.
 Gradients are summed over replicas per stage, and tied copies over every rank that holds one, so the
 update is the same whatever the layout. On a GPU the stage's layers, the micro-batches and the optimizer
 state live on the rank's device; parameters and optimizer state stay in the job's dtype (the masters) and
