@@ -136,8 +136,8 @@ class Stage:
         with sample_context(self._seed, self._batch.step, ids):
             output = self.module(*inputs)
         outputs = as_tuple(output)
-        if training:
-            self._saved[chunk] = (outputs, inputs)
+        if training:  # the last stage's backward starts from its loss: it keeps no outputs
+            self._saved[chunk] = ((), inputs) if self.is_last else (outputs, inputs)
         if not self.is_last:
             self._outgoing[chunk] = tuple(t.detach().contiguous() for t in outputs)
         return output

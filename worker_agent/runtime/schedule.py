@@ -63,7 +63,8 @@ class Schedule:
         losses: list[torch.Tensor] | None,
         backward: bool,
     ) -> None:
-        chunks = [tuple(a.tensor_split(self.n_micro)[i] for a in args) for i in range(self.n_micro)]
+        splits = [a.tensor_split(self.n_micro) for a in args]
+        chunks = [tuple(parts[i] for parts in splits) for i in range(self.n_micro)]
         targets = list(target.tensor_split(self.n_micro)) if target is not None else []
         self._losses.clear()
         try:
@@ -133,8 +134,7 @@ class Schedule:
             self._forward(forwards, chunks, targets)
             fwd_sends = stage.fwd_send_ops(forwards)
             forwards += 1
-        _wait(sending)
-        sending = _start(bwd_sends)
+        sending = _start(bwd_sends)  # nothing else is in flight: the last warm-up send went out fused
         while backwards < n:
             _wait(_start(stage.bwd_recv_ops(backwards)))
             self._backward(backwards)
