@@ -77,6 +77,7 @@ def provider_of(context: Context) -> LocalProcessProvider:
         context.slots,
         context.imds_url,
         gpus_per_node=context.gpus_per_node,
+        fork_vms=True,  # a command's process: one thread, and its VMs share their imports
     )
 
 

@@ -177,6 +177,13 @@ def exec_prefix(namespace: str) -> list[str]:
     return [_ip(), "netns", "exec", namespace]
 
 
+def split_exec_prefix(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """(the namespace, the command) of a command line :func:`exec_prefix` began; (None, it) for any other."""
+    if len(args) > 4 and Path(args[0]).name == "ip" and list(args[1:3]) == ["netns", "exec"]:
+        return args[3], list(args[4:])
+    return None, list(args)
+
+
 def leftovers(prefix: str) -> tuple[list[str], list[str]]:
     """Namespaces and links bearing ``prefix`` (none where there is no ``ip``)."""
     ip = shutil.which("ip")

@@ -27,7 +27,7 @@ from controller.files import write_private
 from controller.providers.base import ProviderPort, SilentPort, instances_for
 from controller.providers.facts import LocalVmsStarted
 from controller.tokens import issue_vm_token
-from spotmorph.local import gpu_share, netns
+from spotmorph.local import gpu_share, netns, vm_start
 from spotmorph.local.layout import ClusterDir, VmDir
 from spotmorph.local.processes import alive, reap, session_members, spawn
 
@@ -62,8 +62,10 @@ class LocalProcessProvider:
         port: ProviderPort | None = None,
         gpus_per_node: int = 0,
         state_dir: Path | None = None,
+        fork_vms: bool = False,
     ) -> None:
-        """``state_dir``: the controller's, whose secret the VMs' agent tokens derive from (default: the cluster's)."""
+        """``state_dir``: the controller's, whose secret the VMs' agent tokens derive from (default: the cluster's).
+        ``fork_vms``: start CPU VMs as forks of this process, which imports once for all (:mod:`vm_start`)."""
         self.cluster_dir = cluster_dir
         self.files = ClusterDir(cluster_dir)
         self.controller = controller
@@ -74,6 +76,7 @@ class LocalProcessProvider:
         self.max_nodes = max_nodes  # request_capacity starts agents up to this many alive VMs (0: never)
         self.port: ProviderPort = port or SilentPort()
         self.gpus_per_node = gpus_per_node  # each VM's own GPUs of this host (0: CPU slots)
+        self.fork_vms = fork_vms
 
     def vms(self) -> list[LocalVm]:
         return [LocalVm(vm.path) for vm in self.files.vm_dirs()]
@@ -155,7 +158,12 @@ class LocalProcessProvider:
 
     def respawn(self, vm: VmDir) -> None:
         """Start a VM's agent (again, after a crash: same node name, a new incarnation) from its command line."""
-        pid = spawn(vm.command(), vm.log)
+        namespace, agent = netns.split_exec_prefix(vm.command())
+        pid = None
+        if self.fork_vms and not self.gpus_per_node and vm_start.can_fork():
+            pid = vm_start.start(agent, vm.log, namespace)
+        if pid is None:
+            pid = spawn(vm.command(), vm.log)
         vm.pid_file.write_text(str(pid))
 
 

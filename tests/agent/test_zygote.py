@@ -5,12 +5,16 @@ one trains, a warm trainer that dies is seen to, orphans are collected, and noth
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spotmorph.local.cli_calls import ROOT
 from tests.agent.test_prepare import STEPS
+from worker_agent.agent.zygote import INHERITED_ENV, InheritedProcess
 
 
 def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outlives_it(tmp_path: Path) -> None:
@@ -60,3 +64,34 @@ def test_a_zygote_that_cannot_run_leaves_the_node_without_warm_trainers_not_with
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0 []", out.stdout + out.stderr  # given up: trainers start cold
     assert "the zygote exited" in out.stderr and "no more warm trainers on this node" in out.stderr, out.stderr
+
+
+def test_an_inherited_zygote_is_taken_only_when_it_is_a_child_with_pipes_and_the_setting_goes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    read_end, write_end = os.pipe()
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], process_group=0)
+    try:
+        with open(os.devnull) as plain:
+            for value in (
+                "",
+                "x,y,z",
+                "1,2",
+                f"1,{write_end},{read_end}",
+                f"{stranger.pid},{plain.fileno()},{read_end}",
+            ):
+                environ = {INHERITED_ENV: value, "OTHER": "kept"}
+                assert InheritedProcess.take(environ) is None, value
+                assert environ == {"OTHER": "kept"}, "removed, whatever it said: nothing started inherits it"
+        assert caplog.text.count("names no zygote of this process") == 5
+        environ = {INHERITED_ENV: f"{stranger.pid},{write_end},{read_end}"}
+        taken = InheritedProcess.take(environ)
+        assert taken is not None and taken.pid == stranger.pid and environ == {}
+        assert not os.get_inheritable(write_end) and not os.get_inheritable(read_end)
+        assert taken.poll() is None
+        taken.end()
+        assert taken.returncode == -9 and stranger.poll() is not None
+        assert InheritedProcess.take({}) is None
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -23,16 +23,15 @@ pytestmark = [pytest.mark.slow, needs_netns]
 BATCH, SEED, INTERVAL = 16, 11, 10
 
 
-def trainer_environments(cluster: LocalCluster, job: str, generation: int) -> list[dict[str, str]]:
-    """The environment of every live trainer of ``generation`` (from /proc)."""
+def trainer_bindings(cluster: LocalCluster, job: str, generation: int) -> list[dict[str, str]]:
+    """What each trainer of ``generation`` says it bound its collectives by (its log's line; a warm trainer's
+    environment is the agent's, set after its exec, so /proc/PID/environ does not show it)."""
     found = []
     for vm in cluster.vms():
-        for path in vm.work_dir.trainers.generation_dir(job, generation).pid_files().values():
-            try:
-                raw = Path(f"/proc/{int(path.read_text())}/environ").read_bytes()
-            except (OSError, ValueError):
-                continue
-            found.append(dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item))
+        folder = vm.work_dir.trainers.generation_dir(job, generation)
+        for rank in folder.pid_files():
+            lines = [line for line in folder.log_file(rank).read_text().splitlines() if "collectives bound by" in line]
+            found.append(dict(item.split("=", 1) for line in lines[-1:] for item in line.split("bound by ")[1].split()))
     return found
 
 
@@ -53,7 +52,7 @@ def test_training_across_namespaces_survives_a_preemption_and_an_added_vm(
     first = cluster.wait_step(job, 5, 120)
     host = first["rendezvous_endpoint"].rsplit(":", 1)[0]
     assert ipaddress.ip_address(host) in plan.network, "trainers rendezvous at a VM's namespace address"
-    environments = trainer_environments(cluster, job, int(first["generation"]))
+    environments = trainer_bindings(cluster, job, int(first["generation"]))
     assert environments and all(env.get("GLOO_SOCKET_IFNAME") == "eth0" for env in environments)
     assert all(env.get("NCCL_SOCKET_IFNAME") == "=eth0" for env in environments)
 

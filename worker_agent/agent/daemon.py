@@ -52,6 +52,7 @@ from worker_agent.agent.transport import (
     RegisterAgain,
 )
 from worker_agent.agent.wire import Incoming, LogChunk, Registration
+from worker_agent.agent.zygote import InheritedProcess
 from worker_agent.contract import AgentWorkDir
 from worker_agent.scheduled_events import (
     EvictionNoticed,
@@ -89,6 +90,7 @@ class AgentConfig:
     local_poll_seconds: float = 0.1
     morph_beat_seconds: float = 0.2
     lease_seconds: float | None = None  # None: six times the controller's heartbeat expiry
+    zygote: InheritedProcess | None = None  # one this process started before it was the agent (a local VM's)
 
 
 @dataclass
@@ -117,6 +119,7 @@ class Agent:
             env=trainer_environment(os.environ, config.gpus, config.socket_interface),
             warm=config.warm_trainers,
             zygote=not config.gpus,  # a CPU node forks its warm trainers (forking after CUDA is initialised fails)
+            inherited=config.zygote,
         )
         self.link = ControllerLink(Endpoint(config.controller, config.ca, config.cert, config.key))
         self.logs = LogShipper(self.work_dir.trainers, self._send_logs, self.supervisor.running)

@@ -23,8 +23,9 @@ import struct
 import subprocess
 from collections.abc import Iterable, Mapping
 
-GLOO = "GLOO_SOCKET_IFNAME"
-NCCL = "NCCL_SOCKET_IFNAME"
+from worker_agent.contract import GLOO_SOCKET as GLOO
+from worker_agent.contract import NCCL_SOCKET as NCCL
+
 SIOCGIFADDR = 0x8915  # linux/sockios.h: an interface's (first) IPv4 address
 
 

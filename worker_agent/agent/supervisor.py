@@ -33,7 +33,7 @@ from worker_agent.agent.converge import TrainerKey, TrainerStatus
 from worker_agent.agent.holders import Finished, Holders, Process, Warm, kill_group
 from worker_agent.agent.progress import TrainerProgress, TrainerReport, absorb
 from worker_agent.agent.warming import WarmTrainers
-from worker_agent.agent.zygote import Adopted, reap_orphans
+from worker_agent.agent.zygote import Adopted, InheritedProcess, reap_orphans
 from worker_agent.contract import (
     CommittedCheckpoint,
     ExitCode,
@@ -93,13 +93,14 @@ class Supervisor:
         env: dict[str, str] | None = None,
         warm: int = 0,
         zygote: bool = False,
+        inherited: InheritedProcess | None = None,
     ) -> None:
         """``zygote``: fork warm trainers from one process that imported once (a CPU node's agent; this process
-        then adopts its descendants' orphans, see :mod:`worker_agent.agent.zygote`)."""
+        then adopts its descendants' orphans, see :mod:`worker_agent.agent.zygote`), the ``inherited`` one first."""
         self.trainers_dir = TrainersDir(work_dir)
         self.python = python
         self.env = env
-        self.warm_trainers = WarmTrainers(self.trainers_dir, python, env, warm, zygote)
+        self.warm_trainers = WarmTrainers(self.trainers_dir, python, env, warm, zygote, inherited)
         self._adopts = zygote
         self._trainers: dict[TrainerKey, _Trainer] = {}
         self._hold_serial = 0

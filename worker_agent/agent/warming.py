@@ -16,7 +16,7 @@ import subprocess
 
 from morphing.jobspec import JobSpec
 from worker_agent.agent.holders import Process, Warm, kill_group
-from worker_agent.agent.zygote import Zygote
+from worker_agent.agent.zygote import InheritedProcess, Zygote
 from worker_agent.contract import TrainersDir, WarmArguments, WarmSpool
 
 LOG = logging.getLogger("spotmorph.agent")
@@ -25,8 +25,15 @@ MAX_WARM_DEATHS = 3  # warm trainers dying unused before the node stops keeping 
 
 class WarmTrainers:
     def __init__(
-        self, trainers_dir: TrainersDir, python: str, env: dict[str, str] | None, count: int, zygote: bool
+        self,
+        trainers_dir: TrainersDir,
+        python: str,
+        env: dict[str, str] | None,
+        count: int,
+        zygote: bool,
+        inherited: InheritedProcess | None = None,
     ) -> None:
+        """``inherited``: a zygote this process started before it was the agent, the first one to use."""
         self.trainers_dir = trainers_dir
         self.python = python
         self.env = env
@@ -37,6 +44,10 @@ class WarmTrainers:
         self._hint: tuple[str, str] | None = None  # the job last handed to them to build ahead, its spec
         self._use_zygote = zygote
         self._zygote: Zygote | None = None
+        self._inherited = inherited
+        if inherited is not None and not (zygote and count):
+            self._inherited = None
+            inherited.end()  # this node keeps no warm trainers, or starts each as a new interpreter
 
     def take(self) -> Warm | None:
         """A live warm trainer (a ready one first), which leaves the waiting ones; None when there is none."""
@@ -83,7 +94,11 @@ class WarmTrainers:
             self._zygote, self._use_zygote = None, False
         if self._zygote is None and self._use_zygote:
             spool = self.trainers_dir.warm_spool(f"z-{os.getpid()}")
-            self._zygote = Zygote.start(self.python, spool, self.env)
+            inherited, self._inherited = self._inherited, None
+            if inherited is not None:
+                self._zygote = Zygote.adopt(inherited, spool, self.env)
+            else:
+                self._zygote = Zygote.start(self.python, spool, self.env)
             self._use_zygote = self._zygote is not None
         return self._zygote
 

@@ -6,6 +6,9 @@ forks through a middle process are adopted by the agent: :class:`Adopted` waits 
 to the zygote's stdin, so asking never blocks the agent's loop, even while the zygote is still importing; the
 warm trainer's pid is known once the zygote answers (0 until then: nothing is signalled by pid before).
 
+A local cluster's VM may hand its agent a zygote already forked (:class:`InheritedProcess`, named by
+:data:`INHERITED_ENV`): the agent adopts it as its own, first telling it the warm trainers' environment.
+
 Being a subreaper also makes the agent the parent of whatever a trainer's own children leave behind when the
 trainer goes: :func:`reap_orphans` collects the ones nobody waits for.
 """
@@ -19,15 +22,20 @@ import logging
 import os
 import select
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
+from typing import IO
 
 from worker_agent.contract import ExitCode, WarmSpool
 
 LOG = logging.getLogger("spotmorph.agent")
 PR_SET_CHILD_SUBREAPER = 36
 ZYGOTE_MODULE = "worker_agent.runtime.zygote"
+# "PID,TO_FD,FROM_FD": a zygote this process forked before it became the agent, and the pipes to and from it
+# (spotmorph.local.vm_start: a local cluster's VMs share their imports). Only the agent's own process reads it.
+INHERITED_ENV = "SPOTMORPH_INHERITED_ZYGOTE"
 
 
 def become_subreaper() -> bool:
@@ -42,7 +50,7 @@ def become_subreaper() -> bool:
 class Zygote:
     """One zygote process and the warm trainers asked of it, by spool."""
 
-    def __init__(self, process: subprocess.Popen[bytes], spool: WarmSpool) -> None:
+    def __init__(self, process: subprocess.Popen[bytes] | InheritedProcess, spool: WarmSpool) -> None:
         self.process = process
         self.spool = spool
         self._pids: dict[str, int] = {}
@@ -68,6 +76,26 @@ class Zygote:
         assert process.stdout is not None
         os.set_blocking(process.stdout.fileno(), False)
         return cls(process, spool)
+
+    @classmethod
+    def adopt(cls, inherited: InheritedProcess, spool: WarmSpool, env: dict[str, str] | None) -> Zygote | None:
+        """Take over a zygote this process started before it was the agent: tell it the warm trainers'
+        environment and its log; None (and it is ended) where this process cannot adopt orphans."""
+        if not become_subreaper():
+            inherited.end()
+            return None
+        spool.path.mkdir(parents=True, exist_ok=True)
+        spool.pid_file.write_text(str(inherited.pid))
+        settle = {"env": dict(os.environ) if env is None else env, "log": str(spool.log_file)}
+        try:
+            inherited.stdin.write((json.dumps(settle) + "\n").encode())
+            inherited.stdin.flush()
+        except OSError as exc:
+            LOG.warning("the inherited zygote is gone (%s); warm trainers start as new interpreters", exc)
+            inherited.end()
+            return None
+        os.set_blocking(inherited.stdout.fileno(), False)
+        return cls(inherited, spool)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -121,6 +149,61 @@ class Zygote:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+
+
+class InheritedProcess:
+    """A zygote this process forked before it became the agent (exec): its pid and the pipes to and from it,
+    with the part of :class:`subprocess.Popen` :class:`Zygote` uses."""
+
+    def __init__(self, pid: int, to_fd: int, from_fd: int) -> None:
+        self.pid = pid
+        self.stdin: IO[bytes] = os.fdopen(to_fd, "wb")
+        self.stdout: IO[bytes] = os.fdopen(from_fd, "rb", buffering=0)
+        self.returncode: int | None = None
+
+    @classmethod
+    def take(cls, environ: dict[str, str] | os._Environ[str]) -> InheritedProcess | None:
+        """The zygote :data:`INHERITED_ENV` names (removed from ``environ``: nothing this starts inherits it);
+        None where there is none, or what it names is not a child of this process with pipes to it."""
+        value = environ.pop(INHERITED_ENV, None)
+        if value is None:
+            return None
+        try:
+            pid, to_fd, from_fd = (int(part) for part in value.split(","))
+            fifos = all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (to_fd, from_fd))
+            ours = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1] == str(os.getpid())
+        except (ValueError, OSError, IndexError):
+            fifos = ours = False
+        if not (fifos and ours):
+            LOG.warning("%s=%.40r names no zygote of this process; one of its own comes instead", INHERITED_ENV, value)
+            return None
+        for fd in (to_fd, from_fd):
+            os.set_inheritable(fd, False)
+        return cls(pid, to_fd, from_fd)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # collected already (it is gone)
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        while (code := self.poll()) is None:
+            time.sleep(0.01)
+        return code
+
+    def end(self) -> None:
+        """Close the pipes (it exits), kill its group and wait for it: a zygote this agent has no use for."""
+        for pipe in (self.stdin, self.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.wait()
 
 
 class Adopted:

@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
     from worker_agent.agent import gpus as gpu_values
     from worker_agent.agent.daemon import Agent, AgentConfig
+    from worker_agent.agent.zygote import InheritedProcess
 
+    zygote = InheritedProcess.take(os.environ)  # first: nothing this process starts may inherit it
     if not args.controller:
         raise UserInputError("no controller address: pass --controller HOST:PORT or set SPOTMORPH_CONTROLLER")
     token = _token(args.token_file, _seconds("--wait-for-token", args.wait_for_token))
@@ -109,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         warm_trainers=warm_count(args.warm_trainers, slots),
         trainer_python=args.python,
         lease_seconds=lease,
+        zygote=zygote,
     )
     return asyncio.run(Agent(config).run())
 
@@ -130,7 +133,8 @@ def _socket_interface(address: str) -> str | None:
     """The interface holding the advertised address, which trainers bind gloo and NCCL to (logged)."""
     import logging
 
-    from worker_agent.agent.interfaces import GLOO, find_interface
+    from worker_agent.agent.interfaces import find_interface
+    from worker_agent.contract import GLOO_SOCKET as GLOO
 
     log = logging.getLogger("spotmorph.agent")
     interface = find_interface(address)

@@ -7,6 +7,8 @@ name itself. Torch-free (checked by import-linter), so the agent never pays for 
 """
 
 from worker_agent.contract.arguments import (
+    GLOO_SOCKET,
+    NCCL_SOCKET,
     TRAINER_MODULE,
     WARM_MODULE,
     CommittedCheckpoint,
@@ -43,6 +45,8 @@ from worker_agent.contract.files import AgentWorkDir, ControlDir, GenerationDir,
 from worker_agent.contract.salvage import SalvageOrder
 
 __all__ = [
+    "GLOO_SOCKET",
+    "NCCL_SOCKET",
     "TRAINER_MODULE",
     "WARM_MODULE",
     "AgentWorkDir",

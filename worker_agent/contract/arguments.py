@@ -16,6 +16,9 @@ from worker_agent.contract.files import GenerationDir
 
 TRAINER_MODULE = "worker_agent.runtime.trainer"
 WARM_MODULE = "worker_agent.runtime.warm"
+# What binds a trainer's collectives to its VM's interface (set by the agent, read by gloo and NCCL).
+GLOO_SOCKET = "GLOO_SOCKET_IFNAME"
+NCCL_SOCKET = "NCCL_SOCKET_IFNAME"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from morphing.errors import UserInputError
 from morphing.validation import MAX_LOSS, is_loss
-from worker_agent.contract import TrainerArguments
+from worker_agent.contract import GLOO_SOCKET, NCCL_SOCKET, TrainerArguments
 
 
 def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
@@ -21,6 +21,9 @@ def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
     :mod:`worker_agent.runtime.comm` adds the groups that move model tensors)."""
     import torch.distributed as dist
 
+    bound = [f"{name}={os.environ[name]}" for name in (GLOO_SOCKET, NCCL_SOCKET) if name in os.environ]
+    if bound:  # what the agent bound collectives to (this process's environment, not its exec-time one in /proc)
+        say(f"rank {cfg.rank} of generation {cfg.generation}: collectives bound by {' '.join(bound)}")
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         cfg.rendezvous_host,
         cfg.rendezvous_port,

@@ -40,20 +40,47 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warm._tune_allocator()
     warm._preload()
+    return serve(args.parent)
+
+
+def serve(parent: int) -> int:
+    """Answer the agent's requests on stdin until it closes the pipe; the imports are done by now.
+
+    Besides a warm trainer (``{"spool": PATH}``), the agent may ask once, first, for the environment and log of
+    the warm trainers to come (``{"env": {...}, "log": PATH}``, unanswered): a zygote its process forked before it
+    became the agent (:mod:`spotmorph.local.vm_start`) started with the environment the agent had then."""
     for line in sys.stdin:  # one request a line; the loop ends when the agent closes the pipe
         try:
-            spool = str(json.loads(line)["spool"])
-        except (ValueError, KeyError, TypeError) as exc:
+            request = json.loads(line)
+            if isinstance(request, dict) and "env" in request:
+                _settle(request["env"], request["log"])
+                continue
+            spool = str(request["spool"])
+        except (ValueError, KeyError, TypeError, OSError) as exc:
             _answer({"error": f"not a request: {exc!r}"})
             continue
         if not os.path.isdir(spool):  # the agent gave it up before its turn came
             _answer({"spool": spool, "error": "the spool is gone"})
             continue
         try:
-            _answer({"spool": spool, "pid": _fork_warm(spool, args.parent)})
+            _answer({"spool": spool, "pid": _fork_warm(spool, parent)})
         except OSError as exc:
             _answer({"spool": spool, "error": f"cannot fork: {exc.strerror or exc}"})
     return 0
+
+
+def _settle(env: object, log: object) -> None:
+    """The agent's environment for the warm trainers, and the zygote's log from now on."""
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise TypeError("env is not an object of strings")
+    if not isinstance(log, str):
+        raise TypeError("log is not a path")
+    opened = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    os.dup2(opened, 2)
+    os.close(opened)
+    os.environ.clear()
+    os.environ.update(env)
 
 
 def _answer(reply: dict[str, object]) -> None:
