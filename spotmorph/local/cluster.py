@@ -22,7 +22,7 @@ from pathlib import Path
 
 from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
 from morphing.errors import UserInputError
-from spotmorph.local import gpu_share, netns, platform
+from spotmorph.local import gpu_share, netns, platform, vm_start
 from spotmorph.local.flags import within
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.netns import leftovers
@@ -77,7 +77,7 @@ def provider_of(context: Context) -> LocalProcessProvider:
         context.slots,
         context.imds_url,
         gpus_per_node=context.gpus_per_node,
-        fork_vms=True,  # a command's process: one thread, and its VMs share their imports
+        fork_vms=os.environ.get(vm_start.FORK_ENV, "1") != "0",  # a command's process: one thread
     )
 
 

@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from worker_agent.agent.zygote import INHERITED_ENV
 
+FORK_ENV = "SPOTMORPH_LOCAL_FORK_VMS"  # "0": every VM a new process with a zygote of its own, as before
 CLONE_NEWNET = 0x40000000  # linux/sched.h
 NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps a namespace's handle
 

@@ -27,11 +27,14 @@ pytestmark = pytest.mark.slow
 SOAK_WHERE_NETNS = pytest.mark.soak if NETNS_REASON is None else pytest.mark.slow
 
 STEPS, BATCH, SEED, INTERVAL = 300, 16, 7, 20
+# The runs of `make test` check what happens early (a controller killed at step 30); the job's end only has to
+# come: half the soak runs' steps, and one reference for both (tests/e2e/test_local_cluster.py too).
+SHORT_STEPS = 150
 
 
-def submit(cluster: LocalCluster, checkpoints: Path) -> str:
+def submit(cluster: LocalCluster, checkpoints: Path, steps: int = STEPS) -> str:
     return cluster.submit(
-        steps=STEPS,
+        steps=steps,
         global_batch=BATCH,
         seed=SEED,
         dtype="float64",
@@ -40,8 +43,8 @@ def submit(cluster: LocalCluster, checkpoints: Path) -> str:
     )
 
 
-def assert_equals_reference(checkpoints: Path, references: Path) -> None:
-    expected = train_reference(references, STEPS, BATCH, SEED)
+def assert_equals_reference(checkpoints: Path, references: Path, steps: int = STEPS) -> None:
+    expected = train_reference(references, steps, BATCH, SEED)
     assert max_rel_diff(expected, checkpoints) <= 1e-9
 
 
@@ -126,7 +129,7 @@ def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_
 def test_controller_kill_9_mid_training(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
     cluster.up(nodes=2)
     checkpoints = tmp_path / "ckpt"
-    job = submit(cluster, checkpoints)
+    job = submit(cluster, checkpoints, SHORT_STEPS)
     cluster.wait_step(job, 30, 120)
     cluster.kill_controller()
     at_kill = cluster.steps_reported()
@@ -136,7 +139,7 @@ def test_controller_kill_9_mid_training(cluster: LocalCluster, tmp_path: Path, r
     assert final["state"] == "SUCCEEDED", final
     assert final["steps_lost"] == 0
     assert final["generation"] == 1, "a controller restart is not a morph"
-    assert_equals_reference(checkpoints, references)
+    assert_equals_reference(checkpoints, references, SHORT_STEPS)
 
 
 # In `make soak` (76 s here): tests/e2e/test_split_brain.py's new-incarnation test checks the same fence on

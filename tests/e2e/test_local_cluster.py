@@ -10,7 +10,7 @@ from controller.tokens import issue_vm_token
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from spotmorph.local.processes import alive, read_pid
 
-from .test_elastic import BATCH, SEED, STEPS
+from .test_elastic import BATCH, SEED, SHORT_STEPS
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,12 @@ def test_a_node_that_cannot_start_trainers_says_why_and_the_job_runs_without_it(
     cluster.wait(lambda: len(cluster.nodes()) == 2, 60, "the broken node to register")
     checkpoints = tmp_path / "ckpt"
     job = cluster.submit(
-        steps=STEPS, global_batch=BATCH, seed=SEED, dtype="float64", checkpoint_interval=20, checkpoint_dir=checkpoints
+        steps=SHORT_STEPS,
+        global_batch=BATCH,
+        seed=SEED,
+        dtype="float64",
+        checkpoint_interval=20,
+        checkpoint_dir=checkpoints,
     )
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
@@ -68,4 +73,4 @@ def test_a_node_that_cannot_start_trainers_says_why_and_the_job_runs_without_it(
     assert "TrainerStartFailed" in events
     assert "/nonexistent/bin/python3" in events
     assert final["generation"] >= 2
-    assert max_rel_diff(train_reference(references, STEPS, BATCH, SEED), checkpoints) <= 1e-9
+    assert max_rel_diff(train_reference(references, SHORT_STEPS, BATCH, SEED), checkpoints) <= 1e-9
