@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,15 +25,15 @@ from controller.client import connection as client
 from controller.persistence.store import Store
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+from spotmorph.local.processes import port_range_base
 from tests.controller.helpers import REPO
 
 pytestmark = pytest.mark.slow
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Below the ephemeral range: no outgoing connection holds it when the restarted daemon listens again."""
+    return port_range_base(1)
 
 
 class Daemon:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from morphing.layout import make_layout
 from morphing.transfer import SourceKind
+from spotmorph.local.processes import port_range_base
 from worker_agent.contract import CommittedCheckpoint
 from worker_agent.runtime.held import Offer, decide
 
@@ -63,9 +63,7 @@ def test_layers_no_one_holds_come_from_the_disk_when_the_held_step_is_the_commit
 
 
 def run_world(tmp_path: Path, scenario: str, world: int = 3) -> list[dict[str, Any]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = port_range_base(1)  # below the ephemeral range: no outgoing connection takes it before the store does
     outs = [tmp_path / f"rank-{r}.json" for r in range(world)]
     procs = [
         subprocess.Popen([sys.executable, str(PEER), str(r), str(world), str(port), scenario, str(outs[r])], cwd=REPO)
