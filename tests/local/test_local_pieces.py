@@ -11,6 +11,7 @@ import pytest
 
 from morphing.errors import UserInputError
 from morphing.traces import parse_trace
+from spotmorph.local import netns
 from spotmorph.local.harness import (
     LocalCluster,
     cluster_env,
@@ -162,3 +163,15 @@ def test_the_failure_report_names_the_jobs_and_their_seeds(tmp_path: Path, monke
     assert "===== controller event log =====\nJobSubmitted job-1" in report
     assert "job-1: seed=7 steps=300" in report and "job-2: seed=(the spec default) steps=10" in report
     assert "--- controller.log (tail) ---" in report and report.endswith("the end") and "x" * 1500 not in report
+
+
+def test_a_vms_command_line_splits_into_its_namespace_and_the_agents_command() -> None:
+    agent = ["/usr/bin/python3", "-m", "spotmorph.cli", "agent", "--slots", "1"]
+    prefix = ["/usr/sbin/ip", "netns", "exec", "spotmorph-ab12-vm3"]  # what exec_prefix gives where ip is installed
+    assert netns.split_exec_prefix([*prefix, *agent]) == ("spotmorph-ab12-vm3", agent)
+    assert netns.split_exec_prefix(agent) == (None, agent)
+    assert netns.split_exec_prefix(["/sbin/ip", "netns", "exec", "only-a-name"]) == (
+        None,
+        ["/sbin/ip", "netns", "exec", "only-a-name"],
+    )
+    assert netns.split_exec_prefix(["ipx", "netns", "exec", "ns", "cmd"])[0] is None
