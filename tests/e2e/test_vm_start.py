@@ -44,7 +44,9 @@ def test_a_forked_vms_agent_adopts_its_zygote_and_its_job_trains(
         b"--controller",
     ]
     assert stat_of(agent)[3] == str(agent), "the agent leads the VM's session"
-    zygote = read_pid(vm.work_dir.trainers.warm_spool(f"z-{agent}").pid_file)
+    pid_file = vm.work_dir.trainers.warm_spool(f"z-{agent}").pid_file
+    cluster.wait(lambda: read_pid(pid_file) is not None, 30, "the agent to adopt its zygote (its pid file)")
+    zygote = read_pid(pid_file)
     assert zygote is not None and alive(zygote)
     assert stat_of(zygote)[1] == str(agent), "the zygote is the agent's child"
     assert stat_of(zygote)[2] == str(zygote) and stat_of(zygote)[3] == str(agent), "its own group, the VM's session"
