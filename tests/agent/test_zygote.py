@@ -95,3 +95,18 @@ def test_an_inherited_zygote_is_taken_only_when_it_is_a_child_with_pipes_and_the
     finally:
         stranger.kill()
         stranger.wait()
+
+
+@pytest.mark.parametrize(
+    ("env", "log"), [(["PATH=/bin"], "zygote.log"), ({"A": 1}, "zygote.log"), ({1: "a"}, "zygote.log"), ({}, None)]
+)
+def test_the_zygotes_settle_request_with_a_bad_field_changes_nothing(
+    env: object, log: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker_agent.runtime import zygote
+
+    monkeypatch.chdir(tmp_path)
+    before = dict(os.environ)
+    with pytest.raises(TypeError):
+        zygote._settle(env, log)
+    assert dict(os.environ) == before and not (tmp_path / "zygote.log").exists()
