@@ -143,12 +143,22 @@ class Zygote:
 
     def stop(self) -> None:
         """Close its stdin (it exits) and kill it."""
-        with contextlib.suppress(OSError):
-            if self.process.stdin is not None:
-                self.process.stdin.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        _end(self.process)
+
+
+def _end(process: subprocess.Popen[bytes] | InheritedProcess) -> None:
+    """Close a zygote's stdin (it exits on that), kill its process group and wait for it."""
+    with contextlib.suppress(OSError):
+        if process.stdin is not None:
+            process.stdin.close()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _stat_fields(path: Path) -> list[str]:
+    """The fields of a ``/proc/PID/stat`` after the command's name: state, parent, process group, session, ..."""
+    return path.read_text().rsplit(") ", 1)[1].split()
 
 
 class InheritedProcess:
@@ -171,7 +181,7 @@ class InheritedProcess:
         try:
             pid, to_fd, from_fd = (int(part) for part in value.split(","))
             fifos = all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (to_fd, from_fd))
-            ours = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1] == str(os.getpid())
+            ours = _stat_fields(Path(f"/proc/{pid}/stat"))[1] == str(os.getpid())
         except (ValueError, OSError, IndexError):
             fifos = ours = False
         if not (fifos and ours):
@@ -197,13 +207,10 @@ class InheritedProcess:
         return code
 
     def end(self) -> None:
-        """Close the pipes (it exits), kill its group and wait for it: a zygote this agent has no use for."""
-        for pipe in (self.stdin, self.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        self.wait()
+        """End it as :meth:`Zygote.stop` does, and close the pipe from it: a zygote this agent has no use for."""
+        _end(self)
+        with contextlib.suppress(OSError):
+            self.stdout.close()
 
 
 class Adopted:
@@ -282,7 +289,7 @@ def reap_orphans(waited: set[int]) -> None:
             if not entry.name.isdigit() or int(entry.name) in waited:
                 continue
             with contextlib.suppress(OSError, IndexError):
-                fields = Path(entry.path, "stat").read_text().rsplit(") ", 1)[1].split()
+                fields = _stat_fields(Path(entry.path, "stat"))
                 if fields[0] == "Z" and fields[1] == own:
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(int(entry.name), os.WNOHANG)
