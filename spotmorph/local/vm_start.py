@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from worker_agent.agent.zygote import INHERITED_ENV
+from worker_agent.runtime.spool import append_output_to
 
 FORK_ENV = "SPOTMORPH_LOCAL_FORK_VMS"  # "0": every VM a new process with a zygote of its own, as before
 CLONE_NEWNET = 0x40000000  # linux/sched.h
@@ -69,10 +70,7 @@ def _become_vm(args: list[str], log: Path, namespace: str | None, pipes: tuple[i
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        os.close(output)
+        append_output_to(log)
         if namespace is not None:
             enter_network_namespace(namespace)
         zygote = os.fork()

@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from worker_agent.contract import WarmAssignment, WarmSpool
 from worker_agent.contract.hostile import HostileFile, read_bounded
@@ -52,9 +53,14 @@ def _handed(spool: WarmSpool) -> tuple[int, int] | None:
 
 def take_over(task: WarmAssignment) -> None:
     """Point stdout and stderr at the assigned trainer's log."""
-    log = os.open(task.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    append_output_to(task.log_file)
+
+
+def append_output_to(path: str | Path, fds: tuple[int, ...] = (1, 2)) -> None:
+    """Point ``fds`` (stdout and stderr) at the end of the file ``path``, after what Python buffered for them."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for fd in fds:
+        os.dup2(opened, fd)
+    os.close(opened)

@@ -29,6 +29,7 @@ from typing import NoReturn
 from worker_agent.contract import WarmSpool
 from worker_agent.runtime import warm
 from worker_agent.runtime.forked import end_as_an_interpreter
+from worker_agent.runtime.spool import append_output_to
 
 ADOPTION_SECONDS = 10.0  # how long a forked warm trainer waits to become the agent's child before it gives up
 
@@ -75,10 +76,7 @@ def _settle(env: object, log: object) -> None:
         raise TypeError("env is not an object of strings")
     if not isinstance(log, str):
         raise TypeError("log is not a path")
-    opened = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stderr.flush()
-    os.dup2(opened, 2)
-    os.close(opened)
+    append_output_to(log, (2,))
     os.environ.clear()
     os.environ.update(env)
 
@@ -128,10 +126,7 @@ def _become_warm(spool: str, parent: int) -> None:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        log = os.open(folder.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
+        append_output_to(folder.log_file)
         folder.pid_file.write_text(str(os.getpid()))
         deadline = time.monotonic() + ADOPTION_SECONDS
         while os.getppid() != parent:  # the middle process is on its way out; then the agent adopts this one
