@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,9 @@ from typing import Any
 from morphing.errors import UserInputError
 from morphing.validation import MAX_LOSS, is_loss
 from worker_agent.contract import GLOO_SOCKET, NCCL_SOCKET, TrainerArguments
+
+Clock = Callable[[], float]
+POLL_SECONDS = 0.01  # between connects to the store's port while its host rank starts it
 
 
 def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
@@ -24,6 +29,9 @@ def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
     bound = [f"{name}={os.environ[name]}" for name in (GLOO_SOCKET, NCCL_SOCKET) if name in os.environ]
     if bound:  # what the agent bound collectives to (this process's environment, not its exec-time one in /proc)
         say(f"rank {cfg.rank} of generation {cfg.generation}: collectives bound by {' '.join(bound)}")
+    deadline = time.monotonic() + max(120.0, timeout)
+    if not cfg.host_store:
+        wait_listening(cfg.rendezvous_host, cfg.rendezvous_port, deadline)
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         cfg.rendezvous_host,
         cfg.rendezvous_port,
@@ -35,15 +43,32 @@ def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
     scoped = dist.PrefixStore(  # type: ignore[attr-defined]
         f"spotmorph/gen-{cfg.generation}/", store
     )
-    scoped.add("arrived", 1)
-    deadline = time.monotonic() + max(120.0, timeout)
-    while int(scoped.add("arrived", 0)) < world_size:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rendezvous: not all {world_size} ranks arrived")
-        time.sleep(0.05)
+    if int(scoped.add("arrived", 1)) == world_size:  # the last to arrive says so; the others wait for its word
+        scoped.set("all arrived", "1")
+    try:
+        scoped.wait(["all arrived"], timedelta(seconds=max(1.0, deadline - time.monotonic())))
+    except dist.DistStoreError as exc:  # the wait timed out
+        raise TimeoutError(f"rendezvous: {int(scoped.add('arrived', 0))} of {world_size} ranks arrived") from exc
     dist.init_process_group(
         "gloo", store=scoped, rank=cfg.rank, world_size=world_size, timeout=timedelta(seconds=timeout)
     )
+
+
+def wait_listening(
+    host: str, port: int, deadline: float, pause: Callable[[float], None] = time.sleep, clock: Clock = time.monotonic
+) -> None:
+    """Return once HOST:PORT accepts a connection. The store's own client backs off 0.2-0.6 s after a refused
+    connect, and a generation's host rank is often told its assignment a moment after the others."""
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError as exc:
+            if clock() >= deadline:
+                raise TimeoutError(
+                    f"rendezvous: nothing listens on {host}:{port} (the generation's rank 0 hosts the store): {exc}"
+                ) from exc
+        pause(POLL_SECONDS)
 
 
 def check_eval(spec: Any, eval_interval: int) -> None:
