@@ -6,7 +6,18 @@ import math
 
 import pytest
 
-from bench.memory_morph_bench import BATCH, CASES, WIDE_BATCH, Run, batch, by_size, ratio, wide_batches
+from bench.memory_morph_report import (
+    BATCH,
+    CASES,
+    WIDE_BATCH,
+    Run,
+    batch,
+    by_size,
+    median_runs,
+    ratio,
+    section,
+    wide_batches,
+)
 
 
 def run(size: str, case: str, path: str, pause: float, step: float) -> Run:
@@ -49,3 +60,29 @@ def test_memory_over_disk_is_left_out_where_the_disk_figure_is_about_zero() -> N
     runs = [run("4m", "growth-3-4", "memory", 1.46, 0.57), run("4m", "growth-3-4", "disk", 1.54, 1.54)]
     assert ratio(runs, "4m", "growth-3-4", "pause") == "0.95"
     assert ratio(runs, "4m", "growth-3-4", "idle") == "-", "an idle of 0.00 s through the disk is no baseline"
+
+
+def test_repeated_runs_give_one_row_each_the_run_with_the_median_idle() -> None:
+    runs = [
+        run("4m", "growth", "memory", 1.0, 0.5),  # idle 0.5
+        run("4m", "growth", "disk", 3.0, 0.5),
+        run("4m", "growth", "memory", 2.0, 0.5),  # idle 1.5
+        run("4m", "growth", "disk", 4.0, 0.5),
+        run("4m", "growth", "memory", 0.75, 0.5),  # idle 0.25
+    ]
+    rows = median_runs(runs)
+    assert [(r.path, r.pause) for r in rows] == [("memory", 1.0), ("disk", 3.0)]  # the lower middle of two
+    assert rows[0].idles == [0.25, 0.5, 1.5] and rows[1].idles == [2.5, 3.5]
+    assert median_runs([runs[0]])[0].idles == [], "one run: nothing beside it"
+
+
+def test_the_section_says_how_many_runs_and_shows_each_runs_idle() -> None:
+    rows = median_runs([run("4m", "growth", "memory", p, 0.5) for p in (1.0, 2.0, 0.75)])
+    text = section(rows, {"4m": (4_100_000, 49_000_000)}, "python -m bench.memory_morph_bench --repeat 3", (0, 0), 3)
+    assert "3 runs of each row, interleaved, each row the run with the median idle" in text
+    header = next(line for line in text.splitlines() if line.startswith("| model | params |"))
+    row = next(line for line in text.splitlines() if line.startswith("| 4M | 4.1M |"))
+    assert header.endswith("| idle of each run s |") and row.endswith("| 0.25, 0.50, 1.50 |")
+    assert "| 0.50 |" in row and "one run, every row from it" not in text
+    once = section(median_runs(rows[:1]), {"4m": (4_100_000, 49_000_000)}, "x", (0, 0))
+    assert "one run, every row from it" in once and "idle of each run" not in once
