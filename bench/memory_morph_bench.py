@@ -57,7 +57,7 @@ from bench.memory_morph_report import (
     shape,
 )
 from bench.morph_measure import Recovery, generation_step, measure, warm_pools_full
-from spotmorph.local.harness import LocalCluster, world_size
+from spotmorph.local.harness import LocalCluster, first_event, world_size
 from spotmorph.local.processes import wait_for
 from worker_agent.contract import (
     CheckpointLoaded,
@@ -186,6 +186,8 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     run.durable = float(committed["at"]) - r.milestones.get("stop", r.start)
     run.new_step_seconds = steady_step(cluster, job, r.generation, float(committed["at"]))
     new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
+    firsts = [s for xs in cluster.progress(job, r.generation).values() if (s := first_event(xs, StepCompleted))]
+    run.first_step_seconds = min(step.step_seconds for _, step in firsts)
     loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
     memory = sum(1 for c in loaded if c.startswith("memory of generation"))
     run.resumed_from = "memory" if memory == len(loaded) else "disk" if memory == 0 else "mixed"

@@ -60,6 +60,7 @@ class Run:
     stop_write: float = 0.0  # the slowest rank's TrainingStopped.checkpoint_seconds
     step_seconds: float = 0.0  # median step of generation g
     new_step_seconds: float = 0.0  # median step of generation g+1 once the morph's checkpoint is committed
+    first_step_seconds: float = 0.0  # g+1's first step, its quickest rank's StepCompleted.step_seconds
     resumed_from: str = ""  # memory, disk or mixed (g+1's `resumed` records)
 
     @property
@@ -67,6 +68,12 @@ class Run:
         """The pause less one step of g+1: about the time no step ran (the pause ends with g+1's first step
         done, and that step may be slower than g+1's later ones: its first collectives, its allocations)."""
         return self.pause - self.new_step_seconds
+
+    @property
+    def stalled(self) -> float:
+        """The pause less g+1's first step as its quickest rank timed it (from its step loop's start; the others
+        waited in the step's first collective for the last to start): the time no rank could step."""
+        return self.pause - self.first_step_seconds if self.first_step_seconds > 0 else float("nan")
 
     layouts: str = ""  # P x D of g -> of g+1, the planner's choice from the profile
     durable: float = 0.0  # the stop agreed -> that step's checkpoint committed
@@ -107,18 +114,22 @@ def wide_batches(runs: Sequence[Run]) -> str:
     return f" ({', '.join(f'{s.upper()} {b}' for s, b in wide.items())} on 4 VMs)" if wide else ""
 
 
+def over(value: float, base: float) -> float:
+    return value / base if base > 0 else float("nan")
+
+
 def by_size(runs: Sequence[Run]) -> list[str]:
     """Each larger model's pause and idle time over the smallest model's, same morph and path, same run."""
     sizes = list(dict.fromkeys(r.size for r in runs))
     if len(sizes) < 2:
         return []
     lines = ["", f"Over the {sizes[0].upper()} model's, same morph and path, same run:", ""]
-    lines += ["| model | morph | path | pause | idle |", "|---|---|---|---:|---:|"]
+    lines += ["| model | morph | path | pause | idle | stalled |", "|---|---|---|---:|---:|---:|"]
     base = {(r.case, r.path): r for r in runs if r.size == sizes[0]}
     for r in runs:
         if r.size != sizes[0] and (small := base.get((r.case, r.path))) is not None:
-            pause, idle = r.pause / small.pause, r.idle / small.idle if small.idle > 0 else float("nan")
-            lines.append(f"| {r.size.upper()} | {r.case} | {r.path} | {pause:.2f} | {idle:.2f} |")
+            pause, idle, stalled = (r.pause / small.pause, over(r.idle, small.idle), over(r.stalled, small.stalled))
+            lines.append(f"| {r.size.upper()} | {r.case} | {r.path} | {pause:.2f} | {idle:.2f} | {stalled:.2f} |")
     return lines
 
 
@@ -141,23 +152,25 @@ def section(
         "morph writes), the planner's profiles in bench/profiles (`spotmorph profile` on this machine at low load). "
         f"The 120M model was {'run' if '120m' in sizes else 'not run'}.",
         "",
-        "| model | params | state MB | morph | path | step s | g+1 step s | pause s | idle s | stop write s | resumed "
-        "| lost | durable s |" + (" idle of each run s |" if repeat > 1 else ""),
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|" + ("---|" if repeat > 1 else ""),
+        "| model | params | state MB | morph | path | step s | g+1 step s | pause s | idle s | stalled s "
+        "| stop write s | resumed | lost | durable s |" + (" idle of each run s |" if repeat > 1 else ""),
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|" + ("---|" if repeat > 1 else ""),
     ]
     for r in runs:
         params, state = sizes[r.size]
         lines.append(
             f"| {r.size.upper()} | {params / 1e6:.1f}M | {state / 1e6:.0f} | {r.case} {r.layouts} | {r.path} | "
-            f"{r.step_seconds:.2f} | {r.new_step_seconds:.2f} | {r.pause:.2f} | {r.idle:.2f} | {r.stop_write:.2f} | "
+            f"{r.step_seconds:.2f} | {r.new_step_seconds:.2f} | {r.pause:.2f} | {r.idle:.2f} | {r.stalled:.2f} | "
+            f"{r.stop_write:.2f} | "
             f"{r.resumed_from} | {r.steps_lost} | {r.durable:.2f} |"
             + (f" {', '.join(f'{i:.2f}' for i in r.idles)} |" if repeat > 1 else "")
         )
-    lines += ["", "Memory / disk, same run (the rows above):", "", "| model | morph | pause | idle | stop write |"]
-    lines += ["|---|---|---:|---:|---:|"]
-    for size, case in dict.fromkeys((r.size, r.case) for r in runs):
-        cells = " | ".join(ratio(runs, size, case, attr) for attr in ("pause", "idle", "stop_write"))
-        lines.append(f"| {size.upper()} | {case} | {cells} |")
+    if set(PATHS) <= {r.path for r in runs}:
+        lines += ["", "Memory / disk, same run (the rows above):", ""]
+        lines += ["| model | morph | pause | idle | stalled | stop write |", "|---|---|---:|---:|---:|---:|"]
+        for size, case in dict.fromkeys((r.size, r.case) for r in runs):
+            cells = " | ".join(ratio(runs, size, case, attr) for attr in ("pause", "idle", "stalled", "stop_write"))
+            lines.append(f"| {size.upper()} | {case} | {cells} |")
     lines += by_size(runs)
     lines += ["", "Where the pause went (s; each phase ends when its slowest rank is done):", ""]
     lines += ["| model | morph | path | " + " | ".join(PHASES) + " |", "|---|---|---|" + "---:|" * len(PHASES)]
@@ -170,7 +183,8 @@ def section(
         "",
         f"*g+1 step*: g+1's median step once the morph's checkpoint is committed (of {NEW_STEPS} steps, the "
         "background write over); *idle*: the pause less one step of g+1, about the time no step ran, since the "
-        "pause ends with g+1's first step done; "
+        "pause ends with g+1's first step done; *stalled*: the pause less g+1's first step as its quickest rank "
+        "timed it (from the start of its step loop), the time no rank could step; "
         "*state MB*: parameters and AdamW's two moments, 4 bytes each (the head's copy of the tied embedding "
         f"included); eviction: `local preempt NODE --notice {NOTICE}`; kill: `local kill NODE`; *stop write*: the "
         "slowest rank's `TrainingStopped.checkpoint_seconds` (after a kill, `SalvageWritten.seconds`), on the "

@@ -28,6 +28,12 @@ def test_idle_is_the_pause_less_one_step_of_the_next_generation() -> None:
     assert run("4m", "growth", "memory", 0.6, 0.25).idle == pytest.approx(0.35)
 
 
+def test_stalled_is_the_pause_less_the_first_step_and_unknown_without_one() -> None:
+    first = Run("43m", "growth", "memory", pause=6.0, new_step_seconds=5.0, first_step_seconds=5.5)
+    assert first.stalled == pytest.approx(0.5) and first.idle == pytest.approx(1.0)
+    assert math.isnan(run("43m", "growth", "memory", 6.0, 5.0).stalled)
+
+
 def test_each_larger_model_is_compared_with_the_smallest_for_the_same_morph_and_path() -> None:
     runs = [
         run("4m", "growth", "memory", 0.5, 0.25),
@@ -39,13 +45,17 @@ def test_each_larger_model_is_compared_with_the_smallest_for_the_same_morph_and_
     lines = by_size(runs)
     assert "Over the 4M model's, same morph and path, same run:" in lines
     rows = [line for line in lines if line.startswith("| 43M")]
-    assert rows == ["| 43M | growth | memory | 4.00 | 3.00 |", "| 43M | growth | disk | 5.00 | 7.00 |"]
+    assert rows == ["| 43M | growth | memory | 4.00 | 3.00 | nan |", "| 43M | growth | disk | 5.00 | 7.00 | nan |"]
 
 
 def test_no_comparison_without_a_second_size_and_none_over_a_smaller_idle_of_zero() -> None:
     assert by_size([run("43m", "growth", "memory", 2.0, 1.0)]) == []
     lines = by_size([run("4m", "eviction", "disk", 0.5, 0.5), run("43m", "eviction", "disk", 2.0, 1.0)])
     assert math.isnan(float(lines[-1].split("|")[5]))
+    small, large = (
+        Run(s, "growth", "memory", pause=p, first_step_seconds=f) for s, p, f in [("4m", 1, 0.5), ("43m", 6, 5)]
+    )
+    assert by_size([small, large])[-1] == "| 43M | growth | memory | 6.00 | 6.00 | 2.00 |"
 
 
 def test_the_four_vm_cases_run_at_a_batch_every_vm_is_wanted_for_and_the_header_says_so() -> None:
