@@ -29,9 +29,10 @@ def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
     bound = [f"{name}={os.environ[name]}" for name in (GLOO_SOCKET, NCCL_SOCKET) if name in os.environ]
     if bound:  # what the agent bound collectives to (this process's environment, not its exec-time one in /proc)
         say(f"rank {cfg.rank} of generation {cfg.generation}: collectives bound by {' '.join(bound)}")
-    deadline = time.monotonic() + max(120.0, timeout)
+    started = time.monotonic()
+    deadline = started + max(120.0, timeout)  # the host waits for the others longer than they try to reach it
     if not cfg.host_store:
-        wait_listening(cfg.rendezvous_host, cfg.rendezvous_port, deadline)
+        wait_listening(cfg.rendezvous_host, cfg.rendezvous_port, started + max(60.0, timeout))
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         cfg.rendezvous_host,
         cfg.rendezvous_port,
