@@ -64,8 +64,8 @@ def section(results: dict[str, dict[float, list[float]]], repeat: int) -> str:
     lines = [
         HEADING,
         "",
-        f"Machine: {machine()}. Command: `python bench/rendezvous_bench.py --delays {','.join(f'{d:g}' for d in delays)} "
-        f"--repeat {repeat}`: the host rank starts "
+        f"Machine: {machine()}. Command: `python bench/rendezvous_bench.py --delays "
+        f"{','.join(f'{d:g}' for d in delays)} --repeat {repeat}`: the host rank starts "
         "the store the given seconds after the other rank began to connect; seconds from the store listening to "
         f"the rank connected, median of {repeat} (min-max), both ways alternating in one run.",
         "",
