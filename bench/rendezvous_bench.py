@@ -11,7 +11,6 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import sys
 import threading
@@ -25,17 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch.distributed as dist
 
 from bench.common import machine, replace_section
+from spotmorph.local.processes import free_port
 from worker_agent.runtime.trainer_setup import wait_listening
 
 HEADING = "## A rank that reaches the store before its host (`bench/rendezvous_bench.py`)"
 MODES = ("torch's client", "wait_listening, then the client")
 TCPStore = dist.TCPStore  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def connected_after_listening(delay: float, wait_first: bool) -> float:
