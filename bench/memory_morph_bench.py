@@ -18,8 +18,10 @@ the next generation loads it):
 
 Measured: the pause (``TrainingResumed.pause_seconds``), steps lost, the stop's write on the critical path
 (``TrainingStopped.checkpoint_seconds``; after a kill, the salvage's ``SalvageWritten.seconds``), where g+1
-resumed from, and the pause's phases. ``python -m
-bench.memory_morph_bench`` puts the tables in docs/benchmarks.md; ``--quick`` (4M, growth) only prints.
+resumed from, the pause's phases, and what the morph cost beside g+1's first step (*idle*, *stalled*:
+:class:`bench.memory_morph_report.Run`). ``--repeat N`` runs each case N times, interleaved, and shows the run
+with the median idle; ``--paths`` picks memory, disk or both. ``python -m bench.memory_morph_bench`` puts the
+tables in docs/benchmarks.md; ``--quick`` (4M, growth) only prints.
 """
 
 from __future__ import annotations
