@@ -163,7 +163,10 @@ def one(work: Path, size: str, case: str, path: str, log: Log) -> Run:
     finally:
         cluster.down()
     phases = ", ".join(f"{k} {v:.2f}" for k, v in run.phases.items())
-    log(f"{size} {case} {path}: pause {run.pause:.2f}s, stop write {run.stop_write:.2f}s, from {run.resumed_from}")
+    log(
+        f"{size} {case} {path}: pause {run.pause:.2f}s, idle {run.idle:.2f}s, stalled {run.stalled:.2f}s, "
+        f"stop write {run.stop_write:.2f}s, from {run.resumed_from}"
+    )
     log(f"  lost {run.steps_lost}, phases: {phases}" + "".join(f"\n  NOTE: {n}" for n in run.notes))
     return run
 
