@@ -190,8 +190,9 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     )
     run.durable = float(committed["at"]) - r.milestones.get("stop", r.start)
     run.new_step_seconds = steady_step(cluster, job, r.generation, float(committed["at"]))
-    new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
-    firsts = [s for xs in cluster.progress(job, r.generation).values() if (s := first_event(xs, StepCompleted))]
+    ranks = list(cluster.progress(job, r.generation).values())
+    new = [x.event for xs in ranks for x in xs]
+    firsts = [s for xs in ranks if (s := first_event(xs, StepCompleted))]
     run.first_step_seconds = min(step.step_seconds for _, step in firsts)
     loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
     memory = sum(1 for c in loaded if c.startswith("memory of generation"))

@@ -4,7 +4,7 @@ runs them): the runs' figures, memory over disk, each model over the smallest, a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.common import machine
@@ -89,9 +89,7 @@ def median_runs(runs: Sequence[Run]) -> list[Run]:
     out = []
     for key in keys:
         same = sorted((r for r in runs if (r.size, r.case, r.path) == key), key=lambda r: r.idle)
-        chosen = same[(len(same) - 1) // 2]
-        chosen.idles = [r.idle for r in same] if len(same) > 1 else []
-        out.append(chosen)
+        out.append(replace(same[(len(same) - 1) // 2], idles=[r.idle for r in same] if len(same) > 1 else []))
     return out
 
 
