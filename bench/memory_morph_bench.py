@@ -18,16 +18,18 @@ the next generation loads it):
 
 Measured: the pause (``TrainingResumed.pause_seconds``), steps lost, the stop's write on the critical path
 (``TrainingStopped.checkpoint_seconds``; after a kill, the salvage's ``SalvageWritten.seconds``), where g+1
-resumed from, the pause's phases, and what the morph cost beside g+1's first step (*idle*, *stalled*:
-:class:`bench.memory_morph_report.Run`). ``--repeat N`` runs each case N times, interleaved, and shows the run
-with the median idle; ``--paths`` picks memory, disk or both. ``python -m bench.memory_morph_bench`` puts the
-tables in docs/benchmarks.md; ``--quick`` (4M, growth) only prints.
+resumed from, the pause's phases, and what the morph cost beside g+1's first step (*idle*; *stalled*, the
+controller's ``TrainingResumed.stalled_seconds``: :class:`bench.memory_morph_report.Run`). ``--repeat N`` runs
+each case N times, interleaved, and shows the run with the median idle; ``--paths`` picks memory, disk or both.
+``python -m bench.memory_morph_bench`` puts the tables in docs/benchmarks.md; ``--quick`` (4M, growth) only
+prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -59,7 +61,7 @@ from bench.memory_morph_report import (
     shape,
 )
 from bench.morph_measure import Recovery, generation_step, measure, warm_pools_full
-from spotmorph.local.harness import LocalCluster, first_event, world_size
+from spotmorph.local.harness import LocalCluster, world_size
 from spotmorph.local.processes import wait_for
 from worker_agent.contract import (
     CheckpointLoaded,
@@ -178,6 +180,8 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
         cluster, job, lambda e: e["kind"] == "TrainingResumed" and e["data"]["generation"] == r.generation, "resumed"
     )
     run.pause = float(resumed["data"]["pause_seconds"])
+    stalled = resumed["data"].get("stalled_seconds")
+    run.stalled = math.nan if stalled is None else float(stalled)
     old = [x.event for xs in cluster.progress(job, r.old).values() for x in xs]
     stops = [e for e in old if isinstance(e, TrainingStopped)]
     salvaged = [e.seconds for e in old if isinstance(e, SalvageWritten)]
@@ -192,8 +196,6 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     run.new_step_seconds = steady_step(cluster, job, r.generation, float(committed["at"]))
     ranks = list(cluster.progress(job, r.generation).values())
     new = [x.event for xs in ranks for x in xs]
-    firsts = [s for xs in ranks if (s := first_event(xs, StepCompleted))]
-    run.first_step_seconds = min(step.step_seconds for _, step in firsts)
     loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
     memory = sum(1 for c in loaded if c.startswith("memory of generation"))
     run.resumed_from = "memory" if memory == len(loaded) else "disk" if memory == 0 else "mixed"

@@ -3,6 +3,7 @@ runs them): the runs' figures, memory over disk, each model over the smallest, a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -60,7 +61,7 @@ class Run:
     stop_write: float = 0.0  # the slowest rank's TrainingStopped.checkpoint_seconds
     step_seconds: float = 0.0  # median step of generation g
     new_step_seconds: float = 0.0  # median step of generation g+1 once the morph's checkpoint is committed
-    first_step_seconds: float = 0.0  # g+1's first step, its quickest rank's StepCompleted.step_seconds
+    stalled: float = math.nan  # TrainingResumed.stalled_seconds: of the pause, the time no rank could step
     resumed_from: str = ""  # memory, disk or mixed (g+1's `resumed` records)
 
     @property
@@ -68,12 +69,6 @@ class Run:
         """The pause less one step of g+1: about the time no step ran (the pause ends with g+1's first step
         done, and that step may be slower than g+1's later ones: its first collectives, its allocations)."""
         return self.pause - self.new_step_seconds
-
-    @property
-    def stalled(self) -> float:
-        """The pause less g+1's first step as its quickest rank timed it (from its step loop's start; the others
-        waited in the step's first collective for the last to start): the time no rank could step."""
-        return self.pause - self.first_step_seconds if self.first_step_seconds > 0 else float("nan")
 
     layouts: str = ""  # P x D of g -> of g+1, the planner's choice from the profile
     durable: float = 0.0  # the stop agreed -> that step's checkpoint committed
@@ -181,8 +176,8 @@ def section(
         "",
         f"*g+1 step*: g+1's median step once the morph's checkpoint is committed (of {NEW_STEPS} steps, the "
         "background write over); *idle*: the pause less one step of g+1, about the time no step ran, since the "
-        "pause ends with g+1's first step done; *stalled*: the pause less g+1's first step as its quickest rank "
-        "timed it (from the start of its step loop), the time no rank could step; "
+        "pause ends with g+1's first step done; *stalled*: the controller's `TrainingResumed.stalled_seconds`, "
+        "the pause to g+1's last rank beginning its first step (its state loaded), the time no rank could step; "
         "*state MB*: parameters and AdamW's two moments, 4 bytes each (the head's copy of the tied embedding "
         f"included); eviction: `local preempt NODE --notice {NOTICE}`; kill: `local kill NODE`; *stop write*: the "
         "slowest rank's `TrainingStopped.checkpoint_seconds` (after a kill, `SalvageWritten.seconds`), on the "

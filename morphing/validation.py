@@ -143,9 +143,14 @@ def check_finite(field: str, value: float, max_magnitude: float) -> float:
     return value
 
 
-def is_stall(seconds: float) -> bool:
-    """A checkpoint's pause of training the controller accepts (the agent sends no other): 0 up to a week."""
+def is_duration(seconds: float) -> bool:
+    """A measured duration the controller accepts (the agent sends no other): 0 up to a week."""
     return math.isfinite(seconds) and 0 <= seconds <= MAX_STALL_SECONDS
+
+
+def is_stall(seconds: float) -> bool:
+    """A checkpoint's pause of training the controller accepts: a duration (:func:`is_duration`)."""
+    return is_duration(seconds)
 
 
 def is_loss(value: float) -> bool:

@@ -31,6 +31,7 @@ from morphing.validation import (
     check_step,
     check_text,
     check_time,
+    is_duration,
     is_rate,
     is_stall,
     printable,
@@ -158,6 +159,15 @@ def step_times(field: str, status: pb.TrainerStatus) -> None:
         check_time(f"{field}.last_step_at", last)
     if first is not None and (last is None or first > last):
         raise InvalidField(f"{field}.first_step_at", f"{first!r} needs a last_step_at at or after it (got {last!r})")
+    if status.HasField("first_step_seconds"):
+        took = status.first_step_seconds
+        if first is None:
+            raise InvalidField(f"{field}.first_step_seconds", "how long the first step took needs its first_step_at")
+        if not is_duration(took) or took > first:
+            raise InvalidField(
+                f"{field}.first_step_seconds",
+                f"{took!r} is not how long the first step took; give seconds (0..{MAX_STALL_SECONDS:g})",
+            )
 
 
 def trainers(view: StateView, node: str, statuses: Any) -> tuple[RankReport, ...]:

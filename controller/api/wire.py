@@ -47,7 +47,13 @@ def layout_to_pb(layout: Layout | None) -> pb.Layout | None:
 
 def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.Job:
     morphs = [
-        pb.Morph(generation=g.generation, cause=g.cause, seconds=g.morph_seconds or 0.0, pause_seconds=g.pause_seconds)
+        pb.Morph(
+            generation=g.generation,
+            cause=g.cause,
+            seconds=g.morph_seconds or 0.0,
+            pause_seconds=g.pause_seconds,
+            stalled_seconds=g.stalled_seconds,
+        )
         for g in generations
         if g.morph_seconds is not None
     ]
@@ -149,6 +155,7 @@ def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "", h
         eval_step=status.eval_step,
         eval_loss=status.eval_loss if status.HasField("eval_loss") else None,
         first_step_at=status.first_step_at if status.HasField("first_step_at") else None,
+        first_step_seconds=status.first_step_seconds if status.HasField("first_step_seconds") else None,
         last_step_at=status.last_step_at if status.HasField("last_step_at") else None,
         held_step=status.held_step if status.HasField("held_step") else None,
         refusal=_REFUSALS.get(status.refusal),

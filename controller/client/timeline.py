@@ -34,6 +34,7 @@ class Pause:
     end: float  # the new generation's first step
     seconds: float
     decision_seconds: float | None  # the controller's part: the morph's start to the generation's issue
+    stalled_seconds: float | None = None  # of ``seconds``, the time no rank could step (None: unsaid)
 
 
 @dataclass
@@ -108,13 +109,14 @@ def build(events: Iterable[Mapping[str, Any]], job: str, global_batch: int) -> T
 def _pause(data: Mapping[str, Any], at: float) -> Pause:
     seconds = float(data.get("pause_seconds", 0.0))
     end = float(data.get("resumed_at", at))
-    decision = data.get("decision_seconds")
+    decision, stalled = data.get("decision_seconds"), data.get("stalled_seconds")
     return Pause(
         int(data.get("generation", 0)),
         float(data.get("paused_since", end - seconds)),
         end,
         seconds,
         None if decision is None else float(decision),
+        None if stalled is None else float(stalled),
     )
 
 
@@ -217,6 +219,8 @@ def _generations(timeline: Timeline, x: Any) -> str:
     for pause in timeline.pauses:
         left, width = x(pause.start), max(x(pause.end) - x(pause.start), 1)
         decided = "" if pause.decision_seconds is None else f", decided in {pause.decision_seconds:.1f} s"
+        if pause.stalled_seconds is not None:
+            decided = f" ({pause.stalled_seconds:.1f} s stalled, then the first step){decided}"
         parts.append(
             f"<rect x='{left:.1f}' y='92' width='{width:.1f}' height='12' fill='#7f8c8d' opacity='0.9'>"
             f"<title>training paused {pause.seconds:.1f} s before generation {pause.generation}{decided}</title></rect>"

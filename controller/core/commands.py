@@ -68,11 +68,13 @@ class RecordCheckpoint:
 
 @dataclass(frozen=True)
 class RecordPause:
-    """Generation ``generation`` of ``job_id`` completed its first step ``seconds`` after the last step before it."""
+    """Generation ``generation`` of ``job_id`` completed its first step ``seconds`` after the last step before it,
+    and began it ``stalled`` seconds after (None: no rank said how long its first step took)."""
 
     job_id: str
     generation: int
     seconds: float
+    stalled: float | None = None
 
 
 @dataclass(frozen=True)

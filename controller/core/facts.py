@@ -117,6 +117,7 @@ class TrainingResumed(Fact):
     decision_seconds: float | None
     paused_since: float
     resumed_at: float
+    stalled_seconds: float | None = None  # of the pause, until g+1's ranks began their first step (None: unsaid)
 
 
 @dataclass(frozen=True)

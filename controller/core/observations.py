@@ -33,6 +33,7 @@ class RankReport:
     eval_step: int = 0  # the step of its newest evaluation (0: none yet)
     eval_loss: float | None = None
     first_step_at: float | None = None  # the node's wall clock when this rank completed its first step
+    first_step_seconds: float | None = None  # ... how long that step took (None: an older agent said not)
     last_step_at: float | None = None  # ... and ``last_step``
     held_step: int | None = None  # its collective failed: the last completed step it holds in memory
     refusal: Refusal | None = None  # it exited 2, refusing its input (None: not a refusal)

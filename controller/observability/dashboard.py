@@ -122,6 +122,7 @@ def job_view(
                 "resume_step": g.resume_step,
                 "shape": f"{g.layout.get('pipeline_stages', '?')}x{g.layout.get('data_parallel', '?')}",
                 "pause_seconds": _number(g.pause_seconds),
+                "stalled_seconds": _number(g.stalled_seconds),
             }
             for g in generations
         ],

@@ -126,6 +126,7 @@ def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     counts: Counter[str] = Counter()
     durations: list[float] = []
     pauses: list[float] = []
+    stalls: list[float] = []
     for row in snapshot.generations:
         if row.generation <= 1:
             continue
@@ -134,6 +135,8 @@ def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
             durations.append(row.morph_seconds)
         if row.pause_seconds is not None:
             pauses.append(row.pause_seconds)
+        if row.stalled_seconds is not None:
+            stalls.append(row.stalled_seconds)
     morphs = CounterMetricFamily("spotmorph_morphs", "Morphs (generations after the first) by cause", labels=["cause"])
     for cause, count in sorted(counts.items()):
         morphs.add_metric([cause], count)
@@ -145,6 +148,11 @@ def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
         "spotmorph_morph_pause_seconds",
         "Pauses training felt (last step before a morph to the first step after it, trainers' clocks)",
         pauses,
+    )
+    yield _seconds_histogram(
+        "spotmorph_morph_stalled_seconds",
+        "Of those pauses, the time no rank could step (to the new generation's first step begun)",
+        stalls,
     )
 
 

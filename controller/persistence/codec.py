@@ -37,6 +37,7 @@ class GenerationRow:
     issued_at: float
     morph_cause: MorphCause  # the label metrics count by
     pause_seconds: float | None = None  # last step before the morph to the first after it (None: not yet)
+    stalled_seconds: float | None = None  # ... to the first after it begun (None: not yet, or unsaid)
 
 
 def node_to_dict(node: NodeRecord) -> dict[str, Any]:
@@ -68,7 +69,16 @@ def job_from_dict(data: dict[str, Any]) -> JobRecord:
 def generation_from_row(row: Row[Any]) -> GenerationRow:
     r, cause = row, MorphCause(row.morph_cause)
     return GenerationRow(
-        r.job, r.generation, r.layout, r.resume_step, r.cause, r.morph_seconds, r.issued_at, cause, r.pause_seconds
+        r.job,
+        r.generation,
+        r.layout,
+        r.resume_step,
+        r.cause,
+        r.morph_seconds,
+        r.issued_at,
+        cause,
+        r.pause_seconds,
+        r.stalled_seconds,
     )
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -69,6 +69,7 @@ generations = Table(
     Column("issued_at", Float, nullable=False),
     Column("morph_cause", String),  # a MorphCause value; added by _v3 (nullable, as SQLite adds columns)
     Column("pause_seconds", Float),  # the pause training felt (added by _v5; NULL until the first step)
+    Column("stalled_seconds", Float),  # of it, until the first step began (added by _v11; NULL: unsaid)
 )
 assignments = Table(
     "assignments",
@@ -171,11 +172,17 @@ def legacy_morph_cause(detail: str) -> MorphCause:
     return next((cause for words, cause in LEGACY_CAUSE_WORDS if words in lowered), MorphCause.OTHER)
 
 
+def _add_column(conn: Connection, table: str, column: str, sql_type: str) -> None:
+    """``column`` added to ``table`` unless it is there: _v1 builds today's tables, so a database born at a
+    later version has it already. The names are this module's constants, never input."""
+    columns = {row[1] for row in conn.execute(text(f"PRAGMA table_info({table})"))}
+    if column not in columns:
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+
+
 def _v3(conn: Connection) -> None:
     """Morph causes as a label beside their words: generations get a column, job rows a detail field."""
-    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(generations)"))}
-    if "morph_cause" not in columns:  # _v1 builds today's tables, so a database born at v3 has it
-        conn.execute(text("ALTER TABLE generations ADD COLUMN morph_cause VARCHAR"))
+    _add_column(conn, "generations", "morph_cause", "VARCHAR")
     untagged = conn.execute(text("SELECT job, generation, cause FROM generations WHERE morph_cause IS NULL")).all()
     if untagged:
         conn.execute(
@@ -205,9 +212,7 @@ def _v4(conn: Connection) -> None:
 
 def _v5(conn: Connection) -> None:
     """The pause a morph caused, beside its decision time (older generations have none: NULL)."""
-    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(generations)"))}
-    if "pause_seconds" not in columns:  # _v1 builds today's tables, so a database born at v5 has it
-        conn.execute(text("ALTER TABLE generations ADD COLUMN pause_seconds FLOAT"))
+    _add_column(conn, "generations", "pause_seconds", "FLOAT")
 
 
 def _v6(conn: Connection) -> None:
@@ -222,9 +227,7 @@ def _v7(conn: Connection) -> None:
 
 def _v8(conn: Connection) -> None:
     """Each event names the decision (one committed reconcile pass) that wrote it: why did that happen."""
-    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(events)"))}
-    if "decision" not in columns:  # _v1 builds today's tables, so a database born at v8 has it
-        conn.execute(text("ALTER TABLE events ADD COLUMN decision INTEGER"))
+    _add_column(conn, "events", "decision", "INTEGER")
     conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_decision ON events (decision, seq)"))
 
 
@@ -310,7 +313,12 @@ def _v10(conn: Connection) -> None:
         conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(row)})
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10)
+def _v11(conn: Connection) -> None:
+    """Of a morph's pause, the time no rank could step (older generations have none: NULL)."""
+    _add_column(conn, "generations", "stalled_seconds", "FLOAT")
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

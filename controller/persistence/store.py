@@ -285,7 +285,9 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
         )
     elif isinstance(command, RecordPause):
         where = (generations.c.job == command.job_id) & (generations.c.generation == command.generation)
-        conn.execute(generations.update().where(where).values(pause_seconds=command.seconds))
+        conn.execute(
+            generations.update().where(where).values(pause_seconds=command.seconds, stalled_seconds=command.stalled)
+        )
     elif isinstance(command, RecordEvent):
         _event(conn, decision, command.at, command.kind, command.job, command.node, dict(command.data))
     elif isinstance(command, ReleaseInstance | RequestCapacity):

@@ -124,9 +124,15 @@ def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
     progress = cluster.rank_progress(job)
     issued = [e for e in cluster.events(job) if e["kind"] == "GenerationIssued"]
     seconds = {m["generation"]: m["seconds"] for m in final["morphs"]}
-    pauses = {m["generation"]: m["pause_seconds"] for m in final["morphs"]}
-    print("\nmorph timeline (paused: last step before the morph to the first after it; decided: the controller's part)")
-    print(f"  {'gen':>3}  {'layout':<18} {'resumed at':>10} {'steps lost':>10} {'paused s':>8} {'decided s':>9}  cause")
+    pauses = {m["generation"]: (m["pause_seconds"], m["stalled_seconds"]) for m in final["morphs"]}
+    print(
+        "\nmorph timeline (paused: last step before the morph to the first after it; stalled: of that, until the"
+        " first began; decided: the controller's part)"
+    )
+    print(
+        f"  {'gen':>3}  {'layout':<18} {'resumed at':>10} {'steps lost':>10} {'paused s':>8} {'stalled s':>9}"
+        f" {'decided s':>9}  cause"
+    )
     for event in issued:
         data = event["data"]
         generation = int(data["generation"])
@@ -134,11 +140,11 @@ def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
         ran = [e.step for e in events_of(progress.get(generation, []), StepCompleted)]
         resumed = min(ran) - 1 if ran else int(data.get("held_step") or data["resume_step"])
         lost = max(0, last_step(progress.get(generation - 1, [])) - resumed) if generation > 1 else 0
-        morph, pause = seconds.get(generation), pauses.get(generation)
-        paused, decided = ("" if s is None else f"{s:.1f}" for s in (pause, morph))
+        pause, stall = pauses.get(generation, (None, None))
+        paused, stalled, decided = ("" if s is None else f"{s:.1f}" for s in (pause, stall, seconds.get(generation)))
         print(
             f"  {generation:>3}  {data['layout']:<18} {resumed:>10} {lost:>10} "
-            f"{paused:>8} {decided:>9}  {data['cause']}"
+            f"{paused:>8} {stalled:>9} {decided:>9}  {data['cause']}"
         )
     last = progress.get(int(final["generation"]), [])
     losses = [e.loss for e in events_of(last, StepCompleted)]

@@ -71,6 +71,25 @@ def test_a_clock_that_stepped_back_clamps_the_first_step_time() -> None:
     accepted_by_the_controller(sent)
 
 
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"first_step_at": 10.0, "last_step_at": 20.0, "first_step_seconds": -0.5}, "first step's -0.5 s left out"),
+        ({"first_step_at": 10.0, "last_step_at": 20.0, "first_step_seconds": float("nan")}, "first step's nan s"),
+        ({"first_step_at": 10.0, "last_step_at": 20.0, "first_step_seconds": 1e9}, "first step's 1000000000.0 s"),
+        ({"last_step_at": 20.0, "first_step_seconds": 2.0}, "beside a first_step_at"),  # a length without its step
+    ],
+)
+def test_an_absurd_first_step_length_is_left_out_and_said(fields: dict[str, Any], why: str) -> None:
+    original = report(**fields)
+    with pytest.raises(ValueError, match="first_step_seconds"):
+        controller_checks.step_times("t", trainer_status_to_pb(original))
+    sent, changes = fit(original)
+    assert sent.first_step_seconds is None and sent.last_step_at == 20.0
+    assert [c.measurement for c in changes] == [Measurement.STEP_TIMES] and why in changes[0].why
+    accepted_by_the_controller(sent)
+
+
 def test_a_report_within_bounds_is_sent_unchanged() -> None:
     within = report(eval_step=10, eval_loss=-MAX_LOSS, first_step_at=1.0, last_step_at=2.0, stall_seconds=0.5)
     assert fit(within) == (within, ())
@@ -83,6 +102,7 @@ floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([1e30,
     step=st.integers(0, 10**6),
     eval_loss=st.none() | floats,
     first=st.none() | floats,
+    took=st.none() | floats,
     last=st.none() | floats,
     stall=st.none() | floats,
     held=st.none() | st.integers(0, 10**6 + 5),
@@ -94,6 +114,7 @@ def test_whatever_the_trainer_measured_the_controller_accepts_what_the_agent_sen
     step: int,
     eval_loss: float | None,
     first: float | None,
+    took: float | None,
     last: float | None,
     stall: float | None,
     held: int | None,
@@ -108,6 +129,7 @@ def test_whatever_the_trainer_measured_the_controller_accepts_what_the_agent_sen
         eval_step=step if eval_loss is not None else 0,
         eval_loss=eval_loss,
         first_step_at=first,
+        first_step_seconds=took,
         last_step_at=last,
         stall_step=step if stall is not None else 0,
         stall_seconds=stall,

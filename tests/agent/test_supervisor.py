@@ -68,6 +68,19 @@ def test_progress_folds_the_facts_the_agent_reports() -> None:
     assert odd.hand_off_failed == "{}"
 
 
+def test_the_first_step_of_a_generation_keeps_its_time_and_length() -> None:
+    """What the controller splits a morph's pause by: when the first step ended and how long it took."""
+    progress = TrainerProgress()
+    for at, event in ((10.0, StepCompleted(41, 0.5, 2.5, 160.0, None)), (11.0, StepCompleted(42, 0.4, 1.0, 150.0, 40))):
+        progress = absorb(progress, ProgressRecord(event, 0, 1, 9, at))
+    assert (progress.first_step_at, progress.first_step_seconds, progress.last_step_at) == (10.0, 2.5, 11.0)
+    for said in ('"x"', "true", "null", "[1]"):  # a trainer's file: a length that is no number is no length
+        line = '{"event": "step", "step": 1, "loss": 1.0, "step_seconds": ' + said
+        rest = ', "samples_per_second": 1.0, "last_checkpoint": null, '
+        odd = absorb(TrainerProgress(), parse_progress_line(line + rest + FIELDS))
+        assert (odd.first_step_at, odd.first_step_seconds) == (0.0, None)
+
+
 def spec(tmp_path: Path, steps: int, memory: bool = True) -> LaunchSpec:
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
     job = JobSpec(

@@ -28,9 +28,9 @@ def test_idle_is_the_pause_less_one_step_of_the_next_generation() -> None:
     assert run("4m", "growth", "memory", 0.6, 0.25).idle == pytest.approx(0.35)
 
 
-def test_stalled_is_the_pause_less_the_first_step_and_unknown_without_one() -> None:
-    first = Run("43m", "growth", "memory", pause=6.0, new_step_seconds=5.0, first_step_seconds=5.5)
-    assert first.stalled == pytest.approx(0.5) and first.idle == pytest.approx(1.0)
+def test_stalled_is_the_controllers_and_unknown_where_it_said_none() -> None:
+    first = Run("43m", "growth", "memory", pause=6.0, new_step_seconds=5.0, stalled=0.5)
+    assert first.stalled == 0.5 and first.idle == pytest.approx(1.0)
     assert math.isnan(run("43m", "growth", "memory", 6.0, 5.0).stalled)
 
 
@@ -52,9 +52,7 @@ def test_no_comparison_without_a_second_size_and_none_over_a_smaller_idle_of_zer
     assert by_size([run("43m", "growth", "memory", 2.0, 1.0)]) == []
     lines = by_size([run("4m", "eviction", "disk", 0.5, 0.5), run("43m", "eviction", "disk", 2.0, 1.0)])
     assert math.isnan(float(lines[-1].split("|")[5]))
-    small, large = (
-        Run(s, "growth", "memory", pause=p, first_step_seconds=f) for s, p, f in [("4m", 1, 0.5), ("43m", 6, 5)]
-    )
+    small, large = (Run(s, "growth", "memory", pause=p, stalled=f) for s, p, f in [("4m", 1, 0.5), ("43m", 6, 1)])
     assert by_size([small, large])[-1] == "| 43M | growth | memory | 6.00 | 6.00 | 2.00 |"
 
 

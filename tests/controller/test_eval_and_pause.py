@@ -98,11 +98,56 @@ def test_the_pause_runs_from_the_last_step_before_a_morph_to_the_first_after_it(
         "decision_seconds": job.morph.decision_seconds,
         "paused_since": 141.5,
         "resumed_at": 148.0,
+        "stalled_seconds": None,  # no rank said how long its first step took (an older agent)
     }
     assert sim.job().morph.paused_since is None and sim.job().last_step_at == 148.0
     beat_all(sim, 60, first_at=148.0, last_at=170.0)
     sim.step(1)
     assert len(events(sim, EventKind.TRAINING_RESUMED)) == 1  # measured once
+
+
+def beat_first_steps(sim: Sim, step: int, first_at: float, took: dict[int, float | None]) -> None:
+    """Every rank of j1's current generation completed its first step at ``first_at``; rank r's took ``took[r]``."""
+    for name in sim.job().nodes:
+        a = assignment_for(sim.world, name)
+        assert a is not None
+        sim.beat(
+            name,
+            *[
+                RankReport("j1", a.generation, r, True, None, step, 0, first_step_at=first_at, last_step_at=first_at)
+                for r in a.ranks
+            ],
+        )
+        ranks = sim.world.observed[name].ranks
+        sim.beat(name, *(replace(r, first_step_seconds=took.get(r.rank)) for r in ranks))
+
+
+def test_of_the_pause_stalled_runs_to_the_last_rank_beginning_its_first_step() -> None:
+    sim = started(4)
+    beat_all(sim, 40, first_at=100.0, last_at=140.0)
+    sim.step(1)
+    evict_one(sim, 41, last_at=141.5)
+    sim.step(2)
+    assert sim.job().generation == 2
+    # three ranks in generation 2; rank 1 began 0.25 s after the others (its first step was shorter), rank 2 is an
+    # older agent that does not say
+    beat_first_steps(sim, 42, 148.0, {0: 5.5, 1: 5.25})
+    sim.step(1)
+    assert [c for c in sim.log if isinstance(c, RecordPause)] == [RecordPause("j1", 2, 6.5, 1.25)]
+    [resumed] = events(sim, EventKind.TRAINING_RESUMED)
+    assert (resumed.data["pause_seconds"], resumed.data["stalled_seconds"]) == (6.5, 1.25)
+
+
+def test_stalled_stays_within_the_pause_whatever_the_clocks_say() -> None:
+    for took, stalled in ((9.0, 0.0), (0.0, 6.5)):  # a first step longer than the pause; one of no time at all
+        sim = started(4)
+        beat_all(sim, 40, first_at=100.0, last_at=140.0)
+        sim.step(1)
+        evict_one(sim, 41, last_at=141.5)
+        sim.step(2)
+        beat_first_steps(sim, 42, 148.0, dict.fromkeys(range(4), took))
+        sim.step(1)
+        assert [c for c in sim.log if isinstance(c, RecordPause)] == [RecordPause("j1", 2, 6.5, stalled)]
 
 
 def test_a_generation_that_never_stepped_carries_the_pause_to_the_next() -> None:

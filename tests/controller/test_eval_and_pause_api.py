@@ -49,17 +49,19 @@ def test_the_agent_wire_carries_evaluation_and_step_times_into_a_rank_report() -
         eval_step=10,
         eval_loss=2.125,
         first_step_at=1_700_000_001.25,
+        first_step_seconds=0.75,
         last_step_at=1_700_000_009.5,
     )
     message = pb.TrainerStatus.FromString(trainer_status_to_pb(report).SerializeToString())
     rank = wire.rank_from_pb(message, "")
     assert (rank.eval_step, rank.eval_loss) == (10, 2.125)
-    assert (rank.first_step_at, rank.last_step_at) == (1_700_000_001.25, 1_700_000_009.5)
+    assert (rank.first_step_at, rank.first_step_seconds, rank.last_step_at) == (1_700_000_001.25, 0.75, 1_700_000_009.5)
     skipped = replace(report, held_skipped="a peer went silent", held_skipped_cause="peer_timeout")
     said = wire.rank_from_pb(pb.TrainerStatus.FromString(trainer_status_to_pb(skipped).SerializeToString()), "")
     assert said.held_skipped_cause is HeldSkipCause.PEER_TIMEOUT
     bare = wire.rank_from_pb(trainer_status_to_pb(TrainerReport(report.status, pid=7)), "")
     assert (bare.eval_step, bare.eval_loss, bare.first_step_at, bare.last_step_at) == (0, None, None, None)
+    assert bare.first_step_seconds is None
     assert bare.held_skipped_cause is None
     measured = TrainerReport(report.status, pid=7, step=12, eval_step=10, eval_loss=math.nan)
     diverged = trainer_status_to_pb(fit(measured)[0])  # the agent fits every report to the bounds before sending
@@ -78,6 +80,11 @@ HOSTILE = [
     ({"last_step_at": 1e300}, "last_step_at"),
     ({"first_step_at": 200.0, "last_step_at": 100.0}, "first_step_at"),  # the first step after the newest
     ({"first_step_at": 100.0}, "first_step_at"),  # a first step without a newest one
+    ({"first_step_at": 100.0, "last_step_at": 100.0, "first_step_seconds": -1.0}, "first_step_seconds"),
+    ({"first_step_at": 100.0, "last_step_at": 100.0, "first_step_seconds": math.inf}, "first_step_seconds"),
+    ({"first_step_at": 100.0, "last_step_at": 100.0, "first_step_seconds": 1e7}, "first_step_seconds"),  # > a week
+    ({"first_step_at": 100.0, "last_step_at": 100.0, "first_step_seconds": 100.5}, "first_step_seconds"),  # before 1970
+    ({"last_step_at": 100.0, "first_step_seconds": 1.0}, "first_step_seconds"),  # a length without its first step
     ({"held_skipped": "why", "held_skipped_cause": "gremlins"}, "held_skipped_cause"),  # not a HeldSkipCause
     ({"held_skipped_cause": "peer_lost"}, "held_skipped_cause"),  # a class without its words
 ]
@@ -166,19 +173,22 @@ def test_a_morphs_pause_reaches_status_metrics_and_the_event_log(live: Live) -> 
     morph = job_dict(job_of(live, job_id))["morphs"][0]
     assert morph["pause_seconds"] is None and "pause not measured yet" in morph_line(morph)
     after = [
-        status(job_id, assignment.generation, r, 33, first_step_at=1036.0, last_step_at=1037.0)
+        status(job_id, assignment.generation, r, 33, first_step_at=1036.0, first_step_seconds=3.5, last_step_at=1037.0)
         for r in assignment.ranks
     ]
     spare.beat(*after)
     wait_for(lambda: job_of(live, job_id).morphs[0].HasField("pause_seconds"), "the pause to be measured")
     morph = job_dict(job_of(live, job_id))["morphs"][0]
-    assert morph["pause_seconds"] == 4.75 and morph["seconds"] >= 0
-    assert "training paused 4.8 s" in morph_line(morph) and "decided in" in morph_line(morph)
+    assert (morph["pause_seconds"], morph["stalled_seconds"]) == (4.75, 1.25) and morph["seconds"] >= 0
+    assert "training paused 4.8 s (1.2 s stalled, then the first step)" in morph_line(morph)
+    assert "decided in" in morph_line(morph)
     samples = parse(live.scrape())
     assert samples["spotmorph_morph_pause_seconds_count"][()] == 1
     assert samples["spotmorph_morph_pause_seconds_sum"][()] == 4.75
+    assert samples["spotmorph_morph_stalled_seconds_sum"][()] == 1.25
     [resumed] = event_data(live, "TrainingResumed")
     assert resumed["generation"] == assignment.generation and resumed["pause_seconds"] == 4.75
+    assert resumed["stalled_seconds"] == 1.25
     assert resumed["decision_seconds"] == morph["seconds"]
 
 

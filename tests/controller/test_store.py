@@ -126,6 +126,7 @@ def _legacy_database(path: Path) -> None:
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE generations DROP COLUMN morph_cause"))
         conn.execute(text("ALTER TABLE generations DROP COLUMN pause_seconds"))
+        conn.execute(text("ALTER TABLE generations DROP COLUMN stalled_seconds"))
         conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)"), {"data": json.dumps(old)})
         for generation, words in enumerate(["admitted", "eviction notice: node-2", "grow: 3 vs 2", "why not"], 1):
             conn.execute(
@@ -148,6 +149,7 @@ def test_an_old_state_database_loads_with_causes_read_from_its_words(tmp_path: P
         (MorphCause.GROW, "grow: 3 vs 2"),
         (MorphCause.OTHER, "why not"),
     ]
+    assert {(g.pause_seconds, g.stalled_seconds) for g in store.generations("job-1")} == {(None, None)}  # unmeasured
     store.close()
     assert Store(tmp_path / "old.db").load()[1]["job-1"] == loaded  # migrating again changes nothing
 

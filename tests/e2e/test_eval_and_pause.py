@@ -58,6 +58,14 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     assert morph["generation"] == 2 and "eviction" in morph["cause"]
     assert morph["pause_seconds"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert morph["pause_seconds"] > 0 and morph["seconds"] >= 0
+    # Of it, stalled: to the last rank (of those heard by then) beginning its first step of generation 2.
+    began = [
+        first.time - first.event.step_seconds - max(step_times(1))
+        for records in cluster.progress(job, 2).values()
+        if (first := next((r for r in records if isinstance(r.event, StepCompleted)), None)) is not None
+    ]
+    assert min(began) - 1e-9 <= morph["stalled_seconds"] <= max(began) + 1e-9, (began, morph)
+    assert 0 < morph["stalled_seconds"] < morph["pause_seconds"]
 
     # The last checkpoint's stall: the last step's, as the slowest rank of the last generation wrote it.
     written = [
@@ -78,7 +86,9 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     assert f"loss {losses[STEPS]:.4f} at step {STEPS}, " in shown and " samples/s" in shown, shown
     assert f"eval loss {final['eval_loss']:.4f} at step {STEPS}" in shown, shown
     assert f"checkpoint at step {STEPS} paused training {stall * 1e3:.1f} ms" in shown, shown
-    assert f"training paused {morph['pause_seconds']:.1f} s, decided in {morph['seconds']:.1f} s" in shown, shown
+    stalled = f"({morph['stalled_seconds']:.1f} s stalled, then the first step)"
+    paused = f"training paused {morph['pause_seconds']:.1f} s {stalled}"
+    assert f"{paused}, decided in {morph['seconds']:.1f} s" in shown, shown
     logged = cluster.events(job)
     evaluated = [e["data"]["step"] for e in logged if e["kind"] == "EvaluationCompleted"]
     assert evaluated[-1] == STEPS and evaluated == sorted(

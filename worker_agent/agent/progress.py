@@ -47,6 +47,7 @@ class TrainerProgress:
     eval_step: int = 0  # the step of the newest evaluation (0: none yet)
     eval_loss: float | None = None
     first_step_at: float | None = None  # the trainer's wall clock when it completed its first step
+    first_step_seconds: float | None = None  # ... how long that step took (the trainer's word: fit() bounds it)
     last_step_at: float | None = None  # ... and its newest one
     held: Held | None = None
     stall_step: int = 0  # the step of the newest checkpoint that reported its stall
@@ -60,7 +61,9 @@ def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress
     """``progress`` updated with one more record (pure: the supervisor's reading of the contract)."""
     event = record.event
     if isinstance(event, StepCompleted):
-        first = progress.first_step_at if progress.first_step_at is not None else record.time
+        first, took = progress.first_step_at, progress.first_step_seconds
+        if first is None:
+            first, took = record.time, seconds_or_none(event.step_seconds)
         progress = replace(
             progress,
             step=event.step,
@@ -68,6 +71,7 @@ def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress
             samples_per_second=event.samples_per_second,
             stepped=True,
             first_step_at=first,
+            first_step_seconds=took,
             last_step_at=record.time,
         )
     elif isinstance(event, EvaluationCompleted):
@@ -96,6 +100,11 @@ def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress
     return progress
 
 
+def seconds_or_none(value: object) -> float | None:
+    """A number of seconds from a trainer's file (any JSON value); its range is :func:`refusals.fit`'s to judge."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 @dataclass(frozen=True)
 class TrainerReport:
     """A trainer's observed state: status plus the latest facts from its progress file."""
@@ -112,6 +121,7 @@ class TrainerReport:
     eval_step: int = 0
     eval_loss: float | None = None
     first_step_at: float | None = None
+    first_step_seconds: float | None = None
     last_step_at: float | None = None
     held: Held | None = None  # its collective failed; it holds this step in memory
     stall_step: int = 0  # its newest checkpoint's step ...

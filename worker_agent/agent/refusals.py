@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from morphing.validation import MAX_LOSS, is_loss, is_rate, is_stall, is_time
+from morphing.validation import MAX_LOSS, MAX_STALL_SECONDS, is_duration, is_loss, is_rate, is_stall, is_time
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.progress import TrainerReport
 
@@ -29,7 +29,7 @@ class Measurement(Enum):
 
     EVALUATION = "evaluation"  # eval_step and eval_loss
     TRAINING = "training"  # loss and samples_per_second of the last step
-    STEP_TIMES = "step times"  # first_step_at and last_step_at
+    STEP_TIMES = "step times"  # first_step_at, first_step_seconds and last_step_at
     CHECKPOINT_STALL = "checkpoint stall"  # checkpoint_stall_step and checkpoint_stall_seconds
     HELD_STEP = "held step"  # held_step: the step a rank whose collective failed holds in memory
     LAST_CHECKPOINT = "last checkpoint"  # last_checkpoint_step
@@ -43,6 +43,7 @@ FIELD_MEASUREMENT: Mapping[str, Measurement] = {
     "samples_per_second": Measurement.TRAINING,
     "eval_step": Measurement.EVALUATION,
     "first_step_at": Measurement.STEP_TIMES,
+    "first_step_seconds": Measurement.STEP_TIMES,
     "last_step_at": Measurement.STEP_TIMES,
     "checkpoint_stall_step": Measurement.CHECKPOINT_STALL,
     "checkpoint_stall_seconds": Measurement.CHECKPOINT_STALL,
@@ -90,11 +91,16 @@ def fit(report: TrainerReport) -> tuple[TrainerReport, tuple[Adjustment, ...]]:
     if (first is not None and not is_time(first)) or (last is not None and not is_time(last)):
         why = f"step times {first!r}..{last!r} left out: not unix seconds"
         changes.append(Adjustment(key, Measurement.STEP_TIMES, why))
-        report = replace(report, first_step_at=None, last_step_at=None)
+        report = replace(report, first_step_at=None, first_step_seconds=None, last_step_at=None)
     elif first is not None and (last is None or first > last):
         why = f"first_step_at {first!r} clamped to last_step_at {last!r}: the clock stepped back"
         changes.append(Adjustment(key, Measurement.STEP_TIMES, why))
         report = replace(report, first_step_at=last)
+    took = report.first_step_seconds
+    if took is not None and (report.first_step_at is None or not is_duration(took)):
+        why = f"first step's {took!r} s left out: not 0..{MAX_STALL_SECONDS:g} s beside a first_step_at"
+        changes.append(Adjustment(key, Measurement.STEP_TIMES, why))
+        report = replace(report, first_step_seconds=None)
     if report.stall_seconds is not None and not (is_stall(report.stall_seconds) and report.stall_step <= report.step):
         why = f"checkpoint stall {report.stall_seconds!r} s at step {report.stall_step} left out: out of range"
         changes.append(Adjustment(key, Measurement.CHECKPOINT_STALL, why))
@@ -118,7 +124,7 @@ def without(report: TrainerReport, measurements: Iterable[Measurement]) -> Train
         elif measurement is Measurement.TRAINING:
             report = replace(report, loss=None, samples_per_second=None)
         elif measurement is Measurement.STEP_TIMES:
-            report = replace(report, first_step_at=None, last_step_at=None)
+            report = replace(report, first_step_at=None, first_step_seconds=None, last_step_at=None)
         elif measurement is Measurement.CHECKPOINT_STALL:
             report = replace(report, stall_seconds=None, stall_step=0)
         elif measurement is Measurement.HELD_STEP:

@@ -338,6 +338,7 @@ class Supervisor:
             eval_step=progress.eval_step,
             eval_loss=progress.eval_loss,
             first_step_at=progress.first_step_at,
+            first_step_seconds=progress.first_step_seconds,
             last_step_at=progress.last_step_at,
             held=progress.held,
             stall_step=progress.stall_step,

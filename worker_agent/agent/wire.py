@@ -198,6 +198,8 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
         status.samples_per_second = report.samples_per_second
     if report.first_step_at is not None:
         status.first_step_at = report.first_step_at
+    if report.first_step_seconds is not None:
+        status.first_step_seconds = report.first_step_seconds
     if report.last_step_at is not None:
         status.last_step_at = report.last_step_at
     if report.held is not None:

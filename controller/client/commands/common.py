@@ -130,6 +130,8 @@ def job_dict(job: Any) -> dict[str, Any]:
                 "cause": m.cause,
                 "seconds": m.seconds,  # the decision: from the morph's start to the generation's issue
                 "pause_seconds": m.pause_seconds if m.HasField("pause_seconds") else None,  # what training felt
+                # of it, the time no rank could step (the rest: the new generation's first step)
+                "stalled_seconds": m.stalled_seconds if m.HasField("stalled_seconds") else None,
             }
             for m in job.morphs
         ],

@@ -111,9 +111,12 @@ def stall_line(job: dict[str, Any]) -> str:
 
 
 def morph_line(morph: dict[str, Any]) -> str:
-    """A morph as status shows it: the pause training felt beside the controller's decision time."""
-    pause = morph["pause_seconds"]
+    """A morph as status shows it: the pause training felt (and of it, the time no rank could step) beside the
+    controller's decision time."""
+    pause, stalled = morph["pause_seconds"], morph["stalled_seconds"]
     felt = "pause not measured yet" if pause is None else f"training paused {pause:.1f} s"
+    if pause is not None and stalled is not None:
+        felt += f" ({stalled:.1f} s stalled, then the first step)"
     return f"morph to generation {morph['generation']}: {felt}, decided in {morph['seconds']:.1f} s: {morph['cause']}"
 
 

@@ -7,7 +7,9 @@ clocks (``time.time()`` where each step ended), so the pause is right across nod
 NTP-synced, as cloud VMs' are; a skewed clock could make it negative, and it is then reported as 0. The
 decision time (the morph's start to the new generation's issue) is the controller's clock, ``draft.now``.
 The pause is measured once, in the pass that first sees a step of the new generation; a generation that
-never completes a step carries the pause over to the next one.
+never completes a step carries the pause over to the next one. Of the pause, *stalled* is the time no rank
+could step: to when the new generation's ranks began their first step (each rank's first step time, its
+end less its length); the rest is that step, whose length grows with the model's compute, not with the morph.
 """
 
 from __future__ import annotations
@@ -103,6 +105,17 @@ def _stall(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields
     return {"checkpoint_stall": CheckpointStall(seconds, step, job.generation)}
 
 
+def _stalled(reports: list[RankReport], since: float, pause: float) -> float | None:
+    """Of ``pause``, the time no rank could step: to the last reporting rank's start of its first step (every
+    rank starts it within moments of the others: they leave the load together). None when none said."""
+    began = [
+        r.first_step_at - r.first_step_seconds
+        for r in reports
+        if r.first_step_at is not None and r.first_step_seconds is not None
+    ]
+    return min(pause, max(0.0, max(began) - since)) if began else None
+
+
 def _pause(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields:
     """The newest step's time; and, at the first step of a generation after a morph, the pause it caused."""
     fields: JobFields = {}
@@ -114,9 +127,10 @@ def _pause(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields
     if since is None or first is None:
         return fields
     pause = max(0.0, first - since)  # clocks are NTP-synced; a skewed one is no negative pause
-    draft.issue(RecordPause(job.id, job.generation, pause))
+    stalled = _stalled(reports, since, pause)
+    draft.issue(RecordPause(job.id, job.generation, pause, stalled))
     step = max(job.resume_step, job.held_step) + 1
-    resumed = facts.TrainingResumed(job.generation, step, pause, job.morph.decision_seconds, since, first)
+    resumed = facts.TrainingResumed(job.generation, step, pause, job.morph.decision_seconds, since, first, stalled)
     draft.event(resumed, job.id)
     fields["morph"] = replace(job.morph, paused_since=None)
     return fields

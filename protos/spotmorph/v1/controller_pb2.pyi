@@ -351,6 +351,7 @@ class Morph(_message.Message):
     CAUSE_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
     PAUSE_SECONDS_FIELD_NUMBER: _builtins.int
+    STALLED_SECONDS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     """the generation this morph issued"""
     cause: _builtins.str
@@ -360,6 +361,11 @@ class Morph(_message.Message):
     """The pause training felt: from the last step generation - 1 completed to the first step this one
     completed (trainers' wall clocks, NTP-synced across nodes); unset until that first step is reported.
     """
+    stalled_seconds: _builtins.float
+    """Of that pause, the time no rank could step: to the moment this generation's last rank began its first
+    step (its state loaded); the rest of the pause is that first step. Unset with pause_seconds, or when
+    no rank said how long its first step took (an older agent).
+    """
     def __init__(
         self,
         *,
@@ -367,14 +373,20 @@ class Morph(_message.Message):
         cause: _builtins.str = ...,
         seconds: _builtins.float = ...,
         pause_seconds: _builtins.float | None = ...,
+        stalled_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "pause_seconds", b"pause_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "_stalled_seconds", b"_stalled_seconds", "pause_seconds", b"pause_seconds", "stalled_seconds", b"stalled_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "cause", b"cause", "generation", b"generation", "pause_seconds", b"pause_seconds", "seconds", b"seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "_stalled_seconds", b"_stalled_seconds", "cause", b"cause", "generation", b"generation", "pause_seconds", b"pause_seconds", "seconds", b"seconds", "stalled_seconds", b"stalled_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__pause_seconds: _TypeAlias = _typing.Literal["pause_seconds"]  # noqa: Y015
     _WhichOneofArgType__pause_seconds: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__stalled_seconds: _TypeAlias = _typing.Literal["stalled_seconds"]  # noqa: Y015
+    _WhichOneofArgType__stalled_seconds: _TypeAlias = _typing.Literal["_stalled_seconds", b"_stalled_seconds"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pause_seconds) -> _WhichOneofReturnType__pause_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stalled_seconds) -> _WhichOneofReturnType__stalled_seconds | None: ...
 
 Global___Morph: _TypeAlias = Morph  # noqa: Y015
 
@@ -1117,6 +1129,7 @@ class TrainerStatus(_message.Message):
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     HELD_SKIPPED_CAUSE_FIELD_NUMBER: _builtins.int
     HAND_OFF_FAILED_FIELD_NUMBER: _builtins.int
+    FIRST_STEP_SECONDS_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -1161,6 +1174,10 @@ class TrainerStatus(_message.Message):
     """At this generation's stop for an eviction, the layers the leaving ranks handed over did not all arrive
     intact: why, in words (empty: they did, or nothing was handed over). Every rank wrote the step instead.
     """
+    first_step_seconds: _builtins.float
+    """How long its first step of this generation took, from the start of its step loop (its state loaded) to
+    first_step_at (unset: no step yet, or an older agent).
+    """
     def __init__(
         self,
         *,
@@ -1185,10 +1202,11 @@ class TrainerStatus(_message.Message):
         samples_per_second: _builtins.float | None = ...,
         held_skipped_cause: _builtins.str = ...,
         hand_off_failed: _builtins.str = ...,
+        first_step_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "held_step", b"held_step", "last_step_at", b"last_step_at", "loss", b"loss", "samples_per_second", b"samples_per_second"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_first_step_seconds", b"_first_step_seconds", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "first_step_seconds", b"first_step_seconds", "held_step", b"held_step", "last_step_at", b"last_step_at", "loss", b"loss", "samples_per_second", b"samples_per_second"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "generation", b"generation", "hand_off_failed", b"hand_off_failed", "held_skipped", b"held_skipped", "held_skipped_cause", b"held_skipped_cause", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "loss", b"loss", "rank", b"rank", "refusal", b"refusal", "running", b"running", "samples_per_second", b"samples_per_second"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_first_step_seconds", b"_first_step_seconds", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "first_step_seconds", b"first_step_seconds", "generation", b"generation", "hand_off_failed", b"hand_off_failed", "held_skipped", b"held_skipped", "held_skipped_cause", b"held_skipped_cause", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "loss", b"loss", "rank", b"rank", "refusal", b"refusal", "running", b"running", "samples_per_second", b"samples_per_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
@@ -1198,6 +1216,8 @@ class TrainerStatus(_message.Message):
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
     _WhichOneofReturnType__first_step_at: _TypeAlias = _typing.Literal["first_step_at"]  # noqa: Y015
     _WhichOneofArgType__first_step_at: _TypeAlias = _typing.Literal["_first_step_at", b"_first_step_at"]  # noqa: Y015
+    _WhichOneofReturnType__first_step_seconds: _TypeAlias = _typing.Literal["first_step_seconds"]  # noqa: Y015
+    _WhichOneofArgType__first_step_seconds: _TypeAlias = _typing.Literal["_first_step_seconds", b"_first_step_seconds"]  # noqa: Y015
     _WhichOneofReturnType__held_step: _TypeAlias = _typing.Literal["held_step"]  # noqa: Y015
     _WhichOneofArgType__held_step: _TypeAlias = _typing.Literal["_held_step", b"_held_step"]  # noqa: Y015
     _WhichOneofReturnType__last_step_at: _TypeAlias = _typing.Literal["last_step_at"]  # noqa: Y015
@@ -1214,6 +1234,8 @@ class TrainerStatus(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__first_step_at) -> _WhichOneofReturnType__first_step_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_step_seconds) -> _WhichOneofReturnType__first_step_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__held_step) -> _WhichOneofReturnType__held_step | None: ...
     @_typing.overload
