@@ -54,6 +54,7 @@ from worker_agent.agent.transport import (
 from worker_agent.agent.wire import Incoming, LogChunk, Registration
 from worker_agent.agent.zygote import InheritedProcess
 from worker_agent.contract import AgentWorkDir
+from worker_agent.contract.wake import WAKE_ENV, WakeFifo
 from worker_agent.scheduled_events import (
     EvictionNoticed,
     EvictionPoller,
@@ -113,10 +114,12 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.work_dir = AgentWorkDir(config.work_dir)
+        env = trainer_environment(os.environ, config.gpus, config.socket_interface) or dict(os.environ)
+        env[WAKE_ENV] = str(self.work_dir.trainers.wake_file)
         self.supervisor = Supervisor(
             self.work_dir.trainers.path,
             python=config.trainer_python,
-            env=trainer_environment(os.environ, config.gpus, config.socket_interface),
+            env=env,
             warm=config.warm_trainers,
             zygote=not config.gpus,  # a CPU node forks its warm trainers (forking after CUDA is initialised fails)
             inherited=config.zygote,
@@ -125,6 +128,8 @@ class Agent:
         self.logs = LogShipper(self.work_dir.trainers, self._send_logs, self.supervisor.running)
         self.state = AgentState(Registration(config.name, 0, "", 1.0, 10.0))
         self._wake = asyncio.Event()
+        self._poked = asyncio.Event()  # a trainer wrote to the wake FIFO: look at the trainers now
+        self._wake_fifo: WakeFifo | None = None
         self._stopping = False
         self._acknowledging: asyncio.Task[None] | None = None  # the eviction acknowledgement in flight
 
@@ -132,6 +137,7 @@ class Agent:
         self.config.work_dir.mkdir(parents=True, exist_ok=True)
         kill_leftovers(self.work_dir.trainers)
         self.work_dir.pid_file.write_text(str(os.getpid()))
+        self.listen_for_pokes()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_shutdown)
@@ -155,10 +161,27 @@ class Agent:
             if shipper is not None:
                 await asyncio.gather(shipper, return_exceptions=True)
             self.supervisor.kill_all()
+            self._stop_listening()
             if shipper is not None:
                 await self._last_logs()
             await self.link.close()
         return 0
+
+    def listen_for_pokes(self) -> None:
+        """Open the wake FIFO (:mod:`worker_agent.contract.wake`): a trainer's byte there ends a pause's wait."""
+        fifo = self._wake_fifo = WakeFifo(self.work_dir.trainers.wake_file)
+
+        def poked() -> None:
+            fifo.drain()
+            self._poked.set()
+
+        asyncio.get_running_loop().add_reader(fifo.fd, poked)
+
+    def _stop_listening(self) -> None:
+        if self._wake_fifo is not None:
+            asyncio.get_running_loop().remove_reader(self._wake_fifo.fd)
+            self._wake_fifo.close()
+            self._wake_fifo = None
 
     async def _ship_logs(self) -> None:
         """The trainers' logs to the controller every interval, beside the heartbeats (never holding one up)."""
@@ -184,21 +207,32 @@ class Agent:
         return await self.link.report_logs(node, chunks)
 
     async def _pause(self) -> None:
-        """Wait for the next beat; a trainer that exits is reported at once (the controller plans the
-        next generation when the last one has), and an urgent fact wakes the loop too."""
+        """Wait for the next beat; a trainer that exits (or holds) is reported at once (the controller plans the
+        next generation when the last one has), and an urgent fact wakes the loop too. The trainers are looked
+        at every ``local_poll_seconds``, and at once when one pokes the wake FIFO."""
         loop = asyncio.get_running_loop()
         interval = decisions.beat_interval(
             self.state.interval, self.state.desired, self.state.healthy, self.config.morph_beat_seconds
         )
         deadline = loop.time() + interval
         while (remaining := deadline - loop.time()) > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), min(remaining, self.config.local_poll_seconds))
+            if await self._woken(min(remaining, self.config.local_poll_seconds)):
                 return
+            self._poked.clear()  # the look below sees what every poke so far said; a later one wakes the next wait
             if self.supervisor.exited_since(set(self.state.pushed.exits)):
                 return
             if self.supervisor.newly_held(set(self.state.pushed.held)):
                 return  # a collective failed: the controller hears of it now, not at the next beat
+
+    async def _woken(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for a wake (True: beat now) or a trainer's poke (False: look at the trainers)."""
+        waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self._poked.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return self._wake.is_set()
 
     def _request_shutdown(self) -> None:
         self._stopping = True

@@ -9,7 +9,8 @@ collective, which ranks write the just-in-time checkpoint; ``abort-collectives``
 generation, abort the communicators now; ``acknowledged``: the newest checkpoint step the controller
 committed), and per rank ``progress-rank-<r>.jsonl`` (what it reports), ``rank-<r>.log`` (its stdout and
 stderr) and ``rank-<r>.pid`` (so a restarted agent can kill what its previous incarnation left behind).
-Warm trainers wait in ``trainers/.warm/<name>/``. ``spotmorph train`` lays out its run dir as one
+Warm trainers wait in ``trainers/.warm/<name>/``; ``trainers/wake`` is the FIFO trainers poke to wake the
+agent (:mod:`worker_agent.contract.wake`). ``spotmorph train`` lays out its run dir as one
 generation dir.
 """
 
@@ -323,6 +324,11 @@ class TrainersDir:
     @property
     def warm_root(self) -> Path:
         return self.path / ".warm"
+
+    @property
+    def wake_file(self) -> Path:
+        """The agent's FIFO its trainers poke when it should look at once (:mod:`worker_agent.contract.wake`)."""
+        return self.path / "wake"
 
     def warm_spool(self, name: str) -> WarmSpool:
         return WarmSpool(self.warm_root / name)

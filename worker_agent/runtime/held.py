@@ -33,6 +33,7 @@ import torch.distributed as dist
 from morphing.layout import Layout
 from morphing.transfer import HeldSkipCause, SourceKind, TransferPlan, plan_transfer
 from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAssignment, WarmSpool
+from worker_agent.contract.wake import poke
 from worker_agent.runtime import checkpoint as ckpt_mod
 from worker_agent.runtime.checkpoint import LayerPayload
 from worker_agent.runtime.comm import peer_world
@@ -304,4 +305,5 @@ def hold(spool_path: Path, kept: Held, parent: int) -> WarmAssignment | None:
     temporary = spool.held_file.with_suffix(".tmp")
     temporary.write_text(json.dumps(facts))
     temporary.replace(spool.held_file)
+    poke()  # the agent reports this generation's end at once, not at its next look
     return wait_for_assignment(spool, parent, time.monotonic() + HOLD_SECONDS)

@@ -48,6 +48,7 @@ from worker_agent.contract import (
     SalvageWritten,
     TrainerFailed,
 )
+from worker_agent.contract.wake import poke
 from worker_agent.runtime.checkpoint import FORMAT, MANIFEST, LayerPayload, atomic_write, step_dir
 from worker_agent.runtime.control import ProgressLog
 from worker_agent.runtime.errors import FenceError, GenerationFenced
@@ -249,6 +250,7 @@ def hold(
     the step in memory for the next generation instead of having it written."""
     sever()
     progress.emit(CollectiveFailed(generation, stage, replica, step, error[:500]))
+    poke()  # the agent pushes it to the controller at once, which acts on the first such report
     order = wait_for_order(control, hold_seconds, lambda: _fenced_off(root, fence))
     if isinstance(order, str):
         progress.emit(TrainerFailed(kind="fenced", message=order))
