@@ -122,13 +122,19 @@ def beat_first_steps(sim: Sim, step: int, first_at: float, took: dict[int, float
         sim.beat(name, *(replace(r, first_step_seconds=took.get(r.rank)) for r in ranks))
 
 
-def test_of_the_pause_stalled_runs_to_the_last_rank_beginning_its_first_step() -> None:
+def morphed_after_step_at(last_at: float) -> Sim:
+    """Four nodes train; one is evicted after step 41 (completed at ``last_at``); generation 2 is issued."""
     sim = started(4)
     beat_all(sim, 40, first_at=100.0, last_at=140.0)
     sim.step(1)
-    evict_one(sim, 41, last_at=141.5)
+    evict_one(sim, 41, last_at=last_at)
     sim.step(2)
     assert sim.job().generation == 2
+    return sim
+
+
+def test_of_the_pause_stalled_runs_to_the_last_rank_beginning_its_first_step() -> None:
+    sim = morphed_after_step_at(141.5)
     # three ranks in generation 2; rank 1 began 0.25 s after the others (its first step was shorter), rank 2 is an
     # older agent that does not say
     beat_first_steps(sim, 42, 148.0, {0: 5.5, 1: 5.25})
@@ -140,11 +146,7 @@ def test_of_the_pause_stalled_runs_to_the_last_rank_beginning_its_first_step() -
 
 def test_stalled_stays_within_the_pause_whatever_the_clocks_say() -> None:
     for took, stalled in ((9.0, 0.0), (0.0, 6.5)):  # a first step longer than the pause; one of no time at all
-        sim = started(4)
-        beat_all(sim, 40, first_at=100.0, last_at=140.0)
-        sim.step(1)
-        evict_one(sim, 41, last_at=141.5)
-        sim.step(2)
+        sim = morphed_after_step_at(141.5)
         beat_first_steps(sim, 42, 148.0, dict.fromkeys(range(4), took))
         sim.step(1)
         assert [c for c in sim.log if isinstance(c, RecordPause)] == [RecordPause("j1", 2, 6.5, stalled)]
