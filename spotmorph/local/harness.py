@@ -23,7 +23,7 @@ from spotmorph.local.cli_calls import ROOT, CommandFailed, ask, run_cli
 from spotmorph.local.cluster import require_context, start_controller
 from spotmorph.local.layout import ClusterDir, VmDir
 from spotmorph.local.platform import schedule_eviction
-from spotmorph.local.processes import read_pid, spawn, wait_for
+from spotmorph.local.processes import alive, read_pid, spawn, wait_for
 from spotmorph.local.provider import LocalVm, kill_vm
 from worker_agent.contract import (
     CheckpointLoaded,
@@ -259,6 +259,13 @@ class LocalCluster:
         return self.wait_status(
             job, lambda s: int(s["step"]) >= step or s["state"] == "SUCCEEDED", timeout, f"step {step}"
         )
+
+    def wait_released(self, job: str, timeout: float = 60) -> None:
+        """Until no node runs ``job`` and its trainers have exited: a job's state (CANCELLED, FAILED) comes first,
+        and a checkpoint in flight may still be committed until its trainers are gone."""
+        self.wait(lambda: not any(n["job"] == job for n in self.nodes()), timeout, "the job's nodes to be free")
+        trainers = [int(p.read_text()) for vm in self.vms() for p in vm.work_dir.trainers.pid_files()]
+        self.wait(lambda: not any(alive(pid) for pid in trainers), timeout, "the trainers to exit")
 
     def wait_new_generation(self, job: str, after: int, timeout: float) -> tuple[int, int]:
         """Until the job runs a generation newer than ``after`` and every rank of it completed a step.

@@ -1,11 +1,13 @@
 """A trainer's poke wakes its agent: the FIFO's two ends, and an agent whose poll would wait ten minutes hearing
-at once that its real trainers stopped and hold their state."""
+at once that its real trainers stopped and hold their state, or exited."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from pathlib import Path
+
+import pytest
 
 from tests.agent.test_supervisor import spec
 from tests.runtime.helpers import wait_for
@@ -54,13 +56,14 @@ def test_a_stale_fifo_is_made_afresh(tmp_path: Path) -> None:
     fifo.close()
 
 
-def test_holding_trainers_end_the_agents_pause_before_its_poll_would(tmp_path: Path) -> None:
+@pytest.mark.parametrize("memory", [True, False], ids=["held", "exited"])
+def test_stopped_trainers_end_the_agents_pause_before_its_poll_would(tmp_path: Path, memory: bool) -> None:
     """The agent looks at its trainers every ten minutes here: the pause ends only because the trainers that
-    stopped and hold their state poked it."""
+    stopped and hold their state poked it (``held``), or because they exited: SIGCHLD (``exited``)."""
     agent = Agent(AgentConfig("fake:1", "t", tmp_path / "agent", local_poll_seconds=600.0))
     agent.state.node = Registration("node-1", 1, "node-token", 600.0, 1800.0)
     agent.state.interval = 600.0
-    launch = spec(tmp_path, steps=100_000)
+    launch = spec(tmp_path, steps=100_000, memory=memory)
 
     async def stop_then_pause() -> None:
         agent.listen_for_pokes()

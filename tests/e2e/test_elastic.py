@@ -117,9 +117,7 @@ def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_
     cluster.wait_step(job, int(grown["step"]) + 2 * INTERVAL, 180)
     cluster.cli("cancel", job)
     assert cluster.wait_state(job, {"CANCELLED"}, 60)["state"] == "CANCELLED"
-    cluster.wait(lambda: not any(n["job"] == job for n in cluster.nodes()), 60, "the job's nodes to be free")
-    trainers = [int(p.read_text()) for vm in cluster.vms() for p in vm.work_dir.trainers.pid_files()]
-    cluster.wait(lambda: not any(alive(pid) for pid in trainers), 60, "the trainers to exit")
+    cluster.wait_released(job)
     verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
     assert verified["step"] > int(grown["step"]), "no checkpoint was written in the grown layout"
     expected = train_reference(references, int(verified["step"]), BATCH, SEED)

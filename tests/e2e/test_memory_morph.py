@@ -50,8 +50,10 @@ def assert_loaded_from_memory(cluster: LocalCluster, job: str, generation: int, 
     assert all(e.step == held and e.checkpoint == f"memory of generation {generation - 1}" for e in loaded), loaded
 
 
-def assert_equals_the_reference(cluster: LocalCluster, checkpoints: Path, tmp_path: Path) -> None:
-    """The newest committed checkpoint equals an uninterrupted single-process run to its step (<= 1e-9)."""
+def assert_equals_the_reference(cluster: LocalCluster, job: str, checkpoints: Path, tmp_path: Path) -> None:
+    """The newest committed checkpoint equals an uninterrupted single-process run to its step (<= 1e-9), once the
+    job's trainers are gone (a write in flight at the cancel may still be committed until then)."""
+    cluster.wait_released(job)
     verified = json.loads(cluster.cli("checkpoint", "verify", str(checkpoints), "--json").stdout)
     expected = train_reference(tmp_path / "reference", int(verified["step"]), BATCH, SEED)
     assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
@@ -84,7 +86,7 @@ def test_growth_moves_the_layers_in_memory_and_equals_the_reference(cluster: Loc
         (e["data"]["generation"], e["data"]["step"]) for e in cluster.events(job) if e["kind"] == "CheckpointCommitted"
     }
     assert any(g == generation and s >= held for g, s in committed), committed
-    assert_equals_the_reference(cluster, checkpoints, tmp_path)
+    assert_equals_the_reference(cluster, job, checkpoints, tmp_path)
 
 
 def test_an_evicted_stage_is_handed_to_a_survivor_and_the_morph_reads_no_disk(
@@ -117,4 +119,4 @@ def test_an_evicted_stage_is_handed_to_a_survivor_and_the_morph_reads_no_disk(
     assert cluster.status(job)["steps_lost"] == 0
     cluster.cli("cancel", job)
     cluster.wait_state(job, {"CANCELLED"}, 60)
-    assert_equals_the_reference(cluster, checkpoints, tmp_path)
+    assert_equals_the_reference(cluster, job, checkpoints, tmp_path)

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference, world_size
-from spotmorph.local.processes import alive
 from spotmorph.local.unplanned import placement
 
 from .netns_helpers import needs_netns, plan_of
@@ -78,10 +77,7 @@ def test_training_across_namespaces_survives_a_preemption_and_an_added_vm(
     cluster.wait_step(job, int(after["step"]) + INTERVAL, 120)
     cluster.cli("cancel", job)
     cluster.wait_state(job, {"CANCELLED"}, 60)
-    # The trainers stop at the agents' next heartbeat: the checkpoint is only final once they are gone.
-    cluster.wait(lambda: not any(n["job"] == job for n in cluster.nodes()), 60, "the job's nodes to be free")
-    trainers = [int(p.read_text()) for vm in cluster.vms() for p in vm.work_dir.trainers.pid_files()]
-    cluster.wait(lambda: not any(alive(pid) for pid in trainers), 60, "the trainers to exit")
+    cluster.wait_released(job)  # the trainers stop at the agents' next heartbeat: then the checkpoint is final
     verified = cluster.cli_json("checkpoint", "verify", str(checkpoints))
     assert int(verified["step"]) > int(after["step"]), "no checkpoint was written after the growth"
     expected = train_reference(references, int(verified["step"]), BATCH, SEED)

@@ -168,18 +168,23 @@ class Agent:
         return 0
 
     def listen_for_pokes(self) -> None:
-        """Open the wake FIFO (:mod:`worker_agent.contract.wake`): a trainer's byte there ends a pause's wait."""
+        """Open the wake FIFO (:mod:`worker_agent.contract.wake`): a trainer's byte there ends a pause's wait,
+        and so does SIGCHLD, a trainer's exit (each is the agent's child: started, or adopted as a subreaper)."""
         fifo = self._wake_fifo = WakeFifo(self.work_dir.trainers.wake_file)
 
         def poked() -> None:
             fifo.drain()
             self._poked.set()
 
-        asyncio.get_running_loop().add_reader(fifo.fd, poked)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(fifo.fd, poked)
+        loop.add_signal_handler(signal.SIGCHLD, self._poked.set)
 
     def _stop_listening(self) -> None:
         if self._wake_fifo is not None:
-            asyncio.get_running_loop().remove_reader(self._wake_fifo.fd)
+            loop = asyncio.get_running_loop()
+            loop.remove_signal_handler(signal.SIGCHLD)
+            loop.remove_reader(self._wake_fifo.fd)
             self._wake_fifo.close()
             self._wake_fifo = None
 
