@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from spotmorph.local.cli_calls import ROOT
-from spotmorph.local.harness import LocalCluster
+from spotmorph.local.harness import LocalCluster, first_event
 from tests.browser import CHROMIUM, parse, rendered
 from worker_agent.contract import CheckpointWritten, EvaluationCompleted, StepCompleted
 
@@ -59,11 +59,8 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     assert morph["pause_seconds"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert morph["pause_seconds"] > 0 and morph["seconds"] >= 0
     # Of it, stalled: to the last rank (of those heard by then) beginning its first step of generation 2.
-    began = [
-        first.time - first.event.step_seconds - max(step_times(1))
-        for records in cluster.progress(job, 2).values()
-        if (first := next((r for r in records if isinstance(r.event, StepCompleted)), None)) is not None
-    ]
+    firsts = [first for records in cluster.progress(job, 2).values() if (first := first_event(records, StepCompleted))]
+    began = [at - step.step_seconds - max(step_times(1)) for at, step in firsts]
     assert min(began) - 1e-9 <= morph["stalled_seconds"] <= max(began) + 1e-9, (began, morph)
     assert 0 < morph["stalled_seconds"] < morph["pause_seconds"]
 
