@@ -2,11 +2,11 @@
 
 The agent reads its trainers' files every ``local_poll_seconds`` (0.1 s) between heartbeats, so what a trainer
 did (it stopped and now holds its state; its collective failed) reached the controller up to that long after,
-about half of it on average, and a morph waits for the last of its nodes: 0.05-0.08 s of every planned morph's
-pause went there. The agent now keeps a FIFO (``trainers/wake``, named to the trainers in
-:data:`WAKE_ENV`) and looks at once when a trainer writes a byte to it; the poll stays as the backstop, so a
-trainer that cannot poke (an older one, a full pipe, no agent) is seen as before. The byte says nothing but
-"look now": what happened is read from the trainer's files as always.
+about half of it on average, and a morph waits for the last of its nodes. The agent now keeps a FIFO
+(``trainers/wake``, named to the trainers in :data:`WAKE_ENV`) and looks at once when a trainer writes a byte
+to it (and on SIGCHLD, a trainer's exit); the poll stays as the backstop, so a trainer that cannot poke (an
+older one, a full pipe, no agent) is seen as before. The byte says nothing but "look now": what happened is
+read from the trainer's files as always. Measured: 0.06-0.11 s off every planned morph (docs/benchmarks.md).
 """
 
 from __future__ import annotations
