@@ -66,7 +66,7 @@ def test_stopped_trainers_end_the_agents_pause_before_its_poll_would(tmp_path: P
     launch = spec(tmp_path, steps=100_000, memory=memory)
 
     async def stop_then_pause() -> None:
-        agent.listen_for_pokes()
+        agent.wakeup.listen()
         for rank in range(2):
             agent.supervisor.start(TrainerKey("job-1", 1, rank), launch)
         await asyncio.to_thread(
@@ -75,6 +75,7 @@ def test_stopped_trainers_end_the_agents_pause_before_its_poll_would(tmp_path: P
         assert agent.supervisor.running()
         agent.supervisor.request_stop("job-1", 1)
         await asyncio.wait_for(agent._pause(), 90)
+        agent.wakeup.close()
 
     try:
         asyncio.run(stop_then_pause())

@@ -51,10 +51,11 @@ from worker_agent.agent.transport import (
     NodeOffer,
     RegisterAgain,
 )
+from worker_agent.agent.wakeup import TrainerWakeup
 from worker_agent.agent.wire import Incoming, LogChunk, Registration
 from worker_agent.agent.zygote import InheritedProcess
 from worker_agent.contract import AgentWorkDir
-from worker_agent.contract.wake import WAKE_ENV, WakeFifo
+from worker_agent.contract.wake import WAKE_ENV
 from worker_agent.scheduled_events import (
     EvictionNoticed,
     EvictionPoller,
@@ -128,8 +129,7 @@ class Agent:
         self.logs = LogShipper(self.work_dir.trainers, self._send_logs, self.supervisor.running)
         self.state = AgentState(Registration(config.name, 0, "", 1.0, 10.0))
         self._wake = asyncio.Event()
-        self._poked = asyncio.Event()  # a trainer wrote to the wake FIFO: look at the trainers now
-        self._wake_fifo: WakeFifo | None = None
+        self.wakeup = TrainerWakeup(self.work_dir.trainers.wake_file)  # a trainer's poke or exit: look now
         self._stopping = False
         self._acknowledging: asyncio.Task[None] | None = None  # the eviction acknowledgement in flight
 
@@ -137,7 +137,7 @@ class Agent:
         self.config.work_dir.mkdir(parents=True, exist_ok=True)
         kill_leftovers(self.work_dir.trainers)
         self.work_dir.pid_file.write_text(str(os.getpid()))
-        self.listen_for_pokes()
+        self.wakeup.listen()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_shutdown)
@@ -161,32 +161,11 @@ class Agent:
             if shipper is not None:
                 await asyncio.gather(shipper, return_exceptions=True)
             self.supervisor.kill_all()
-            self._stop_listening()
+            self.wakeup.close()
             if shipper is not None:
                 await self._last_logs()
             await self.link.close()
         return 0
-
-    def listen_for_pokes(self) -> None:
-        """Open the wake FIFO (:mod:`worker_agent.contract.wake`): a trainer's byte there ends a pause's wait,
-        and so does SIGCHLD, a trainer's exit (each is the agent's child: started, or adopted as a subreaper)."""
-        fifo = self._wake_fifo = WakeFifo(self.work_dir.trainers.wake_file)
-
-        def poked() -> None:
-            fifo.drain()
-            self._poked.set()
-
-        loop = asyncio.get_running_loop()
-        loop.add_reader(fifo.fd, poked)
-        loop.add_signal_handler(signal.SIGCHLD, self._poked.set)
-
-    def _stop_listening(self) -> None:
-        if self._wake_fifo is not None:
-            loop = asyncio.get_running_loop()
-            loop.remove_signal_handler(signal.SIGCHLD)
-            loop.remove_reader(self._wake_fifo.fd)
-            self._wake_fifo.close()
-            self._wake_fifo = None
 
     async def _ship_logs(self) -> None:
         """The trainers' logs to the controller every interval, beside the heartbeats (never holding one up)."""
@@ -214,30 +193,20 @@ class Agent:
     async def _pause(self) -> None:
         """Wait for the next beat; a trainer that exits (or holds) is reported at once (the controller plans the
         next generation when the last one has), and an urgent fact wakes the loop too. The trainers are looked
-        at every ``local_poll_seconds``, and at once when one pokes the wake FIFO."""
+        at every ``local_poll_seconds``, and at once when one pokes or exits (:mod:`.wakeup`)."""
         loop = asyncio.get_running_loop()
         interval = decisions.beat_interval(
             self.state.interval, self.state.desired, self.state.healthy, self.config.morph_beat_seconds
         )
         deadline = loop.time() + interval
         while (remaining := deadline - loop.time()) > 0:
-            if await self._woken(min(remaining, self.config.local_poll_seconds)):
+            if await self.wakeup.wait(self._wake, min(remaining, self.config.local_poll_seconds)):
                 return
-            self._poked.clear()  # the look below sees what every poke so far said; a later one wakes the next wait
+            self.wakeup.poked.clear()  # the look below sees what every poke so far said; a later one wakes the next
             if self.supervisor.exited_since(set(self.state.pushed.exits)):
                 return
             if self.supervisor.newly_held(set(self.state.pushed.held)):
                 return  # a collective failed: the controller hears of it now, not at the next beat
-
-    async def _woken(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for a wake (True: beat now) or a trainer's poke (False: look at the trainers)."""
-        waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self._poked.wait())]
-        try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        return self._wake.is_set()
 
     def _request_shutdown(self) -> None:
         self._stopping = True
