@@ -77,7 +77,8 @@ def test_a_clock_that_stepped_back_clamps_the_first_step_time() -> None:
         ({"first_step_at": 10.0, "last_step_at": 20.0, "first_step_seconds": -0.5}, "first step's -0.5 s left out"),
         ({"first_step_at": 10.0, "last_step_at": 20.0, "first_step_seconds": float("nan")}, "first step's nan s"),
         ({"first_step_at": 10.0, "last_step_at": 20.0, "first_step_seconds": 1e9}, "first step's 1000000000.0 s"),
-        ({"last_step_at": 20.0, "first_step_seconds": 2.0}, "beside a first_step_at"),  # a length without its step
+        ({"last_step_at": 20.0, "first_step_seconds": 2.0}, "within a first_step_at"),  # a length without its step
+        ({"first_step_at": 1.0, "last_step_at": 20.0, "first_step_seconds": 1.5}, "within"),  # begun before 1970
     ],
 )
 def test_an_absurd_first_step_length_is_left_out_and_said(fields: dict[str, Any], why: str) -> None:

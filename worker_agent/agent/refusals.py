@@ -96,9 +96,9 @@ def fit(report: TrainerReport) -> tuple[TrainerReport, tuple[Adjustment, ...]]:
         why = f"first_step_at {first!r} clamped to last_step_at {last!r}: the clock stepped back"
         changes.append(Adjustment(key, Measurement.STEP_TIMES, why))
         report = replace(report, first_step_at=last)
-    took = report.first_step_seconds
-    if took is not None and (report.first_step_at is None or not is_duration(took)):
-        why = f"first step's {took!r} s left out: not 0..{MAX_STALL_SECONDS:g} s beside a first_step_at"
+    took, first = report.first_step_seconds, report.first_step_at
+    if took is not None and (first is None or not is_duration(took) or took > first):
+        why = f"first step's {took!r} s left out: not 0..{MAX_STALL_SECONDS:g} s within a first_step_at"
         changes.append(Adjustment(key, Measurement.STEP_TIMES, why))
         report = replace(report, first_step_seconds=None)
     if report.stall_seconds is not None and not (is_stall(report.stall_seconds) and report.stall_step <= report.step):
