@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, machine, median_step_seconds, replace_section, spotmorph
+from bench.common import ROOT, machine, median_step_seconds, publish, spotmorph
 
 HEADING = "## Trainers keep freed memory: step time and page faults against glibc's defaults"
 MODES = ("system", "keep")
@@ -115,9 +115,7 @@ def main() -> None:
             "step.",
         ]
     )
-    print(section)
-    if not args.no_docs:
-        replace_section(HEADING, section)
+    publish(HEADING, section, not args.no_docs)
 
 
 if __name__ == "__main__":

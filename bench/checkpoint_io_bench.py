@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine, replace_section
+from bench.common import machine, publish
 
 HEADING = "## Checkpoint I/O against the raw disk (`bench/checkpoint_io_bench.py`)"
 VOCAB = 50257
@@ -292,9 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     command = " ".join(["python bench/checkpoint_io_bench.py", *(argv if argv is not None else sys.argv[1:])])
     result = run(megabytes, repeats, args.dir, quick=args.quick, command=command)
-    print(result)
-    if not args.quick:
-        replace_section(HEADING, result)
+    publish(HEADING, result, not args.quick)
     return 0
 
 

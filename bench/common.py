@@ -52,6 +52,13 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
+def publish(heading: str, section: str, write: bool = True) -> None:
+    """Print ``section`` and, when ``write``, put it in docs/benchmarks.md (:func:`replace_section`)."""
+    print(section)
+    if write:
+        replace_section(heading, section)
+
+
 def replace_section(heading: str, section: str) -> None:
     """Put ``section`` (which starts with ``heading``) in docs/benchmarks.md in place of the one there."""
     path = ROOT / "docs" / "benchmarks.md"

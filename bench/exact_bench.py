@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, machine, replace_section, spotmorph
+from bench.common import ROOT, machine, publish, spotmorph
 
 HEADING = "## Exact mode: cost and accuracy (`bench/exact_bench.py`)"
 MEASURE = (
@@ -137,9 +137,7 @@ def main() -> None:
             *accuracy_rows,
         ]
     )
-    print(section)
-    if not args.quick:
-        replace_section(HEADING, section)
+    publish(HEADING, section, not args.quick)
 
 
 if __name__ == "__main__":

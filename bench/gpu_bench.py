@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, replace_section, spotmorph
+from bench.common import ROOT, publish, spotmorph
 
 HEADING = "## GPU runtime (`bench/gpu_bench.py`)"
 TINY = "examples/tiny_gpt.py:build_tiny"
@@ -389,9 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: skipped")
         return 0
     section = run(smoke_setup("cuda" if cuda else "cpu") if args.smoke else FULL)
-    print(section)
-    if not args.smoke:
-        replace_section(HEADING, section)
+    publish(HEADING, section, not args.smoke)
     return 1 if "failed**:" in section else 0
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, machine, replace_section, spotmorph
+from bench.common import ROOT, machine, publish, spotmorph
 from worker_agent.contract import GenerationDir, ProgressReader, StepCompleted, events_of, read_progress
 
 ENTRY = f"{Path(__file__).resolve()}:build"
@@ -194,9 +194,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args()
     text = section(args.steps, args.warmup)
-    print(text)
-    if not args.no_write:
-        replace_section(HEADING, text)
+    publish(HEADING, text, not args.no_write)
     return 0
 
 

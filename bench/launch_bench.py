@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, machine, replace_section, spotmorph
+from bench.common import ROOT, machine, publish, spotmorph
 
 HEADING = "## Starting the ranks of `spotmorph train` on the CPU (`bench/launch_bench.py`)"
 LAYOUTS = ((1, 1), (1, 2), (2, 2))
@@ -98,9 +98,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1x1 and 1x2 once; prints, writes no docs")
     args = parser.parse_args()
     section = run(args.repeats, args.quick)
-    print(section)
-    if not args.quick:
-        replace_section(HEADING, section)
+    publish(HEADING, section, not args.quick)
     return 0
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, replace_section
+from bench.common import ROOT, publish
 from bench.gpt2_sizes import SIZES, build_size
 from bench.memory_morph_report import (
     CASES,
@@ -194,8 +194,7 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     )
     run.durable = float(committed["at"]) - r.milestones.get("stop", r.start)
     run.new_step_seconds = steady_step(cluster, job, r.generation, float(committed["at"]))
-    ranks = list(cluster.progress(job, r.generation).values())
-    new = [x.event for xs in ranks for x in xs]
+    new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
     loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
     memory = sum(1 for c in loaded if c.startswith("memory of generation"))
     run.resumed_from = "memory" if memory == len(loaded) else "disk" if memory == 0 else "mixed"
@@ -274,9 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command += f" --repeat {args.repeat}" if args.repeat > 1 else ""
     sized = {s: state_bytes(s) for s in sizes}
     text = section(median_runs(runs), sized, command, (load_before, os.getloadavg()[0]), args.repeat)
-    print(text)
-    if not partial:
-        replace_section(HEADING, text)
+    publish(HEADING, text, not partial)
     return 0
 
 

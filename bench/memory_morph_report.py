@@ -112,7 +112,7 @@ def over(value: float, base: float) -> float:
 
 
 def by_size(runs: Sequence[Run]) -> list[str]:
-    """Each larger model's pause and idle time over the smallest model's, same morph and path, same run."""
+    """Each larger model's pause, idle and stalled time over the smallest model's, same morph and path, same run."""
     sizes = list(dict.fromkeys(r.size for r in runs))
     if len(sizes) < 2:
         return []

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine, replace_section
+from bench.common import machine, publish
 from bench.morph_measure import Recovery, floor, generation_step, measure, measure_back, warm_pools_full
 from bench.morph_report import HEADING, Setup, section
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
@@ -224,8 +224,7 @@ def check(warm: dict[str, Any], cold: dict[str, Any]) -> None:
 
 def main() -> int:
     text = run()
-    print(text)
-    replace_section(HEADING, text)
+    publish(HEADING, text)
     return 0
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch.distributed as dist
 
-from bench.common import machine, replace_section
+from bench.common import machine, publish
 from spotmorph.local.processes import free_port
 from worker_agent.runtime.trainer_setup import wait_listening
 
@@ -98,9 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for mode in MODES:
                 results[mode][delay].append(connected_after_listening(delay, mode != MODES[0]))
     text = section(results, args.repeat)
-    print(text)
-    if not args.no_docs:
-        replace_section(HEADING, text)
+    publish(HEADING, text, not args.no_docs)
     return 0
 
 

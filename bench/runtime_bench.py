@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, median_step_seconds, replace_section, spotmorph
+from bench.common import ROOT, median_step_seconds, publish, spotmorph
 
 ENTRY = "examples/tiny_gpt.py:build"
 GLOBAL_BATCH = 16
@@ -204,5 +204,4 @@ def run() -> str:
 
 if __name__ == "__main__":
     result = run()
-    print(result)
-    replace_section(HEADING, result)
+    publish(HEADING, result)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, machine, replace_section
+from bench.common import ROOT, machine, publish
 from worker_agent.contract import WarmArguments, WarmSpool
 
 HEADING = "## Warm trainers: what one costs while it waits"
@@ -99,8 +99,7 @@ def run() -> str:
 
 def main() -> int:
     section = run()
-    print(section)
-    replace_section(HEADING, section)
+    publish(HEADING, section)
     return 0
 
 

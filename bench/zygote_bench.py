@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, machine, replace_section
+from bench.common import ROOT, machine, publish
 from bench.warm_bench import cpu_seconds
 
 HEADING = "## Warm trainers forked from the node's zygote (`bench/zygote_bench.py`)"
@@ -150,8 +150,7 @@ def main() -> int:
         print(json.dumps(result))
         return 0
     section = run(repeat=args.repeat)
-    print(section)
-    replace_section(HEADING, section)
+    publish(HEADING, section)
     return 0
 
 
