@@ -2,9 +2,12 @@
 # The GPU check, for a bare GPU machine that reaches no package registry (its own python3 holds torch):
 #   bench/gpu_check.sh OUT_DIR
 # installs the kit (`make gpu-kit` put the wheels in .whl/) offline into a target folder, prints the GPU,
-# runs the `gpu` tests (the GPU runtime against the CPU reference, exact mode on CUDA, a local-cluster job
-# on the GPU through an eviction) and bench/gpu_bench.py, and writes OUT_DIR/gpu-check.md with one log per
-# part. Each part has its own time limit and runs whatever the others did, so one failure hides nothing.
+# runs bench/gpu_step_bench.py (step time against plain PyTorch at 355M and 3.8B, host waits a step; with
+# GPU_STEP_BASELINE=TREE, an earlier commit's tree beside it), the `gpu` tests (the GPU runtime against the
+# CPU reference, one host wait a step, exact mode on CUDA for the demo GPT and the Hugging Face families, a
+# local-cluster job on the GPU through an eviction) and bench/gpu_bench.py, and writes OUT_DIR/gpu-check.md
+# with one log per part. Each part has its own time limit and runs whatever the others did, so one failure
+# hides nothing; GPU_CHECK_PARTS (default "step tests bench") picks the parts after the kit and environment.
 # Exit status: 0 when every part passed, 1 otherwise.
 set -u
 out=${1:?usage: bench/gpu_check.sh OUT_DIR}
@@ -70,15 +73,23 @@ gpu_tests() {
         tests/e2e/test_gpu_cluster.py
 }
 
+gpu_step() {
+    local baseline=()
+    [ -n "${GPU_STEP_BASELINE:-}" ] && baseline=(--baseline "$GPU_STEP_BASELINE")
+    "$py" bench/gpu_step_bench.py "${baseline[@]}" --profile-dir "$out/profile" && cp docs/benchmarks.md "$out/benchmarks.md"
+}
+
 gpu_bench() {
     "$py" bench/gpu_bench.py && cp docs/benchmarks.md "$out/benchmarks.md"
 }
 
-export -f install_kit environment gpu_tests gpu_bench
+export -f install_kit environment gpu_step gpu_tests gpu_bench
 part kit "${GPU_CHECK_KIT_SECONDS:-120}" install_kit
 part environment 120 environment
-part tests "${GPU_CHECK_TEST_SECONDS:-300}" gpu_tests
-part bench "${GPU_CHECK_BENCH_SECONDS:-300}" gpu_bench
+parts=" ${GPU_CHECK_PARTS:-step tests bench} "
+[[ $parts == *" step "* ]] && part step "${GPU_CHECK_STEP_SECONDS:-300}" gpu_step
+[[ $parts == *" tests "* ]] && part tests "${GPU_CHECK_TEST_SECONDS:-300}" gpu_tests
+[[ $parts == *" bench "* ]] && part bench "${GPU_CHECK_BENCH_SECONDS:-300}" gpu_bench
 
 {
     echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -88,7 +99,8 @@ part bench "${GPU_CHECK_BENCH_SECONDS:-300}" gpu_bench
     echo "| part | verdict | seconds |"
     echo "| --- | --- | --- |"
     printf '%s\n' "${rows[@]}"
-    for name in environment tests bench; do
+    for name in environment step tests bench; do
+        [ -f "$out/$name.log" ] || continue
         echo
         echo "## $name (last lines of $name.log)"
         echo

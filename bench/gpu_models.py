@@ -107,3 +107,9 @@ def build_gpt_mid() -> ModelSpec:
 def build_gpt_smoke() -> ModelSpec:
     """Toy sizes of the same code, for ``bench/gpu_bench.py --smoke`` (which CI runs on a CPU)."""
     return build_gpt(width=32, blocks=2, heads=4, seq_len=16, vocab=128)
+
+
+def build_gpt_large() -> ModelSpec:
+    """32 blocks of width 3072 (about 3.8B parameters): with AdamW's fp32 state and bf16 activations of
+    micro-batches of 4, more than half of an 80 GB or 141 GB GPU."""
+    return build_gpt(width=3072, blocks=32, heads=24, seq_len=1024)

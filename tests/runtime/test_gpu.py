@@ -8,6 +8,7 @@ must not depend on.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,41 @@ def test_an_exact_job_on_cuda_resumed_twice_ends_bitwise_where_one_run_does(tmp_
     exact_train(tmp_path / "reference", 1, 1, 50, *flags)
     for until in (12, 25, 50):
         exact_train(tmp_path / "chain", 1, 1, until, *flags)
+    verdict = bitwise(tmp_path / "reference", tmp_path / "chain")
+    assert verdict.returncode == 0 and "bitwise equal" in verdict.stdout, verdict.stdout + verdict.stderr
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_a_step_on_cuda_waits_for_the_device_once(tmp_path: Path, precision: str) -> None:
+    """The host waits for the GPU once a step (the read of its loss; fp16's overflow test rides along in the
+    same copy), counted by torch.profiler over three steps of a clipped model (SPOTMORPH_PROFILE_STEPS)."""
+    out = tmp_path / "profile"
+    cmd = train_cmd(tmp_path / "c", 1, 1, 8, "--dtype=float32", f"--precision={precision}", "--device=cuda")
+    env = {**os.environ, "SPOTMORPH_PROFILE_STEPS": "4:7", "SPOTMORPH_PROFILE_DIR": str(out)}
+    result = run([*cmd, "--checkpoint-interval=0"], env=env)
+    assert result.returncode == 0, result.explain()
+    summary = json.loads((out / "profile-rank0.json").read_text())
+    assert summary["device"] == "cuda" and summary["steps"] == [4, 6], summary
+    assert summary["host_waits_per_step"] <= 1, (summary, (out / "profile-rank0.txt").read_text())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("family", ["gpt2_sample", "llama_sample", "qwen2_sample", "mistral_sample"])
+def test_an_exact_hf_job_on_cuda_resumed_ends_bitwise_where_one_run_does(tmp_path: Path, family: str) -> None:
+    """Exact mode on CUDA for the Hugging Face families (bf16 autocast): every kernel deterministic (torch
+    refuses one that is not, and the trainer names it), so a run stopped and resumed at step 10 ends bit for
+    bit where the uninterrupted one does."""
+    from tests.hf.test_hf_equivalence import MODELS
+    from tests.runtime.test_exact import bitwise, exact_train
+
+    entry = f"{MODELS}:{family}"
+    flags = ("--device=cuda", "--precision=bf16")
+    exact_train(tmp_path / "reference", 1, 1, 20, *flags, entry=entry)
+    for until in (10, 20):
+        exact_train(tmp_path / "chain", 1, 1, until, *flags, entry=entry)
     verdict = bitwise(tmp_path / "reference", tmp_path / "chain")
     assert verdict.returncode == 0 and "bitwise equal" in verdict.stdout, verdict.stdout + verdict.stderr
 

@@ -14,7 +14,6 @@ every rank.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,7 +42,18 @@ from worker_agent.runtime.loss_scale import LossScale
 from worker_agent.runtime.partition import PartitionedModel
 from worker_agent.runtime.pipeline_stage import Batch, Stage
 from worker_agent.runtime.schedule import Schedule
-from worker_agent.runtime.stage_state import all_reduce_coalesced, placed_state, state_of
+from worker_agent.runtime.stage_state import (
+    all_reduce_coalesced,
+    placed_state,
+    scale_in_place,
+    squared_norm,
+    state_of,
+)
+
+
+def _loss_share(values: list[float], scale: float) -> float:
+    """Summed in Python floats in micro-batch order, as on a CPU."""
+    return float(sum(values)) / scale
 
 
 class StageRunner:
@@ -112,8 +122,8 @@ class StageRunner:
         pad = self.n_micro * self.layout.micro_batch_size - len(indices)
         rows = indices + [fill] * pad
         self.batch.step = step
-        self.batch.sample_ids = torch.tensor(indices + [-1] * pad, dtype=torch.long, device=self.device)
-        self.batch.weights = torch.tensor([1.0] * len(indices) + [0.0] * pad, dtype=self.dtype, device=self.device)
+        self.batch.sample_ids = self._upload(torch.tensor(indices + [-1] * pad, dtype=torch.long))
+        self.batch.weights = self._upload(torch.tensor([1.0] * len(indices) + [0.0] * pad, dtype=self.dtype))
         args: tuple[torch.Tensor, ...] = ()
         if self.is_first or self.is_last:
             inputs, targets = stack_samples([dataset[i] for i in rows], self.signature)
@@ -188,16 +198,16 @@ class StageRunner:
         slots = torch.arange(padded, device=self.device)
         target = slots if self.is_last else None
         self.schedule.step(*args, target=target, losses=losses if self.is_last else None)
-        # One device-to-host copy; summed in Python floats in micro-batch order, as on a CPU.
-        values = torch.stack([x.detach() for x in losses]).double().cpu().tolist() if losses else []
         scale = self.loss_scale.scale if self.scaling else 1.0
         if self.exact is not None:
             self.exact.finish(self.params, self.groups.data_parallel, self.groups.tied)
         else:
             self._reduce_gradients()
-        if self.scaling and not self._unscale():
-            self.optimizer.zero_grad(set_to_none=True)
-            return float(sum(values)) / scale if self.is_last else 0.0
+        if self.scaling:
+            values, finite = self._read_losses(losses, self._all_finite())
+            if not self._unscale(finite):
+                self.optimizer.zero_grad(set_to_none=True)
+                return _loss_share(values, scale) if self.is_last else 0.0
         self._clip()
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec.lr_schedule(step) * group.get("lr_scale", 1.0)
@@ -208,21 +218,46 @@ class StageRunner:
         self.optimizer.zero_grad(set_to_none=True)
         if self.exact is not None:
             self.model.sync_copies(self.layout, self.stage)
-        return float(sum(values)) / scale if self.is_last else 0.0
+        if not self.scaling:  # the step's one wait for the device: every kernel of the update is queued by now
+            values, _ = self._read_losses(losses, None)
+        return _loss_share(values, scale) if self.is_last else 0.0
+
+    def _read_losses(self, losses: list[torch.Tensor], flag: torch.Tensor | None) -> tuple[list[float], bool]:
+        """The micro-batches' losses (and ``flag``, fp16's all-finite test) in one device-to-host copy."""
+        parts = [x.detach().double().reshape(1) for x in losses]
+        if flag is not None:
+            parts.append(flag.to(device=self.device, dtype=torch.float64).reshape(1))
+        if not parts:
+            return [], True
+        values = torch.cat(parts).cpu().tolist()
+        if flag is None:
+            return values, True
+        return values[:-1], bool(values[-1])
+
+    def _all_finite(self) -> torch.Tensor:
+        grads = [p.grad for _, p in self.params if p.grad is not None]
+        if not grads:
+            return torch.ones((), device=self.device)
+        return torch.stack([torch.isfinite(g).all() for g in grads]).all()
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+        return self._upload(tensor.to(self.dtype) if tensor.is_floating_point() else tensor)
+
+    def _upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on this rank's device; to a GPU from pinned memory, so the host does not wait for it."""
+        if self.device.type == "cuda" and tensor.device.type == "cpu":
+            tensor = tensor.pin_memory()
         return tensor.to(self.device, non_blocking=True)
 
-    def _unscale(self) -> bool:
-        """fp16: whether this step may update (no rank saw an inf or NaN); divides gradients by the scale.
+    def _unscale(self, finite: bool) -> bool:
+        """fp16: whether this step may update (no rank saw an inf or NaN; ``finite``: this rank's gradients
+        are); divides gradients by the scale.
 
         The overflow flag is all-reduced over every rank (the world's control group), so all ranks skip or
         take the step together and move the scale the same way.
         """
         grads = [p.grad for _, p in self.params if p.grad is not None]
-        finite = torch.stack([torch.isfinite(g).all() for g in grads]).all() if grads else torch.tensor(True)
-        flag = torch.tensor([0.0 if bool(finite) else 1.0], dtype=torch.float64)
+        flag = torch.tensor([0.0 if finite else 1.0], dtype=torch.float64)
         dist.all_reduce(flag, op=dist.ReduceOp.SUM)
         overflow = bool(flag[0] > 0)
         inverse = 1.0 / self.loss_scale.scale  # a power of two: unscaling is exact
@@ -257,14 +292,20 @@ class StageRunner:
             coef = clip_coefficient(owned_squares, list(self.model.params), self.groups.pipeline, max_norm, self.device)
             self._scale_gradients(coef)
             return
-        owned = [p.grad for n, p in self.params if self.model.owned_by_stage(self.layout, n, self.stage)]
-        squares = torch.zeros((), dtype=torch.float64, device=self.device)
-        for grad in owned:
-            if grad is not None:
-                squares += grad.detach().double().pow(2).sum()
+        owned = [
+            p.grad
+            for n, p in self.params
+            if p.grad is not None and self.model.owned_by_stage(self.layout, n, self.stage)
+        ]
+        squares = squared_norm(owned, self.device)
         if self.groups.pipeline is not None:
             dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=self.groups.pipeline)
-        self._scale_gradients(max_norm / (math.sqrt(float(squares)) + 1e-6))
+        # On the device, as torch's clip_grad_norm_: no wait for the norm. A coefficient clamped to 1
+        # multiplies by 1, which changes no bit, as not scaling did.
+        clip = (max_norm / (squares.sqrt() + 1e-6)).clamp(max=1.0)
+        if self.device.type == "cpu" and float(clip) >= 1.0:
+            return  # a CPU reads the coefficient without waiting: skip the pass that would change nothing
+        scale_in_place([p.grad for _, p in self.params if p.grad is not None], clip)
 
     def _scale_gradients(self, coef: float) -> None:
         if coef < 1.0:

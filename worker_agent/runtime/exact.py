@@ -18,8 +18,10 @@ entry has one contributor.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -129,3 +131,24 @@ def clip_coefficient(
     if pipeline is not None:
         dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=pipeline)  # one contributor per entry: exact
     return max_norm / (math.sqrt(math.fsum(vector.tolist())) + 1e-6)
+
+
+# torch's words when an op has no deterministic kernel under ``torch.use_deterministic_algorithms(True)``.
+_NO_DETERMINISTIC = re.compile(r"^(?P<op>\S+) does not have a deterministic implementation")
+
+
+@contextlib.contextmanager
+def deterministic_or_refused() -> Iterator[None]:
+    """Exact mode's promise on a GPU: every kernel is deterministic, or the job is refused as the user's
+    error naming the op that is not (torch raises when it meets one), instead of a crash and a retry."""
+    try:
+        yield
+    except RuntimeError as exc:
+        found = _NO_DETERMINISTIC.match(str(exc).strip())
+        if found is None:
+            raise
+        raise UserInputError(
+            f"exact mode: {found['op']} has no deterministic kernel on this device, so the job's bits would "
+            "depend on the run; train this model without exact mode (exact: false, no --exact), or replace "
+            "that op in the model"
+        ) from exc

@@ -1,4 +1,5 @@
-"""A stage's tensors around the step: loaded optimizer state placed by its parameter, coalesced all-reduces."""
+"""A stage's tensors around the step: loaded optimizer state placed by its parameter, coalesced all-reduces,
+the gradients' norm and scaling on the device (fused per dtype, no wait for the host)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,29 @@ def all_reduce_coalesced(grads: list[torch.Tensor], group: dist.ProcessGroup) ->
     for grad in grads:
         grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
+
+
+def squared_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sum of squares of ``grads`` in float64, on ``device``, one fused norm per dtype (no float64
+    copies of the gradients)."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for group in by_dtype(grads).values():
+        norms = torch._foreach_norm(group, 2, dtype=torch.float64)
+        total = total + torch.stack(norms).pow(2).sum()
+    return total
+
+
+HALF = (torch.bfloat16, torch.float16)  # multiplied in float32, as a Python float scalar is
+
+
+def scale_in_place(grads: list[torch.Tensor], coef: torch.Tensor) -> None:
+    """``grad *= coef`` for every gradient, ``coef`` a device scalar (in the arithmetic a Python float would be)."""
+    for dtype, group in by_dtype(grads).items():
+        torch._foreach_mul_(group, coef.to(torch.float32 if dtype in HALF else dtype))
+
+
+def by_dtype(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[torch.Tensor]]:
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(tensor.dtype, []).append(tensor.detach())
+    return groups

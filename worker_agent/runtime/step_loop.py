@@ -10,6 +10,7 @@ step. A collective that fails is a lost peer: the rank holds its last completed 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from worker_agent.runtime import held as held_mod
 from worker_agent.runtime.generation import Generation
 from worker_agent.runtime.handoff import hand_off
 from worker_agent.runtime.held import Held
+from worker_agent.runtime.step_profile import StepProfiler, parse_request
 from worker_agent.runtime.trainer_setup import check_eval_loss, say, warn
 
 
@@ -90,8 +92,10 @@ def run(g: Generation, keep: Callable[[Held], None]) -> ExitCode:
     g.abort.start()
     last_time = time.perf_counter()
     loss_share = 0.0
+    profiler = StepProfiler(parse_request(os.environ), cfg.rank, g.device.type == "cuda")
     try:
         while True:
+            profiler.before(g.step)
             stop, lapsed, fenced, leaving = g.stop.requested(), g.lease.lapsed(), writer.fenced_off(), g.stop.leaving()
             said = Said(stop, loss_share, g.requests.contribution(), lapsed, bool(fenced), not g.can_hold, leaving)
             agreed = agree(said)
@@ -187,6 +191,7 @@ def run(g: Generation, keep: Callable[[Held], None]) -> ExitCode:
                 return ExitCode.SUCCEEDED
             last_time = time.perf_counter()
             loss_share = runner.run_step(step)
+            profiler.after(step)
             g.step = step + 1
     except Exception as exc:
         g.abort.stop()

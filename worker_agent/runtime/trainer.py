@@ -23,6 +23,7 @@ from worker_agent.contract import (
 from worker_agent.runtime import held as held_mod
 from worker_agent.runtime.control import ProgressLog
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
+from worker_agent.runtime.exact import deterministic_or_refused
 from worker_agent.runtime.held import Held
 from worker_agent.runtime.spool import take_over
 
@@ -41,7 +42,8 @@ def train(cfg: TrainerArguments, progress: ProgressLog) -> ExitCode:
     from worker_agent.runtime import allocator, generation, step_loop
 
     allocator.keep_freed_memory()  # before the model's tensors: every step then reuses what the last one freed
-    return step_loop.run(generation.start(cfg, progress, HELD, _forget_held, ASSIGNED_AT), _keep)
+    with deterministic_or_refused():
+        return step_loop.run(generation.start(cfg, progress, HELD, _forget_held, ASSIGNED_AT), _keep)
 
 
 def _keep(kept: Held) -> None:
