@@ -142,7 +142,7 @@ def shown(rows: list[str]) -> list[str]:
     return rows
 
 
-def run(sizes: list[Size], baseline: Path | None, profile_dir: Path | None, smoke: bool) -> str:
+def run(sizes: list[Size], baseline: Path | None, profile_dir: Path | None, smoke: bool, profiled: bool = True) -> str:
     import torch
 
     name, _ = _peak_flops(sizes[0].setup)
@@ -150,7 +150,7 @@ def run(sizes: list[Size], baseline: Path | None, profile_dir: Path | None, smok
     with tempfile.TemporaryDirectory(prefix="gpu-step-") as tmp:
         work = Path(tmp)
         rows += shown(size_rows(work, sizes[0], baseline))  # the baseline beside the first model only
-        profile = shown(profile_rows(work, sizes[0], profile_dir or work / "profile"))
+        profile = shown(profile_rows(work, sizes[0], profile_dir or work / "profile")) if profiled else []
         for size in sizes[1:]:
             rows += shown(size_rows(work, size, None))
     how = "`python bench/gpu_step_bench.py --smoke`: toy sizes, not a measurement" if smoke else "one run"
@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="355m,large", help="comma-separated: " + ", ".join(SIZES))
     parser.add_argument("--baseline", type=Path, help="the source tree of an earlier commit, run side by side")
     parser.add_argument("--profile-dir", type=Path, help="where the profiled run's files go (default: a temp dir)")
+    parser.add_argument("--no-profile", action="store_true", help="leave out the profiled run (prints only)")
     parser.add_argument("--smoke", action="store_true", help="toy sizes on any device; print only")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if cuda else "cpu"
     sizes = [smoke_size(device)] if args.smoke else [SIZES[s] for s in args.sizes.split(",")]
     baseline = args.baseline.resolve() if args.baseline else None
-    publish(HEADING, run(sizes, baseline, args.profile_dir, args.smoke), not args.smoke)
+    section = run(sizes, baseline, args.profile_dir, args.smoke, not args.no_profile)
+    publish(HEADING, section, not (args.smoke or args.no_profile))
     return 0
 
 

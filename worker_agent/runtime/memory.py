@@ -20,9 +20,10 @@ from morphing.jobspec import Precision, Schedule
 from morphing.layout import Layout
 from morphing.stages import in_flight
 from worker_agent.runtime.batch import Activation, as_tuple, map_tensors, signature, stack_samples
-from worker_agent.runtime.device import compute_context, synchronize
+from worker_agent.runtime.device import autocast_dtype, compute_context, synchronize
+from worker_agent.runtime.dropout import warm_up as warm_up_dropout
 from worker_agent.runtime.entrypoint import build_spec
-from worker_agent.runtime.model_api import assign_dropout_keys, sample_context
+from worker_agent.runtime.model_api import assign_dropout_keys, dropout_dtypes, sample_context
 from worker_agent.runtime.partition import PartitionedModel
 
 
@@ -43,6 +44,8 @@ def measure_stage_peaks(request: StageMemoryRequest, device: torch.device) -> li
     torch.cuda.set_device(device)
     spec = build_spec(request.entrypoint, request.seed)
     assign_dropout_keys(spec.layers)
+    # As a trainer does before its first step: the fused kernel compiled lazily inside a recomputation fails.
+    warm_up_dropout(device, dropout_dtypes(spec, torch.float32, autocast_dtype(request.precision)))
     model = PartitionedModel(spec)
     model.check_layout(request.layout)
     layout, m = request.layout, request.layout.micro_batch_size

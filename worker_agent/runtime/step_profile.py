@@ -22,6 +22,7 @@ from morphing.errors import UserInputError
 STEPS_VAR = "SPOTMORPH_PROFILE_STEPS"
 DIR_VAR = "SPOTMORPH_PROFILE_DIR"
 # CUDA runtime calls that block the host until the device has done what came before.
+STEP_RANGE = "spotmorph.step"  # the record_function range around each profiled step
 HOST_WAITS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
 
 
@@ -54,28 +55,42 @@ def count_host_waits(names: list[str]) -> dict[str, int]:
     return dict(Counter(name for name in names if name in HOST_WAITS))
 
 
+def within_steps(events: Any) -> list[str]:
+    """The names of the CPU-side events that began inside a profiled step's range (the step boundary and the
+    step): the profiler's own start and stop are outside them."""
+    ranges = [(e.time_range.start, e.time_range.end) for e in events if e.name == STEP_RANGE]
+    return [e.name for e in events if any(lo <= e.time_range.start <= hi for lo, hi in ranges)]
+
+
 class StepProfiler:
     """Starts ``torch.profiler`` before step ``first`` and writes its report after step ``end - 1``."""
 
     def __init__(self, request: ProfileRequest | None, rank: int, cuda: bool) -> None:
         self.request, self.rank, self.cuda = request, rank, cuda
         self._profile: Any = None
+        self._range: Any = None
 
     def before(self, step: int) -> None:
-        if self.request is None or step != self.request.first:
+        if self.request is None or not self.request.first <= step < self.request.end:
             return
         from torch import profiler
 
-        activities = [profiler.ProfilerActivity.CPU]
-        if self.cuda:
-            activities.append(profiler.ProfilerActivity.CUDA)
-        self._profile = profiler.profile(activities=activities)
-        self._profile.__enter__()
+        if step == self.request.first:
+            activities = [profiler.ProfilerActivity.CPU]
+            if self.cuda:
+                activities.append(profiler.ProfilerActivity.CUDA)
+            self._profile = profiler.profile(activities=activities)
+            self._profile.__enter__()
+        self._range = profiler.record_function(STEP_RANGE)
+        self._range.__enter__()
 
     def after(self, step: int) -> None:
-        if self._profile is None or self.request is None or step != self.request.end - 1:
+        if self._profile is None or self.request is None:
             return
-        if self.cuda:
+        self._range.__exit__(None, None, None)
+        if step != self.request.end - 1:
+            return
+        if self.cuda:  # outside the steps' ranges, so neither this wait nor the profiler's own is counted
             import torch
 
             torch.cuda.synchronize()
@@ -88,7 +103,7 @@ class StepProfiler:
         sort = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
         table = profile.key_averages().table(sort_by=sort, row_limit=40)
         (request.out / f"profile-rank{self.rank}.txt").write_text(table)
-        waits = count_host_waits([event.name for event in profile.events()])
+        waits = count_host_waits(within_steps(profile.events()))
         summary = {
             "steps": [request.first, request.end - 1],
             "host_waits": sum(waits.values()),
