@@ -105,6 +105,7 @@ def size_rows(work: Path, size: Size, baseline: Path | None) -> list[str]:
         runs.append((f"spotmorph train 1x1, before ({baseline.name})", train_seconds(work, setup, baseline)))
     ours = train_seconds(work, setup, ROOT)
     runs.append(("spotmorph train 1x1", ours))
+    print(f"{size.label}: spotmorph train {ours * 1e3:.1f} ms a step", file=sys.stderr, flush=True)
     plain, peak = plain_seconds(setup)
     runs.append(("plain PyTorch loop", plain))
     _, flops_peak = _peak_flops(setup)
