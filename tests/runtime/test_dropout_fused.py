@@ -136,3 +136,28 @@ def test_dropout_is_warmed_up_only_for_models_that_drop_out_in_the_dtypes_they_c
     assert dropout_dtypes(with_dropout, torch.float32, torch.bfloat16) == (torch.float32, torch.bfloat16)
     assert dropout_dtypes(with_dropout, torch.float64, None) == (torch.float64,)
     assert dropout_dtypes(without, torch.float32, torch.bfloat16) == ()
+
+
+@pytest.mark.slow
+def test_the_compiled_kernel_under_recomputation_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recomputation (non-reentrant checkpoint) stops its re-run early by raising from the saved-tensor hook,
+    here inside the compiled kernel's ``save_for_backward``: that is control flow, not a failed kernel, so it
+    must pass through (caught, it left the checkpoint's state broken and the kernel eager; seen on an H200)."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(5)
+    lin1, lin2 = torch.nn.Linear(9, 9), torch.nn.Linear(9, 9)
+
+    def block(x: torch.Tensor) -> torch.Tensor:  # dropout last: its save is where the re-run stops
+        return apply_dropout(lin2(lin1(x)), IDS, 9, 4, 77, 0.3)
+
+    x = torch.randn(7, 9, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for mode in ("off", "on"):
+        monkeypatch.setenv(dropout_fused.ENV, mode)
+        lin1.zero_grad()
+        lin2.zero_grad()
+        checkpoint(block, x, use_reentrant=False).sum().backward()
+        grads.append([p.grad.clone() for p in (*lin1.parameters(), *lin2.parameters()) if p.grad is not None])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    assert dropout_fused._verdicts[("cpu", None, torch.float32)] is not None  # still compiled

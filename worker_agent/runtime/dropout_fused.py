@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 ENV = "SPOTMORPH_DROPOUT_COMPILE"
 MODES = ("auto", "on", "off")
@@ -35,6 +36,10 @@ _PROBES = (((3, 5, 7), -(1 << 30), 4 / 3, -123456789), ((2, 13), 1 << 29, 1 / 0.
 _PROBE_WORDS = (-1640531527, 2027808484, -1)
 
 log = logging.getLogger(__name__)
+# What non-reentrant recomputation raises from its saved-tensor hook to stop a re-run early (torch-private).
+_RECOMPUTATION_STOPPED: tuple[type[BaseException], ...] = tuple(
+    c for c in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if isinstance(c, type)
+)
 _verdicts: dict[tuple[str, int | None, torch.dtype], Fused | None] = {}
 _compiled: dict[Fused, Fused] = {}
 
@@ -110,6 +115,8 @@ def run(
         return None
     try:
         return masked(fused, columns, x, words, layer, threshold, scale)
+    except _RECOMPUTATION_STOPPED:
+        raise  # recomputation ending its re-run early from the saved-tensor hook: control flow, not a failure
     except Exception as error:  # a recompilation (a new specialisation) failed: eager from now on
         _verdicts[key] = None
         log.warning(
