@@ -1,8 +1,8 @@
 """A free node's warm trainer builds the model of the job a growth may bring, before any assignment.
 
 Real processes: the supervisor's warm trainer is told to prepare a job (the controller's hint) whose user code
-fails, which it only notes, then the job itself, whose model it builds once; the trainer it then becomes
-trains that job bit for bit as a cold trainer does.
+fails, which it only notes; told another job, it is ended (it may have run the first job's code) and a fresh one
+builds that job's model, once; the trainer it then becomes trains that job bit for bit as a cold trainer does.
 """
 
 from __future__ import annotations
@@ -66,6 +66,10 @@ def test_a_prepared_warm_trainer_trains_bit_for_bit_as_a_cold_one_and_a_broken_h
         wait_for(lambda: warm.building() == "", 10, "a failed build no longer reported as under way")
         [waiting] = warm.warm_trainers.waiting
         assert waiting.process.poll() is None, "the warm trainer waits on for a hint or an assignment"
+        warm.prepare("job-1", prepared.job)  # another job: the process that tried job-0's code is no use to it
+        assert waiting.process.poll() is not None and warm.warm_trainers.waiting == []
+        warm.prewarm()
+        wait_for(lambda: warm.warm_ready() == 1, 120, "a fresh warm trainer's imports")
         warm.prepare("job-1", prepared.job)
         assert warm.building() == "job-1"
         warm.prepare("job-1", prepared.job)  # every heartbeat repeats the hint: it is built once

@@ -58,6 +58,7 @@ class Warm:
     process: Process
     spool: WarmSpool
     holds: tuple[str, int] | None = None  # (job, generation) whose stopped state this process keeps
+    ran: str | None = None  # the code identity of the job it was told to build ahead: it may have run its code
 
 
 class Holders:

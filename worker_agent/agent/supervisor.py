@@ -143,7 +143,7 @@ class Supervisor:
         )
         if self.lease_seconds is not None:
             directory.control.renew_lease(self.lease_seconds)  # before the trainer can look for it
-        process: Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path), key.job_id)
+        process: Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path), key.job_id, spec.job)
         if process is None:
             with open(log_path, "ab") as log:
                 try:
@@ -180,11 +180,11 @@ class Supervisor:
         spool.path.mkdir(parents=True)
         return spool
 
-    def _hand_to_warm(self, assignment: WarmAssignment, job_id: str) -> Process | None:
-        """Give the trainer's arguments to a process holding this job's state, else to a warm one (a ready one
-        first); None when there is none."""
+    def _hand_to_warm(self, assignment: WarmAssignment, job_id: str, job: JobSpec) -> Process | None:
+        """Give the trainer's arguments to a process holding this job's state, else to a warm one that has run no
+        other job's code (:meth:`WarmTrainers.take`); None when there is none."""
         self._reap_holders()
-        taken = self._holders.take(job_id) or self.warm_trainers.take()
+        taken = self._holders.take(job_id) or self.warm_trainers.take(job_id, job)
         if taken is None:
             return None
         taken.spool.hand_over(assignment.to_json())

@@ -18,6 +18,7 @@ from morphing.jobspec import JobSpec
 from worker_agent.agent.holders import Process, Warm, kill_group
 from worker_agent.agent.zygote import InheritedProcess, Zygote
 from worker_agent.contract import TrainersDir, WarmArguments, WarmSpool
+from worker_agent.contract.code_identity import code_identity
 
 LOG = logging.getLogger("spotmorph.agent")
 MAX_WARM_DEATHS = 3  # warm trainers dying unused before the node stops keeping them
@@ -49,11 +50,34 @@ class WarmTrainers:
             self._inherited = None
             inherited.end()  # this node keeps no warm trainers, or starts each as a new interpreter
 
-    def take(self) -> Warm | None:
-        """A live warm trainer (a ready one first), which leaves the waiting ones; None when there is none."""
+    def take(self, job_id: str, job: JobSpec) -> Warm | None:
+        """A live warm trainer for ``job``, which leaves the waiting ones; None when there is none.
+
+        Only one that has run no user code, or only ``job``'s (it built the model ahead: first), may become its
+        trainer. When every one has run another job's code, one of them is ended and a fresh one started in its
+        place (forked from the zygote, which imports no user code), so the assignment waits on no foreign build.
+        """
+        identity = code_identity(job, job_id)
         self.waiting = [w for w in self.waiting if w.process.poll() is None]
-        self.waiting.sort(key=lambda w: not w.spool.ready())
-        return self.waiting.pop(0) if self.waiting else None
+        fit = [w for w in self.waiting if w.ran in (None, identity)]
+        fit.sort(key=lambda w: (w.ran != identity, not w.spool.ready()))
+        if fit:
+            self.waiting.remove(fit[0])
+            return fit[0]
+        if not self.waiting:
+            return None
+        foreign = self.waiting.pop(0)
+        LOG.info("warm trainer %s ran another job's code: ended, a fresh one takes %s", foreign.spool.path.name, job_id)
+        kill_group(foreign.process)
+        return self._fresh()
+
+    def _fresh(self) -> Warm | None:
+        self._serial += 1
+        spool = self.trainers_dir.warm_spool(f"w-{os.getpid()}-{self._serial}")
+        shutil.rmtree(spool.path, ignore_errors=True)
+        spool.path.mkdir(parents=True)
+        process = self._start(spool)
+        return Warm(process, spool) if process is not None else None
 
     def replenish(self) -> None:
         """Start warm trainers until ``count`` of them wait (call when no morph is under way)."""
@@ -63,14 +87,10 @@ class WarmTrainers:
         if self._deaths >= MAX_WARM_DEATHS:
             self._stop(f"{self._deaths} warm trainers exited before they were used")
         while len(self.waiting) < self.count:
-            self._serial += 1
-            spool = self.trainers_dir.warm_spool(f"w-{os.getpid()}-{self._serial}")
-            shutil.rmtree(spool.path, ignore_errors=True)
-            spool.path.mkdir(parents=True)
-            process = self._start(spool)
-            if process is None:
+            warm = self._fresh()
+            if warm is None:
                 return
-            self.waiting.append(Warm(process, spool))
+            self.waiting.append(warm)
 
     def _start(self, spool: WarmSpool) -> Process | None:
         zygote = self._zygote_at_hand()
@@ -105,10 +125,18 @@ class WarmTrainers:
     def prepare(self, job_id: str, job: JobSpec) -> None:
         """Hand ``job`` to the waiting warm trainers to build its model ahead: the controller's hint that a
         growth may bring it to this free node. Each builds it once; nothing runs until an assignment."""
-        text = job.model_dump_json()
+        text, identity = job.model_dump_json(), code_identity(job, job_id)
         self._hint = (job_id, text)
-        for warm in self.waiting:
-            if warm.process.poll() is None and warm.spool.hand_prepare(text):
+        for warm in list(self.waiting):
+            if warm.process.poll() is not None:
+                continue
+            if warm.ran not in (None, identity):  # it ran another job's code: no use to this one, nor to others
+                LOG.info("warm trainer %s ran another job's code: ended for %s's build", warm.spool.path.name, job_id)
+                kill_group(warm.process)
+                self.waiting.remove(warm)
+                continue
+            warm.ran = identity  # from the hand-over on it may run the job's code
+            if warm.spool.hand_prepare(text):
                 LOG.info("warm trainer %s: building %s's model ahead", warm.spool.path.name, job.name)
 
     def building(self) -> str:

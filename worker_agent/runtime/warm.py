@@ -12,16 +12,21 @@ behind.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import re
+import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
-from worker_agent.contract import WarmArguments, WarmSpool
-from worker_agent.runtime.spool import take_over, wait_for_assignment
+from worker_agent.contract import WarmArguments, WarmAssignment, WarmSpool
+from worker_agent.contract.code_identity import code_identity
+from worker_agent.contract.hostile import read_bounded
+from worker_agent.runtime.spool import MAX_ASSIGNMENT_BYTES, take_over, wait_for_assignment
 
 # Libraries the runtime takes models from (hf_adapter), imported ahead when installed: a Hugging Face model's
 # entrypoint spends seconds in ``transformers.modeling_utils`` (2.2 s of 2.4 s for GPT-2's classes, measured
@@ -30,6 +35,8 @@ MODEL_LIBRARIES = ("transformers.modeling_utils",)
 # The node's operator may name others, comma-separated, or none (an empty value): a node that never trains a
 # Hugging Face model saves that import's 2 s of CPU and its memory in every warm trainer and zygote.
 IMPORTS_ENV = "SPOTMORPH_WARM_IMPORTS"
+PREPARE_SECONDS_ENV = "SPOTMORPH_PREPARE_SECONDS"  # how long a build ahead may take before it is abandoned
+DEFAULT_PREPARE_SECONDS = 300.0
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
@@ -79,23 +86,83 @@ def _tune_allocator() -> None:
         print(f"spotmorph warm trainer: warning: {exc}", file=sys.stderr, flush=True)
 
 
-def _prepare(job_json: str) -> None:
-    """Build the hinted job's model ahead (its user code runs here, as it would in the trainer); a failure is
-    the trainer's to report if the job does come, so it is only noted in the warm trainer's log."""
-    started = time.monotonic()
-    try:
-        from morphing.jobspec import job_spec_from_json
-        from worker_agent.runtime import warm_model
+class BuildAbandoned(BaseException):
+    """A build ahead ran past its deadline (a BaseException: the user's ``except Exception`` does not stop it)."""
 
-        job = job_spec_from_json(job_json, what="the job to prepare")
-        if warm_model.prepare(job):
-            print(
-                f"spotmorph warm trainer: built {job.name}'s model ahead in {time.monotonic() - started:.2f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-    except (Exception, SystemExit) as exc:  # the user's code may exit: this process still waits for its assignment
-        print(f"spotmorph warm trainer: warning: cannot build the model ahead: {exc!r}", file=sys.stderr, flush=True)
+
+def prepare_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    """How long a build ahead may take (``SPOTMORPH_PREPARE_SECONDS``, default 300); a bad value is warned of."""
+    raw = environ.get(PREPARE_SECONDS_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_PREPARE_SECONDS
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        warn(f"{PREPARE_SECONDS_ENV}={raw[:40]!r} is not a number of seconds in (0, 86400]; using the default")
+        return DEFAULT_PREPARE_SECONDS
+    return value
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`BuildAbandoned` in this (main) thread once ``seconds`` have passed."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise BuildAbandoned(f"past its deadline of {seconds:g} s ({PREPARE_SECONDS_ENV})")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@dataclass
+class Preparation:
+    """Builds hinted jobs' models ahead, and remembers whose code this process has run."""
+
+    seconds: float = DEFAULT_PREPARE_SECONDS
+    ran: str | None = None  # the code identity of the last job whose entrypoint it ran (code_identity.py)
+
+    def __call__(self, job_json: str) -> None:
+        """Build the hinted job's model ahead (its user code runs here, as it would in the trainer), within the
+        deadline; a failure is the trainer's to report if the job does come, so it is only noted in the log."""
+        started = time.monotonic()
+        try:
+            from morphing.jobspec import job_spec_from_json
+            from worker_agent.runtime import warm_model
+
+            job = job_spec_from_json(job_json, what="the job to prepare")
+            self.ran = code_identity(job)  # before the build: its imports run the job's code
+            with deadline(self.seconds):
+                built = warm_model.prepare(job)
+            if built:
+                say(f"built {job.name}'s model ahead in {time.monotonic() - started:.2f} s")
+        except BuildAbandoned as exc:
+            from worker_agent.runtime import warm_model
+
+            warm_model.forget()
+            warn(f"abandoned building the model ahead after {time.monotonic() - started:.1f} s: {exc}")
+        except (Exception, SystemExit) as exc:  # the user's code may exit: this process still waits for its task
+            warn(f"cannot build the model ahead: {exc!r}")
+
+    def fits(self, task: WarmAssignment) -> bool:
+        """Whether this process may become ``task``'s trainer: it has run no user code, or only that job's."""
+        if self.ran is None:
+            return True
+        try:
+            from morphing.jobspec import job_spec_from_json
+
+            job = job_spec_from_json(read_bounded(task.arguments.job_file, MAX_ASSIGNMENT_BYTES).decode(), what="job")
+        except Exception:  # the trainer reports an unreadable job file; this process just does not run it
+            return False
+        return code_identity(job) == self.ran
+
+
+def say(message: str) -> None:
+    print(f"spotmorph warm trainer: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,11 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     _tune_allocator()
     _preload()
     spool.ready_file.write_text(str(time.time()))
-    task = wait_for_assignment(spool, args.parent, prepare=_prepare)
+    preparation = Preparation(prepare_seconds())
+    task = wait_for_assignment(spool, args.parent, prepare=preparation)
     if task is None:
         return 0
     assigned_at = time.time()
     take_over(task)
+    if not preparation.fits(task):  # the agent hands none such; should one come, it runs in a fresh interpreter
+        warn("this process ran another job's code building a model ahead; the trainer starts afresh")
+        command = task.arguments.command(sys.executable)
+        os.execv(command[0], command)
     from worker_agent.runtime import trainer
 
     trainer.ASSIGNED_AT = assigned_at
