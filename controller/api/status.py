@@ -17,7 +17,7 @@ import grpc
 
 from controller.core.intake import Conflict, Full, NotOwner, Stale, Taken
 from controller.core.logs import NotRun
-from controller.shell.failures import DecisionsFailed, Refused
+from controller.shell.failures import DecisionsFailed, OutOfDescriptors, Refused
 from morphing.errors import UserInputError
 from protos.reasons import REASON_KEY
 
@@ -32,11 +32,24 @@ STATUS_OF_ERROR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (Taken, grpc.StatusCode.ALREADY_EXISTS),
     (Full, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DecisionsFailed, grpc.StatusCode.UNAVAILABLE),
+    (OutOfDescriptors, grpc.StatusCode.UNAVAILABLE),
     (LookupError, grpc.StatusCode.NOT_FOUND),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),  # UserInputError and a refused report are ones
 )
 # What a handler may refuse a call with; any other exception (a KeyError included) is a bug, not an answer.
-REFUSALS = (Stale, Conflict, NotOwner, NotRun, Taken, Full, DecisionsFailed, LookupError, UserInputError, Refused)
+REFUSALS = (
+    Stale,
+    Conflict,
+    NotOwner,
+    NotRun,
+    Taken,
+    Full,
+    DecisionsFailed,
+    OutOfDescriptors,
+    LookupError,
+    UserInputError,
+    Refused,
+)
 
 
 async def abort(context: Context, code: grpc.StatusCode, detail: str, reason: str = "") -> NoReturn:

@@ -13,15 +13,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from controller.core.lifecycle import JOB_TERMINAL
 from controller.core.model import JobRecord
 from controller.observability.tfevents import EventFile
 
 log = logging.getLogger("spotmorph.tensorboard")
+MAX_OPEN_FILES = 64  # event files open at once (running jobs written to recently)
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -89,12 +92,14 @@ class Jobs(Protocol):
 
 
 class TensorBoardExport:
-    """Writes :func:`points` of every job after each commit; one :class:`EventFile` per job, opened lazily."""
+    """Writes :func:`points` of every job after each commit; one :class:`EventFile` per job, opened lazily,
+    closed once the job has ended, and at most ``max_open`` open at once (the least recently written is closed
+    first; written again, it is opened again): the controller lives long and holds one descriptor per file."""
 
-    def __init__(self, root: Path, view: Jobs, clock: Callable[[], float]) -> None:
-        self.root, self.view, self.clock = root, view, clock
+    def __init__(self, root: Path, view: Jobs, clock: Callable[[], float], max_open: int = MAX_OPEN_FILES) -> None:
+        self.root, self.view, self.clock, self.max_open = root, view, clock, max_open
         self.seen: dict[str, Seen] = {job.id: seen(job) for job in view.jobs()}  # no history: from now on
-        self.files: dict[str, EventFile] = {}
+        self.files: OrderedDict[str, EventFile] = OrderedDict()  # the most recently written last
 
     def export(self, jobs: Iterable[JobRecord]) -> int:
         """Write what changed; returns the number of points written."""
@@ -103,17 +108,27 @@ class TensorBoardExport:
             before = self.seen.get(job.id)
             new = points(before, job)
             self.seen[job.id] = later(before, seen(job))
-            if not new or not SAFE_ID.match(job.id):
-                continue
-            file = self.files.get(job.id) or self.files.setdefault(job.id, EventFile(self.root / job.id, now))
-            for point in new:
-                if point.text is not None:
-                    file.text(point.tag, point.text, point.step, now)
-                elif point.value is not None:
-                    file.scalar(point.tag, point.value, point.step, now)
-            file.flush()
-            written += len(new)
+            if new and SAFE_ID.match(job.id):
+                file = self._file(job.id, now)
+                for point in new:
+                    if point.text is not None:
+                        file.text(point.tag, point.text, point.step, now)
+                    elif point.value is not None:
+                        file.scalar(point.tag, point.value, point.step, now)
+                file.flush()
+                written += len(new)
+            if job.state in JOB_TERMINAL and job.id in self.files:  # its last points are written
+                self.files.pop(job.id).close()
         return written
+
+    def _file(self, job_id: str, now: float) -> EventFile:
+        file = self.files.pop(job_id, None)
+        if file is None:
+            while len(self.files) >= self.max_open:
+                self.files.popitem(last=False)[1].close()
+            file = EventFile(self.root / job_id, now)
+        self.files[job_id] = file
+        return file
 
     async def run(self) -> None:
         """Until cancelled: export after every commit. A failed write is logged and tried at the next one."""
@@ -128,3 +143,4 @@ class TensorBoardExport:
     def close(self) -> None:
         for file in self.files.values():
             file.close()
+        self.files.clear()

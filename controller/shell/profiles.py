@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
+from controller.shell.failures import check_descriptors
 from morphing.errors import UserInputError
 from morphing.profile import Profile, parse_profile
 from morphing.validation import shown
@@ -26,6 +27,8 @@ def read_profile(path: str | None) -> Profile:
     except FileNotFoundError:
         raise UserInputError(f"profile: {shown(path, 200)} does not exist; {FIX}") from None
     except (OSError, ValueError) as exc:
+        if isinstance(exc, OSError):
+            check_descriptors("the job's profile", exc)
         raise UserInputError(f"profile: {shown(path, 200)} cannot be read ({exc.__class__.__name__}); {FIX}") from None
     try:
         info = os.fstat(fd)
@@ -38,6 +41,7 @@ def read_profile(path: str | None) -> Profile:
         with os.fdopen(os.dup(fd), "rb") as handle:
             raw = handle.read(MAX_PROFILE_BYTES + 1)
     except OSError as exc:
+        check_descriptors("the job's profile", exc)
         raise UserInputError(f"profile: {shown(path, 200)} cannot be read ({exc.__class__.__name__}); {FIX}") from None
     finally:
         os.close(fd)

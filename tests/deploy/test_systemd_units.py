@@ -53,3 +53,8 @@ def test_the_agent_gives_nccl_and_gloo_the_ethernet_nic_and_no_infiniband() -> N
     assert "nvidia-persistenced.service" in after  # GPUs are discovered once, at start
     exec_start = dict(settings)["ExecStart"]
     assert "--slots ${SPOTMORPH_SLOTS}" in exec_start
+
+
+def test_the_controller_has_room_for_its_descriptors() -> None:
+    unit = next(u for u in UNITS if u.name == "spotmorph-controller.service")
+    assert int(dict(_settings(unit))["LimitNOFILE"]) >= 65536

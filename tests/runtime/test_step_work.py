@@ -104,9 +104,12 @@ def test_an_op_without_a_deterministic_kernel_is_refused_naming_it() -> None:
     """torch's words (``torch.use_deterministic_algorithms(True)`` meeting such an op on CUDA) become the
     user's error naming the op and the fix; any other RuntimeError passes through unchanged."""
     words = "scatter_add_cuda_kernel does not have a deterministic implementation, but you set 'torch.use_..."
-    with pytest.raises(
-        UserInputError, match=r"exact mode: scatter_add_cuda_kernel has no deterministic kernel.*--exact"
-    ), deterministic_or_refused():
+    with (
+        pytest.raises(
+            UserInputError, match=r"exact mode: scatter_add_cuda_kernel has no deterministic kernel.*--exact"
+        ),
+        deterministic_or_refused(),
+    ):
         raise RuntimeError(words)
     with pytest.raises(RuntimeError, match="CUDA out of memory"), deterministic_or_refused():
         raise RuntimeError("CUDA out of memory")
