@@ -11,7 +11,7 @@ newest :data:`MAX_JOB_LINES` lines and :data:`MAX_JOB_BYTES` bytes (older lines 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 MAX_REQUEST_BYTES = 256 << 10  # the text of one ReportLogs; more at once is RESOURCE_EXHAUSTED
@@ -149,3 +149,14 @@ def prune(oldest_first: Iterable[tuple[int, int]], lines: int, size: int) -> Kep
 
 def over_bound(lines: int, size: int) -> bool:
     return lines > MAX_JOB_LINES or size > MAX_JOB_BYTES
+
+
+def newest_that_fit(sizes: Sequence[int]) -> int:
+    """How many of a request's new lines of one job (``sizes``, oldest first) to leave out so that the rest fit
+    the job's bound on their own: lines :func:`prune` would delete at once are never inserted (a 256 KiB
+    ReportLogs of empty lines is 262,144 lines, of which a job keeps 10,000)."""
+    lines, size, start = 0, 0, len(sizes)
+    while start > 0 and lines < MAX_JOB_LINES and size + sizes[start - 1] <= MAX_JOB_BYTES:
+        start -= 1
+        lines, size = lines + 1, size + sizes[start]
+    return start

@@ -44,7 +44,7 @@ def append(conn: Connection, node: str, chunks: Sequence[LogChunk], at: float) -
     """Take ``chunks`` (each rank once) from ``node`` received ``at``; the offset each stream is at after."""
     check_ranks(conn, node, chunks)
     offsets: list[int] = []
-    added: dict[str, tuple[int, int]] = {}
+    rows: dict[str, list[tuple[dict[str, object], int]]] = {}  # the new lines (row, bytes) by job, oldest first
     for chunk in chunks:
         stream = _stream(conn, chunk)
         taken = logs.take(stream, chunk)
@@ -55,17 +55,14 @@ def append(conn: Connection, node: str, chunks: Sequence[LogChunk], at: float) -
                 job=chunk.job, generation=chunk.generation, rank=chunk.rank, node=node, **values
             )
             conn.execute(upsert.on_conflict_do_update(index_elements=["job", "generation", "rank"], set_=values))
-        if not taken.lines:
-            continue
-        sizes = [logs.text_bytes(text) for text in taken.lines]
         line = {"job": chunk.job, "generation": chunk.generation, "rank": chunk.rank, "node": node, "at": at}
-        conn.execute(
-            insert(log_lines), [{**line, "text": t, "size": n} for t, n in zip(taken.lines, sizes, strict=True)]
-        )
-        lines, size = added.get(chunk.job, (0, 0))
-        added[chunk.job] = (lines + len(sizes), size + sum(sizes))
-    for job, (lines, size) in added.items():
-        _bound(conn, job, lines, size)
+        sized = ((text, logs.text_bytes(text)) for text in taken.lines)
+        rows.setdefault(chunk.job, []).extend(({**line, "text": t, "size": n}, n) for t, n in sized)
+    for job, new in rows.items():
+        kept = new[logs.newest_that_fit([n for _, n in new]) :]  # the others would be deleted at once
+        if kept:
+            conn.execute(insert(log_lines), [row for row, _ in kept])
+            _bound(conn, job, len(kept), sum(n for _, n in kept))
     return offsets
 
 

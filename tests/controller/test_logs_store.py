@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import create_engine, inspect, text
 
 from controller.core import logs
@@ -169,3 +171,29 @@ def test_a_schema_5_state_directory_gains_the_log_tables(tmp_path: Path) -> None
     placed = _two_generations(store)
     node, ranks = next(iter(placed.items()))
     assert store.append_logs(node, [chunk(0, b"hello\n", rank=ranks[0])], 1.0) == [6]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, logs.MAX_LINE_BYTES), max_size=40), st.integers(0, 3), st.integers(0, 1 << 22))
+def test_the_lines_inserted_are_those_the_pruning_keeps(sizes: list[int], scale: int, held: int) -> None:
+    """Lines left out before the insert are exactly the ones :func:`logs.prune` would delete right after it,
+    whatever the job already holds (older lines go first)."""
+    sizes = [s << (scale * 4) for s in sizes]  # some requests past the bytes bound
+    start = logs.newest_that_fit(sizes)
+    existing = [(i, held // 8) for i in range(8)]  # eight older lines
+    new = [(100 + i, s) for i, s in enumerate(sizes)]
+    kept = logs.prune(existing + new, len(existing) + len(new), sum(s for _, s in existing + new))
+    survivors = [i for i, _ in new if kept.last_dropped is None or i > kept.last_dropped]
+    assert survivors == [100 + i for i in range(start, len(sizes))]
+
+
+def test_a_request_of_blank_lines_inserts_no_more_than_the_job_keeps(tmp_path: Path) -> None:
+    """256 KiB of empty lines (262,144 of them) once inserted every one and then deleted all but 10,000: ids,
+    which grow with every line inserted, show that no more than what is kept was inserted."""
+    store = Store(tmp_path / "state.db")
+    node, ranks = next(iter(_two_generations(store).items()))
+    blank = b"\n" * logs.MAX_REQUEST_BYTES
+    assert store.append_logs(node, [chunk(0, blank, rank=ranks[0])], 5.0) == [len(blank)]
+    kept = store.log_lines("job-1", limit=2 * logs.MAX_JOB_LINES)
+    assert len(kept) == logs.MAX_JOB_LINES and all(line.text == "" for line in kept)
+    assert max(line.id for line in kept) == logs.MAX_JOB_LINES
