@@ -2,7 +2,8 @@
 
 Every rank's stdout and stderr, of every generation and node, as the agents sent them to the controller
 (which keeps a job's newest ~10,000 lines): one ``[gen 2 rank 0 node-1] <line>`` each, or one JSON object a
-line with ``--json``. Control characters in a line are shown escaped (``\\x1b``), never sent to the terminal.
+line with ``--json``. Control characters in a line are shown escaped (``\\x1b``), never sent to the terminal, and so
+are characters that reorder or hide text (bidi overrides and isolates, zero-width ones: ``\\u202e``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from morphing.validation import STORABLE_INT
 
 UINT32 = 2**32 - 1
 CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 and C1 controls but the tab
+# Characters that reorder or hide text on a terminal: bidi embeddings, overrides, isolates and marks, and the
+# zero-width ones (a line can then read as something it is not: Trojan Source, CVE-2021-42574).
+INVISIBLE = re.compile("[\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def shown(text: str) -> str:
-    """A line as a terminal may print it: control characters escaped."""
-    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """A line as a terminal may print it: control, bidi and zero-width characters escaped."""
+    text = CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def line_dict(line: Any) -> dict[str, Any]:
