@@ -45,7 +45,12 @@ def test_lines_of_every_rank_printed_filtered_and_as_json(capsys: pytest.Capture
         node, job, generation = running_job(live)
         ranks = list(node.beat().assignment.ranks)
         chunks = [
-            pb.LogChunk(job=job, generation=generation, rank=r, text=f"rank {r} ready\n\x1b[31mred\x1b[0m \u202eevil\u2066\u200b\n".encode())
+            pb.LogChunk(
+                job=job,
+                generation=generation,
+                rank=r,
+                text=f"rank {r} ready\n\x1b[31mred\x1b[0m \u202eevil\u2066\u200b\n".encode(),
+            )
             for r in ranks
         ]
         node.stub.ReportLogs(pb.ReportLogsRequest(node_name=node.name, incarnation=node.incarnation, chunks=chunks))
@@ -69,7 +74,10 @@ def test_lines_of_every_rank_printed_filtered_and_as_json(capsys: pytest.Capture
 
         code, out, _ = logs(capsys, job, "--json", *where)
         rows = [json.loads(line) for line in out.splitlines()]
-        assert code == 0 and [r["text"] for r in rows[:2]] == [f"rank {ranks[0]} ready", "\x1b[31mred\x1b[0m \u202eevil\u2066\u200b"]
+        assert code == 0 and [r["text"] for r in rows[:2]] == [
+            f"rank {ranks[0]} ready",
+            "\x1b[31mred\x1b[0m \u202eevil\u2066\u200b",
+        ]
         assert set(rows[0]) == {"id", "generation", "rank", "node", "at", "text"}
         assert rows[0]["node"] == node.name and rows[0]["generation"] == generation
         code, out, _ = logs(capsys, job, "--json", "--after", str(rows[0]["id"]), *where)
