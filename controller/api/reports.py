@@ -43,6 +43,7 @@ MAX_TRAINERS = 4096  # trainers one node reports (or one node's reports add up t
 MAX_SLOTS = 1024
 MAX_ERROR_CHARACTERS = 2000  # a trainer's error (its message or its log's tail) is cut to this
 MAX_INSTANCE_ID = 256
+MAX_CLOCK_SKEW_SECONDS = 300.0  # how far a node's clock may run ahead of the controller's
 
 
 def known_job(view: StateView, field: str, job_id: str) -> JobRecord:
@@ -79,7 +80,7 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
     evaluation(field, status)
     training(field, status)
     checkpoint_stall(field, status)
-    step_times(field, status)
+    step_times(field, status, view.now())
     if status.HasField("held_step"):
         if not status.last_step <= status.held_step <= status.last_step + 1:
             raise InvalidField(
@@ -149,14 +150,22 @@ def checkpoint_stall(field: str, status: pb.TrainerStatus) -> None:
         )
 
 
-def step_times(field: str, status: pb.TrainerStatus) -> None:
-    """Wall-clock times of the rank's first and newest step: unix seconds, the first not after the newest."""
+def step_times(field: str, status: pb.TrainerStatus, now: float | None = None) -> None:
+    """Wall-clock times of the rank's first and newest step: unix seconds, the first not after the newest, and
+    neither later than the controller's clock ``now`` by more than :data:`MAX_CLOCK_SKEW_SECONDS` (one far-future
+    time once stuck to the job, and every later pause read 0 s)."""
     first = status.first_step_at if status.HasField("first_step_at") else None
     last = status.last_step_at if status.HasField("last_step_at") else None
-    if first is not None:
-        check_time(f"{field}.first_step_at", first)
-    if last is not None:
-        check_time(f"{field}.last_step_at", last)
+    for name, value in (("first_step_at", first), ("last_step_at", last)):
+        if value is None:
+            continue
+        check_time(f"{field}.{name}", value)
+        if now is not None and value > now + MAX_CLOCK_SKEW_SECONDS:
+            raise InvalidField(
+                f"{field}.{name}",
+                f"{value!r} is {value - now:.0f} s after the controller's clock, more than the "
+                f"{MAX_CLOCK_SKEW_SECONDS:g} s of skew it allows; set the node's clock right (NTP)",
+            )
     if first is not None and (last is None or first > last):
         raise InvalidField(f"{field}.first_step_at", f"{first!r} needs a last_step_at at or after it (got {last!r})")
     if status.HasField("first_step_seconds"):

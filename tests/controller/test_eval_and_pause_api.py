@@ -79,6 +79,9 @@ HOSTILE = [
     ({"last_step_at": -1.0}, "last_step_at"),
     ({"last_step_at": 1e300}, "last_step_at"),
     ({"first_step_at": 200.0, "last_step_at": 100.0}, "first_step_at"),  # the first step after the newest
+    # Later than the controller's clock by more than its allowed skew (one such time once stuck to the job).
+    ({"first_step_at": 100.0, "last_step_at": 1e11}, "last_step_at"),
+    ({"first_step_at": time.time() + 3600, "last_step_at": time.time() + 3600}, "first_step_at"),
     ({"first_step_at": 100.0}, "first_step_at"),  # a first step without a newest one
     ({"first_step_at": 100.0, "last_step_at": 100.0, "first_step_seconds": -1.0}, "first_step_seconds"),
     ({"first_step_at": 100.0, "last_step_at": 100.0, "first_step_seconds": math.inf}, "first_step_seconds"),
