@@ -190,7 +190,9 @@ class Controller:
             listen = self.settings.metrics_listen
             # The dashboard's data needs a token: served over TLS, or on loopback (no token crosses a network).
             dashboard = (self.tokens, LossCurves()) if self.metrics_tls is not None or is_loopback(listen) else None
-            self.metrics_server, self.metrics_port = await serve_metrics(listen, self.view, self.metrics_tls, dashboard)
+            self.metrics_server, self.metrics_port = await serve_metrics(
+                listen, self.view, self.metrics_tls, dashboard, self.settings.metrics_allowed_hosts
+            )
             if dashboard is not None:
                 self._curves_task = asyncio.ensure_future(dashboard[1].run(self.view))
                 self._curves_task.add_done_callback(_log_if_failed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,6 +18,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from controller.files import CONFIG_LIMIT, read_small_text
 from controller.providers.azure_config import AzureSettings
 from morphing.errors import UserInputError
+
+HOST_NAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 
 MIB = 1 << 20
 
@@ -98,6 +100,11 @@ class ControllerSettings(BaseSettings):
     """Write TensorBoard event files here, a folder per job (loss, eval loss, samples/s, layout, morphs); None: off."""
     metrics_allow_remote: bool = False
     """Serve metrics beyond loopback in plain HTTP, without TLS (only on a network you trust)."""
+    metrics_allowed_hosts: list[Annotated[str, Field(pattern=HOST_NAME, max_length=253)]] = Field(
+        default_factory=list, max_length=64
+    )
+    """Names (beyond this machine's, localhost and any IP address) a request to the metrics port may give in its
+    Host header, e.g. a DNS name Prometheus scrapes it by; others are answered 421 (DNS rebinding)."""
     provider: Literal["static", "local", "azure"] = "static"
     """Where VMs come from (static: only through their agents; azure: docs/azure.md)."""
     azure: AzureSettings | None = None

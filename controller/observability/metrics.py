@@ -9,6 +9,7 @@ scrape never blocks the loop, and rendering a frozen snapshot never races the ru
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
 from collections import Counter
@@ -198,26 +199,67 @@ def render(snapshot: MetricsSnapshot) -> bytes:
     return generate_latest(registry)
 
 
+def host_names(listen_host: str, extra: Sequence[str] = ()) -> frozenset[str]:
+    """The names a request's Host header may give (besides an IP address): the listen address's host when it
+    is a name, this machine's names, localhost, and the operator's ``extra`` ones, lower-case."""
+    names = {"localhost", socket.gethostname(), socket.getfqdn(), listen_host.strip("[]"), *extra}
+    return frozenset(n.lower() for n in names if n)
+
+
+def host_allowed(header: str | None, names: frozenset[str]) -> bool:
+    """Whether a Host header names this server: an IP address literal (which DNS rebinding cannot give: it
+    needs a name the attacker controls), or one of ``names``. A missing header is allowed (HTTP/1.0, curl -H
+    'Host:'): a browser always sends one."""
+    if header is None:
+        return True
+    host = header.strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return host in names
+
+
 async def serve_metrics(
     listen: str,
     view: StateView,
     tls: ssl.SSLContext | None = None,
     dashboard: tuple[Tokens, LossCurves] | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> tuple[Any, int]:
     """``GET /metrics`` on ``listen`` (HOST:PORT; port 0 picks one), over HTTPS with ``tls``; with
     ``dashboard`` the web dashboard too (:mod:`.dashboard`), its data for those tokens' readers.
 
+    A request whose Host header names another server (a page of another origin reaching it through DNS
+    rebinding) is answered 421 (:func:`host_allowed`; ``allowed_hosts``: more names it may give).
     Returns (runner to clean up, port). An empty HOST is every interface, as for the gRPC port.
     """
     from aiohttp import web
 
     from controller.observability.dashboard import add_routes
 
+    names = host_names(listen.rpartition(":")[0], allowed_hosts)
+
     async def metrics(_request: web.Request) -> web.Response:
         snapshot = await view.metrics()
         return web.Response(body=render(snapshot), headers={"Content-Type": "text/plain; version=0.0.4"})
 
-    app = web.Application()
+    @web.middleware
+    async def only_this_host(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not host_allowed(request.headers.get("Host"), names):
+            return web.Response(
+                status=421,
+                text=f"Host {request.headers.get('Host', '')[:100]!r} is not this server's name; use its address "
+                "or a name given in metrics_allowed_hosts\n",
+            )
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    app = web.Application(middlewares=[only_this_host])
     app.router.add_get("/metrics", metrics)
     if dashboard is not None:
         add_routes(app, view, *dashboard)

@@ -3,19 +3,25 @@ hand; both parsed as Prometheus would."""
 
 from __future__ import annotations
 
+import http.client
+import socket
 import time
+from pathlib import Path
 from types import MappingProxyType
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
+from controller.app.settings import ControllerSettings
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState, NodeState
-from controller.observability.metrics import provider_error, render
+from controller.observability.metrics import host_allowed, host_names, provider_error, render
 from controller.persistence.store import GenerationRow
 from controller.shell.latency import BOUNDS
 from controller.shell.views import LatencySnapshot, MetricsSnapshot
 from protos.spotmorph.v1 import controller_pb2 as pb
-from tests.controller.conftest import Live
+from tests.controller.conftest import Live, running
 from tests.controller.helpers import job, node
 
 
@@ -113,3 +119,34 @@ def test_morph_labels_are_the_ones_dashboards_use_and_provider_errors_are_recogn
     assert provider_error("ProviderThrottled") and not provider_error("ProviderScaleOut")
     assert provider_error("AzureThrottled") and not provider_error("AzureScaleOut"), "kinds an older database holds"
     assert not provider_error("NodeRegistered")
+
+
+def get(port: int, host: str, path: str = "/metrics") -> tuple[int, str]:
+    """A GET with this Host header, as a browser page of another origin would send it."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.putrequest("GET", path, skip_host=True)
+    connection.putheader("Host", host)
+    connection.endheaders()
+    response = connection.getresponse()
+    return response.status, response.read().decode()
+
+
+def test_the_metrics_port_answers_only_its_own_names(tmp_path: Path) -> None:
+    """Issue 44: /metrics answered any Host header, so a page on attacker.example (rebound to 127.0.0.1) could
+    read it. Its own names, IP addresses and the operator's names are answered; other names get 421."""
+    with running(tmp_path, metrics_allowed_hosts=["prometheus-target.internal"]) as live:
+        port = live.controller.metrics_port
+        for host in ("127.0.0.1", f"127.0.0.1:{port}", f"[::1]:{port}", f"localhost:{port}", socket.gethostname()):
+            assert get(port, host)[0] == 200, host
+        assert get(port, "Prometheus-Target.internal:9100")[0] == 200
+        for host in ("attacker.example", f"attacker.example:{port}", "localhost.attacker.example", "[::1"):
+            status, body = get(port, host)
+            assert status == 421 and "is not this server's name" in body, (host, status, body)
+        assert get(port, "attacker.example", "/")[0] == 421  # the dashboard's routes too
+
+
+def test_allowed_host_names_are_checked() -> None:
+    with pytest.raises(ValidationError, match="metrics_allowed_hosts"):
+        ControllerSettings(state_dir=Path("/tmp/x"), metrics_allowed_hosts=["bad name/with slash"])
+    assert not host_allowed("evil.example", host_names("0.0.0.0"))
+    assert host_allowed("[2001:db8::1]:80", frozenset())
