@@ -111,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"local cluster up: controller {context.controller}, nodes {nodes}{where} ({each} each)")
         print(f"files in {context.cluster_dir}; try `spotmorph nodes`, `spotmorph submit examples/tiny_gpt.yaml`")
         files = ClusterDir(Path(context.cluster_dir))
-        print(f"dashboard: {files.dashboard_url()} (token: the operator's in {files.operator_token})")
+        # The reader's token: the dashboard only reads, and an address on a screen (or in a shell history) with
+        # the operator's token in it would let whoever sees it cancel jobs.
+        print(f"dashboard: {files.dashboard_url()} (token: the reader's in {files.reader_token})")
         return 0
     if action == "down":
         removed = cluster.down()

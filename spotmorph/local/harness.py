@@ -155,7 +155,7 @@ class LocalCluster:
         gpus_per_node: int = 0,
         tensorboard_dir: Path | None = None,
         warm_trainers: int | None = None,
-    ) -> None:
+    ) -> subprocess.CompletedProcess[str]:
         """``warm_trainers``: per node, for this VM's agents and those added later (a cluster that runs no job
         saves each node's zygote with 0); the agent's default when None."""
         if warm_trainers is not None:
@@ -163,7 +163,7 @@ class LocalCluster:
         args = ["--nodes", str(nodes), "--slots", str(slots), "--heartbeat-expiry", str(heartbeat_expiry)]
         args += ["--gpus-per-node", str(gpus_per_node)] if gpus_per_node else []
         args += ["--tensorboard-dir", str(tensorboard_dir)] if tensorboard_dir is not None else []
-        self.cli("local", "up", *args, *(["--netns"] if netns else []))
+        return self.cli("local", "up", *args, *(["--netns"] if netns else []))
 
     def add(self, count: int = 1) -> None:
         self.cli("local", "add", str(count))

@@ -23,7 +23,9 @@ STEPS, EVAL_INTERVAL = 200, 50
 
 def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    cluster.up(nodes=2, slots=1, tensorboard_dir=tmp_path / "tb")
+    said = cluster.up(nodes=2, slots=1, tensorboard_dir=tmp_path / "tb").stdout
+    # The address it prints names the reader's token, never the operator's (issue 44).
+    assert f"(token: the reader's in {cluster.files.reader_token})" in said and "operator" not in said, said
     job = cluster.submit(
         ROOT / "examples" / "hf_gpt2.yaml",
         steps=STEPS,
