@@ -39,6 +39,9 @@ class NodeRecord:
     flaps: int = 0  # times the name came back soon after being LOST (controller.core.flapping)
     flapped_at: float | None = None  # when the incarnation before this one was LOST, if that was a flap
     held_until: float | None = None  # a JOINING node that flapped gets no work before this
+    # A job's collective failed and this node was silent through the grace, at this time: no job gets work on it
+    # until it is heard from after that (most such nodes are dead and go LOST at the heartbeat expiry).
+    suspected_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ class NodeFields(TypedDict, total=False):
     flaps: int
     flapped_at: float | None
     held_until: float | None
+    suspected_at: float | None
 
 
 def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:

@@ -19,7 +19,7 @@ from controller.core.model import Action, NodeObservation, RankReport, RecordEve
 from controller.core.reconcile import Config, assignment_for
 from morphing.layout import make_layout
 from tests.controller.helpers import job, node
-from tests.controller.test_reconcile import Sim
+from tests.controller.test_reconcile import Sim, planner
 
 J, N = JobState, NodeState
 CONFIG = Config(heartbeat_expiry_seconds=10, debounce_seconds=0, suspect_grace_seconds=1.5, salvage_write_seconds=30)
@@ -248,3 +248,31 @@ def test_a_kept_step_counts_the_steps_past_it_as_lost() -> None:
     sim.step(0.2)
     j = sim.job()
     assert (j.generation, j.held_step, j.steps_lost) == (2, 42, 2)
+
+
+def test_a_suspected_node_gets_no_work_from_any_job_until_it_is_heard_from_again() -> None:
+    """Issue 44: the pass that recorded NodesSuspected for node-2 admitted a queued job onto it; node-2 went LOST
+    six seconds later. Now no job is given a node a salvage suspected, until that node is heard from again."""
+    sim = running()
+    sim.world = replace(sim.world, jobs={**sim.world.jobs, "j2": job("j2", J.QUEUED, at=100.0)})
+    sim.planners["j2"] = planner()
+    holds(sim, "node-1", 42)  # node-2 was killed; node-1's collective failed first
+    sim.step(0.1)
+    holds(sim, "node-3", 42)
+    holds(sim, "node-4", 42)
+    sim.step(0.5)
+    sim.step(1.1)
+    assert sim.job().hold.suspected == ("node-2",) and sim.world.nodes["node-2"].suspected_at == sim.now
+    for name in ("node-1", "node-3", "node-4"):
+        sim.beat(name, *ranks(sim, name, 42, running=False, exit_code=0, last_checkpoint_step=42))
+    for _ in range(4):
+        sim.step(0.2)
+    assert sim.job().generation == 2 and sim.world.nodes["node-2"].job is None  # released by j1 ...
+    assert sim.world.jobs["j2"].state is J.QUEUED  # ... and given to no one
+    for _ in range(3):
+        sim.step(0.5)
+    assert sim.world.jobs["j2"].state is J.QUEUED and sim.world.nodes["node-2"].suspected_at is not None
+    sim.beat("node-2")  # it was alive after all: heard from after the suspicion
+    sim.step(0.1)
+    assert sim.world.nodes["node-2"].suspected_at is None
+    assert sim.world.nodes["node-2"].job == "j2" and sim.world.jobs["j2"].state is J.RUNNING

@@ -24,10 +24,10 @@ SERVING = frozenset({N.ASSIGNED, N.DRAINING})
 
 
 def free_nodes(nodes: Mapping[str, NodeRecord]) -> list[NodeRecord]:
-    """Nodes no job holds, oldest first (ties by name)."""
-    return sorted(
-        (n for n in nodes.values() if n.state is N.READY and n.job is None), key=lambda n: (n.joined_at, n.name)
-    )
+    """Nodes no job holds and any job may be given, oldest first (ties by name): READY, and not suspected by a
+    job's salvage since they were last heard from."""
+    free = (n for n in nodes.values() if n.state is N.READY and n.job is None and n.suspected_at is None)
+    return sorted(free, key=lambda n: (n.joined_at, n.name))
 
 
 class Draft:

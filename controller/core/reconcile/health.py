@@ -30,6 +30,8 @@ def node_health(draft: Draft, config: Config) -> None:
         elif current is not None and current.eviction_not_before is None and node.state is N.DRAINING and not silent:
             withdrawn(draft, node)
         node = draft.nodes[name]
+        if node.suspected_at is not None and current is not None and current.last_seen > node.suspected_at:
+            draft.amend_node(name, suspected_at=None)  # heard from since a salvage suspected it: alive after all
         if not silent:
             continue
         if node.state in LIVE:

@@ -31,7 +31,7 @@ the peer timeout) counts as a restart, bounded by ``max_restarts`` like any trai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from controller.core import facts
@@ -107,6 +107,7 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
         return
     if suspected:
         draft.event(facts.NodesSuspected(job.generation, list(suspected)), job.id)
+        suspect(draft, suspected)
     hold = replace(job.hold, suspected=suspected)
     excluded = tuple(sorted({*job.exclusions.nodes, *suspected}))
     fields: JobFields = {"hold": hold, "exclusions": replace(job.exclusions, nodes=excluded)}
@@ -168,6 +169,7 @@ def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
             newly = [n for n in gone if n not in hold.suspected]
             if newly:
                 draft.event(facts.NodesSuspected(job.generation, newly), job.id)
+                suspect(draft, newly)
             fields = {
                 "hold": replace(hold, suspected=tuple(sorted({*hold.suspected, *gone}))),
                 "exclusions": replace(job.exclusions, nodes=tuple(sorted({*job.exclusions.nodes, *gone}))),
@@ -199,6 +201,14 @@ def _fall_back(
     )
     draft.event(ended, job.id)
     draft.act(job.id, Action.ABORT, f"{reason}: resuming from step {job.last_checkpoint_step}", **fields)
+
+
+def suspect(draft: Draft, names: Iterable[str]) -> None:
+    """Mark ``names`` suspected for every job, not only the one whose collective failed: the pass that releases
+    them must not give them to another job (:func:`controller.core.reconcile.draft.free_nodes`)."""
+    for name in names:
+        if name in draft.nodes:
+            draft.amend_node(name, suspected_at=draft.now)
 
 
 def _silent(draft: Draft, name: str, grace: float) -> bool:
