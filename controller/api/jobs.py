@@ -39,7 +39,8 @@ class JobsService(rpc.JobsServicer):
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.SubmitJobResponse:
         async with answered(context):
             asked = submission.checked(request)
-            await asyncio.to_thread(submission.check_files, asked.spec, asked.model_layers)
+            if submission.retried(self.view.jobs(), asked) is None:  # a retry's files are its own job's by now
+                await asyncio.to_thread(submission.check_files, asked.spec, asked.model_layers)
             job = await self.writes.submit(asked.spec, asked.idempotency_key)
         return pb.SubmitJobResponse(id=job.id)
 

@@ -9,12 +9,16 @@ be a regular file of bounded size holding a valid profile, a file entrypoint an 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from controller.core.model import JobRecord
 from controller.shell.profiles import read_profile
 from controller.spec_wire import spec_to_dict
+from morphing.checkpoint_dir import FENCE
 from morphing.jobspec import JobSpec, parse_job_spec
 from morphing.profile import layers_mismatch
 from morphing.validation import (
@@ -60,6 +64,12 @@ def checked(request: pb.SubmitJobRequest) -> Submission:
     return Submission(spec, key, tuple(request.model_layers))
 
 
+def retried(jobs: Iterable[JobRecord], asked: Submission) -> JobRecord | None:
+    """The job an earlier call with this idempotency key and spec made (its trainers may own the directory now)."""
+    key = asked.idempotency_key
+    return next((j for j in jobs if key and j.idempotency_key == key and j.spec == asked.spec), None)
+
+
 def check_files(spec: JobSpec, model_layers: tuple[str, ...] = ()) -> None:
     """The files the controller and its agents will read exist and are what they should be (blocking I/O);
     the profile describes the model's layers when the client named them."""
@@ -79,6 +89,7 @@ def check_files(spec: JobSpec, model_layers: tuple[str, ...] = ()) -> None:
             raise InvalidField("entrypoint", f"file {shown(file, 200)} does not exist on the controller") from None
         if not stat.S_ISREG(mode):
             raise InvalidField("entrypoint", f"{shown(file, 200)} is not a regular file; name a .py file")
+    check_owner(spec.checkpoint_dir)
     profile = read_profile(spec.profile)
     problem = layers_mismatch(profile, model_layers) if model_layers else None
     if problem:
@@ -87,3 +98,32 @@ def check_files(spec: JobSpec, model_layers: tuple[str, ...] = ()) -> None:
             f"{shown(spec.profile or '', 200)} (of {shown(profile.model)}) was not measured for this model: {problem}; "
             "measure this one with `spotmorph profile ENTRYPOINT` (--from-config for a model larger than a device)",
         )
+
+
+MAX_FENCE_BYTES = 4096
+
+
+def check_owner(directory: str) -> None:
+    """Where the controller sees the checkpoint directory, one whose fence names a job (its trainers wrote there)
+    is refused: a job's checkpoints are resumed only by that job, and this job's pruning would delete them."""
+    path = os.path.join(directory, FENCE)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return  # none there (or not visible here): the controller may not mount the share
+    try:
+        raw = os.read(fd, MAX_FENCE_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        raw = b""
+    finally:
+        os.close(fd)
+    try:
+        owner = json.loads(raw.decode()).get("job")
+    except (ValueError, AttributeError):
+        owner = None
+    who = f"job {shown(owner, 64)}" if isinstance(owner, str) and owner else "another job"
+    raise InvalidField(
+        "checkpoint_dir",
+        f"{shown(directory, 200)} holds the checkpoints of {who} (its {FENCE} says so); give this job its own "
+        "directory (a job's checkpoints are resumed only by that job)",
+    )

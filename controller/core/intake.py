@@ -67,12 +67,14 @@ def submit(world: World, spec: JobSpec, key: str | None, now: float) -> tuple[Jo
             raise Taken(f"idempotency_key {key!r} was used for {first.id} with another spec; use a new key")
         if first is not None:
             return first, []
-    live = (j for j in world.jobs.values() if j.state not in JOB_TERMINAL)
-    holder = next((j for j in live if _nested(j.spec.checkpoint_dir, spec.checkpoint_dir)), None)
+    # Any job's, ended ones too: their checkpoints are there, and this job's pruning (keep) would delete them.
+    holder = next((j for j in world.jobs.values() if _nested(j.spec.checkpoint_dir, spec.checkpoint_dir)), None)
     if holder is not None:
+        held = "is in use by" if holder.state not in JOB_TERMINAL else "holds the checkpoints of"
         raise Conflict(
-            f"checkpoint_dir {spec.checkpoint_dir} is in use by {holder.id} ({holder.state}); "
-            f"give this job its own directory, or cancel {holder.id} first"
+            f"checkpoint_dir {spec.checkpoint_dir}: {holder.spec.checkpoint_dir} {held} {holder.id} ({holder.state}); "
+            "give this job its own "
+            "directory (a job's checkpoints are resumed only by that job)"
         )
     seq = world.job_seq + 1
     job = JobRecord(f"job-{seq}", spec, JobState.QUEUED, now, now, idempotency_key=key or None)

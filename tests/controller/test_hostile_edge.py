@@ -221,13 +221,28 @@ def test_a_profile_of_other_layers_than_the_clients_model_is_refused_at_submit(l
     assert jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live), model_layers=names)).id
 
 
-def test_a_checkpoint_dir_another_live_job_uses_is_refused_at_submit(live: Live) -> None:
+def test_a_checkpoint_dir_another_job_uses_or_used_is_refused_at_submit(live: Live) -> None:
+    """Running, or ended: its checkpoints are there (issue 44), and this job's pruning would delete them."""
     jobs = live.jobs()
     first = jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live))).id
     code, detail = refusal(lambda: jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, name="second"))))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and first in detail and "checkpoint_dir" in detail
     jobs.CancelJob(pb.CancelJobRequest(id=first))
-    assert jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, name="second"))).id != first
+    code, detail = refusal(lambda: jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, name="second"))))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and f"holds the checkpoints of {first} (CANCELLED)" in detail
+    assert "give this job its own directory" in detail and "\n" not in detail
+    # A directory another controller's job wrote to: its fence names that job.
+    elsewhere = live.state_dir / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".fence").write_text('{"job": "job-41", "generation": 3}')
+    code, detail = refusal(lambda: jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, checkpoint_dir=str(elsewhere)))))
+    assert code == INVALID and detail.startswith("checkpoint_dir: ") and "checkpoints of job 'job-41'" in detail, detail
+    fresh = str(live.state_dir / "fresh")
+    retried = pb.SubmitJobRequest(spec=spec(live, checkpoint_dir=fresh), idempotency_key="k-fence")
+    made = jobs.SubmitJob(retried).id
+    Path(fresh).mkdir()
+    (Path(fresh) / ".fence").write_text(f'{{"job": "{made}", "generation": 1}}')  # its trainers began
+    assert jobs.SubmitJob(retried).id == made  # a retry gets its job, not a refusal of its own directory
 
 
 def test_a_retried_submission_returns_the_first_job(live: Live) -> None:

@@ -114,8 +114,10 @@ def test_submission_ids_keys_and_checkpoint_dirs() -> None:
         with pytest.raises(intake.Conflict, match="job-7"):
             intake.submit(world, spec(checkpoint_dir=nested), None, 6.0)
     assert intake.submit(world, spec(checkpoint_dir="/c/ab"), None, 6.0)[0].id == "job-8"
-    done = apply(world, [AddJob(replace(first, state=JobState.CANCELLED), 7)])
-    assert intake.submit(done, spec(checkpoint_dir="/c/a"), None, 6.0)[0].id == "job-8"
+    for ended in (JobState.CANCELLED, JobState.SUCCEEDED, JobState.FAILED):  # its checkpoints are still there
+        done = apply(world, [AddJob(replace(first, state=ended), 7)])
+        with pytest.raises(intake.Conflict, match=rf"/c/a holds the checkpoints of job-7 \({ended}\); give this job"):
+            intake.submit(done, spec(checkpoint_dir="/c/a/x"), None, 6.0)
 
 
 def test_the_store_keeps_keys_unique_and_counters_across_restarts(tmp_path: Path) -> None:

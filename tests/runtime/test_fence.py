@@ -23,6 +23,7 @@ from tests.runtime.helpers import as_sha256_format
 from worker_agent.runtime import checkpoint as ck
 from worker_agent.runtime.errors import FenceError, GenerationFenced
 from worker_agent.runtime.fence import FENCE, Fence, check_fence, raise_fence, read_fence
+from worker_agent.runtime.manifest import dir_name
 
 JOB = {"entrypoint": "m.py:build", "global_batch": 4, "seed": 1, "dtype": "float64"}
 
@@ -254,3 +255,17 @@ def test_a_rank_holding_for_a_salvage_gives_up_once_a_newer_generation_raised_th
     raise_fence(root, Fence("job-1", 2))
     why = salvage.wait_for_order(control, 30, lambda: salvage._fenced_off(root, ours))
     assert isinstance(why, str) and "fenced off" in why and "generation 2" in why
+
+
+def test_pruning_never_deletes_another_jobs_checkpoints(tmp_path: Path) -> None:
+    """Issue 44: ``keep`` deleted every older checkpoint in the directory, another job's too (the controller now
+    refuses such a directory at submit; a job started by hand may still be pointed at one)."""
+    other = {**_manifest(1), "job_hash": "0" * 64, "job": {**JOB, "seed": 99}}
+    stranger = ck.CheckpointWriter(tmp_path, 0, 1, "other", 5, False, 5.0, generation=1)
+    stranger.save(5, _payload(5.0), other)
+    (tmp_path / dir_name(6, 1)).mkdir()
+    (tmp_path / dir_name(6, 1) / ck.MANIFEST).write_text("not json")  # unreadable: not provably this job's
+    mine = ck.CheckpointWriter(tmp_path, 0, 1, "mine", 1, False, 5.0, generation=2, job_hash=identity_hash(JOB))
+    for step in (10, 20, 30):
+        save(mine, step)
+    assert committed_dirs(tmp_path) == ["step-00000005-g1", "step-00000006-g1", "step-00000030-g2"]

@@ -26,12 +26,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from morphing import checkpoint_dir
 from worker_agent.contract.hostile import HostileFile, load_json_bounded
 from worker_agent.runtime.durable import atomic_write
 from worker_agent.runtime.errors import FenceError, GenerationFenced
 
-FENCE = ".fence"
-LOCK = ".fence.lock"
+FENCE = checkpoint_dir.FENCE
+LOCK = checkpoint_dir.FENCE_LOCK
 MAX_FENCE_BYTES = 4096
 
 

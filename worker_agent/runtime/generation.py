@@ -221,6 +221,7 @@ def start(
         fence=fence,
         resumed_from=step,
         acknowledged=control.acknowledged_checkpoint if control is not None else None,
+        job_hash=job.identity_hash(),
     )
     timeouts = salvage.Timeouts(job.timeout_seconds, job.peer_timeout_seconds)
     timeouts.settle()  # every rank loaded its checkpoint; from here on a silent peer is a lost one

@@ -107,8 +107,10 @@ class CheckpointWriter:
         fence: Fence | None = None,
         resumed_from: int = 0,
         acknowledged: Callable[[], int] | None = None,
+        job_hash: str | None = None,
     ) -> None:
         self.root = root
+        self.job_hash = job_hash  # this job's identity: pruning leaves every other job's checkpoints alone
         self.rank = rank
         self.world_size = world_size
         self.run_id = run_id
@@ -287,10 +289,22 @@ class CheckpointWriter:
             if not stale and step > committed:
                 continue
             has_manifest = (path / MANIFEST).exists()
+            if has_manifest and not self._ours(path):
+                continue  # another job's (or one this cannot read): never deleted, never counted
             if not stale and has_manifest and (valid < self.keep or (floor is not None and step >= floor)):
                 valid += 1
                 continue
             self._remove(path)
+
+    def _ours(self, path: Path) -> bool:
+        """Whether the committed checkpoint at ``path`` is this job's (its manifest's ``job_hash``)."""
+        if self.job_hash is None:
+            return True
+        try:
+            manifest = load_json_bounded(path / MANIFEST, MAX_MANIFEST_BYTES)
+        except (OSError, HostileFile):
+            return False
+        return isinstance(manifest, dict) and manifest.get("job_hash") == self.job_hash
 
     def _remove(self, path: Path) -> None:
         self.check_fence()  # right before each deletion: a newer generation may be loading what is here
