@@ -105,7 +105,7 @@ def test_a_queued_job_grows_the_scale_set_up_to_max_capacity_and_back(tmp_path: 
             await runner.poll_provider()
             await settle(provider)
             assert h.fake.capacity == 1 and len(h.fake.running()) == 1  # idle instances scaled back in
-            await runner.submit(spec(min_gpus=9, profile=str(write_profile(tmp_path))))
+            await runner.submit(spec(min_gpus=9, profile=str(write_profile(tmp_path)), checkpoint_dir="/tmp/c2"))
             await runner.settle()
             await runner.tick()
             kinds = [e.kind for e in store.events()]

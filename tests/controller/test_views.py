@@ -65,7 +65,7 @@ def test_values_are_frozen_and_later_commits_leave_them_alone(tmp_path: Path) ->
             jobs, cluster = h.view.jobs(), h.view.cluster()
             detail = await h.view.job_detail(first.id)
             assert detail is not None and detail.job == first and detail.generations == ()
-            await h.runner.submit(spec(name="second"))
+            await h.runner.submit(spec(name="second", checkpoint_dir="/tmp/c2"))
             await h.join("n1")
             assert jobs == (first,) and cluster.jobs == (first,) and cluster.nodes == ()
             assert [j.spec.name for j in h.view.jobs()] == ["first", "second"]

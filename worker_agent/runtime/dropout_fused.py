@@ -109,7 +109,10 @@ def run(
     """The compiled ``kernel``'s result, or None when this (device, dtype) must use the eager path."""
     key = (x.device.type, x.device.index, x.dtype)
     if key not in _verdicts:
-        _verdicts[key] = check(kernel, reference, columns, x.device, x.dtype)
+        # The probes' own tensors are saved as themselves: inside a recomputed (checkpointed) region the region's
+        # hooks would take them, and its early stop would end the probe as if the kernel had failed.
+        with torch.autograd.graph.saved_tensors_hooks(_itself, _itself), torch.enable_grad():
+            _verdicts[key] = check(kernel, reference, columns, x.device, x.dtype)
     fused = _verdicts[key]
     if fused is None:
         return None
@@ -123,6 +126,10 @@ def run(
             "layout-free dropout: the compiled kernel failed on %s %s (%s); using eager", x.device, x.dtype, _say(error)
         )
         return None
+
+
+def _itself(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def check(kernel: Fused, reference: Eager, columns: Columns, device: torch.device, dtype: torch.dtype) -> Fused | None:
