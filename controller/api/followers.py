@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from controller.core.intake import Full
 
-MAX_FOLLOWERS_PER_CALLER = 32
+MAX_FOLLOWERS_PER_CALLER = 32  # the defaults of the settings max_log_followers_per_caller and max_log_followers
 MAX_FOLLOWERS = 256
 
 

@@ -3,18 +3,23 @@
 A submission is checked at the edge (:mod:`controller.api.submission`) and decided on atomically: a
 SubmitJob that fails leaves no job behind, and a retry carrying the same idempotency key gets the job
 the first one made. WatchLogs reads the trainers' logs through the log book; a follower's stream ends
-once the job ended and no line came for a heartbeat expiry (the agents ship every heartbeat interval).
+once the job ended and no line came for a heartbeat expiry (the agents ship every heartbeat interval). Follow
+streams are bounded per caller and in all (:mod:`controller.api.followers`), and each wakes only on its own
+job's lines (the job's end is seen at the next poll).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
 import grpc
 
 from controller.api import logs, paging, submission, wire
+from controller.api.auth import bearer
+from controller.api.followers import Followers
 from controller.api.status import Context, abort, answered
 from controller.api.writes import Writes
 from controller.core.lifecycle import JOB_TERMINAL
@@ -30,11 +35,20 @@ FOLLOW_POLL_SECONDS = 1.0  # a follower re-reads at least this often, even with 
 
 
 class JobsService(rpc.JobsServicer):
-    def __init__(self, view: StateView, writes: Writes, stopping: asyncio.Event, *, logbook: LogBook) -> None:
+    def __init__(
+        self,
+        view: StateView,
+        writes: Writes,
+        stopping: asyncio.Event,
+        *,
+        logbook: LogBook,
+        followers: Followers | None = None,
+    ) -> None:
         self.view = view
         self.writes = writes
         self.stopping = stopping
         self.logbook = logbook
+        self.followers = followers or Followers()
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.SubmitJobResponse:
         async with answered(context):
@@ -93,20 +107,27 @@ class JobsService(rpc.JobsServicer):
             await self._until_change_or_stop(changed)
 
     async def WatchLogs(self, request: pb.WatchLogsRequest, context: Context) -> AsyncIterator[pb.LogLine]:
-        async with answered(context):
-            query = logs.query(self.view, request)
+        with contextlib.ExitStack() as held:
+            async with answered(context):
+                query = logs.query(self.view, request)
+                if request.follow:  # RESOURCE_EXHAUSTED past the bounds (followers.py); released when it ends
+                    held.enter_context(self.followers.admitted(bearer(context.invocation_metadata())))
+            async for line in self._lines(query, request.follow):
+                yield line
+
+    async def _lines(self, query: logs.LogQuery, follow: bool) -> AsyncIterator[pb.LogLine]:
         after, heard = query.after, 0.0  # heard: when the newest line seen was received
         while True:
-            changes = (self.logbook.next_change(), self.view.next_change())  # a new line; the job's end
+            change = self.logbook.next_change(query.job)  # a new line of this job (its end: seen at the poll)
             rows = await self.logbook.lines(query.job, after, query.rank, query.generation, LINES_PER_READ)
             for row in rows:
                 after, heard = row.id, max(heard, row.at)
                 yield logs.line_to_pb(row)
             if rows:
                 continue
-            if not request.follow or self.stopping.is_set() or self._ended_and_quiet(query.job, heard):
+            if not follow or self.stopping.is_set() or self._ended_and_quiet(query.job, heard):
                 return
-            await self._until_change_or_stop(*changes)
+            await self._until_change_or_stop(change)
 
     def _ended_and_quiet(self, job_id: str, heard: float) -> bool:
         """The job ended, and neither its end nor a line of it is as recent as a heartbeat expiry."""

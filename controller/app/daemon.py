@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from controller.api.agent import AgentService
 from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_token, token_secret
 from controller.api.cluster import ClusterService
+from controller.api.followers import Followers
 from controller.api.jobs import JobsService
 from controller.app.providers import ProviderFactory, make_provider
 from controller.app.settings import ControllerSettings, check_exposure, is_loopback
@@ -140,7 +141,8 @@ class Controller:
         self.heartbeat_latency = Histogram()
         self.view = StateView(self.runner, self.heartbeat_latency)
         self.logbook = LogBook(self.store)  # trainers' logs: written and read off the event loop, not decisions
-        jobs = JobsService(self.view, self.runner, self.stopping, logbook=self.logbook)
+        self.followers = Followers(self.settings.max_log_followers_per_caller, self.settings.max_log_followers)
+        jobs = JobsService(self.view, self.runner, self.stopping, logbook=self.logbook, followers=self.followers)
         rpc.add_JobsServicer_to_server(jobs, self.server)
         self.metrics_server: Any = None
         self.metrics_port = 0

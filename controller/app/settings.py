@@ -93,6 +93,10 @@ class ControllerSettings(BaseSettings):
     warm_build_wait_seconds: float = Field(default=60.0, ge=0, le=86_400)
     """A growth onto a free node whose warm trainer is still building the job's model ahead waits for the build,
     at most this long after the node joined (0: never waits; the new rank then builds inside the pause)."""
+    max_log_followers: int = Field(default=256, ge=1, le=100_000)
+    """WatchLogs --follow streams the controller serves at once; more are RESOURCE_EXHAUSTED."""
+    max_log_followers_per_caller: int = Field(default=32, ge=1, le=100_000)
+    """WatchLogs --follow streams one token may hold at once; more are RESOURCE_EXHAUSTED."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus (GET /metrics; HTTPS with the API's certificate when TLS is on) and, on loopback or
     with TLS, the web dashboard (GET /); None: off."""

@@ -31,15 +31,19 @@ class LogBook:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=WRITER_THREAD)
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix=READER_THREAD_PREFIX)
         self._changed = asyncio.Event()
+        self._changed_jobs: dict[str, asyncio.Event] = {}  # only for jobs someone waits on
 
     def close(self) -> None:
         """Wait for the appends and reads in flight, then stop the threads."""
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
 
-    def next_change(self) -> asyncio.Event:
-        """An event set by the next append: take it before reading, so no append goes unnoticed."""
-        return self._changed
+    def next_change(self, job: str | None = None) -> asyncio.Event:
+        """An event set by the next append (of ``job``'s lines, when named): take it before reading, so no
+        append goes unnoticed; a follower of one job is not woken by another's lines."""
+        if job is None:
+            return self._changed
+        return self._changed_jobs.setdefault(job, asyncio.Event())
 
     async def append(self, node: str, chunks: Sequence[LogChunk], at: float) -> list[int]:
         """Take one ReportLogs from ``node``; the offset each chunk's stream is at after it."""
@@ -53,6 +57,10 @@ class LogBook:
             raise
         self._changed.set()
         self._changed = asyncio.Event()
+        for job in {chunk.job for chunk in chunks}:
+            waiting = self._changed_jobs.pop(job, None)
+            if waiting is not None:
+                waiting.set()
         return offsets
 
     async def lines(

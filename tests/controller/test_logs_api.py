@@ -9,19 +9,24 @@ Log writes and reads run off the event loop and never wait for the decision lock
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 from controller.core import logs
+from controller.persistence.store import Store
+from controller.shell.logbook import LogBook
 from protos.reasons import REGISTER_AGAIN, reason_of
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
-from tests.controller.conftest import Live
-from tests.controller.test_hostile_edge import Node, running_job
+from tests.controller.conftest import Live, running
+from tests.controller.test_hostile_edge import Node, running_job, wait_for
+from tests.controller.test_logs_store import _two_generations
 
 CODE = grpc.StatusCode
 
@@ -201,3 +206,44 @@ def test_log_writes_and_reads_run_off_the_event_loop_and_never_wait_for_decision
         live.loop.call_soon_threadsafe(lock.release)
     assert {name for name, _ in calls} == {"append_logs", "log_lines"}
     assert [name for name, thread in calls if thread is on_loop] == []
+
+
+def test_follow_streams_are_bounded_per_caller_and_in_all(tmp_path: Path) -> None:
+    """Issue 44: a thousand follow streams once slowed another node's heartbeats (p99 2.5 s)."""
+    with running(tmp_path, max_log_followers=3, max_log_followers_per_caller=2) as live:
+        node, job, generation = running_job(live)
+        rank = node.beat().assignment.ranks[0]
+        send(node, pb.LogChunk(job=job, generation=generation, rank=rank, offset=0, text=b"one\n"))
+
+        def follow(role: str) -> Any:
+            stream = live.jobs(role).WatchLogs(pb.WatchLogsRequest(job=job, follow=True), timeout=30)
+            assert next(iter(stream)).text == "one"  # admitted: it streams
+            return stream
+
+        readers = [follow("reader"), follow("reader")]
+        code, detail = refused(lambda: follow("reader"))
+        assert code == CODE.RESOURCE_EXHAUSTED and "the most one may (2)" in detail, detail
+        assert texts(watch(live, job)) == ["one"]  # a read that does not follow is not counted
+        operator = follow("operator")
+        code, detail = refused(lambda: follow("operator"))
+        assert code == CODE.RESOURCE_EXHAUSTED and "the most it may" in detail, detail
+        readers.pop().cancel()  # a stream that ends gives its place back
+        wait_for(lambda: live.controller.followers.active == 2, "the cancelled stream to be let go")
+        readers.append(follow("reader"))
+        for stream in (*readers, operator):
+            stream.cancel()
+
+
+def test_a_follower_is_woken_only_by_its_own_jobs_lines(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    node, ranks = next(iter(_two_generations(store).items()))
+
+    async def scenario() -> None:
+        book = LogBook(store)
+        mine, other = book.next_change("job-1"), book.next_change("job-2")
+        await book.append(node, [logs.LogChunk("job-1", 1, ranks[0], 0, b"y\n")], 2.0)
+        assert mine.is_set() and not other.is_set()
+        assert book.next_change("job-1") is not mine  # a fresh one for the next wait
+        book.close()
+
+    asyncio.run(scenario())
