@@ -77,10 +77,16 @@ class Tokens:
         self.secret = secret
         # A key of its own for VM tokens: no node token's MAC can ever be a VM token's.
         self._vm_key = hmac.new(secret, b"spotmorph per-VM agent tokens", hashlib.sha256).digest()
+        self._rendezvous_key = hmac.new(secret, b"spotmorph rendezvous keys", hashlib.sha256).digest()
 
     def node_token(self, node: str, incarnation: int) -> str:
         mac = hmac.new(self.secret, f"{node}\x00{incarnation}".encode(), hashlib.sha256).hexdigest()
         return f"node.{node}.{incarnation}.{mac}"
+
+    def rendezvous_key(self, job: str, generation: int) -> str:
+        """The key (64 hex digits) a generation's trainers prove to its rendezvous store: a MAC of the job and
+        generation under a key of its own, so that no token's MAC is ever a rendezvous key, nor the reverse."""
+        return hmac.new(self._rendezvous_key, f"{job}\0{generation}".encode(), hashlib.sha256).hexdigest()
 
     def vm_token(self, instance: str) -> str:
         """The agent token of the VM whose provider instance id is ``instance``."""

@@ -139,7 +139,9 @@ class AgentService(rpc.AgentServicer):
                 found = (job.layout, job.spec, layout_pb, spec_pb, ranks_by_node(job.layout))
                 self._layouts[job.id] = found
             _, _, layout_pb, spec_pb, ranks_of = found
-        reply = wire.assignment_to_pb(self.view.assignment(name, ranks_of), layout_pb, spec_pb)
+        assignment = self.view.assignment(name, ranks_of)
+        key = self.tokens.rendezvous_key(assignment.job, assignment.generation) if assignment is not None else ""
+        reply = wire.assignment_to_pb(assignment, layout_pb, spec_pb, key)
         self._replies[name] = (node, job, reply)
         return reply
 

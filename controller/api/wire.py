@@ -107,9 +107,13 @@ def node_to_pb(node: NodeRecord) -> pb.Node:
 
 
 def assignment_to_pb(
-    assignment: Assignment | None, layout: pb.Layout | None = None, spec: pb.JobSpec | None = None
+    assignment: Assignment | None,
+    layout: pb.Layout | None = None,
+    spec: pb.JobSpec | None = None,
+    rendezvous_key: str = "",
 ) -> pb.Assignment | None:
-    """``layout``/``spec``: the wire form of the assignment's layout and spec when the caller keeps them."""
+    """``layout``/``spec``: the wire form of the assignment's layout and spec when the caller keeps them;
+    ``rendezvous_key``: the generation's (:meth:`controller.tokens.Tokens.rendezvous_key`)."""
     if assignment is None:
         return None
     return pb.Assignment(
@@ -130,6 +134,7 @@ def assignment_to_pb(
         salvage=salvage_to_pb(assignment.salvage),
         held_step=assignment.held_step,
         held_generation=assignment.held_generation,
+        rendezvous_key=rendezvous_key,
     )
 
 

@@ -38,6 +38,9 @@ def job(**fields: Any) -> JobSpec:
     return JobSpec.model_validate({**base, **fields})
 
 
+KEY = "ab" * 32
+
+
 def assignment(spec: pb.JobSpec, **fields: Any) -> pb.Assignment:
     layout = make_layout(num_layers=4, pipeline_stages=2, data_parallel=1, micro_batch_size=2, global_batch=8)
     values: dict[str, Any] = {
@@ -46,6 +49,7 @@ def assignment(spec: pb.JobSpec, **fields: Any) -> pb.Assignment:
         "ranks": [0, 1],
         "layout": pb.Layout(json=json.dumps(layout.to_dict())),
         "rendezvous_endpoint": "10.0.0.1:29501",
+        "rendezvous_key": KEY,
         "checkpoint_dir": "/c",
         "action": pb.ACTION_RUN,
         "spec": spec,
@@ -139,3 +143,12 @@ def test_a_salvage_order_whose_deadline_is_no_time_is_unusable(deadline: float) 
     order = pb.Salvage(step=7, writers=[0, 1], deadline=5.0)
     good = assignment(spec_to_pb(job()), action=pb.ACTION_HOLD, world_size=2, salvage=order)
     assert incoming_from_pb(good).assignment.salvage is not None
+
+
+@pytest.mark.parametrize("key", ["", "AB" * 32, "ab" * 31, "ab" * 32 + "\n", "zz" * 32])
+def test_an_assignment_without_a_proper_rendezvous_key_is_refused(key: str) -> None:
+    """Its trainers could not prove their generation's key to its store (issue 44): refused as a whole."""
+    with pytest.raises(UserInputError, match="rendezvous_key is not 64 hex digits"):
+        incoming_from_pb(assignment(spec_to_pb(job()), rendezvous_key=key))
+    launch = incoming_from_pb(assignment(spec_to_pb(job()))).launch
+    assert launch is not None and launch.rendezvous_key == KEY

@@ -13,6 +13,7 @@ hold at once instead of waiting out the peer timeout.
 from __future__ import annotations
 
 import json
+import secrets
 import os
 import signal
 import subprocess
@@ -73,6 +74,7 @@ class Run:
         self.layout = layout()
         self.dir.layout_file.write_text(json.dumps(self.layout.to_dict()))
         port = port_range_base(1)  # below the ephemeral range: no outgoing connection takes it
+        self.dir.write_rendezvous_key(secrets.token_hex(32))  # what the agent writes from the assignment
         self.procs = []
         for rank in range(4):
             arguments = TrainerArguments.in_generation_dir(

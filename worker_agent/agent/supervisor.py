@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -59,6 +60,9 @@ class LaunchSpec:
     resume: CommittedCheckpoint | None = None  # the checkpoint the controller committed (None: from scratch)
     store_rank: int = 0
     held: CommittedCheckpoint | None = None  # the step the previous generation keeps in memory, if any
+    # The generation's key (hex, from the controller), written where its trainers read it. The default, a fresh
+    # random one, serves a LaunchSpec made by hand (every rank started from the same one shares it).
+    rendezvous_key: str = field(default_factory=lambda: secrets.token_hex(32))
 
 
 class _FailedStart:
@@ -127,6 +131,7 @@ class Supervisor:
         directory.job_file.write_text(spec.job.model_dump_json())
         directory.layout_file.write_text(json.dumps(spec.layout))
         directory.progress_file(key.rank).unlink(missing_ok=True)
+        directory.write_rendezvous_key(spec.rendezvous_key)
         log_path = directory.log_file(key.rank)
         hold_spool = self._hold_spool(key) if self.hold else None
         arguments = TrainerArguments.in_generation_dir(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,7 @@ class Prepare:
 
     job_id: str
     spec: JobSpec
+RENDEZVOUS_KEY = re.compile(r"[0-9a-f]{64}")  # what the controller derives for each generation
 
 
 def registration_from_pb(reply: pb.RegisterResponse) -> Registration:
@@ -133,8 +135,16 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
     # Memory held by an older generation than this one only (a generation never takes its own or a newer one's).
     usable = message.held_step > 0 and message.held_generation < message.generation
     held = CommittedCheckpoint(message.held_step, message.held_generation) if usable else None
+    if not RENDEZVOUS_KEY.fullmatch(message.rendezvous_key):
+        raise UserInputError("the assignment's rendezvous_key is not 64 hex digits; the controller sends one")
     launch = LaunchSpec(
-        spec, json.loads(message.layout.json), message.rendezvous_endpoint, checkpoint_dir, resume, held=held
+        spec,
+        json.loads(message.layout.json),
+        message.rendezvous_endpoint,
+        checkpoint_dir,
+        resume,
+        held=held,
+        rendezvous_key=message.rendezvous_key,
     )
     return Incoming(assignment, launch)
 

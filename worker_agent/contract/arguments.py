@@ -46,12 +46,12 @@ class TrainerArguments:
     job_file: Path  # the job spec, morphing.jobspec.JobSpec as JSON
     layout_file: Path  # morphing.layout.Layout.to_dict() as JSON
     rank: int
-    rendezvous: str  # HOST:PORT of the TCPStore
+    rendezvous: str  # HOST:PORT of the generation's rendezvous store (rank 0's node address)
     checkpoint_dir: Path
     generation: int = 0  # fencing token; namespaces the store
     control_dir: Path | None = None  # requests from the agent (worker_agent.contract.files.ControlDir)
     progress_file: Path | None = None  # JSON lines (worker_agent.contract.events)
-    host_store: bool = False  # this process hosts the TCPStore
+    host_store: bool = False  # this process hosts the rendezvous store
     load_from: Path | None = None  # a checkpoint (or a checkpoint root) to start from instead of the newest
     device_index: int | None = None  # the GPU of this rank's slot (cuda:N) when the job runs on CUDA; None: 0
     # A controller generation: the job's id. The trainer raises the checkpoint dir's fence to (job, generation)
@@ -63,6 +63,9 @@ class TrainerArguments:
     held: CommittedCheckpoint | None = None
     # Where this trainer waits, holding its state, after a planned stop (None: it exits as before).
     hold_spool: Path | None = None
+    # The generation's rendezvous key file (GenerationDir.rendezvous_key_file): the store admits only ranks that
+    # prove it (worker_agent.runtime.gated_store). None: none given (the trainer refuses to meet its peers).
+    rendezvous_key: Path | None = None
 
     @classmethod
     def in_generation_dir(
@@ -97,6 +100,7 @@ class TrainerArguments:
             resume=resume,
             held=held,
             hold_spool=hold_spool,
+            rendezvous_key=directory.rendezvous_key_file,
         )
 
     @property
@@ -134,6 +138,8 @@ class TrainerArguments:
             argv.append(f"--held={self.held.to_arg()}")
         if self.hold_spool is not None:
             argv.append(f"--hold-spool={self.hold_spool}")
+        if self.rendezvous_key is not None:
+            argv.append(f"--rendezvous-key={self.rendezvous_key}")
         return argv
 
     def command(self, python: str) -> list[str]:
@@ -171,6 +177,7 @@ class TrainerArguments:
             resume=args.resume,
             held=args.held,
             hold_spool=args.hold_spool,
+            rendezvous_key=args.rendezvous_key,
         )
 
 
@@ -179,12 +186,15 @@ def _trainer_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job", required=True, type=Path, help="job spec JSON (morphing.jobspec.JobSpec)")
     parser.add_argument("--layout", required=True, type=Path, help="layout JSON (Layout.to_dict)")
     parser.add_argument("--rank", required=True, type=int)
-    parser.add_argument("--rendezvous", required=True, help="HOST:PORT of the TCPStore")
+    parser.add_argument("--rendezvous", required=True, help="HOST:PORT of the generation's rendezvous store")
     parser.add_argument("--generation", type=int, default=0, help="fencing token; namespaces the store")
     parser.add_argument("--checkpoint-dir", required=True, type=Path)
     parser.add_argument("--control-dir", type=Path, help="requests from the agent: stop, checkpoint-request")
     parser.add_argument("--progress", type=Path, help="append JSON lines (step, loss, ...) to this file")
-    parser.add_argument("--host-store", action="store_true", help="this process hosts the TCPStore")
+    parser.add_argument("--host-store", action="store_true", help="this process hosts the rendezvous store")
+    parser.add_argument(
+        "--rendezvous-key", type=Path, help="the generation's rendezvous key file (hex, readable by this user only)"
+    )
     parser.add_argument(
         "--load-from", type=Path, help="checkpoint (or checkpoint root) to start from instead of the newest"
     )

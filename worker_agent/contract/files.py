@@ -200,6 +200,21 @@ class GenerationDir:
             raise ValueError(f"{self.path} is not a generation dir (gen-<g>)")
         return int(found.group(1))
 
+    @property
+    def rendezvous_key_file(self) -> Path:
+        """The generation's rendezvous key (hex, mode 0600): what its ranks prove to each other's store."""
+        return self.path / "rendezvous.key"
+
+    def write_rendezvous_key(self, key_hex: str) -> None:
+        """Write the key readable by this user only (created so, never widened: no window for others)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        temporary = self.path / "rendezvous.key.tmp"
+        temporary.unlink(missing_ok=True)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key_hex)
+        temporary.rename(self.rendezvous_key_file)
+
     def progress_file(self, rank: int) -> Path:
         return self.path / f"progress-rank-{rank}.jsonl"
 

@@ -78,6 +78,7 @@ class Generation:
     already_written: int | None  # a step whose checkpoint this generation need not write (it resumed from it)
     durable_due: int | None  # resumed from memory only: the step it writes first, in the background
     can_hold: bool  # this rank may keep its stage in memory at a stop (the job morphs through memory)
+    store: Any = None  # the rendezvous store's Python half: torch holds only its C++ half, this keeps it answering
 
     def manifest(self) -> dict[str, Any]:
         """Rank 0's manifest of the checkpoint of ``step``."""
@@ -148,7 +149,7 @@ def start(
     with StartupWatch(progress, cfg.rank).phase(Phase.FENCE, max(60.0, 3 * job.timeout_seconds)):
         fence = resume.fence_of(cfg)  # before the rendezvous: before this generation loads anything
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
-    rendezvous(cfg, layout.world_size, job.timeout_seconds)
+    store = rendezvous(cfg, layout.world_size, job.timeout_seconds)
     progress.emit(
         TrainerStarted(
             layout=layout.describe(),
@@ -245,6 +246,7 @@ def start(
         already_written=already_written,
         durable_due=durable_due,
         can_hold=job.morph_through_memory and cfg.hold_spool is not None,
+        store=store,
     )
 
 

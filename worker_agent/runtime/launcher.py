@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -42,6 +42,7 @@ from worker_agent.contract import (
     TrainingStopped,
 )
 from worker_agent.runtime.forked import ForkedRank, preload, read_port
+from worker_agent.runtime.gated_store import KEY_BYTES, StoreServer
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,6 @@ def local_device(requested: Device, ranks: int) -> Device:
 
 def run_local(run: LocalRun) -> int:
     """Start every rank, relay rank 0's progress; return the :class:`ExitCode` of the run as a whole."""
-    import torch.distributed as dist
-
     directory = GenerationDir(run.run_dir)
     directory.control.path.mkdir(parents=True, exist_ok=True)
     directory.control.clear_stop()
@@ -117,15 +116,17 @@ def run_local(run: LocalRun) -> int:
             argv = partial(_forked_argv, arguments, rank, read)
             procs.append(ForkedRank(argv, close=tuple(ports)))  # the child keeps no write end: EOF reaches it
             os.close(read)
-    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
-        "127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False
-    )
+    # The run's store, on loopback, for the ranks that prove this run's key (a file only this user reads).
+    key = secrets.token_bytes(KEY_BYTES)
+    directory.write_rendezvous_key(key.hex())
+    store = StoreServer("127.0.0.1", 0, key)
+    port = store.address[1]
     for write in ports:
-        os.write(write, f"{store.port}\n".encode())
+        os.write(write, f"{port}\n".encode())
         os.close(write)
     if not ports:
         for rank in ranks:
-            command = arguments(rank, store.port).command(sys.executable)
+            command = arguments(rank, port).command(sys.executable)
             procs.append(subprocess.Popen(command, start_new_session=True))
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -137,7 +138,7 @@ def run_local(run: LocalRun) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        del store
+        store.close()
 
 
 def _forked_argv(arguments: Callable[[int, int], TrainerArguments], rank: int, read: int) -> list[str]:

@@ -16,14 +16,17 @@ from typing import Any
 from morphing.errors import UserInputError
 from morphing.validation import MAX_LOSS, is_loss
 from worker_agent.contract import GLOO_SOCKET, NCCL_SOCKET, TrainerArguments
+from worker_agent.runtime.errors import NodeUnfit
+from worker_agent.runtime.gated_store import GatedStore, StoreServer, read_key
 
 Clock = Callable[[], float]
 POLL_SECONDS = 0.01  # between connects to the store's port while its host rank starts it
 
 
-def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
+def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> GatedStore:
     """Join the generation's namespace of the store, wait for all ranks, then start gloo (the control group;
-    :mod:`worker_agent.runtime.comm` adds the groups that move model tensors)."""
+    :mod:`worker_agent.runtime.comm` adds the groups that move model tensors). Rank 0 serves the store on the
+    rendezvous address, to ranks that prove the generation's key (:mod:`worker_agent.runtime.gated_store`)."""
     import torch.distributed as dist
 
     bound = [f"{name}={os.environ[name]}" for name in (GLOO_SOCKET, NCCL_SOCKET) if name in os.environ]
@@ -31,16 +34,12 @@ def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
         say(f"rank {cfg.rank} of generation {cfg.generation}: collectives bound by {' '.join(bound)}")
     started = time.monotonic()
     deadline = started + max(120.0, timeout)  # the host waits for the others longer than they try to reach it
+    key = rendezvous_key(cfg)
+    server = StoreServer(cfg.rendezvous_host, cfg.rendezvous_port, key) if cfg.host_store else None
     if not cfg.host_store:
         wait_listening(cfg.rendezvous_host, cfg.rendezvous_port, started + max(60.0, timeout))
-    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
-        cfg.rendezvous_host,
-        cfg.rendezvous_port,
-        None,
-        cfg.host_store,
-        timedelta(seconds=max(60.0, timeout)),
-        wait_for_workers=False,
-    )
+    wait = timedelta(seconds=max(60.0, timeout))
+    store = GatedStore(cfg.rendezvous_host, cfg.rendezvous_port, key, wait, server)
     scoped = dist.PrefixStore(  # type: ignore[attr-defined]
         f"spotmorph/gen-{cfg.generation}/", store
     )
@@ -53,6 +52,17 @@ def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> None:
     dist.init_process_group(
         "gloo", store=scoped, rank=cfg.rank, world_size=world_size, timeout=timedelta(seconds=timeout)
     )
+    return store  # the caller keeps it: the process groups hold only its C++ half
+
+
+def rendezvous_key(cfg: TrainerArguments) -> bytes:
+    """The generation's key; a missing or malformed one is this node's fault (exit 2 naming the file)."""
+    if cfg.rendezvous_key is None:
+        raise NodeUnfit("no --rendezvous-key: the generation's store admits only ranks that prove its key")
+    try:
+        return read_key(cfg.rendezvous_key)
+    except (OSError, ValueError) as exc:
+        raise NodeUnfit(f"the generation's rendezvous key cannot be read: {exc}") from exc
 
 
 def wait_listening(
