@@ -88,6 +88,10 @@ class Tokens:
         generation under a key of its own, so that no token's MAC is ever a rendezvous key, nor the reverse."""
         return hmac.new(self._rendezvous_key, f"{job}\0{generation}".encode(), hashlib.sha256).hexdigest()
 
+    def rendezvous_salt(self) -> str:
+        """What makes a generation's rendezvous port unpredictable to anyone without this controller's secret."""
+        return hmac.new(self._rendezvous_key, b"ports", hashlib.sha256).hexdigest()
+
     def vm_token(self, instance: str) -> str:
         """The agent token of the VM whose provider instance id is ``instance``."""
         if not INSTANCE_ID.fullmatch(instance):

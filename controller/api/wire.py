@@ -174,4 +174,8 @@ def rank_from_pb(status: pb.TrainerStatus, error: str, held_skipped: str = "", h
     )
 
 
-_REFUSALS = {pb.TRAINER_REFUSAL_USER_INPUT: Refusal.USER_INPUT, pb.TRAINER_REFUSAL_NODE_UNFIT: Refusal.NODE_UNFIT}
+_REFUSALS = {
+    pb.TRAINER_REFUSAL_USER_INPUT: Refusal.USER_INPUT,
+    pb.TRAINER_REFUSAL_NODE_UNFIT: Refusal.NODE_UNFIT,
+    pb.TRAINER_REFUSAL_PORT_TAKEN: Refusal.PORT_TAKEN,
+}

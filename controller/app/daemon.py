@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,7 @@ class Controller:
         self.stopping = asyncio.Event()
         self.health = AsyncHealthServicer()
         self._health_updates: set[asyncio.Task[None]] = set()
-        config = reconcile_config(settings)
+        config = replace(reconcile_config(settings), rendezvous_salt=self.tokens.rendezvous_salt())
         self.runner = Runner(self.store, clock, config, provider, self.inbox, tuning, self._decisions_work)
         checkpoints = settings.checkpoint_request_seconds
         timers = TimerConfig(checkpoint_request_seconds=checkpoints, provider_poll_seconds=poll_seconds)

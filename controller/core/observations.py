@@ -16,6 +16,7 @@ class Refusal(StrEnum):
 
     USER_INPUT = "user_input"  # the job's own input (entrypoint, model, dataset): the same on every node
     NODE_UNFIT = "node_unfit"  # this node cannot run the job as asked (device cuda, its torch sees no GPU)
+    PORT_TAKEN = "port_taken"  # another process holds the generation's rendezvous port: a new port, no restart
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import IllegalTransition, JobState
 from controller.core.model import Action, RankReport, RecordEvent, StartGeneration
 from controller.core.observations import Refusal
-from controller.core.reconcile import assignment_for
+from controller.core.reconcile import Config, assignment_for
+from controller.core.reconcile.generation import rendezvous_port
 from controller.persistence.codec import job_from_dict, job_to_dict
 from tests.controller.helpers import from_old_row, job, version_9_row
 from tests.controller.test_reconcile import Sim, cluster, started
@@ -127,7 +128,13 @@ def test_the_cause_is_stored_and_shown_and_old_rows_have_none() -> None:
 
 @pytest.mark.parametrize(
     ("code", "kind", "refusal"),
-    [(2, "input", Refusal.USER_INPUT), (2, "node", Refusal.NODE_UNFIT), (2, None, None), (1, "abort", None)],
+    [
+        (2, "input", Refusal.USER_INPUT),
+        (2, "node", Refusal.NODE_UNFIT),
+        (2, "port_taken", Refusal.PORT_TAKEN),
+        (2, None, None),
+        (1, "abort", None),
+    ],
 )
 def test_the_agent_carries_the_trainers_class_of_its_exit_to_the_controller(
     code: int, kind: FailureKind | None, refusal: Refusal | None
@@ -136,3 +143,41 @@ def test_the_agent_carries_the_trainers_class_of_its_exit_to_the_controller(
     sent = trainer_status_to_pb(TrainerReport(status, pid=7, error=NO_CUDA, failure=kind))
     seen = rank_from_pb(sent, sent.error)
     assert (seen.exit_code, seen.refusal, seen.error) == (code, refusal, NO_CUDA)
+
+
+TAKEN = "the rendezvous port 10.0.0.1:29533 is taken on this node: Address already in use"
+
+
+def test_a_taken_rendezvous_port_restarts_the_generation_on_another_port_uncounted() -> None:
+    """Issue 44: a process that listened on a generation's port first made the job FAILED. Nobody's mistake:
+    the generation ends and the next meets on another port, on the same nodes, ``restarts`` unchanged."""
+    sim = started(2)
+    first = sim.job()
+    host = first.nodes[0]
+    exits(sim, host, 2, TAKEN, Refusal.PORT_TAKEN)
+    sim.step(1)
+    now = sim.job()
+    assert now.state is J.MORPHING and now.action is Action.ABORT and TAKEN in now.morph.detail
+    assert now.restarts == first.restarts and now.exclusions.nodes == ()
+    sim.beat(host, *sim.world.observed[host].ranks)  # every node heard from since the morph began
+    for name in first.nodes:
+        if name != host:
+            exits(sim, name, 1)  # aborted
+    sim.step(1)
+    second = sim.job()
+    assert second.state is J.RUNNING and second.generation == 2 and set(second.nodes) == set(first.nodes)
+    assert second.rendezvous != first.rendezvous and second.restarts == first.restarts
+
+
+def test_rendezvous_ports_follow_the_generation_and_the_controllers_salt() -> None:
+    plain = Config()
+    salted = replace(plain, rendezvous_salt="a" * 64)
+    ports = {rendezvous_port(salted, "job-1", g) for g in range(1, 40)}
+    assert len(ports) > 30 and all(plain.rendezvous_port_base <= p < 30000 for p in ports)
+    assert [rendezvous_port(salted, "job-1", g) for g in range(1, 6)] != [
+        rendezvous_port(plain, "job-1", g) for g in range(1, 6)
+    ]  # not the formula anyone could compute
+    other = replace(plain, rendezvous_salt="b" * 64)
+    assert [rendezvous_port(salted, "job-1", g) for g in range(1, 6)] != [
+        rendezvous_port(other, "job-1", g) for g in range(1, 6)
+    ]

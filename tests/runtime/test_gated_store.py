@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import signal
 import socket
@@ -200,3 +201,28 @@ def test_a_training_run_listens_on_no_wildcard_address_and_keeps_its_key_private
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+@pytest.mark.slow
+def test_a_host_rank_whose_port_is_taken_says_so_and_is_no_failed_trainer(tmp_path: Path) -> None:
+    """Exit 2 with the trainer's word ``port_taken``: the controller starts the generation on another port
+    without counting a restart (tests/controller/test_refusals.py)."""
+    from morphing.jobspec import JobSpec
+    from morphing.layout import make_layout
+    from worker_agent.contract import GenerationDir, TrainerArguments, TrainerFailed, events_of, read_progress
+
+    directory = GenerationDir(tmp_path / "gen-1")
+    directory.path.mkdir()
+    job = JobSpec(name="t", entrypoint=TINY, global_batch=4, steps=2, checkpoint_dir=str(tmp_path / "c"))
+    directory.job_file.write_text(job.model_dump_json())
+    layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
+    directory.layout_file.write_text(json.dumps(layout.to_dict()))
+    directory.write_rendezvous_key(KEY.hex())
+    squatter = bind("127.0.0.1", 0)  # another process holds the generation's port
+    port = squatter.getsockname()[1]
+    args = TrainerArguments.in_generation_dir(directory, 0, f"127.0.0.1:{port}", tmp_path / "c", host_store=True)
+    result = subprocess.run(args.command(sys.executable), capture_output=True, text=True, timeout=120, cwd=REPO)
+    squatter.close()
+    assert result.returncode == 2, result.stderr
+    [failed] = events_of(read_progress(directory.progress_file(0)), TrainerFailed)
+    assert failed.kind == "port_taken" and f"127.0.0.1:{port} is taken on this node" in failed.message

@@ -81,6 +81,8 @@ class Prepare:
 
     job_id: str
     spec: JobSpec
+
+
 RENDEZVOUS_KEY = re.compile(r"[0-9a-f]{64}")  # what the controller derives for each generation
 
 
@@ -236,6 +238,7 @@ def refusal_to_pb(report: TrainerReport) -> pb.TrainerRefusal.ValueType:
 _REFUSALS: dict[str, pb.TrainerRefusal.ValueType] = {
     "input": pb.TRAINER_REFUSAL_USER_INPUT,
     "node": pb.TRAINER_REFUSAL_NODE_UNFIT,
+    "port_taken": pb.TRAINER_REFUSAL_PORT_TAKEN,
 }
 
 

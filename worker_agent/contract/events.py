@@ -17,7 +17,9 @@ from typing import Literal, TypeVar
 
 from worker_agent.contract.hostile import HostileFile, open_regular, parse_json_bounded
 
-FailureKind = Literal["input", "node", "checkpoint", "checkpoint_damaged", "abort", "lease_expired", "fenced"]
+FailureKind = Literal[
+    "input", "node", "port_taken", "checkpoint", "checkpoint_damaged", "abort", "lease_expired", "fenced"
+]
 E = TypeVar("E")
 
 

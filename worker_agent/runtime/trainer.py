@@ -24,6 +24,7 @@ from worker_agent.runtime import held as held_mod
 from worker_agent.runtime.control import ProgressLog
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
 from worker_agent.runtime.exact import deterministic_or_refused
+from worker_agent.runtime.gated_store import PortTaken
 from worker_agent.runtime.held import Held
 from worker_agent.runtime.spool import take_over
 
@@ -61,6 +62,10 @@ def run(cfg: TrainerArguments) -> ExitCode:
     progress = ProgressLog(cfg.progress_file, cfg.rank, cfg.generation)
     try:
         return train(cfg, progress)
+    except PortTaken as exc:  # not this trainer's failure: the controller starts the generation on another port
+        print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
+        progress.emit(TrainerFailed(kind="port_taken", message=str(exc)))
+        return ExitCode.USER_ERROR
     except UserInputError as exc:  # "node": this node cannot run the job as asked; "input": no node can
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="node" if isinstance(exc, NodeUnfit) else "input", message=str(exc)))

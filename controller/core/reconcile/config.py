@@ -28,6 +28,9 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rendezvous_port_base: int = 29500
     rendezvous_port_span: int = 500
+    # Mixed into each generation's port: without it (tests) a port follows from the job and generation alone, so a
+    # local process could listen on a later generation's port first (controller.tokens.Tokens.rendezvous_salt).
+    rendezvous_salt: str = ""
     damping: Damping = field(default_factory=Damping)  # nodes that come back soon after LOST wait in JOINING
 
 

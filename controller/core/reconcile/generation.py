@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -42,6 +43,15 @@ def fail_unplannable(draft: Draft) -> None:
             draft.release_nodes(job_id, job.nodes, "job failed")
 
 
+def rendezvous_port(config: Config, job_id: str, generation: int) -> int:
+    """Generation ``generation``'s rendezvous port: another for every generation (one whose port was taken ends,
+    and the next meets elsewhere), and with the controller's salt one nobody else can tell in advance."""
+    if not config.rendezvous_salt:
+        return config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
+    digest = hashlib.sha256(f"{config.rendezvous_salt}\0{job_id}\0{generation}".encode()).digest()
+    return config.rendezvous_port_base + int.from_bytes(digest[:8], "big") % config.rendezvous_port_span
+
+
 def usable_nodes(draft: Draft, job: JobRecord, nodes: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
     """``nodes`` the job may be placed on: not held out for it, and of a device it can use."""
     return [
@@ -80,7 +90,7 @@ def start_generation(
     generation = job.generation + 1
     layout = plan.layout
     rank0 = draft.nodes[layout.placement[0].node]
-    port = config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
+    port = rendezvous_port(config, job_id, generation)
     resume, resume_generation = job.last_checkpoint_step, job.last_checkpoint_generation
     through_memory = stopped and job.spec.morph_through_memory
     stopped_at = job.hold.step or job.step  # the survivors of an unplanned loss keep the step salvaged

@@ -15,6 +15,11 @@ A trainer says whose mistake it was, and its agent carries that beside the exit 
   When every node of the generation said so, none of them can run it: the job FAILS at once, cause
   ``user_error``, the reason naming the nodes and the fix.
 
+- ``port_taken``: another process holds the generation's rendezvous port on rank 0's node (issue 44: one
+  listened on later generations' ports first). Nobody's mistake and no node's: the generation ends and the next
+  one, on another port (:func:`~controller.core.reconcile.generation.rendezvous_port`), starts on the same
+  nodes, ``restarts`` unchanged.
+
 A trainer that exited otherwise (a crash, a lost peer, exit 2 without its word) takes the old path:
 restarted up to ``max_restarts`` (:mod:`~controller.core.reconcile.morph`).
 """
@@ -42,6 +47,12 @@ def refused(draft: Draft, job_id: str) -> bool:
     )
     if not refusals:
         return False
+    taken = [(name, r) for name, r in refusals if r.refusal is Refusal.PORT_TAKEN]
+    if taken:  # nobody's mistake: the next generation has another port (the port follows the generation)
+        name, report = taken[0]
+        detail = f"{one_line(report)} (rank {report.rank} on {name}); the next generation meets on another port"
+        draft.start_morph(job_id, Action.ABORT, MorphCause.TRAINER_START_FAILED, detail)
+        return True
     own = [(name, r) for name, r in refusals if r.refusal is Refusal.USER_INPUT]
     if own:
         name, report = own[0]

@@ -117,6 +117,8 @@ class _TrainerRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Traine
     """the job's own input is wrong (entrypoint, model, dataset): so on every node"""
     TRAINER_REFUSAL_NODE_UNFIT: _TrainerRefusal.ValueType  # 2
     """this node cannot run the job as asked (device cuda, its torch sees no GPU)"""
+    TRAINER_REFUSAL_PORT_TAKEN: _TrainerRefusal.ValueType  # 3
+    """the generation's rendezvous port is held by another process on rank 0's node"""
 
 class TrainerRefusal(_TrainerRefusal, metaclass=_TrainerRefusalEnumTypeWrapper):
     """A trainer that exited 2 refused its input; the controller restarts none of these."""
@@ -127,6 +129,8 @@ TRAINER_REFUSAL_USER_INPUT: TrainerRefusal.ValueType  # 1
 """the job's own input is wrong (entrypoint, model, dataset): so on every node"""
 TRAINER_REFUSAL_NODE_UNFIT: TrainerRefusal.ValueType  # 2
 """this node cannot run the job as asked (device cuda, its torch sees no GPU)"""
+TRAINER_REFUSAL_PORT_TAKEN: TrainerRefusal.ValueType  # 3
+"""the generation's rendezvous port is held by another process on rank 0's node"""
 Global___TrainerRefusal: _TypeAlias = TrainerRefusal  # noqa: Y015
 
 @_typing.final
