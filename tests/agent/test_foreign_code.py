@@ -17,6 +17,7 @@ import pytest
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from spotmorph.local.processes import port_range_base
+from tests.agent.test_prepare import cpu_job
 from tests.runtime.helpers import REPO, wait_for
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.holders import Warm
@@ -51,18 +52,7 @@ def job_in(folder: Path, weight: float, build_seconds: float = 0.0) -> JobSpec:
     folder.mkdir(parents=True)
     (folder / "helpers.py").write_text(f"WEIGHT = {weight}\nBUILD_SECONDS = {build_seconds}\n")
     (folder / "model.py").write_text(MODEL)
-    return JobSpec(
-        name=folder.name,
-        entrypoint=f"{folder}/model.py:build",
-        global_batch=4,
-        seed=5,
-        dtype="float64",
-        device="cpu",
-        steps=STEPS,
-        checkpoint_interval=0,
-        checkpoint_dir=str(folder / "ckpt"),
-        timeout_seconds=30.0,
-    )
+    return cpu_job(folder.name, f"{folder}/model.py:build", folder / "ckpt", STEPS)
 
 
 def launch(job: JobSpec, folder: Path, port: int) -> LaunchSpec:

@@ -20,20 +20,25 @@ from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 STEPS = 6
 
 
-def launch(tmp_path: Path, name: str, port: int) -> LaunchSpec:
-    layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
-    job = JobSpec(
-        name="prepared",
-        entrypoint=TINY,
+def cpu_job(name: str, entrypoint: str, checkpoint_dir: Path, steps: int = STEPS) -> JobSpec:
+    """A small float64 job on the CPU, B=4, no periodic checkpoint."""
+    return JobSpec(
+        name=name,
+        entrypoint=entrypoint,
         global_batch=4,
         seed=5,
         dtype="float64",
         device="cpu",
-        steps=STEPS,
+        steps=steps,
         checkpoint_interval=0,
-        checkpoint_dir=str(tmp_path / name),
+        checkpoint_dir=str(checkpoint_dir),
         timeout_seconds=30.0,
     )
+
+
+def launch(tmp_path: Path, name: str, port: int) -> LaunchSpec:
+    layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
+    job = cpu_job("prepared", TINY, tmp_path / name)
     return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port}", tmp_path / name)
 
 
