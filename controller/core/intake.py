@@ -177,6 +177,8 @@ def register(
         flaps=back.flaps,
         flapped_at=back.flapped_at,
         held_until=back.held_until,
+        # The same VM's agent coming back keeps the time; another VM taking the name (or a new name) starts it.
+        name_taken_at=old.name_taken_at if old is not None and old.instance == instance else now,
     )
     commands.append(SetNode(node))
     registered = facts.NodeRegistered(incarnation, slots, address, [asdict(g) for g in gpus])

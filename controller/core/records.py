@@ -42,6 +42,9 @@ class NodeRecord:
     # A job's collective failed and this node was silent through the grace, at this time: no job gets work on it
     # until it is heard from after that (most such nodes are dead and go LOST at the heartbeat expiry).
     suspected_at: float | None = None
+    # When another VM (instance) took this name, or the name first registered: the ranks of generations issued
+    # before it were run by another machine, whose logs this incarnation may not send (controller/persistence/logs).
+    name_taken_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ class NodeFields(TypedDict, total=False):
     flapped_at: float | None
     held_until: float | None
     suspected_at: float | None
+    name_taken_at: float | None
 
 
 def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:

@@ -8,6 +8,7 @@ thread of its caller's choosing (never the event loop); log writes are serialise
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 
 from sqlalchemy import Connection, insert, select
@@ -15,14 +16,18 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core import logs
 from controller.core.logs import LogChunk, LogLine, LogStream, NotRun
-from controller.persistence.schema import assignments, log_jobs, log_lines, log_streams
+from controller.persistence.schema import assignments, generations, log_jobs, log_lines, log_streams, nodes
 
 PRUNE_BATCH = 1000  # oldest lines read at a time while pruning
 
 
 def check_ranks(conn: Connection, node: str, chunks: Sequence[LogChunk]) -> None:
-    """Every chunk is of a rank the generation placed on ``node`` (else :class:`NotRun`, naming the chunk)."""
+    """Every chunk is of a rank the generation placed on ``node`` (else :class:`NotRun`, naming the chunk), and
+    of a generation issued since the VM that sends it took the name: a VM that took a LOST node's name ran
+    none of the old node's ranks (the same VM's restarted agent did, and sends on)."""
     placed: dict[tuple[str, int], frozenset[int]] = {}
+    issued: dict[tuple[str, int], float | None] = {}
+    taken_at = _name_taken_at(conn, node)
     for i, chunk in enumerate(chunks):
         key = (chunk.job, chunk.generation)
         if key not in placed:
@@ -38,6 +43,27 @@ def check_ranks(conn: Connection, node: str, chunks: Sequence[LogChunk]) -> None
                 f"chunks[{i}].rank: {node} ran no rank {chunk.rank} of job {chunk.job} generation "
                 f"{chunk.generation}; a node sends only the logs of the ranks it ran"
             )
+        if taken_at is not None and key not in issued:
+            issued[key] = _issued_at(conn, chunk.job, chunk.generation)
+        when = issued.get(key)
+        if taken_at is not None and when is not None and when < taken_at:
+            raise NotRun(
+                f"chunks[{i}].generation: generation {chunk.generation} of job {chunk.job} was placed on {node} "
+                "before this VM took the name; a node sends only the logs of the ranks it ran"
+            )
+
+
+def _name_taken_at(conn: Connection, node: str) -> float | None:
+    raw = conn.execute(select(nodes.c.data).where(nodes.c.name == node)).scalar()
+    data = raw if isinstance(raw, dict) else json.loads(raw) if isinstance(raw, str) else {}
+    taken = data.get("name_taken_at")
+    return float(taken) if isinstance(taken, (int, float)) else None
+
+
+def _issued_at(conn: Connection, job: str, generation: int) -> float | None:
+    where = (generations.c.job == job) & (generations.c.generation == generation)
+    found = conn.execute(select(generations.c.issued_at).where(where)).scalar()
+    return None if found is None else float(found)
 
 
 def append(conn: Connection, node: str, chunks: Sequence[LogChunk], at: float) -> list[int]:

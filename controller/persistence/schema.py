@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -318,7 +318,20 @@ def _v11(conn: Connection) -> None:
     _add_column(conn, "generations", "stalled_seconds", "FLOAT")
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11)
+# Version 12's node fields, as rows older than them have them: none suspected, the name never taken over.
+NODE_FIELDS_V12: dict[str, Any] = {"suspected_at": None, "name_taken_at": None}
+
+
+def _v12(conn: Connection) -> None:
+    """Node rows gain when a salvage suspected the node and when its name was last taken by another VM."""
+    for name, raw in conn.execute(text("SELECT name, data FROM nodes")).all():
+        row = {**NODE_FIELDS_V12, **json.loads(raw)}
+        conn.execute(text("UPDATE nodes SET data = :data WHERE name = :name"), {"name": name, "data": json.dumps(row)})
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12,
+)  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -247,3 +247,23 @@ def test_a_follower_is_woken_only_by_its_own_jobs_lines(tmp_path: Path) -> None:
         book.close()
 
     asyncio.run(scenario())
+
+
+def test_a_vm_that_took_a_lost_nodes_name_cannot_append_to_the_old_nodes_logs(live_clock: Live) -> None:
+    """Issue 44: the log streams of a generation belong to the VM that ran it. Another VM that registers under a
+    LOST node's name is refused the old generation's logs (PERMISSION_DENIED); the same VM's restarted agent is
+    not (test_a_stale_incarnation_is_refused_until_it_registers_again)."""
+    live = live_clock
+    assert live.clock is not None
+    node, job, generation = running_job(live)
+    rank = node.beat().assignment.ranks[0]
+    assert send(node, pb.LogChunk(job=job, generation=generation, rank=rank, offset=0, text=b"mine\n")) == [5]
+    live.clock.at += live.controller.view.heartbeat_expiry_seconds + 1
+    live.run(live.controller.runner.tick())
+    wait_for(lambda: live.controller.view.node(node.name).state == "LOST", "the node to be LOST")  # type: ignore[union-attr]
+    other = Node(live, name=node.name, instance="vm-other")  # another VM takes the name
+    code, detail = refused(
+        lambda: send(other, pb.LogChunk(job=job, generation=generation, rank=rank, offset=5, text=b"forged\n"))
+    )
+    assert code == CODE.PERMISSION_DENIED and "chunks[0].generation" in detail and "took the name" in detail, detail
+    assert texts(watch(live, job)) == ["mine"]

@@ -17,7 +17,7 @@ from controller.core.lifecycle import ACTION_TRANSITIONS, JobState, NodeState
 from controller.core.model import Action, RankReport, SetJob, StartGeneration, Training, World, apply
 from controller.core.reconcile import Config, reconcile
 from controller.core.records import CheckpointStall, Evaluation, Exclusions, Hold, Morph
-from controller.persistence.codec import job_from_dict, job_to_dict
+from controller.persistence.codec import job_from_dict, job_to_dict, node_to_dict
 from controller.persistence.plain import RowError
 from controller.persistence.schema import JOB_FIELDS_BEFORE, legacy_morph_cause, nest_job_row
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
@@ -263,3 +263,16 @@ def test_a_damaged_version_9_row_is_refused_naming_the_field_it_lacks() -> None:
     del flat["morph_cause"]
     with pytest.raises(RowError, match=r"job\.morph: no cause"):
         job_from_dict(nest_job_row(flat))
+
+
+def test_schema_12_gives_a_version_11_node_row_its_new_fields(tmp_path: Path) -> None:
+    """A node row of version 11 lacks ``suspected_at`` and ``name_taken_at``: the codec would refuse it, the
+    migration writes them as they were before they existed (none suspected, the name never taken over)."""
+    kept = node("node-1", NodeState.READY)
+    row = {k: v for k, v in node_to_dict(kept).items() if k not in ("suspected_at", "name_taken_at")}
+    engine = create_engine(f"sqlite:///{tmp_path / 'v11.db'}")
+    migrate(engine, MIGRATIONS[:11])
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO nodes VALUES ('node-1', 1, 'READY', :data)"), {"data": json.dumps(row)})
+    engine.dispose()
+    assert Store(tmp_path / "v11.db").load()[0]["node-1"] == kept

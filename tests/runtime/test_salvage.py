@@ -13,8 +13,8 @@ hold at once instead of waiting out the peer timeout.
 from __future__ import annotations
 
 import json
-import secrets
 import os
+import secrets
 import signal
 import subprocess
 import sys

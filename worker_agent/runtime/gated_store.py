@@ -259,9 +259,12 @@ class StoreServer:
         ).start()
 
     def close(self) -> None:
+        listener = getattr(self, "_listener", None)  # None: the constructor failed before it bound
+        if listener is None:
+            return
         with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
+            listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
 
     def __del__(self) -> None:
         self.close()
