@@ -14,6 +14,7 @@ import pytest
 from spotmorph.local.cli_calls import ROOT
 from spotmorph.local.harness import LocalCluster, first_event
 from tests.browser import CHROMIUM, parse, rendered
+from tests.runtime.test_gated_store import WILDCARDS, listening_addresses, tree
 from worker_agent.contract import CheckpointWritten, EvaluationCompleted, StepCompleted
 
 pytestmark = pytest.mark.slow
@@ -35,6 +36,11 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
         seed=3,
     )
     cluster.wait_step(job, 12, 240)
+    # Nothing the cluster opened while training listens on a wildcard address (issue 44): the controller, the
+    # agents, their zygotes and trainers (the store on the rendezvous address, gloo on the node's interface).
+    pids = {pid for vm in cluster.vms() if vm.pid for pid in tree(vm.pid)} | {cluster.controller_pid() or 0}
+    listening = listening_addresses(pids)
+    assert listening and not listening & WILDCARDS, listening
     victim = cluster.job_nodes(job)[-1]
     cluster.cli("local", "preempt", victim, "--notice", "30")
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)

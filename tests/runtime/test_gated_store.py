@@ -143,6 +143,9 @@ def test_an_oversized_frame_ends_the_connection_and_a_full_store_refuses_more(se
     assert server.table.size <= 64 << 20
 
 
+WILDCARDS = frozenset({"00000000", "00000000000000000000000000000000"})  # 0.0.0.0 and :: as /proc/net shows them
+
+
 def listening_addresses(pids: set[int]) -> set[str]:
     """The local addresses the processes ``pids`` listen on (TCP), from /proc."""
     inodes: set[str] = set()
@@ -194,8 +197,7 @@ def test_a_training_run_listens_on_no_wildcard_address_and_keeps_its_key_private
             time.sleep(0.2)
         addresses = listening_addresses(tree(proc.pid))
         assert addresses, "the run's store and gloo listen somewhere"
-        wildcards = {"00000000", "00000000000000000000000000000000"}
-        assert not addresses & wildcards, addresses
+        assert not addresses & WILDCARDS, addresses
         key = run_dir / "rendezvous.key"
         assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_text()) == 64
     finally:
