@@ -26,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, machine, publish
 from bench.warm_bench import cpu_seconds
+from morphing.jobspec import JobSpec
 
 HEADING = "## Warm trainers forked from the node's zygote (`bench/zygote_bench.py`)"
 MODES = ("zygote", "interpreters")
+TAKER = "json:loads"  # the job a morph takes the warm trainers for: any that none of them built ahead
 
 
 def pss_mib(pid: int) -> float:
@@ -63,8 +65,9 @@ def one(mode: str, count: int, tmp: Path) -> dict[str, float]:
         waiting = [w.process.pid for w in supervisor.warm_trainers.waiting]
         start_cpu = sum(cpu_seconds(pid) for pid in waiting) + zygote_cpu()
         pss = statistics.median(pss_mib(pid) for pid in waiting)
+        job = JobSpec(name="bench", entrypoint=TAKER, global_batch=1, steps=1, checkpoint_dir="/nonexistent")
         for _ in range(count):  # a morph takes them (no warm trainer died unused), and its trainers end
-            taken = supervisor.warm_trainers.take()
+            taken = supervisor.warm_trainers.take("job-bench", job)  # none was told to build ahead: any fits
             assert taken is not None
             os.killpg(taken.process.pid, signal.SIGKILL)
             taken.process.wait()

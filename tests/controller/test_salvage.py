@@ -18,8 +18,8 @@ from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action, NodeObservation, RankReport, RecordEvent, StartGeneration, World
 from controller.core.reconcile import Config, assignment_for
 from morphing.layout import make_layout
-from tests.controller.helpers import job, node
-from tests.controller.test_reconcile import Sim, planner
+from tests.controller.helpers import job, node, planner
+from tests.controller.test_reconcile import Sim
 
 J, N = JobState, NodeState
 CONFIG = Config(heartbeat_expiry_seconds=10, debounce_seconds=0, suspect_grace_seconds=1.5, salvage_write_seconds=30)
