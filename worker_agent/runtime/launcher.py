@@ -1,4 +1,5 @@
-"""Run a layout on this machine: P x D trainer processes around a TCPStore hosted here.
+"""Run a layout on this machine: P x D trainer processes around a rendezvous store hosted here (loopback, a key
+drawn for the run).
 
 Each rank is a real OS process started with the same entry a worker agent uses
 (:class:`worker_agent.contract.TrainerArguments`), and the run dir is laid out as one generation dir of
