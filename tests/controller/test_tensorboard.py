@@ -140,24 +140,24 @@ def test_seen_takes_no_step_from_a_job_without_a_loss() -> None:
     assert seen(running(step=7)) == Seen(0, 0, 1)
 
 
-def open_descriptors() -> int:
-    return len(list(Path("/proc/self/fd").iterdir()))
-
-
 def test_an_ended_jobs_file_is_closed_and_at_most_max_open_stay_open(tmp_path: Path) -> None:
     """Issue 44: one file per job stayed open for the controller's life, until SubmitJob ran out of descriptors."""
     export = TensorBoardExport(tmp_path, FakeView(), lambda: 1000.0, max_open=2)
-    before = open_descriptors()
+    opened: list[Any] = []
     records = [replace(running(step=5, loss=1.0), id=f"job-{i}") for i in range(5)]
-    export.export(records)
-    assert len(export.files) == 2 and open_descriptors() == before + 2  # the least recently written closed
+    for record in records:
+        export.export([record])
+        opened.append(export.files[record.id])
+    assert list(export.files) == ["job-3", "job-4"]  # the least recently written closed
+    assert [f._file.closed for f in opened] == [True, True, True, False, False]
     export.export([replace(records[0], training=Training(0.5, 6, 12.5))])  # written again: opened again
-    assert list(export.files) == ["job-4", "job-0"]
+    assert list(export.files) == ["job-4", "job-0"] and opened[3]._file.closed
     ended = replace(records[4], state=JobState.SUCCEEDED, training=Training(0.25, 7, 12.5))
     export.export([ended])
-    assert list(export.files) == ["job-0"] and open_descriptors() == before + 1  # its last point, then closed
+    assert list(export.files) == ["job-0"] and opened[4]._file.closed  # its last point, then closed
+    reopened = export.files["job-0"]
     export.close()
-    assert open_descriptors() == before
+    assert export.files == {} and reopened._file.closed
     board = read(tmp_path / "job-4")
     assert [(e.step, e.value) for e in board.Scalars("train/loss")] == [(5, 1.0), (7, 0.25)]
     assert [(e.step, e.value) for e in read(tmp_path / "job-0").Scalars("train/loss")] == [(5, 1.0), (6, 0.5)]
