@@ -269,14 +269,19 @@ def complete_node_row(data: dict[str, Any]) -> dict[str, Any]:
     return {**NODE_FIELDS_BEFORE, **data}
 
 
+def _rewrite(conn: Connection, table: str, key: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Every row's ``data`` of ``table`` (keyed by ``key``: a name of the schema's, never input) through ``change``."""
+    for found, raw in conn.execute(text(f"SELECT {key}, data FROM {table}")).all():
+        conn.execute(
+            text(f"UPDATE {table} SET data = :data WHERE {key} = :key"),
+            {"key": found, "data": json.dumps(change(json.loads(raw)))},
+        )
+
+
 def _v9(conn: Connection) -> None:
     """Every job and node row complete: the codec reads rows strictly, history lives in migrations only."""
-    for job_id, raw in conn.execute(text("SELECT id, data FROM jobs")).all():
-        row = complete_job_row(json.loads(raw))
-        conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(row)})
-    for name, raw in conn.execute(text("SELECT name, data FROM nodes")).all():
-        row = complete_node_row(json.loads(raw))
-        conn.execute(text("UPDATE nodes SET data = :data WHERE name = :name"), {"name": name, "data": json.dumps(row)})
+    _rewrite(conn, "jobs", "id", complete_job_row)
+    _rewrite(conn, "nodes", "name", complete_node_row)
 
 
 # Version 10 groups a job's flat fields into the records they belong to: new name -> {its field: the old one}.
@@ -308,9 +313,7 @@ def nest_job_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def _v10(conn: Connection) -> None:
     """Morph state, exclusions, the salvage hold and measurements as records of their own in each job row."""
-    for job_id, raw in conn.execute(text("SELECT id, data FROM jobs")).all():
-        row = nest_job_row(json.loads(raw))
-        conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(row)})
+    _rewrite(conn, "jobs", "id", nest_job_row)
 
 
 def _v11(conn: Connection) -> None:
@@ -324,9 +327,7 @@ NODE_FIELDS_V12: dict[str, Any] = {"suspected_at": None, "name_taken_at": None}
 
 def _v12(conn: Connection) -> None:
     """Node rows gain when a salvage suspected the node and when its name was last taken by another VM."""
-    for name, raw in conn.execute(text("SELECT name, data FROM nodes")).all():
-        row = {**NODE_FIELDS_V12, **json.loads(raw)}
-        conn.execute(text("UPDATE nodes SET data = :data WHERE name = :name"), {"name": name, "data": json.dumps(row)})
+    _rewrite(conn, "nodes", "name", lambda row: {**NODE_FIELDS_V12, **row})
 
 
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -214,6 +215,18 @@ def test_events_written_before_decisions_were_numbered_have_none(tmp_path: Path)
     assert [e.decision for e in store.events()] == [None, decided]
 
 
+def stored_at(tmp_path: Path, version: int, insert: str, data: dict[str, Any]) -> Store:
+    """A state database of schema ``version`` holding one row as that version wrote it (``insert`` with its
+    ``:data``), opened (so migrated to today's schema) by the store."""
+    path = tmp_path / f"v{version}.db"
+    engine = create_engine(f"sqlite:///{path}")
+    migrate(engine, MIGRATIONS[:version])
+    with engine.begin() as conn:
+        conn.execute(text(insert), {"data": json.dumps(data)})
+    engine.dispose()
+    return Store(path)
+
+
 def test_the_job_codec_reads_rows_strictly_and_a_migration_completes_older_ones(tmp_path: Path) -> None:
     """One migration path: the codec has no defaults for absent fields; schema 9 writes them into old rows."""
     kept = replace(job("job-1"), exclusions=Exclusions(nodes=("node-2",)), morph=Morph(cause=MorphCause.GROW))
@@ -225,14 +238,9 @@ def test_the_job_codec_reads_rows_strictly_and_a_migration_completes_older_ones(
             job_from_dict(lacking)
     with pytest.raises(RowError, match=r"job\.exclusions\.nodes: expected a list"):
         job_from_dict({**row, "exclusions": {**row["exclusions"], "nodes": "node-2"}})
-    engine = create_engine(f"sqlite:///{tmp_path / 'v8.db'}")
-    migrate(engine, MIGRATIONS[:8])
     oldest = {k: v for k, v in row.items() if k in ("id", "spec", "state", "submitted_at", "state_since", "action")}
     oldest |= {"morph_cause": "", "training": {"loss": 2.5, "step": 7}}  # what rows of long ago held
-    with engine.begin() as conn:
-        conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'QUEUED', 1, :data)"), {"data": json.dumps(oldest)})
-    engine.dispose()
-    loaded = Store(tmp_path / "v8.db").load()[1]["job-1"]
+    loaded = stored_at(tmp_path, 8, "INSERT INTO jobs VALUES ('job-1', 'QUEUED', 1, :data)", oldest).load()[1]["job-1"]
     assert loaded == replace(job("job-1"), training=Training(loss=2.5, step=7))
 
 
@@ -250,12 +258,8 @@ def test_schema_10_nests_a_version_9_job_row_keeping_every_value(tmp_path: Path)
     )
     flat = version_9_row(kept)
     assert set(flat) == {*JOB_FIELDS_BEFORE, "id", "spec", "state", "submitted_at", "state_since"}  # version 9's
-    engine = create_engine(f"sqlite:///{tmp_path / 'v9.db'}")
-    migrate(engine, MIGRATIONS[:9])
-    with engine.begin() as conn:
-        conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)"), {"data": json.dumps(flat)})
-    engine.dispose()
-    assert Store(tmp_path / "v9.db").load()[1]["job-1"] == kept
+    stored = stored_at(tmp_path, 9, "INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)", flat)
+    assert stored.load()[1]["job-1"] == kept
 
 
 def test_a_damaged_version_9_row_is_refused_naming_the_field_it_lacks() -> None:
@@ -270,9 +274,5 @@ def test_schema_12_gives_a_version_11_node_row_its_new_fields(tmp_path: Path) ->
     migration writes them as they were before they existed (none suspected, the name never taken over)."""
     kept = node("node-1", NodeState.READY)
     row = {k: v for k, v in node_to_dict(kept).items() if k not in ("suspected_at", "name_taken_at")}
-    engine = create_engine(f"sqlite:///{tmp_path / 'v11.db'}")
-    migrate(engine, MIGRATIONS[:11])
-    with engine.begin() as conn:
-        conn.execute(text("INSERT INTO nodes VALUES ('node-1', 1, 'READY', :data)"), {"data": json.dumps(row)})
-    engine.dispose()
-    assert Store(tmp_path / "v11.db").load()[0]["node-1"] == kept
+    stored = stored_at(tmp_path, 11, "INSERT INTO nodes VALUES ('node-1', 1, 'READY', :data)", row)
+    assert stored.load()[0]["node-1"] == kept

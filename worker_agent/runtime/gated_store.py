@@ -75,9 +75,15 @@ def _mac(key: bytes, side: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(key, MAGIC + side + first + second, hashlib.sha256).digest()
 
 
-def _exact(sock: socket.socket, size: int) -> bytes:
+def _exact(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
+    """``size`` bytes; with ``deadline`` (monotonic), before it, however slowly they trickle in."""
     data = bytearray()
     while len(data) < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the handshake took too long")
+            sock.settimeout(left)
         chunk = sock.recv(size - len(data))
         if not chunk:
             raise ConnectionError("the connection closed")
@@ -122,21 +128,6 @@ def bind(host: str, port: int) -> socket.socket:
             raise PortTaken(exc.errno, taken) from exc
         raise
     return sock
-
-
-def _exact_by(sock: socket.socket, size: int, deadline: float) -> bytes:
-    """``size`` bytes before ``deadline`` (monotonic), however slowly they trickle in."""
-    data = bytearray()
-    while len(data) < size:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the handshake took too long")
-        sock.settimeout(left)
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("the connection closed")
-        data += chunk
-    return bytes(data)
 
 
 class Table:
@@ -212,7 +203,7 @@ def _handshake_as_server(conn: socket.socket, key: bytes) -> bool:
     ours = os.urandom(NONCE_BYTES)
     conn.settimeout(HANDSHAKE_SECONDS)
     conn.sendall(MAGIC + ours)
-    reply = _exact_by(conn, 2 * NONCE_BYTES, deadline)
+    reply = _exact(conn, 2 * NONCE_BYTES, deadline)
     theirs, mac = reply[:NONCE_BYTES], reply[NONCE_BYTES:]
     if not hmac.compare_digest(mac, _mac(key, b"client", ours, theirs)):
         return False
@@ -287,12 +278,12 @@ class GatedStore(dist.Store):  # type: ignore[misc,name-defined]  # torch's pybi
             conn = socket.create_connection(self._address, timeout=HANDSHAKE_SECONDS)
             deadline = time.monotonic() + HANDSHAKE_SECONDS
             try:
-                hello = _exact_by(conn, len(MAGIC) + NONCE_BYTES, deadline)
+                hello = _exact(conn, len(MAGIC) + NONCE_BYTES, deadline)
                 if hello[: len(MAGIC)] != MAGIC:
                     raise StoreAuthFailed(f"{self._where()} is not a spotmorph rendezvous store")
                 theirs, ours = hello[len(MAGIC) :], os.urandom(NONCE_BYTES)
                 conn.sendall(ours + _mac(self._key, b"client", theirs, ours))
-                proof = _exact_by(conn, hashlib.sha256().digest_size, deadline)
+                proof = _exact(conn, hashlib.sha256().digest_size, deadline)
             except (OSError, ConnectionError) as exc:
                 conn.close()
                 raise StoreAuthFailed(f"{self._where()} refused this generation's key: {exc}") from exc
