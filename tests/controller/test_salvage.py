@@ -101,7 +101,11 @@ def test_a_killed_node_is_suspected_and_the_held_step_is_salvaged_before_any_exp
     assert (j.state, j.generation, j.resume_step, j.steps_lost) == (J.RUNNING, 2, 42, 0)
     assert j.layout is not None and "node-2" not in j.layout.nodes()
     issued = next(c for c in sim.log if isinstance(c, StartGeneration))
-    assert (issued.resume_step, issued.morph_cause) == (42, MorphCause.COLLECTIVE_FAILED)
+    assert (issued.resume_step, issued.morph_cause) == (42, MorphCause.NODE_LOST)
+    # The node that died is the cause; node-1, whose collective failed first, only noticed.
+    assert issued.morph_detail.startswith("node-2 lost without notice; "), issued.morph_detail
+    assert "noticed by node-1 (rank 0, stage 0, replica 0)" in issued.morph_detail, issued.morph_detail
+    assert "node-2" in j.reason and j.reason.index("node-2") < j.reason.index("node-1"), j.reason
     assert event(sim, EventKind.SALVAGE_ENDED).data["reason"] == SalvageOutcome.COMMITTED
     order_of = [
         k
@@ -233,7 +237,7 @@ def test_with_morph_through_memory_the_survivors_keep_the_step_and_the_next_gene
     assert (j.state, j.generation, j.resume_step, j.held_step, j.held_generation) == (J.RUNNING, 2, 30, 42, 1)
     assert j.steps_lost == 0 and j.layout is not None and "node-2" not in j.layout.nodes()
     issued = next(c for c in sim.log if isinstance(c, StartGeneration))
-    assert (issued.held_step, issued.resume_step, issued.morph_cause) == (42, 30, MorphCause.COLLECTIVE_FAILED)
+    assert (issued.held_step, issued.resume_step, issued.morph_cause) == (42, 30, MorphCause.NODE_LOST)
 
 
 def test_a_kept_step_counts_the_steps_past_it_as_lost() -> None:

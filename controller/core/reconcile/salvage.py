@@ -7,7 +7,8 @@ morphs with action HOLD, with ``morph.started_at`` as the time of the failure; t
 
 1. **suspect**: a node of the generation that neither reported a failed collective (or an exit) nor was
    heard from since the first report, once ``suspect_grace_seconds`` have passed, is taken for lost
-   (``NodesSuspected``) and left out of g+1;
+   (``NodesSuspected``) and left out of g+1; the morph's cause becomes ``node_lost`` naming it (the
+   survivor whose collective failed only noticed, and the detail says so after the lost node's name);
    the ranks of the nodes heard from have until the grace plus the job's ``peer_timeout_seconds`` to
    report the step they hold (or exit);
 2. **choose**: the newest step ``S`` that every pipeline stage has a holder of; one writer per stage (the
@@ -31,7 +32,7 @@ the peer timeout) counts as a restart, bounded by ``max_restarts`` like any trai
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from controller.core import facts
@@ -41,7 +42,7 @@ from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports, observation
-from controller.core.records import JobFields
+from controller.core.records import JobFields, Morph
 
 DEADLINE_MARGIN_SECONDS = 2.0  # past the writers' deadline: what a late report may still need
 
@@ -59,8 +60,9 @@ def first_failure(draft: Draft, job_id: str) -> bool:
         return False
     name, report = found
     replica, stage = job.layout.coords(report.rank)
-    where = f"rank {report.rank}, stage {stage}, replica {replica}"
-    detail = f"collective failed on {name} ({where}) after step {report.held_step}"
+    # The node that noticed is a survivor: the detail says so, and names the lost node once it is suspected.
+    detail = f"collective failed after step {report.held_step}, noticed by {name} (rank {report.rank}, stage {stage}"
+    detail += f", replica {replica})"
     draft.event(facts.CollectiveFailed(job.generation, report.rank, stage, replica, report.held_step), job_id, name)
     draft.start_morph(job_id, Action.HOLD, MorphCause.COLLECTIVE_FAILED, detail)
     return True
@@ -105,12 +107,13 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
     patience = config.suspect_grace_seconds + job.spec.peer_timeout_seconds
     if not on_heard <= accounted and waited < patience:
         return
-    if suspected:
-        draft.event(facts.NodesSuspected(job.generation, list(suspected)), job.id)
-        suspect(draft, suspected)
     hold = replace(job.hold, suspected=suspected)
     excluded = tuple(sorted({*job.exclusions.nodes, *suspected}))
     fields: JobFields = {"hold": hold, "exclusions": replace(job.exclusions, nodes=excluded)}
+    if suspected:
+        draft.event(facts.NodesSuspected(job.generation, list(suspected)), job.id)
+        suspect(draft, suspected)
+        fields["morph"] = blamed(job, suspected)
     if not suspected:  # nothing was lost: a trainer failed or a step outlived the peer timeout
         if job.restarts + 1 > job.spec.max_restarts:
             draft.move_job(
@@ -167,13 +170,14 @@ def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
         fields: JobFields = {}
         if gone:  # lost in the write: the generation does not wait for them, and g+1 leaves them out
             newly = [n for n in gone if n not in hold.suspected]
-            if newly:
-                draft.event(facts.NodesSuspected(job.generation, newly), job.id)
-                suspect(draft, newly)
             fields = {
                 "hold": replace(hold, suspected=tuple(sorted({*hold.suspected, *gone}))),
                 "exclusions": replace(job.exclusions, nodes=tuple(sorted({*job.exclusions.nodes, *gone}))),
             }
+            if newly:
+                draft.event(facts.NodesSuspected(job.generation, newly), job.id)
+                suspect(draft, newly)
+                fields["morph"] = blamed(job, newly)
         _fall_back(draft, job, SalvageOutcome.WRITER_FAILED, fields, hold.step, failed, gone)
     elif draft.now > hold.deadline + DEADLINE_MARGIN_SECONDS:
         _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, hold.step)
@@ -201,6 +205,14 @@ def _fall_back(
     )
     draft.event(ended, job.id)
     draft.act(job.id, Action.ABORT, f"{reason}: resuming from step {job.last_checkpoint_step}", **fields)
+
+
+def blamed(job: JobRecord, lost: Sequence[str]) -> Morph:
+    """The job's morph caused by the nodes ``lost`` (suspected, then LOST at the heartbeat expiry), not by the
+    survivor whose collective failed first: the cause a user reads names the node that died; the survivor that
+    noticed stays in the detail after it."""
+    named = ", ".join(lost)
+    return replace(job.morph, cause=MorphCause.NODE_LOST, detail=f"{named} lost without notice; {job.morph.detail}")
 
 
 def suspect(draft: Draft, names: Iterable[str]) -> None:
