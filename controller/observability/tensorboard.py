@@ -1,9 +1,10 @@
 """Per job, TensorBoard event files under ``--tensorboard-dir/<job id>/``, from what the controller already holds.
 
 Each commit, every job record is compared with the one last exported (:func:`points`, pure): a newer
-training step writes ``train/loss`` and ``train/samples_per_second``, a newer evaluation ``eval/loss``,
-and a new generation its layout (``layout/stages``, ``layout/replicas``, ``layout/gpus``,
-``layout/micro_batch_size``) and a text marker under ``morphs`` with the reason the job record gives.
+training step writes ``train/loss``, ``train/samples_per_second`` and the layout that ran it
+(``layout/stages``, ``layout/replicas``, ``layout/gpus``, ``layout/micro_batch_size``: a step function
+whose jumps are the morphs), a newer evaluation ``eval/loss``, and a new generation a text marker under
+``morphs`` with the reason the job record gives.
 Points start from when the controller started exporting (a restarted controller adds a file, never
 repeats a point); ``tensorboard --logdir DIR`` shows one run per job.
 """
@@ -28,6 +29,10 @@ MAX_OPEN_FILES = 64  # event files open at once (running jobs written to recentl
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
+Shape = tuple[int, int, int, int]  # stages, replicas, GPUs, micro-batch size
+LAYOUT_TAGS = ("layout/stages", "layout/replicas", "layout/gpus", "layout/micro_batch_size")
+
+
 @dataclass(frozen=True)
 class Seen:
     """What was last exported of one job."""
@@ -35,6 +40,7 @@ class Seen:
     step: int
     eval_step: int
     generation: int
+    shape: Shape | None = None  # the layout of ``generation``
 
 
 @dataclass(frozen=True)
@@ -45,43 +51,62 @@ class Point:
     text: str | None = None  # a text marker
 
 
+def shape(job: JobRecord) -> Shape | None:
+    layout = job.layout
+    if layout is None:
+        return None
+    stages, replicas = layout.pipeline_stages, layout.data_parallel
+    return stages, replicas, stages * replicas, layout.micro_batch_size
+
+
 def seen(job: JobRecord) -> Seen:
-    return Seen(job.training.step if job.training.loss is not None else 0, job.evaluation.step or 0, job.generation)
+    step = job.training.step if job.training.loss is not None else 0
+    return Seen(step, job.evaluation.step or 0, job.generation, shape(job))
 
 
 def later(before: Seen | None, now: Seen) -> Seen:
     """The newest of each: a generation that resumed from an earlier step rewrites no point already written."""
     if before is None:
         return now
+    newer = now if now.generation >= before.generation else before
     return Seen(
-        max(before.step, now.step), max(before.eval_step, now.eval_step), max(before.generation, now.generation)
+        max(before.step, now.step), max(before.eval_step, now.eval_step), newer.generation, newer.shape or before.shape
     )
 
 
+def _layout(step: int, values: Shape | None) -> list[Point]:
+    return [] if values is None else [Point(tag, step, value) for tag, value in zip(LAYOUT_TAGS, values, strict=True)]
+
+
 def points(before: Seen | None, job: JobRecord) -> list[Point]:
-    """What changed in ``job`` since ``before`` (None: nothing exported of it yet), as TensorBoard points."""
+    """What changed in ``job`` since ``before`` (None: nothing exported of it yet), as TensorBoard points.
+
+    The layout goes with every training step written, so TensorBoard draws a step function (flat between
+    morphs, not a diagonal from one morph to the next): the layout of the generation that reported the step
+    (the last step of the one before a morph keeps its own). A new generation also writes its layout at the
+    step it starts from when that is past every step written (no tag's steps go backwards)."""
     out: list[Point] = []
-    training = job.training
-    if training.loss is not None and training.step > (before.step if before else 0):
+    training, last = job.training, before.step if before else 0
+    new_generation = job.layout is not None and job.generation > (before.generation if before else 0)
+    at = max(job.resume_step, job.held_step)  # where a new generation starts: its checkpoint, or the memory held
+    floor = last if before is not None and (last or before.shape) else -1  # a layout point may be there
+    shapes: dict[int, Shape | None] = {at: shape(job)} if new_generation and at > floor else {}
+    if training.loss is not None and training.step > last:
         out.append(Point("train/loss", training.step, training.loss))
         if training.samples_per_second is not None:
             out.append(Point("train/samples_per_second", training.step, training.samples_per_second))
+        older = new_generation and 0 < training.generation < job.generation
+        shapes[training.step] = (before.shape if older and before else None) or shape(job)
+    for step in sorted(shapes):
+        out += _layout(step, shapes[step])
     if (
         job.evaluation.loss is not None
         and job.evaluation.step
         and job.evaluation.step > (before.eval_step if before else 0)
     ):
         out.append(Point("eval/loss", job.evaluation.step, job.evaluation.loss))
-    layout = job.layout
-    if layout is not None and job.generation > (before.generation if before else 0):
-        at = max(job.resume_step, job.held_step)  # the step it starts from: its checkpoint, or the memory held
-        out += [
-            Point("layout/stages", at, layout.pipeline_stages),
-            Point("layout/replicas", at, layout.data_parallel),
-            Point("layout/gpus", at, layout.pipeline_stages * layout.data_parallel),
-            Point("layout/micro_batch_size", at, layout.micro_batch_size),
-            Point("morphs", at, text=f"generation {job.generation} from step {at}: {job.reason}"),
-        ]
+    if new_generation:
+        out.append(Point("morphs", at, text=f"generation {job.generation} from step {at}: {job.reason}"))
     return out
 
 

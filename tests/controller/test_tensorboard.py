@@ -7,6 +7,7 @@ tests/e2e/test_eval_and_pause.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -59,12 +60,17 @@ def test_the_checksum_is_crc32c() -> None:
 def test_a_new_generation_writes_its_layout_and_a_marker_and_a_new_step_its_loss() -> None:
     first = points(None, running(step=10, loss=2.5, reason="generation 1: 2x2 (P x D), m=2 (admitted)"))
     assert Point("train/loss", 10, 2.5) in first and Point("train/samples_per_second", 10, 12.5) in first
-    assert Point("layout/gpus", 0, 4) in first and Point("layout/stages", 0, 2) in first
+    assert Point("layout/gpus", 0, 4) in first and Point("layout/stages", 0, 2) in first  # where it starts
+    assert Point("layout/gpus", 10, 4) in first and Point("layout/micro_batch_size", 10, 2) in first
     assert Point("morphs", 0, text="generation 1 from step 0: generation 1: 2x2 (P x D), m=2 (admitted)") in first
     assert points(Seen(10, 0, 1), running(step=10, loss=2.5)) == []  # nothing new: nothing written
     assert points(Seen(10, 0, 1), running(step=11, loss=2.4)) == [
         Point("train/loss", 11, 2.4),
         Point("train/samples_per_second", 11, 12.5),
+        Point("layout/stages", 11, 2),
+        Point("layout/replicas", 11, 2),
+        Point("layout/gpus", 11, 4),
+        Point("layout/micro_batch_size", 11, 2),
     ]
     evaluated = points(Seen(11, 0, 1), running(step=11, loss=2.4, evaluation=Evaluation(11, 2.9)))
     assert evaluated == [Point("eval/loss", 11, 2.9)]
@@ -92,7 +98,7 @@ def test_files_read_back_with_tensorboard_and_a_restart_repeats_nothing(tmp_path
     view = FakeView(running(step=10, loss=2.0))
     export = TensorBoardExport(tmp_path, view, lambda: 1000.0)
     assert export.export(view.jobs()) == 0  # what was there at start is not exported: from now on
-    assert export.export([job_at]) == 2
+    assert export.export([job_at]) == 6  # its loss, its rate and the layout that ran it
     export.export([replace(running(step=20, loss=1.75, generation=2, resume_step=20), reason="grow")])
     export.close()
     again = TensorBoardExport(tmp_path, FakeView(job_at), lambda: 2000.0)  # a restarted controller
@@ -101,7 +107,7 @@ def test_files_read_back_with_tensorboard_and_a_restart_repeats_nothing(tmp_path
     again.close()
     board = read(tmp_path / "job-1")
     assert [(e.step, e.value) for e in board.Scalars("train/loss")] == [(20, 1.75), (21, 1.5)]
-    assert [(e.step, e.value) for e in board.Scalars("layout/gpus")] == [(20, 4.0)]
+    assert [(e.step, e.value) for e in board.Scalars("layout/gpus")] == [(20, 4.0), (21, 4.0)]
     [marker] = board.Tensors("morphs")
     assert (marker.step, marker.tensor_proto.string_val) == (20, [b"generation 2 from step 20: grow"])
     assert len(list((tmp_path / "job-1").iterdir())) == 2  # one file per controller run
@@ -137,7 +143,7 @@ def test_a_torn_last_record_is_skipped_by_the_reader_and_the_rest_still_read(tmp
 
 
 def test_seen_takes_no_step_from_a_job_without_a_loss() -> None:
-    assert seen(running(step=7)) == Seen(0, 0, 1)
+    assert seen(running(step=7)) == Seen(0, 0, 1, (2, 2, 4, 2))
 
 
 def test_an_ended_jobs_file_is_closed_and_at_most_max_open_stay_open(tmp_path: Path) -> None:
@@ -161,3 +167,41 @@ def test_an_ended_jobs_file_is_closed_and_at_most_max_open_stay_open(tmp_path: P
     board = read(tmp_path / "job-4")
     assert [(e.step, e.value) for e in board.Scalars("train/loss")] == [(5, 1.0), (7, 0.25)]
     assert [(e.step, e.value) for e in read(tmp_path / "job-0").Scalars("train/loss")] == [(5, 1.0), (6, 0.5)]
+
+
+def test_the_layout_is_written_at_every_logged_step_and_jumps_only_at_morphs(tmp_path: Path) -> None:
+    """Issue 45: written only at each morph, TensorBoard drew diagonals from one layout to the next."""
+    narrow = make_layout(num_layers=6, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=8)
+    deep = make_layout(num_layers=6, pipeline_stages=3, data_parallel=1, micro_batch_size=4, global_batch=8)
+    export = TensorBoardExport(tmp_path, FakeView(), lambda: 1000.0)
+
+    def at(step: int, generation: int, layout: Any, by: int | None = None, **fields: Any) -> JobRecord:
+        record = job("job-1", JobState.RUNNING, generation=generation, layout=layout, **fields)
+        return replace(record, training=Training(3.0 - step / 100, step, 50.0, generation=by or generation))
+
+    for step in range(1, 31):
+        export.export([at(step, 1, LAYOUT)])
+    export.export([at(30, 2, narrow, by=1, held_step=30, reason="eviction")])  # issued; no new step yet
+    for step in range(31, 60):
+        export.export([at(step, 2, narrow, held_step=30)])
+    # Generation 2's last step is heard in the same commit that issues 3, from its checkpoint at step 50.
+    export.export([at(60, 3, deep, by=2, resume_step=50, reason="grow")])
+    for step in range(51, 81):  # it redoes 51..60: those steps are written once, by generation 2
+        export.export([at(step, 3, deep, resume_step=50)])
+    export.close()
+    board = read(tmp_path / "job-1")
+    logged = [e.step for e in board.Scalars("train/loss")]
+    assert logged == list(range(1, 81))
+    for tag, values in (
+        ("layout/gpus", (4, 2, 3)),
+        ("layout/stages", (2, 1, 3)),
+        ("layout/micro_batch_size", (2, 2, 4)),
+    ):
+        written = {e.step: e.value for e in board.Scalars(tag)}
+        assert [e.step for e in board.Scalars(tag)] == [0, *logged]  # from where generation 1 started, in order
+        assert all(written[s] == values[0] for s in range(0, 31)), tag
+        assert all(written[s] == values[1] for s in range(31, 61)), tag
+        assert all(written[s] == values[2] for s in range(61, 81)), tag
+    gpus = [e.value for e in board.Scalars("layout/gpus")]
+    assert sum(a != b for a, b in itertools.pairwise(gpus)) == 2  # a step function: it jumps at the two morphs only
+    assert [m.step for m in board.Tensors("morphs")] == [0, 30, 50]
