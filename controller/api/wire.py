@@ -53,6 +53,7 @@ def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.J
             seconds=g.morph_seconds or 0.0,
             pause_seconds=g.pause_seconds,
             stalled_seconds=g.stalled_seconds,
+            resumed_at_step=g.resumed_at_step,
         )
         for g in generations
         if g.morph_seconds is not None

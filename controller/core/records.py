@@ -142,6 +142,12 @@ class JobRecord:
     def nodes(self) -> tuple[str, ...]:
         return self.layout.nodes() if self.layout else ()
 
+    @property
+    def resumed_at_step(self) -> int:
+        """The step ``generation`` started from: the memory it took, or its checkpoint (one definition for status,
+        the dashboard, TensorBoard and metrics; ``GenerationRow.resumed_at_step`` is the same for past ones)."""
+        return max(self.resume_step, self.held_step)
+
 
 class JobFields(TypedDict, total=False):
     """The keywords ``act`` and ``amend`` take for a job: its fields but the ones that name it and the ones only

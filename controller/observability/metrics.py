@@ -111,8 +111,8 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
             stall.add_metric([job.id], job.checkpoint_stall.seconds)
             stall_step.add_metric([job.id], job.checkpoint_stall.step)
         elapsed = snapshot.now - job.state_since
-        if job.state is JobState.RUNNING and elapsed > 0 and job.step > job.resume_step:
-            rate.add_metric([job.id], (job.step - job.resume_step) * job.spec.global_batch / elapsed)
+        if job.state is JobState.RUNNING and elapsed > 0 and job.step > job.resumed_at_step:
+            rate.add_metric([job.id], (job.step - job.resumed_at_step) * job.spec.global_batch / elapsed)
     yield lost
     yield rate
     yield eval_loss

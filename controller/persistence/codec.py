@@ -38,6 +38,13 @@ class GenerationRow:
     morph_cause: MorphCause  # the label metrics count by
     pause_seconds: float | None = None  # last step before the morph to the first after it (None: not yet)
     stalled_seconds: float | None = None  # ... to the first after it begun (None: not yet, or unsaid)
+    held_step: int = 0  # taken from the previous generation's memory (0: none; resume_step was loaded)
+
+    @property
+    def resumed_at_step(self) -> int:
+        """The step it started from (its first step is the next): the memory it took, or its checkpoint.
+        Status, the dashboard, TensorBoard and the demo all show this one."""
+        return max(self.resume_step, self.held_step)
 
 
 def node_to_dict(node: NodeRecord) -> dict[str, Any]:
@@ -79,6 +86,7 @@ def generation_from_row(row: Row[Any]) -> GenerationRow:
         cause,
         r.pause_seconds,
         r.stalled_seconds,
+        r.held_step or 0,
     )
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -70,6 +70,7 @@ generations = Table(
     Column("morph_cause", String),  # a MorphCause value; added by _v3 (nullable, as SQLite adds columns)
     Column("pause_seconds", Float),  # the pause training felt (added by _v5; NULL until the first step)
     Column("stalled_seconds", Float),  # of it, until the first step began (added by _v11; NULL: unsaid)
+    Column("held_step", Integer),  # taken from the previous generation's memory (added by _v13; NULL/0: none)
 )
 assignments = Table(
     "assignments",
@@ -330,8 +331,25 @@ def _v12(conn: Connection) -> None:
     _rewrite(conn, "nodes", "name", lambda row: {**NODE_FIELDS_V12, **row})
 
 
+def _v13(conn: Connection) -> None:
+    """Generations keep the step they took from their predecessors' memory: the step they resumed at is the
+    larger of it and their checkpoint's, one definition for every surface. Older rows get it from their
+    ``GenerationIssued`` event where retention kept it (none: the checkpoint's step, as those rows showed)."""
+    _add_column(conn, "generations", "held_step", "INTEGER")
+    issued = conn.execute(select(events.c.job, events.c.data).where(events.c.kind == "GenerationIssued")).all()
+    held = [
+        {"job": job, "generation": data["generation"], "held": data["held_step"]}
+        for job, data in issued
+        if isinstance(data, dict) and isinstance(data.get("held_step"), int) and isinstance(data.get("generation"), int)
+    ]
+    if held:
+        conn.execute(
+            text("UPDATE generations SET held_step = :held WHERE job = :job AND generation = :generation"), held
+        )
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12,
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -259,6 +259,7 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
                 generation=command.generation,
                 layout=layout.to_dict(),
                 resume_step=command.resume_step,
+                held_step=command.held_step,
                 cause=command.morph_detail,
                 morph_seconds=command.morph_seconds,
                 issued_at=command.at,

@@ -185,6 +185,8 @@ def test_a_morphs_pause_reaches_status_metrics_and_the_event_log(live: Live) -> 
     assert (morph["pause_seconds"], morph["stalled_seconds"]) == (4.75, 1.25) and morph["seconds"] >= 0
     assert "training paused 4.8 s (1.2 s stalled, then the first step)" in morph_line(morph)
     assert "decided in" in morph_line(morph)
+    assert morph["resumed_at_step"] == max(assignment.resume_step, assignment.held_step) == 31
+    assert "morph to generation 2, resumed at step 31: training paused" in morph_line(morph)
     samples = parse(live.scrape())
     assert samples["spotmorph_morph_pause_seconds_count"][()] == 1
     assert samples["spotmorph_morph_pause_seconds_sum"][()] == 4.75

@@ -128,6 +128,7 @@ def _legacy_database(path: Path) -> None:
         conn.execute(text("ALTER TABLE generations DROP COLUMN morph_cause"))
         conn.execute(text("ALTER TABLE generations DROP COLUMN pause_seconds"))
         conn.execute(text("ALTER TABLE generations DROP COLUMN stalled_seconds"))
+        conn.execute(text("ALTER TABLE generations DROP COLUMN held_step"))
         conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)"), {"data": json.dumps(old)})
         for generation, words in enumerate(["admitted", "eviction notice: node-2", "grow: 3 vs 2", "why not"], 1):
             conn.execute(
@@ -225,6 +226,31 @@ def stored_at(tmp_path: Path, version: int, insert: str, data: dict[str, Any]) -
         conn.execute(text(insert), {"data": json.dumps(data)})
     engine.dispose()
     return Store(path)
+
+
+def test_schema_13_gives_old_generations_the_step_they_held_from_their_issue_events(tmp_path: Path) -> None:
+    """A generation that took step 159 from memory resumed at 159, not at its checkpoint's 140, on every surface."""
+    path = tmp_path / "v12.db"
+    engine = create_engine(f"sqlite:///{path}")
+    migrate(engine, MIGRATIONS[:12])
+    layout = json.dumps({"unused": True})
+    issued = [{"generation": 2, "resume_step": 140, "held_step": 159}, {"generation": 3, "resume_step": 180}]
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE generations DROP COLUMN held_step"))  # as version 12 wrote the table
+        for generation in (1, 2, 3):
+            conn.execute(
+                text("INSERT INTO generations VALUES ('j', :g, :layout, :r, 'why', 1.0, 10.0, 'other', NULL, NULL)"),
+                {"g": generation, "layout": layout, "r": {1: 0, 2: 140, 3: 180}[generation]},
+            )
+        for data in [*issued, {"generation": "2", "held_step": 999}, ["not", "a", "dict"]]:  # hostile rows: skipped
+            conn.execute(
+                text("INSERT INTO events (at, kind, job, data) VALUES (1.0, 'GenerationIssued', 'j', :data)"),
+                {"data": json.dumps(data)},
+            )
+    engine.dispose()
+    rows = Store(path).generations("j")
+    found = [(g.resume_step, g.held_step, g.resumed_at_step) for g in rows]
+    assert found == [(0, 0, 0), (140, 159, 159), (180, 0, 180)]
 
 
 def test_the_job_codec_reads_rows_strictly_and_a_migration_completes_older_ones(tmp_path: Path) -> None:

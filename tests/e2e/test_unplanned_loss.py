@@ -59,6 +59,12 @@ def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
     assert first < kinds.index("NodesSuspected") < issued
     assert not lost or lost[0] > issued, "the next generation waited for the heartbeat expiry"
     resume_step = int(events[issued]["data"]["resume_step"])
+    # What the user reads names the node that died, not the survivor that noticed, on every surface.
+    assert events[issued]["data"]["morph_cause"] == "node_lost", events[issued]
+    morph = next(m for m in final["morphs"] if m["generation"] == 2)
+    assert morph["cause"].startswith(f"{victim} lost without notice; "), morph
+    assert f"noticed by {events[first]['node']}" in morph["cause"] and events[first]["node"] != victim, morph
+    assert morph["resumed_at_step"] == max(resume_step, int(events[issued]["data"].get("held_step", 0))), morph
     if path == "memory":  # the survivor held a replica of every stage, and no checkpoint is near the kill
         assert ended["data"]["reason"] == "in_memory", ended
         assert "SalvageOrdered" not in kinds, kinds  # nothing written before generation 2

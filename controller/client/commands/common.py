@@ -43,7 +43,8 @@ def add_client_arguments(parser: argparse.ArgumentParser, json_flag: bool = True
 
 
 def call(args: argparse.Namespace, make: Callable[[Any], T]) -> tuple[T | None, int]:
-    """Run ``make(channel)``; RPC errors become one line on stderr and a documented exit code."""
+    """Run ``make(channel)`` once the controller answers (``make`` may do slow local work first, such as
+    building a model); no answer and RPC errors become one line on stderr and a documented exit code."""
     import grpc
 
     from controller.client import connection as client
@@ -59,7 +60,11 @@ def call(args: argparse.Namespace, make: Callable[[Any], T]) -> tuple[T | None, 
         grpc.StatusCode.FAILED_PRECONDITION: EXIT_STATE,
     }
     try:
+        client.wait_until_answers(channel, address, client.address_source(args.controller))
         return make(channel), 0
+    except client.ControllerUnreachable as exc:
+        print(f"spotmorph {args.command}: {exc}", file=sys.stderr)
+        return None, EXIT_UNAVAILABLE
     except grpc.RpcError as exc:
         code = exc.code()
         print(f"spotmorph {args.command}: {code.name}: {exc.details()}", file=sys.stderr)
@@ -132,6 +137,7 @@ def job_dict(job: Any) -> dict[str, Any]:
                 "pause_seconds": m.pause_seconds if m.HasField("pause_seconds") else None,  # what training felt
                 # of it, the time no rank could step (the rest: the new generation's first step)
                 "stalled_seconds": m.stalled_seconds if m.HasField("stalled_seconds") else None,
+                "resumed_at_step": m.resumed_at_step,  # from memory it held, or its checkpoint
             }
             for m in job.morphs
         ],

@@ -117,7 +117,9 @@ def morph_line(morph: dict[str, Any]) -> str:
     felt = "pause not measured yet" if pause is None else f"training paused {pause:.1f} s"
     if pause is not None and stalled is not None:
         felt += f" ({stalled:.1f} s stalled, then the first step)"
-    return f"morph to generation {morph['generation']}: {felt}, decided in {morph['seconds']:.1f} s: {morph['cause']}"
+    at = f"resumed at step {morph['resumed_at_step']}"
+    decided = f"decided in {morph['seconds']:.1f} s"
+    return f"morph to generation {morph['generation']}, {at}: {felt}, {decided}: {morph['cause']}"
 
 
 def _watch(args: argparse.Namespace) -> int:

@@ -356,6 +356,7 @@ class Morph(_message.Message):
     SECONDS_FIELD_NUMBER: _builtins.int
     PAUSE_SECONDS_FIELD_NUMBER: _builtins.int
     STALLED_SECONDS_FIELD_NUMBER: _builtins.int
+    RESUMED_AT_STEP_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     """the generation this morph issued"""
     cause: _builtins.str
@@ -370,6 +371,10 @@ class Morph(_message.Message):
     step (its state loaded); the rest of the pause is that first step. Unset with pause_seconds, or when
     no rank said how long its first step took (an older agent).
     """
+    resumed_at_step: _builtins.int
+    """The step this generation resumed at (its first step is the next): the step it took from the previous
+    generation's memory, or else its checkpoint's. Every surface (status, dashboard, TensorBoard) shows this.
+    """
     def __init__(
         self,
         *,
@@ -378,10 +383,11 @@ class Morph(_message.Message):
         seconds: _builtins.float = ...,
         pause_seconds: _builtins.float | None = ...,
         stalled_seconds: _builtins.float | None = ...,
+        resumed_at_step: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "_stalled_seconds", b"_stalled_seconds", "pause_seconds", b"pause_seconds", "stalled_seconds", b"stalled_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "_stalled_seconds", b"_stalled_seconds", "cause", b"cause", "generation", b"generation", "pause_seconds", b"pause_seconds", "seconds", b"seconds", "stalled_seconds", b"stalled_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds", "_stalled_seconds", b"_stalled_seconds", "cause", b"cause", "generation", b"generation", "pause_seconds", b"pause_seconds", "resumed_at_step", b"resumed_at_step", "seconds", b"seconds", "stalled_seconds", b"stalled_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__pause_seconds: _TypeAlias = _typing.Literal["pause_seconds"]  # noqa: Y015
     _WhichOneofArgType__pause_seconds: _TypeAlias = _typing.Literal["_pause_seconds", b"_pause_seconds"]  # noqa: Y015
