@@ -59,6 +59,13 @@ class JobSpec(BaseModel):
     eval_interval: int = Field(
         default=0, ge=0, le=1_000_000_000, description="steps between evaluations of the eval_dataset; 0: off"
     )
+    log_interval: int = Field(
+        default=10,
+        ge=0,
+        le=1_000_000_000,
+        description="steps between training lines in the trainers' log (step, loss, samples/s, layout); "
+        "0: only each generation's first step and its end",
+    )
     checkpoint_dir: str = Field(min_length=1, max_length=4096)
     keep: int = Field(default=3, ge=1, le=1000, description="committed checkpoints kept")
     background_checkpoint: bool = Field(default=False, description="write checkpoints while training goes on")

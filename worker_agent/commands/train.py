@@ -102,7 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--load-from", type=Path, help="start from this checkpoint instead of the newest")
     parser.add_argument("--run-dir", type=Path, help="job/layout files, progress-rank-R.jsonl, control/stop")
-    parser.add_argument("--log-every", type=int, default=10, help="print every N steps")
+    parser.add_argument(
+        "--log-interval",
+        "--log-every",
+        dest="log_interval",
+        type=int,
+        default=_default("log_interval"),
+        help="print the step, loss, samples/s and layout every N steps, as trainers under a controller log them "
+        f"(the job field log_interval; default {_default('log_interval')})",
+    )
 
 
 def job_spec(args: argparse.Namespace) -> JobSpec:
@@ -124,6 +132,7 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         "micro_batch_size": args.micro_batch_size,
         "checkpoint_interval": args.checkpoint_interval,
         "eval_interval": args.eval_interval,
+        "log_interval": args.log_interval,
         "checkpoint_dir": str(args.checkpoint_dir),
         "keep": args.keep,
         "background_checkpoint": args.background_checkpoint,
@@ -169,7 +178,6 @@ def run(args: argparse.Namespace) -> int:
             layout,
             args.checkpoint_dir,
             run_dir,
-            log_every=args.log_every,
             load_from=args.load_from,
             fork=not args.spawn_ranks,
         )

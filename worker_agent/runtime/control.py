@@ -16,20 +16,27 @@ from pathlib import Path
 from types import FrameType
 
 from worker_agent.contract import ControlDir, ProgressEvent, ProgressRecord, progress_line
+from worker_agent.runtime.training_log import TrainingLog
 
 
 class ProgressLog:
-    """JSON lines for the agent (:mod:`worker_agent.contract.events`): one per event, flushed at once."""
+    """JSON lines for the agent (:mod:`worker_agent.contract.events`): one per event, flushed at once; and, once
+    the generation is set up, rank 0's :class:`TrainingLog` lines on stdout (the trainer's log)."""
 
     def __init__(self, path: Path | None, rank: int, generation: int) -> None:
         self.rank = rank
         self.generation = generation
         self._fh = open(path, "a", buffering=1) if path is not None else None  # noqa: SIM115
+        self.lines: TrainingLog | None = None
 
     def emit(self, event: ProgressEvent) -> None:
+        at = time.time()
+        said = self.lines.line(event, at) if self.lines is not None else None
+        if said is not None:
+            print(said, flush=True)
         if self._fh is None:
             return
-        record = ProgressRecord(event, self.rank, self.generation, os.getpid(), time.time())
+        record = ProgressRecord(event, self.rank, self.generation, os.getpid(), at)
         self._fh.write(progress_line(record) + "\n")
         self._fh.flush()
 

@@ -35,6 +35,7 @@ from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, Progres
 from worker_agent.runtime.held import Held
 from worker_agent.runtime.startup import Phase, StartupWatch
 from worker_agent.runtime.trainer_setup import check_eval, process_started_at, rendezvous, say, warn
+from worker_agent.runtime.training_log import TrainingLog
 
 if TYPE_CHECKING:
     import torch
@@ -201,6 +202,7 @@ def start(
         say(f"rank {cfg.rank} of generation {cfg.generation}: resuming from {source or 'scratch'} (step {step})")
     if cfg.rank == 0:
         write_hf_config(cfg.checkpoint_dir, spec)
+        progress.lines = TrainingLog(job.log_interval, job.steps, layout.describe())
     # A checkpoint loaded from elsewhere is written here even when no step is left to train.
     already_written = step if resume.same_directory(chosen.checkpoint, cfg.checkpoint_dir) else None
     if memory is not None and memory.used and (cfg.resume is None or cfg.resume.step != step):

@@ -30,18 +30,7 @@ from types import FrameType
 from morphing.errors import UserInputError
 from morphing.jobspec import Device, JobSpec
 from morphing.layout import Layout
-from worker_agent.contract import (
-    CheckpointWritten,
-    EvaluationCompleted,
-    ExitCode,
-    GenerationDir,
-    ProgressReader,
-    ProgressRecord,
-    StepCompleted,
-    TrainerArguments,
-    TrainingFinished,
-    TrainingStopped,
-)
+from worker_agent.contract import ExitCode, GenerationDir, TrainerArguments
 from worker_agent.runtime.forked import ForkedRank, preload, read_port
 from worker_agent.runtime.gated_store import KEY_BYTES, StoreServer
 
@@ -53,7 +42,6 @@ class LocalRun:
     checkpoint_dir: Path
     run_dir: Path
     generation: int = 0
-    log_every: int = 10
     load_from: Path | None = None
     fork: bool = True  # on the CPU, fork the ranks from this process (False: a new interpreter each)
 
@@ -85,7 +73,8 @@ def local_device(requested: Device, ranks: int) -> Device:
 
 
 def run_local(run: LocalRun) -> int:
-    """Start every rank, relay rank 0's progress; return the :class:`ExitCode` of the run as a whole."""
+    """Start every rank (rank 0 prints its training lines itself: :mod:`worker_agent.runtime.training_log`);
+    return the :class:`ExitCode` of the run as a whole."""
     directory = GenerationDir(run.run_dir)
     directory.control.path.mkdir(parents=True, exist_ok=True)
     directory.control.clear_stop()
@@ -148,11 +137,9 @@ def _forked_argv(arguments: Callable[[int, int], TrainerArguments], rank: int, r
 
 
 def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.Popen[bytes] | ForkedRank]) -> int:
-    relay = _Relay(ProgressReader(directory.progress_file(0)), run.log_every, run.job.steps)
     grace = 2 * run.job.timeout_seconds + 10
     failed_at: float | None = None
     while any([p.poll() is None for p in procs]):  # a list: poll every process, so an exit is seen at once
-        relay.poll()
         if failed_at is None and any(p.returncode not in (None, ExitCode.SUCCEEDED) for p in procs):
             failed_at = time.monotonic()
             directory.control.request_stop()  # survivors holding their step for a salvage: no one salvages here
@@ -166,7 +153,6 @@ def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.P
                     proc.kill()
                     proc.wait()
         time.sleep(0.05)
-    relay.poll()
     codes = [p.returncode for p in procs]
     if all(c == ExitCode.SUCCEEDED for c in codes):
         return ExitCode.SUCCEEDED
@@ -174,45 +160,3 @@ def _supervise(run: LocalRun, directory: GenerationDir, procs: list[subprocess.P
     return ExitCode.USER_ERROR if ExitCode.USER_ERROR in codes else ExitCode.ABORTED
 
 
-class _Relay:
-    """Prints rank 0's progress as it appears (every ``every`` steps, plus every checkpoint and the end)."""
-
-    def __init__(self, reader: ProgressReader, every: int, steps: int = 0) -> None:
-        self.reader = reader
-        self.every = max(1, every)
-        self.steps = steps  # the job's last step, for the time left (0: not shown)
-        self.first: tuple[float, int] | None = None  # (time, step) of the first step this run completed
-
-    def poll(self) -> None:
-        for record in self.reader.poll():
-            self._show(record)
-
-    def _show(self, record: ProgressRecord) -> None:
-        event = record.event
-        if isinstance(event, StepCompleted):
-            self.first = self.first or (record.time, event.step)
-            if event.step % self.every == 0:
-                print(
-                    f"step {event.step:6d}  loss {event.loss:.4f}  {event.samples_per_second:8.1f} samples/s"
-                    + self._left(record.time, event.step),
-                    flush=True,
-                )
-        elif isinstance(event, EvaluationCompleted):
-            print(f"eval at step {event.step}  loss {event.eval_loss:.4f}  ({event.eval_seconds:.1f} s)", flush=True)
-        elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
-            print(
-                f"{_SAID[type(event)]} at step {event.step} (last checkpoint: step {event.last_checkpoint})", flush=True
-            )
-
-    def _left(self, now: float, step: int) -> str:
-        """``  12m05s left`` at the pace of this run's steps so far (nothing before two steps)."""
-        if self.first is None or step <= self.first[1] or not self.steps or step >= self.steps:
-            return ""
-        seconds = (self.steps - step) * (now - self.first[0]) / (step - self.first[1])
-        minutes, secs = divmod(round(seconds), 60)
-        hours, minutes = divmod(minutes, 60)
-        return f"  {hours}h{minutes:02d}m left" if hours else f"  {minutes}m{secs:02d}s left"
-
-
-# How the relay words the facts it prints (for people; the progress file has its own names).
-_SAID: dict[type, str] = {CheckpointWritten: "checkpoint", TrainingStopped: "stopped", TrainingFinished: "finished"}

@@ -166,6 +166,7 @@ class JobSpec(_message.Message):
     EVAL_INTERVAL_FIELD_NUMBER: _builtins.int
     MORPH_THROUGH_MEMORY_FIELD_NUMBER: _builtins.int
     EXACT_FIELD_NUMBER: _builtins.int
+    LOG_INTERVAL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     entrypoint: _builtins.str
     """path/file.py:function or package.module:function"""
@@ -207,6 +208,8 @@ class JobSpec(_message.Message):
     """planned morphs move layers in memory (false: via the disk)"""
     exact: _builtins.bool
     """bitwise the same result in any layout (needs micro_batch_size)"""
+    log_interval: _builtins.int
+    """steps between training lines in the trainers' log; 0: fewest"""
     def __init__(
         self,
         *,
@@ -235,10 +238,11 @@ class JobSpec(_message.Message):
         eval_interval: _builtins.int | None = ...,
         morph_through_memory: _builtins.bool | None = ...,
         exact: _builtins.bool | None = ...,
+        log_interval: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "exact", b"exact", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "exact", b"exact", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "exact", b"exact", "global_batch", b"global_batch", "keep", b"keep", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "name", b"name", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "exact", b"exact", "global_batch", b"global_batch", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "name", b"name", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation_recomputation: _TypeAlias = _typing.Literal["activation_recomputation"]  # noqa: Y015
     _WhichOneofArgType__activation_recomputation: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation"]  # noqa: Y015
@@ -256,6 +260,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__exact: _TypeAlias = _typing.Literal["_exact", b"_exact"]  # noqa: Y015
     _WhichOneofReturnType__keep: _TypeAlias = _typing.Literal["keep"]  # noqa: Y015
     _WhichOneofArgType__keep: _TypeAlias = _typing.Literal["_keep", b"_keep"]  # noqa: Y015
+    _WhichOneofReturnType__log_interval: _TypeAlias = _typing.Literal["log_interval"]  # noqa: Y015
+    _WhichOneofArgType__log_interval: _TypeAlias = _typing.Literal["_log_interval", b"_log_interval"]  # noqa: Y015
     _WhichOneofReturnType__max_pipeline_stages: _TypeAlias = _typing.Literal["max_pipeline_stages"]  # noqa: Y015
     _WhichOneofArgType__max_pipeline_stages: _TypeAlias = _typing.Literal["_max_pipeline_stages", b"_max_pipeline_stages"]  # noqa: Y015
     _WhichOneofReturnType__max_restarts: _TypeAlias = _typing.Literal["max_restarts"]  # noqa: Y015
@@ -292,6 +298,8 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exact) -> _WhichOneofReturnType__exact | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__keep) -> _WhichOneofReturnType__keep | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__log_interval) -> _WhichOneofReturnType__log_interval | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_pipeline_stages) -> _WhichOneofReturnType__max_pipeline_stages | None: ...
     @_typing.overload
