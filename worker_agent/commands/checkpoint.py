@@ -1,5 +1,5 @@
 """``spotmorph checkpoint verify DIR``, ``diff DIR_A DIR_B [--max-rel X] [--bitwise] [--json]`` and
-``export DIR --hf OUT``.
+``export DIR --hf OUT [--check [--tolerance X]]``.
 
 DIR is a checkpoint root as ``train`` uses it (its newest valid checkpoint is meant) or one
 ``step-*`` checkpoint inside it. A damaged checkpoint (a bad file, or a manifest that is malformed or
@@ -14,8 +14,12 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from morphing.errors import UserInputError
+
+if TYPE_CHECKING:
+    from worker_agent.runtime.checkpoint import Checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,11 +42,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     diff.add_argument("--bitwise", action="store_true", help="exit 1 unless every tensor has the same dtype and bytes")
     export = sub.add_parser("export", help="write a checkpoint of a spotmorph.hf model as a save_pretrained dir")
     export.add_argument("dir", type=Path, help="the checkpoint directory to export (its newest committed step)")
-    export.add_argument("--hf", type=Path, required=True, metavar="OUT", help="a new directory for from_pretrained")
+    export.add_argument(
+        "--hf",
+        type=Path,
+        required=True,
+        metavar="OUT",
+        help="a new directory for from_pretrained (with --check, an export to check)",
+    )
     export.add_argument(
         "--config-from",
         metavar="MODEL_DIR_OR_ENTRYPOINT",
         help="the model's save_pretrained dir or the job's file.py:function (default: hf_config.json beside DIR)",
+    )
+    export.add_argument(
+        "--check",
+        action="store_true",
+        help="load OUT with from_pretrained and compare its logits with the checkpoint's model (exit 1 if they "
+        "differ); an OUT that is not empty is checked as it is, not written",
+    )
+    export.add_argument(
+        "--tolerance",
+        metavar="X",
+        help="--check fails when the largest absolute logit difference is above X "
+        "(default 1e-10 for a float64 checkpoint, 1e-4 otherwise)",
     )
 
 
@@ -113,23 +135,52 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _max_rel(text: str | None) -> float | None:
-    if text is None:
-        return None
+    return None if text is None else _bound("--max-rel", text)
+
+
+def _export(args: argparse.Namespace) -> int:
+    """Exit 0 when exported (and, with --check, the export computes the checkpoint's logits), 1 when the
+    check fails, 2 on bad input."""
+    from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.hf_export import export, read_config
+
+    if args.tolerance is not None and not args.check:
+        raise UserInputError("--tolerance bounds --check: add --check")
+    tolerance = None if args.tolerance is None else _bound("--tolerance", args.tolerance)
+    found = ck.resolve(args.dir)
+    config = read_config(found, args.config_from)
+    out: Path = args.hf
+    if args.check and out.is_dir() and any(out.iterdir()):
+        print(f"{out} is not empty: checking it as it is (nothing written)")
+    else:
+        names = export(found, config, out)
+        print(f"{found.path} (step {found.step}): {len(names)} tensors -> {out} ({config.model_type})")
+    return _check_export(found, config, out, tolerance) if args.check else 0
+
+
+def _check_export(found: Checkpoint, config: Any, out: Path, tolerance: float | None) -> int:
+    """Print the largest logit difference and PASS, or FAIL lines naming where it is; the exit code."""
+    from worker_agent.runtime.hf_export_check import check_export, default_tolerance
+
+    result = check_export(found, config, out)
+    bound = default_tolerance(result.dtype) if tolerance is None else tolerance
+    dtype = str(result.dtype).removeprefix("torch.")
+    ids = "x".join(map(str, result.shape))
+    print(f"check: {out} (from_pretrained) vs {found.path} (step {found.step}), {dtype} logits of {ids} token ids")
+    print(f"max_abs {result.max_abs:.3e}  max_rel {result.max_rel:.3e}")
+    failures = result.failures(bound)
+    for failure in failures:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    if not failures:
+        print(f"PASS: max_abs <= tolerance {bound:g}")
+    return 1 if failures else 0
+
+
+def _bound(option: str, text: str) -> float:
     try:
         bound = float(text)
     except ValueError:
         bound = math.nan
     if not 0 <= bound < math.inf:
-        raise UserInputError(f"--max-rel {text!r}: give a finite number >= 0 (e.g. 1e-9)")
+        raise UserInputError(f"{option} {text!r}: give a finite number >= 0 (e.g. 1e-9)")
     return bound
-
-
-def _export(args: argparse.Namespace) -> int:
-    from worker_agent.runtime import checkpoint as ck
-    from worker_agent.runtime.hf_export import export, read_config
-
-    found = ck.resolve(args.dir)
-    config = read_config(found, args.config_from)
-    names = export(found, config, args.hf)
-    print(f"{found.path} (step {found.step}): {len(names)} tensors -> {args.hf} ({config.model_type})")
-    return 0

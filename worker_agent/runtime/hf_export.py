@@ -9,6 +9,8 @@ comes from a ``save_pretrained`` directory or the job's entrypoint.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,13 +86,9 @@ def read_config(ckpt: Checkpoint, source: str | None) -> Any:
     return config
 
 
-def export(ckpt: Checkpoint, config: Any, out: Path) -> list[str]:
-    """Write ``out`` (config + safetensors) from the checkpoint's parameters; returns the parameter names."""
-    from transformers import AutoModelForCausalLM
-
-    auto: Any = AutoModelForCausalLM  # untyped in transformers' stubs
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserInputError(f"{out} exists and is not an empty directory; name a new one")
+def checkpoint_state(ckpt: Checkpoint, config: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The checkpoint's parameters under the adapter's names and under the model's own state-dict names,
+    refused (before anything is allocated) unless they are those of the config's model."""
     try:
         params = {n[len("param/") :]: t for n, t in read_all(ckpt).items() if n.startswith("param/")}
     except CheckpointError as exc:
@@ -105,14 +103,45 @@ def export(ckpt: Checkpoint, config: Any, out: Path) -> list[str]:
             )
         state[hf_name] = tensor
     _check_fits(ckpt, config, state, layers=len({n.split(".", 1)[0] for n in params if n.startswith("layer")}))
+    return params, state
+
+
+def state_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
+    """The checkpoint's dtype: its parameters' one dtype (float32 if they are mixed)."""
     dtypes = {t.dtype for t in state.values()}
-    model = auto.from_config(config).to(dtypes.pop() if len(dtypes) == 1 else torch.float32)
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32
+
+
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """Transformers' progress bars off (and back on after): a bar on stderr would bury the one-line result."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
+def export(ckpt: Checkpoint, config: Any, out: Path) -> list[str]:
+    """Write ``out`` (config + safetensors) from the checkpoint's parameters; returns the parameter names."""
+    from transformers import AutoModelForCausalLM
+
+    auto: Any = AutoModelForCausalLM  # untyped in transformers' stubs
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserInputError(f"{out} exists and is not an empty directory; name a new one")
+    _, state = checkpoint_state(ckpt, config)
+    model = auto.from_config(config).to(state_dtype(state))
     try:
         model.load_state_dict(state, strict=False)
     except RuntimeError as exc:
         raise UserInputError(f"checkpoint {ckpt.path} does not fit this config: {str(exc).splitlines()[-1]}") from exc
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
+    with no_progress_bars():
+        model.save_pretrained(str(out))
     return sorted(state)
 
 
