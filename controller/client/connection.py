@@ -4,17 +4,22 @@ Address: ``--controller``, else ``SPOTMORPH_CONTROLLER``, else the context file 
 writes (see :mod:`controller.client.context`). Token:
 ``--token``, else ``SPOTMORPH_TOKEN``, else that file. grpc is imported here, never by a command
 module at import time.
+
+Before its first call a command waits at most :data:`READY_SECONDS` for the channel to connect: an address
+that drops packets would otherwise hold a call for gRPC's 20 s connect timeout and end in a raw UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import time
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from controller.client.context import read_context
+from controller.client.context import context_path, read_context
 from controller.files import PEM_LIMIT, read_small
 from morphing.errors import UserInputError
 
@@ -27,6 +32,51 @@ def resolve(controller: str | None, token: str | None) -> tuple[str, str | None]
             "no controller: pass --controller HOST:PORT, set SPOTMORPH_CONTROLLER or `spotmorph local up`"
         )
     return address, token or os.environ.get("SPOTMORPH_TOKEN") or (context.token() if context else None)
+
+
+READY_SECONDS = 5.0  # a controller that has not answered within this is taken to be absent
+
+
+class ControllerUnreachable(Exception):
+    """No controller answered at the address; ``str()`` is the one line that names the fix."""
+
+
+def address_source(controller: str | None) -> str:
+    """Where :func:`resolve` took the address from, for a message about a stale one."""
+    if controller:
+        return "--controller"
+    if os.environ.get("SPOTMORPH_CONTROLLER"):
+        return "SPOTMORPH_CONTROLLER"
+    return f"the context file {context_path()} that `spotmorph local up` wrote"
+
+
+def wait_until_answers(channel: grpc.Channel, address: str, source: str, seconds: float | None = None) -> None:
+    """Return once the channel is connected; :class:`ControllerUnreachable` when the connection fails or no
+    reply comes within ``seconds`` (default :data:`READY_SECONDS`), so no command spends its work first."""
+    seconds = READY_SECONDS if seconds is None else seconds
+    states: queue.Queue[grpc.ChannelConnectivity] = queue.Queue()
+    callback = states.put
+    channel.subscribe(callback, try_to_connect=True)
+    deadline = time.monotonic() + seconds
+    why = f"within {seconds:g} s"
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                state = states.get(timeout=left)
+            except queue.Empty:
+                break
+            if state is grpc.ChannelConnectivity.READY:
+                return
+            if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+                why = "(the connection failed: nothing listens there, or its TLS and --tls-ca do not match)"
+                break
+    finally:
+        channel.unsubscribe(callback)
+    raise ControllerUnreachable(
+        f"no controller answers at {address} (from {source}) {why}: start one with "
+        "`spotmorph controller` or `spotmorph local up`, or name a running one with --controller HOST:PORT "
+        "or SPOTMORPH_CONTROLLER"
+    )
 
 
 class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]

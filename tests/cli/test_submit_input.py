@@ -1,4 +1,5 @@
-"""Careless `spotmorph submit` input: every mistake exits 2 with one line naming it, before any connection."""
+"""Careless `spotmorph submit` input: every mistake exits 2 with one line naming it; a mistake in the spec is
+found before any connection."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from controller.client import connection
 from spotmorph.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_gpt.yaml"
 
 
 def submit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    # an address nothing listens on: a spec that got past validation would fail differently (exit 1)
+    # an address nothing listens on: a spec that got past validation would fail differently (exit 5)
     code = main(["submit", *args, "--controller", "127.0.0.1:9", "--token", "t"])
     return code, capsys.readouterr().err
 
@@ -75,10 +77,12 @@ def test_control_characters_in_a_path_are_refused(capsys: pytest.CaptureFixture[
     assert code == 2 and "control characters" in err
 
 
-def test_a_model_that_cannot_be_built_here_is_refused_before_any_connection(
-    capsys: pytest.CaptureFixture[str],
+def test_a_model_that_cannot_be_built_here_is_refused_before_it_is_sent(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`spotmorph submit` builds the model on the meta device to send its layer names for the profile check."""
+    """`spotmorph submit` builds the model on the meta device to send its layer names for the profile check,
+    once the controller answers (tests/cli/test_controller_unreachable.py): here, as if one did."""
+    monkeypatch.setattr(connection, "wait_until_answers", lambda *args: None)
     broken = f"entrypoint={Path(__file__).resolve().parents[1] / 'runtime' / 'bad_models.py'}:raises"
     code, err = submit(capsys, str(EXAMPLE), "--set", broken)
     assert code == 2 and err.count("\n") == 1, err

@@ -2,7 +2,8 @@
 
 The controller checks the profile against the names of the model's layers when the request carries
 them; it never builds the model itself (that would run a submitter's code on the head node). The
-composition root (:mod:`spotmorph.commands.submit`) passes ``model_layers``, which builds it here.
+composition root (:mod:`spotmorph.commands.submit`) passes ``model_layers``, which builds it here, once
+the controller has answered.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import json
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from controller.client.commands.common import add_client_arguments, call, dump
 
@@ -47,11 +48,15 @@ def run(args: argparse.Namespace, model_layers: ModelLayers | None = None) -> in
     from protos.spotmorph.v1 import controller_pb2 as pb
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
-    layers = model_layers(spec) if model_layers is not None else ()
-    request = pb.SubmitJobRequest(  # the key: a retry makes no second job
-        spec=spec_to_pb(spec), idempotency_key=str(uuid.uuid4()), model_layers=layers
-    )
-    reply, code = call(args, lambda ch: rpc.JobsStub(ch).SubmitJob(request))
+    def send(channel: Any) -> Any:
+        # Built once the controller answers: building a large model takes seconds, wasted on a wrong address.
+        layers = model_layers(spec) if model_layers is not None else ()
+        request = pb.SubmitJobRequest(  # the key: a retry makes no second job
+            spec=spec_to_pb(spec), idempotency_key=str(uuid.uuid4()), model_layers=layers
+        )
+        return rpc.JobsStub(channel).SubmitJob(request)
+
+    reply, code = call(args, send)
     if reply is None:
         return code
     if args.json:
