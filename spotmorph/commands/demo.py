@@ -99,9 +99,16 @@ def _run(demo: _Demo, args: argparse.Namespace) -> int:
     demo.follow(job, lambda s: int(s["generation"]) >= 2 and int(s["step"]) >= steps * 2 // 5, "the morph")
 
     demo.say("a new node arrives; the controller grows the job after the debounce if the planner says it pays")
+    before = {n["name"] for n in cluster.nodes()}
     cluster.add(1)
-    demo.follow(job, lambda s: int(s["generation"]) >= 3 or s["state"] == "SUCCEEDED", "growth")
+    arrived = sorted({n["name"] for n in cluster.nodes()} - before)
+
+    def decided(status: dict[str, Any]) -> bool:
+        return status["state"] == "SUCCEEDED" or growth_verdict(cluster.events(job), arrived) is not None
+
+    demo.follow(job, decided, "the controller's decision about the new node")
     final = demo.follow(job, lambda s: s["state"] == "SUCCEEDED", "the end")
+    demo.say(growth_verdict(cluster.events(job), arrived) or ended_before_growth(arrived, final))
 
     _timeline(cluster, job, final)
     demo.say("training the same job as one uninterrupted process (the reference) ...")
@@ -120,6 +127,32 @@ def _run(demo: _Demo, args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def growth_verdict(events: list[dict[str, Any]], arrived: list[str]) -> str | None:
+    """Whether the job grew onto the nodes that ``arrived``, and why not when it did not, from the controller's
+    event log (a growth's ``GenerationIssued``, or its ``GrowthDeclined`` with the numbers the policy weighed);
+    None while it has decided neither."""
+    for event in events:
+        data = event.get("data") or {}
+        if event.get("kind") == "GenerationIssued" and data.get("morph_cause") == "grow":
+            return (
+                f"the job grew: generation {data.get('generation')}, layout {data.get('layout')} ({data.get('cause')})"
+            )
+        free = data.get("free_nodes") or []
+        if event.get("kind") == "GrowthDeclined" and set(arrived) & set(free):
+            why = f"{data.get('reason')}: {data.get('detail')}"
+            return f"the job did not grow onto {', '.join(free)}: {why}"
+    return None
+
+
+def ended_before_growth(arrived: list[str], final: dict[str, Any]) -> str:
+    """Why no decision came: the job ended first (a node joins, beats, then waits out the debounce)."""
+    return (
+        f"the job did not grow onto {', '.join(arrived) or 'the new node'}: it finished at step {final['step']} "
+        "before the controller weighed a growth (a growth waits for the debounce and for the warm build of the "
+        "model on the new node): run the demo with more --steps to see it"
+    )
+
+
 def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
     progress = cluster.rank_progress(job)
     issued = [e for e in cluster.events(job) if e["kind"] == "GenerationIssued"]
@@ -136,9 +169,8 @@ def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
     for event in issued:
         data = event["data"]
         generation = int(data["generation"])
-        # Where it really started: a morph through memory resumes at the held step, not the committed one.
-        ran = [e.step for e in events_of(progress.get(generation, []), StepCompleted)]
-        resumed = min(ran) - 1 if ran else int(data.get("held_step") or data["resume_step"])
+        # Where it really started (as status and the dashboard say): the held step of a morph through memory.
+        resumed = max(int(data["resume_step"]), int(data.get("held_step") or 0))
         lost = max(0, last_step(progress.get(generation - 1, [])) - resumed) if generation > 1 else 0
         pause, stall = pauses.get(generation, (None, None))
         paused, stalled, decided = ("" if s is None else f"{s:.1f}" for s in (pause, stall, seconds.get(generation)))
