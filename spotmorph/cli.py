@@ -3,13 +3,15 @@
 Each subcommand lives in a module with ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
 imported when the parser is built, so they keep heavy imports (torch, grpc) inside ``run``: ``spotmorph
 plan`` must not pay for torch. :class:`morphing.errors.UserInputError` becomes one line on stderr
-and exit code 2.
+and exit code 2; a reader that closes the pipe early (``| head``) ends the command with exit 0 and no
+traceback, for every command at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -62,6 +64,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; output cut short by its reader (``spotmorph events | head -1``) ends quietly."""
+    try:
+        try:
+            return _dispatch(argv)
+        finally:  # inside the try: a flush at exit would print "Exception ignored ... BrokenPipeError"
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return 0  # the reader has what it wanted: a `set -o pipefail` script does not fail on `| head`
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -72,6 +87,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null (the Python docs' recipe), so what is still buffered is dropped
+    at exit instead of failing again; a stdout with no descriptor of its own (a test's capture) is left."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import sys
 from typing import Any
 
 from controller.client.commands.common import add_client_arguments, call, number
@@ -80,9 +78,5 @@ def run(args: argparse.Namespace) -> int:
                 print(f"[gen {line.generation} rank {line.rank} {line.node}] {shown(line.text)}", flush=True)
         return 0
 
-    try:
-        _, code = call(args, stream)
-    except BrokenPipeError:  # `spotmorph logs JOB | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    _, code = call(args, stream)  # `spotmorph logs JOB | head`: spotmorph.cli.main ends a closed pipe quietly
     return code
