@@ -8,6 +8,7 @@ profile exist.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -73,7 +74,9 @@ def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, A
         if not sep or not key:
             raise UserInputError(f"--set {item!r}: use key=value, e.g. --set steps=100")
         if key not in JobSpec.model_fields:
-            raise UserInputError(f"--set {key}: unknown field; fields are {', '.join(JobSpec.model_fields)}")
+            close = difflib.get_close_matches(key, list(JobSpec.model_fields), n=1)
+            guess = f"did you mean {close[0]}? " if close else ""
+            raise UserInputError(f"--set {key}: unknown field; {guess}fields are {', '.join(JobSpec.model_fields)}")
         if not raw.strip():
             raise UserInputError(f"--set {key}=: give a value, e.g. --set {key}=VALUE (to drop a field, edit the file)")
         try:

@@ -176,7 +176,8 @@ def parse_job_spec(data: Any, what: str = "job spec") -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise UserInputError(describe_validation_error(exc, what, SPEC_DOCS)) from None
+        not_given = [name for name in JobSpec.model_fields if name not in data]  # what a misspelt key may mean
+        raise UserInputError(describe_validation_error(exc, what, SPEC_DOCS, not_given)) from None
 
 
 def job_spec_from_json(text: str, what: str = "job spec") -> JobSpec:
