@@ -30,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="plan as a job with activation_recomputation: less activation memory, a forward more per backward",
     )
+    parser.add_argument(
+        "--compute-slots-per-node",
+        metavar="N|none",
+        help="override the profile's compute_slots_per_node (ranks a node runs at full speed; a CPU profile "
+        "sets its cores); none: every rank has a device of its own, as GPUs (default: the profile's)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -77,21 +83,56 @@ def run(args: argparse.Namespace) -> int:
         if not args.gpu_memory_gib > 0:
             raise UserInputError(f"--gpu-memory-gib {args.gpu_memory_gib}: it must be > 0")
         memory = int(args.gpu_memory_gib * GIB)
-    profile = load_profile(args.profile)
+    profile = with_slots(load_profile(args.profile), args.compute_slots_per_node)
+    slots = slots_line(profile, min(args.gpus_per_node, high))  # the most ranks one node may run
+    if slots and args.json:
+        print(slots, file=sys.stderr)  # stdout stays JSON
     planner = Planner(profile, args.global_batch, args.schedule, memory, args.activation_recomputation)
     if low == high:
         result = planner.plan_gpus(low, args.gpus_per_node)
         _print_single(result, args.json)
         if not args.json:
-            print(network_line(profile))
+            print(*([slots] if slots else []), network_line(profile), sep="\n")
         return 0 if result.feasible else EXIT_NO_FIT
     results = planner.what_if(high, args.gpus_per_node)[low - 1 :]
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         _print_table(results)
-        print(network_line(profile))
+        print(*([slots] if slots else []), network_line(profile), sep="\n")
     return 0 if any(r.feasible for r in results) else EXIT_NO_FIT
+
+
+def with_slots(profile: Profile, text: str | None) -> Profile:
+    """``profile`` with ``--compute-slots-per-node`` (a count, or ``none``) in place of its own."""
+    if text is None:
+        return profile
+    value: int | None = None
+    if text.strip().lower() != "none":
+        try:
+            value = int(text, 10)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise UserInputError(
+                f"--compute-slots-per-node {text!r}: give a count >= 1, or none (a device per rank, as GPUs)"
+            )
+    cluster = profile.cluster.model_copy(update={"compute_slots_per_node": value})
+    return profile.model_copy(update={"cluster": cluster})
+
+
+def slots_line(profile: Profile, ranks_per_node: int) -> str | None:
+    """Says so when the profile's compute slots slow this plan down: a CPU profile's cores, applied to a node
+    of more GPUs, make every stage's compute ranks / slots times slower, which looks like a bad planner."""
+    slots = profile.cluster.compute_slots_per_node
+    if slots is None or ranks_per_node <= slots:
+        return None
+    return (
+        f"compute slots       the profile's compute_slots_per_node={slots} was applied: a node runs {slots} "
+        f"rank(s) at full speed and more share it ({ranks_per_node} on a node: each {ranks_per_node / slots:.3g}x "
+        "slower), as a CPU calibration's cores; for GPUs (a device per rank) pass --compute-slots-per-node none "
+        "or profile on a GPU"
+    )
 
 
 def network_line(profile: Profile) -> str:
