@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -38,6 +38,7 @@ from worker_agent.runtime.job import torch_dtype
 from worker_agent.runtime.layer_timing import LayerTiming, Where, first_input, nbytes, saved_bytes
 from worker_agent.runtime.meta_build import build_spec_on_meta
 from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, sample_context
+from worker_agent.runtime.profile_progress import Progress, duration
 from worker_agent.runtime.profiler_meta import profile_layers_one_at_a_time
 
 FORMAT = "spotmorph.profile/v1"
@@ -101,8 +102,11 @@ def _scale_to_chained(
         r["backward_seconds"][key] *= ratio
 
 
-def profile_layers(spec: ModelSpec, request: ProfileRequest, where: Where | None = None) -> list[dict[str, Any]]:
+def profile_layers(
+    spec: ModelSpec, request: ProfileRequest, where: Where | None = None, progress: Progress | None = None
+) -> list[dict[str, Any]]:
     where = where or Where(torch.device("cpu"))
+    progress = progress or Progress(len(spec.layers), request.micro_batch_sizes)
     dtype = torch_dtype(request.dtype)
     last = len(spec.layers) - 1
     result: list[dict[str, Any]] = [
@@ -110,12 +114,14 @@ def profile_layers(spec: ModelSpec, request: ProfileRequest, where: Where | None
     ]
     for m in request.micro_batch_sizes:
         inputs, targets = _layer_inputs(spec, m, dtype, where)
-        for i, (_, layer) in enumerate(spec.layers):
+        for i, (name, layer) in enumerate(spec.layers):
+            progress.measuring(i, name, m)
             timing = LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last, where)
             result[i]["forward_seconds"][str(m)] = where.median_seconds(timing.forward, request.repeats)
             result[i]["backward_seconds"][str(m)] = timing.backward_seconds(request.repeats)
         _scale_to_chained(spec, result, str(m), inputs[0], targets, request, where)
     m = max(request.micro_batch_sizes)
+    progress.phase(f"activation memory of every layer at micro-batch {m}")
     inputs, targets = _layer_inputs(spec, m, dtype, where)
     for i, (_, layer) in enumerate(spec.layers):
         with torch.no_grad(), sample_context(request.seed, 0, torch.arange(m, device=where.device)), where.compute():
@@ -221,7 +227,9 @@ def _device_memory(device: torch.device) -> int:
     return int(total // max(1, os.cpu_count() or 1))
 
 
-def build_profile(request: ProfileRequest) -> dict[str, Any]:
+def build_profile(request: ProfileRequest, report: TextIO | None = None) -> dict[str, Any]:
+    """The profile of ``request``'s model; what it is measuring goes to ``report`` (the command's stderr)."""
+    started = time.monotonic()
     device = resolve_device(request.device, request.device_index)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -236,16 +244,18 @@ def build_profile(request: ProfileRequest) -> dict[str, Any]:
     assign_dropout_keys(spec.layers)
     model.train()
     here = Where(device, compute_context(device, request.precision))
+    progress = Progress(len(spec.layers), request.micro_batch_sizes, report)
     where = f"this GPU ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "this CPU machine"
     timing = "CUDA events per layer" if device.type == "cuda" else "1 thread per layer timing"
     if request.from_config:
         sizes = request.micro_batch_sizes
-        layers = profile_layers_one_at_a_time(spec, sizes, request.seed, request.repeats, here, dtype)
+        layers = profile_layers_one_at_a_time(spec, sizes, request.seed, request.repeats, here, dtype, progress)
         timing += " (built on the meta device, one layer real at a time: times not scaled to a chained run)"
     else:
         model.to(device)
-        layers = profile_layers(spec, request, here)
+        layers = profile_layers(spec, request, here, progress)
     if request.network:
+        progress.phase("the network: two loopback gloo processes (at most 2 min)")
         net = measure_network()
         source = f"measured on {where}: {timing}; loopback gloo for the network"
     else:
@@ -253,6 +263,7 @@ def build_profile(request: ProfileRequest) -> dict[str, Any]:
         source = f"measured on {where}: {timing}; network figures assumed"
     if request.precision != "fp32":
         source += f"; {request.precision} autocast"
+    progress.phase(f"measured in {duration(time.monotonic() - started)}")
     return {
         "format": FORMAT,
         "model": spec.name,
@@ -275,8 +286,8 @@ def build_profile(request: ProfileRequest) -> dict[str, Any]:
     }
 
 
-def write_profile(request: ProfileRequest, out: Path) -> dict[str, Any]:
-    profile = build_profile(request)
+def write_profile(request: ProfileRequest, out: Path, report: TextIO | None = None) -> dict[str, Any]:
+    profile = build_profile(request, report)
     parse_profile(json.dumps(profile), "calibrated profile")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=1) + "\n")

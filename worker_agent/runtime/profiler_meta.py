@@ -19,12 +19,20 @@ from worker_agent.runtime.batch import call_layer
 from worker_agent.runtime.layer_timing import LayerTiming, Where, first_input, nbytes, saved_bytes
 from worker_agent.runtime.meta_build import materialized
 from worker_agent.runtime.model_api import ModelSpec, sample_context
+from worker_agent.runtime.profile_progress import Progress
 
 
 def profile_layers_one_at_a_time(
-    spec: ModelSpec, sizes: tuple[int, ...], seed: int, repeats: int, where: Where, dtype: torch.dtype
+    spec: ModelSpec,
+    sizes: tuple[int, ...],
+    seed: int,
+    repeats: int,
+    where: Where,
+    dtype: torch.dtype,
+    progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """The profile's layer records of a spec whose parameters are on the meta device (in ``dtype``)."""
+    progress = progress or Progress(len(spec.layers), sizes)
     inputs = {m: first_input(spec, m, dtype, where) for m in sizes}
     biggest, last = max(sizes), len(spec.layers) - 1
     result: list[dict[str, Any]] = []
@@ -37,6 +45,7 @@ def profile_layers_one_at_a_time(
         }
         with materialized(layer, where.device, seed + i):
             for m in sizes:
+                progress.measuring(i, name, m)
                 x, targets = inputs[m]
                 timing = LayerTiming(spec, layer, x, targets, seed, i == last, where)
                 record["forward_seconds"][str(m)] = where.median_seconds(timing.forward, repeats)
