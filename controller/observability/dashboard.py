@@ -5,32 +5,31 @@ HTML file with its script and style inline; it puts every string from the contro
 (``textContent``), never as HTML, since job reasons and event text come from users and nodes. It asks
 ``GET /api/v1/dashboard`` every few seconds with a token (typed once into the page, or given in the
 address's fragment ``#token=...``, which browsers never send to a server) and draws the nodes with their
-GPUs, the jobs with their layouts, each job's morph timeline, its loss and eval-loss curves and the newest
-events. The JSON comes from the state view the status RPCs read, behind the same tokens (operator or
+GPUs, the jobs with their layouts, each job's morph timeline, its loss, eval-loss and samples/s charts (axes,
+a log scale, values under the pointer, a line at each morph), one chart comparing the jobs' losses, and the
+newest events (filtered by kind, runs of checkpoint events folded); :mod:`dashboard_views` builds each piece
+of the JSON. The JSON comes from the state view the status RPCs read, behind the same tokens (operator or
 reader); the controller serves it over TLS, or on loopback only.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable, Mapping, Sequence
 from importlib.resources import files
 from typing import Any
 
 from aiohttp import web
 
+from controller.core.events import EventKind
 from controller.core.lifecycle import JOB_TERMINAL
-from controller.core.records import JobRecord, NodeRecord
 from controller.observability.curves import LossCurves
-from controller.persistence.codec import EventRow, GenerationRow
+from controller.observability.dashboard_views import CURVE_POINTS, event_view, job_view, node_view
 from controller.shell.views import StateView
 from controller.tokens import Role, Tokens
 
 API_PATH = "/api/v1/dashboard"
 HTML = files("controller.observability").joinpath("dashboard.html").read_text(encoding="utf-8")
-CURVE_POINTS = 1000  # the newest points of each curve (events of the store, and losses heard since the start)
-EVENTS_SHOWN = 40  # the newest events listed
+EVENTS_SHOWN = 200  # the newest events listed (the page folds runs of checkpoint events)
 READERS = frozenset({Role.OPERATOR, Role.READER})
 NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 # The page's own script and style, and requests to this origin; nothing else (no frames, no other hosts).
@@ -38,104 +37,8 @@ PAGE_POLICY = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-
-
-def _number(value: Any) -> float | None:
-    """A finite float, or None (what JSON can carry and the page can plot)."""
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
-
-
-def node_view(node: NodeRecord) -> dict[str, Any]:
-    return {
-        "name": node.name,
-        "state": str(node.state),
-        "slots": node.slots,
-        "job": node.job,
-        "incarnation": node.incarnation,
-        "gpus": [{"index": g.index, "name": g.name, "memory_gib": round(g.memory_bytes / 2**30, 1)} for g in node.gpus],
-    }
-
-
-def layout_view(job: JobRecord) -> dict[str, Any] | None:
-    layout = job.layout
-    if layout is None:
-        return None
-    return {
-        "stages": layout.pipeline_stages,
-        "replicas": layout.data_parallel,
-        "micro_batch_size": layout.micro_batch_size,
-        "micro_batches": layout.max_micro_batches,
-        "stage_layers": [list(span) for span in layout.stage_layers],
-        "placement": [
-            {"rank": rank, "node": slot.node, "slot": slot.slot} for rank, slot in enumerate(layout.placement)
-        ],
-    }
-
-
-def curve(rows: Iterable[EventRow], value: str, heard: Sequence[tuple[int, float]] = ()) -> list[list[float]]:
-    """``[step, value]`` points of the events' data (oldest first) and of what was ``heard`` since the controller
-    started, in step order, each step once. A newer generation that resumed from an earlier step redoes the
-    steps from there: the points it redoes are dropped, as the heard ones after it replace the events'."""
-    points: dict[int, float] = {}
-    generation = 0
-    for row in rows:
-        step, y, made_by = row.data.get("step"), _number(row.data.get(value)), row.data.get("generation")
-        if not isinstance(step, int) or y is None:
-            continue
-        if isinstance(made_by, int) and made_by > generation:
-            generation = made_by
-            points = {s: v for s, v in points.items() if s < step}
-        points[step] = y
-    if heard:
-        points = {s: v for s, v in points.items() if s < heard[0][0]}
-        points.update(heard)
-    return [[float(step), points[step]] for step in sorted(points)][-CURVE_POINTS:]
-
-
-def job_view(
-    job: JobRecord,
-    generations: Iterable[GenerationRow],
-    events: Mapping[str, list[EventRow]],
-    heard: Sequence[tuple[int, float]] = (),
-) -> dict[str, Any]:
-    spec = job.spec
-    return {
-        "id": job.id,
-        "name": spec.name,
-        "state": str(job.state),
-        "reason": job.reason,
-        "step": job.step,
-        "steps": spec.steps,
-        "generation": job.generation,
-        "layout": layout_view(job),
-        "loss": _number(job.training.loss),
-        "samples_per_second": _number(job.training.samples_per_second),
-        "eval_loss": _number(job.evaluation.loss),
-        "last_checkpoint_step": job.last_checkpoint_step,
-        "steps_lost": job.steps_lost,
-        "morphs": [
-            {
-                "generation": g.generation,
-                "issued_at": g.issued_at,
-                "cause": str(g.morph_cause),
-                "detail": g.cause,
-                "resume_step": g.resume_step,
-                "shape": f"{g.layout.get('pipeline_stages', '?')}x{g.layout.get('data_parallel', '?')}",
-                "pause_seconds": _number(g.pause_seconds),
-                "stalled_seconds": _number(g.stalled_seconds),
-            }
-            for g in generations
-        ],
-        "loss_curve": curve(events.get("TrainingProgressed", []), "loss", heard),
-        "eval_curve": curve(events.get("EvaluationCompleted", []), "loss"),
-    }
-
-
-def event_view(row: EventRow) -> dict[str, Any]:
-    return {"seq": row.seq, "at": row.at, "kind": row.kind, "job": row.job, "node": row.node}
-
-
-CURVES = ("TrainingProgressed", "EvaluationCompleted")
+# A job's events the page draws from: its curves, and the step each generation resumed at (the morph markers).
+CURVES = (EventKind.TRAINING_PROGRESSED, EventKind.EVALUATION_COMPLETED, EventKind.GENERATION_ISSUED)
 
 
 async def dashboard(view: StateView, curves: LossCurves, finished: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -151,8 +54,8 @@ async def dashboard(view: StateView, curves: LossCurves, finished: dict[str, dic
         detail = await view.job_detail(job.id)
         if detail is None:
             continue
-        found = {kind: list(await view.recent_events(job.id, (kind,), CURVE_POINTS)) for kind in CURVES}
-        shown = job_view(detail.job, detail.generations, found, curves.of(job.id))
+        found = {str(kind): list(await view.recent_events(job.id, (kind,), CURVE_POINTS)) for kind in CURVES}
+        shown = job_view(detail.job, detail.generations, found, curves.of(job.id), curves.rates_of(job.id))
         if detail.job.state in JOB_TERMINAL:
             finished[job.id] = shown
         jobs.append(shown)

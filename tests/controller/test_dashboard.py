@@ -14,11 +14,13 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState
 from controller.core.records import JobRecord, Training
 from controller.observability.curves import LossCurves
-from controller.observability.dashboard import API_PATH, HTML, curve
-from controller.persistence.codec import EventRow
+from controller.observability.dashboard import API_PATH, HTML
+from controller.observability.dashboard_views import DETAIL_CHARS, curve, event_view, job_view
+from controller.persistence.codec import EventRow, GenerationRow
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.browser import needs_chromium, parse, rendered
 from tests.controller.conftest import Live
@@ -146,6 +148,7 @@ def test_loss_curves_keep_each_step_once_redo_after_a_resume_and_thin_when_full(
     for step in (1, 2, 2, 3):
         curves.observe([at(step, 10.0 - step)])
     assert curves.of("job-1") == [(1, 9.0), (2, 8.0), (3, 7.0)]  # a heartbeat with nothing new adds nothing
+    assert curves.rates_of("job-1") == []  # no rate heard: no rate point
     curves.observe([at(2, 8.5)])  # a new generation resumed from step 1: its steps replace the old ones
     assert curves.of("job-1") == [(1, 9.0), (2, 8.5)]
     for step in (3, 4, 5):
@@ -173,3 +176,75 @@ def test_a_curve_drops_the_steps_a_newer_generation_redid_and_takes_what_was_hea
         progressed(8, 2, 50, 9e99),
     ]
     assert curve([*rows, *odd], "loss")[-1] == [50.0, 9e99]  # a step that is no number is no point
+
+
+def test_rates_are_kept_beside_losses_and_a_rate_curve_comes_from_the_events_and_what_was_heard() -> None:
+    curves = LossCurves(limit=4)
+    for step, rate in ((1, 100.0), (2, 120.0), (3, math.inf)):
+        curves.observe([make_job("job-1", JobState.RUNNING, training=Training(2.0 - step / 10, step, rate))])
+    assert curves.rates_of("job-1") == [(1, 100.0), (2, 120.0)]  # no finite rate, no point
+    data = {"generation": 1, "step": 1, "loss": 2.0, "samples_per_second": 90.0}
+    rows = [EventRow(1, 1.0, "TrainingProgressed", "job-1", None, data)]
+    shown = job_view(make_job("job-1", JobState.RUNNING), [], {"TrainingProgressed": rows}, rates=[(2, 120.0)])
+    assert shown["rate_curve"] == [[1.0, 90.0], [2.0, 120.0]]
+
+
+def generation(number: int, resume_step: int, cause: MorphCause) -> GenerationRow:
+    return GenerationRow(
+        "job-1", number, {"pipeline_stages": 1, "data_parallel": 2}, resume_step, str(cause), 0.1, 10.0, cause
+    )
+
+
+def test_a_morph_says_the_step_it_resumed_at_the_memory_held_when_newer_than_its_checkpoint() -> None:
+    """Issue 45: the morph table showed resume_step 140 while the generation started from the held step 159."""
+
+    def issued(seq: int, data: dict[str, Any]) -> EventRow:
+        return EventRow(seq, float(seq), "GenerationIssued", "job-1", None, data)
+
+    events = {
+        "GenerationIssued": [
+            issued(1, {"generation": 1, "resume_step": 0}),
+            issued(2, {"generation": 2, "resume_step": 140, "held_step": 159}),
+            issued(3, {"generation": 3, "resume_step": 200, "held_step": "x"}),  # not a step: the checkpoint's
+        ]
+    }
+    rows = [generation(1, 0, MorphCause.OTHER), generation(2, 140, MorphCause.EVICTION)]
+    rows += [generation(3, 200, MorphCause.GROW), generation(4, 230, MorphCause.NODE_LOST)]  # 4: no event read
+    morphs = job_view(make_job("job-1", JobState.RUNNING), rows, events)["morphs"]
+    assert [(m["resume_step"], m["resumed_at_step"]) for m in morphs] == [(0, 0), (140, 159), (200, 200), (230, 230)]
+    assert morphs[1]["cause"] == "eviction" and morphs[1]["shape"] == "1x2"
+
+
+def test_an_events_detail_is_short_words_of_its_data_and_nothing_from_a_node_is_markup() -> None:
+    def shown(kind: str, data: Any) -> dict[str, Any]:
+        return event_view(EventRow(7, 1.0, kind, "job-1", "node-1", data))
+
+    issued = {"generation": 2, "layout": "1x2 (P x D), m=4", "resume_step": 140, "resume_generation": 1}
+    issued |= {"held_step": 159, "cause": "eviction notice: node-1", "morph_cause": "eviction"}
+    view = shown("GenerationIssued", issued)
+    assert view["detail"] == (
+        "generation 2, resume step 140, held step 159, layout 1x2 (P x D), m=4, cause eviction notice: node-1"
+    )
+    assert (view["step"], view["checkpoint"]) == (None, False)
+    change = shown("JobStateChanged", {"from": "RUNNING", "to": "MORPHING", "cause": "eviction", "reason": "node-1"})
+    assert change["detail"] == "RUNNING -> MORPHING, cause eviction, node-1"
+    committed = shown("CheckpointCommitted", {"generation": 1, "step": 40})
+    assert committed == {**committed, "step": 40, "checkpoint": True, "detail": "generation 1, step 40"}
+    assert (
+        shown("CheckpointStallMeasured", {"step": 40, "stall_seconds": 0.123456})["detail"]
+        == "step 40, stalled 0.1235 s"
+    )
+    hostile = shown(
+        "ProviderError",
+        {
+            "message": "<img src=x onerror=alert(1)>\x1b[2J" + "A" * 10_000,
+            "gpus": [{"a": 1}],
+            "n": {"x": 1},
+            "ok": True,
+        },
+    )
+    assert len(hostile["detail"]) <= DETAIL_CHARS and "\x1b" not in hostile["detail"]
+    assert hostile["detail"].startswith("<img src=x onerror=alert(1)> [2J")  # words: the page puts them in as text
+    assert "gpus" not in hostile["detail"] and "{" not in hostile["detail"]  # nested data is no detail
+    assert shown("NodeRegistered", ["not", "a", "dict"])["detail"] == ""
+    assert shown("CheckpointCommitted", {"step": True})["step"] is None  # a bool is no step
