@@ -156,8 +156,8 @@ def assert_logs_show_both_generations(cluster: LocalCluster, job: str) -> None:
 
 def assert_tensorboard_shows_the_run(folder: Path, cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
     """The controller's event files, read by TensorBoard's own reader: every loss point is the one the
-    trainers computed at that step (as float32), the last eval is the job's, and the layout steps from two
-    GPUs to one at generation 2's resume step with a text marker there."""
+    trainers computed at that step (as float32), the last eval is the job's, and the layout, at every logged
+    step, steps from two GPUs to one after generation 2's resume step, with a text marker there."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     board = EventAccumulator(str(folder))
@@ -174,6 +174,9 @@ def assert_tensorboard_shows_the_run(folder: Path, cluster: LocalCluster, job: s
     assert [e.step for e in board.Scalars("train/loss")] == sorted({e.step for e in board.Scalars("train/loss")})
     assert board.Scalars("eval/loss")[-1].step == STEPS
     assert board.Scalars("eval/loss")[-1].value == pytest.approx(final["eval_loss"], rel=1e-6)
-    assert [(e.step > 0, e.value) for e in board.Scalars("layout/gpus")] == [(False, 2.0), (True, 1.0)]
     [marker] = [e for e in board.Tensors("morphs") if e.step > 0]
     assert marker.tensor_proto.string_val[0].decode().startswith(f"generation 2 from step {marker.step}: ")
+    layout = [(e.step, e.value) for e in board.Scalars("layout/gpus")]  # at every logged step: a step function
+    assert [s for s, _ in layout] == sorted({s for s, _ in layout}) and {s for s, _ in points} <= dict(layout).keys()
+    assert [v for _, v in layout] == sorted((v for _, v in layout), reverse=True) and layout[0] == (0, 2.0)
+    assert layout[-1][1] == 1.0 and min(s for s, v in layout if v == 1.0) >= marker.step, layout
