@@ -5,15 +5,14 @@ writes (see :mod:`controller.client.context`). Token:
 ``--token``, else ``SPOTMORPH_TOKEN``, else that file. grpc is imported here, never by a command
 module at import time.
 
-Before its first call a command waits at most :data:`READY_SECONDS` for the channel to connect: an address
-that drops packets would otherwise hold a call for gRPC's 20 s connect timeout and end in a raw UNAVAILABLE.
+Before its first call a command waits at most :data:`READY_SECONDS` for the controller's health check: an
+address that drops packets would otherwise hold a call for gRPC's 20 s connect timeout and end in a raw
+UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import time
 from pathlib import Path
 from typing import Any
 
@@ -51,27 +50,26 @@ def address_source(controller: str | None) -> str:
 
 
 def wait_until_answers(channel: grpc.Channel, address: str, source: str, seconds: float | None = None) -> None:
-    """Return once the channel is connected; :class:`ControllerUnreachable` when the connection fails or no
-    reply comes within ``seconds`` (default :data:`READY_SECONDS`), so no command spends its work first."""
+    """Return once the controller answers its health check (open to every caller); :class:`ControllerUnreachable`
+    when the connection fails or no reply comes within ``seconds`` (default :data:`READY_SECONDS`), so no
+    command spends its work first. The check opens the connection the command's calls then use."""
     seconds = READY_SECONDS if seconds is None else seconds
-    states: queue.Queue[grpc.ChannelConnectivity] = queue.Queue()
-    callback = states.put
-    channel.subscribe(callback, try_to_connect=True)
-    deadline = time.monotonic() + seconds
-    why = f"within {seconds:g} s"
+    # Bytes in and out (no serializers): b"" is a HealthCheckRequest for the whole server.
+    check = channel.unary_unary("/grpc.health.v1.Health/Check", None, None)
     try:
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                state = states.get(timeout=left)
-            except queue.Empty:
-                break
-            if state is grpc.ChannelConnectivity.READY:
-                return
-            if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
-                why = "(the connection failed: nothing listens there, or its TLS and --tls-ca do not match)"
-                break
-    finally:
-        channel.unsubscribe(callback)
+        check(b"", timeout=seconds)
+        return
+    except grpc.RpcError as exc:
+        code = exc.code()
+        if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return  # it answered: a refusal is for the command's own call to report
+        detail = str(exc.details() or "").rpartition(": ")[2][:160]  # e.g. Connection refused
+    why = (
+        f"within {seconds:g} s"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED
+        else f"(the connection failed: {detail or code.name}; nothing listens there, or its TLS and --tls-ca do "
+        "not match)"
+    )
     raise ControllerUnreachable(
         f"no controller answers at {address} (from {source}) {why}: start one with "
         "`spotmorph controller` or `spotmorph local up`, or name a running one with --controller HOST:PORT "

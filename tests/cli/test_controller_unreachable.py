@@ -17,6 +17,9 @@ from morphing.jobspec import JobSpec
 from spotmorph.cli import main
 from spotmorph.commands import submit
 from tests.cli.test_submit_input import EXAMPLE
+from tests.controller.test_tls import TlsServer, server
+
+__all__ = ["server"]  # the TLS controller fixture
 
 COMMANDS = [
     ["jobs"],
@@ -113,3 +116,24 @@ def test_submit_asks_the_controller_before_building_the_model(
     assert main(["submit", str(EXAMPLE), "--controller", address, "--token", "t"]) == EXIT_UNAVAILABLE
     one_line_naming_the_fix(capsys.readouterr().err, "submit", address)
     assert built == []  # the minutes a large model takes to build are not spent on a wrong address
+
+
+def test_over_tls_the_check_passes_and_a_plaintext_client_is_told_why(
+    capsys: pytest.CaptureFixture[str], server: TlsServer
+) -> None:
+    c = server.certs
+    tls = ["--tls-ca", str(c / "ca.crt"), "--tls-cert", str(c / "operator.crt"), "--tls-key", str(c / "operator.key")]
+    assert main(["jobs", "--controller", server.address, "--token", server.token, *tls]) == 0
+    capsys.readouterr()
+    assert main(["jobs", "--controller", server.address, "--token", server.token]) == EXIT_UNAVAILABLE
+    err = capsys.readouterr().err
+    one_line_naming_the_fix(err, "jobs", server.address)
+    assert "its TLS and --tls-ca do not match" in err
+
+
+def test_a_refusal_is_an_answer_reported_as_before(capsys: pytest.CaptureFixture[str], server: TlsServer) -> None:
+    """The health check needs no token: a wrong one is the command's own call's refusal (exit 4)."""
+    c = server.certs
+    tls = ["--tls-ca", str(c / "ca.crt"), "--tls-cert", str(c / "operator.crt"), "--tls-key", str(c / "operator.key")]
+    assert main(["jobs", "--controller", server.address, "--token", "not-a-token", *tls]) == 4
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
