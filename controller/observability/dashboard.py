@@ -38,7 +38,7 @@ PAGE_POLICY = (
     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 # A job's events the page draws from: its curves, and the step each generation resumed at (the morph markers).
-CURVES = (EventKind.TRAINING_PROGRESSED, EventKind.EVALUATION_COMPLETED, EventKind.GENERATION_ISSUED)
+CURVES = (EventKind.TRAINING_PROGRESSED, EventKind.EVALUATION_COMPLETED)
 
 
 async def dashboard(view: StateView, curves: LossCurves, finished: dict[str, dict[str, Any]]) -> dict[str, Any]:

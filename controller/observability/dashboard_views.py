@@ -78,25 +78,14 @@ def curve(rows: Iterable[EventRow], value: str, heard: Sequence[tuple[int, float
     return [[float(step), points[step]] for step in sorted(points)][-CURVE_POINTS:]
 
 
-def resumed_steps(issued: Iterable[EventRow]) -> dict[int, int]:
-    """Per generation, the step it really started from (``GenerationIssued`` data): the memory it was handed
-    (``held_step``) when that is newer than the checkpoint it was named (``resume_step``)."""
-    out: dict[int, int] = {}
-    for row in issued:
-        generation, resume = _step(row.data.get("generation")), _step(row.data.get("resume_step"))
-        if generation is not None and resume is not None:
-            out[generation] = max(resume, _step(row.data.get("held_step")) or 0)
-    return out
-
-
-def morph_view(g: GenerationRow, resumed: Mapping[int, int]) -> dict[str, Any]:
+def morph_view(g: GenerationRow) -> dict[str, Any]:
     return {
         "generation": g.generation,
         "issued_at": g.issued_at,
         "cause": str(g.morph_cause),
         "detail": g.cause,
         "resume_step": g.resume_step,
-        "resumed_at_step": resumed.get(g.generation, g.resume_step),
+        "resumed_at_step": g.resumed_at_step,  # the memory it took, or its checkpoint: as status and TensorBoard
         "shape": f"{g.layout.get('pipeline_stages', '?')}x{g.layout.get('data_parallel', '?')}",
         "pause_seconds": _number(g.pause_seconds),
         "stalled_seconds": _number(g.stalled_seconds),
@@ -110,10 +99,9 @@ def job_view(
     heard: Sequence[tuple[int, float]] = (),
     rates: Sequence[tuple[int, float]] = (),
 ) -> dict[str, Any]:
-    """One job as the page draws it; ``events`` by kind (its ``TrainingProgressed``, ``EvaluationCompleted``
-    and ``GenerationIssued``), ``heard`` and ``rates`` the losses and samples/s heard since the start."""
+    """One job as the page draws it; ``events`` by kind (its ``TrainingProgressed`` and
+    ``EvaluationCompleted``), ``heard`` and ``rates`` the losses and samples/s heard since the start."""
     spec, progressed = job.spec, events.get(EventKind.TRAINING_PROGRESSED, [])
-    resumed = resumed_steps(events.get(EventKind.GENERATION_ISSUED, []))
     return {
         "id": job.id,
         "name": spec.name,
@@ -128,7 +116,7 @@ def job_view(
         "eval_loss": _number(job.evaluation.loss),
         "last_checkpoint_step": job.last_checkpoint_step,
         "steps_lost": job.steps_lost,
-        "morphs": [morph_view(g, resumed) for g in generations],
+        "morphs": [morph_view(g) for g in generations],
         "loss_curve": curve(progressed, "loss", heard),
         "eval_curve": curve(events.get(EventKind.EVALUATION_COMPLETED, []), "loss"),
         "rate_curve": curve(progressed, "samples_per_second", rates),

@@ -189,28 +189,16 @@ def test_rates_are_kept_beside_losses_and_a_rate_curve_comes_from_the_events_and
     assert shown["rate_curve"] == [[1.0, 90.0], [2.0, 120.0]]
 
 
-def generation(number: int, resume_step: int, cause: MorphCause) -> GenerationRow:
-    return GenerationRow(
-        "job-1", number, {"pipeline_stages": 1, "data_parallel": 2}, resume_step, str(cause), 0.1, 10.0, cause
-    )
+def generation(number: int, resume_step: int, cause: MorphCause, held_step: int = 0) -> GenerationRow:
+    layout = {"pipeline_stages": 1, "data_parallel": 2}
+    return GenerationRow("job-1", number, layout, resume_step, str(cause), 0.1, 10.0, cause, held_step=held_step)
 
 
 def test_a_morph_says_the_step_it_resumed_at_the_memory_held_when_newer_than_its_checkpoint() -> None:
     """Issue 45: the morph table showed resume_step 140 while the generation started from the held step 159."""
-
-    def issued(seq: int, data: dict[str, Any]) -> EventRow:
-        return EventRow(seq, float(seq), "GenerationIssued", "job-1", None, data)
-
-    events = {
-        "GenerationIssued": [
-            issued(1, {"generation": 1, "resume_step": 0}),
-            issued(2, {"generation": 2, "resume_step": 140, "held_step": 159}),
-            issued(3, {"generation": 3, "resume_step": 200, "held_step": "x"}),  # not a step: the checkpoint's
-        ]
-    }
-    rows = [generation(1, 0, MorphCause.OTHER), generation(2, 140, MorphCause.EVICTION)]
-    rows += [generation(3, 200, MorphCause.GROW), generation(4, 230, MorphCause.NODE_LOST)]  # 4: no event read
-    morphs = job_view(make_job("job-1", JobState.RUNNING), rows, events)["morphs"]
+    rows = [generation(1, 0, MorphCause.OTHER), generation(2, 140, MorphCause.EVICTION, held_step=159)]
+    rows += [generation(3, 200, MorphCause.GROW), generation(4, 230, MorphCause.NODE_LOST, held_step=229)]
+    morphs = job_view(make_job("job-1", JobState.RUNNING), rows, {})["morphs"]
     assert [(m["resume_step"], m["resumed_at_step"]) for m in morphs] == [(0, 0), (140, 159), (200, 200), (230, 230)]
     assert morphs[1]["cause"] == "eviction" and morphs[1]["shape"] == "1x2"
 
