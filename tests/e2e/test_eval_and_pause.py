@@ -152,6 +152,12 @@ def assert_logs_show_both_generations(cluster: LocalCluster, job: str) -> None:
     assert one and all(line.startswith("[gen 2 rank 0 ") for line in one), one
     assert any("rank 0 of generation 2: resuming from " in line for line in one), one
     assert set(one) < set(shown)
+    # Rank 0 prints what `spotmorph train` prints, every log_interval (10) steps: the training is in the log.
+    trained = [line.split("] ", 1)[1] for line in shown if line.startswith("[gen ") and "  layout " in line]
+    steps = [int(line.split()[1]) for line in trained if line.startswith("step ")]
+    assert len(steps) >= STEPS // 10 and {s for s in steps if s % 10 == 0} >= {10, STEPS // 2, STEPS}, trained
+    assert all(" loss " in line and " samples/s  layout " in line for line in trained), trained
+    assert any(line.startswith("[gen 2 rank 0 ") and "step " in line for line in one), one
 
 
 def assert_tensorboard_shows_the_run(folder: Path, cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
