@@ -4,6 +4,8 @@ Every legal edge is a key of a table whose value is the cause of that edge, so t
 (and walked by tests) without reading code. :func:`transition` rejects illegal edges and returns a
 timestamped record that the store appends to the event log; :func:`controller.core.changes.move` (a
 state) and :func:`controller.core.changes.act` (an action), the only code that writes them, call it.
+:data:`JOB_STATE_ACTIONS` says which action a job may be told in each state (checked, not enforced, by
+:mod:`controller.core.invariants`).
 """
 
 from __future__ import annotations
@@ -90,6 +92,34 @@ ACTION_TRANSITIONS: Mapping[tuple[Action, Action], str] = {
     (A.HOLD, A.ABORT): "the salvage committed its step, or gave up: resume from the newest committed checkpoint",
     (A.STOP, A.RUN): "the next generation was issued",
     (A.ABORT, A.RUN): "the next generation was issued",
+}
+
+# The (state, action) pairs a job record may hold, each with the decision that leaves it so; any other pair is a
+# bug (controller.core.invariants checks every decided world against this table). Entering RUNNING sets RUN,
+# entering MORPHING names STOP, ABORT or HOLD, and the other states keep the action they were entered with.
+JOB_STATE_ACTIONS: Mapping[tuple[JobState, Action], str] = {
+    (J.QUEUED, A.RUN): "submitted: no generation has told its trainers anything yet",
+    (J.QUEUED, A.STOP): "a planned morph stopped, then no layout fitted: the word kept until the next generation",
+    (J.QUEUED, A.ABORT): "an unplanned morph (or a salvage that ended) found no layout: the word kept likewise",
+    # never (QUEUED, HOLD): a morph leaves for the queue only once its salvage ended (advance_morph)
+    (J.RUNNING, A.RUN): "entering RUNNING sets RUN: the generation's trainers train",
+    # never (RUNNING, STOP|ABORT|HOLD): any other word is a morph, and a morph is MORPHING
+    (J.MORPHING, A.STOP): "a planned morph (eviction notice, growth), or a salvage whose step stays in memory",
+    (J.MORPHING, A.ABORT): "an unplanned morph, a stop that could not finish, or a salvage that ended",
+    (J.MORPHING, A.HOLD): "a collective failed: the survivors hold their last step while it is salvaged",
+    # never (MORPHING, RUN): RUN comes back only with the next generation, which is RUNNING
+    (J.SUCCEEDED, A.RUN): "every rank finished the last step while the job ran",
+    (J.SUCCEEDED, A.STOP): "every rank finished the last step before the stop took effect",
+    (J.SUCCEEDED, A.ABORT): "every rank finished the last step before the abort took effect",
+    # never (SUCCEEDED, HOLD): a holding job's salvage is decided before its end is looked for (advance_morph)
+    (J.FAILED, A.RUN): "trainers refused their input, or failed past max_restarts, or the job could not be planned",
+    (J.FAILED, A.STOP): "its planner failed, or decisions about it did, while it stopped",
+    (J.FAILED, A.ABORT): "its planner failed, or decisions about it did, while it aborted",
+    (J.FAILED, A.HOLD): "a collective failed with every node alive, past max_restarts",
+    (J.CANCELLED, A.RUN): "cancelled while queued or running",
+    (J.CANCELLED, A.STOP): "cancelled while it stopped (or queued after a stop)",
+    (J.CANCELLED, A.ABORT): "cancelled while it aborted (or queued after an abort)",
+    (J.CANCELLED, A.HOLD): "cancelled while its survivors held a step for a salvage",
 }
 
 NODE_TERMINAL = frozenset({N.GONE})
