@@ -1,15 +1,16 @@
-"""Commands: imperatives reconcile returns and the runner persists (in one transaction), then acts on."""
+"""Commands: imperatives reconcile returns and the runner persists (in one transaction), then acts on.
+
+``RecordEvent`` lives with the facts it writes (:mod:`controller.eventlog.fact`), where the log's readers find them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from controller.core.causes import MorphCause
-from controller.core.events import EventKind
 from controller.core.lifecycle import Transition
 from controller.core.records import JobRecord, NodeRecord
+from controller.eventlog.fact import RecordEvent
 from morphing.layout import Layout
 
 
@@ -75,17 +76,6 @@ class RecordPause:
     generation: int
     seconds: float
     stalled: float | None = None
-
-
-@dataclass(frozen=True)
-class RecordEvent:
-    """A past-tense fact for the event log (``NodeRegistered``, ``EvictionNoticed``, ...)."""
-
-    kind: EventKind
-    at: float
-    job: str | None = None
-    node: str | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import re
 from collections.abc import Collection
 from dataclasses import asdict
 
-from controller.core import facts
 from controller.core.changes import amend, move
 from controller.core.flapping import Damping, rejoin
 from controller.core.lifecycle import JOB_ACTIVE, JOB_TERMINAL, JobState, NodeState
@@ -29,6 +28,7 @@ from controller.core.model import (
     SetNodeSeq,
     World,
 )
+from controller.eventlog import facts
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
 

@@ -18,7 +18,6 @@ from controller.core.commands import (
     Command,
     ForgetNode,
     RecordCheckpoint,
-    RecordEvent,
     RecordPause,
     ReleaseInstance,
     RequestCapacity,
@@ -29,6 +28,7 @@ from controller.core.commands import (
 )
 from controller.core.observations import NodeObservation, RankReport
 from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, Salvage, Training, ranks_by_node
+from controller.eventlog.fact import RecordEvent
 
 __all__ = [
     "Action",

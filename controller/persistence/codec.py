@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Row
 
@@ -12,7 +12,10 @@ from controller.core.causes import MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import Transition
 from controller.core.model import JobRecord, NodeRecord
+from controller.eventlog.facts import StateChanged
 from controller.persistence.plain import from_plain, to_plain
+
+C = TypeVar("C", bound=StateChanged)
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,9 @@ def event_from_row(row: Row[Any]) -> EventRow:
     return EventRow(row.seq, row.at, row.kind, row.job, row.node, row.data, row.decision)
 
 
-def change_data(change: Transition) -> dict[str, Any]:
-    """A state change as the data of its ``NodeStateChanged`` / ``JobStateChanged`` event."""
-    return {"from": change.source, "to": change.target, "cause": change.cause, "reason": change.reason}
+def changed(fact: type[C], change: Transition) -> C:
+    """A state change as the fact of its event (``NodeStateChanged``, ``JobStateChanged``, ``JobActionChanged``)."""
+    return fact(change.source, change.target, change.cause, change.reason)
 
 
 def event_row(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -37,11 +38,19 @@ from controller.core.model import (
     StartGeneration,
     ranks_by_node,
 )
+from controller.eventlog.fact import Fact
+from controller.eventlog.facts import (
+    GenerationIssued,
+    JobActionChanged,
+    JobStateChanged,
+    JobSubmitted,
+    NodeStateChanged,
+)
 from controller.persistence import logs as log_rows
 from controller.persistence.codec import (
     EventRow,
     GenerationRow,
-    change_data,
+    changed,
     event_from_row,
     event_row,
     generation_from_row,
@@ -202,11 +211,11 @@ def _write_nodes(conn: Connection, commands: Sequence[SetNode], decision: int) -
         ADD_INCARNATION,
         [{"node": c.node.name, "incarnation": c.node.incarnation, "registered_at": c.node.joined_at} for c in commands],
     )
-    changes = [
-        event_row(c.change.at, EventKind.NODE_STATE_CHANGED, c.node.job, c.node.name, change_data(c.change), decision)
-        for c in commands
-        if c.change
-    ]
+    changes = []
+    for c in commands:
+        if c.change:
+            fact = changed(NodeStateChanged, c.change)
+            changes.append(event_row(c.change.at, fact.kind, c.node.job, c.node.name, fact.data(), decision))
     if changes:
         conn.execute(insert(events), changes)
 
@@ -227,7 +236,7 @@ def _add_job(conn: Connection, command: AddJob, decision: int) -> None:
     _set_counter(conn, "job_seq", command.seq)
     if job.idempotency_key:
         conn.execute(insert(idempotency_keys).values(key=job.idempotency_key, job=job.id))
-    _event(conn, decision, job.submitted_at, EventKind.JOB_SUBMITTED, job.id, None, {"name": job.spec.name})
+    _fact(conn, decision, job.submitted_at, JobSubmitted(job.spec.name), job.id)
 
 
 def _write(conn: Connection, command: Command, decision: int) -> None:
@@ -243,14 +252,12 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
     elif isinstance(command, SetJob):
         job = command.job
         conn.execute(jobs.update().where(jobs.c.id == job.id).values(state=str(job.state), data=job_to_dict(job)))
-        if command.change:
-            data = change_data(command.change)
-            if command.action:  # the move changed what its trainers are told too
-                data["action"] = change_data(command.action)
-            _event(conn, decision, command.change.at, EventKind.JOB_STATE_CHANGED, job.id, None, data)
+        action = changed(JobActionChanged, command.action) if command.action else None
+        if command.change:  # with the action's change when the move changed what its trainers are told too
+            moved = replace(changed(JobStateChanged, command.change), action=action)
+            _fact(conn, decision, command.change.at, moved, job.id)
         elif command.action:
-            action = change_data(command.action)
-            _event(conn, decision, command.action.at, EventKind.JOB_ACTION_CHANGED, job.id, None, action)
+            _fact(conn, decision, command.action.at, changed(JobActionChanged, command.action), job.id)
     elif isinstance(command, StartGeneration):
         layout = command.layout
         conn.execute(
@@ -272,12 +279,7 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
         ]
         if rows:
             conn.execute(insert(assignments), rows)
-        data = {"generation": command.generation, "layout": layout.describe(), "resume_step": command.resume_step}
-        data.update(resume_generation=command.resume_generation)
-        if command.held_step:
-            data.update(held_step=command.held_step, held_generation=command.held_generation)
-        data.update(cause=command.morph_detail, morph_cause=str(command.morph_cause))
-        _event(conn, decision, command.at, EventKind.GENERATION_ISSUED, command.job_id, None, data)
+        _fact(conn, decision, command.at, issued(command), command.job_id)
     elif isinstance(command, RecordCheckpoint):
         conn.execute(
             sqlite_insert(checkpoints)
@@ -295,6 +297,24 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
         pass  # side effects the runner performs once persisted; their outcomes come back as events
     else:
         assert_never(command)  # a new command type must say here how it is stored
+
+
+def issued(command: StartGeneration) -> GenerationIssued:
+    """The ``GenerationIssued`` fact of a generation the store writes."""
+    return GenerationIssued(
+        command.generation,
+        command.layout.describe(),
+        command.resume_step,
+        command.morph_detail,
+        command.resume_generation,
+        command.held_step,
+        command.held_generation,
+        str(command.morph_cause),
+    )
+
+
+def _fact(conn: Connection, decision: int, at: float, fact: Fact, job: str | None, node: str | None = None) -> None:
+    _event(conn, decision, at, fact.kind, job, node, fact.data())
 
 
 def _event(

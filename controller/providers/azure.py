@@ -43,8 +43,9 @@ from azure.mgmt.compute import models
 from azure.mgmt.compute.aio import ComputeManagementClient
 
 from controller.core.events import EventKind
+from controller.eventlog import provider_facts as facts
 from controller.providers import azure_scale as scale
-from controller.providers import azure_tokens, facts
+from controller.providers import azure_tokens
 from controller.providers.azure_config import AzureSettings
 from controller.providers.azure_scale import Failure, Instance
 from controller.providers.base import CannotList, Clock, ProviderPort, SilentPort, instances_for

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.core.events import EventKind
-from controller.core.facts import Fact
+from controller.eventlog.fact import Fact
 
 
 class Clock(Protocol):
@@ -66,8 +66,8 @@ class ProviderEvent:
 
 
 class ProviderPort(Protocol):
-    """All a provider may ask of the controller: record an event (:mod:`controller.providers.facts`), and whether
-    a node runs a job."""
+    """All a provider may ask of the controller: record an event (:mod:`controller.eventlog.provider_facts`),
+    and whether a node runs a job."""
 
     def report(self, fact: Fact) -> None: ...
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import assert_never
 
-from controller.core import capacity, facts, intake, invariants
+from controller.core import capacity, intake, invariants
 from controller.core.lifecycle import JOB_LIVE
 from controller.core.model import (
     Action,
@@ -44,8 +44,9 @@ from controller.core.model import (
     apply,
 )
 from controller.core.reconcile import Config, cancel, fail, reconcile
+from controller.eventlog import facts, provider_facts
+from controller.eventlog.fact import Fact
 from controller.persistence.store import Store, unavailable
-from controller.providers import facts as provider_facts
 from controller.providers.base import CannotList, Clock, Provider, ProviderEvent, ProviderInbox
 from controller.shell.effects import Effects
 from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
@@ -304,7 +305,7 @@ class Runner:
             await self.provider.request_capacity(command.slots)
         except Exception as exc:
             log.warning("capacity request for %d slots failed: %s", command.slots, exc)
-            outcome: facts.Fact = provider_facts.ProviderCapacityRequestFailed(command.slots, str(exc))
+            outcome: Fact = provider_facts.ProviderCapacityRequestFailed(command.slots, str(exc))
         else:
             outcome = provider_facts.CapacityRequested(command.slots)
         async with self.lock:

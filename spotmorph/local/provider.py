@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.eventlog.provider_facts import LocalVmsStarted
 from controller.files import write_private
 from controller.providers.base import ProviderPort, SilentPort, instances_for
-from controller.providers.facts import LocalVmsStarted
 from controller.tokens import issue_vm_token
 from spotmorph.local import gpu_share, netns, vm_start
 from spotmorph.local.layout import ClusterDir, VmDir

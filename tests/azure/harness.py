@@ -12,7 +12,7 @@ from typing import Any
 from azure.core.credentials import AccessToken
 from azure.core.pipeline.transport._aiohttp import AioHttpTransport
 
-from controller.core.facts import Fact
+from controller.eventlog.fact import Fact
 from controller.providers.azure import AzureScaleSetProvider
 from controller.providers.azure_config import AzureSettings
 from controller.providers.base import ProviderPort

@@ -17,9 +17,9 @@ from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Command, NodeObservation, RequestCapacity, World
 from controller.core.reconcile import Config
+from controller.eventlog.provider_facts import LocalVmsStarted
 from controller.persistence.store import Store
 from controller.providers.base import ProviderInbox, StaticProvider
-from controller.providers.facts import LocalVmsStarted
 from controller.shell.runner import Runner, RunnerSettings
 from tests.controller.helpers import FakeProvider, job, node, spec, write_profile
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from controller.core import facts
 from controller.core.events import EventKind
 from controller.core.model import RecordEvent, World
 from controller.core.reconcile.draft import Draft
+from controller.eventlog import facts
+from controller.eventlog.fact import Fact
 
 
-def every_fact() -> list[type[facts.Fact]]:
+def every_fact() -> list[type[Fact]]:
     return [
-        c for c in vars(facts).values() if isinstance(c, type) and issubclass(c, facts.Fact) and c is not facts.Fact
+        c for c in vars(facts).values() if isinstance(c, type) and issubclass(c, Fact) and "kind" in vars(c)
     ]
 
 

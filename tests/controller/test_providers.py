@@ -12,10 +12,9 @@ import pytest
 
 from controller.app.providers import make_provider
 from controller.app.settings import ControllerSettings, LocalSettings
-from controller.core import facts as core_facts
 from controller.core.events import EventKind
-from controller.core.facts import Fact
-from controller.providers import facts as provider_facts
+from controller.eventlog import provider_facts
+from controller.eventlog.fact import Fact
 from controller.providers.base import CannotList, ProviderInbox, StaticProvider
 from morphing.errors import UserInputError
 from spotmorph.commands.controller import PROVIDERS
@@ -94,18 +93,9 @@ def test_the_factory_builds_each_provider_on_the_port_it_is_given(tmp_path: Path
     assert provider.cluster_dir == tmp_path.resolve() and provider.state_dir == tmp_path / "state"
 
 
-def test_every_event_kind_has_its_dataclass_or_is_derived_from_a_typed_command() -> None:
-    """One dataclass per kind a decision or a provider reports; the rest the store writes from commands."""
-    classes = [*vars(core_facts).values(), *vars(provider_facts).values()]
-    typed = {c.kind for c in classes if isinstance(c, type) and issubclass(c, core_facts.Fact) and "kind" in vars(c)}
-    derived = {
-        EventKind.JOB_SUBMITTED,  # AddJob
-        EventKind.JOB_STATE_CHANGED,  # SetJob.change (a Transition)
-        EventKind.JOB_ACTION_CHANGED,  # SetJob.action
-        EventKind.NODE_STATE_CHANGED,  # SetNode.change
-        EventKind.GENERATION_ISSUED,  # StartGeneration
-    }
-    assert typed | derived == set(EventKind) and not typed & derived
+def test_every_provider_call_failure_has_its_dataclass() -> None:
+    """Each kind of call failure describe() gives is a ProviderCallFailed of its own (every kind's fact:
+    tests/controller/test_event_schema.py)."""
     failures = {EventKind.PROVIDER_THROTTLED, EventKind.PROVIDER_CAPACITY_UNAVAILABLE, EventKind.PROVIDER_CONFLICT}
     failures |= {EventKind.PROVIDER_NOT_FOUND, EventKind.PROVIDER_AUTH_FAILED, EventKind.PROVIDER_UNREACHABLE}
     assert set(provider_facts.CALL_FAILURES) == failures | {EventKind.PROVIDER_ERROR}  # every kind describe() gives

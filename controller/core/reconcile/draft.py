@@ -14,10 +14,10 @@ from typing import Unpack
 from controller.core.causes import MorphCause
 from controller.core.changes import act, amend, move
 from controller.core.commands import Command, SetJob, SetNode
-from controller.core.facts import Fact
 from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import JobRecord, NodeRecord, World
 from controller.core.records import JobFields, MoveFields, NodeFields
+from controller.eventlog.fact import Fact
 
 N = NodeState
 SERVING = frozenset({N.ASSIGNED, N.DRAINING})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from controller.core import facts
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action, JobRecord, NodeRecord, World
@@ -22,6 +21,7 @@ from controller.core.reconcile.devices import may_run_on, spec_on
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import planned
 from controller.core.reconcile.unreachable import held_out
+from controller.eventlog import facts
 from morphing.jobspec import JobSpec
 from morphing.planner import Plan, Planner
 from morphing.policy import decide_morph

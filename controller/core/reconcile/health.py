@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from controller.core import facts
 from controller.core.commands import ReleaseInstance
 from controller.core.flapping import held, release_reason
 from controller.core.lifecycle import JOB_ACTIVE, NodeState
@@ -10,6 +9,7 @@ from controller.core.model import NodeRecord
 from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import observation
+from controller.eventlog import facts
 
 N = NodeState
 LIVE = frozenset({N.READY, N.ASSIGNED})

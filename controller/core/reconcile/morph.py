@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action
@@ -38,6 +37,7 @@ from controller.core.reconcile.unreachable import (
     still_excluded,
 )
 from controller.core.records import Exclusions, JobRecord
+from controller.eventlog import facts
 
 J = JobState
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.core import facts
 from controller.core.commands import RecordCheckpoint, RecordPause
 from controller.core.model import JobRecord, RankReport, Training
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports
 from controller.core.records import CheckpointStall, Evaluation, JobFields
+from controller.eventlog import facts
 
 
 def progress(draft: Draft, job_id: str, progress_event_seconds: float = 60.0) -> None:

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, RankReport
 from controller.core.observations import Refusal
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports
+from controller.eventlog import facts
 
 
 def refused(draft: Draft, job_id: str) -> bool:

@@ -35,7 +35,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from controller.core import facts
 from controller.core.causes import JobFailureCause, MorphCause, SalvageOutcome
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord
@@ -43,6 +42,7 @@ from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports, observation
 from controller.core.records import JobFields, Morph
+from controller.eventlog import facts
 
 DEADLINE_MARGIN_SECONDS = 2.0  # past the writers' deadline: what a late report may still need
 

@@ -1,6 +1,6 @@
 """What each event a provider (or the runner's call to one) reports says: one frozen dataclass per kind.
 
-The controller's own decisions say theirs with :mod:`controller.core.facts`; these are the provider side of
+The controller's own decisions say theirs with :mod:`controller.eventlog.facts`; these are the provider side of
 the same vocabulary, reported through :class:`controller.providers.base.ProviderPort` and logged by the next
 decision. A field a cloud may not give is optional (left out of the data while None).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from controller.core.events import EventKind
-from controller.core.facts import Fact
+from controller.eventlog.fact import Fact
+from controller.eventlog.kinds import EventKind
 
 K = EventKind
 

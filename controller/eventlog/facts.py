@@ -1,35 +1,21 @@
-"""What each event the controller decides says: one frozen dataclass per kind, its fields the event's data.
+"""What each event of the controller's log says: one frozen dataclass per kind, its fields the event's data.
 
 As the trainer's events are (:mod:`worker_agent.contract.events`), so are the controller's own: a decision
 says ``draft.event(CollectiveFailed(generation=3, rank=1, ...), job, node)`` and mypy checks the fields,
 where a ``**data`` of any keys would store a misspelt one silently. :meth:`Fact.data` is what the event log
-keeps (a field left ``None`` where the class marks it optional is left out). The providers' events are
-:mod:`controller.providers.facts`; the store derives the state changes' and generations' events from the
-typed commands it writes (a :class:`~controller.core.lifecycle.Transition`, a ``StartGeneration``).
+keeps (a field left ``None`` where the class marks it optional is left out), and the readers decode the same
+classes (:func:`controller.eventlog.schema.decode`). The providers' events are
+:mod:`controller.eventlog.provider_facts`; the store builds the state changes', submissions' and generations'
+facts from the typed commands it writes (a ``Transition``, an ``AddJob``, a ``StartGeneration``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any
 
-from controller.core.commands import RecordEvent
-from controller.core.events import EventKind
-
-
-@dataclass(frozen=True)
-class Fact:
-    kind: ClassVar[EventKind]
-    optional: ClassVar[frozenset[str]] = frozenset()  # fields left out of the data while None
-
-    def data(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: v for k, v in out.items() if not (v is None and k in self.optional)}
-
-    def recorded(self, at: float, job: str | None = None, node: str | None = None) -> RecordEvent:
-        """The command that writes this fact to the event log, at ``at``, of ``job`` and ``node``."""
-        return RecordEvent(self.kind, at, job, node, self.data())
+from controller.eventlog.fact import Fact
+from controller.eventlog.kinds import EventKind
 
 
 @dataclass(frozen=True)
@@ -38,7 +24,7 @@ class NodeRegistered(Fact):
     incarnation: int
     slots: int
     address: str
-    gpus: list[dict[str, Any]]
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # none in events older than nodes' GPUs: a CPU node
 
 
 @dataclass(frozen=True)
@@ -210,3 +196,78 @@ class ReportRefused(Fact):
 @dataclass(frozen=True)
 class DecisionsResumed(Fact):
     kind = EventKind.DECISIONS_RESUMED
+
+
+@dataclass(frozen=True)
+class InvariantViolated(Fact):
+    """A decided world broke invariants (controller.core.invariants, under ``--validate``): a bug, so the decision
+    was not committed. ``invariants`` names them, ``detail`` says how (one sentence each)."""
+
+    kind = EventKind.INVARIANT_VIOLATED
+    invariants: list[str]
+    detail: str
+
+
+# The store's own: it builds these from the typed commands it writes.
+
+
+@dataclass(frozen=True)
+class JobSubmitted(Fact):
+    kind = EventKind.JOB_SUBMITTED
+    name: str  # the spec's
+
+
+@dataclass(frozen=True)
+class StateChanged(Fact):
+    """One edge of a state machine: ``source -> target`` (``from`` and ``to`` in the data), the cause its table
+    gives the edge, and why it was taken (:class:`controller.core.lifecycle.Transition`)."""
+
+    renamed = (("source", "from"), ("target", "to"))
+    source: str
+    target: str
+    cause: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeStateChanged(StateChanged):
+    kind = EventKind.NODE_STATE_CHANGED
+
+
+@dataclass(frozen=True)
+class JobActionChanged(StateChanged):
+    """What a morphing job's trainers are told changed (RUN, STOP, ABORT, HOLD), on its own."""
+
+    kind = EventKind.JOB_ACTION_CHANGED
+
+
+@dataclass(frozen=True)
+class JobStateChanged(StateChanged):
+    """A job's state changed, and its action with it when the move changed that too (``action``)."""
+
+    kind = EventKind.JOB_STATE_CHANGED
+    optional = frozenset({"action"})
+    action: JobActionChanged | None = None
+
+
+@dataclass(frozen=True)
+class GenerationIssued(Fact):
+    """A generation of a job was issued: its layout in words, the checkpoint it loads (``resume_step`` of
+    ``resume_generation``), the step it takes from its predecessor's memory instead (``held_step`` of
+    ``held_generation``; 0: none), and why (``cause`` in words, ``morph_cause`` a ``MorphCause`` value).
+    Events older than a field read its default (written before generations named them)."""
+
+    kind = EventKind.GENERATION_ISSUED
+    generation: int
+    layout: str
+    resume_step: int
+    cause: str
+    resume_generation: int = 0
+    held_step: int = 0
+    held_generation: int = 0
+    morph_cause: str = ""  # "": written before causes were labelled
+
+    @property
+    def resumed_at_step(self) -> int:
+        """The step it started from: the memory it took, or its checkpoint (as ``JobRecord.resumed_at_step``)."""
+        return max(self.resume_step, self.held_step)
