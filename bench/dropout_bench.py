@@ -36,7 +36,7 @@ from torch import nn
 
 from bench.common import ROOT, machine, replace_section
 from worker_agent.runtime import dropout_fused
-from worker_agent.runtime.dropout import apply_dropout
+from worker_agent.runtime.dropout import Masks, apply_dropout
 from worker_agent.runtime.model_api import Dropout, assign_dropout_keys, sample_context
 
 HEADING = "## Layout-free dropout against torch's dropout (`bench/dropout_bench.py`)"
@@ -93,9 +93,10 @@ def op_rows(device: torch.device, compiled: bool, rounds: int = 50) -> list[str]
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0)).to(device, dtype)
         ids = torch.arange(SHAPE[0], device=device)
+        masks = Masks()  # what the runtime keeps: sample and element words, the compiled kernel
         variants: dict[str, Variant] = {
             "torch.nn.functional.dropout": ("off", functools.partial(nn.functional.dropout, x, P, True)),
-            "layout-free, eager": ("off", functools.partial(apply_dropout, x, ids, 1, 2, 3, P)),
+            "layout-free, eager": ("off", functools.partial(apply_dropout, x, ids, 1, 2, 3, P, masks)),
         }
         if compiled:
             variants["layout-free, compiled (one kernel)"] = ("on", variants["layout-free, eager"][1])
@@ -141,11 +142,11 @@ def _step(
 ) -> Callable[[], object]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.arange(x.shape[0], device=x.device)
-    step = [0]
+    step, masks = [0], Masks()
 
     def run() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with sample_context(0, step[0], ids):
+        with sample_context(0, step[0], ids, masks):
             loss = loss_fn(model(x), y)
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()

@@ -47,14 +47,16 @@ class JobSpec(BaseModel):
     # strict: `steps: true` or `global_batch: "8"` are mistakes, not 1 and 8
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the job's name"
+    )
     entrypoint: str = Field(min_length=3, max_length=1024, description="path/file.py:function or module:function")
     global_batch: PositiveInt = Field(le=1_000_000_000, description="samples per optimizer step")
     steps: PositiveInt = Field(le=1_000_000_000, description="train until this step")
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
-    dtype: DType = "float32"
-    schedule: Schedule = "1f1b"
-    micro_batch_size: PositiveInt | None = Field(default=None, le=1_000_000)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seeds the model's initial weights and the data order")
+    dtype: DType = Field(default="float32", description="master weights and checkpoints")
+    schedule: Schedule = Field(default="1f1b", description="pipeline schedule")
+    micro_batch_size: PositiveInt | None = Field(default=None, le=1_000_000, description="samples per micro-batch")
     checkpoint_interval: int = Field(default=50, ge=0, le=1_000_000_000, description="steps; 0: only on morphs")
     eval_interval: int = Field(
         default=0, ge=0, le=1_000_000_000, description="steps between evaluations of the eval_dataset; 0: off"
@@ -66,7 +68,7 @@ class JobSpec(BaseModel):
         description="steps between training lines in the trainers' log (step, loss, samples/s, layout); "
         "0: only each generation's first step and its end",
     )
-    checkpoint_dir: str = Field(min_length=1, max_length=4096)
+    checkpoint_dir: str = Field(min_length=1, max_length=4096, description="where checkpoints go")
     keep: int = Field(default=3, ge=1, le=1000, description="committed checkpoints kept")
     background_checkpoint: bool = Field(default=False, description="write checkpoints while training goes on")
     morph_through_memory: bool = Field(

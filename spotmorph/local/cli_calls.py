@@ -11,6 +11,7 @@ are the cluster's own, named on the command line, so nothing in this process's e
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import os
 import subprocess
@@ -41,15 +42,16 @@ def _checked(
 # ``python -m spotmorph.cli ARGS`` run elsewhere than in a new interpreter: (argv after the interpreter, the
 # environment, the timeout) -> (exit code, stdout, stderr), raising subprocess.TimeoutExpired past the timeout.
 Runner = Callable[[Sequence[str], Mapping[str, str], float], tuple[int, str, str]]
-_runner: Runner | None = None
+# The runner of this context (a thread started since sees none, and runs its commands as new processes).
+_RUNNER: contextvars.ContextVar[Runner | None] = contextvars.ContextVar("spotmorph_cli_runner", default=None)
 
 
 def use_runner(runner: Runner | None) -> Runner | None:
     """Run every command of :func:`run_cli` with ``runner`` (None: as new processes again); returns the one it
     replaces. The test suite forks them from a server that imported once (tests/forkserver.py): a command's
     imports cost 0.6-5 s of CPU."""
-    global _runner
-    before, _runner = _runner, runner
+    before = _RUNNER.get()
+    _RUNNER.set(runner)
     return before
 
 
@@ -58,8 +60,9 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """``spotmorph ARGS`` as a new process (with ``env``, from the repository's root), or with the runner set."""
     command = spotmorph(*args)
-    if _runner is not None:
-        code, stdout, stderr = _runner(command[1:], os.environ if env is None else env, timeout)
+    runner = _RUNNER.get()
+    if runner is not None:
+        code, stdout, stderr = runner(command[1:], os.environ if env is None else env, timeout)
         return _checked(args, subprocess.CompletedProcess(command, code, stdout, stderr), check)
     out = subprocess.run(
         command,

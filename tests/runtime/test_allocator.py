@@ -85,14 +85,15 @@ def build():
 PREPARED = """
 import json, resource, sys
 from worker_agent.runtime.allocator import keep_freed_memory
-keep_freed_memory()
+keeps = keep_freed_memory()
 import torch
 from morphing.jobspec import JobSpec
 from worker_agent.runtime import warm_model
 
 job = JobSpec(name="big", entrypoint=sys.argv[1], global_batch=4, steps=1, checkpoint_dir="unused", device="cpu")
-warm_model.prepare(job)
-parameter_bytes = sum(t.numel() * t.element_size() for t in warm_model._BUILT.model.tensors.values())
+shelf = warm_model.ModelShelf()
+shelf.prepare(job, touch=keeps)
+parameter_bytes = sum(t.numel() * t.element_size() for t in shelf.built.model.tensors.values())
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 landed = [torch.ones(parameter_bytes // 4 // 16) for _ in range(3 * 16)]  # moved parameters and two moments
 print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, "bytes": 3 * parameter_bytes}))

@@ -161,9 +161,13 @@ def test_aborting_communicators_is_best_effort_and_newest_first(monkeypatch: pyt
             if self.fails:
                 raise RuntimeError("communicator already gone")
 
-    monkeypatch.setattr(comm, "_NCCL_GROUPS", [Group("pipeline", False), Group("data", True), Group("tied", False)])
-    comm.abort_communicators()
-    assert aborted == ["tied", "data", "pipeline"] and comm._NCCL_GROUPS == []
+    communicators = comm.Communicators()
+    for group in (Group("pipeline", False), Group("data", True), Group("tied", False)):
+        communicators.add(group)  # type: ignore[arg-type]
+    communicators.abort()
+    assert aborted == ["tied", "data", "pipeline"]
+    communicators.abort()
+    assert aborted == ["tied", "data", "pipeline"], "each is aborted once"
     assert comm.tensor_backend(torch.device("cpu")) == "gloo" and comm.tensor_backend(torch.device("cuda", 1)) == "nccl"
 
 

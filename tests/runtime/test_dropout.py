@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from worker_agent.runtime.dropout import (
     GOLDEN,
     MASK64,
+    Masks,
     apply_dropout,
     drop_threshold,
     eager_kernel,
@@ -76,10 +77,11 @@ def test_a_sample_gets_the_same_mask_in_any_micro_batch() -> None:
 
 
 def test_cached_sample_words_follow_in_place_changes_of_the_ids() -> None:
-    ids = torch.tensor([1, 2, 3])
-    before = keep_mask(torch.Size([3, 64]), ids, 0, 0, 5, 0.5)
+    ids, masks = torch.tensor([1, 2, 3]), Masks()
+    before = keep_mask(torch.Size([3, 64]), ids, 0, 0, 5, 0.5, masks)
+    assert torch.equal(before, keep_mask(torch.Size([3, 64]), ids, 0, 0, 5, 0.5)), "kept or not, the same mask"
     ids[0] = 7  # the same tensor object, a new version: the cache must not answer with sample 1's words
-    after = keep_mask(torch.Size([3, 64]), ids, 0, 0, 5, 0.5)
+    after = keep_mask(torch.Size([3, 64]), ids, 0, 0, 5, 0.5, masks)
     assert torch.equal(after[0], keep_mask(torch.Size([1, 64]), torch.tensor([7]), 0, 0, 5, 0.5)[0])
     assert torch.equal(before[1:], after[1:]) and not torch.equal(before[0], after[0])
 

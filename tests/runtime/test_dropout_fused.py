@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from worker_agent.runtime import dropout_fused
-from worker_agent.runtime.dropout import apply_dropout, eager_kernel, element_words, fused_kernel, keep_mask
+from worker_agent.runtime.dropout import Masks, apply_dropout, eager_kernel, element_words, fused_kernel, keep_mask
 
 IDS = torch.tensor([5, 0, 2**33 + 7, 11, -1, 3, 40])  # -1: the runtime pads short micro-batches with it
+MASKS = Masks()  # as a trainer process keeps one: the comparisons share its compiled kernels
 
 
 def _run(x: torch.Tensor, splits: list[int], p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +24,8 @@ def _run(x: torch.Tensor, splits: list[int], p: float) -> tuple[torch.Tensor, to
     x = x.detach().requires_grad_(True)
     parts, start = [], 0
     for size in splits:
-        parts.append(apply_dropout(x[start : start + size], IDS[start : start + size].to(x.device), 9, 4, 77, p))
+        ids = IDS[start : start + size].to(x.device)
+        parts.append(apply_dropout(x[start : start + size], ids, 9, 4, 77, p, MASKS))
         start += size
     out = torch.cat(parts)
     weights = torch.linspace(-2.0, 3.0, out.numel(), dtype=x.dtype, device=x.device).reshape(out.shape)
@@ -48,7 +50,7 @@ def _compare(device: torch.device, dtype: torch.dtype, monkeypatch: pytest.Monke
         got = _run(x.to(device), splits, p)
         assert torch.equal(got[0], want[0]), (shape, splits, p, dtype)
         assert torch.equal(got[1], want[1]), (shape, splits, p, dtype)
-    assert dropout_fused._verdicts[(device.type, device.index, dtype)] is not None  # the compiled kernel ran
+    assert MASKS.kernels.verdicts[(device.type, device.index, dtype)] is not None  # the compiled kernel ran
 
 
 @pytest.mark.slow
@@ -65,7 +67,8 @@ def test_a_kernel_that_differs_from_the_reference_is_refused_with_one_warning(ca
         return eager_kernel(x, words, layer, threshold, scale) * 2
 
     with caplog.at_level(logging.WARNING, logger=dropout_fused.__name__):
-        assert dropout_fused.check(fused_kernel, doubled, element_words, torch.device("cpu"), torch.float32) is None
+        fused = dropout_fused.compile_kernel(fused_kernel)
+        assert dropout_fused.check(fused, doubled, element_words, torch.device("cpu"), torch.float32) is None
     assert [r.getMessage() for r in caplog.records] == [
         "layout-free dropout: the compiled kernel on cpu differs from the eager one on the CPU for torch.float32; "
         "using eager"
@@ -83,7 +86,8 @@ def test_a_kernel_that_cannot_be_compiled_leaves_dropout_eager_with_one_warning(
         return fused_kernel(x, rows, columns, threshold, scale)
 
     with caplog.at_level(logging.WARNING, logger=dropout_fused.__name__):
-        assert dropout_fused.check(untraceable, eager_kernel, element_words, torch.device("cpu"), torch.float32) is None
+        fused = dropout_fused.compile_kernel(untraceable)
+        assert dropout_fused.check(fused, eager_kernel, element_words, torch.device("cpu"), torch.float32) is None
     (record,) = caplog.records
     assert record.getMessage().startswith("layout-free dropout: no compiled kernel on cpu for torch.float32 (")
 
@@ -95,7 +99,7 @@ def test_compilation_is_wanted_on_cuda_only_unless_asked(monkeypatch: pytest.Mon
     assert not dropout_fused.wanted(x, 1 << 31, "on")  # element indices past int32: eager only
     monkeypatch.setenv(dropout_fused.ENV, "yes")
     with pytest.raises(ValueError, match="SPOTMORPH_DROPOUT_COMPILE='yes' is not one of auto, on, off"):
-        apply_dropout(x, torch.tensor([0, 1]), 0, 0, 0, 0.5)
+        apply_dropout(x, torch.tensor([0, 1]), 0, 0, 0, 0.5, Masks())
 
 
 @pytest.mark.gpu
@@ -149,7 +153,7 @@ def test_the_compiled_kernel_under_recomputation_equals_eager(monkeypatch: pytes
     lin1, lin2 = torch.nn.Linear(9, 9), torch.nn.Linear(9, 9)
 
     def block(x: torch.Tensor) -> torch.Tensor:  # dropout last: its save is where the re-run stops
-        return apply_dropout(lin2(lin1(x)), IDS, 9, 4, 77, 0.3)
+        return apply_dropout(lin2(lin1(x)), IDS, 9, 4, 77, 0.3, MASKS)
 
     x = torch.randn(7, 9, generator=torch.Generator().manual_seed(3))
     grads = []
@@ -160,4 +164,4 @@ def test_the_compiled_kernel_under_recomputation_equals_eager(monkeypatch: pytes
         checkpoint(block, x, use_reentrant=False).sum().backward()
         grads.append([p.grad.clone() for p in (*lin1.parameters(), *lin2.parameters()) if p.grad is not None])
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
-    assert dropout_fused._verdicts[("cpu", None, torch.float32)] is not None  # still compiled
+    assert MASKS.kernels.verdicts[("cpu", None, torch.float32)] is not None  # still compiled

@@ -121,7 +121,7 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
-from worker_agent.runtime.comm import make_groups
+from worker_agent.runtime.comm import Communicators, make_groups
 from worker_agent.runtime.engine import StageRunner
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.partition import PartitionedModel
@@ -134,7 +134,8 @@ model = PartitionedModel(build_spec(entry, job.seed))
 model.to_dtype(torch.float32)
 layout = make_layout(num_layers=len(model.layer_names), pipeline_stages=1, data_parallel=1, micro_batch_size=2,
                      global_batch=4)
-runner = StageRunner(job, layout, 0, model, make_groups(layout, model, 0, torch.device("cpu"), 60.0))
+groups = make_groups(layout, model, 0, torch.device("cpu"), 60.0, Communicators())
+runner = StageRunner(job, layout, 0, model, groups)
 """
 
 RUNNER_PROBE = (

@@ -68,7 +68,7 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
-from worker_agent.runtime.comm import make_groups
+from worker_agent.runtime.comm import Communicators, make_groups
 from worker_agent.runtime.engine import StageRunner
 from worker_agent.runtime.warm_model import build
 
@@ -81,7 +81,7 @@ job = JobSpec(name="probe", entrypoint=entry, global_batch=6, steps=3, checkpoin
 model = build(job)
 layout = make_layout(num_layers=len(model.layer_names), pipeline_stages=1, data_parallel=1, micro_batch_size=2,
                      global_batch=6)
-runner = StageRunner(job, layout, 0, model, make_groups(layout, model, 0, cpu, 60.0))
+runner = StageRunner(job, layout, 0, model, make_groups(layout, model, 0, cpu, 60.0, Communicators()))
 counter = model.modules[0]
 counter.calls = 0  # the start-up checks ran the layer too
 calls = []

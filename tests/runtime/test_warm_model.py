@@ -46,7 +46,7 @@ import torch, torch.distributed as dist
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from worker_agent.runtime import warm_model
-from worker_agent.runtime.comm import make_groups
+from worker_agent.runtime.comm import Communicators, make_groups
 from worker_agent.runtime.engine import StageRunner
 
 entry, ckpt = sys.argv[1], sys.argv[2]
@@ -59,11 +59,12 @@ job = JobSpec(name="probe", entrypoint=entry, global_batch=4, steps=3, checkpoin
 def runner_of(model):
     layout = make_layout(num_layers=len(model.layer_names), pipeline_stages=1, data_parallel=1,
                          micro_batch_size=2, global_batch=4)
-    return layout, StageRunner(job, layout, 0, model, make_groups(layout, model, 0, cpu, 60.0))
+    return layout, StageRunner(job, layout, 0, model, make_groups(layout, model, 0, cpu, 60.0, Communicators()))
 
 
 layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
-first, reused_first = warm_model.model_for(job, layout, cpu)
+shelf = warm_model.ModelShelf()
+first, reused_first = shelf.model_for(job, layout, cpu)
 initial = {n: t.detach().clone() for n, t in first.tensors.items()}
 _, runner = runner_of(first)
 runner.run_step(0)
@@ -71,11 +72,11 @@ runner.run_step(1)
 moved = float(first.modules[1].calls)
 trained = {n: t.detach().clone() for n, t in first.tensors.items()}
 next(iter(first.tensors.values())).grad = torch.ones_like(next(iter(first.tensors.values())))
-again, reused_again = warm_model.model_for(job, layout, cpu)
+again, reused_again = shelf.model_for(job, layout, cpu)
 _, runner = runner_of(again)
 warm_model.initial_weights(job, runner)
 other_job = job.model_copy(update={"seed": job.seed + 1})
-other, reused_other = warm_model.model_for(other_job, layout, cpu)
+other, reused_other = shelf.model_for(other_job, layout, cpu)
 print(json.dumps({
     "reused": [reused_first, reused_again, reused_other],
     "same_object": again is first,
@@ -113,11 +114,12 @@ entry, ckpt = sys.argv[1], sys.argv[2]
 cpu = torch.device("cpu")
 job = JobSpec(name="probe", entrypoint=entry, global_batch=4, steps=3, checkpoint_dir=ckpt, device="cpu")
 layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=1, micro_batch_size=2, global_batch=4)
-on_gpu = warm_model.prepare(job.model_copy(update={"device": "cuda"}))
-built, again = warm_model.prepare(job), warm_model.prepare(job)
-prebuilt = warm_model._BUILT.model
-first, trained_first = warm_model.model_for(job, layout, cpu)
-second, trained_second = warm_model.model_for(job, layout, cpu)
+shelf = warm_model.ModelShelf()
+on_gpu = shelf.prepare(job.model_copy(update={"device": "cuda"}), touch=False)
+built, again = shelf.prepare(job, touch=False), shelf.prepare(job, touch=False)
+prebuilt = shelf.built.model
+first, trained_first = shelf.model_for(job, layout, cpu)
+second, trained_second = shelf.model_for(job, layout, cpu)
 fresh = warm_model.build(job)
 print(json.dumps({
     "prepared": [on_gpu, built, again],
@@ -129,8 +131,8 @@ print(json.dumps({
 
 
 def test_a_model_prepared_ahead_is_the_one_the_first_generation_gets_with_its_initial_weights(tmp_path: Path) -> None:
-    """A free node's hint (:func:`warm_model.prepare`): built once, CPU jobs only, handed to the generation that
-    comes as untrained (it needs no initial weights put back), and as trained to the one after it."""
+    """A free node's hint (:meth:`warm_model.ModelShelf.prepare`): built once, CPU jobs only, handed to the
+    generation that comes as untrained (it needs no initial weights put back), and as trained to the one after it."""
     entry = tmp_path / "counting.py"
     entry.write_text(MODEL.format(examples=str(REPO / "examples")))
     found = probe(PREPARE_PROBE, f"{entry}:build", str(tmp_path / "ckpt"))

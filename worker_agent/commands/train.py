@@ -10,135 +10,95 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from morphing.jobspec import DEVICES, DTYPES, PRECISIONS, SCHEDULES, JobSpec
+from morphing.jobspec import JobSpec
 
-
-def _default(field: str) -> Any:
-    return JobSpec.model_fields[field].default
+# The job fields `spotmorph train` sets, each a flag named as the field (dashed) and the older names it keeps.
+# Type, choices, default and description come from JobSpec: the CLI and the spec have one source.
+JOB_FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("name", ()),
+    ("global_batch", ()),
+    ("steps", ()),
+    ("micro_batch_size", ()),
+    ("checkpoint_dir", ()),
+    ("dtype", ()),
+    ("precision", ()),
+    ("device", ()),
+    ("activation_recomputation", ()),
+    ("exact", ()),
+    ("seed", ()),
+    ("schedule", ()),
+    ("checkpoint_interval", ("--checkpoint-every",)),
+    ("eval_interval", ()),
+    ("keep", ()),
+    ("background_checkpoint", ()),
+    ("timeout_seconds", ("--timeout",)),
+    ("peer_timeout_seconds", ()),
+    ("log_interval", ("--log-every",)),
+)
+# What a flag means on this machine beyond the field's description, and the defaults only a local run has.
+NOTES = {
+    "micro_batch_size": "default: one micro-batch per replica with 1 stage, about 2P with P stages",
+    "checkpoint_dir": "a run resumes from the newest in it",
+    "checkpoint_interval": "here 0 checkpoints only at the end",
+    "device": "here auto runs one GPU per rank when there are enough, else the CPU; cuda refuses to run without",
+    "log_interval": "rank 0 prints them",
+}
+LOCAL_DEFAULTS: dict[str, Any] = {"name": "local-train"}
+LOCAL_TYPES: dict[str, Callable[[str], Any]] = {"checkpoint_dir": Path}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("entrypoint", help="path/to/file.py:function or package.module:function")
-    parser.add_argument("--name", default="local-train", help="the job's name (default local-train)")
     parser.add_argument("--stages", type=int, default=1, help="pipeline stages P (default 1)")
     parser.add_argument("--replicas", type=int, default=1, help="data-parallel replicas D (default 1)")
-    parser.add_argument(
-        "--micro-batch-size",
-        type=int,
-        help="samples per micro-batch (default: one micro-batch per replica with 1 stage, about 2P with P stages)",
-    )
-    parser.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step B")
-    parser.add_argument("--steps", type=int, required=True, help="train until this step")
-    parser.add_argument(
-        "--checkpoint-dir", type=Path, required=True, help="where checkpoints go; a run resumes from the newest in it"
-    )
-    parser.add_argument("--dtype", choices=DTYPES, default=_default("dtype"), help="master weights and checkpoints")
-    parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default=_default("precision"),
-        help="compute: fp32, or bf16 / fp16 under autocast over float32 masters (default fp32)",
-    )
-    parser.add_argument(
-        "--device",
-        choices=DEVICES,
-        default=_default("device"),
-        help="auto (default): one GPU per rank when there are enough, else CPU; cuda: refuse to run without",
-    )
+    for field, aliases in JOB_FLAGS:
+        parser.add_argument(f"--{field.replace('_', '-')}", *aliases, dest=field, **job_option(field))
     parser.add_argument(
         "--spawn-ranks",
         action="store_true",
         help="start each rank as a new Python interpreter (on the CPU they are forked from this process by "
         "default, which imported torch once for all of them)",
     )
-    parser.add_argument(
-        "--activation-recomputation",
-        action="store_true",
-        help="recompute each layer during backward instead of keeping its activations (less memory)",
-    )
-    parser.add_argument(
-        "--exact",
-        action="store_true",
-        help="the same bits in any layout (fp32, bf16): fixed micro-batches of --micro-batch-size, gradients "
-        "summed in fixed point (slower; docs/runtime.md)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=_default("seed"), help="seeds the model's initial weights and the data order"
-    )
-    parser.add_argument(
-        "--schedule", choices=SCHEDULES, default=_default("schedule"), help="pipeline schedule (default %(default)s)"
-    )
-    parser.add_argument(
-        "--checkpoint-interval",
-        "--checkpoint-every",
-        type=int,
-        default=_default("checkpoint_interval"),
-        help=f"also checkpoint every N steps; 0: only at the end (default {_default('checkpoint_interval')})",
-    )
-    parser.add_argument(
-        "--eval-interval",
-        type=int,
-        default=_default("eval_interval"),
-        help="evaluate the model's eval_dataset every N steps; 0 (default): never",
-    )
-    parser.add_argument("--keep", type=int, default=_default("keep"), help="checkpoints kept (default 3)")
-    parser.add_argument("--background-checkpoint", action="store_true", help="write checkpoints in a thread")
-    parser.add_argument(
-        "--timeout-seconds",
-        "--timeout",
-        type=float,
-        default=_default("timeout_seconds"),
-        help=f"rendezvous, checkpoint and evaluation waits in seconds (default {_default('timeout_seconds'):g})",
-    )
-    parser.add_argument(
-        "--peer-timeout-seconds",
-        type=float,
-        default=_default("peer_timeout_seconds"),
-        help="how long a training step's collective waits for a peer "
-        f"(default {_default('peer_timeout_seconds'):g}; above a step's time)",
-    )
     parser.add_argument("--load-from", type=Path, help="start from this checkpoint instead of the newest")
     parser.add_argument("--run-dir", type=Path, help="job/layout files, progress-rank-R.jsonl, control/stop")
-    parser.add_argument(
-        "--log-interval",
-        "--log-every",
-        dest="log_interval",
-        type=int,
-        default=_default("log_interval"),
-        help="print the step, loss, samples/s and layout every N steps, as trainers under a controller log them "
-        f"(the job field log_interval; default {_default('log_interval')})",
-    )
+
+
+def job_option(field: str) -> dict[str, Any]:
+    """``add_argument``'s keywords for the job field ``field``, from its type, default and description."""
+    info = JobSpec.model_fields[field]
+    kind = _plain(info.annotation)
+    default = LOCAL_DEFAULTS.get(field, None if info.is_required() else info.default)
+    said = "; ".join(part for part in (info.description, NOTES.get(field)) if part)
+    if kind is bool:
+        return {"action": "store_true", "help": said}
+    option: dict[str, Any] = {"default": default, "required": default is None and info.is_required()}
+    if get_origin(kind) is Literal:
+        option["choices"] = get_args(kind)
+    else:
+        option["type"] = LOCAL_TYPES.get(field, kind)
+    shown = f"{default:g}" if isinstance(default, float) else default
+    option["help"] = said + ("" if default is None else f" (default {shown})")
+    return option
+
+
+def _plain(annotation: Any) -> Any:
+    """``int`` of ``PositiveInt | None``; a Literal stays itself."""
+    if get_origin(annotation) in (Union, UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
 
 
 def job_spec(args: argparse.Namespace) -> JobSpec:
     """The job the flags describe; a bad value is a :class:`UserInputError` naming the field."""
     from morphing.jobspec import parse_job_spec
 
-    fields = {
-        "name": args.name,
-        "entrypoint": args.entrypoint,
-        "global_batch": args.global_batch,
-        "steps": args.steps,
-        "seed": args.seed,
-        "dtype": args.dtype,
-        "precision": args.precision,
-        "device": args.device,
-        "activation_recomputation": args.activation_recomputation,
-        "exact": args.exact,
-        "schedule": args.schedule,
-        "micro_batch_size": args.micro_batch_size,
-        "checkpoint_interval": args.checkpoint_interval,
-        "eval_interval": args.eval_interval,
-        "log_interval": args.log_interval,
-        "checkpoint_dir": str(args.checkpoint_dir),
-        "keep": args.keep,
-        "background_checkpoint": args.background_checkpoint,
-        "timeout_seconds": args.timeout_seconds,
-        "peer_timeout_seconds": args.peer_timeout_seconds,
-    }
+    fields = {field: getattr(args, field) for field, _ in JOB_FLAGS}
+    fields.update(entrypoint=args.entrypoint, checkpoint_dir=str(args.checkpoint_dir))
     return parse_job_spec(fields, what="job")
 
 

@@ -25,12 +25,13 @@ MODES = ("keep", "system")
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4
 NEVER_TRIM = -1  # mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming completely"
-_keeping = False  # this process was tuned: memory it frees stays mapped, touched, for its next allocations
 
 
 def keep_freed_memory() -> bool:
-    """Tune this process's malloc as the module says; True when it was tuned (glibc, mode ``keep``). A mode
-    that is neither is this node's setting, not the job's: :class:`NodeUnfit`."""
+    """Tune this process's malloc as the module says; True when it was tuned (glibc, mode ``keep``): memory it
+    frees then stays mapped, touched, for its next allocations (the caller keeps the answer:
+    :class:`worker_agent.runtime.trainer.TrainerProcess`). A mode that is neither is this node's setting, not the
+    job's: :class:`NodeUnfit`."""
     mode = os.environ.get(ENV, "keep")
     if mode not in MODES:
         raise NodeUnfit(f"{ENV}={mode[:40]!r} on this node is not one of {', '.join(MODES)}; unset it (keep)")
@@ -44,11 +45,4 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError, TypeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    global _keeping
-    _keeping = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
-    return _keeping
-
-
-def keeping() -> bool:
-    """Whether memory this process frees stays in its heap (:func:`keep_freed_memory` took effect)."""
-    return _keeping
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))

@@ -27,9 +27,30 @@ import torch.distributed as dist
 from morphing.layout import Layout
 from worker_agent.runtime.partition import PartitionedModel
 
-# Communicators this process created on a GPU, aborted before it exits (see abort_communicators).
-_NCCL_GROUPS: list[dist.ProcessGroup] = []
-_ABORT_LOCK = threading.Lock()
+
+class Communicators:
+    """The NCCL communicators this process created, over all its generations, aborted before it exits or when its
+    agent asks (:class:`worker_agent.runtime.salvage.AbortWatch`): the process owns them, not a module, and both
+    the main thread (on its way out, or holding a step) and the watcher thread abort them, hence the lock."""
+
+    def __init__(self) -> None:
+        self._groups: list[dist.ProcessGroup] = []
+        self._lock = threading.Lock()
+
+    def add(self, group: dist.ProcessGroup) -> None:
+        with self._lock:
+            self._groups.append(group)
+
+    def abort(self) -> None:
+        """Abort every communicator (newest first), so no GPU kernel waits on a peer that is gone; a group that
+        cannot be aborted is said, not hidden."""
+        with self._lock:
+            while self._groups:
+                group = self._groups.pop()
+                try:
+                    _abort(group)
+                except Exception as error:  # best effort on the way out: the process exits or holds next
+                    print(f"spotmorph trainer: warning: could not abort an NCCL group: {error!r}", file=sys.stderr)
 
 
 NCCL_ENVIRONMENT = {
@@ -63,16 +84,22 @@ class Groups:
 
 
 def make_groups(
-    layout: Layout, model: PartitionedModel, rank: int, device: torch.device, timeout_seconds: float
+    layout: Layout,
+    model: PartitionedModel,
+    rank: int,
+    device: torch.device,
+    timeout_seconds: float,
+    communicators: Communicators,
 ) -> Groups:
-    """Create every group in the same order on every rank (a collective requirement), keep ours."""
+    """Create every group in the same order on every rank (a collective requirement), keep ours; ``communicators``
+    gets the NCCL ones this rank belongs to."""
     backend = tensor_backend(device)
     timeout = timedelta(seconds=timeout_seconds)
 
     def new_group(ranks: list[int]) -> dist.ProcessGroup:
         group: dist.ProcessGroup = dist.new_group(ranks, timeout=timeout, backend=backend)
         if backend == "nccl" and rank in ranks:
-            _NCCL_GROUPS.append(group)
+            communicators.add(group)
         return group
 
     p, d = layout.pipeline_stages, layout.data_parallel
@@ -105,20 +132,6 @@ def peer_world(world_size: int, timeout_seconds: float) -> dist.ProcessGroup:
         list(range(world_size)), timeout=timedelta(seconds=timeout_seconds), backend="gloo"
     )
     return group
-
-
-def abort_communicators() -> None:
-    """Abort this process's NCCL communicators (newest first), so no GPU kernel waits on a peer that is gone.
-
-    Both the main thread (on its way out, or holding a step) and :class:`~worker_agent.runtime.salvage.AbortWatch`
-    call it, hence the lock; a group that cannot be aborted is said, not hidden."""
-    with _ABORT_LOCK:
-        while _NCCL_GROUPS:
-            group = _NCCL_GROUPS.pop()
-            try:
-                _abort(group)
-            except Exception as error:  # best effort on the way out: the process exits or holds next
-                print(f"spotmorph trainer: warning: could not abort an NCCL group: {error!r}", file=sys.stderr)
 
 
 def _abort(group: dist.ProcessGroup) -> None:

@@ -17,10 +17,10 @@ The hash, with every word 32 bits wide and ``fmix`` murmur3's 64-bit finaliser:
   (which only changes the low 16 bits, while the decision is an order comparison decided by the top bits);
 - the element is dropped when ``h`` (unsigned) ``< round(p * 2**32)``.
 
-``S`` is computed once per micro-batch and ``E`` once per activation shape (both cached), so an eager
-call costs seven passes over 32-bit lanes plus the multiply; ``worker_agent.runtime.dropout_fused``
-compiles the whole thing into one kernel on CUDA. The first xorshift of ``g`` is distributed over the
-xor (it is linear), so the cached words carry it and the full-size passes skip it.
+``S`` is computed once per micro-batch and ``E`` once per activation shape (both kept by :class:`Masks`, which
+the runtime's sample context carries), so an eager call costs seven passes over 32-bit lanes plus the multiply;
+``worker_agent.runtime.dropout_fused`` compiles the whole thing into one kernel on CUDA. The first xorshift of
+``g`` is distributed over the xor (it is linear), so the cached words carry it and the full-size passes skip it.
 """
 
 from __future__ import annotations
@@ -148,64 +148,102 @@ class _SampleWords:
         return words
 
 
-_sample_words = _SampleWords()
-_element_words: OrderedDict[tuple[int, torch.device], torch.Tensor] = OrderedDict()
-
-
 def element_words(per_sample: int, device: torch.device) -> torch.Tensor:
-    """``xorshift16(E)`` of elements ``0 .. per_sample - 1`` as int32 lanes (cached for small shapes)."""
+    """``xorshift16(E)`` of elements ``0 .. per_sample - 1`` as int32 lanes."""
     if per_sample > MAX_ELEMENTS:
         raise ValueError(f"layout-free dropout numbers elements with 32 bits; a sample has {per_sample}")
-    cached = _element_words.get((per_sample, device))
-    if cached is not None:
-        _element_words.move_to_end((per_sample, device))
-        return cached
     if per_sample < 1 << 31:
         words = torch.arange(per_sample, dtype=torch.int32, device=device).mul_(signed(ELEMENT, 32))
     else:
         words = _low32(torch.arange(per_sample, dtype=torch.int64, device=device) * ELEMENT)
-    words = _xorshift_(words, 16)
-    if per_sample * 4 <= _ELEMENT_CACHE_BYTES // 4:
-        _element_words[(per_sample, device)] = words
-        while sum(w.numel() * 4 for w in _element_words.values()) > _ELEMENT_CACHE_BYTES:
-            _element_words.popitem(last=False)
-    return words
+    return _xorshift_(words, 16)
 
 
-_constants: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+def hash_constants(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The hash's constants as int32 tensors on ``device`` (an int32 op with a Python integer converts it first)."""
+    values = (signed(MIX32_1, 32), 13, (1 << 19) - 1, signed(MIX32_2, 32))
+    return tuple(torch.tensor(v, dtype=torch.int32, device=device) for v in values)
 
 
-def _hash(per_sample: int, words: torch.Tensor, layer: int) -> torch.Tensor:
-    """``g(E ^ S ^ L)`` as int32 lanes ``[samples, per_sample]``: six full-size passes, four in place.
+class Masks:
+    """What layout-free dropout keeps between calls: the last micro-batches' sample words, each shape's element
+    words, the hash's constants per device, and the compiled kernels with their verdicts. One per trainer process
+    (:class:`worker_agent.runtime.trainer_process.TrainerProcess`), carried to the layers by the sample context
+    (:func:`worker_agent.runtime.model_api.sample_context`); a fresh one computes the same masks, only colder."""
 
-    The constants are int32 tensors on the device (an int32 op with a Python integer converts it first).
-    """
-    if words.device not in _constants:
-        values = (signed(MIX32_1, 32), 13, (1 << 19) - 1, signed(MIX32_2, 32))
-        _constants[words.device] = tuple(torch.tensor(v, dtype=torch.int32, device=words.device) for v in values)
-    mix_1, shift, low_19, mix_2 = _constants[words.device]
-    h = torch.bitwise_xor(element_words(per_sample, words.device).view(1, -1), (words ^ layer).view(-1, 1))
+    def __init__(self) -> None:
+        self.sample_words = _SampleWords()
+        self.kernels = dropout_fused.Kernels()
+        self._elements: OrderedDict[tuple[int, torch.device], torch.Tensor] = OrderedDict()
+        self._constants: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+    def element_words(self, per_sample: int, device: torch.device) -> torch.Tensor:
+        """:func:`element_words`, kept for small shapes (the least recently used go past the cache's bytes)."""
+        cached = self._elements.get((per_sample, device))
+        if cached is not None:
+            self._elements.move_to_end((per_sample, device))
+            return cached
+        words = element_words(per_sample, device)
+        if per_sample * 4 <= _ELEMENT_CACHE_BYTES // 4:
+            self._elements[(per_sample, device)] = words
+            while sum(w.numel() * 4 for w in self._elements.values()) > _ELEMENT_CACHE_BYTES:
+                self._elements.popitem(last=False)
+        return words
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        if device not in self._constants:
+            self._constants[device] = hash_constants(device)
+        return self._constants[device]
+
+
+def _hash(per_sample: int, words: torch.Tensor, layer: int, masks: Masks | None) -> torch.Tensor:
+    """``g(E ^ S ^ L)`` as int32 lanes ``[samples, per_sample]``: six full-size passes, four in place."""
+    device = words.device
+    columns = masks.element_words(per_sample, device) if masks else element_words(per_sample, device)
+    mix_1, shift, low_19, mix_2 = masks.constants(device) if masks else hash_constants(device)
+    h = torch.bitwise_xor(columns.view(1, -1), (words ^ layer).view(-1, 1))
     h.mul_(mix_1)
     h.bitwise_xor_(h.bitwise_right_shift(shift).bitwise_and_(low_19))
     return h.mul_(mix_2)
 
 
 def keep_mask(
-    shape: torch.Size, sample_ids: torch.Tensor, seed: int, step: int, layer_key: int, p: float
+    shape: torch.Size,
+    sample_ids: torch.Tensor,
+    seed: int,
+    step: int,
+    layer_key: int,
+    p: float,
+    masks: Masks | None = None,
 ) -> torch.Tensor:
     """A boolean mask of ``shape`` (samples first) that keeps each element with probability ``1 - p``."""
     threshold = drop_threshold(p)
     if threshold >= 1 << 32:
         return torch.zeros(shape, dtype=torch.bool, device=sample_ids.device)
-    words = _sample_words.get(sample_ids, seed, step, sample_ids.device)
-    h = _hash(math.prod(shape[1:]), words, signed(xorshift16(layer_word(seed, step, layer_key)), 32))
+    words = _sample_words(masks, sample_ids, seed, step, sample_ids.device)
+    h = _hash(math.prod(shape[1:]), words, signed(xorshift16(layer_word(seed, step, layer_key)), 32), masks)
     return torch.ge(h, threshold - (1 << 31)).reshape(shape)  # unsigned h >= t, on signed lanes
 
 
-def apply_dropout(
-    x: torch.Tensor, sample_ids: torch.Tensor, seed: int, step: int, layer_key: int, p: float
+def _sample_words(
+    masks: Masks | None, sample_ids: torch.Tensor, seed: int, step: int, device: torch.device
 ) -> torch.Tensor:
-    """``x`` with the layout-free mask applied and the survivors scaled by ``1 / (1 - p)``.
+    if masks is None:
+        return sample_words_uncached(sample_ids.to(device), seed, step)
+    return masks.sample_words.get(sample_ids, seed, step, device)
+
+
+def apply_dropout(
+    x: torch.Tensor,
+    sample_ids: torch.Tensor,
+    seed: int,
+    step: int,
+    layer_key: int,
+    p: float,
+    masks: Masks | None = None,
+) -> torch.Tensor:
+    """``x`` with the layout-free mask applied and the survivors scaled by ``1 / (1 - p)``; ``masks`` keeps what
+    the next call can reuse (the runtime's; None: nothing kept, and no compiled kernel).
 
     On CUDA (with triton) the mask and the multiply run as one compiled kernel after a one-time check that
     it equals this eager path (``dropout_fused``); ``SPOTMORPH_DROPOUT_COMPILE=off`` keeps everything eager.
@@ -213,21 +251,21 @@ def apply_dropout(
     threshold = drop_threshold(p)
     if threshold >= 1 << 32:
         return torch.zeros_like(x)
-    words = _sample_words.get(sample_ids, seed, step, x.device)
+    words = _sample_words(masks, sample_ids, seed, step, x.device)
     layer = signed(xorshift16(layer_word(seed, step, layer_key)), 32)
     scale = 1.0 / (1.0 - p)
     per_sample = math.prod(x.shape[1:])
     mode = os.environ.get(dropout_fused.ENV, "auto")
-    if dropout_fused.wanted(x, per_sample, mode):
+    if masks is not None and dropout_fused.wanted(x, per_sample, mode):
         t = threshold - (1 << 31)
-        out = dropout_fused.run(fused_kernel, eager_kernel, element_words, x, words, layer, t, scale)
+        out = masks.kernels.run(fused_kernel, eager_kernel, masks.element_words, x, words, layer, t, scale)
         if out is not None:
             return out
-    return eager_kernel(x, words, layer, threshold - (1 << 31), scale)
+    return _eager(x, words, layer, threshold - (1 << 31), scale, masks)
 
 
-def warm_up(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> None:
-    """Check and compile the fused kernel (where it is wanted) for each dtype on ``device`` now, at start-up:
+def warm_up(device: torch.device, dtypes: tuple[torch.dtype, ...], masks: Masks) -> None:
+    """Check and compile ``masks``' fused kernel (where it is wanted) for each dtype on ``device`` now, at start-up:
     done lazily, a cold compile would land in the first step and could outlast the peer timeout.
     A bad ``SPOTMORPH_DROPOUT_COMPILE`` is a user error here, not a failure mid-step."""
     from morphing.errors import UserInputError
@@ -240,7 +278,7 @@ def warm_up(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> None:
     ids = torch.arange(2, device=device)
     for dtype in dtypes:
         x = torch.ones(2, 8, 3, device=device, dtype=dtype, requires_grad=True)  # not 1: no 0/1 specialisation
-        torch.autograd.backward(apply_dropout(x, ids, 0, 0, 0, 0.5).sum())
+        torch.autograd.backward(apply_dropout(x, ids, 0, 0, 0, 0.5, masks).sum())
 
 
 def eager_kernel(x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float) -> torch.Tensor:
@@ -249,7 +287,13 @@ def eager_kernel(x: torch.Tensor, words: torch.Tensor, layer: int, threshold: in
     Autograd keeps only the boolean mask, as torch's dropout does. (Not ``native_dropout_backward`` as the
     forward op: its own derivative rounds the scale to bfloat16 first, unlike torch's dropout backward.)
     """
-    keep = torch.ge(_hash(math.prod(x.shape[1:]), words, layer), threshold).reshape(x.shape)
+    return _eager(x, words, layer, threshold, scale, None)
+
+
+def _eager(
+    x: torch.Tensor, words: torch.Tensor, layer: int, threshold: int, scale: float, masks: Masks | None
+) -> torch.Tensor:
+    keep = torch.ge(_hash(math.prod(x.shape[1:]), words, layer, masks), threshold).reshape(x.shape)
     return x * keep * scale
 
 

@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 _RECOMPUTATION_STOPPED: tuple[type[BaseException], ...] = tuple(
     c for c in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if isinstance(c, type)
 )
-_verdicts: dict[tuple[str, int | None, torch.dtype], Fused | None] = {}
-_compiled: dict[Fused, Fused] = {}
 
 
 def triton_available() -> bool:
@@ -61,11 +59,9 @@ def wanted(x: torch.Tensor, per_sample: int, mode: str) -> bool:
     return mode == "on" or (x.device.type == "cuda" and triton_available())
 
 
-def compiled(kernel: Fused) -> Fused:
-    """``kernel`` compiled once, for dynamic shapes and symbolic scalars (layer word, threshold, scale)."""
-    if kernel not in _compiled:
-        _compiled[kernel] = torch.compile(kernel, dynamic=True, fullgraph=True)
-    return _compiled[kernel]
+def compile_kernel(kernel: Fused) -> Fused:
+    """``kernel`` compiled for dynamic shapes and symbolic scalars (layer word, threshold, scale), on first call."""
+    return torch.compile(kernel, dynamic=True, fullgraph=True)
 
 
 class _Masked(torch.autograd.Function):
@@ -96,45 +92,63 @@ def masked(
     return out.view(x.shape)
 
 
-def run(
-    kernel: Fused,
-    reference: Eager,
-    columns: Columns,
-    x: torch.Tensor,
-    words: torch.Tensor,
-    layer: int,
-    threshold: int,
-    scale: float,
-) -> torch.Tensor | None:
-    """The compiled ``kernel``'s result, or None when this (device, dtype) must use the eager path."""
-    key = (x.device.type, x.device.index, x.dtype)
-    if key not in _verdicts:
-        # The probes' own tensors are saved as themselves: inside a recomputed (checkpointed) region the region's
-        # hooks would take them, and its early stop would end the probe as if the kernel had failed.
-        with torch.autograd.graph.saved_tensors_hooks(_itself, _itself), torch.enable_grad():
-            _verdicts[key] = check(kernel, reference, columns, x.device, x.dtype)
-    fused = _verdicts[key]
-    if fused is None:
-        return None
-    try:
-        return masked(fused, columns, x, words, layer, threshold, scale)
-    except _RECOMPUTATION_STOPPED:
-        raise  # recomputation ending its re-run early from the saved-tensor hook: control flow, not a failure
-    except Exception as error:  # a recompilation (a new specialisation) failed: eager from now on
-        _verdicts[key] = None
-        log.warning(
-            "layout-free dropout: the compiled kernel failed on %s %s (%s); using eager", x.device, x.dtype, _say(error)
-        )
-        return None
+class Kernels:
+    """The compiled kernels and, per (device, dtype), the verdict of their check (None: eager there from now on):
+    compiling and checking cost seconds, so the process keeps them (in :class:`worker_agent.runtime.dropout.Masks`)."""
+
+    def __init__(self) -> None:
+        self.verdicts: dict[tuple[str, int | None, torch.dtype], Fused | None] = {}
+        self._compiled: dict[Fused, Fused] = {}
+
+    def compiled(self, kernel: Fused) -> Fused:
+        """``kernel`` compiled once (:func:`compile_kernel`)."""
+        if kernel not in self._compiled:
+            self._compiled[kernel] = compile_kernel(kernel)
+        return self._compiled[kernel]
+
+    def run(
+        self,
+        kernel: Fused,
+        reference: Eager,
+        columns: Columns,
+        x: torch.Tensor,
+        words: torch.Tensor,
+        layer: int,
+        threshold: int,
+        scale: float,
+    ) -> torch.Tensor | None:
+        """The compiled ``kernel``'s result, or None when this (device, dtype) must use the eager path."""
+        key = (x.device.type, x.device.index, x.dtype)
+        if key not in self.verdicts:
+            # The probes' own tensors are saved as themselves: inside a recomputed (checkpointed) region the
+            # region's hooks would take them, and its early stop would end the probe as if the kernel had failed.
+            with torch.autograd.graph.saved_tensors_hooks(_itself, _itself), torch.enable_grad():
+                self.verdicts[key] = check(self.compiled(kernel), reference, columns, x.device, x.dtype)
+        fused = self.verdicts[key]
+        if fused is None:
+            return None
+        try:
+            return masked(fused, columns, x, words, layer, threshold, scale)
+        except _RECOMPUTATION_STOPPED:
+            raise  # recomputation ending its re-run early from the saved-tensor hook: control flow, not a failure
+        except Exception as error:  # a recompilation (a new specialisation) failed: eager from now on
+            self.verdicts[key] = None
+            log.warning(
+                "layout-free dropout: the compiled kernel failed on %s %s (%s); using eager",
+                x.device,
+                x.dtype,
+                _say(error),
+            )
+            return None
 
 
 def _itself(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def check(kernel: Fused, reference: Eager, columns: Columns, device: torch.device, dtype: torch.dtype) -> Fused | None:
-    """``kernel`` compiled, if on two probes it gives what ``reference`` gives on the CPU; else None (logged)."""
-    fused = compiled(kernel)
+def check(fused: Fused, reference: Eager, columns: Columns, device: torch.device, dtype: torch.dtype) -> Fused | None:
+    """``fused`` (a compiled kernel), if on two probes it gives what ``reference`` gives on the CPU; else None
+    (logged)."""
     try:
         for shape, threshold, scale, layer in _PROBES:
             x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))).to(dtype)

@@ -35,6 +35,7 @@ from worker_agent.runtime.batch import (
 from worker_agent.runtime.checkpoint import Checkpoint, LayerPayload, load_tensors
 from worker_agent.runtime.comm import Groups
 from worker_agent.runtime.device import compute_context, synchronize
+from worker_agent.runtime.dropout import Masks
 from worker_agent.runtime.exact import ExactGradients, clip_coefficient
 from worker_agent.runtime.host_buffers import HostLease, HostPool
 from worker_agent.runtime.job import step_indices, torch_dtype
@@ -65,6 +66,7 @@ class StageRunner:
         model: PartitionedModel,
         groups: Groups,
         device: torch.device | None = None,
+        masks: Masks | None = None,
     ) -> None:
         self.job = job
         self.dtype = torch_dtype(job.dtype)
@@ -96,9 +98,8 @@ class StageRunner:
         uses = max(len(info.layers) for info in model.params.values())
         self.exact = ExactGradients(model.stage_leaves(layout, self.stage), units, uses) if job.exact else None
         self.signature = signature(self.spec.dataset[0])
-        stage = Stage(
-            module, self.stage, layout.pipeline_stages, groups.replica, self.device, self.batch, job.seed, self.exact
-        )
+        where = (groups.replica, self.device, self.batch)
+        stage = Stage(module, self.stage, layout.pipeline_stages, *where, job.seed, self.exact, masks)
         use_gpipe = job.schedule == "gpipe" or self.n_micro < layout.pipeline_stages
         self.schedule_name = "gpipe" if use_gpipe else "1f1b"
         self.schedule = Schedule(stage, self.n_micro, self._loss, self.schedule_name)

@@ -1,9 +1,11 @@
 """One generation of a trainer rank set up: its job, layout, model, stage, where it resumes from, its writer.
 
-:func:`start` does everything before the first step (the device, the model or the one a held generation
-built, the fence, the rendezvous, the exchange of a step the last generation held in memory, the checkpoint
-to resume from, the writer) and returns a :class:`Generation`, which :mod:`worker_agent.runtime.step_loop`
-trains. Kept apart so that the step loop reads as the per-step protocol alone.
+:func:`start` does everything before the first step as a sequence of named phases, each a function of what
+the ones before it made: read the inputs, take the device, build the model (or take the one a held
+generation built), raise the fence, meet the peers, make the groups and the stage, exchange the step the last
+generation held in memory, choose the checkpoint to resume from, load, say where it starts, make the writer.
+It returns a :class:`Generation`, which :mod:`worker_agent.runtime.step_loop` trains. Kept apart so that the
+step loop reads as the per-step protocol alone.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ if TYPE_CHECKING:
     import torch
 
     from worker_agent.runtime.checkpoint import CheckpointWriter
+    from worker_agent.runtime.comm import Communicators
     from worker_agent.runtime.engine import StageRunner
+    from worker_agent.runtime.fence import Fence
     from worker_agent.runtime.partition import PartitionedModel
     from worker_agent.runtime.salvage import AbortWatch, Timeouts
+    from worker_agent.runtime.trainer_process import TrainerProcess
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,8 @@ class Generation:
     already_written: int | None  # a step whose checkpoint this generation need not write (it resumed from it)
     durable_due: int | None  # resumed from memory only: the step it writes first, in the background
     can_hold: bool  # this rank may keep its stage in memory at a stop (the job morphs through memory)
+    keep: Callable[[Held], None]  # takes the stage this rank keeps for the next generation (the process's)
+    communicators: Communicators  # the process's NCCL communicators (a rank holding its step aborts them)
     store: Any = None  # the rendezvous store's Python half: torch holds only its C++ half, this keeps it answering
 
     def manifest(self) -> dict[str, Any]:
@@ -98,134 +105,44 @@ class Generation:
         return out
 
 
-def start(
-    cfg: TrainerArguments,
-    progress: ProgressLog,
-    held: Held | None,
-    forget_held: Callable[[], None],
-    assigned_at: float | None,
-) -> Generation:
+@dataclass(frozen=True)
+class Resumed:
+    """Where the generation starts: the step, and where it came from ("": from scratch)."""
+
+    step: int
+    source: str
+
+
+@dataclass(frozen=True)
+class Writes:
+    """What the generation writes first: a step it need not write (it resumed from it), and the step it writes in
+    the background when it resumed from memory only (None otherwise)."""
+
+    already_written: int | None
+    durable_due: int | None
+
+
+def start(cfg: TrainerArguments, progress: ProgressLog, process: TrainerProcess) -> Generation:
     """Everything before the first step; raises :class:`UserInputError` for a job no node can run as asked."""
-    import torch
-    import torch.distributed as dist
-
-    from worker_agent.runtime import checkpoint as ckpt_mod
-    from worker_agent.runtime import salvage, warm_model
-    from worker_agent.runtime.comm import configure_nccl, make_groups
-    from worker_agent.runtime.device import autocast_dtype, resolve_device
-    from worker_agent.runtime.dropout import warm_up as warm_up_dropout
+    from worker_agent.runtime import salvage
+    from worker_agent.runtime.comm import make_groups
     from worker_agent.runtime.engine import StageRunner
-    from worker_agent.runtime.hf_export import write_config as write_hf_config
-    from worker_agent.runtime.job import MAX_INPUT_BYTES, load_job_spec, torch_dtype
-    from worker_agent.runtime.model_api import dropout_dtypes
 
-    job = load_job_spec(cfg.job_file)
-    try:
-        layout = Layout.from_dict(load_json_bounded(cfg.layout_file, MAX_INPUT_BYTES))
-    except (OSError, HostileFile) as exc:
-        raise UserInputError(f"cannot read layout {cfg.layout_file}: {exc}") from exc
-    if layout.global_batch != job.global_batch:
-        raise UserInputError(f"layout global_batch={layout.global_batch} but job has {job.global_batch}")
-    if not 0 <= cfg.rank < layout.world_size:
-        raise UserInputError(f"rank {cfg.rank} is outside the layout's {layout.world_size} ranks")
-    device = resolve_device(job.device, cfg.device_index)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        configure_nccl()
-        # The node's cores are shared by its GPUs' trainers (start-up checks and batches run on the CPU).
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, torch.cuda.device_count())))
-        if job.exact:  # the same kernels, the same bits (cuBLAS needs its workspace fixed before its first call)
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
-    else:
-        torch.set_num_threads(1)  # P x D ranks share this machine's cores
-    model, reused = warm_model.model_for(job, layout, device)  # the model a held generation of it built
-    spec = model.spec
-    check_eval(spec, job.eval_interval)
-    warm_up_dropout(device, dropout_dtypes(spec, torch_dtype(job.dtype), autocast_dtype(job.precision)))
+    job, layout = read_inputs(cfg)
+    device = take_device(job, cfg.device_index)
+    model, reused = build_model(process, job, layout, device)
     control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
     stop = StopRequest(control)  # SIGTERM and SIGINT from here on are a stop request
-    requests = CheckpointRequests(control, cfg.rank)
-    lease = LeaseWatch(control)
-    with StartupWatch(progress, cfg.rank).phase(Phase.FENCE, max(60.0, 3 * job.timeout_seconds)):
-        fence = resume.fence_of(cfg)  # before the rendezvous: before this generation loads anything
-    ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
-    store = rendezvous(cfg, layout.world_size, job.timeout_seconds)
-    progress.emit(
-        TrainerStarted(
-            layout=layout.describe(),
-            process_started_at=assigned_at or process_started_at(),
-            ready_at=ready_at,
-            warm=assigned_at is not None,
-        )
-    )
-
-    def skipped(message: str) -> None:
-        warn(message)
-        progress.emit(CheckpointSkipped(message=message))
-
-    def memory_skipped(cause: HeldSkipCause, reason: str) -> None:
-        warn(f"the state generation {cfg.generation - 1} held in memory is not used: {reason}")
-        progress.emit(HeldStateSkipped(reason=reason, cause=cause.value))
-
-    groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds)
-    runner = StageRunner(job, layout, cfg.rank, model, groups, device)
-    step = 0
-    memory = held_mod.take(held, cfg, layout, job.identity_hash(), runner, memory_skipped) if cfg.held else None
-    forget_held()
-    # Rank 0 chooses the checkpoint only when some layer is to be read from it (every rank agrees); it reads every
-    # file only when it must choose among several (standalone), else each rank checks the files it loads.
-    choice = [ResumeChoice(None, "", uuid.uuid4().hex[:12])]
-    if cfg.rank == 0 and (memory is None or not memory.used or memory.from_disk):
-        checkpoint, refusal = resume.choose(cfg, job.identity(), skipped)
-        choice = [ResumeChoice(checkpoint, refusal, choice[0].write_id)]
-    dist.broadcast_object_list(choice, src=0)
-    chosen: ResumeChoice = choice[0]
-    if chosen.refusal:
-        raise UserInputError(chosen.refusal)
-    source = ""  # where the step it starts at comes from (nothing: from scratch)
-    if memory is not None and memory.used:
-        used, path = memory, chosen.checkpoint
-        step = resume.loaded_by_all(lambda: held_mod.apply(used, runner, path, job.identity()), path, layout.world_size)
-        memory.payloads.clear()  # the stage has them now
-        source = f"memory of generation {cfg.generation - 1}"
-    elif chosen.checkpoint:
-        # Each rank checks the manifest and the files it reads (rank 0 read every file only if it had to choose).
-        path = chosen.checkpoint
-        step = resume.loaded_by_all(lambda: _load(runner, path, job), path, layout.world_size)
-        source = chosen.checkpoint
-    elif reused:  # nothing to resume from, and a past generation trained this model: the initial weights
-        warm_model.initial_weights(job, runner)
-    if source:
-        progress.emit(CheckpointLoaded(step=step, checkpoint=source))
-    if cfg.generation > 0 or (source and cfg.rank == 0):  # `spotmorph train` (generation 0): a resume, by rank 0
-        say(f"rank {cfg.rank} of generation {cfg.generation}: resuming from {source or 'scratch'} (step {step})")
-    if cfg.rank == 0:
-        write_hf_config(cfg.checkpoint_dir, spec)
-        progress.lines = TrainingLog(job.log_interval, job.steps, layout.describe())
-    # A checkpoint loaded from elsewhere is written here even when no step is left to train.
-    already_written = step if resume.same_directory(chosen.checkpoint, cfg.checkpoint_dir) else None
-    if memory is not None and memory.used and (cfg.resume is None or cfg.resume.step != step):
-        already_written = None  # the held step is in memory only: written at once, in the background
-    # Resumed from memory only: the step after the held one is written, in the background, once this generation's
-    # first step is done, not beside that step (on a busy host the write shares its cores with the step that ends
-    # the morph's pause). Until then every rank holds the step in memory, as the stopped generation did.
-    from_memory_only = already_written is None and memory is not None and memory.used
-    durable_due = (step + 1 if step < job.steps else step) if from_memory_only else None
-    writer = ckpt_mod.CheckpointWriter(
-        cfg.checkpoint_dir,
-        cfg.rank,
-        layout.world_size,
-        chosen.write_id,
-        job.keep,
-        job.background_checkpoint,
-        timeout=max(60.0, 3 * job.timeout_seconds),
-        generation=cfg.generation,
-        fence=fence,
-        resumed_from=step,
-        acknowledged=control.acknowledged_checkpoint if control is not None else None,
-        job_hash=job.identity_hash(),
-    )
+    fence = raise_fence(cfg, job, progress)
+    store = meet(cfg, job, layout, progress, process.assigned_at)
+    groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds, process.communicators)
+    runner = StageRunner(job, layout, cfg.rank, model, groups, device, process.masks)
+    memory = exchange_held(cfg, job, layout, runner, process, progress)
+    chosen = choose_checkpoint(cfg, job, memory, progress)
+    resumed = load(cfg, job, layout, runner, memory, chosen, reused, process)
+    announce(cfg, job, layout, model, progress, resumed)
+    writes = plan_writes(cfg, job, resumed.step, memory, chosen)
+    writer = make_writer(cfg, job, layout, chosen.write_id, fence, resumed.step, control)
     timeouts = salvage.Timeouts(job.timeout_seconds, job.peer_timeout_seconds)
     timeouts.settle()  # every rank loaded its checkpoint; from here on a silent peer is a lost one
     return Generation(
@@ -239,16 +156,229 @@ def start(
         progress=progress,
         control=control,
         stop=stop,
-        requests=requests,
-        lease=lease,
+        requests=CheckpointRequests(control, cfg.rank),
+        lease=LeaseWatch(control),
         timeouts=timeouts,
-        abort=salvage.AbortWatch(control),
-        step=step,
-        first_step=step,
-        already_written=already_written,
-        durable_due=durable_due,
+        abort=salvage.AbortWatch(control, process.communicators),
+        step=resumed.step,
+        first_step=resumed.step,
+        already_written=writes.already_written,
+        durable_due=writes.durable_due,
         can_hold=job.morph_through_memory and cfg.hold_spool is not None,
+        keep=process.keep,
+        communicators=process.communicators,
         store=store,
+    )
+
+
+def read_inputs(cfg: TrainerArguments) -> tuple[JobSpec, Layout]:
+    """The job and the layout, checked against each other and this rank (the user's input: exit 2)."""
+    from worker_agent.runtime.job import MAX_INPUT_BYTES, load_job_spec
+
+    job = load_job_spec(cfg.job_file)
+    try:
+        layout = Layout.from_dict(load_json_bounded(cfg.layout_file, MAX_INPUT_BYTES))
+    except (OSError, HostileFile) as exc:
+        raise UserInputError(f"cannot read layout {cfg.layout_file}: {exc}") from exc
+    if layout.global_batch != job.global_batch:
+        raise UserInputError(f"layout global_batch={layout.global_batch} but job has {job.global_batch}")
+    if not 0 <= cfg.rank < layout.world_size:
+        raise UserInputError(f"rank {cfg.rank} is outside the layout's {layout.world_size} ranks")
+    return job, layout
+
+
+def take_device(job: JobSpec, device_index: int | None) -> torch.device:
+    """The rank's device, with the threads, NCCL's settings and determinism the job asks of it."""
+    import torch
+
+    from worker_agent.runtime.comm import configure_nccl
+    from worker_agent.runtime.device import resolve_device
+
+    device = resolve_device(job.device, device_index)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        configure_nccl()
+        # The node's cores are shared by its GPUs' trainers (start-up checks and batches run on the CPU).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, torch.cuda.device_count())))
+        if job.exact:  # the same kernels, the same bits (cuBLAS needs its workspace fixed before its first call)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+    else:
+        torch.set_num_threads(1)  # P x D ranks share this machine's cores
+    return device
+
+
+def build_model(
+    process: TrainerProcess, job: JobSpec, layout: Layout, device: torch.device
+) -> tuple[PartitionedModel, bool]:
+    """The model (the one a held generation of this job built, if any: then True), its eval data checked and its
+    dropout kernels warmed up for the dtypes it runs in."""
+    from worker_agent.runtime.device import autocast_dtype
+    from worker_agent.runtime.dropout import warm_up as warm_up_dropout
+    from worker_agent.runtime.job import torch_dtype
+    from worker_agent.runtime.model_api import dropout_dtypes
+
+    model, reused = process.models.model_for(job, layout, device)
+    check_eval(model.spec, job.eval_interval)
+    dtypes = dropout_dtypes(model.spec, torch_dtype(job.dtype), autocast_dtype(job.precision))
+    warm_up_dropout(device, dtypes, process.masks)
+    return model, reused
+
+
+def raise_fence(cfg: TrainerArguments, job: JobSpec, progress: ProgressLog) -> Fence | None:
+    """The checkpoint dir's fence, raised before the rendezvous (before this generation loads anything), within
+    a watchdog's limit: the lock is on a share other hosts hold."""
+    with StartupWatch(progress, cfg.rank).phase(Phase.FENCE, max(60.0, 3 * job.timeout_seconds)):
+        return resume.fence_of(cfg)
+
+
+def meet(cfg: TrainerArguments, job: JobSpec, layout: Layout, progress: ProgressLog, assigned_at: float | None) -> Any:
+    """The rendezvous (the store it returns must be kept), then ``TrainerStarted``."""
+    ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
+    store = rendezvous(cfg, layout.world_size, job.timeout_seconds)
+    progress.emit(
+        TrainerStarted(
+            layout=layout.describe(),
+            process_started_at=assigned_at or process_started_at(),
+            ready_at=ready_at,
+            warm=assigned_at is not None,
+        )
+    )
+    return store
+
+
+def exchange_held(
+    cfg: TrainerArguments,
+    job: JobSpec,
+    layout: Layout,
+    runner: StageRunner,
+    process: TrainerProcess,
+    progress: ProgressLog,
+) -> held_mod.Outcome | None:
+    """The exchange of the step the last generation held in memory (a collective, when the assignment names
+    one); the process lets go of what it held once it is done."""
+
+    def memory_skipped(cause: HeldSkipCause, reason: str) -> None:
+        warn(f"the state generation {cfg.generation - 1} held in memory is not used: {reason}")
+        progress.emit(HeldStateSkipped(reason=reason, cause=cause.value))
+
+    try:
+        if not cfg.held:
+            return None
+        return held_mod.take(process.held, cfg, layout, job.identity_hash(), runner, memory_skipped)
+    finally:
+        process.forget_held()
+
+
+def choose_checkpoint(
+    cfg: TrainerArguments, job: JobSpec, memory: held_mod.Outcome | None, progress: ProgressLog
+) -> ResumeChoice:
+    """Rank 0's choice, broadcast (a collective). Rank 0 chooses only when some layer is to be read from a
+    checkpoint (every rank agrees); it reads every file only when it must choose among several (standalone),
+    else each rank checks the files it loads."""
+    import torch.distributed as dist
+
+    def skipped(message: str) -> None:
+        warn(message)
+        progress.emit(CheckpointSkipped(message=message))
+
+    choice = [ResumeChoice(None, "", uuid.uuid4().hex[:12])]
+    if cfg.rank == 0 and (memory is None or not memory.used or memory.from_disk):
+        checkpoint, refusal = resume.choose(cfg, job.identity(), skipped)
+        choice = [ResumeChoice(checkpoint, refusal, choice[0].write_id)]
+    dist.broadcast_object_list(choice, src=0)
+    chosen: ResumeChoice = choice[0]
+    if chosen.refusal:
+        raise UserInputError(chosen.refusal)
+    return chosen
+
+
+def load(
+    cfg: TrainerArguments,
+    job: JobSpec,
+    layout: Layout,
+    runner: StageRunner,
+    memory: held_mod.Outcome | None,
+    chosen: ResumeChoice,
+    reused: bool,
+    process: TrainerProcess,
+) -> Resumed:
+    """The stage's state: from memory (and the disk for what no survivor held), from the checkpoint, or the
+    initial weights (a reused model a past generation trained); a collective when anything is loaded."""
+    path = chosen.checkpoint
+    if memory is not None and memory.used:
+        used = memory
+        step = resume.loaded_by_all(lambda: held_mod.apply(used, runner, path, job.identity()), path, layout.world_size)
+        memory.payloads.clear()  # the stage has them now
+        return Resumed(step, f"memory of generation {cfg.generation - 1}")
+    if path:  # each rank checks the manifest and the files it reads (rank 0 read every file only if it had to choose)
+        return Resumed(resume.loaded_by_all(lambda: _load(runner, path, job), path, layout.world_size), path)
+    if reused:  # nothing to resume from, and a past generation trained this model: the initial weights
+        from worker_agent.runtime.warm_model import initial_weights
+
+        initial_weights(job, runner)
+    return Resumed(0, "")
+
+
+def announce(
+    cfg: TrainerArguments, job: JobSpec, layout: Layout, model: PartitionedModel, progress: ProgressLog, at: Resumed
+) -> None:
+    """Say where the generation starts (an event, and a log line); rank 0 writes the Hugging Face config and
+    keeps the training log."""
+    from worker_agent.runtime.hf_export import write_config as write_hf_config
+
+    if at.source:
+        progress.emit(CheckpointLoaded(step=at.step, checkpoint=at.source))
+    if cfg.generation > 0 or (at.source and cfg.rank == 0):  # `spotmorph train` (generation 0): a resume, by rank 0
+        say(f"rank {cfg.rank} of generation {cfg.generation}: resuming from {at.source or 'scratch'} (step {at.step})")
+    if cfg.rank == 0:
+        write_hf_config(cfg.checkpoint_dir, model.spec)
+        progress.lines = TrainingLog(job.log_interval, job.steps, layout.describe())
+
+
+def plan_writes(
+    cfg: TrainerArguments, job: JobSpec, step: int, memory: held_mod.Outcome | None, chosen: ResumeChoice
+) -> Writes:
+    """Pure: which step need not be written, and which is written first, in the background.
+
+    A checkpoint loaded from elsewhere is written here even when no step is left to train. Resumed from memory
+    only, the step after the held one is written, in the background, once this generation's first step is done,
+    not beside that step (on a busy host the write shares its cores with the step that ends the morph's pause);
+    until then every rank holds the step in memory, as the stopped generation did."""
+    already_written = step if resume.same_directory(chosen.checkpoint, cfg.checkpoint_dir) else None
+    from_memory = memory is not None and memory.used
+    if from_memory and (cfg.resume is None or cfg.resume.step != step):
+        already_written = None  # the held step is in memory only: written at once, in the background
+    if already_written is None and from_memory:
+        return Writes(None, step + 1 if step < job.steps else step)
+    return Writes(already_written, None)
+
+
+def make_writer(
+    cfg: TrainerArguments,
+    job: JobSpec,
+    layout: Layout,
+    write_id: str,
+    fence: Fence | None,
+    step: int,
+    control: ControlDir | None,
+) -> CheckpointWriter:
+    """This rank's checkpoint writer for the generation (every write checks ``fence``)."""
+    from worker_agent.runtime.checkpoint import CheckpointWriter
+
+    return CheckpointWriter(
+        cfg.checkpoint_dir,
+        cfg.rank,
+        layout.world_size,
+        write_id,
+        job.keep,
+        job.background_checkpoint,
+        timeout=max(60.0, 3 * job.timeout_seconds),
+        generation=cfg.generation,
+        fence=fence,
+        resumed_from=step,
+        acknowledged=control.acknowledged_checkpoint if control is not None else None,
+        job_hash=job.identity_hash(),
     )
 
 

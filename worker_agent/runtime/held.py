@@ -36,7 +36,7 @@ from worker_agent.contract import CommittedCheckpoint, TrainerArguments, WarmAss
 from worker_agent.contract.wake import poke
 from worker_agent.runtime import checkpoint as ckpt_mod
 from worker_agent.runtime.checkpoint import LayerPayload
-from worker_agent.runtime.comm import peer_world
+from worker_agent.runtime.comm import Communicators, peer_world
 from worker_agent.runtime.layer_moves import agree, move
 from worker_agent.runtime.partition import PartitionedModel
 from worker_agent.runtime.spool import wait_for_assignment
@@ -292,12 +292,10 @@ def apply(memory: Outcome, runner: StageRunner, chosen: str | None, job: Mapping
     return memory.step
 
 
-def hold(spool_path: Path, kept: Held, parent: int) -> WarmAssignment | None:
+def hold(spool_path: Path, kept: Held, parent: int, communicators: Communicators) -> WarmAssignment | None:
     """Let go of this generation's process groups, say what is held, and wait for the next assignment."""
     if dist.is_initialized():
-        from worker_agent.runtime.comm import abort_communicators
-
-        abort_communicators()
+        communicators.abort()
         dist.destroy_process_group()
     spool = WarmSpool(spool_path)
     spool.path.mkdir(parents=True, exist_ok=True)

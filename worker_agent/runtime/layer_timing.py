@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 
 from worker_agent.runtime.batch import Activation, as_tuple, call_layer, map_tensors, signature, stack_samples
 from worker_agent.runtime.device import median_seconds, stopwatch, synchronize
+from worker_agent.runtime.dropout import Masks
 from worker_agent.runtime.model_api import ModelSpec, sample_context
 
 
@@ -25,6 +26,7 @@ class Where:
 
     device: torch.device
     compute: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    masks: Masks = field(default_factory=Masks, compare=False)  # dropout's caches and kernels, for every layer timed
 
     def median_seconds(self, fn: Callable[[], Any], repeats: int) -> float:
         return median_seconds(fn, repeats, self.device)
@@ -68,7 +70,7 @@ class LayerTiming:
 
     def forward(self) -> torch.Tensor:
         """The loss (last layer) or the layer output's differentiable tensors, flattened into one."""
-        with sample_context(self.seed, 0, self.ids), self.where.compute():
+        with sample_context(self.seed, 0, self.ids, self.where.masks), self.where.compute():
             out = call_layer(self.layer, self.x)
             if self.last:
                 return self.spec.loss(out, self.targets).sum()

@@ -21,6 +21,7 @@ from morphing.layout import Layout
 from morphing.stages import in_flight
 from worker_agent.runtime.batch import Activation, as_tuple, map_tensors, signature, stack_samples
 from worker_agent.runtime.device import autocast_dtype, compute_context, synchronize
+from worker_agent.runtime.dropout import Masks
 from worker_agent.runtime.dropout import warm_up as warm_up_dropout
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.model_api import assign_dropout_keys, dropout_dtypes, sample_context
@@ -45,7 +46,8 @@ def measure_stage_peaks(request: StageMemoryRequest, device: torch.device) -> li
     spec = build_spec(request.entrypoint, request.seed)
     assign_dropout_keys(spec.layers)
     # As a trainer does before its first step: the fused kernel compiled lazily inside a recomputation fails.
-    warm_up_dropout(device, dropout_dtypes(spec, torch.float32, autocast_dtype(request.precision)))
+    masks = Masks()  # what dropout keeps from one call to the next, the compiled kernel included
+    warm_up_dropout(device, dropout_dtypes(spec, torch.float32, autocast_dtype(request.precision)), masks)
     model = PartitionedModel(spec)
     model.check_layout(request.layout)
     layout, m = request.layout, request.layout.micro_batch_size
@@ -74,7 +76,7 @@ def measure_stage_peaks(request: StageMemoryRequest, device: torch.device) -> li
         torch.cuda.reset_peak_memory_stats(device)
         outputs = []
         for _ in range(held):
-            with sample_context(request.seed, 0, ids):
+            with sample_context(request.seed, 0, ids, masks):
                 out = module(*as_tuple(x))
             if is_last:
                 with compute():
@@ -89,15 +91,15 @@ def measure_stage_peaks(request: StageMemoryRequest, device: torch.device) -> li
         peaks.append(torch.cuda.max_memory_allocated(device) - before)
         optimizer.zero_grad(set_to_none=True)
         del optimizer
-        x = _next_input(module, x, ids, request.seed)
+        x = _next_input(module, x, ids, request.seed, masks)
         module.to("cpu")
     return peaks
 
 
-def _next_input(module: nn.Module, x: Activation, ids: torch.Tensor, seed: int) -> Activation:
+def _next_input(module: nn.Module, x: Activation, ids: torch.Tensor, seed: int, masks: Masks) -> Activation:
     """What the next stage receives: this stage's output for the same micro-batch, as a fresh leaf that
     requires grad when it is floating point (the runtime's received activations do: their gradient is sent
     back), so the stage's backward computes, and the peak counts, the input gradient too."""
-    with torch.no_grad(), sample_context(seed, 0, ids):
+    with torch.no_grad(), sample_context(seed, 0, ids, masks):
         out = module(*as_tuple(x))
     return map_tensors(out, lambda t: t.detach().requires_grad_(t.is_floating_point()))

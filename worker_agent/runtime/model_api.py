@@ -8,6 +8,7 @@ on where the pipeline is cut; that is what makes checkpoints load into any layou
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from worker_agent.runtime.batch import Activation
-from worker_agent.runtime.dropout import apply_dropout
+from worker_agent.runtime.dropout import Masks, apply_dropout
 
 OptimizerFactory = Callable[[list[tuple[str, nn.Parameter]]], torch.optim.Optimizer]
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
@@ -68,34 +69,39 @@ class SampleContext:
     seed: int
     step: int
     sample_ids: torch.Tensor
+    masks: Masks = field(default_factory=Masks, compare=False)  # what dropout keeps between calls (the process's)
     # Calls of each dropout key in the running layer: a module called twice (one Dropout on two residual
     # branches) draws a fresh mask each time, as torch's does; :func:`layer_started` resets them per layer.
     calls: dict[int, int] = field(default_factory=dict, compare=False)
 
 
-_context: list[SampleContext] = []
+# The running micro-batch's samples, set by the runtime around each forward (and a recomputation's re-run): a
+# context variable, so nothing module-wide changes and each thread sees only what it set.
+_CURRENT: contextvars.ContextVar[SampleContext | None] = contextvars.ContextVar("sample_context", default=None)
 
 
 def current_sample_context() -> SampleContext | None:
     """The samples of the micro-batch being run (None outside a runtime step): for layout-free randomness."""
-    return _context[-1] if _context else None
+    return _CURRENT.get()
 
 
 def layer_started() -> None:
     """A named layer starts: its dropout calls count from 0 again (so a layer recomputed alone, or run in
     another stage, draws what it drew in any layout)."""
-    if _context:
-        _context[-1].calls.clear()
+    ctx = _CURRENT.get()
+    if ctx is not None:
+        ctx.calls.clear()
 
 
 @contextlib.contextmanager
-def sample_context(seed: int, step: int, sample_ids: torch.Tensor) -> Iterator[None]:
-    """Tell :class:`Dropout` which samples (global indices) the current micro-batch holds."""
-    _context.append(SampleContext(seed, step, sample_ids))
+def sample_context(seed: int, step: int, sample_ids: torch.Tensor, masks: Masks | None = None) -> Iterator[None]:
+    """Tell :class:`Dropout` which samples (global indices) the current micro-batch holds, and what it may reuse
+    from earlier calls (``masks``: the runtime's own; None: a fresh one, kept only for this context)."""
+    token = _CURRENT.set(SampleContext(seed, step, sample_ids, masks or Masks()))
     try:
         yield
     finally:
-        _context.pop()
+        _CURRENT.reset(token)
 
 
 class Dropout(nn.Module):
@@ -133,7 +139,7 @@ def layout_free_dropout(x: torch.Tensor, p: float, key: int, training: bool = Tr
     call = ctx.calls.get(key, 0)
     ctx.calls[key] = call + 1
     key = key if call == 0 else _mix(key, call)
-    return apply_dropout(x, ctx.sample_ids, ctx.seed, ctx.step, key, p)
+    return apply_dropout(x, ctx.sample_ids, ctx.seed, ctx.step, key, p, ctx.masks)
 
 
 def make_dropout_layout_free(layers: Sequence[tuple[str, nn.Module]]) -> list[str]:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from morphing.errors import UserInputError
 from worker_agent.runtime.batch import as_tuple
+from worker_agent.runtime.dropout import Masks
 from worker_agent.runtime.exact import ExactGradients
 from worker_agent.runtime.model_api import sample_context
 
@@ -102,6 +103,7 @@ class Stage:
         batch: Batch,
         seed: int,
         exact: ExactGradients | None,
+        masks: Masks | None = None,
     ) -> None:
         self.module = module
         self.index = stage_index
@@ -114,6 +116,7 @@ class Stage:
         self.next = -1 if self.is_last else dist.get_global_rank(group, stage_index + 1)
         self._batch = batch
         self._seed = seed
+        self._masks = masks or Masks()  # what dropout keeps from one micro-batch to the next
         self._exact = exact
         self._sends: Boundary | None = None  # said to the next stage once
         self._receives: Boundary | None = None  # heard from the previous stage once
@@ -133,7 +136,7 @@ class Stage:
             inputs = tuple(x.requires_grad_(training and x.is_floating_point()) for x in self._inputs.pop(chunk))
         m = self._batch.micro_batch_size
         ids = self._batch.sample_ids[chunk * m : (chunk + 1) * m]
-        with sample_context(self._seed, self._batch.step, ids):
+        with sample_context(self._seed, self._batch.step, ids, self._masks):
             output = self.module(*inputs)
         outputs = as_tuple(output)
         if training:  # the last stage's backward starts from its loss: it keeps no outputs

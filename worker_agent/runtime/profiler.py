@@ -64,7 +64,7 @@ def _layer_inputs(spec: ModelSpec, m: int, dtype: torch.dtype, where: Where) -> 
     x, targets = first_input(spec, m, dtype, where)
     inputs = []
     ids = torch.arange(m, device=where.device)
-    with torch.no_grad(), sample_context(0, 0, ids), where.compute():
+    with torch.no_grad(), sample_context(0, 0, ids, where.masks), where.compute():
         for _, layer in spec.layers:
             inputs.append(x)
             x = call_layer(layer, x)
@@ -88,7 +88,7 @@ def _scale_to_chained(
     ids = torch.arange(as_tuple(x)[0].shape[0], device=where.device)
 
     def chained() -> None:
-        with sample_context(request.seed, 0, ids), where.compute():
+        with sample_context(request.seed, 0, ids, where.masks), where.compute():
             loss = spec.loss(run_layers([layer for _, layer in spec.layers], x), targets).sum()
         torch.autograd.backward(loss)
 
@@ -124,7 +124,8 @@ def profile_layers(
     progress.phase(f"activation memory of every layer at micro-batch {m}")
     inputs, targets = _layer_inputs(spec, m, dtype, where)
     for i, (_, layer) in enumerate(spec.layers):
-        with torch.no_grad(), sample_context(request.seed, 0, torch.arange(m, device=where.device)), where.compute():
+        ids = torch.arange(m, device=where.device)
+        with torch.no_grad(), sample_context(request.seed, 0, ids, where.masks), where.compute():
             out = call_layer(layer, inputs[i])
         timing = LayerTiming(spec, layer, inputs[i], targets, request.seed, i == last, where)
         saved = saved_bytes(timing.forward)

@@ -56,7 +56,7 @@ def profile_layers_one_at_a_time(
                         record["peak_memory_bytes_per_sample"] = timing.peak_bytes() // m
                 if i < last:
                     ids = torch.arange(m, device=where.device)
-                    with torch.no_grad(), sample_context(seed, 0, ids), where.compute():
+                    with torch.no_grad(), sample_context(seed, 0, ids, where.masks), where.compute():
                         out = call_layer(layer, x)
                     inputs[m] = (out, targets)
                     if m == biggest:

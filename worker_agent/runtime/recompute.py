@@ -24,7 +24,11 @@ def recomputed(layer: nn.Module, x: Activation) -> Any:
 
     def contexts() -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
         # Backward runs outside the micro-batch's forward: the rerun must see the samples it saw then.
-        replay = sample_context(ctx.seed, ctx.step, ctx.sample_ids) if ctx is not None else contextlib.nullcontext()
+        replay = (
+            sample_context(ctx.seed, ctx.step, ctx.sample_ids, ctx.masks)
+            if ctx is not None
+            else contextlib.nullcontext()
+        )
         return contextlib.nullcontext(), replay
 
     return checkpoint(layer, *as_tuple(x), use_reentrant=False, context_fn=contexts)

@@ -30,7 +30,6 @@ import json
 import os
 import socket
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from worker_agent.contract import (
 )
 from worker_agent.contract.wake import poke
 from worker_agent.runtime.checkpoint import FORMAT, MANIFEST, LayerPayload, atomic_write, step_dir
+from worker_agent.runtime.comm import Communicators
 from worker_agent.runtime.control import ProgressLog
 from worker_agent.runtime.errors import FenceError, GenerationFenced
 from worker_agent.runtime.fence import Fence, check_fence
@@ -70,16 +70,14 @@ def is_collective_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _MARKERS)
 
 
-def sever() -> int:
-    """Shut down every connected TCP socket of this process (listening ones stay); returns how many.
+def sever(communicators: Communicators) -> int:
+    """Abort ``communicators`` and shut down every connected TCP socket of this process (listening ones stay);
+    returns how many sockets.
 
     Peers blocked on this rank in gloo then see the connection close at once. Closing is left to the
     owners of the descriptors (shutdown only ends the connection), so nothing is freed twice.
     """
-    if "worker_agent.runtime.comm" in sys.modules:
-        from worker_agent.runtime.comm import abort_communicators
-
-        abort_communicators()
+    communicators.abort()
     count = 0
     for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
         with contextlib.suppress(OSError, ValueError):
@@ -106,8 +104,9 @@ class AbortWatch:
     Python signal handler runs), and aborting NCCL communicators from another thread is what unblocks it.
     """
 
-    def __init__(self, control: ControlDir | None) -> None:
+    def __init__(self, control: ControlDir | None, communicators: Communicators) -> None:
         self.control = control
+        self.communicators = communicators
         self.fired = threading.Event()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="spotmorph-abort-watch", daemon=True)
@@ -124,7 +123,7 @@ class AbortWatch:
         while not self._stopped.wait(POLL_SECONDS):
             if self.control.abort_requested():
                 self.fired.set()
-                sever()
+                sever(self.communicators)
                 return
 
     def explain(self, exc: BaseException) -> str:
@@ -242,13 +241,14 @@ def hold(
     hold_seconds: float,
     payloads: Callable[[], dict[str, LayerPayload]],
     manifest: Callable[[], dict[str, Any]],
+    communicators: Communicators,
     fence: Fence | None = None,
     kept: bool = False,
 ) -> ExitCode:
     """Steps 1-3 of the module docstring; the exit code of the trainer. ``kept``: this rank also keeps the step
     in memory (the caller's), so a stop asked meanwhile ends its generation with success: the controller keeps
     the step in memory for the next generation instead of having it written."""
-    sever()
+    sever(communicators)
     progress.emit(CollectiveFailed(generation, stage, replica, step, error[:500]))
     poke()  # the agent pushes it to the controller at once, which acts on the first such report
     order = wait_for_order(control, hold_seconds, lambda: _fenced_off(root, fence))

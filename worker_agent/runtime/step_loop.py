@@ -1,24 +1,25 @@
 """The step loop of one generation: at every step boundary the ranks agree on what happens next, then act.
 
-Each rank says what it knows (:class:`Said`: a stop asked of its node, its share of the last step's loss, a
-checkpoint asked for, its lease lapsed, the fence raised past it, whether it may keep its stage in memory,
-whether its node leaves), one all-reduce sums it (:class:`Agreed`), and every rank takes the same branch:
-fenced or lapsed (exit without a checkpoint), report the step, evaluate, checkpoint, stop or finish (keep
-the stage for the next generation, hand what only a leaving rank holds to a staying one), or train the next
-step. A collective that fails is a lost peer: the rank holds its last completed step for a salvage.
+Each rank says what it knows (:class:`~worker_agent.runtime.boundary.Said`: a stop asked of its node, its share
+of the last step's loss, a checkpoint asked for, its lease lapsed, the fence raised past it, whether it may keep
+its stage in memory, whether its node leaves), one all-reduce sums it (``Agreed``), the pure
+:func:`~worker_agent.runtime.boundary.decide` makes it a ``Boundary`` (the same branch on every rank), and
+:func:`execute` carries it out: exit fenced or lapsed, report the step, evaluate, hand off, checkpoint, keep the
+stage, stop or finish, or train the next step. A collective that fails is a lost peer: the rank holds its last
+completed step for a salvage.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from worker_agent.contract import (
     CheckpointWritten,
     EvaluationCompleted,
     ExitCode,
+    FailureKind,
     HandOffFailed,
     StepCompleted,
     TrainerFailed,
@@ -26,6 +27,7 @@ from worker_agent.contract import (
     TrainingStopped,
 )
 from worker_agent.runtime import held as held_mod
+from worker_agent.runtime.boundary import Agreed, Boundary, Kind, Own, Said, Shared, decide
 from worker_agent.runtime.generation import Generation
 from worker_agent.runtime.handoff import hand_off
 from worker_agent.runtime.held import Held
@@ -33,43 +35,12 @@ from worker_agent.runtime.step_profile import StepProfiler, parse_request
 from worker_agent.runtime.trainer_setup import check_eval_loss, say, warn
 
 
-@dataclass(frozen=True)
-class Said:
-    """What one rank says at a step boundary."""
-
-    stop: bool  # its node was asked to stop (a planned morph)
-    loss_share: float  # its part of the last step's loss (the global batch's, summed over the ranks)
-    checkpoint_request: float  # rank 0: the newest checkpoint request it saw (0: none)
-    lease_lapsed: bool  # its agent stopped renewing its lease
-    fenced: bool  # the checkpoint directory's fence is past this generation
-    cannot_hold: bool  # it may not keep its stage in memory (the job morphs through the disk)
-    leaving: bool  # its node leaves with this stop (an eviction notice)
-
-
-@dataclass(frozen=True)
-class Agreed:
-    """The world's sums of what every rank said: the same on every rank, so every rank takes the same branch."""
-
-    stops: float
-    loss: float
-    checkpoint_request: float
-    lapsed: float
-    fenced: float
-    cannot_hold: float
-    leaving: float
-
-    @property
-    def stopping(self) -> bool:
-        return self.stops > 0
-
-
 def agree(said: Said) -> Agreed:
     """One all-reduce of seven slots over the default group."""
     import torch
     import torch.distributed as dist
 
-    slots = (said.stop, said.loss_share, said.checkpoint_request, said.lease_lapsed, said.fenced, said.cannot_hold)
-    flags = torch.tensor([*map(float, slots), float(said.leaving)], dtype=torch.float64)
+    flags = torch.tensor(said.slots(), dtype=torch.float64)
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
     return Agreed(*(float(v) for v in flags))
 
@@ -84,125 +55,178 @@ def count_leaving(leaving: bool) -> float:
     return float(count[0])
 
 
-def run(g: Generation, keep: Callable[[Held], None]) -> ExitCode:
-    """Train ``g`` to its last step or to the stop it agrees on; ``keep`` takes the stage it keeps in memory."""
+@dataclass
+class Pace:
+    """When the step being reported began, and its loss share (what the rank says at the next boundary)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    loss_share: float = 0.0
+
+
+def run(g: Generation) -> ExitCode:
+    """Train ``g`` to its last step or to the stop it agrees on; a failed collective holds the step for a salvage."""
     from worker_agent.runtime import salvage
 
-    cfg, job, runner, writer, progress = g.cfg, g.job, g.runner, g.writer, g.progress
     g.abort.start()
-    last_time = time.perf_counter()
-    loss_share = 0.0
-    profiler = StepProfiler(parse_request(os.environ), cfg.rank, g.device.type == "cuda")
     try:
-        while True:
-            profiler.before(g.step)
-            stop, lapsed, fenced, leaving = g.stop.requested(), g.lease.lapsed(), writer.fenced_off(), g.stop.leaving()
-            said = Said(stop, loss_share, g.requests.contribution(), lapsed, bool(fenced), not g.can_hold, leaving)
-            agreed = agree(said)
-            if agreed.fenced > 0:
-                # A newer generation raised the fence: the controller moved past this one. All ranks stop here.
-                message = fenced or "another rank found the checkpoint directory's fence raised past this generation"
-                warn(message)
-                progress.emit(TrainerFailed(kind="fenced", message=message))
-                return ExitCode.FENCED
-            if agreed.lapsed > 0:
-                # Some rank's agent stopped renewing its lease: the controller has lost (or will lose) that node, so
-                # this generation is over. Every rank stops at this same boundary, without a checkpoint.
-                message = g.lease.explain(g.step)
-                warn(message)
-                progress.emit(TrainerFailed(kind="lease_expired", message=message))
-                return ExitCode.LEASE_EXPIRED
-            stopping = agreed.stopping
-            leavers = agreed.leaving
-            if stopping:  # "leaving" read again after the agreement: one node's ranks see the same stop file
-                leaving = g.stop.leaving()
-                leavers = count_leaving(leaving)
-            requested = g.requests.requested(agreed.checkpoint_request)
-            stop_at = time.time()
-            now = time.perf_counter()
-            step = g.step
-            if step > g.first_step:
-                progress.emit(
-                    StepCompleted(
-                        step=step,
-                        loss=agreed.loss,
-                        step_seconds=now - last_time,
-                        samples_per_second=job.global_batch / (now - last_time),
-                        last_checkpoint=writer.last_committed,
-                    )
-                )
-            if step > g.first_step and job.eval_interval > 0 and step % job.eval_interval == 0:
-                started = time.perf_counter()
-                eval_loss = runner.evaluate(step)
-                seconds = time.perf_counter() - started
-                check_eval_loss(eval_loss, step)
-                progress.emit(EvaluationCompleted(step=step, eval_loss=eval_loss, eval_seconds=seconds))
-                g.timeouts.settle()
-            finishing = stopping or step >= job.steps
-            # A rank that may and stays keeps its stage (its tensors; copies on a GPU) for the next generation. When
-            # every rank may and one stays, the stop writes nothing: leaving ranks first hand what only they hold
-            # to staying ones (handoff.py), and the next generation writes the step in the background.
-            holding = stopping and step < job.steps and g.can_hold and not leaving
-            in_memory = stopping and step < job.steps and agreed.cannot_hold == 0 and leavers < g.layout.world_size
-            write_started = time.perf_counter()
-            kept = None
-            if in_memory and leavers > 0:
-                kept = held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank)
-                handed = hand_off(kept, leaving, g.layout, cfg.rank, job.peer_timeout_seconds)
-                in_memory = handed.ok
-                say(f"handed off at step {step}: sent {handed.sent} B, received {handed.received} B")
-                if not handed.ok:
-                    warn(f"the hand-off failed ({handed.reason}); the stop writes step {step}")
-                    progress.emit(HandOffFailed(step=step, reason=handed.reason))
-            interval = job.checkpoint_interval > 0 and step % job.checkpoint_interval == 0
-            due = requested or step == g.durable_due or (not in_memory and (finishing or interval))
-            if due and step != g.already_written:
-                writer.wait()  # the previous write is done before new host copies are taken (its buffers reused)
-                buffers = runner.host.lease()
-                live = step == g.durable_due and g.device.type == "cpu"  # no copy: the next update waits for the read
-                writer.save(
-                    step,
-                    runner.payloads(lease=buffers, share=live),
-                    g.manifest() if cfg.rank == 0 else None,
-                    done=buffers.release,
-                    background=True if step == g.durable_due else None,
-                )
-                runner.before_update = writer.files_written if live else None
-                if finishing:
-                    writer.wait()
-                # How long training paused: the copy to host memory, plus the write itself unless in the background.
-                stall = time.perf_counter() - write_started
-                progress.emit(CheckpointWritten(step=step, last_checkpoint=writer.last_committed, stall_seconds=stall))
-                if not finishing:
-                    g.timeouts.settle()  # slower writers catch up before the next step's collectives
-            if holding:
-                writer.wait()
-                keep(kept or held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank))
-            if finishing:
-                ended = TrainingStopped if stopping else TrainingFinished
-                progress.emit(
-                    ended(
-                        step=step,
-                        last_checkpoint=writer.last_committed,
-                        stop_at=stop_at,
-                        checkpoint_seconds=time.perf_counter() - write_started,
-                    )
-                )
-                return ExitCode.SUCCEEDED
-            last_time = time.perf_counter()
-            loss_share = runner.run_step(step)
-            profiler.after(step)
-            g.step = step + 1
+        return _boundaries(g)
     except Exception as exc:
         g.abort.stop()
         if not salvage.is_collective_failure(exc):
             raise
-        return _hold_for_salvage(g, keep, g.abort.explain(exc))
+        return _hold_for_salvage(g, g.abort.explain(exc))
     finally:
         g.abort.stop()  # every way out of the loop: a fenced, lapsed, finished or crashed rank aborts nothing
 
 
-def _hold_for_salvage(g: Generation, keep: Callable[[Held], None], why: str) -> ExitCode:
+def _boundaries(g: Generation) -> ExitCode:
+    """Each boundary: say, agree, decide, carry the decision out; then the next step, unless it ended."""
+    pace = Pace()
+    profiler = StepProfiler(parse_request(os.environ), g.cfg.rank, g.device.type == "cuda")
+    while True:
+        profiler.before(g.step)
+        fenced = g.writer.fenced_off()
+        said = Said(
+            g.stop.requested(),
+            pace.loss_share,
+            g.requests.contribution(),
+            g.lease.lapsed(),
+            bool(fenced),
+            not g.can_hold,
+            g.stop.leaving(),
+        )
+        agreed = agree(said)
+        shared, own = _facts(g, agreed, said.leaving)
+        code = execute(g, decide(agreed, shared, own), agreed, own, pace, fenced)
+        if code is not None:
+            return code
+        pace.started = time.perf_counter()
+        pace.loss_share = g.runner.run_step(g.step)
+        profiler.after(g.step)
+        g.step += 1
+
+
+def _facts(g: Generation, agreed: Agreed, leaving: bool) -> tuple[Shared, Own]:
+    """What :func:`decide` needs besides ``agreed``; once a stop is agreed, each rank reads whether it leaves
+    again and the ranks count the leavers again (one node's ranks see the same stop file)."""
+    leavers = agreed.leaving
+    if agreed.stopping and not agreed.ends_at_once:
+        leaving = g.stop.leaving()
+        leavers = count_leaving(leaving)
+    job = g.job
+    shared = Shared(
+        step=g.step,
+        first_step=g.first_step,
+        steps=job.steps,
+        eval_interval=job.eval_interval,
+        checkpoint_interval=job.checkpoint_interval,
+        world_size=g.layout.world_size,
+        leavers=leavers,
+        requested=g.requests.requested(agreed.checkpoint_request),
+        already_written=g.already_written,
+        durable_due=g.durable_due,
+    )
+    return shared, Own(can_hold=g.can_hold, leaving=leaving)
+
+
+def execute(
+    g: Generation, boundary: Boundary, agreed: Agreed, own: Own, pace: Pace, fenced: str | None
+) -> ExitCode | None:
+    """Carry ``boundary`` out; the generation's exit code when it ends here, None to train the next step."""
+    if boundary.kind is Kind.FENCED:
+        # A newer generation raised the fence: the controller moved past this one. All ranks stop here.
+        why = fenced or "another rank found the checkpoint directory's fence raised past this generation"
+        return _fail(g, "fenced", why, ExitCode.FENCED)
+    if boundary.kind is Kind.LEASE_LAPSED:
+        # Some rank's agent stopped renewing its lease: the controller has lost (or will lose) that node, so
+        # this generation is over. Every rank stops at this same boundary, without a checkpoint.
+        return _fail(g, "lease_expired", g.lease.explain(g.step), ExitCode.LEASE_EXPIRED)
+    stop_at, now = time.time(), time.perf_counter()
+    if boundary.report:
+        seconds = now - pace.started
+        g.progress.emit(
+            StepCompleted(
+                step=g.step,
+                loss=agreed.loss,
+                step_seconds=seconds,
+                samples_per_second=g.job.global_batch / seconds,
+                last_checkpoint=g.writer.last_committed,
+            )
+        )
+    if boundary.evaluate:
+        _evaluate(g)
+    write_started = time.perf_counter()
+    kept, handed_off = _hand_off(g, own) if boundary.hand_off else (None, False)
+    if boundary.writes(handed_off):
+        _write(g, boundary, write_started)
+    if boundary.hold:
+        g.writer.wait()
+        g.keep(kept or _keep_stage(g))
+    if not boundary.finishing:
+        return None
+    ended = TrainingStopped if boundary.kind is Kind.STOP else TrainingFinished
+    seconds = time.perf_counter() - write_started
+    g.progress.emit(
+        ended(step=g.step, last_checkpoint=g.writer.last_committed, stop_at=stop_at, checkpoint_seconds=seconds)
+    )
+    return ExitCode.SUCCEEDED
+
+
+def _fail(g: Generation, kind: FailureKind, message: str, code: ExitCode) -> ExitCode:
+    warn(message)
+    g.progress.emit(TrainerFailed(kind=kind, message=message))
+    return code
+
+
+def _evaluate(g: Generation) -> None:
+    started = time.perf_counter()
+    eval_loss = g.runner.evaluate(g.step)
+    seconds = time.perf_counter() - started
+    check_eval_loss(eval_loss, g.step)
+    g.progress.emit(EvaluationCompleted(step=g.step, eval_loss=eval_loss, eval_seconds=seconds))
+    g.timeouts.settle()
+
+
+def _keep_stage(g: Generation) -> Held:
+    return held_mod.keep_stage(g.runner, g.job.identity_hash(), g.cfg.generation, g.step, g.cfg.rank)
+
+
+def _hand_off(g: Generation, own: Own) -> tuple[Held, bool]:
+    """A stop through memory where some node leaves: every rank keeps its stage and the leaving ones hand what
+    only they hold to staying ones (:mod:`worker_agent.runtime.handoff`); whether that succeeded."""
+    kept = _keep_stage(g)
+    handed = hand_off(kept, own.leaving, g.layout, g.cfg.rank, g.job.peer_timeout_seconds)
+    say(f"handed off at step {g.step}: sent {handed.sent} B, received {handed.received} B")
+    if not handed.ok:
+        warn(f"the hand-off failed ({handed.reason}); the stop writes step {g.step}")
+        g.progress.emit(HandOffFailed(step=g.step, reason=handed.reason))
+    return kept, handed.ok
+
+
+def _write(g: Generation, boundary: Boundary, started: float) -> None:
+    """Write the step's checkpoint (in the background where the job or the boundary says) and say how long
+    training paused: the copy to host memory, plus the write itself unless in the background."""
+    runner, writer, step = g.runner, g.writer, g.step
+    writer.wait()  # the previous write is done before new host copies are taken (its buffers reused)
+    buffers = runner.host.lease()
+    live = boundary.background and g.device.type == "cpu"  # no copy: the next update waits for the read
+    writer.save(
+        step,
+        runner.payloads(lease=buffers, share=live),
+        g.manifest() if g.cfg.rank == 0 else None,
+        done=buffers.release,
+        background=True if boundary.background else None,
+    )
+    runner.before_update = writer.files_written if live else None
+    if boundary.finishing:
+        writer.wait()
+    stall = time.perf_counter() - started
+    g.progress.emit(CheckpointWritten(step=step, last_checkpoint=writer.last_committed, stall_seconds=stall))
+    if not boundary.finishing:
+        g.timeouts.settle()  # slower writers catch up before the next step's collectives
+
+
+def _hold_for_salvage(g: Generation, why: str) -> ExitCode:
     """A collective failed (a peer is gone): hold the last completed step for the controller's salvage order."""
     from worker_agent.runtime import salvage
 
@@ -211,7 +235,7 @@ def _hold_for_salvage(g: Generation, keep: Callable[[Held], None], why: str) -> 
     g.writer.files_written()  # a write still reading the live tensors (after a morph) reads them before anyone else
     keeps = g.can_hold and not g.stop.leaving() and step < job.steps
     if keeps:  # for the next generation, should the controller keep the step in memory (stop) not write it
-        keep(held_mod.keep_stage(runner, job.identity_hash(), cfg.generation, step, cfg.rank))
+        g.keep(_keep_stage(g))
     return salvage.hold(
         kept=keeps,
         rank=cfg.rank,
@@ -228,4 +252,5 @@ def _hold_for_salvage(g: Generation, keep: Callable[[Held], None], why: str) -> 
         payloads=lambda: runner.payloads(list(range(runner.first, runner.last)), runner.host.lease()),
         manifest=g.manifest,
         fence=g.writer.fence,
+        communicators=g.communicators,
     )

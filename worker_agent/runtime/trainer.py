@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import traceback
 
 from morphing.errors import UserInputError
@@ -20,48 +19,27 @@ from worker_agent.contract import (
     TrainerArguments,
     TrainerFailed,
 )
-from worker_agent.runtime import held as held_mod
 from worker_agent.runtime.control import ProgressLog
 from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
 from worker_agent.runtime.exact import deterministic_or_refused
 from worker_agent.runtime.gated_store import PortTaken
-from worker_agent.runtime.held import Held
-from worker_agent.runtime.spool import take_over
-
-# Set by a warm trainer (worker_agent.runtime.warm) when its assignment arrived: the process was started
-# long before, so this is when the trainer "started".
-ASSIGNED_AT: float | None = None
-# What this process kept after its last generation stopped (a planned morph through memory), and what the
-# generation that just stopped keeps for the next one (worker_agent.runtime.held).
-HELD: Held | None = None
-KEPT: Held | None = None
-PARENT = os.getppid()  # the agent (or the warm trainer's agent): a holder exits when it is gone
+from worker_agent.runtime.trainer_process import TrainerProcess
 
 
-def train(cfg: TrainerArguments, progress: ProgressLog) -> ExitCode:
+def train(process: TrainerProcess, cfg: TrainerArguments, progress: ProgressLog) -> ExitCode:
     """One generation: set up (:mod:`worker_agent.runtime.generation`), then its steps (:mod:`.step_loop`)."""
     from worker_agent.runtime import allocator, generation, step_loop
 
     allocator.keep_freed_memory()  # before the model's tensors: every step then reuses what the last one freed
     with deterministic_or_refused():
-        return step_loop.run(generation.start(cfg, progress, HELD, _forget_held, ASSIGNED_AT), _keep)
+        return step_loop.run(generation.start(cfg, progress, process))
 
 
-def _keep(kept: Held) -> None:
-    global KEPT
-    KEPT = kept
-
-
-def _forget_held() -> None:
-    global HELD
-    HELD = None
-
-
-def run(cfg: TrainerArguments) -> ExitCode:
+def run(process: TrainerProcess, cfg: TrainerArguments) -> ExitCode:
     """One generation of this rank: its exit code, with every failure reported as an event first."""
     progress = ProgressLog(cfg.progress_file, cfg.rank, cfg.generation)
     try:
-        return train(cfg, progress)
+        return train(process, cfg, progress)
     except PortTaken as exc:  # not this trainer's failure: the controller starts the generation on another port
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="port_taken", message=str(exc)))
@@ -92,27 +70,17 @@ def run(cfg: TrainerArguments) -> ExitCode:
         return ExitCode.ABORTED
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, process: TrainerProcess | None = None) -> int:
     """Run generations until one ends without state kept for the next (or no next one comes), then exit."""
-    global ASSIGNED_AT, HELD, KEPT
-    cfg = TrainerArguments.from_argv(argv)
-    while True:
-        code = run(cfg)
-        kept, KEPT = KEPT, None
-        if code != ExitCode.SUCCEEDED or kept is None or cfg.hold_spool is None:
-            break
-        task = held_mod.hold(cfg.hold_spool, kept, PARENT)
-        if task is None:
-            break
-        ASSIGNED_AT = time.time()
-        take_over(task)
-        cfg, HELD, kept = task.arguments, kept, None  # HELD is dropped once the exchange is done
+    process = process or TrainerProcess(parent=os.getppid())
+    cfg: TrainerArguments | None = TrainerArguments.from_argv(argv)
+    code = ExitCode.SUCCEEDED
+    while cfg is not None:
+        code = run(process, cfg)
+        cfg = process.next_generation(cfg, code)
     sys.stdout.flush()
     sys.stderr.flush()
-    if "worker_agent.runtime.comm" in sys.modules:
-        from worker_agent.runtime.comm import abort_communicators
-
-        abort_communicators()
+    process.communicators.abort()
     # No destructors: a process group whose peer died can hang in teardown.
     os._exit(code)
 

@@ -22,11 +22,15 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from worker_agent.contract import WarmArguments, WarmAssignment, WarmSpool
 from worker_agent.contract.code_identity import code_identity
 from worker_agent.contract.hostile import read_bounded
 from worker_agent.runtime.spool import MAX_ASSIGNMENT_BYTES, take_over, wait_for_assignment
+
+if TYPE_CHECKING:
+    from worker_agent.runtime.warm_model import ModelShelf
 
 # Libraries the runtime takes models from (hf_adapter), imported ahead when installed: a Hugging Face model's
 # entrypoint spends seconds in ``transformers.modeling_utils`` (2.2 s of 2.4 s for GPT-2's classes, measured
@@ -74,16 +78,17 @@ def _preload() -> None:
             warn(f"cannot import {name} ahead: {exc!r}")
 
 
-def _tune_allocator() -> None:
+def _tune_allocator() -> bool:
     """As the trainer it becomes will, before the model built ahead allocates (a bad setting is that trainer's
-    to report, exit 2, once it has an assignment)."""
+    to report, exit 2, once it has an assignment); True when freed memory is kept."""
     from worker_agent.runtime import allocator
     from worker_agent.runtime.errors import NodeUnfit
 
     try:
-        allocator.keep_freed_memory()
+        return allocator.keep_freed_memory()
     except NodeUnfit as exc:
         print(f"spotmorph warm trainer: warning: {exc}", file=sys.stderr, flush=True)
+        return False
 
 
 class BuildAbandoned(BaseException):
@@ -121,8 +126,11 @@ def deadline(seconds: float) -> Iterator[None]:
 
 @dataclass
 class Preparation:
-    """Builds hinted jobs' models ahead, and remembers whose code this process has run."""
+    """Builds hinted jobs' models ahead onto ``shelf`` (the trainer it becomes starts from it), and remembers
+    whose code this process has run."""
 
+    shelf: ModelShelf
+    touch: bool = False  # freed memory is kept: touch what a growth's moves will land in (warm_model.touch_memory)
     seconds: float = DEFAULT_PREPARE_SECONDS
     ran: str | None = None  # the code identity of the last job whose entrypoint it ran (code_identity.py)
 
@@ -132,18 +140,15 @@ class Preparation:
         started = time.monotonic()
         try:
             from morphing.jobspec import job_spec_from_json
-            from worker_agent.runtime import warm_model
 
             job = job_spec_from_json(job_json, what="the job to prepare")
             self.ran = code_identity(job)  # before the build: its imports run the job's code
             with deadline(self.seconds):
-                built = warm_model.prepare(job)
+                built = self.shelf.prepare(job, self.touch)
             if built:
                 say(f"built {job.name}'s model ahead in {time.monotonic() - started:.2f} s")
         except BuildAbandoned as exc:
-            from worker_agent.runtime import warm_model
-
-            warm_model.forget()
+            self.shelf.forget()
             warn(f"abandoned building the model ahead after {time.monotonic() - started:.1f} s: {exc}")
         except (Exception, SystemExit) as exc:  # the user's code may exit: this process still waits for its task
             warn(f"cannot build the model ahead: {exc!r}")
@@ -168,23 +173,25 @@ def say(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = WarmArguments.from_argv(argv)
     spool = WarmSpool(args.spool)
-    _tune_allocator()
+    keeps = _tune_allocator()
     _preload()
+    from worker_agent.runtime import trainer
+    from worker_agent.runtime.trainer_process import TrainerProcess
+    from worker_agent.runtime.warm_model import ModelShelf
+
     spool.ready_file.write_text(str(time.time()))
-    preparation = Preparation(prepare_seconds())
+    preparation = Preparation(ModelShelf(), keeps, prepare_seconds())
     task = wait_for_assignment(spool, args.parent, prepare=preparation)
     if task is None:
         return 0
-    assigned_at = time.time()
+    assigned_at = time.time()  # the process started long before: this is when the trainer "started"
     take_over(task)
     if not preparation.fits(task):  # the agent hands none such; should one come, it runs in a fresh interpreter
         warn("this process ran another job's code building a model ahead; the trainer starts afresh")
         command = task.arguments.command(sys.executable)
         os.execv(command[0], command)
-    from worker_agent.runtime import trainer
-
-    trainer.ASSIGNED_AT = assigned_at
-    trainer.main(task.arguments.to_argv())  # never returns: it ends the process
+    process = TrainerProcess(parent=args.parent, assigned_at=assigned_at, models=preparation.shelf)
+    trainer.main(task.arguments.to_argv(), process)  # never returns: it ends the process
     return 0
 
 

@@ -23,7 +23,6 @@ import torch
 
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
-from worker_agent.runtime import allocator
 from worker_agent.runtime.checks import BufferSnapshot
 from worker_agent.runtime.entrypoint import build_spec
 from worker_agent.runtime.job import torch_dtype
@@ -44,43 +43,51 @@ class Built:
     trained: bool = True  # False while only prepared: its weights are still the initial ones
 
 
-_BUILT: Built | None = None
+class ModelShelf:
+    """The one model this process keeps between generations (owned by the process:
+    :class:`worker_agent.runtime.trainer.TrainerProcess`; a warm trainer fills it ahead of its assignment)."""
 
+    def __init__(self) -> None:
+        self.built: Built | None = None
 
-def model_for(job: JobSpec, layout: Layout, device: torch.device) -> tuple[PartitionedModel, bool]:
-    """The job's model, checked against ``layout``; True when a past generation of this process trained it."""
-    global _BUILT
-    key = (job.entrypoint, job.identity_hash())
-    if _BUILT is not None and _BUILT.key == key and device.type == "cpu":
-        _BUILT.buffers.restore()
-        model, trained = _BUILT.model, _BUILT.trained
+    def model_for(self, job: JobSpec, layout: Layout, device: torch.device) -> tuple[PartitionedModel, bool]:
+        """The job's model, checked against ``layout``; True when a past generation of this process trained it."""
+        key = (job.entrypoint, job.identity_hash())
+        built = self.built
+        if built is not None and built.key == key and device.type == "cpu":
+            built.buffers.restore()
+            model, trained = built.model, built.trained
+            model.check_layout(layout)
+            for module in model.modules:
+                module.zero_grad(set_to_none=True)  # a step that failed in a collective may have left gradients
+            built.trained = True  # from here on, this generation trains it
+            return model, trained
+        self.built = None  # another job's model: let it go before this one is built
+        model = build(job)
         model.check_layout(layout)
-        for module in model.modules:
-            module.zero_grad(set_to_none=True)  # a step that failed in a collective may have left gradients
-        _BUILT.trained = True  # from here on, this generation trains it
-        return model, trained
-    _BUILT = None  # another job's model: let it go before this one is built
-    model = build(job)
-    model.check_layout(layout)
-    if device.type == "cpu":
-        _BUILT = Built(key, model, BufferSnapshot(model.modules))
-    return model, False
+        if device.type == "cpu":
+            self.built = Built(key, model, BufferSnapshot(model.modules))
+        return model, False
 
+    def prepare(self, job: JobSpec, touch: bool) -> bool:
+        """Build ``job``'s model before any assignment (a free node's hint that a growth may bring the job here),
+        so :meth:`model_for` finds it built and the growth's pause does not hold the build. CPU jobs only, as
+        :meth:`model_for` keeps; ``touch``: this process keeps the memory it frees
+        (:func:`worker_agent.runtime.allocator.keep_freed_memory`), so touching what a growth needs pays.
+        False when there was nothing to do."""
+        key = (job.entrypoint, job.identity_hash())
+        if job.device != "cpu" or (self.built is not None and self.built.key == key):
+            return False
+        self.built = None  # another job's model: let it go first
+        model = build(job)
+        self.built = Built(key, model, BufferSnapshot(model.modules), trained=False)
+        if touch:
+            touch_memory(RESERVE_PER_PARAMETER_BYTE * sum(t.numel() * t.element_size() for t in model.tensors.values()))
+        return True
 
-def prepare(job: JobSpec) -> bool:
-    """Build ``job``'s model before any assignment (a free node's hint that a growth may bring the job here),
-    so :func:`model_for` finds it built and the growth's pause does not hold the build. CPU jobs only, as
-    :func:`model_for` keeps; False when there was nothing to do."""
-    global _BUILT
-    key = (job.entrypoint, job.identity_hash())
-    if job.device != "cpu" or (_BUILT is not None and _BUILT.key == key):
-        return False
-    _BUILT = None  # another job's model: let it go first
-    model = build(job)
-    _BUILT = Built(key, model, BufferSnapshot(model.modules), trained=False)
-    if allocator.keeping():
-        touch_memory(RESERVE_PER_PARAMETER_BYTE * sum(t.numel() * t.element_size() for t in model.tensors.values()))
-    return True
+    def forget(self) -> None:
+        """Drop the kept model (the process is about to leave, or the job's state went elsewhere)."""
+        self.built = None
 
 
 # What a growth brings a new rank beside the model it built: the moved parameters and optimizer state (AdamW:
@@ -124,9 +131,3 @@ def initial_weights(job: JobSpec, runner: StageRunner) -> None:
             param.copy_(fresh.tensors[name])
     if runner.exact is not None:
         runner.model.sync_copies(runner.layout, runner.stage)
-
-
-def forget() -> None:
-    """Drop the kept model (the process is about to leave, or the job's state went elsewhere)."""
-    global _BUILT
-    _BUILT = None
