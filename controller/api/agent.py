@@ -24,6 +24,7 @@ from controller.api.status import Context, abort, abort_for, answered
 from controller.api.writes import Writes
 from controller.core import intake
 from controller.core.model import Command, JobRecord, NodeObservation, NodeRecord, World, ranks_by_node
+from controller.core.stimulus import AGENT, Stimulus
 from controller.shell.latency import Histogram
 from controller.shell.logbook import LogBook
 from controller.shell.views import StateView
@@ -35,6 +36,7 @@ from protos.reasons import REGISTER_AGAIN
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
+REPORT = "ReportEvent"  # the RPC, as a decision it triggers records it
 SOON_BEAT_SECONDS = 0.2  # how often a free node that may get work within seconds beats (as a morphing one does)
 
 
@@ -79,7 +81,9 @@ class AgentService(rpc.AgentServicer):
                 registered.append(node)
                 return commands
 
-            await self.writes.decide(decide)
+            await self.writes.decide(
+                decide, Stimulus.node_call("Register", request.node_name or None, None, caller=AGENT)
+            )
         node = registered[0]
         return pb.RegisterResponse(
             node_name=node.name,
@@ -201,18 +205,19 @@ class AgentService(rpc.AgentServicer):
         async with answered(context):
             if kind == "eviction":
                 not_before = reports.notice("eviction", request.eviction)
-                await self.writes.observe(name, replace(seen, last_seen=now, eviction_not_before=not_before))
+                await self.writes.observe(name, replace(seen, last_seen=now, eviction_not_before=not_before), REPORT)
             elif kind == "trainer_exited":
                 ranks = reports.exited(self.view, name, request.trainer_exited.trainer, seen.ranks)
-                await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks))
+                await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks), REPORT)
             elif kind == "collective_failed":
                 ranks = reports.collective_failed(self.view, name, request.collective_failed, seen.ranks)
-                await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks))
+                await self.writes.observe(name, replace(seen, last_seen=now, ranks=ranks), REPORT)
             elif kind == "checkpoint_committed":
                 c = request.checkpoint_committed
                 reports.checkpoint(self.view, name, c)
                 await self.writes.decide(
-                    lambda world, t: intake.commit_checkpoint(world, c.job, c.generation, c.step, t)
+                    lambda world, t: intake.commit_checkpoint(world, c.job, c.generation, c.step, t),
+                    Stimulus.node_call(REPORT, name, request.incarnation, job=c.job),
                 )
             else:
                 await abort(

@@ -99,6 +99,7 @@ class JobsService(rpc.JobsServicer):
                     node=row.node or "",
                     data_json=json.dumps(row.data, sort_keys=True),
                     decision=row.decision or 0,
+                    stimulus=wire.stimulus_to_pb(row.stimulus),
                 )
             if rows:
                 continue

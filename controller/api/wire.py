@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport, Salvage
 from controller.core.observations import Refusal
+from controller.core.stimulus import Stimulus
 from controller.persistence.store import GenerationRow
 from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
@@ -180,3 +181,17 @@ _REFUSALS = {
     pb.TRAINER_REFUSAL_NODE_UNFIT: Refusal.NODE_UNFIT,
     pb.TRAINER_REFUSAL_PORT_TAKEN: Refusal.PORT_TAKEN,
 }
+
+
+def stimulus_to_pb(stimulus: Stimulus | None) -> pb.Stimulus | None:
+    """What triggered a decision, on an event of it (None: a decision older than their record)."""
+    if stimulus is None:
+        return None
+    return pb.Stimulus(
+        kind=str(stimulus.kind),
+        source=stimulus.source,
+        node=stimulus.node or "",
+        incarnation=stimulus.incarnation,
+        job=stimulus.job or "",
+        caller=stimulus.caller or "",
+    )

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from controller.core.model import Command, JobRecord, NodeObservation, World
+from controller.core.stimulus import Stimulus
 from morphing.jobspec import JobSpec
 
 
@@ -16,6 +17,6 @@ class Writes(Protocol):
 
     async def cancel(self, job_id: str, who: str) -> JobRecord: ...
 
-    async def decide(self, make: Callable[[World, float], list[Command]]) -> None: ...
+    async def decide(self, make: Callable[[World, float], list[Command]], stimulus: Stimulus | None = None) -> None: ...
 
-    async def observe(self, name: str, seen: NodeObservation) -> None: ...
+    async def observe(self, name: str, seen: NodeObservation, rpc: str = "Heartbeat") -> None: ...

@@ -10,6 +10,7 @@ port, then the runner with that provider, then the servicers on the runner.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from collections.abc import Mapping
@@ -30,10 +31,11 @@ from controller.api.jobs import JobsService
 from controller.app.providers import ProviderFactory, make_provider
 from controller.app.settings import ControllerSettings, check_exposure, is_loopback
 from controller.app.state_lock import lock_state_dir
-from controller.app.timers import TimerConfig, Timers
+from controller.app.timers import CHECKPOINT_REQUESTS, DEBOUNCE, HEARTBEAT_EXPIRY, TimerConfig, Timers
 from controller.app.tls import load_server_tls
 from controller.core.flapping import Damping
 from controller.core.reconcile import Config
+from controller.core.stimulus import START
 from controller.files import private_file, set_mode, write_public
 from controller.observability.curves import LossCurves
 from controller.observability.metrics import serve_metrics
@@ -183,10 +185,15 @@ class Controller:
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         runner = self.runner
+        # Each decision a timer triggers records the timer (controller.core.stimulus). Partials, not lambdas:
+        # APScheduler awaits what it recognises as a coroutine function, and a lambda's coroutine never runs.
         self.timers.start(
-            expiry=runner.tick, debounce=runner.tick, checkpoints=runner.request_checkpoints, poll=runner.poll_provider
+            expiry=functools.partial(runner.tick, HEARTBEAT_EXPIRY),
+            debounce=functools.partial(runner.tick, DEBOUNCE),
+            checkpoints=functools.partial(runner.request_checkpoints, CHECKPOINT_REQUESTS),
+            poll=runner.poll_provider,
         )
-        await runner.tick()
+        await runner.tick(START)
         host = self.settings.listen.rsplit(":", 1)[0]
         write_public(self.settings.state_dir / "controller.addr", f"{host}:{self.port}\n".encode())
         if self.settings.metrics_listen:

@@ -12,6 +12,7 @@ from controller.core.causes import MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import Transition
 from controller.core.model import JobRecord, NodeRecord
+from controller.core.stimulus import Stimulus
 from controller.eventlog.facts import StateChanged
 from controller.persistence.plain import from_plain, to_plain
 
@@ -27,6 +28,7 @@ class EventRow:
     node: str | None
     data: dict[str, Any]
     decision: int | None = None  # the decision that wrote it (None: written before decisions were numbered)
+    stimulus: Stimulus | None = None  # what triggered that decision (None: it was made before schema 14 kept that)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,18 @@ def generation_from_row(row: Row[Any]) -> GenerationRow:
 
 
 def event_from_row(row: Row[Any]) -> EventRow:
-    return EventRow(row.seq, row.at, row.kind, row.job, row.node, row.data, row.decision)
+    """An ``events`` row joined with its decision's stimulus (NULL for decisions older than schema 14)."""
+    return EventRow(row.seq, row.at, row.kind, row.job, row.node, row.data, row.decision, stimulus_from(row.stimulus))
+
+
+def stimulus_to_dict(stimulus: Stimulus) -> dict[str, Any]:
+    data: dict[str, Any] = to_plain(stimulus)
+    return data
+
+
+def stimulus_from(data: dict[str, Any] | None) -> Stimulus | None:
+    stimulus: Stimulus | None = None if data is None else from_plain(Stimulus, data, "stimulus")
+    return stimulus
 
 
 def changed(fact: type[C], change: Transition) -> C:

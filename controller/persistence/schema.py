@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -104,6 +104,12 @@ events = Table(
     Column("node", String),
     Column("data", JSON, nullable=False),
     Column("decision", Integer),  # the committed decision that wrote it (added by _v8; NULL before)
+)
+decisions = Table(  # what triggered each committed decision (added by _v14: older decisions have no row)
+    "decisions",
+    metadata,
+    Column("decision", Integer, primary_key=True),
+    Column("stimulus", JSON, nullable=False),  # a controller.core.stimulus.Stimulus as plain data
 )
 
 # Trainer logs (controller/core/logs.py): each rank's stream (how many bytes the controller has, the start of an
@@ -348,8 +354,13 @@ def _v13(conn: Connection) -> None:
         )
 
 
+def _v14(conn: Connection) -> None:
+    """Each decision keeps what triggered it (a timer, a call, the provider): why did the controller decide then."""
+    metadata.create_all(conn, tables=[decisions])
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13,
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -38,6 +38,7 @@ from controller.core.model import (
     StartGeneration,
     ranks_by_node,
 )
+from controller.core.stimulus import Stimulus
 from controller.eventlog.fact import Fact
 from controller.eventlog.facts import (
     GenerationIssued,
@@ -58,6 +59,7 @@ from controller.persistence.codec import (
     job_to_dict,
     node_from_dict,
     node_row,
+    stimulus_to_dict,
 )
 from controller.persistence.schema import (
     MIGRATIONS,
@@ -65,6 +67,7 @@ from controller.persistence.schema import (
     StoreError,
     assignments,
     checkpoints,
+    decisions,
     events,
     generations,
     idempotency_keys,
@@ -113,11 +116,14 @@ class Store:
         with self.engine.connect() as conn:
             return _counter(conn, "job_seq"), _counter(conn, "node_seq"), _counter(conn, "incarnation_floor")
 
-    def persist(self, commands: Iterable[Command]) -> int:
+    def persist(self, commands: Iterable[Command], stimulus: Stimulus | None = None) -> int:
         """One transaction, one decision: its number (counted in the store) is stamped on every event it
-        writes, and returned. Consecutive node updates (a generation issued on 1,000 nodes) are batched."""
+        writes, kept with what triggered it (``stimulus``; None: nothing says, as in tests), and returned.
+        Consecutive node updates (a generation issued on 1,000 nodes) are batched."""
         with self.engine.begin() as conn:
             decision = _counter(conn, "decision_seq") + 1
+            if stimulus is not None:
+                conn.execute(insert(decisions).values(decision=decision, stimulus=stimulus_to_dict(stimulus)))
             batch: list[SetNode] = []
             for command in commands:
                 if isinstance(command, SetNode):
@@ -141,7 +147,7 @@ class Store:
     def events(
         self, after: int = 0, job: str | None = None, limit: int = 1000, decision: int | None = None
     ) -> list[EventRow]:
-        query = select(events).where(events.c.seq > after).order_by(events.c.seq).limit(limit)
+        query = EVENTS.where(events.c.seq > after).order_by(events.c.seq).limit(limit)
         if job is not None:
             query = query.where(events.c.job == job)
         if decision is not None:
@@ -151,7 +157,7 @@ class Store:
 
     def recent_events(self, job: str | None, kinds: Sequence[str] | None, limit: int) -> list[EventRow]:
         """The newest ``limit`` events (of ``job``, of ``kinds``, when given), oldest first."""
-        query = select(events).order_by(events.c.seq.desc()).limit(limit)
+        query = EVENTS.order_by(events.c.seq.desc()).limit(limit)
         if job is not None:
             query = query.where(events.c.job == job)
         if kinds is not None:
@@ -192,6 +198,10 @@ def _pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+# Events with the stimulus of the decision that wrote them (none before schema 14: an outer join).
+EVENTS = select(events, decisions.c.stimulus).select_from(
+    events.outerjoin(decisions, events.c.decision == decisions.c.decision)
+)
 _upsert_node = sqlite_insert(nodes)
 UPSERT_NODE = _upsert_node.on_conflict_do_update(
     index_elements=["name"],

@@ -12,6 +12,10 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from controller.eventlog import provider_facts
+from controller.eventlog.fact import Fact
+from controller.providers.base import Provider, ProviderInbox
+
 log = logging.getLogger("spotmorph.controller")
 
 Effect = Coroutine[Any, Any, None]
@@ -75,3 +79,22 @@ class Effects:
             self._queue.put_nowait(None)
         await self._group
         self._group = None
+
+
+async def release(provider: Provider, inbox: ProviderInbox, node: str) -> None:
+    """Release a VM; a failure is an event (counted in spotmorph_provider_errors_total), never lost in a task."""
+    try:
+        await provider.release(node)
+    except Exception as exc:
+        log.warning("releasing %s failed: %s", node, exc)
+        inbox.report(provider_facts.ProviderReleaseFailed(node, str(exc)))
+
+
+async def request_capacity(provider: Provider, slots: int) -> Fact:
+    """Ask the provider for ``slots``; what came of it, as the event the log keeps (failures logged too)."""
+    try:
+        await provider.request_capacity(slots)
+    except Exception as exc:
+        log.warning("capacity request for %d slots failed: %s", slots, exc)
+        return provider_facts.ProviderCapacityRequestFailed(slots, str(exc))
+    return provider_facts.CapacityRequested(slots)

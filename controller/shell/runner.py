@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import assert_never
 
 from controller.core import capacity, intake, invariants
+from controller.core import stimulus as stimuli
 from controller.core.lifecycle import JOB_LIVE
 from controller.core.model import (
     Action,
@@ -44,10 +45,11 @@ from controller.core.model import (
     apply,
 )
 from controller.core.reconcile import Config, cancel, fail, reconcile
+from controller.core.stimulus import Stimulus
 from controller.eventlog import facts, provider_facts
-from controller.eventlog.fact import Fact
 from controller.persistence.store import Store, unavailable
 from controller.providers.base import CannotList, Clock, Provider, ProviderEvent, ProviderInbox
+from controller.shell import effects
 from controller.shell.effects import Effects
 from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
 from controller.shell.planning import MemoPlanner, Planners
@@ -121,11 +123,12 @@ class Runner:
         counters = (self.job_seq, self.node_seq, self.incarnation_floor)
         return World(self.nodes, self.jobs, self.observed, self.started_at, *counters)
 
-    def commit(self, commands: list[Command]) -> None:
-        """Persist, then update the mirror, then act: a crash in between loses nothing decided."""
+    def commit(self, commands: list[Command], stimulus: Stimulus) -> None:
+        """Persist (with what triggered the decision), then update the mirror, then act: a crash in between
+        loses nothing decided."""
         if not commands:
             return
-        self.store.persist(commands)
+        self.store.persist(commands, stimulus)
         world = apply(self.world, commands)
         self.nodes, self.jobs, self.observed = dict(world.nodes), dict(world.jobs), dict(world.observed)
         self.job_seq, self.node_seq, self.incarnation_floor = world.job_seq, world.node_seq, world.incarnation_floor
@@ -140,44 +143,36 @@ class Runner:
         """A persisted command's side effect; a new command type must say here whether it has one."""
         match command:
             case ReleaseInstance():
-                self.effects.spawn(self._release(command))
+                self.effects.spawn(effects.release(self.provider, self.inbox, command.node))
             case RequestCapacity():
                 self.capacity_ask = capacity.CapacityAsk(command.slots, self.clock.now())
                 self.effects.spawn(self._request_capacity(command))
             case SetJob(change=change) if change is not None:
                 log.info("job %s: %s -> %s (%s)", command.job.id, change.source, change.target, change.reason)
-            case (
-                SetJob()
-                | SetNode()
-                | AddJob()
-                | SetNodeSeq()
-                | ForgetNode()
-                | StartGeneration()
-                | RecordCheckpoint()
-                | RecordPause()
-                | RecordEvent()
-            ):
+            case SetJob() | SetNode() | AddJob() | SetNodeSeq() | ForgetNode() | StartGeneration():
                 pass  # stored, and applied to the world: nothing to do outside
+            case RecordCheckpoint() | RecordPause() | RecordEvent():
+                pass
             case _:
                 assert_never(command)
 
-    async def tick(self) -> None:
+    async def tick(self, timer: str = stimuli.TICK) -> None:
         async with self.lock:
-            self._quietly(self._reconcile)
+            self._quietly(lambda: self._reconcile(Stimulus.tick(timer)))
 
     def _quietly(self, decide: Callable[[], None]) -> None:
         """For timers: a failed decision is logged and shown by health; the next tick tries again."""
         with contextlib.suppress(DecisionsFailed):
             decide()
 
-    def _reconcile(self, first: Sequence[Command] = ()) -> None:
+    def _reconcile(self, stimulus: Stimulus, first: Sequence[Command] = ()) -> None:
         """Decide on ``first`` (a request's own commands) with everything else; contain a failure."""
         try:
-            self._decide(first)
+            self._decide(stimulus, first)
         except Exception as exc:
-            self._contain(first, exc)
+            self._contain(stimulus, first, exc)
 
-    def _decide(self, first: Sequence[Command]) -> None:
+    def _decide(self, stimulus: Stimulus, first: Sequence[Command]) -> None:
         """``first``, the provider's events and what reconcile makes of them, committed in one transaction."""
         world = apply(self.world, list(first)) if first else self.world
         planners = {j.id: self.planner(j) for j in world.jobs.values() if j.state in JOB_LIVE}
@@ -193,14 +188,14 @@ class Runner:
         if self.settings.validate:
             invariants.check(decided, self.world)  # raises: contained as any failing decision, nothing committed
         ask = capacity.next_ask(decided, now, self.capacity_ask, self.settings.capacity_retry_seconds)
-        self.commit([*commands, ask] if ask else commands)
+        self.commit([*commands, ask] if ask else commands, stimulus)
         self._undelivered = []
         self._decided = max(self._decided, included)
         self._accepted.update((name, self.observed[name]) for name in self._fresh if name in self.observed)
         self._fresh.clear()
         self._deciding(True)
 
-    def _contain(self, first: Sequence[Command], failure: Exception) -> None:
+    def _contain(self, stimulus: Stimulus, first: Sequence[Command], failure: Exception) -> None:
         """Decide without what caused ``failure``: refuse the observations or the request it came from,
         or fail the job it came from.
 
@@ -213,33 +208,41 @@ class Runner:
             raise DecisionsFailed(why) from failure
         if self.deciding:  # while decisions keep failing, every tick would log the same traceback
             log.error("deciding failed (%s); looking for its cause", describe(failure), exc_info=failure)
+            self._record(failure, stimulus)
         held = {name: self.observed[name] for name in sorted(self._fresh) if name in self.observed}
         if held:
             self._set_aside(held)
-            if self._attempt(first):
-                self._refuse({name: held[name] for name in self._readmit(held)}, failure)
+            if self._attempt(stimulus, first):
+                self._refuse({name: held[name] for name in self._readmit(stimulus, held)}, failure, stimulus)
                 return
             self.observed.update(held)  # not (only) theirs: kept for the next decision
-        if first and self._attempt(()):
+        if first and self._attempt(stimulus, ()):
             raise Refused(f"deciding on this request failed ({describe(failure)}); nothing of it was kept")
-        if not first and self._fail_culprit(failure):
+        if not first and self._fail_culprit(failure, stimulus):
             return
         self._deciding(False, failure)
         raise DecisionsFailed(f"the controller cannot decide now ({describe(failure)}); retry later") from failure
 
-    def _attempt(self, first: Sequence[Command]) -> bool:
+    def _record(self, failure: Exception, stimulus: Stimulus) -> None:
+        """A broken invariant is a bug: an event says so (the e2e tests fail on one), beside the log."""
+        if isinstance(failure, invariants.InvariantViolated):
+            with contextlib.suppress(Exception):  # the refusal stands; only its record may be missing
+                broken = facts.InvariantViolated(sorted({str(v.invariant) for v in failure.found}), str(failure))
+                self.commit([broken.recorded(self.clock.now())], stimulus)
+
+    def _attempt(self, stimulus: Stimulus, first: Sequence[Command]) -> bool:
         try:
-            self._decide(first)
+            self._decide(stimulus, first)
         except Exception as exc:
             log.debug("deciding still fails: %s", describe(exc))
             return False
         return True
 
-    def _fail_culprit(self, failure: Exception) -> bool:
+    def _fail_culprit(self, failure: Exception, stimulus: Stimulus) -> bool:
         """Fail the first active job without which a decision succeeds (its own input breaks decisions)."""
         reason = f"the controller failed deciding on this job ({describe(failure)})"
         for job_id in sorted(j.id for j in self.jobs.values() if j.state in JOB_LIVE):
-            if self._attempt(fail(self.world, job_id, self.clock.now(), reason)):
+            if self._attempt(stimulus, fail(self.world, job_id, self.clock.now(), reason)):
                 log.error("job %s failed: %s", job_id, reason)
                 return True
         return False
@@ -252,7 +255,7 @@ class Runner:
             else:
                 self.observed.pop(name, None)
 
-    def _readmit(self, held: dict[str, NodeObservation]) -> list[str]:
+    def _readmit(self, stimulus: Stimulus, held: dict[str, NodeObservation]) -> list[str]:
         """``held`` fails as a whole: readmit each half; a single observation that still fails is refused."""
         if len(held) == 1:
             return list(held)
@@ -262,12 +265,12 @@ class Runner:
             group = {name: held[name] for name in part}
             self.observed.update(group)
             self._fresh.update(group)
-            if not self._attempt(()):
+            if not self._attempt(stimulus, ()):
                 self._set_aside(group)
-                refused += self._readmit(group)
+                refused += self._readmit(stimulus, group)
         return refused
 
-    def _refuse(self, refused: dict[str, NodeObservation], failure: Exception) -> None:
+    def _refuse(self, refused: dict[str, NodeObservation], failure: Exception, stimulus: Stimulus) -> None:
         """Tell the callers still waiting on these observations, and log the refusal."""
         why = f"deciding on this report failed ({describe(failure)}); it was set aside"
         for name, seen in refused.items():
@@ -276,7 +279,7 @@ class Runner:
         now = self.clock.now()
         try:
             refusal = facts.ReportRefused(why)
-            self.commit([refusal.recorded(now, node=name) for name in refused])
+            self.commit([refusal.recorded(now, node=name) for name in refused], stimulus)
         except Exception as exc:  # the refusal stands; only its record is missing
             log.warning("recording refused reports failed: %s", describe(exc))
 
@@ -292,35 +295,23 @@ class Runner:
         if self.health is not None:
             self.health(ok)
 
-    async def _release(self, command: ReleaseInstance) -> None:
-        try:
-            await self.provider.release(command.node)
-        except Exception as exc:  # an event (counted in spotmorph_provider_errors_total), never lost in a task
-            log.warning("releasing %s failed: %s", command.node, exc)
-            self.inbox.report(provider_facts.ProviderReleaseFailed(command.node, str(exc)))
-
     async def _request_capacity(self, command: RequestCapacity) -> None:
         """Ask the provider; the outcome is logged and tells the next decision whether to ask again."""
-        try:
-            await self.provider.request_capacity(command.slots)
-        except Exception as exc:
-            log.warning("capacity request for %d slots failed: %s", command.slots, exc)
-            outcome: Fact = provider_facts.ProviderCapacityRequestFailed(command.slots, str(exc))
-        else:
-            outcome = provider_facts.CapacityRequested(command.slots)
+        outcome = await effects.request_capacity(self.provider, command.slots)
         async with self.lock:
             now = self.clock.now()
             if self.capacity_ask is not None and self.capacity_ask.slots == command.slots:
                 failed = isinstance(outcome, provider_facts.ProviderCapacityRequestFailed)
                 self.capacity_ask = replace(self.capacity_ask, at=now, failed=failed)
-            self.commit([outcome.recorded(now)])
+            self.commit([outcome.recorded(now)], Stimulus.provider(str(outcome.kind)))
 
-    async def decide(self, make: Callable[[World, float], list[Command]]) -> None:
-        """Run a pure decision on the current world; its commands are committed with the reconcile after it."""
+    async def decide(self, make: Callable[[World, float], list[Command]], stimulus: Stimulus | None = None) -> None:
+        """Run a pure decision on the current world; its commands are committed with the reconcile after it.
+        ``stimulus``: the call that asked for it (None: the controller's own, as a tick's)."""
         async with self.lock:
-            self._reconcile(make(self.world, self.clock.now()))
+            self._reconcile(stimulus or Stimulus.tick(stimuli.TICK), make(self.world, self.clock.now()))
 
-    async def observe(self, name: str, seen: NodeObservation) -> None:
+    async def observe(self, name: str, seen: NodeObservation, rpc: str = "Heartbeat") -> None:
         """Record what a node reports; when it can change a decision, return only after a reconcile saw it.
 
         Raises :class:`Refused` when deciding on it failed (it is set aside), :class:`DecisionsFailed`
@@ -333,12 +324,12 @@ class Runner:
         joining = node is not None and node.state.value == "JOINING"
         holding = any(j.action is Action.HOLD for j in self.jobs.values())  # a salvage's grace and writes are timed
         if joining or holding or intake.essence(previous) != intake.essence(seen):
-            await self._reconcile_soon()
+            await self._reconcile_soon(Stimulus.node_call(rpc, name, seen.incarnation))
         refused = self._refused.pop(name, None)
         if refused is not None and refused[0] is seen:
             raise Refused(f"node {name}: {refused[1]}")
 
-    async def _reconcile_soon(self) -> None:
+    async def _reconcile_soon(self, stimulus: Stimulus) -> None:
         """Reconcile once for a burst of observations (e.g. 1,000 trainers exiting within a second).
 
         Every caller recorded its observation before calling. The first caller waits a moment so that
@@ -351,18 +342,19 @@ class Runner:
         await asyncio.sleep(self.coalesce_seconds)
         async with self.lock:
             if self._decided < mine:
-                self._reconcile()
+                self._reconcile(stimulus)
 
     async def submit(self, spec: JobSpec, key: str | None = None) -> JobRecord:
         """A new job, stored with the decision on it in one transaction; a retry under ``key`` gets the first."""
         async with self.lock:
             job, commands = intake.submit(self.world, spec, key, self.clock.now())
             if commands:
-                self._reconcile(commands)
+                self._reconcile(Stimulus.job_call("SubmitJob", job.id, stimuli.OPERATOR), commands)
             return self.jobs[job.id]
 
     async def cancel(self, job_id: str, who: str) -> JobRecord:
-        await self.decide(lambda world, now: cancel(world, job_id, now, who))
+        stimulus = Stimulus.job_call("CancelJob", job_id, stimuli.OPERATOR)
+        await self.decide(lambda world, now: cancel(world, job_id, now, who), stimulus)
         return self.jobs[job_id]
 
     async def poll_provider(self) -> None:
@@ -373,12 +365,12 @@ class Runner:
             listed = None
         async with self.lock:
             gone = [] if listed is None else intake.provider_gone(self.world, listed, self.clock.now())
-            self._quietly(lambda: self._reconcile(gone))
+            self._quietly(lambda: self._reconcile(Stimulus.provider("ListInstances"), gone))
 
-    async def request_checkpoints(self) -> None:
+    async def request_checkpoints(self, timer: str = stimuli.TICK) -> None:
         async with self.lock:
             asked = intake.request_checkpoints(self.world, self.clock.now())
-            self._quietly(lambda: self._reconcile(asked))
+            self._quietly(lambda: self._reconcile(Stimulus.tick(timer), asked))
 
     async def settle(self) -> None:
         """Wait for the side effects under way (provider calls) and the outcomes they log."""
@@ -386,8 +378,9 @@ class Runner:
 
     async def close(self) -> None:
         """Persist the last decisions, finish the side effects under way, close the provider, log its last words."""
+        stopping = Stimulus.tick(stimuli.STOP)
         async with self.lock:
-            self._quietly(self._reconcile)
+            self._quietly(lambda: self._reconcile(stopping))
         with contextlib.suppress(Exception):  # a side effect's bug was logged as it ended the group: stop all the same
             await self.effects.close()
         try:
@@ -396,5 +389,5 @@ class Runner:
             log.warning("closing the provider failed: %s", exc)
         async with self.lock:
             self._undelivered += self.inbox.drain()
-            self.commit([RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered])
+            self.commit([RecordEvent(e.kind, e.at, None, None, e.data) for e in self._undelivered], stopping)
             self._undelivered = []

@@ -96,6 +96,9 @@ def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[s
         "rendezvous_port_base": rendezvous_port_base,
         "morph_cost_seconds": MORPH_COST_SECONDS,
         "metrics_listen": "127.0.0.1:0",  # Prometheus metrics and the web dashboard, on this machine only
+        # Every decision checked against controller.core.invariants before it commits: one that breaks an
+        # invariant is a bug, refused, logged and recorded (InvariantViolated), and the e2e tests fail on it.
+        "validate_invariants": True,
     }
     if options.tensorboard_dir is not None:
         settings["tensorboard_dir"] = str(options.tensorboard_dir)

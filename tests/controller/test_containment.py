@@ -20,6 +20,7 @@ from controller.core import intake
 from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import Command, NodeObservation, RankReport, World
 from controller.core.reconcile import Config
+from controller.core.stimulus import Stimulus
 from controller.persistence.store import Store
 from controller.providers.base import StaticProvider
 from controller.shell.failures import DecisionsFailed, Refused
@@ -123,7 +124,7 @@ def test_a_submission_whose_decision_fails_leaves_no_job_and_health_follows_the_
         store = runner.store
         persist = store.persist
 
-        def full(commands: Any) -> int:
+        def full(commands: Any, stimulus: Any = None) -> int:
             raise sqlite3.OperationalError("database or disk is full")
 
         store.persist = full  # type: ignore[method-assign]
@@ -153,7 +154,10 @@ def test_with_validate_a_decided_world_breaking_an_invariant_is_not_committed(tm
         await runner.tick()
         job = runner.jobs[job_id]
         assert job.state is JobState.FAILED and "InvariantViolated" in job.reason, job.reason
-        assert f"job {job_id} is RUNNING but its trainers are told STOP" in job.reason, job.reason
+        assert f"[state-action] job {job_id} is RUNNING but its trainers are told STOP" in job.reason, job.reason
+        [violated] = [e for e in runner.store.events(limit=1000) if e.kind == "InvariantViolated"]
+        assert violated.data["invariants"] == ["state-action"] and job_id in violated.data["detail"]
+        assert violated.stimulus == Stimulus.tick("tick")  # the decision that broke it, as every decision, says why
         assert runner.deciding and health == []
         assert all(n.job is None for n in runner.nodes.values())
         assert runner.store.load()[1][job_id].state is JobState.FAILED

@@ -262,7 +262,7 @@ def test_health_is_not_serving_while_decisions_fail_and_serving_once_they_work(l
     store = live.controller.store
     persist = store.persist
 
-    def full(commands: Any) -> int:
+    def full(commands: Any, stimulus: Any = None) -> int:
         raise sqlite3.OperationalError("database or disk is full")
 
     store.persist = full  # type: ignore[method-assign]

@@ -6,6 +6,8 @@ tail of every log are printed, so a red run says why and how to run it again.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,8 +37,25 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     local = LocalCluster(tmp_path / "home")
+    violated: list[str] = []
     try:
         yield local
     finally:
+        violated = invariant_violations(local.files.state / "state.db")
+        if violated:
+            local.notes.append("the controller refused decisions that broke invariants (a bug):")
+            print(local.failure_report())
         local.down()
         assert_nothing_left(local.files.root)  # a --netns cluster leaves no namespace or link behind
+    assert not violated, "the controller's decisions broke invariants (InvariantViolated):\n" + "\n".join(violated)
+
+
+def invariant_violations(database: Path) -> list[str]:
+    """What the controller's ``InvariantViolated`` events say: every local cluster validates each decision
+    (``validate_invariants``), so any is a bug, whatever the test saw. Read from the state database, which
+    outlives a controller the test killed."""
+    if not database.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT at, data FROM events WHERE kind = 'InvariantViolated' ORDER BY seq").fetchall()
+    return [f"at {at:.3f}: {data}" for at, data in rows]

@@ -540,6 +540,7 @@ class Event(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     DATA_JSON_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
+    STIMULUS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     at: _builtins.float
     """unix seconds"""
@@ -550,6 +551,10 @@ class Event(_message.Message):
     data_json: _builtins.str
     decision: _builtins.int
     """the committed decision (one reconcile pass) that wrote it; 0: before they were numbered"""
+    @_builtins.property
+    def stimulus(self) -> Global___Stimulus:
+        """what triggered that decision; unset: a decision made before they were recorded"""
+
     def __init__(
         self,
         *,
@@ -560,14 +565,61 @@ class Event(_message.Message):
         node: _builtins.str = ...,
         data_json: _builtins.str = ...,
         decision: _builtins.int = ...,
+        stimulus: Global___Stimulus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stimulus", b"stimulus"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "data_json", b"data_json", "decision", b"decision", "job", b"job", "kind", b"kind", "node", b"node", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "data_json", b"data_json", "decision", b"decision", "job", b"job", "kind", b"kind", "node", b"node", "seq", b"seq", "stimulus", b"stimulus"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Event: _TypeAlias = Event  # noqa: Y015
+
+@_typing.final
+class Stimulus(_message.Message):
+    """What triggered a decision (Dask's stimulus_id): the controller's clock, a call, or the provider."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    CALLER_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """tick, node_call, job_call, provider (controller.core.stimulus.StimulusKind)"""
+    source: _builtins.str
+    """the timer (heartbeat-expiry, start, stop, ...), the RPC (Heartbeat, CancelJob, ...)"""
+    node: _builtins.str
+    """or the provider's fact (ListInstances, CapacityRequested, ...)
+    a node's call: its name
+    """
+    incarnation: _builtins.int
+    """... and incarnation (unset: a registration, which gives the incarnation)"""
+    job: _builtins.str
+    """the job a call was about"""
+    caller: _builtins.str
+    """the role that called: operator, agent, node"""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        source: _builtins.str = ...,
+        node: _builtins.str = ...,
+        incarnation: _builtins.int | None = ...,
+        job: _builtins.str = ...,
+        caller: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_incarnation", b"_incarnation", "incarnation", b"incarnation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_incarnation", b"_incarnation", "caller", b"caller", "incarnation", b"incarnation", "job", b"job", "kind", b"kind", "node", b"node", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__incarnation: _TypeAlias = _typing.Literal["incarnation"]  # noqa: Y015
+    _WhichOneofArgType__incarnation: _TypeAlias = _typing.Literal["_incarnation", b"_incarnation"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__incarnation) -> _WhichOneofReturnType__incarnation | None: ...
+
+Global___Stimulus: _TypeAlias = Stimulus  # noqa: Y015
 
 @_typing.final
 class SubmitJobRequest(_message.Message):
