@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -61,8 +61,12 @@ from bench.memory_morph_report import (
     shape,
 )
 from bench.morph_measure import Recovery, generation_step, measure, warm_pools_full
+from controller.eventlog import facts
+from controller.eventlog.fact import Fact
+from controller.eventlog.schema import Logged
 from spotmorph.local.harness import LocalCluster, world_size
 from spotmorph.local.processes import wait_for
+from spotmorph.local.unplanned import issued
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointSkipped,
@@ -74,6 +78,7 @@ from worker_agent.contract import (
 )
 
 Log = Callable[[str], None]
+F = TypeVar("F", bound=Fact)
 
 
 def state_bytes(size: str) -> tuple[int, int]:
@@ -116,12 +121,13 @@ def wait_generation(cluster: LocalCluster, job: str, old: int, width: int) -> in
     return found[0]
 
 
-def wait_event(cluster: LocalCluster, job: str, match: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-    """The first event of ``job`` that ``match``es (the log polled once a second, after the measurement)."""
-    found: list[dict[str, Any]] = []
+def wait_event(cluster: LocalCluster, job: str, kind: type[F], match: Callable[[F], bool], what: str) -> Logged[F]:
+    """The first event of ``job`` of ``kind`` whose fact ``match``es (the log polled once a second, after the
+    measurement)."""
+    found: list[Logged[F]] = []
 
     def seen() -> bool:
-        found[:] = [e for e in cluster.events(job) if match(e)]
+        found[:] = [e for e in cluster.facts(kind, job) if match(e.fact)]
         return bool(found)
 
     wait_for(seen, 300, what, poll=1.0)
@@ -176,12 +182,9 @@ def one(work: Path, size: str, case: str, path: str, log: Log) -> Run:
 def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     """The figures from the events and both generations' progress; what looks wrong goes in ``run.notes``."""
     run.phases = {k: v for k, v in r.phases().items() if k in PHASES}
-    resumed = wait_event(
-        cluster, job, lambda e: e["kind"] == "TrainingResumed" and e["data"]["generation"] == r.generation, "resumed"
-    )
-    run.pause = float(resumed["data"]["pause_seconds"])
-    stalled = resumed["data"].get("stalled_seconds")
-    run.stalled = math.nan if stalled is None else float(stalled)
+    resumed = wait_event(cluster, job, facts.TrainingResumed, lambda f: f.generation == r.generation, "resumed").fact
+    run.pause = resumed.pause_seconds
+    run.stalled = math.nan if resumed.stalled_seconds is None else resumed.stalled_seconds
     old = [x.event for xs in cluster.progress(job, r.old).values() for x in xs]
     stops = [e for e in old if isinstance(e, TrainingStopped)]
     salvaged = [e.seconds for e in old if isinstance(e, SalvageWritten)]
@@ -189,21 +192,16 @@ def read_run(cluster: LocalCluster, job: str, r: Recovery, run: Run) -> Run:
     stop_step = max([s.step for s in stops] + [e.step for e in old if isinstance(e, CollectiveFailed)])
     steps = [e.step_seconds for e in old if isinstance(e, StepCompleted)]
     run.step_seconds = statistics.median(steps[1:] or steps)
-    committed = wait_event(
-        cluster, job, lambda e: e["kind"] == "CheckpointCommitted" and e["data"]["step"] >= stop_step, "the commit"
-    )
-    run.durable = float(committed["at"]) - r.milestones.get("stop", r.start)
-    run.new_step_seconds = steady_step(cluster, job, r.generation, float(committed["at"]))
+    committed = wait_event(cluster, job, facts.CheckpointCommitted, lambda f: f.step >= stop_step, "the commit")
+    run.durable = committed.at - r.milestones.get("stop", r.start)
+    run.new_step_seconds = steady_step(cluster, job, r.generation, committed.at)
     new = [x.event for xs in cluster.progress(job, r.generation).values() for x in xs]
     loaded = [e.checkpoint for e in new if isinstance(e, CheckpointLoaded)]
     memory = sum(1 for c in loaded if c.startswith("memory of generation"))
     run.resumed_from = "memory" if memory == len(loaded) else "disk" if memory == 0 else "mixed"
     status = cluster.status(job)
     run.steps_lost, run.layouts = int(status["steps_lost"]), f"{run.layouts} → {shape(status)}"
-    issued = [
-        e for e in cluster.events(job) if e["kind"] == "GenerationIssued" and e["data"]["generation"] == r.generation
-    ]
-    held = int(issued[0]["data"].get("held_step") or 0)
+    held = issued(cluster, job, r.generation).held_step
     if run.resumed_from != run.path:
         run.notes.append(f"g+1 resumed from {', '.join(loaded)}; expected {run.path}")
     if run.path == "memory" and held != stop_step:

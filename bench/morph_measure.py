@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.common import ROOT
+from controller.eventlog import facts
+from controller.eventlog.schema import logged
 from spotmorph.local.harness import LocalCluster, first_event, last_step
 from spotmorph.local.processes import alive, free_port, read_pid
 from worker_agent.contract import (
@@ -41,11 +43,12 @@ PHASES = (
     "load",  # -> the last `resumed` line (checkpoint verified and loaded)
     "first step",  # -> the last first `step` line of the new generation
 )
-EVENT_MILESTONES = {
-    "detect": "CollectiveFailed",
-    "suspect": "NodesSuspected",
-    "salvage": "SalvageEnded",
-    "plan": "GenerationIssued",
+Milestone = type[facts.CollectiveFailed | facts.NodesSuspected | facts.SalvageEnded | facts.GenerationIssued]
+EVENT_MILESTONES: dict[str, Milestone] = {
+    "detect": facts.CollectiveFailed,
+    "suspect": facts.NodesSuspected,
+    "salvage": facts.SalvageEnded,
+    "plan": facts.GenerationIssued,
 }
 
 
@@ -87,10 +90,10 @@ class Recovery:
         return out
 
 
-def _event_at(events: list[dict[str, Any]], kind: str, generation: int, after: float) -> float | None:
-    for e in events:
-        if e["kind"] == kind and int(e["data"].get("generation", -1)) == generation and float(e["at"]) >= after:
-            return float(e["at"])
+def _event_at(events: list[dict[str, Any]], kind: Milestone, generation: int, after: float) -> float | None:
+    for e in logged(events, kind):
+        if e.fact.generation == generation and e.at >= after:
+            return e.at
     return None
 
 
@@ -106,12 +109,12 @@ def measure(cluster: LocalCluster, job: str, r: Recovery) -> None:
         m["checkpoint"] = max(s.stop_at + s.checkpoint_seconds for _, s in filter(None, stopped))
     events = cluster.events(job)
     for name, kind in EVENT_MILESTONES.items():
-        generation = r.generation if kind == "GenerationIssued" else r.old
+        generation = r.generation if kind is facts.GenerationIssued else r.old
         at = _event_at(events, kind, generation, r.start)
         if at is not None and (name == "plan" or r.path != "notice"):
             m[name] = at
-    ended = [e for e in events if e["kind"] == "SalvageEnded" and int(e["data"]["generation"]) == r.old]
-    r.reason = str(ended[0]["data"]["reason"]) if ended else ""
+    ended = [e.fact for e in logged(events, facts.SalvageEnded) if e.fact.generation == r.old]
+    r.reason = ended[0].reason if ended else ""
     new = list(cluster.progress(job, r.generation).values())
     started = [s for records in new if (s := first_event(records, TrainerStarted))]
     resumed = [loaded for records in new if (loaded := first_event(records, CheckpointLoaded))]

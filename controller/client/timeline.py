@@ -15,6 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.eventlog import facts
+from controller.eventlog.fact import Fact
+from controller.eventlog.kinds import EventKind
+from controller.eventlog.schema import decode
+
 LIVE = frozenset({"READY", "ASSIGNED", "DRAINING"})
 WIDTH, PANEL, MARGIN = 960, 150, 60
 
@@ -54,70 +59,94 @@ class Timeline:
 
 
 def build(events: Iterable[Mapping[str, Any]], job: str, global_batch: int) -> Timeline:
-    """The timeline of ``job`` (cluster-wide node counts, the job's own generations and progress)."""
+    """The timeline of ``job`` (cluster-wide node counts, the job's own generations and progress), from events
+    as ``spotmorph events --json`` gives them; their data is decoded into the facts the controller wrote, and
+    data that is not raises :class:`~controller.eventlog.fact.EventDataError` naming the kind and the field."""
     timeline = Timeline(job)
     states: dict[str, str] = {}
-    last_checkpoint: tuple[float, int] | None = None
     times: list[float] = []
+    last_checkpoint: tuple[float, int] | None = None
     for event in events:
-        at, kind, data = float(event["at"]), str(event["kind"]), event.get("data") or {}
-        node = str(event.get("node") or "")
+        at, kind, node = float(event["at"]), str(event["kind"]), str(event.get("node") or "")
         times.append(at)
-        if kind == "NodeRegistered":
-            states[node] = "JOINING"
-            timeline.marks.append((at, "arrival", node))
-        elif kind == "NodeStateChanged" and node:
-            states[node] = str(data.get("to", ""))
-            if states[node] in ("LOST", "GONE") and data.get("from") in LIVE:
-                timeline.marks.append((at, "loss", node))
-        elif kind == "EvictionNoticed":
-            timeline.marks.append((at, "eviction", node))
-        if kind.startswith("Node"):
-            count = sum(1 for state in states.values() if state in LIVE)
-            if timeline.nodes and timeline.nodes[-1][0] == at:
-                timeline.nodes[-1] = (at, count)
-            elif not timeline.nodes or timeline.nodes[-1][1] != count:
-                timeline.nodes.append((at, count))
-        if event.get("job") != job:
+        if kind not in READ:
             continue
-        if kind == "GenerationIssued":
-            generation = Generation(
-                int(data.get("generation", 0)), at, str(data.get("layout", "")), str(data.get("cause", ""))
-            )
-            timeline.generations.append(generation)
-            last_checkpoint = (at, int(data.get("resume_step", 0)))
-        elif kind == "CheckpointCommitted":
-            step = int(data.get("step", 0))
-            timeline.checkpoints.append((at, step))
-            if last_checkpoint is not None and at > last_checkpoint[0] and step > last_checkpoint[1]:
-                rate = (step - last_checkpoint[1]) * global_batch / (at - last_checkpoint[0])
-                timeline.throughput.append((last_checkpoint[0], at, rate))
-            last_checkpoint = (at, step)
-        elif kind == "EvaluationCompleted":
-            timeline.evaluations.append((at, int(data.get("step", 0)), float(data.get("loss", 0.0))))
-        elif kind == "TrainingProgressed":
-            timeline.training.append((at, int(data.get("step", 0)), float(data.get("loss", 0.0))))
-        elif kind == "CheckpointStallMeasured":  # a later (longer) measurement of the same checkpoint replaces it
-            timeline.stalls[int(data.get("step", 0))] = float(data.get("stall_seconds", 0.0))
-        elif kind == "TrainingResumed":
-            timeline.pauses.append(_pause(data, at))
+        fact = decode(kind, event.get("data") or {})
+        _cluster_event(timeline, states, fact, at, node)
+        if event.get("job") == job:
+            last_checkpoint = _job_event(timeline, fact, at, global_batch, last_checkpoint)
     if times:
         timeline.start, timeline.end = min(times), max(times)
     return timeline
 
 
-def _pause(data: Mapping[str, Any], at: float) -> Pause:
-    seconds = float(data.get("pause_seconds", 0.0))
-    end = float(data.get("resumed_at", at))
-    decision, stalled = data.get("decision_seconds"), data.get("stalled_seconds")
-    return Pause(
-        int(data.get("generation", 0)),
-        float(data.get("paused_since", end - seconds)),
-        end,
-        seconds,
-        None if decision is None else float(decision),
-        None if stalled is None else float(stalled),
-    )
+# The kinds a timeline draws (the others are not decoded).
+READ = frozenset(
+    {
+        EventKind.NODE_REGISTERED,
+        EventKind.NODE_STATE_CHANGED,
+        EventKind.EVICTION_NOTICED,
+        EventKind.GENERATION_ISSUED,
+        EventKind.CHECKPOINT_COMMITTED,
+        EventKind.EVALUATION_COMPLETED,
+        EventKind.TRAINING_PROGRESSED,
+        EventKind.CHECKPOINT_STALL_MEASURED,
+        EventKind.TRAINING_RESUMED,
+    }
+)
+
+
+def _cluster_event(timeline: Timeline, states: dict[str, str], fact: Fact, at: float, node: str) -> None:
+    """A node's arrival, state change or eviction notice: the marks, and the count of nodes available."""
+    if isinstance(fact, facts.NodeRegistered):
+        states[node] = "JOINING"
+        timeline.marks.append((at, "arrival", node))
+    elif isinstance(fact, facts.NodeStateChanged) and node:
+        states[node] = fact.target
+        if fact.target in ("LOST", "GONE") and fact.source in LIVE:
+            timeline.marks.append((at, "loss", node))
+    else:
+        if isinstance(fact, facts.EvictionNoticed):
+            timeline.marks.append((at, "eviction", node))
+        return
+    count = sum(1 for state in states.values() if state in LIVE)
+    if timeline.nodes and timeline.nodes[-1][0] == at:
+        timeline.nodes[-1] = (at, count)
+    elif not timeline.nodes or timeline.nodes[-1][1] != count:
+        timeline.nodes.append((at, count))
+
+
+def _job_event(
+    timeline: Timeline, fact: Fact, at: float, global_batch: int, last: tuple[float, int] | None
+) -> tuple[float, int] | None:
+    """One event of the job drawn; returns the newest (time, step) samples/s are measured from."""
+    if isinstance(fact, facts.GenerationIssued):
+        timeline.generations.append(Generation(fact.generation, at, fact.layout, fact.cause))
+        return at, fact.resume_step
+    if isinstance(fact, facts.CheckpointCommitted):
+        timeline.checkpoints.append((at, fact.step))
+        if last is not None and at > last[0] and fact.step > last[1]:
+            rate = (fact.step - last[1]) * global_batch / (at - last[0])
+            timeline.throughput.append((last[0], at, rate))
+        return at, fact.step
+    if isinstance(fact, facts.EvaluationCompleted):
+        timeline.evaluations.append((at, fact.step, fact.loss))
+    elif isinstance(fact, facts.TrainingProgressed) and fact.loss is not None:
+        timeline.training.append((at, fact.step, fact.loss))
+    elif isinstance(fact, facts.CheckpointStallMeasured):  # a later (longer) measurement of the same one replaces it
+        timeline.stalls[fact.step] = fact.stall_seconds
+    elif isinstance(fact, facts.TrainingResumed):
+        timeline.pauses.append(
+            Pause(
+                fact.generation,
+                fact.paused_since,
+                fact.resumed_at,
+                fact.pause_seconds,
+                fact.decision_seconds,
+                fact.stalled_seconds,
+            )
+        )
+    return last
 
 
 def render_html(timeline: Timeline, title: str) -> str:

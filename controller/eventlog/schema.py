@@ -54,6 +54,11 @@ class Logged(Generic[F]):
     seq: int = 0  # 0: the reader was not told
     decision: int | None = None
 
+    def as_json(self) -> dict[str, Any]:
+        """The event as ``spotmorph events --json`` prints it (what :func:`logged` reads)."""
+        envelope = {"seq": self.seq, "at": self.at, "kind": str(self.fact.kind), "job": self.job, "node": self.node}
+        return {**envelope, "data": self.fact.data(), "decision": self.decision}
+
 
 def logged(events: Iterable[Mapping[str, Any]], cls: type[F]) -> list[Logged[F]]:
     """The events of ``cls``'s kind among ``events`` (as ``spotmorph events --json`` prints them), decoded."""

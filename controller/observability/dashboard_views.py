@@ -2,19 +2,32 @@
 
 Everything here goes to a browser, where users and nodes wrote part of it (job names, reasons, event data):
 numbers leave as finite floats or None, words as plain strings the page puts in as text, and an event's
-detail is built here, bounded, from the keys it knows, so the page never walks a node's data itself.
+detail is built here, bounded, from the fact its data decodes to (:mod:`controller.eventlog`), so the page never
+walks a node's data itself and a field renamed by its writer is a decoding error here, not a blank picture.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from controller.core.events import EventKind
 from controller.core.records import JobRecord, NodeRecord
+from controller.eventlog.fact import EventDataError, Fact
+from controller.eventlog.facts import (
+    EvaluationCompleted,
+    GenerationIssued,
+    StateChanged,
+    TrainingProgressed,
+)
+from controller.eventlog.schema import decode
 from controller.persistence.codec import EventRow, GenerationRow
 
+F = TypeVar("F", bound=Fact)
+Point = tuple[int, int, float | None]  # (the generation that reported it, step, value)
 CURVE_POINTS = 1000  # the newest points of each curve (events of the store, and values heard since the start)
 DETAIL_CHARS = 160  # an event's detail, at most
 WORD_CHARS = 80  # one value of it, at most
@@ -58,24 +71,36 @@ def layout_view(job: JobRecord) -> dict[str, Any] | None:
     }
 
 
-def curve(rows: Iterable[EventRow], value: str, heard: Sequence[tuple[int, float]] = ()) -> list[list[float]]:
-    """``[step, value]`` points of the events' data (oldest first) and of what was ``heard`` since the controller
-    started, in step order, each step once. A newer generation that resumed from an earlier step redoes the
-    steps from there: the points it redoes are dropped, as the heard ones after it replace the events'."""
-    points: dict[int, float] = {}
+def curve(points: Iterable[Point], heard: Sequence[tuple[int, float]] = ()) -> list[list[float]]:
+    """``[step, value]`` points of the events' ``(generation, step, value)`` (oldest first) and of what was
+    ``heard`` since the controller started, in step order, each step once. A newer generation that resumed from an
+    earlier step redoes the steps from there: the points it redoes are dropped, as the heard ones after it replace
+    the events'."""
+    kept: dict[int, float] = {}
     generation = 0
-    for row in rows:
-        step, y, made_by = _step(row.data.get("step")), _number(row.data.get(value)), row.data.get("generation")
-        if step is None or y is None:
+    for made_by, step, value in points:
+        y = _number(value)
+        if y is None:
             continue
-        if isinstance(made_by, int) and made_by > generation:
+        if made_by > generation:
             generation = made_by
-            points = {s: v for s, v in points.items() if s < step}
-        points[step] = y
+            kept = {s: v for s, v in kept.items() if s < step}
+        kept[step] = y
     if heard:
-        points = {s: v for s, v in points.items() if s < heard[0][0]}
-        points.update(heard)
-    return [[float(step), points[step]] for step in sorted(points)][-CURVE_POINTS:]
+        kept = {s: v for s, v in kept.items() if s < heard[0][0]}
+        kept.update(heard)
+    return [[float(step), kept[step]] for step in sorted(kept)][-CURVE_POINTS:]
+
+
+def facts_of(rows: Iterable[EventRow], cls: type[F]) -> list[F]:
+    """The facts of class ``cls`` the rows hold; a row this version cannot read draws nothing (its detail says why)."""
+    found = []
+    for row in rows:
+        with contextlib.suppress(EventDataError):
+            fact = decode(row.kind, row.data)
+            if isinstance(fact, cls):
+                found.append(fact)
+    return found
 
 
 def morph_view(g: GenerationRow) -> dict[str, Any]:
@@ -101,7 +126,9 @@ def job_view(
 ) -> dict[str, Any]:
     """One job as the page draws it; ``events`` by kind (its ``TrainingProgressed`` and
     ``EvaluationCompleted``), ``heard`` and ``rates`` the losses and samples/s heard since the start."""
-    spec, progressed = job.spec, events.get(EventKind.TRAINING_PROGRESSED, [])
+    spec = job.spec
+    progressed = facts_of(events.get(EventKind.TRAINING_PROGRESSED, []), TrainingProgressed)
+    evaluated = facts_of(events.get(EventKind.EVALUATION_COMPLETED, []), EvaluationCompleted)
     return {
         "id": job.id,
         "name": spec.name,
@@ -117,9 +144,9 @@ def job_view(
         "last_checkpoint_step": job.last_checkpoint_step,
         "steps_lost": job.steps_lost,
         "morphs": [morph_view(g) for g in generations],
-        "loss_curve": curve(progressed, "loss", heard),
-        "eval_curve": curve(events.get(EventKind.EVALUATION_COMPLETED, []), "loss"),
-        "rate_curve": curve(progressed, "samples_per_second", rates),
+        "loss_curve": curve(((p.generation, p.step, p.loss) for p in progressed), heard),
+        "eval_curve": curve((e.generation, e.step, e.loss) for e in evaluated),
+        "rate_curve": curve(((p.generation, p.step, p.samples_per_second) for p in progressed), rates),
     }
 
 
@@ -135,7 +162,7 @@ def _clean(value: Any) -> str:
     return text if len(text) <= WORD_CHARS else text[: WORD_CHARS - 3] + "..."
 
 
-# The keys an event's data says most with, in the order they are told, and how each is worded.
+# The fields a fact says most with, in the order they are told, and how each is worded.
 NAMED = (
     ("generation", "generation {}"),
     ("step", "step {}"),
@@ -157,8 +184,8 @@ NAMED = (
 )
 # Said otherwise (a state change, the cause), or times the row already has: left out of the rest.
 SKIPPED = frozenset(
-    {"from", "to", "morph_cause", "detail", "resume_generation", "held_generation", "paused_since", "resumed_at"}
-    | {"until", "lost_at", "not_before", *(key for key, _ in NAMED)}
+    {"source", "target", "action", "morph_cause", "resume_generation", "held_generation", "paused_since"}
+    | {"resumed_at", "until", "lost_at", "not_before", *(name for name, _ in NAMED)}
 )
 
 
@@ -169,34 +196,53 @@ def _plain(value: Any) -> bool:
     return value is not None and value != "" and not isinstance(value, dict)
 
 
-def event_detail(data: Mapping[str, Any]) -> str:
-    """An event's data as one short line of words (a state change first), at most DETAIL_CHARS."""
-    words = []
-    if "to" in data:
-        words.append(f"{_clean(data.get('from', '?'))} -> {_clean(data['to'])}")
-    for key, shape in NAMED:
-        if data.get(key) not in (None, "", []):
-            words.append(shape.format(_clean(data[key])))
-    if "cause" not in data and data.get("morph_cause"):
-        words.append(f"cause {_clean(data['morph_cause'])}")
-    for key, value in data.items():
-        if key not in SKIPPED and _plain(value):
-            words.append(f"{_clean(key)} {_clean(value)}")
+def _told(fact: Fact) -> dict[str, Any]:
+    """The fact's fields that say something: none left at its default (an older row's, or nothing to say)."""
+    return {
+        f.name: getattr(fact, f.name)
+        for f in dataclasses.fields(fact)
+        if not (f.default is not dataclasses.MISSING and getattr(fact, f.name) == f.default)
+        and not (f.default_factory is not dataclasses.MISSING and getattr(fact, f.name) == f.default_factory())
+    }
+
+
+def event_detail(fact: Fact) -> str:
+    """An event's fact as one short line of words (a state change first), at most DETAIL_CHARS."""
+    fields, words = _told(fact), []
+    if isinstance(fact, StateChanged):
+        words.append(f"{_clean(fact.source)} -> {_clean(fact.target)}")
+    for name, shape in NAMED:
+        if fields.get(name) not in (None, "", []):
+            words.append(shape.format(_clean(fields[name])))
+    if isinstance(fact, GenerationIssued) and not fact.cause and fact.morph_cause:
+        words.append(f"cause {_clean(fact.morph_cause)}")
+    for name, value in fields.items():
+        if name not in SKIPPED and _plain(value):
+            words.append(f"{_clean(name)} {_clean(value)}")
         if sum(len(w) + 2 for w in words) > DETAIL_CHARS:
             break
-    text = ", ".join(words)
+    return _bounded(", ".join(words))
+
+
+def _bounded(text: str) -> str:
     return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 3] + "..."
 
 
 def event_view(row: EventRow) -> dict[str, Any]:
-    data = row.data if isinstance(row.data, dict) else {}
+    """One row of the events list; a row this version cannot read says why in its detail."""
+    try:
+        fact = decode(row.kind, row.data)
+    except EventDataError as exc:
+        step, detail = None, _bounded(f"cannot read: {_clean(str(exc))}")
+    else:
+        step, detail = _step(getattr(fact, "step", None)), event_detail(fact)
     return {
         "seq": row.seq,
         "at": row.at,
         "kind": row.kind,
         "job": row.job,
         "node": row.node,
-        "step": _step(data.get("step")),
+        "step": step,
         "checkpoint": row.kind in CHECKPOINT_KINDS,
-        "detail": event_detail(data),
+        "detail": detail,
     }

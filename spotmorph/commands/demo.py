@@ -13,9 +13,15 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from controller.core.causes import MorphCause
+from controller.eventlog.fact import Fact
+from controller.eventlog.facts import GenerationIssued, GrowthDeclined
+from controller.eventlog.kinds import EventKind
+from controller.eventlog.schema import decode
 from morphing.errors import UserInputError
 from spotmorph.local.harness import LocalCluster, checkpoint_diff, last_step, train_reference
 from worker_agent.contract import StepCompleted, events_of
@@ -104,11 +110,11 @@ def _run(demo: _Demo, args: argparse.Namespace) -> int:
     arrived = sorted({n["name"] for n in cluster.nodes()} - before)
 
     def decided(status: dict[str, Any]) -> bool:
-        return status["state"] == "SUCCEEDED" or growth_verdict(cluster.events(job), arrived) is not None
+        return status["state"] == "SUCCEEDED" or growth_verdict(growth_said(cluster, job), arrived) is not None
 
     demo.follow(job, decided, "the controller's decision about the new node")
     final = demo.follow(job, lambda s: s["state"] == "SUCCEEDED", "the end")
-    demo.say(growth_verdict(cluster.events(job), arrived) or ended_before_growth(arrived, final))
+    demo.say(growth_verdict(growth_said(cluster, job), arrived) or ended_before_growth(arrived, final))
 
     _timeline(cluster, job, final)
     demo.say("training the same job as one uninterrupted process (the reference) ...")
@@ -127,21 +133,22 @@ def _run(demo: _Demo, args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
-def growth_verdict(events: list[dict[str, Any]], arrived: list[str]) -> str | None:
-    """Whether the job grew onto the nodes that ``arrived``, and why not when it did not, from the controller's
-    event log (a growth's ``GenerationIssued``, or its ``GrowthDeclined`` with the numbers the policy weighed);
-    None while it has decided neither."""
-    for event in events:
-        data = event.get("data") or {}
-        if event.get("kind") == "GenerationIssued" and data.get("morph_cause") == "grow":
-            return (
-                f"the job grew: generation {data.get('generation')}, layout {data.get('layout')} ({data.get('cause')})"
-            )
-        free = data.get("free_nodes") or []
-        if event.get("kind") == "GrowthDeclined" and set(arrived) & set(free):
-            why = f"{data.get('reason')}: {data.get('detail')}"
-            return f"the job did not grow onto {', '.join(free)}: {why}"
+def growth_verdict(said: Iterable[Fact], arrived: list[str]) -> str | None:
+    """Whether the job grew onto the nodes that ``arrived``, and why not when it did not, from what the controller's
+    event log ``said`` (a growth's ``GenerationIssued``, or its ``GrowthDeclined`` with the numbers the policy
+    weighed); None while it has decided neither."""
+    for fact in said:
+        if isinstance(fact, GenerationIssued) and fact.morph_cause == MorphCause.GROW:
+            return f"the job grew: generation {fact.generation}, layout {fact.layout} ({fact.cause})"
+        if isinstance(fact, GrowthDeclined) and set(arrived) & set(fact.free_nodes):
+            return f"the job did not grow onto {', '.join(fact.free_nodes)}: {fact.reason}: {fact.detail}"
     return None
+
+
+def growth_said(cluster: LocalCluster, job: str) -> list[Fact]:
+    """The job's generations and declined growths, in the order the controller logged them."""
+    kinds = (EventKind.GENERATION_ISSUED, EventKind.GROWTH_DECLINED)
+    return [decode(e["kind"], e["data"]) for e in cluster.events(job) if e["kind"] in kinds]
 
 
 def ended_before_growth(arrived: list[str], final: dict[str, Any]) -> str:
@@ -155,7 +162,7 @@ def ended_before_growth(arrived: list[str], final: dict[str, Any]) -> str:
 
 def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
     progress = cluster.rank_progress(job)
-    issued = [e for e in cluster.events(job) if e["kind"] == "GenerationIssued"]
+    issued = [e.fact for e in cluster.facts(GenerationIssued, job)]
     seconds = {m["generation"]: m["seconds"] for m in final["morphs"]}
     pauses = {m["generation"]: (m["pause_seconds"], m["stalled_seconds"]) for m in final["morphs"]}
     print(
@@ -166,17 +173,15 @@ def _timeline(cluster: LocalCluster, job: str, final: dict[str, Any]) -> None:
         f"  {'gen':>3}  {'layout':<18} {'resumed at':>10} {'steps lost':>10} {'paused s':>8} {'stalled s':>9}"
         f" {'decided s':>9}  cause"
     )
-    for event in issued:
-        data = event["data"]
-        generation = int(data["generation"])
-        # Where it really started (as status and the dashboard say): the held step of a morph through memory.
-        resumed = max(int(data["resume_step"]), int(data.get("held_step") or 0))
+    for fact in issued:
+        generation = fact.generation
+        resumed = fact.resumed_at_step  # as status and the dashboard say: the held step of a morph through memory
         lost = max(0, last_step(progress.get(generation - 1, [])) - resumed) if generation > 1 else 0
         pause, stall = pauses.get(generation, (None, None))
         paused, stalled, decided = ("" if s is None else f"{s:.1f}" for s in (pause, stall, seconds.get(generation)))
         print(
-            f"  {generation:>3}  {data['layout']:<18} {resumed:>10} {lost:>10} "
-            f"{paused:>8} {stalled:>9} {decided:>9}  {data['cause']}"
+            f"  {generation:>3}  {fact.layout:<18} {resumed:>10} {lost:>10} "
+            f"{paused:>8} {stalled:>9} {decided:>9}  {fact.cause}"
         )
     last = progress.get(int(final["generation"]), [])
     losses = [e.loss for e in events_of(last, StepCompleted)]

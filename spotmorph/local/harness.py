@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from controller.client.context import Context
+from controller.eventlog.fact import Fact
+from controller.eventlog.schema import Logged, logged
 from spotmorph.local.cli_calls import ROOT, CommandFailed, ask, run_cli
 from spotmorph.local.cluster import require_context, start_controller
 from spotmorph.local.layout import ClusterDir, VmDir
@@ -41,6 +43,7 @@ ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 # The progress events that say how many steps were done.
 HAS_STEP = (CheckpointLoaded, StepCompleted, CheckpointWritten, TrainingStopped, TrainingFinished)
 E = TypeVar("E")
+F = TypeVar("F", bound=Fact)
 
 
 class JobEnded(RuntimeError):
@@ -212,6 +215,10 @@ class LocalCluster:
         """The controller's event log (of ``job``), one dict an event."""
         out = self.ask("events", "--json", *(["--job", job] if job else []))
         return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+    def facts(self, kind: type[F], job: str | None = None) -> list[Logged[F]]:
+        """The controller's events of ``kind`` (of ``job``), decoded into the facts it wrote."""
+        return logged(self.events(job), kind)
 
     def event_log(self) -> str:
         """The event log as ``spotmorph events`` shows it, or why it could not be read."""

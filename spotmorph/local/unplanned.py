@@ -10,8 +10,10 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from controller.eventlog.facts import GenerationIssued, NodesSuspected, SalvageEnded, SalvageOrdered
+from controller.eventlog.schema import Logged
 from spotmorph.local.cli_calls import ROOT
 from spotmorph.local.harness import LocalCluster
 from spotmorph.local.provider import kill_vm
@@ -19,6 +21,8 @@ from spotmorph.local.provider import kill_vm
 DEMO_PROFILE = ROOT / "examples" / "profiles" / "tiny_gpt.json"
 # The demo model's six layers do not fit on one VM with this much memory: a pipeline of two or more.
 PIPELINE_GPU_MEMORY_BYTES = int(0.0008 * 2**30)
+# The facts of an unplanned loss, each naming the generation it is about.
+G = TypeVar("G", GenerationIssued, NodesSuspected, SalvageOrdered, SalvageEnded)
 
 
 def pipeline_profile(path: Path, gpu_memory_bytes: int = PIPELINE_GPU_MEMORY_BYTES) -> Path:
@@ -69,26 +73,22 @@ def kill_nodes(cluster: LocalCluster, nodes: Sequence[str]) -> float:
     return at
 
 
-def events_of(cluster: LocalCluster, job: str, kind: str, generation: int | None = None) -> list[dict[str, Any]]:
-    """The job's events of ``kind`` (of ``generation`` when given: the one named in their data)."""
-    return [
-        e
-        for e in cluster.events(job)
-        if e["kind"] == kind and (generation is None or int(e["data"].get("generation", -1)) == generation)
-    ]
+def events_of(cluster: LocalCluster, job: str, kind: type[G], generation: int | None = None) -> list[Logged[G]]:
+    """The job's events of ``kind`` (of ``generation`` when given: the one their fact names), decoded."""
+    return [e for e in cluster.facts(kind, job) if generation is None or e.fact.generation == generation]
 
 
-def salvage_ended(cluster: LocalCluster, job: str, generation: int) -> dict[str, Any]:
-    """The data of the ``SalvageEnded`` event of ``generation``'s loss (committed, or why it fell back)."""
-    found = events_of(cluster, job, "SalvageEnded", generation)
+def salvage_ended(cluster: LocalCluster, job: str, generation: int) -> SalvageEnded:
+    """What the ``SalvageEnded`` event of ``generation``'s loss says (committed, or why it fell back)."""
+    found = events_of(cluster, job, SalvageEnded, generation)
     if not found:
         raise RuntimeError(f"job {job}: no SalvageEnded event for generation {generation}")
-    return dict(found[0]["data"])
+    return found[0].fact
 
 
-def issued(cluster: LocalCluster, job: str, generation: int) -> dict[str, Any]:
-    """The ``GenerationIssued`` event of ``generation`` (its data names ``resume_step``)."""
-    found = events_of(cluster, job, "GenerationIssued", generation)
+def issued(cluster: LocalCluster, job: str, generation: int) -> GenerationIssued:
+    """What the ``GenerationIssued`` event of ``generation`` says (the checkpoint it resumed from, the held step)."""
+    found = events_of(cluster, job, GenerationIssued, generation)
     if not found:
         raise RuntimeError(f"job {job}: no GenerationIssued event for generation {generation}")
-    return found[0]
+    return found[0].fact

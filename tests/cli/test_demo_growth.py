@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from controller.eventlog.fact import Fact
+from controller.eventlog.facts import GenerationIssued, GrowthDeclined
 from spotmorph.commands.demo import ended_before_growth, growth_verdict
 
 
-def issued(generation: int, cause: str, words: str) -> dict[str, Any]:
-    data = {"generation": generation, "layout": "1x4 (P x D), m=4", "morph_cause": cause, "cause": words}
-    return {"kind": "GenerationIssued", "data": data}
+def issued(generation: int, cause: str, words: str) -> GenerationIssued:
+    return GenerationIssued(generation, "1x4 (P x D), m=4", 0, words, morph_cause=cause)
 
 
-def declined(free: list[str]) -> dict[str, Any]:
-    data = {"free_nodes": free, "reason": "not_worth_it", "detail": "1.08x the throughput for a 12 s morph"}
-    return {"kind": "GrowthDeclined", "data": data}
+def declined(free: list[str]) -> GrowthDeclined:
+    detail = "1.08x the throughput for a 12 s morph"
+    return GrowthDeclined(1, free, "not_worth_it", detail, 100.0, 108.0, None, 12.0)
 
 
 def test_a_growth_names_its_generation_layout_and_the_policys_words() -> None:
-    events = [issued(1, "admitted", "admitted"), issued(2, "eviction", "eviction notice: node-2")]
+    events: list[Fact] = [issued(1, "admitted", "admitted"), issued(2, "eviction", "eviction notice: node-2")]
     assert growth_verdict(events, ["node-3"]) is None  # not decided yet: the demo keeps waiting
     events.append(issued(3, "grow", "grow: 1.9x the throughput"))
     verdict = growth_verdict(events, ["node-3"])

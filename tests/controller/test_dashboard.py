@@ -8,6 +8,7 @@ reasons and event text come from users and nodes: the page puts every string in 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import urllib.error
@@ -17,9 +18,12 @@ from typing import Any
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState
 from controller.core.records import JobRecord, Training
+from controller.eventlog import facts, provider_facts
+from controller.eventlog.fact import Fact
+from controller.eventlog.schema import fact_classes
 from controller.observability.curves import LossCurves
 from controller.observability.dashboard import API_PATH, HTML
-from controller.observability.dashboard_views import DETAIL_CHARS, curve, event_view, job_view
+from controller.observability.dashboard_views import DETAIL_CHARS, NAMED, SKIPPED, curve, event_view, job_view
 from controller.persistence.codec import EventRow, GenerationRow
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.browser import needs_chromium, parse, rendered
@@ -161,21 +165,25 @@ def test_loss_curves_keep_each_step_once_redo_after_a_resume_and_thin_when_full(
 
 
 def test_a_curve_drops_the_steps_a_newer_generation_redid_and_takes_what_was_heard_after_its_events() -> None:
-    def progressed(seq: int, generation: int, step: int, loss: float) -> EventRow:
-        return EventRow(
-            seq, float(seq), "TrainingProgressed", "job-1", None, {"generation": generation, "step": step, "loss": loss}
-        )
-
-    rows = [progressed(1, 1, 10, 3.0), progressed(2, 1, 20, 2.0), progressed(3, 1, 30, 1.5)]
-    rows += [progressed(4, 2, 20, 2.1), progressed(5, 2, 25, 1.9), progressed(6, 2, 40, 1.2)]  # resumed at 15
-    assert curve(rows, "loss") == [[10.0, 3.0], [20.0, 2.1], [25.0, 1.9], [40.0, 1.2]]
+    points = [(1, 10, 3.0), (1, 20, 2.0), (1, 30, 1.5), (2, 20, 2.1), (2, 25, 1.9), (2, 40, 1.2)]  # resumed at 15
+    assert curve(points) == [[10.0, 3.0], [20.0, 2.1], [25.0, 1.9], [40.0, 1.2]]
     heard = [(30, 1.4), (35, 1.3)]  # what this controller heard since it started, from step 30 on
-    assert curve(rows, "loss", heard) == [[10.0, 3.0], [20.0, 2.1], [25.0, 1.9], [30.0, 1.4], [35.0, 1.3]]
-    odd = [
-        EventRow(7, 7.0, "TrainingProgressed", "job-1", None, {"step": "x", "loss": 1.0}),
-        progressed(8, 2, 50, 9e99),
-    ]
-    assert curve([*rows, *odd], "loss")[-1] == [50.0, 9e99]  # a step that is no number is no point
+    assert curve(points, heard) == [[10.0, 3.0], [20.0, 2.1], [25.0, 1.9], [30.0, 1.4], [35.0, 1.3]]
+    assert curve([*points, (2, 45, None), (2, 50, math.nan), (2, 55, 9e99)])[-1] == [55.0, 9e99]  # no loss: no point
+
+
+def test_the_curves_come_from_the_facts_the_rows_hold_and_a_row_that_is_none_draws_nothing() -> None:
+    def progressed(seq: int, data: dict[str, Any]) -> EventRow:
+        return EventRow(seq, float(seq), "TrainingProgressed", "job-1", None, data)
+
+    rows = [progressed(1, {"generation": 1, "step": 10, "loss": 3.0, "samples_per_second": None})]
+    rows += [progressed(2, {"generation": 1, "step": "x", "loss": 1.0, "samples_per_second": None})]
+    rows += [progressed(3, {"generation": 1, "step": 20, "loss": 2.0})]  # no samples_per_second: not a fact
+    evaluated = [EventRow(4, 4.0, "EvaluationCompleted", "job-1", None, {"generation": 1, "step": 10, "loss": 2.5})]
+    events = {"TrainingProgressed": rows, "EvaluationCompleted": evaluated}
+    shown = job_view(make_job("job-1", JobState.RUNNING), [], events)
+    assert (shown["loss_curve"], shown["eval_curve"], shown["rate_curve"]) == ([[10.0, 3.0]], [[10.0, 2.5]], [])
+    assert event_view(rows[1])["detail"].startswith("cannot read: TrainingProgressed event, field step: expected int")
 
 
 def test_rates_are_kept_beside_losses_and_a_rate_curve_comes_from_the_events_and_what_was_heard() -> None:
@@ -203,36 +211,41 @@ def test_a_morph_says_the_step_it_resumed_at_the_memory_held_when_newer_than_its
     assert morphs[1]["cause"] == "eviction" and morphs[1]["shape"] == "1x2"
 
 
-def test_an_events_detail_is_short_words_of_its_data_and_nothing_from_a_node_is_markup() -> None:
-    def shown(kind: str, data: Any) -> dict[str, Any]:
-        return event_view(EventRow(7, 1.0, kind, "job-1", "node-1", data))
+def test_an_events_detail_is_short_words_of_its_fact_and_nothing_from_a_node_is_markup() -> None:
+    def shown(fact: Fact) -> dict[str, Any]:
+        return event_view(EventRow(7, 1.0, str(fact.kind), "job-1", "node-1", fact.data()))
 
-    issued = {"generation": 2, "layout": "1x2 (P x D), m=4", "resume_step": 140, "resume_generation": 1}
-    issued |= {"held_step": 159, "cause": "eviction notice: node-1", "morph_cause": "eviction"}
-    view = shown("GenerationIssued", issued)
+    issued = facts.GenerationIssued(2, "1x2 (P x D), m=4", 140, "eviction notice: node-1", 1, 159, 1, "eviction")
+    view = shown(issued)
     assert view["detail"] == (
         "generation 2, resume step 140, held step 159, layout 1x2 (P x D), m=4, cause eviction notice: node-1"
     )
     assert (view["step"], view["checkpoint"]) == (None, False)
-    change = shown("JobStateChanged", {"from": "RUNNING", "to": "MORPHING", "cause": "eviction", "reason": "node-1"})
+    first = shown(facts.GenerationIssued(1, "1x2 (P x D), m=4", 0, "admitted", morph_cause="admitted"))
+    assert first["detail"] == "generation 1, resume step 0, layout 1x2 (P x D), m=4, cause admitted"  # no held step
+    change = shown(facts.JobStateChanged("RUNNING", "MORPHING", "eviction", "node-1"))
     assert change["detail"] == "RUNNING -> MORPHING, cause eviction, node-1"
-    committed = shown("CheckpointCommitted", {"generation": 1, "step": 40})
+    committed = shown(facts.CheckpointCommitted(1, 40))
     assert committed == {**committed, "step": 40, "checkpoint": True, "detail": "generation 1, step 40"}
-    assert (
-        shown("CheckpointStallMeasured", {"step": 40, "stall_seconds": 0.123456})["detail"]
-        == "step 40, stalled 0.1235 s"
-    )
+    stall = shown(facts.CheckpointStallMeasured(1, 40, 0.123456))["detail"]
+    assert stall == "generation 1, step 40, stalled 0.1235 s"
     hostile = shown(
-        "ProviderError",
-        {
-            "message": "<img src=x onerror=alert(1)>\x1b[2J" + "A" * 10_000,
-            "gpus": [{"a": 1}],
-            "n": {"x": 1},
-            "ok": True,
-        },
+        provider_facts.ProviderError("vmss", "<img src=x onerror=alert(1)>\x1b[2J" + "A" * 10_000, "op", None)
     )
     assert len(hostile["detail"]) <= DETAIL_CHARS and "\x1b" not in hostile["detail"]
     assert hostile["detail"].startswith("<img src=x onerror=alert(1)> [2J")  # words: the page puts them in as text
-    assert "gpus" not in hostile["detail"] and "{" not in hostile["detail"]  # nested data is no detail
-    assert shown("NodeRegistered", ["not", "a", "dict"])["detail"] == ""
-    assert shown("CheckpointCommitted", {"step": True})["step"] is None  # a bool is no step
+    registered = shown(facts.NodeRegistered(1, 2, "10.0.0.1:7000", [{"index": 0, "name": "H100"}]))["detail"]
+    assert "gpus" not in registered and "{" not in registered  # nested data is no detail
+    damaged: Any = ["not", "a", "dict"]  # a row no controller wrote
+    assert event_view(EventRow(7, 1.0, "NodeRegistered", None, "node-1", damaged))["detail"] == (
+        "cannot read: NodeRegistered event: expected an object, got list ['not', 'a', 'dict']"
+    )
+    assert (
+        event_view(EventRow(7, 1.0, "CheckpointCommitted", None, None, {"generation": 1, "step": True}))["step"] is None
+    )
+
+
+def test_every_field_the_detail_names_is_a_field_of_some_fact() -> None:
+    """A field renamed by its writer must not silently drop out of the words the dashboard shows."""
+    fields = {f.name for cls in fact_classes().values() for f in dataclasses.fields(cls)}
+    assert {name for name, _ in NAMED} | SKIPPED <= fields

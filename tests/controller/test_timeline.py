@@ -6,8 +6,14 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from controller.client.timeline import build, render_html
+from controller.eventlog import facts
+from controller.eventlog.fact import EventDataError, Fact
+from controller.eventlog.schema import Logged
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
 from tests.controller.helpers import REPO
@@ -15,22 +21,25 @@ from tests.controller.helpers import REPO
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-def _events() -> list[dict[str, object]]:
-    def ev(at: float, kind: str, job: str | None = None, node: str | None = None, **data: object) -> dict[str, object]:
-        return {"at": at, "kind": kind, "job": job, "node": node, "data": data}
+def _events() -> list[dict[str, Any]]:
+    def ev(at: float, fact: Fact, job: str | None = None, node: str | None = None) -> dict[str, Any]:
+        return Logged(at, job, node, fact).as_json()
+
+    def moved(source: str, target: str) -> facts.NodeStateChanged:
+        return facts.NodeStateChanged(source, target, "a cause", "a reason")
 
     return [
-        ev(0, "NodeRegistered", node="node-1"),
-        ev(0, "NodeStateChanged", node="node-1", **{"from": "JOINING", "to": "READY"}),
-        ev(1, "NodeRegistered", node="node-2"),
-        ev(1, "NodeStateChanged", node="node-2", **{"from": "JOINING", "to": "READY"}),
-        ev(2, "GenerationIssued", "job-1", generation=1, layout="1x4 (P x D), m=4", resume_step=0, cause="admitted"),
-        ev(12, "CheckpointCommitted", "job-1", generation=1, step=100),
-        ev(13, "EvictionNoticed", "job-1", "node-2", not_before=40),
-        ev(14, "GenerationIssued", "job-1", generation=2, layout="1x2 (P x D), m=4", resume_step=110, cause="eviction"),
-        ev(20, "NodeStateChanged", node="node-2", **{"from": "DRAINING", "to": "GONE"}),
-        ev(34, "CheckpointCommitted", "job-1", generation=2, step=210),
-        ev(35, "CheckpointCommitted", "job-2", generation=1, step=999),
+        ev(0, facts.NodeRegistered(1, 1, "node-1:7000"), node="node-1"),
+        ev(0, moved("JOINING", "READY"), node="node-1"),
+        ev(1, facts.NodeRegistered(1, 1, "node-2:7000"), node="node-2"),
+        ev(1, moved("JOINING", "READY"), node="node-2"),
+        ev(2, facts.GenerationIssued(1, "1x4 (P x D), m=4", 0, "admitted"), "job-1"),
+        ev(12, facts.CheckpointCommitted(1, 100), "job-1"),
+        ev(13, facts.EvictionNoticed(40.0), "job-1", "node-2"),
+        ev(14, facts.GenerationIssued(2, "1x2 (P x D), m=4", 110, "eviction"), "job-1"),
+        ev(20, moved("DRAINING", "GONE"), node="node-2"),
+        ev(34, facts.CheckpointCommitted(2, 210), "job-1"),
+        ev(35, facts.CheckpointCommitted(1, 999), "job-2"),
     ]
 
 
@@ -51,6 +60,13 @@ def test_rendered_page_is_self_contained_svg() -> None:
     bands = [r for r in svg.iter(f"{SVG}rect") if r.get("opacity") == "0.7"]
     assert len(bands) == 2
     assert any("1x2" in (t.text or "") for t in svg.iter(f"{SVG}text"))
+
+
+def test_data_the_timeline_cannot_read_is_refused_naming_the_event() -> None:
+    events = _events()
+    events[4]["data"]["resume_step"] = "110"  # a renamed or retyped field: no silent zero in the picture
+    with pytest.raises(EventDataError, match="GenerationIssued event, field resume_step: expected int"):
+        build(events, "job-1", 16)
 
 
 def test_empty_log_renders() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from controller.core.causes import MorphCause
+from controller.eventlog.facts import GenerationIssued
+from controller.eventlog.schema import Logged
 from spotmorph.local import netns
 from spotmorph.local.harness import LocalCluster
 from spotmorph.local.network import NetworkPlan, prefix_of
@@ -82,11 +84,11 @@ def assert_nothing_left(cluster_root: Path) -> None:
     assert (namespaces, links) == ([], []), f"left behind: {namespaces + links}"
 
 
-def unexplained(final: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+def unexplained(final: dict[str, Any], events: list[Logged[GenerationIssued]]) -> list[str]:
     """Generations without a GenerationIssued event naming a known cause: what the log leaves unexplained."""
     causes = {str(cause) for cause in MorphCause}
-    issued = {int(e["data"]["generation"]): e["data"] for e in events if e["kind"] == "GenerationIssued"}
+    issued = {e.fact.generation: e.fact for e in events}
     problems = [f"generation {g} has no GenerationIssued event" for g in range(1, int(final["generation"]) + 1)]
     problems = [p for g, p in enumerate(problems, 1) if g not in issued]
-    problems += [f"generation {g}: unknown cause {d}" for g, d in issued.items() if d.get("morph_cause") not in causes]
+    problems += [f"generation {g}: unknown cause {f}" for g, f in issued.items() if f.morph_cause not in causes]
     return problems

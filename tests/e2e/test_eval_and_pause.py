@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from controller.eventlog import facts
+from controller.eventlog.schema import logged
 from spotmorph.local.cli_calls import ROOT
 from spotmorph.local.harness import LocalCluster, first_event
 from tests.browser import CHROMIUM, parse, rendered
@@ -94,17 +96,15 @@ def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster,
     stalled = f"({morph['stalled_seconds']:.1f} s stalled, then the first step)"
     paused = f"training paused {morph['pause_seconds']:.1f} s {stalled}"
     assert f"{paused}, decided in {morph['seconds']:.1f} s" in shown, shown
-    logged = cluster.events(job)
-    evaluated = [e["data"]["step"] for e in logged if e["kind"] == "EvaluationCompleted"]
-    assert evaluated[-1] == STEPS and evaluated == sorted(
-        set(evaluated)
-    )  # each once (a beat may carry only the newest)
+    events = cluster.events(job)
+    evaluated = [e.fact.step for e in logged(events, facts.EvaluationCompleted)]
+    assert evaluated[-1] == STEPS and evaluated == sorted(set(evaluated))  # each once (a beat may carry the newest)
     assert set(evaluated) <= set(range(EVAL_INTERVAL, STEPS + 1, EVAL_INTERVAL))
-    assert [e["data"]["generation"] for e in logged if e["kind"] == "TrainingResumed"] == [2]
-    progressed = [e["data"] for e in logged if e["kind"] == "TrainingProgressed"]
-    assert progressed and all(losses.get(d["step"], d["loss"]) == d["loss"] for d in progressed), progressed
-    stalls = [e["data"] for e in logged if e["kind"] == "CheckpointStallMeasured"]
-    assert stalls[-1] == {"generation": 2, "step": STEPS, "stall_seconds": stall}
+    assert [e.fact.generation for e in logged(events, facts.TrainingResumed)] == [2]
+    progressed = [e.fact for e in logged(events, facts.TrainingProgressed)]
+    assert progressed and all(losses.get(p.step, p.loss) == p.loss for p in progressed), progressed
+    stalls = [e.fact for e in logged(events, facts.CheckpointStallMeasured)]
+    assert stalls[-1] == facts.CheckpointStallMeasured(generation=2, step=STEPS, stall_seconds=stall)
     assert_tensorboard_shows_the_run(tmp_path / "tb" / job, cluster, job, final)
     assert_logs_show_both_generations(cluster, job)
     assert_the_dashboard_shows_the_run(cluster, job, final)  # last: it skips where there is no chromium

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from controller.eventlog.facts import CheckpointCommitted
 from spotmorph.local.harness import TINY_GPT_SPEC, LocalCluster, max_rel_diff, train_reference, world_size
-from spotmorph.local.unplanned import pipeline_profile, stage_nodes
+from spotmorph.local.unplanned import issued, pipeline_profile, stage_nodes
 from worker_agent.contract import CheckpointLoaded, CheckpointWritten, TrainingStopped
 
 pytestmark = pytest.mark.slow
@@ -37,10 +38,7 @@ def submit(cluster: LocalCluster, checkpoints: Path, profile: Path | None = None
 
 def held_step(cluster: LocalCluster, job: str, generation: int) -> int:
     """The step ``generation`` was told to take from the previous one's memory (its GenerationIssued)."""
-    issued = [
-        e for e in cluster.events(job) if e["kind"] == "GenerationIssued" and e["data"]["generation"] == generation
-    ]
-    return int(issued[0]["data"]["held_step"])
+    return issued(cluster, job, generation).held_step
 
 
 def assert_loaded_from_memory(cluster: LocalCluster, job: str, generation: int, held: int, width: int) -> None:
@@ -82,9 +80,7 @@ def test_growth_moves_the_layers_in_memory_and_equals_the_reference(cluster: Loc
     assert after["steps_lost"] == 0
     cluster.cli("cancel", job)
     cluster.wait_state(job, {"CANCELLED"}, 60)
-    committed = {
-        (e["data"]["generation"], e["data"]["step"]) for e in cluster.events(job) if e["kind"] == "CheckpointCommitted"
-    }
+    committed = {(e.fact.generation, e.fact.step) for e in cluster.facts(CheckpointCommitted, job)}
     assert any(g == generation and s >= held for g, s in committed), committed
     assert_equals_the_reference(cluster, job, checkpoints, tmp_path)
 

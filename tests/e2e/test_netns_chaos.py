@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.eventlog.facts import GenerationIssued
 from spotmorph.local.chaos import ChaosOptions, plan_chaos
 from spotmorph.local.chaos_run import ChaosRun
 from spotmorph.local.harness import ENDED, LocalCluster, max_rel_diff, train_reference
@@ -62,7 +63,7 @@ def run_chaos(cluster: LocalCluster, tmp_path: Path, references: Path, *, nodes:
     assert max_rel_diff(expected, checkpoints) <= 1e-9
     unnoticed = result.unnoticed_losses()
     assert final["steps_lost"] <= INTERVAL * unnoticed, (final["steps_lost"], unnoticed)
-    assert not unexplained(final, cluster.events(job))
+    assert not unexplained(final, cluster.facts(GenerationIssued, job))
 
 
 def test_chaos_on_six_namespaced_vms(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:

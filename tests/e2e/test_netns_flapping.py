@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
+from controller.eventlog.fact import Fact
+from controller.eventlog.facts import NodeHeld, NodeStateChanged
+from controller.eventlog.schema import Logged
 from spotmorph.local.harness import LocalCluster
 
 from .netns_helpers import needs_netns
@@ -23,6 +26,7 @@ from .netns_helpers import needs_netns
 # In `make soak` (over two minutes): the flap damping is tested on the pure core
 # (tests/controller/test_flapping.py) and a partition past the expiry in tests/e2e/test_netns.py.
 pytestmark = [pytest.mark.slow, pytest.mark.soak, needs_netns]
+F = TypeVar("F", bound=Fact)
 # What the controller sees of a cut is longer than the cut: the beat interval (1 s) before it, the CLI's own
 # time (~0.7 s here) and, after the heal, TCP's retransmission backoff on the open connection (up to ~1.6 s).
 # A 1 s cut measured about 4.5 s of silence; the expiry leaves room for that.
@@ -30,8 +34,8 @@ EXPIRY = 15.0  # a loaded CI machine saw a 1 s cut turn into more than 8 s of si
 CUT_SECONDS, CUTS = 1.0, 5
 
 
-def node_events(cluster: LocalCluster, node: str, kind: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.events() if e.get("kind") == kind and e.get("node") == node]
+def node_events(cluster: LocalCluster, node: str, kind: type[F]) -> list[Logged[F]]:
+    return [e for e in cluster.facts(kind) if e.node == node]
 
 
 def record(cluster: LocalCluster, node: str) -> dict[str, Any]:
@@ -59,7 +63,7 @@ def test_short_cuts_do_not_flip_a_node_and_a_long_one_brings_it_back_held(
     after = cluster.status(job)
     assert (after["state"], after["generation"]) == ("RUNNING", before["generation"]), "the job did not morph"
     assert int(after["step"]) > int(before["step"])
-    assert not [e for e in node_events(cluster, node, "NodeStateChanged") if e["data"]["to"] == "LOST"]
+    assert not [e for e in node_events(cluster, node, NodeStateChanged) if e.fact.target == "LOST"]
 
     cluster.cli("local", "partition", node, "--from", "controller")
     cluster.wait(lambda: cluster.node_state(node) == "LOST", 60, f"{node} to be LOST")
@@ -73,9 +77,9 @@ def test_short_cuts_do_not_flip_a_node_and_a_long_one_brings_it_back_held(
     cluster.wait(registered_again, 60, f"{node} to register again")
     # The record that showed the new incarnation (a second read could come after the hold).
     assert seen[-1]["state"] == "JOINING", "back soon after LOST: held, not READY at once"
-    held = node_events(cluster, node, "NodeHeld")
+    held = node_events(cluster, node, NodeHeld)
     assert len(held) == 1, held
     cluster.wait(lambda: cluster.node_state(node) in {"READY", "ASSIGNED"}, 60, f"{node} to be released")
-    released = [e for e in node_events(cluster, node, "NodeStateChanged") if e["data"]["from"] == "JOINING"]
-    assert "stable for" in str(released[-1]["data"]), released[-1]
+    released = [e for e in node_events(cluster, node, NodeStateChanged) if e.fact.source == "JOINING"]
+    assert "stable for" in released[-1].fact.reason, released[-1]
     cluster.cli("cancel", job)

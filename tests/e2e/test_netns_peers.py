@@ -21,20 +21,17 @@ failure has to wait out. Either way the job finishes equal to the uninterrupted 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from controller.core.causes import MorphCause
+from controller.eventlog.facts import CollectiveFailed, GenerationIssued, NodeImplicated, TrainerStartFailed
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 
 from .netns_helpers import needs_netns, unexplained
 
 pytestmark = [pytest.mark.slow, needs_netns]
 BATCH, SEED, INTERVAL, STEPS = 16, 11, 10, 60
-
-
-def kinds(cluster: LocalCluster, job: str, kind: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.events(job) if e.get("kind") == kind]
 
 
 @pytest.mark.parametrize(
@@ -59,20 +56,20 @@ def test_a_node_cut_off_from_its_peers_is_left_out_and_the_job_ends_equal_to_the
     victim = placement[0] if where == "host" else placement[1]
     cluster.notes.append(f"{victim} ({where}) partitioned from its peers at step {status['step']}")
     cluster.cli("local", "partition", victim, "--from", "peers")
-    cluster.wait(lambda: bool(kinds(cluster, job, "CollectiveFailed")), 60, "the peers' collectives to fail")
+    cluster.wait(lambda: bool(cluster.facts(CollectiveFailed, job)), 60, "the peers' collectives to fail")
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 400)
     assert final["state"] == "SUCCEEDED", final
     assert max_rel_diff(train_reference(references, STEPS, BATCH, SEED), checkpoints) <= 1e-9
-    assert not unexplained(final, cluster.events(job))
+    issued = cluster.facts(GenerationIssued, job)
+    assert not unexplained(final, issued)
     assert cluster.node_state(victim) in {"READY", "ASSIGNED"}, "it beat all along: never LOST"
-    issued = kinds(cluster, job, "GenerationIssued")
-    causes = [e["data"]["morph_cause"] for e in issued]
-    assert "collective_failed" in causes, causes
+    causes = [e.fact.morph_cause for e in issued]
+    assert MorphCause.COLLECTIVE_FAILED in causes, causes
     if where == "spoke":
-        assert [e["node"] for e in kinds(cluster, job, "TrainerStartFailed")] == [victim]
-        assert causes[-1] == "start_failed", causes
+        assert [e.node for e in cluster.facts(TrainerStartFailed, job)] == [victim]
+        assert causes[-1] == MorphCause.TRAINER_START_FAILED, causes
     else:
-        (blamed,) = kinds(cluster, job, "NodeImplicated")
-        assert blamed["node"] == victim, blamed
-        assert causes[-1] == "peer_unreachable", causes
+        (blamed,) = cluster.facts(NodeImplicated, job)
+        assert blamed.node == victim, blamed
+        assert causes[-1] == MorphCause.PEER_UNREACHABLE, causes
     cluster.cli("local", "heal", victim)

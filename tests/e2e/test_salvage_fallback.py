@@ -25,6 +25,13 @@ from typing import Any
 
 import pytest
 
+from controller.eventlog.facts import (
+    GenerationIssued,
+    NodesSuspected,
+    NodeStateChanged,
+    SalvageEnded,
+    SalvageOrdered,
+)
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from spotmorph.local.unplanned import (
     DEMO_PROFILE,
@@ -95,11 +102,11 @@ def loaded(cluster: LocalCluster, job: str, generation: int) -> list[CheckpointL
     return found
 
 
-def assert_resumed_from_the_periodic_checkpoint(cluster: LocalCluster, job: str, ended: dict[str, Any]) -> int:
+def assert_resumed_from_the_periodic_checkpoint(cluster: LocalCluster, job: str, ended: SalvageEnded) -> int:
     """Generation 2 was issued with, and its ranks loaded, the newest periodic checkpoint the fallback named."""
-    resume = int(ended["resume_step"])
-    assert resume >= INTERVAL and resume % INTERVAL == 0, ended
-    assert int(issued(cluster, job, 2)["data"]["resume_step"]) == resume
+    resume = ended.resume_step
+    assert resume is not None and resume >= INTERVAL and resume % INTERVAL == 0, ended
+    assert issued(cluster, job, 2).resume_step == resume
     loads = loaded(cluster, job, 2)
     assert loads and all(x.step == resume for x in loads), loads
     return resume
@@ -107,19 +114,11 @@ def assert_resumed_from_the_periodic_checkpoint(cluster: LocalCluster, job: str,
 
 def assert_left_out_at_once(cluster: LocalCluster, job: str, killed: list[str]) -> None:
     """Generation 2 runs without the killed VMs and was issued before their heartbeat expiry (none LOST first)."""
-    events = cluster.events(job)
-    at = next(i for i, e in enumerate(events) if e["kind"] == "GenerationIssued" and int(e["data"]["generation"]) == 2)
-    lost = [
-        e["node"]
-        for e in events[:at]
-        if e["kind"] == "NodeStateChanged" and e["node"] in killed and e["data"]["to"] == "LOST"
-    ]
+    at = next(e.seq for e in events_of(cluster, job, GenerationIssued, 2))
+    changes = cluster.facts(NodeStateChanged, job)
+    lost = [e.node for e in changes if e.seq < at and e.node in killed and e.fact.target == "LOST"]
     assert not lost, f"generation 2 waited for the heartbeat expiry of {lost}"
-    placed = {
-        e["node"]
-        for e in events[at:]
-        if e["kind"] == "NodeStateChanged" and e["data"].get("reason") == f"generation 2 of {job}"
-    }
+    placed = {e.node for e in changes if e.seq > at and e.fact.reason == f"generation 2 of {job}"}
     assert placed and not placed & set(killed), f"generation 2 placed ranks on {placed}, killed: {killed}"
 
 
@@ -146,11 +145,11 @@ def test_a_whole_stage_killed_falls_back_to_the_newest_periodic_checkpoint(
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
     ended = salvage_ended(cluster, job, 1)
-    assert ended["reason"] == "stage_lost", ended
-    assert ended["stages_lost"] == [stages - 1], ended
-    assert not events_of(cluster, job, "SalvageOrdered"), "a writer was ordered for a stage no survivor holds"
-    suspected = events_of(cluster, job, "NodesSuspected", 1)
-    assert suspected and set(suspected[0]["data"]["nodes"]) == set(victims), suspected
+    assert ended.reason == "stage_lost", ended
+    assert ended.stages_lost == [stages - 1], ended
+    assert not events_of(cluster, job, SalvageOrdered), "a writer was ordered for a stage no survivor holds"
+    suspected = events_of(cluster, job, NodesSuspected, 1)
+    assert suspected and set(suspected[0].fact.nodes) == set(victims), suspected
     resume = assert_resumed_from_the_periodic_checkpoint(cluster, job, ended)
     assert_left_out_at_once(cluster, job, victims)
     assert final["steps_lost"] > 0, final  # the survivors' held steps past `resume` were given up
@@ -171,11 +170,11 @@ def test_a_kill_during_the_just_in_time_write_never_loads_the_half_written_check
     cluster.kill(nodes[-1])  # the highest rank's VM: the survivors hold their step and rank 0 writes it
 
     def ordered() -> bool:
-        return bool(events_of(cluster, job, "SalvageOrdered", 1))
+        return bool(events_of(cluster, job, SalvageOrdered, 1))
 
     cluster.wait(ordered, 60, "the controller to order the just-in-time checkpoint")
-    order = events_of(cluster, job, "SalvageOrdered", 1)[0]["data"]
-    held, writers = int(order["step"]), [int(w) for w in order["writers"]]
+    order = events_of(cluster, job, SalvageOrdered, 1)[0].fact
+    held, writers = order.step, order.writers
     half = checkpoints / f"step-{held:08d}-g1"
     layers = sum(last - first for first, last in status["layout"]["detail"]["stage_layers"])
     # The writers wrote every layer file and now pause before their part file: kill them there.
@@ -186,10 +185,10 @@ def test_a_kill_during_the_just_in_time_write_never_loads_the_half_written_check
     # Read at once: the next generation may clear the half-written directory away once it starts.
     assert len(list(half.glob("*.pt"))) >= layers and not (half / MANIFEST).exists(), "the kill missed the write"
 
-    cluster.wait(lambda: bool(events_of(cluster, job, "SalvageEnded", 1)), 60, "the salvage to end")
+    cluster.wait(lambda: bool(events_of(cluster, job, SalvageEnded, 1)), 60, "the salvage to end")
     ended = salvage_ended(cluster, job, 1)
-    assert ended["reason"] == "writer_failed", ended
-    assert set(ended["nodes_gone"]) == set(writer_nodes), ended
+    assert ended.reason == "writer_failed", ended
+    assert set(ended.nodes_gone or ()) == set(writer_nodes), ended
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
     resume = assert_resumed_from_the_periodic_checkpoint(cluster, job, ended)

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from controller.eventlog.facts import GenerationIssued, NodeHeld
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from worker_agent.contract import CheckpointLoaded, ProgressRecord, TrainerFailed, TrainerStarted
 from worker_agent.runtime import checkpoint as ck
@@ -119,10 +120,9 @@ def valid_steps(root: Path, generation: int) -> list[int]:
     return sorted(s for s, g, p in ck.checkpoint_dirs(root) if g == generation and (p / ck.MANIFEST).exists())
 
 
-def issued(cluster: LocalCluster, job: str) -> dict[int, dict[str, Any]]:
-    """Each generation's ``GenerationIssued`` event data, by generation."""
-    found = [e for e in cluster.events(job) if e.get("kind") == "GenerationIssued"]
-    return {int(e["data"]["generation"]): dict(e["data"]) for e in found}
+def issued(cluster: LocalCluster, job: str) -> dict[int, GenerationIssued]:
+    """What each generation's ``GenerationIssued`` event says, by generation."""
+    return {e.fact.generation: e.fact for e in cluster.facts(GenerationIssued, job)}
 
 
 def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints_loadable(
@@ -165,23 +165,21 @@ def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints
     assert "fenced" in kinds and kinds <= {"fenced", "abort"}, kinds  # abort: a peer fenced alone mid-write
     generations = issued(cluster, job)
     resume = generations[generation]
-    assert resume["resume_generation"] == 1 and resume["resume_step"] >= committed
-    assert written_unheard > resume["resume_step"], "generation 1 wrote a valid checkpoint past the committed one"
+    assert resume.resume_generation == 1 and resume.resume_step >= committed
+    assert written_unheard > resume.resume_step, "generation 1 wrote a valid checkpoint past the committed one"
     for g in range(generation, int(final["generation"]) + 1):
-        data = generations[g]
-        expected = (
-            {ck.step_dir(root, data["resume_step"], data["resume_generation"]).name} if data["resume_step"] else set()
-        )
+        fact = generations[g]
+        expected = {ck.step_dir(root, fact.resume_step, fact.resume_generation).name} if fact.resume_step else set()
         assert loaded(records(cluster, job, g)) == expected, f"generation {g} loaded exactly what was committed"
     # Nothing generation 1 wrote past the committed checkpoint is loadable now (fenced, or pruned as stale).
-    assert all(s <= resume["resume_step"] for s in valid_steps(root, 1)), valid_steps(root, 1)
+    assert all(s <= resume.resume_step for s in valid_steps(root, 1)), valid_steps(root, 1)
     expected_params = train_reference(references, steps, BATCH, SEED)
     assert max_rel_diff(expected_params, root) <= 1e-9
     assert cluster.node_state(alone) in {"LOST", "GONE"}
     heal(cluster, cut, alone)  # the link heals: the LOST incarnation is told to register again
     cluster.wait(lambda: {n["name"]: n for n in cluster.nodes()}[alone]["incarnation"] >= 2, 60, f"{alone} back")
     assert not any(alive(pid) for pid in stale), "generation 1's trainers are gone (fenced, or killed on the way back)"
-    held = [e for e in cluster.events() if e.get("kind") == "NodeHeld" and e.get("node") == alone]
+    held = [e for e in cluster.facts(NodeHeld) if e.node == alone]
     assert held, f"{alone}, back soon after it was LOST, waits in JOINING (flap damping)"
 
 
@@ -243,6 +241,6 @@ def test_a_new_incarnation_never_overlaps_its_predecessors_trainers(
     )
     nodes = {n["name"]: n for n in cluster.nodes()}
     assert nodes[node]["incarnation"] >= 2
-    held = [e for e in cluster.events() if e.get("kind") == "NodeHeld" and e.get("node") == node]
+    held = [e for e in cluster.facts(NodeHeld) if e.node == node]
     assert held, "the node back soon after LOST waited in JOINING"
     cluster.cli("cancel", job)

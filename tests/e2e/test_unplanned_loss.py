@@ -14,6 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from controller.core.causes import MorphCause, SalvageOutcome
+from controller.eventlog.facts import (
+    CheckpointCommitted,
+    CollectiveFailed,
+    GenerationIssued,
+    NodesSuspected,
+    NodeStateChanged,
+    SalvageEnded,
+    SalvageOrdered,
+)
+from controller.eventlog.schema import logged
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from worker_agent.contract import CheckpointLoaded
 
@@ -45,43 +56,36 @@ def test_a_node_killed_without_notice_loses_at_most_the_step_in_flight(
     final = cluster.wait_state(job, {"SUCCEEDED", "FAILED"}, 300)
     assert final["state"] == "SUCCEEDED", final
     events = cluster.events(job)
-    kinds = [e["kind"] for e in events]
-    first = kinds.index("CollectiveFailed")
-    ended = next(e for e in events if e["kind"] == "SalvageEnded")
-    issued = next(
-        i for i, e in enumerate(events) if e["kind"] == "GenerationIssued" and int(e["data"]["generation"]) == 2
-    )
-    lost = [
-        i
-        for i, e in enumerate(events)
-        if e["kind"] == "NodeStateChanged" and e["node"] == victim and e["data"]["to"] == "LOST"
-    ]
-    assert first < kinds.index("NodesSuspected") < issued
-    assert not lost or lost[0] > issued, "the next generation waited for the heartbeat expiry"
-    resume_step = int(events[issued]["data"]["resume_step"])
+    first = logged(events, CollectiveFailed)[0]
+    ended = logged(events, SalvageEnded)[0].fact
+    issued = next(e for e in logged(events, GenerationIssued) if e.fact.generation == 2)
+    lost = [e.seq for e in logged(events, NodeStateChanged) if e.node == victim and e.fact.target == "LOST"]
+    assert first.seq < logged(events, NodesSuspected)[0].seq < issued.seq
+    assert not lost or lost[0] > issued.seq, "the next generation waited for the heartbeat expiry"
+    resume_step = issued.fact.resume_step
     # What the user reads names the node that died, not the survivor that noticed, on every surface.
-    assert events[issued]["data"]["morph_cause"] == "node_lost", events[issued]
+    assert issued.fact.morph_cause == MorphCause.NODE_LOST, issued
     morph = next(m for m in final["morphs"] if m["generation"] == 2)
     assert morph["cause"].startswith(f"{victim} lost without notice; "), morph
-    assert f"noticed by {events[first]['node']}" in morph["cause"] and events[first]["node"] != victim, morph
-    assert morph["resumed_at_step"] == max(resume_step, int(events[issued]["data"].get("held_step", 0))), morph
+    assert f"noticed by {first.node}" in morph["cause"] and first.node != victim, morph
+    assert morph["resumed_at_step"] == issued.fact.resumed_at_step, morph
     if path == "memory":  # the survivor held a replica of every stage, and no checkpoint is near the kill
-        assert ended["data"]["reason"] == "in_memory", ended
-        assert "SalvageOrdered" not in kinds, kinds  # nothing written before generation 2
-        held = int(ended["data"]["step"])
-        assert int(events[issued]["data"]["held_step"]) == held and final["steps_lost"] <= 1
+        assert ended.reason == SalvageOutcome.IN_MEMORY, ended
+        assert not logged(events, SalvageOrdered)  # nothing written before generation 2
+        held = ended.step
+        assert held is not None and issued.fact.held_step == held and final["steps_lost"] <= 1
         loads = [
             r.event for rs in cluster.progress(job, 2).values() for r in rs if isinstance(r.event, CheckpointLoaded)
         ]
         assert loads and all(x.step == held and x.checkpoint == "memory of generation 1" for x in loads), loads
-        committed = {(e["data"]["generation"], e["data"]["step"]) for e in events if e["kind"] == "CheckpointCommitted"}
+        committed = {(e.fact.generation, e.fact.step) for e in logged(events, CheckpointCommitted)}
         assert any(g == 2 and step >= held for g, step in committed), committed  # generation 2 wrote it (or later)
-    elif ended["data"]["reason"] == "committed":
+    elif ended.reason == SalvageOutcome.COMMITTED:
         assert final["steps_lost"] <= 1
-        assert resume_step == int(ended["data"]["step"])  # the salvaged step
+        assert resume_step == ended.step  # the salvaged step
     else:  # the kill came right after the periodic checkpoint
-        assert ended["data"]["reason"] == "already_committed", ended
+        assert ended.reason == SalvageOutcome.ALREADY_COMMITTED, ended
         assert final["steps_lost"] <= 1
-        assert resume_step == int(ended["data"]["resume_step"]) >= int(ended["data"]["step"])
+        assert ended.step is not None and resume_step == ended.resume_step and resume_step >= ended.step
     expected = train_reference(references, STEPS, BATCH, SEED)
     assert max_rel_diff(expected, checkpoints) <= 1e-9

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.client.commands.common import add_client_arguments, call, describe_layout, dump, job_dict
+from controller.eventlog.fact import decode_fact
+from controller.eventlog.facts import TrainingProgressed
 from morphing.errors import UserInputError
 
 
@@ -154,9 +156,9 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def loss_of(data_json: str) -> float | None:
-    """A TrainingProgressed event's loss (None when its data is not what the controller writes)."""
+    """A TrainingProgressed event's loss (None when it has none, or its data is not what the controller writes)."""
     try:
-        loss = json.loads(data_json).get("loss")
-    except (ValueError, AttributeError):
+        loss = decode_fact(TrainingProgressed, json.loads(data_json)).loss
+    except ValueError:  # not JSON, or not a TrainingProgressed's data (EventDataError)
         return None
-    return float(loss) if isinstance(loss, int | float) and math.isfinite(loss) else None
+    return loss if loss is not None and math.isfinite(loss) else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from controller.client.timeline import build, render_html
+    from controller.eventlog.fact import EventDataError
     from protos.spotmorph.v1 import controller_pb2 as pb
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
@@ -49,7 +51,11 @@ def run(args: argparse.Namespace) -> int:
     if found is None:
         return code
     job, events = found
-    timeline = build(events, job.id, job.spec.global_batch)
+    try:
+        timeline = build(events, job.id, job.spec.global_batch)
+    except EventDataError as exc:  # a controller of another version, or a damaged log: say which event
+        print(f"error: cannot draw {job.id}'s timeline: {exc}", file=sys.stderr)
+        return 1
     title = f"{job.id} ({job.name}): {len(timeline.generations)} generation(s)"
     if kind == ".png":
         from controller.client.timeline_png import render_png
