@@ -28,10 +28,10 @@ from controller.core.stimulus import AGENT, Stimulus
 from controller.shell.latency import Histogram
 from controller.shell.logbook import LogBook
 from controller.shell.views import StateView
-from controller.spec_wire import spec_to_pb
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 from morphing.validation import shown
+from protos.jobspec import spec_to_pb
 from protos.reasons import REGISTER_AGAIN
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 from controller.core.model import JobRecord
 from controller.shell.profiles import read_profile
-from controller.spec_wire import spec_to_dict
 from morphing.checkpoint_dir import FENCE
-from morphing.jobspec import JobSpec, parse_job_spec
+from morphing.jobspec import JobSpec
 from morphing.profile import layers_mismatch
 from morphing.validation import (
     InvalidField,
@@ -30,6 +29,7 @@ from morphing.validation import (
     entrypoint_file,
     shown,
 )
+from protos.jobspec import spec_from_pb
 from protos.spotmorph.v1 import controller_pb2 as pb
 
 MAX_IDEMPOTENCY_KEY = 128
@@ -47,7 +47,7 @@ class Submission:
 
 def checked(request: pb.SubmitJobRequest) -> Submission:
     """The request's spec, idempotency key and model layers, every field checked (nothing read from disk yet)."""
-    spec = parse_job_spec(spec_to_dict(request.spec))
+    spec = spec_from_pb(request.spec)
     key = check_text("idempotency_key", request.idempotency_key, MAX_IDEMPOTENCY_KEY) or None
     if len(request.model_layers) > MAX_MODEL_LAYERS:
         raise InvalidField("model_layers", f"{len(request.model_layers)} names; a model has at most {MAX_MODEL_LAYERS}")

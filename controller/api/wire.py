@@ -9,10 +9,10 @@ from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankRe
 from controller.core.observations import Refusal
 from controller.core.stimulus import Stimulus
 from controller.persistence.store import GenerationRow
-from controller.spec_wire import spec_to_pb
 from morphing.layout import Layout
 from morphing.transfer import HeldSkipCause
 from morphing.validation import InvalidField
+from protos.jobspec import spec_to_pb
 from protos.spotmorph.v1 import controller_pb2 as pb
 
 MAX_GPUS = 1024  # per node, like slots

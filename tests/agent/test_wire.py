@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from controller.spec_wire import spec_to_pb
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
+from protos.jobspec import spec_from_pb, spec_to_pb
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, TrainerExited
@@ -26,7 +26,6 @@ from worker_agent.agent.wire import (
     registration_from_pb,
     report_reply_from_pb,
     report_to_pb,
-    spec_from_pb,
 )
 from worker_agent.contract import CommittedCheckpoint
 

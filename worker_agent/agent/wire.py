@@ -1,7 +1,7 @@
 """Between the wire (protos/spotmorph/v1) and the agent's values; nothing else in the agent knows both.
 
-The job spec crosses unchanged: an optional field the controller left unset takes the model's default
-(:class:`morphing.jobspec.JobSpec`), exactly as on the controller's side.
+The job spec crosses unchanged (:mod:`protos.jobspec`, the one conversion the controller uses too): an
+optional field the controller left unset takes the model's default (:class:`morphing.jobspec.JobSpec`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from morphing.errors import UserInputError
-from morphing.jobspec import JobSpec, parse_job_spec
+from morphing.jobspec import JobSpec
 from morphing.validation import MAX_JOB_ID, InvalidField, check_name, is_time
+from protos.jobspec import spec_from_pb
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment, TrainerKey
 from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
@@ -98,16 +99,6 @@ def registration_from_pb(reply: pb.RegisterResponse) -> Registration:
 
 def gpus_to_pb(gpus: tuple[Gpu, ...]) -> list[pb.Gpu]:
     return [pb.Gpu(index=g.index, name=g.name, memory_bytes=g.memory_bytes) for g in gpus]
-
-
-def spec_from_pb(message: pb.JobSpec, what: str) -> JobSpec:
-    """The job spec a wire message carries; optional fields left unset take their defaults."""
-    fields = {
-        field.name: getattr(message, field.name)
-        for field in message.DESCRIPTOR.fields
-        if not field.has_presence or message.HasField(field.name)  # type: ignore[arg-type]
-    }
-    return parse_job_spec(fields, what=what)
 
 
 def incoming_from_pb(message: pb.Assignment | None) -> Incoming:

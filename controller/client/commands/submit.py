@@ -44,7 +44,7 @@ def run(args: argparse.Namespace, model_layers: ModelLayers | None = None) -> in
     if problem:
         raise UserInputError(f"job spec {args.file}: {problem}")
 
-    from controller.spec_wire import spec_to_pb
+    from protos.jobspec import spec_to_pb
     from protos.spotmorph.v1 import controller_pb2 as pb
     from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
