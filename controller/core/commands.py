@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import Transition
-from controller.core.records import JobRecord, NodeRecord
+from controller.core.records import CheckpointRef, JobRecord, NodeRecord
 from controller.eventlog.fact import RecordEvent
 from morphing.layout import Layout
 
@@ -49,14 +49,12 @@ class StartGeneration:
     job_id: str
     generation: int
     layout: Layout
-    resume_step: int
+    resume: CheckpointRef  # the checkpoint it loads (step 0: from scratch)
     morph_cause: MorphCause
     morph_detail: str  # the cause in words, for people
     morph_seconds: float | None
     at: float
-    resume_generation: int = 0  # the generation that committed the checkpoint of ``resume_step``
-    held_step: int = 0  # the step the previous generation stopped at and keeps in memory (0: none)
-    held_generation: int = 0
+    held: CheckpointRef = field(default_factory=CheckpointRef)  # the step the previous generation keeps in memory
 
 
 @dataclass(frozen=True)

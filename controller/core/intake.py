@@ -18,6 +18,7 @@ from controller.core.flapping import Damping, rejoin
 from controller.core.lifecycle import JOB_ACTIVE, JOB_TERMINAL, JobState, NodeState
 from controller.core.model import (
     AddJob,
+    CheckpointRef,
     Command,
     Gpu,
     JobRecord,
@@ -213,12 +214,12 @@ def commit_checkpoint(world: World, job_id: str, generation: int, step: int, now
         raise LookupError(f"job {job_id} not found")
     if job.state not in JOB_ACTIVE or generation != job.generation:
         raise Stale(f"job {job_id} is at generation {job.generation} ({job.state}); generation {generation} is stale")
-    if step <= job.last_checkpoint_step:
+    if step <= job.last_checkpoint.step:
         return []
     return [
         RecordCheckpoint(job_id, generation, step, now),
         facts.CheckpointCommitted(generation, step).recorded(now, job_id),
-        amend(job, last_checkpoint_step=step, last_checkpoint_generation=generation, step=max(step, job.step)),
+        amend(job, last_checkpoint=CheckpointRef(step, generation), step=max(step, job.step)),
     ]
 
 

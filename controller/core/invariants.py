@@ -87,11 +87,11 @@ def _job(job: JobRecord) -> Iterator[Violation]:
     if job.state in JOB_ACTIVE and job.layout is None:
         yield Violation(Invariant.ACTIVE_LAYOUT, f"job {job.id} is {job.state} without a layout")
     yield from _hold(job)
-    held = job.held_generation
-    if job.held_step and held != job.generation - 1:
-        detail = f"job {job.id} at generation {job.generation} holds step {job.held_step} of generation {held}"
+    held = job.held.generation
+    if job.held.step and held != job.generation - 1:
+        detail = f"job {job.id} at generation {job.generation} holds step {job.held.step} of generation {held}"
         yield Violation(Invariant.HELD_GENERATION, f"{detail}, not of generation {job.generation - 1}")
-    if not job.held_step and held:
+    if not job.held.step and held:
         yield Violation(Invariant.HELD_GENERATION, f"job {job.id} holds no step but names generation {held}")
 
 

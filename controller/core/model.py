@@ -27,13 +27,24 @@ from controller.core.commands import (
     StartGeneration,
 )
 from controller.core.observations import NodeObservation, RankReport
-from controller.core.records import Action, Assignment, Gpu, JobRecord, NodeRecord, Salvage, Training, ranks_by_node
+from controller.core.records import (
+    Action,
+    Assignment,
+    CheckpointRef,
+    Gpu,
+    JobRecord,
+    NodeRecord,
+    Salvage,
+    Training,
+    ranks_by_node,
+)
 from controller.eventlog.fact import RecordEvent
 
 __all__ = [
     "Action",
     "AddJob",
     "Assignment",
+    "CheckpointRef",
     "Command",
     "ForgetNode",
     "Gpu",

@@ -48,6 +48,15 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class CheckpointRef:
+    """A step and the generation that has it: a committed checkpoint's directory (``step-NNNNNNNN-gG``), or the
+    step a generation keeps in memory. Step 0 is none (from scratch; nothing held)."""
+
+    step: int = 0
+    generation: int = 0
+
+
+@dataclass(frozen=True)
 class Training:
     """What a job's trainers last said of their training: the newest step's loss and rate."""
 
@@ -116,13 +125,10 @@ class JobRecord:
     layout: Layout | None = None  # layout of ``generation``
     action: Action = Action.RUN
     rendezvous: str = ""
-    resume_step: int = 0  # checkpoint step ``generation`` started from (0: from scratch)
-    resume_generation: int = 0  # the generation that committed it (its directory, step-NNNNNNNN-gG)
-    held_step: int = 0  # the step the previous generation stopped at and keeps in memory (0: none)
-    held_generation: int = 0  # that generation
+    resume: CheckpointRef = CheckpointRef()  # the checkpoint ``generation`` started from (step 0: from scratch)
+    held: CheckpointRef = CheckpointRef()  # the step the previous generation stopped at and keeps in memory
     step: int = 0  # newest step any rank of the job finished
-    last_checkpoint_step: int = 0
-    last_checkpoint_generation: int = 0  # the generation that committed ``last_checkpoint_step``
+    last_checkpoint: CheckpointRef = CheckpointRef()  # the newest committed checkpoint
     steps_lost: int = 0
     restarts: int = 0
     checkpoint_request: int = 0  # bumped to ask for a checkpoint at the next step boundary
@@ -146,7 +152,7 @@ class JobRecord:
     def resumed_at_step(self) -> int:
         """The step ``generation`` started from: the memory it took, or its checkpoint (one definition for status,
         the dashboard, TensorBoard and metrics; ``GenerationRow.resumed_at_step`` is the same for past ones)."""
-        return max(self.resume_step, self.held_step)
+        return max(self.resume.step, self.held.step)
 
 
 class JobFields(TypedDict, total=False):
@@ -156,13 +162,10 @@ class JobFields(TypedDict, total=False):
     generation: int
     layout: Layout | None
     rendezvous: str
-    resume_step: int
-    resume_generation: int
-    held_step: int
-    held_generation: int
+    resume: CheckpointRef
+    held: CheckpointRef
     step: int
-    last_checkpoint_step: int
-    last_checkpoint_generation: int
+    last_checkpoint: CheckpointRef
     steps_lost: int
     restarts: int
     checkpoint_request: int
@@ -230,12 +233,10 @@ class Assignment:
     layout: Layout
     rendezvous: str
     checkpoint_dir: str
-    resume_step: int
-    resume_generation: int
+    resume: CheckpointRef  # the checkpoint to load (step 0: none)
     action: Action
     entrypoint: str
     spec: JobSpec
     checkpoint_request: int
     salvage: Salvage | None = None
-    held_step: int = 0  # take this step from the previous generation's memory (0: none)
-    held_generation: int = 0
+    held: CheckpointRef = CheckpointRef()  # take this step from the previous generation's memory (step 0: none)

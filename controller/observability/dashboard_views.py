@@ -141,7 +141,7 @@ def job_view(
         "loss": _number(job.training.loss),
         "samples_per_second": _number(job.training.samples_per_second),
         "eval_loss": _number(job.evaluation.loss),
-        "last_checkpoint_step": job.last_checkpoint_step,
+        "last_checkpoint_step": job.last_checkpoint.step,
         "steps_lost": job.steps_lost,
         "morphs": [morph_view(g) for g in generations],
         "loss_curve": curve(((p.generation, p.step, p.loss) for p in progressed), heard),

@@ -88,7 +88,7 @@ def points(before: Seen | None, job: JobRecord) -> list[Point]:
     out: list[Point] = []
     training, last = job.training, before.step if before else 0
     new_generation = job.layout is not None and job.generation > (before.generation if before else 0)
-    at = max(job.resume_step, job.held_step)  # where a new generation starts: its checkpoint, or the memory held
+    at = job.resumed_at_step  # where a new generation starts: its checkpoint, or the memory held
     floor = last if before is not None and (last or before.shape) else -1  # a layout point may be there
     shapes: dict[int, Shape | None] = {at: shape(job)} if new_generation and at > floor else {}
     if training.loss is not None and training.step > last:

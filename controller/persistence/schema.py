@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core.causes import MorphCause
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -308,10 +308,10 @@ NESTED_JOB_FIELDS: dict[str, dict[str, str]] = {
 }  # fmt: skip
 
 
-def nest_job_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A version 9 job row as version 10 stores it (a row already nested is left as it is)."""
+def nest_job_row(row: dict[str, Any], records: dict[str, dict[str, str]] = NESTED_JOB_FIELDS) -> dict[str, Any]:
+    """A version 9 job row as version 10 stores it (or ``records`` of a later one); a row nested is left as is."""
     nested = dict(row)
-    for name, fields in NESTED_JOB_FIELDS.items():
+    for name, fields in records.items():
         if name not in nested:
             # a field a (damaged) row lacks stays absent: the codec then refuses the row, naming it
             nested[name] = {field: nested.pop(old) for field, old in fields.items() if old in nested}
@@ -359,8 +359,14 @@ def _v14(conn: Connection) -> None:
     metadata.create_all(conn, tables=[decisions])
 
 
+def _v15(conn: Connection) -> None:
+    """A job's resume, held and newest checkpoints each one (step, generation) record, a CheckpointRef."""
+    refs = {n: {"step": f"{n}_step", "generation": f"{n}_generation"} for n in ("resume", "held", "last_checkpoint")}
+    _rewrite(conn, "jobs", "id", lambda row: nest_job_row(row, refs))
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14,
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -275,8 +275,8 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
                 job=command.job_id,
                 generation=command.generation,
                 layout=layout.to_dict(),
-                resume_step=command.resume_step,
-                held_step=command.held_step,
+                resume_step=command.resume.step,
+                held_step=command.held.step,
                 cause=command.morph_detail,
                 morph_seconds=command.morph_seconds,
                 issued_at=command.at,
@@ -314,11 +314,11 @@ def issued(command: StartGeneration) -> GenerationIssued:
     return GenerationIssued(
         command.generation,
         command.layout.describe(),
-        command.resume_step,
+        command.resume.step,
         command.morph_detail,
-        command.resume_generation,
-        command.held_step,
-        command.held_generation,
+        command.resume.generation,
+        command.held.step,
+        command.held.generation,
         str(command.morph_cause),
     )
 

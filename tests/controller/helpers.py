@@ -136,15 +136,22 @@ class FakeProvider:
         self.closed = True
 
 
+# The (step, generation) pairs schema 15 keeps as CheckpointRef records, each flat in older rows.
+CHECKPOINT_REFS = {
+    n: {"step": f"{n}_step", "generation": f"{n}_generation"} for n in ("resume", "held", "last_checkpoint")
+}
+
+
 def version_9_row(record: JobRecord) -> dict[str, Any]:
-    """``record`` as a version 9 store kept it: every field flat (schema 10 nests them)."""
+    """``record`` as a version 9 store kept it: every field flat (schemas 10 and 15 nest them)."""
     nested = job_to_dict(record)
-    flat = {k: v for k, v in nested.items() if k not in NESTED_JOB_FIELDS}
-    for name, fields in NESTED_JOB_FIELDS.items():
+    records = NESTED_JOB_FIELDS | CHECKPOINT_REFS
+    flat = {k: v for k, v in nested.items() if k not in records}
+    for name, fields in records.items():
         flat |= {old: nested[name][new] for new, old in fields.items()}
     return flat
 
 
 def from_old_row(row: dict[str, Any]) -> JobRecord:
     """A flat row of before version 9 (fields missing), read as the migrations leave it."""
-    return job_from_dict(nest_job_row(complete_job_row(row)))
+    return job_from_dict(nest_job_row(nest_job_row(complete_job_row(row)), CHECKPOINT_REFS))

@@ -70,10 +70,10 @@ def test_a_report_that_cannot_be_stored_is_refused_and_the_others_are_decided(tm
         huge = RankReport(job_id, generation, 0, True, None, 5, 2**63)  # more than SQLite holds
         with pytest.raises(Refused, match="OverflowError"):
             await runner.observe("a", NodeObservation(1, clock.now(), (huge,)))
-        assert runner.jobs[job_id].last_checkpoint_step == 0 and runner.deciding
+        assert runner.jobs[job_id].last_checkpoint.step == 0 and runner.deciding
         fine = RankReport(job_id, generation, 1, True, None, 7, 4)
         await runner.observe("b", NodeObservation(1, clock.now(), (fine,)))
-        assert runner.jobs[job_id].last_checkpoint_step == 4
+        assert runner.jobs[job_id].last_checkpoint.step == 4
         clock.at += EXPIRY + 1  # c never beat: decisions go on, so it leaves JOINING
         await runner.tick()
         assert runner.nodes["c"].state is NodeState.GONE and health == []
@@ -96,7 +96,7 @@ def test_one_of_many_reports_in_a_burst_is_found_and_only_it_refused(tmp_path: P
         outcomes = dict(zip(reports, await asyncio.gather(*beats, return_exceptions=True), strict=True))
         assert isinstance(outcomes.pop("a"), Refused) and set(outcomes.values()) == {None}
         assert all(runner.nodes[name].state is NodeState.READY for name in names)
-        assert runner.jobs[job_id].last_checkpoint_step == 2 and health == []
+        assert runner.jobs[job_id].last_checkpoint.step == 2 and health == []
 
     run(tmp_path, scenario)
 

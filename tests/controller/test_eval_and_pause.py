@@ -18,6 +18,7 @@ from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import RankReport, RecordEvent, StartGeneration
 from controller.core.reconcile import assignment_for
+from controller.core.records import CheckpointRef
 from morphing.transfer import HeldSkipCause
 from tests.controller.test_reconcile import Sim, started
 from tests.controller.test_timeline import SVG
@@ -264,7 +265,7 @@ def test_a_stopped_generation_names_its_step_held_in_memory_and_a_skipped_one_is
     job = sim.job()
     assert job.generation == 2 and job.steps_lost == 0
     given = assignment_for(sim.world, job.nodes[0])
-    assert given is not None and (given.held_step, given.held_generation, given.resume_step) == (41, 1, 20)
+    assert given is not None and (given.held, given.resume.step) == (CheckpointRef(41, 1), 20)
     why = "layers 3 are held by no trainer and step 41 has no durable checkpoint"
     beat_all(sim, 21, first_at=150.0, last_at=150.0, held_skipped=why, held_skipped_cause=HeldSkipCause.LAYERS_MISSING)
     sim.step(1)
@@ -272,7 +273,7 @@ def test_a_stopped_generation_names_its_step_held_in_memory_and_a_skipped_one_is
     said = {"generation": 2, "held_step": 41, "resume_step": 20, "reason": why, "cause": "layers_missing"}
     assert dict(skipped.data) == said
     job = sim.job()
-    assert (job.steps_lost, job.held_step, job.step) == (21, 0, 21)
+    assert (job.steps_lost, job.held, job.step) == (21, CheckpointRef(), 21)
     beat_all(sim, 22, first_at=150.0, last_at=151.0, held_skipped=why)
     sim.step(1)
     assert len(events(sim, EventKind.HELD_STATE_SKIPPED)) == 1 and sim.job().steps_lost == 21
@@ -293,7 +294,7 @@ def test_an_exchange_that_lost_a_peer_is_said_once_and_the_next_generation_resum
     job = sim.job()
     assert job.generation >= 3 and job.steps_lost == 21, job
     given = assignment_for(sim.world, job.nodes[0])
-    assert given is not None and (given.held_step, given.resume_step) == (0, 20), given
+    assert given is not None and (given.held.step, given.resume.step) == (0, 20), given
 
 
 def test_an_aborted_generation_names_no_held_step() -> None:
@@ -313,4 +314,4 @@ def test_an_aborted_generation_names_no_held_step() -> None:
             sim.beat(name, *[RankReport("j1", 1, r, False, 137, 10, 0) for r in a.ranks])
     sim.step(2)
     job = sim.job()
-    assert job.generation == 2 and job.held_step == 0
+    assert job.generation == 2 and job.held.step == 0

@@ -12,9 +12,7 @@ from controller.eventlog.fact import Fact
 
 
 def every_fact() -> list[type[Fact]]:
-    return [
-        c for c in vars(facts).values() if isinstance(c, type) and issubclass(c, Fact) and "kind" in vars(c)
-    ]
+    return [c for c in vars(facts).values() if isinstance(c, type) and issubclass(c, Fact) and "kind" in vars(c)]
 
 
 def test_each_fact_names_its_own_kind() -> None:

@@ -115,7 +115,7 @@ def test_a_planned_morph_places_a_holder_of_every_stage_first_and_loses_no_step(
     job, issued = evicted(4, 2, planner(4), "node-2")
     assert job.layout is not None
     assert {"node-1", "node-4"} <= set(job.layout.nodes()), job.layout.nodes()
-    assert [(c.held_step, c.resume_step) for c in issued] == [(41, 30)] and job.steps_lost == 0
+    assert [(c.held.step, c.resume.step) for c in issued] == [(41, 30)] and job.steps_lost == 0
 
 
 def slow_links(activation_bytes: int) -> Planner:
@@ -142,4 +142,4 @@ def test_a_layout_that_keeps_the_holders_is_taken_unless_much_slower(activation_
     job, issued = evicted(3, 3, then, "node-3")
     assert job.layout is not None
     assert job.layout.nodes() == (("node-1", "node-2") if kept else ("node-1",)), job.layout.nodes()
-    assert [c.held_step for c in issued] == [41]  # named either way: the trainers fall back when no one holds it
+    assert [c.held.step for c in issued] == [41]  # named either way: the trainers fall back when no one holds it

@@ -16,7 +16,7 @@ from controller.core.invariants import Invariant, InvariantViolated, check, viol
 from controller.core.lifecycle import ACTION_TRANSITIONS, JOB_STATE_ACTIONS, Action, JobState, NodeState
 from controller.core.model import JobRecord, RankReport, World, apply
 from controller.core.reconcile import Config, assignment_for
-from controller.core.records import Hold
+from controller.core.records import CheckpointRef, Hold
 from morphing.layout import Slot
 from tests.controller.helpers import node, planner, spec
 from tests.controller.test_reconcile import Sim, cluster, started
@@ -116,12 +116,12 @@ RUNNING_WORLD: dict[str, tuple[Breaking, Invariant, str]] = {
         "j1 is RUNNING with a salvage hold left",
     ),
     "held-step-of-another-generation": (
-        lambda w: _job(w, held_step=7, held_generation=1),
+        lambda w: _job(w, held=CheckpointRef(7, 1)),
         Invariant.HELD_GENERATION,
         "holds step 7 of generation 1, not of generation 0",
     ),
     "held-generation-without-a-step": (
-        lambda w: _job(w, held_generation=3),
+        lambda w: _job(w, held=CheckpointRef(0, 3)),
         Invariant.HELD_GENERATION,
         "holds no step but names generation 3",
     ),

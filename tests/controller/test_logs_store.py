@@ -20,6 +20,7 @@ from controller.core import logs
 from controller.core.causes import MorphCause
 from controller.core.logs import LogChunk, LogStream, NotRun, take
 from controller.core.model import StartGeneration, ranks_by_node
+from controller.core.records import CheckpointRef
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, migrate
 from tests.controller.test_store import _running_world
 
@@ -84,7 +85,7 @@ def _two_generations(store: Store) -> dict[str, tuple[int, ...]]:
     world = _running_world(store)
     layout = world.jobs["job-1"].layout
     assert layout is not None
-    store.persist([StartGeneration("job-1", 2, layout, 0, MorphCause.GROW, "grow", None, 2.0)])
+    store.persist([StartGeneration("job-1", 2, layout, CheckpointRef(), MorphCause.GROW, "grow", None, 2.0)])
     return dict(ranks_by_node(layout))
 
 

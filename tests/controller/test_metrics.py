@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from controller.app.settings import ControllerSettings
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState, NodeState
+from controller.core.records import CheckpointRef
 from controller.observability.metrics import host_allowed, host_names, provider_error, render
 from controller.persistence.store import GenerationRow
 from controller.shell.latency import BOUNDS
@@ -76,7 +77,9 @@ def generation(job_id: str, number: int, cause: MorphCause, words: str, seconds:
 
 def test_a_snapshot_renders_to_what_it_holds() -> None:
     """Rendering is a pure function of the snapshot: rates use the snapshot's time, not the wall clock."""
-    running = job("job-1", JobState.RUNNING, at=100.0, step=30, resume_step=10)  # 20 steps x 8 samples in 40 s
+    running = job(
+        "job-1", JobState.RUNNING, at=100.0, step=30, resume=CheckpointRef(10, 1)
+    )  # 20 steps x 8 samples in 40 s
     latency = [0] * len(BOUNDS)
     latency[0] = 2
     snapshot = MetricsSnapshot(

@@ -25,6 +25,7 @@ from controller.core.model import (
 from controller.core.reconcile import Config, assignment_for, cancel, reconcile
 from controller.core.reconcile.config import PlannerFor
 from controller.core.reconcile.growth import measured_rate
+from controller.core.records import CheckpointRef
 from morphing.jobspec import JobSpec
 from tests.controller.helpers import job, node, planner
 
@@ -65,7 +66,7 @@ class Sim:
         self.log.extend(commands)
         return list(commands)
 
-    def job(self, job_id: str = "j1"):  # type: ignore[no-untyped-def]
+    def job(self, job_id: str = "j1") -> JobRecord:
         return self.world.jobs[job_id]
 
 
@@ -133,8 +134,8 @@ def test_planned_morph_on_eviction_notice_loses_no_step() -> None:
     sim.beat(victim, *sim.world.observed[victim].ranks, notice=sim.now + 30)
     sim.step(2)
     j = sim.job()
-    assert j.state is J.RUNNING and j.generation == 2 and j.resume_step == 41 and j.steps_lost == 0
-    assert j.resume_generation == 1
+    assert j.state is J.RUNNING and j.generation == 2 and j.resume.step == 41 and j.steps_lost == 0
+    assert j.resume.generation == 1
     assert victim not in j.nodes and sim.world.nodes[victim].job is None
     assert any(isinstance(c, RecordCheckpoint) and c.step == 41 for c in sim.log)
     gens = [c for c in sim.log if isinstance(c, StartGeneration)]
@@ -165,11 +166,11 @@ def test_unplanned_loss_aborts_survivors_and_resumes_from_checkpoint() -> None:
             sim.beat(name, *[RankReport("j1", 1, r, False, -9, 57, 50) for r in a.ranks])
     sim.step()
     j = sim.job()
-    assert j.state is J.RUNNING and j.generation == 2 and j.resume_step == 50 and j.steps_lost == 7
+    assert j.state is J.RUNNING and j.generation == 2 and j.resume.step == 50 and j.steps_lost == 7
     # exactly the checkpoint generation 1 committed: its step and its generation (its directory)
-    assert (j.resume_step, j.resume_generation) == (50, 1)
+    assert j.resume == CheckpointRef(50, 1)
     resume = assignment_for(sim.world, j.nodes[0])
-    assert resume is not None and (resume.resume_step, resume.resume_generation) == (50, 1)
+    assert resume is not None and resume.resume == CheckpointRef(50, 1)
     assert victim not in j.nodes
     assert (j.morph.cause, j.morph.detail) == (MorphCause.NODE_LOST, f"node lost: {victim}")
 
@@ -180,7 +181,7 @@ def test_stale_generation_reports_never_change_the_job() -> None:
     sim.beat(name, RankReport("j1", 1, 0, True, None, 999, 999), RankReport("j1", 1, 1, False, 1, 999, 999))
     sim.step()
     j = sim.job()
-    assert j.state is J.RUNNING and j.step == 41 and j.last_checkpoint_step == 41 and j.restarts == 0
+    assert j.state is J.RUNNING and j.step == 41 and j.last_checkpoint.step == 41 and j.restarts == 0
 
 
 def morphed_once() -> Sim:
@@ -229,7 +230,7 @@ def test_no_fit_requeues_then_resumes_with_next_generation() -> None:
     sim.world = replace(sim.world, nodes={**sim.world.nodes, "node-2": node("node-2", at=sim.now)})
     sim.beat("node-2")
     sim.step(1)
-    assert sim.job().state is J.RUNNING and sim.job().generation == 2 and sim.job().resume_step == 5
+    assert sim.job().state is J.RUNNING and sim.job().generation == 2 and sim.job().resume.step == 5
     resumed = [c for c in sim.log if isinstance(c, StartGeneration)][-1]
     assert (resumed.morph_cause, resumed.morph_detail) == (MorphCause.RESUMED, "resumed")
 
@@ -320,7 +321,7 @@ def test_random_histories_keep_invariants(script: list[tuple[str, int]]) -> None
 
 
 def test_growth_judges_by_the_measured_rate_and_the_time_left() -> None:
-    record = replace(job("j1"), state=JobState.RUNNING, state_since=100.0, step=150, resume_step=50)
+    record = replace(job("j1"), state=JobState.RUNNING, state_since=100.0, step=150, resume=CheckpointRef(50, 1))
     rate, scale = measured_rate(record, 110.0, predicted=1000.0)
     assert rate == 100 * record.spec.global_batch / 10.0
     assert scale == rate / 1000.0

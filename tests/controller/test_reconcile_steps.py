@@ -18,7 +18,7 @@ from controller.core.reconcile.health import node_health
 from controller.core.reconcile.morph import advance_morph
 from controller.core.reconcile.progress import progress
 from controller.core.reconcile.reports import census, current_reports
-from controller.core.records import Morph
+from controller.core.records import CheckpointRef, Morph
 from tests.controller.helpers import job, node, planner
 
 J, N = JobState, NodeState
@@ -71,13 +71,13 @@ def test_the_fenced_view_holds_exactly_the_current_incarnation_and_generation(
 @settings(max_examples=100, deadline=None)
 @given(worlds_observed)
 def test_progress_never_goes_back_and_only_fenced_reports_move_it(observed: dict[str, NodeObservation]) -> None:
-    before = running(step=50, last_checkpoint_step=40)
+    before = running(step=50, last_checkpoint=CheckpointRef(40, 1))
     draft = draft_of(before, observed)
     progress(draft, "j1")
     after = draft.jobs["j1"]
     fenced = [r for _, r in current_reports(draft, before)]
     assert after.step == max([50, *(r.last_step for r in fenced)])
-    assert after.last_checkpoint_step == max([40, *(r.last_checkpoint_step for r in fenced)])
+    assert after.last_checkpoint.step == max([40, *(r.last_checkpoint_step for r in fenced)])
     assert (after.state, after.generation) == (before.state, before.generation)
 
 

@@ -17,6 +17,7 @@ from controller.core.events import EventKind
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action, NodeObservation, RankReport, RecordEvent, StartGeneration, World
 from controller.core.reconcile import Config, assignment_for
+from controller.core.records import CheckpointRef
 from morphing.layout import make_layout
 from tests.controller.helpers import job, node, planner
 from tests.controller.test_reconcile import Sim
@@ -40,7 +41,7 @@ def running(last_checkpoint: int = 30, steps_done: int = 41, memory: bool = Fals
         generation=1,
         layout=layout,
         step=steps_done,
-        last_checkpoint_step=last_checkpoint,
+        last_checkpoint=CheckpointRef(last_checkpoint),
         rendezvous="127.0.0.1:29501",
     )
     record = replace(record, spec=record.spec.model_copy(update={"morph_through_memory": memory}))
@@ -98,10 +99,10 @@ def test_a_killed_node_is_suspected_and_the_held_step_is_salvaged_before_any_exp
     sim.step(0.2)
     sim.step(0.2)
     j = sim.job()
-    assert (j.state, j.generation, j.resume_step, j.steps_lost) == (J.RUNNING, 2, 42, 0)
+    assert (j.state, j.generation, j.resume.step, j.steps_lost) == (J.RUNNING, 2, 42, 0)
     assert j.layout is not None and "node-2" not in j.layout.nodes()
     issued = next(c for c in sim.log if isinstance(c, StartGeneration))
-    assert (issued.resume_step, issued.morph_cause) == (42, MorphCause.NODE_LOST)
+    assert (issued.resume.step, issued.morph_cause) == (42, MorphCause.NODE_LOST)
     # The node that died is the cause; node-1, whose collective failed first, only noticed.
     assert issued.morph_detail.startswith("node-2 lost without notice; "), issued.morph_detail
     assert "noticed by node-1 (rank 0, stage 0, replica 0)" in issued.morph_detail, issued.morph_detail
@@ -140,7 +141,7 @@ def test_a_stage_that_lost_every_replica_falls_back_to_the_periodic_checkpoint_a
     sim.beat("node-3", *ranks(sim, "node-3", 42, running=False, exit_code=-9))
     sim.step(0.2)
     j = sim.job()
-    assert (j.state, j.generation, j.resume_step, j.steps_lost) == (J.RUNNING, 2, 30, 12)
+    assert (j.state, j.generation, j.resume.step, j.steps_lost) == (J.RUNNING, 2, 30, 12)
 
 
 def test_a_writer_lost_during_the_write_falls_back_cleanly() -> None:
@@ -160,7 +161,7 @@ def test_a_writer_lost_during_the_write_falls_back_cleanly() -> None:
     ended = event(sim, EventKind.SALVAGE_ENDED)
     assert ended.data["reason"] == SalvageOutcome.WRITER_FAILED and ended.data["nodes_gone"] == ["node-4"]
     j = sim.job()
-    assert j.action is Action.ABORT and j.last_checkpoint_step == 30  # nothing of step 42 was committed
+    assert j.action is Action.ABORT and j.last_checkpoint.step == 30  # nothing of step 42 was committed
     assert "node-4" in j.hold.suspected and "node-4" in j.exclusions.nodes
     assert event(sim, EventKind.NODES_SUSPECTED).data["nodes"] == ["node-2"]
     suspected = [c for c in sim.log if isinstance(c, RecordEvent) and c.kind is EventKind.NODES_SUSPECTED]
@@ -170,7 +171,7 @@ def test_a_writer_lost_during_the_write_falls_back_cleanly() -> None:
     sim.beat("node-3", *ranks(sim, "node-3", 42, running=False, exit_code=-9))
     sim.step(0.2)
     j = sim.job()
-    assert (j.state, j.generation, j.resume_step) == (J.RUNNING, 2, 30)
+    assert (j.state, j.generation, j.resume.step) == (J.RUNNING, 2, 30)
     assert j.layout is not None and not {"node-2", "node-4"} & set(j.layout.nodes())
     assert sim.world.nodes["node-4"].state is not N.LOST
 
@@ -234,10 +235,10 @@ def test_with_morph_through_memory_the_survivors_keep_the_step_and_the_next_gene
     sim.step(0.2)
     sim.step(0.2)
     j = sim.job()
-    assert (j.state, j.generation, j.resume_step, j.held_step, j.held_generation) == (J.RUNNING, 2, 30, 42, 1)
+    assert (j.state, j.generation, j.resume.step, j.held) == (J.RUNNING, 2, 30, CheckpointRef(42, 1))
     assert j.steps_lost == 0 and j.layout is not None and "node-2" not in j.layout.nodes()
     issued = next(c for c in sim.log if isinstance(c, StartGeneration))
-    assert (issued.held_step, issued.resume_step, issued.morph_cause) == (42, 30, MorphCause.NODE_LOST)
+    assert (issued.held.step, issued.resume.step, issued.morph_cause) == (42, 30, MorphCause.NODE_LOST)
 
 
 def test_a_kept_step_counts_the_steps_past_it_as_lost() -> None:
@@ -251,7 +252,7 @@ def test_a_kept_step_counts_the_steps_past_it_as_lost() -> None:
     sim.step(0.2)
     sim.step(0.2)
     j = sim.job()
-    assert (j.generation, j.held_step, j.steps_lost) == (2, 42, 2)
+    assert (j.generation, j.held.step, j.steps_lost) == (2, 42, 2)
 
 
 def test_a_suspected_node_gets_no_work_from_any_job_until_it_is_heard_from_again() -> None:

@@ -17,12 +17,12 @@ from controller.core.commands import AddJob
 from controller.core.lifecycle import ACTION_TRANSITIONS, JobState, NodeState
 from controller.core.model import Action, RankReport, SetJob, StartGeneration, Training, World, apply
 from controller.core.reconcile import Config, reconcile
-from controller.core.records import CheckpointStall, Evaluation, Exclusions, Hold, Morph
+from controller.core.records import CheckpointRef, CheckpointStall, Evaluation, Exclusions, Hold, Morph
 from controller.persistence.codec import job_from_dict, job_to_dict, node_to_dict
 from controller.persistence.plain import RowError
 from controller.persistence.schema import JOB_FIELDS_BEFORE, legacy_morph_cause, nest_job_row
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
-from tests.controller.helpers import job, node, planner, seen, version_9_row
+from tests.controller.helpers import CHECKPOINT_REFS, job, node, planner, seen, version_9_row
 
 
 def _running_world(store: Store) -> World:
@@ -62,8 +62,8 @@ def test_a_generation_is_never_issued_twice(tmp_path: Path) -> None:
     with pytest.raises(IntegrityError):
         store.persist(
             [
-                StartGeneration("job-1", 2, layout, 0, MorphCause.GROW, "x", None, 1.0),
-                StartGeneration("job-1", 1, layout, 0, MorphCause.GROW, "again", None, 1.0),
+                StartGeneration("job-1", 2, layout, CheckpointRef(), MorphCause.GROW, "x", None, 1.0),
+                StartGeneration("job-1", 1, layout, CheckpointRef(), MorphCause.GROW, "again", None, 1.0),
             ]
         )
     assert store.load() == before  # the whole decision rolled back
@@ -258,7 +258,7 @@ def test_the_job_codec_reads_rows_strictly_and_a_migration_completes_older_ones(
     kept = replace(job("job-1"), exclusions=Exclusions(nodes=("node-2",)), morph=Morph(cause=MorphCause.GROW))
     row = job_to_dict(kept)
     assert job_from_dict(json.loads(json.dumps(row))) == kept
-    for field in ("training", "exclusions", "held_step"):
+    for field in ("training", "exclusions", "held"):
         lacking = {k: v for k, v in row.items() if k != field}
         with pytest.raises(RowError, match=f"no {field} "):
             job_from_dict(lacking)
@@ -288,11 +288,30 @@ def test_schema_10_nests_a_version_9_job_row_keeping_every_value(tmp_path: Path)
     assert stored.load()[1]["job-1"] == kept
 
 
+def test_schema_15_keeps_each_step_and_its_generation_of_a_version_14_job_row_as_one_record(tmp_path: Path) -> None:
+    """The checkpoint a job resumed from, the step it holds and its newest checkpoint were flat pairs until 15."""
+    kept = replace(
+        job("job-1"),
+        state=JobState.RUNNING,
+        generation=4,
+        resume=CheckpointRef(140, 2),
+        held=CheckpointRef(159, 3),
+        last_checkpoint=CheckpointRef(160, 4),
+    )
+    row = job_to_dict(kept)
+    for name in ("resume", "held", "last_checkpoint"):
+        ref = row.pop(name)
+        row |= {f"{name}_step": ref["step"], f"{name}_generation": ref["generation"]}
+    stored = stored_at(tmp_path, 14, "INSERT INTO jobs VALUES ('job-1', 'RUNNING', 1, :data)", row)
+    assert stored.load()[1]["job-1"] == kept
+    assert stored.schema_version() == SCHEMA_VERSION
+
+
 def test_a_damaged_version_9_row_is_refused_naming_the_field_it_lacks() -> None:
     flat = version_9_row(job("job-1"))
     del flat["morph_cause"]
     with pytest.raises(RowError, match=r"job\.morph: no cause"):
-        job_from_dict(nest_job_row(flat))
+        job_from_dict(nest_job_row(nest_job_row(flat), CHECKPOINT_REFS))
 
 
 def test_schema_12_gives_a_version_11_node_row_its_new_fields(tmp_path: Path) -> None:

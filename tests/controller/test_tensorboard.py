@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from controller.core.lifecycle import JobState
 from controller.core.model import JobRecord
-from controller.core.records import Evaluation, Training
+from controller.core.records import CheckpointRef, Evaluation, Training
 from controller.observability.tensorboard import Point, Seen, TensorBoardExport, points, seen
 from controller.observability.tfevents import EventFile, crc32c, scalar_event
 from morphing.layout import make_layout
@@ -99,7 +99,7 @@ def test_files_read_back_with_tensorboard_and_a_restart_repeats_nothing(tmp_path
     export = TensorBoardExport(tmp_path, view, lambda: 1000.0)
     assert export.export(view.jobs()) == 0  # what was there at start is not exported: from now on
     assert export.export([job_at]) == 6  # its loss, its rate and the layout that ran it
-    export.export([replace(running(step=20, loss=1.75, generation=2, resume_step=20), reason="grow")])
+    export.export([replace(running(step=20, loss=1.75, generation=2, resume=CheckpointRef(20, 1)), reason="grow")])
     export.close()
     again = TensorBoardExport(tmp_path, FakeView(job_at), lambda: 2000.0)  # a restarted controller
     again.export([job_at])
@@ -181,13 +181,13 @@ def test_the_layout_is_written_at_every_logged_step_and_jumps_only_at_morphs(tmp
 
     for step in range(1, 31):
         export.export([at(step, 1, LAYOUT)])
-    export.export([at(30, 2, narrow, by=1, held_step=30, reason="eviction")])  # issued; no new step yet
+    export.export([at(30, 2, narrow, by=1, held=CheckpointRef(30, 1), reason="eviction")])  # issued; no new step yet
     for step in range(31, 60):
-        export.export([at(step, 2, narrow, held_step=30)])
+        export.export([at(step, 2, narrow, held=CheckpointRef(30, 1))])
     # Generation 2's last step is heard in the same commit that issues 3, from its checkpoint at step 50.
-    export.export([at(60, 3, deep, by=2, resume_step=50, reason="grow")])
+    export.export([at(60, 3, deep, by=2, resume=CheckpointRef(50, 2), reason="grow")])
     for step in range(51, 81):  # it redoes 51..60: those steps are written once, by generation 2
-        export.export([at(step, 3, deep, resume_step=50)])
+        export.export([at(step, 3, deep, resume=CheckpointRef(50, 2))])
     export.close()
     board = read(tmp_path / "job-1")
     logged = [e.step for e in board.Scalars("train/loss")]

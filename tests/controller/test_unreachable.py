@@ -29,7 +29,7 @@ def running(sim: Sim, names: list[str] | None = None) -> None:
     for name in current.nodes if names is None else names:
         a = assignment_for(sim.world, name)
         assert a is not None
-        sim.beat(name, *[RankReport("j1", a.generation, r, True, None, current.resume_step) for r in a.ranks])
+        sim.beat(name, *[RankReport("j1", a.generation, r, True, None, current.resume.step) for r in a.ranks])
 
 
 def cannot_start(sim: Sim, names: list[str]) -> None:

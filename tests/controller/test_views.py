@@ -17,6 +17,7 @@ from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Command, NodeObservation, StartGeneration, World
 from controller.core.reconcile import Config
 from controller.core.reconcile.waits import WAITS_FOR_ROOM
+from controller.core.records import CheckpointRef
 from controller.persistence.store import Store
 from controller.providers.base import StaticProvider
 from controller.shell.latency import Histogram
@@ -87,7 +88,9 @@ def test_a_job_detail_holds_no_generation_newer_than_its_record(tmp_path: Path) 
             job = await h.runner.submit(spec(profile=str(h.profile)))
             running = h.view.job(job.id)
             assert running is not None and running.state is JobState.RUNNING and running.layout is not None
-            later = StartGeneration(job.id, 2, running.layout, 0, MorphCause.GROW, "grow", 1.0, h.clock.now())
+            later = StartGeneration(
+                job.id, 2, running.layout, CheckpointRef(), MorphCause.GROW, "grow", 1.0, h.clock.now()
+            )
             h.runner.store.persist([later])
             detail = await h.view.job_detail(job.id)
             assert detail is not None and [g.generation for g in detail.generations] == [1]

@@ -44,7 +44,7 @@ def test_withdrawn_notice_during_the_stop_it_began_returns_the_node_to_its_job()
     sim.run_ranks("j1", running=False, code=0, step=41, ckpt=41)
     sim.step(1)
     job = sim.job()
-    assert job.state is J.RUNNING and job.generation == 2 and job.resume_step == 41
+    assert job.state is J.RUNNING and job.generation == 2 and job.resume.step == 41
     assert victim in job.nodes, "the next generation may use the node again"
 
 

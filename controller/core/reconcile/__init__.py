@@ -76,8 +76,7 @@ def assignment_for(
         layout=job.layout,
         rendezvous=job.rendezvous,
         checkpoint_dir=job.spec.checkpoint_dir,
-        resume_step=job.resume_step,
-        resume_generation=job.resume_generation,
+        resume=job.resume,
         action=job.action,
         entrypoint=job.spec.entrypoint,
         spec=spec_for_generation(job, world.nodes),
@@ -85,8 +84,7 @@ def assignment_for(
         salvage=Salvage(job.hold.step, job.hold.writers, job.hold.deadline)
         if job.action is Action.HOLD and job.hold.writers
         else None,
-        held_step=job.held_step,
-        held_generation=job.held_generation,
+        held=job.held,
     )
 
 

@@ -15,7 +15,7 @@ from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.unreachable import held_out
-from controller.core.records import JobRecord
+from controller.core.records import CheckpointRef, JobRecord
 from morphing.planner import Plan, Planner, PlanResult
 
 
@@ -85,18 +85,18 @@ def start_generation(
 
     ``stopped``: generation g ended in a planned stop at the job's step (or, after an unplanned loss, at the step
     its survivors keep, ``hold.step``), which its trainers keep in memory; g+1 is told to take that step
-    from them (``held_step``), the committed checkpoint being what it loads without."""
+    from them (``held``), the committed checkpoint being what it loads without."""
     job = draft.jobs[job_id]
     generation = job.generation + 1
     layout = plan.layout
     rank0 = draft.nodes[layout.placement[0].node]
     port = rendezvous_port(config, job_id, generation)
-    resume, resume_generation = job.last_checkpoint_step, job.last_checkpoint_generation
+    resume = job.last_checkpoint
     through_memory = stopped and job.spec.morph_through_memory
     stopped_at = job.hold.step or job.step  # the survivors of an unplanned loss keep the step salvaged
-    held_step = stopped_at if through_memory and job.generation and stopped_at > 0 else 0
-    held_generation = job.generation if held_step else 0
-    lost = max(0, job.step - max(resume, held_step)) if job.generation else 0
+    keeps = through_memory and job.generation and stopped_at > 0
+    held = CheckpointRef(stopped_at, job.generation) if keeps else CheckpointRef()
+    lost = max(0, job.step - max(resume.step, held.step)) if job.generation else 0
     seconds = draft.now - job.morph.started_at if job.morph.started_at is not None else None
     draft.issue(
         StartGeneration(
@@ -108,9 +108,7 @@ def start_generation(
             detail,
             seconds,
             draft.now,
-            resume_generation,
-            held_step=held_step,
-            held_generation=held_generation,
+            held,
         )
     )
     draft.move_job(
@@ -120,11 +118,9 @@ def start_generation(
         generation=generation,
         layout=layout,
         rendezvous=f"{rank0.address}:{port}",
-        resume_step=resume,
-        resume_generation=resume_generation,
-        held_step=held_step,
-        held_generation=held_generation,
-        step=max(resume, held_step),
+        resume=resume,
+        held=held,
+        step=max(resume.step, held.step),
         steps_lost=job.steps_lost + lost,
         # the pause runs from the job's last step (a generation that never stepped carries it on)
         morph=replace(

@@ -139,7 +139,7 @@ def measured_rate(job: JobRecord, now: float, predicted: float | None) -> tuple[
     more trustworthy than either, so the candidate is scaled by how far the current one was off.
     """
     elapsed = now - job.state_since
-    done = job.step - job.resume_step
+    done = job.step - job.resume.step
     if predicted is None or done <= 0 or elapsed <= 0:
         return predicted, 1.0
     measured = done * job.spec.global_batch / elapsed

@@ -130,7 +130,7 @@ def holders_needed(job: JobRecord, keep: list[str]) -> tuple[str, ...]:
     taken from memory, or is the committed checkpoint, which gives any layer no one holds)."""
     held = job.hold.step or job.step
     through_memory = job.action is Action.STOP and job.spec.morph_through_memory and job.generation > 0
-    if not through_memory or job.layout is None or held <= job.last_checkpoint_step:
+    if not through_memory or job.layout is None or held <= job.last_checkpoint.step:
         return ()
     return holders_to_keep(job.layout, keep, handed_off=not job.hold.step)
 

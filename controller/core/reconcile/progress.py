@@ -20,7 +20,7 @@ from controller.core.commands import RecordCheckpoint, RecordPause
 from controller.core.model import JobRecord, RankReport, Training
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports
-from controller.core.records import CheckpointStall, Evaluation, JobFields
+from controller.core.records import CheckpointRef, CheckpointStall, Evaluation, JobFields
 from controller.eventlog import facts
 
 
@@ -28,14 +28,14 @@ def progress(draft: Draft, job_id: str, progress_event_seconds: float = 60.0) ->
     job = draft.jobs[job_id]
     reports = [report for _, report in current_reports(draft, job)]
     step = max([job.step, *(r.last_step for r in reports)])
-    ckpt = max([job.last_checkpoint_step, *(r.last_checkpoint_step for r in reports)])
-    if ckpt > job.last_checkpoint_step:
+    ckpt = max([job.last_checkpoint.step, *(r.last_checkpoint_step for r in reports)])
+    if ckpt > job.last_checkpoint.step:
         draft.issue(RecordCheckpoint(job.id, job.generation, ckpt, draft.now))
         draft.event(facts.CheckpointCommitted(job.generation, ckpt), job.id)
     fields: JobFields = {}
-    if (step, ckpt) != (job.step, job.last_checkpoint_step):
-        generation = job.generation if ckpt > job.last_checkpoint_step else job.last_checkpoint_generation
-        fields.update({"step": step, "last_checkpoint_step": ckpt, "last_checkpoint_generation": generation})
+    last = CheckpointRef(ckpt, job.generation) if ckpt > job.last_checkpoint.step else job.last_checkpoint
+    if (step, last) != (job.step, job.last_checkpoint):
+        fields.update({"step": step, "last_checkpoint": last})
     fields.update(_evaluation(draft, job, reports))
     fields.update(_training(draft, job, reports, progress_event_seconds))
     fields.update(_stall(draft, job, reports))
@@ -49,15 +49,15 @@ def _held_skipped(draft: Draft, job: JobRecord, reports: list[RankReport]) -> Jo
     """The generation was named a step held in memory and resumed from the committed checkpoint instead (every
     rank decides alike): said once, with the reason, and the steps between the two counted as lost."""
     said = next((r for r in reports if r.held_skipped), None)
-    if not job.held_step or said is None:
+    if not job.held.step or said is None:
         return {}
-    lost = max(0, job.held_step - job.resume_step)
+    lost = max(0, job.held.step - job.resume.step)
     cause = said.held_skipped_cause.value if said.held_skipped_cause is not None else None
     draft.event(
-        facts.HeldStateSkipped(job.generation, job.held_step, job.resume_step, said.held_skipped, cause), job.id
+        facts.HeldStateSkipped(job.generation, job.held.step, job.resume.step, said.held_skipped, cause), job.id
     )
-    step = max([job.resume_step, *(r.last_step for r in reports)])
-    return {"held_step": 0, "held_generation": 0, "steps_lost": job.steps_lost + lost, "step": step}
+    step = max([job.resume.step, *(r.last_step for r in reports)])
+    return {"held": CheckpointRef(), "steps_lost": job.steps_lost + lost, "step": step}
 
 
 def _training(draft: Draft, job: JobRecord, reports: list[RankReport], every: float) -> JobFields:
@@ -129,7 +129,7 @@ def _pause(draft: Draft, job: JobRecord, reports: list[RankReport]) -> JobFields
     pause = max(0.0, first - since)  # clocks are NTP-synced; a skewed one is no negative pause
     stalled = _stalled(reports, since, pause)
     draft.issue(RecordPause(job.id, job.generation, pause, stalled))
-    step = max(job.resume_step, job.held_step) + 1
+    step = job.resumed_at_step + 1
     resumed = facts.TrainingResumed(job.generation, step, pause, job.morph.decision_seconds, since, first, stalled)
     draft.event(resumed, job.id)
     fields["morph"] = replace(job.morph, paused_since=None)

@@ -69,7 +69,7 @@ def start_failures(draft: Draft, job: JobRecord) -> dict[str, str]:
     """Node -> error, where a trainer of the current generation exited with an error before its first step."""
     found: dict[str, str] = {}
     for name, report in current_reports(draft, job):
-        if report.exit_code and report.last_step <= job.resume_step:
+        if report.exit_code and report.last_step <= job.resume.step:
             found.setdefault(name, report.error or f"exit code {report.exit_code}")
     return found
 

@@ -135,7 +135,7 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
         _fall_back(draft, job, reason, fields, stages_lost=lost)
         return
     step, writers = chosen
-    if step <= job.last_checkpoint_step:
+    if step <= job.last_checkpoint.step:
         _fall_back(draft, job, SalvageOutcome.ALREADY_COMMITTED, fields, step)
         return
     if job.spec.morph_through_memory:
@@ -155,7 +155,7 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
 def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
     assert job.layout is not None
     hold = job.hold
-    if job.last_checkpoint_step >= hold.step:  # the first writer's commit, recorded by progress
+    if job.last_checkpoint.step >= hold.step:  # the first writer's commit, recorded by progress
         draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.COMMITTED, hold.step), job.id)
         draft.act(job.id, Action.ABORT, f"salvaged step {hold.step}")
         return
@@ -201,10 +201,10 @@ def _fall_back(
         writers_failed=writers_failed,
         nodes_gone=nodes_gone,
         stages_lost=stages_lost,
-        resume_step=job.last_checkpoint_step,
+        resume_step=job.last_checkpoint.step,
     )
     draft.event(ended, job.id)
-    draft.act(job.id, Action.ABORT, f"{reason}: resuming from step {job.last_checkpoint_step}", **fields)
+    draft.act(job.id, Action.ABORT, f"{reason}: resuming from step {job.last_checkpoint.step}", **fields)
 
 
 def blamed(job: JobRecord, lost: Sequence[str]) -> Morph:
