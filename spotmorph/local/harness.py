@@ -9,8 +9,10 @@ trainers' progress through :mod:`worker_agent.contract`, and says what happened 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -84,12 +86,31 @@ def train_reference(
     keep: int | None = None,
     exact_micro_batch: int | None = None,
 ) -> Path:
-    """An uninterrupted 1 x ``replicas`` float64 run of the demo model; reused when it was done before.
+    """An uninterrupted 1 x ``replicas`` float64 run of the demo model; reused when it was done before, by this
+    process or another sharing ``parent`` (a test run's workers: the first trains it, the others wait on its lock).
     ``exact_micro_batch``: a float32 run in exact mode with micro-batches of that size instead."""
     exact = f"-exact{exact_micro_batch}" if exact_micro_batch else ""
     out = parent / f"reference-1x{replicas}-{steps}-{global_batch}-{seed}{exact}"
-    if (out / "done").exists():
-        return out
+    parent.mkdir(parents=True, exist_ok=True)
+    with open(parent / f"{out.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed, or the process ends
+        if not (out / "done").exists():
+            _train(out, steps, global_batch, seed, replicas, checkpoint_interval, keep, exact_micro_batch)
+    return out
+
+
+def _train(
+    out: Path,
+    steps: int,
+    global_batch: int,
+    seed: int,
+    replicas: int,
+    checkpoint_interval: int | None,
+    keep: int | None,
+    exact_micro_batch: int | None,
+) -> None:
+    shutil.rmtree(out, ignore_errors=True)  # a run killed half-way left a directory without "done"
+    exact = bool(exact_micro_batch)
     args = ["train", TINY_GPT, "--stages=1", f"--replicas={replicas}", f"--global-batch={global_batch}"]
     args += [f"--steps={steps}", f"--seed={seed}", f"--checkpoint-dir={out}"]
     args += ["--dtype=float32", "--exact", f"--micro-batch-size={exact_micro_batch}"] if exact else ["--dtype=float64"]
@@ -99,7 +120,6 @@ def train_reference(
         args.append(f"--keep={keep}")
     run_cli(args, timeout=1800)
     (out / "done").write_text("")
-    return out
 
 
 def checkpoint_diff(expected: Path, actual: Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ tail of every log are printed, so a red run says why and how to run it again.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +31,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture(scope="session")
 def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the uninterrupted single-process runs are kept, each trained once per session."""
-    return tmp_path_factory.mktemp("references")
+    """Where the uninterrupted single-process runs are kept, each trained once per test run: one folder for
+    both xdist workers (the run's temporary root; a worker's own is below it), so the first worker to need a
+    reference trains it and the other waits on its lock (``train_reference``)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return shared / "references"
 
 
 @pytest.fixture
