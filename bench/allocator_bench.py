@@ -3,7 +3,7 @@
 ``spotmorph train`` of the GPT-2 sizes in :mod:`bench.gpt2_sizes` (float32, global batch 4) at 1x1 and 1x2
 (two ranks over gloo), each run once with ``SPOTMORPH_MALLOC=system`` (glibc's defaults: allocations above
 the mmap threshold are mapped and unmapped every step) and once with the trainers' default (``keep``,
-:mod:`worker_agent.runtime.allocator`), alternating, ``--repeats`` times. Per run: rank 0's median
+:mod:`worker_agent.runtime.process.allocator`), alternating, ``--repeats`` times. Per run: rank 0's median
 ``step_seconds`` after the warm-up steps, the minor page faults and the largest resident size of any process
 of the run (``getrusage(RUSAGE_CHILDREN)`` in a process of its own per run: ``spotmorph train`` waits for its
 ranks), and keep / system in the same session. ``python bench/allocator_bench.py`` prints the section and
@@ -111,8 +111,8 @@ def main() -> None:
             "*system*: `SPOTMORPH_MALLOC=system`, glibc's defaults: an allocation above the mmap threshold (at most "
             "32 MB) is mapped and unmapped each time and the heap's free top is trimmed, so every step faults its "
             "large tensors in again, each page zeroed by the kernel; *keep* (the trainers' default, "
-            "worker_agent/runtime/allocator.py): no mmap for allocations, no trim, freed memory reused by the next "
-            "step.",
+            "worker_agent/runtime/process/allocator.py): no mmap for allocations, no trim, freed memory reused by the "
+            "next step.",
         ]
     )
     publish(HEADING, section, not args.no_docs)

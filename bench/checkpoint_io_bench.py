@@ -173,7 +173,7 @@ def raw_read(directory: Path, names: list[str]) -> None:
 
 
 def measure(work: Path, megabytes: float, repeats: int) -> tuple[Figures, int]:
-    from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.storage import checkpoint as ck
 
     width = width_for(megabytes)
     payloads = make_payloads(width)
@@ -217,7 +217,7 @@ def measure(work: Path, megabytes: float, repeats: int) -> tuple[Figures, int]:
 def section(figures: Figures, width: int, command: str, quick: bool, load: tuple[float, float]) -> str:
     import torch
 
-    from worker_agent.runtime import streams
+    from worker_agent.runtime.storage import streams
 
     size = figures.size
     rows = [

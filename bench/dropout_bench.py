@@ -1,7 +1,7 @@
 """Layout-free dropout against torch's: one dropout op, and a whole training step.
 
 (a) One dropout (p = 0.1, no autograd) of an [8, 1024, 256] activation in float32 and bfloat16:
-``torch.nn.functional.dropout`` against :func:`worker_agent.runtime.dropout.apply_dropout` eager
+``torch.nn.functional.dropout`` against :func:`worker_agent.runtime.numerics.dropout.apply_dropout` eager
 (``SPOTMORPH_DROPOUT_COMPILE=off``) and compiled (``on``: the one inductor kernel, after its self-check).
 
 (b) A whole training step (forward, backward, AdamW) at width 256 and B = 32: the demo GPT
@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 from bench.common import ROOT, machine, replace_section
-from worker_agent.runtime import dropout_fused
-from worker_agent.runtime.dropout import Masks, apply_dropout
-from worker_agent.runtime.model_api import Dropout, assign_dropout_keys, sample_context
+from worker_agent.runtime.model.model_api import Dropout, assign_dropout_keys, sample_context
+from worker_agent.runtime.numerics import dropout_fused
+from worker_agent.runtime.numerics.dropout import Masks, apply_dropout
 
 HEADING = "## Layout-free dropout against torch's dropout (`bench/dropout_bench.py`)"
 SHAPE = (8, 1024, 256)
@@ -190,7 +190,7 @@ def section(device: torch.device, compiled: bool) -> str:
             "",
             f"`python bench/dropout_bench.py {flags}` on {where}, torch {torch.__version__}, one torch thread. "
             "The layout-free mask is a counter-based hash of (seed, step, sample, layer, element) in 32-bit "
-            "lanes (`worker_agent/runtime/dropout.py`); eager it costs seven passes over int32 lanes plus the "
+            "lanes (`worker_agent/runtime/numerics/dropout.py`); eager it costs seven passes over int32 lanes plus the "
             "multiply, compiled (`dropout_fused.py`, inductor) one kernel. Medians of interleaved rounds "
             + ("(process CPU time)." if device.type == "cpu" else "(CUDA events)."),
             "",

@@ -71,7 +71,7 @@ def cost(work: Path, sizes: list[str], steps: int) -> list[str]:
 
 
 def accuracy(work: Path, steps: int) -> list[str]:
-    from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.storage import checkpoint as ck
 
     entry = f"{ROOT}/examples/tiny_gpt.py:build"
     common = ("--global-batch=16", "--micro-batch-size=2", "--seed=3")

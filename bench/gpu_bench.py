@@ -123,7 +123,7 @@ def _events(run_dir: Path, kind: type) -> list[Any]:
 
 
 def _diff(a: Path, b: Path) -> dict[str, Any]:
-    from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.storage import checkpoint as ck
 
     return ck.diff(ck.resolve(a), ck.resolve(b))
 
@@ -191,7 +191,7 @@ def _flops_per_sample(entry: str) -> float:
     """Training FLOPs of one sample: 6 x matmul parameters x tokens + 12 x blocks x width x tokens^2."""
     from torch import nn
 
-    from worker_agent.runtime.entrypoint import build_spec
+    from worker_agent.runtime.model.entrypoint import build_spec
 
     spec = build_spec(entry, 0, check=False)
     seq_len = int(spec.dataset[0][0].shape[0])  # type: ignore[union-attr]
@@ -208,8 +208,8 @@ def plain_loop_seconds(entry: str, setup: Setup) -> float:
     import torch
     from torch import nn
 
-    from worker_agent.runtime.device import synchronize
-    from worker_agent.runtime.entrypoint import build_spec
+    from worker_agent.runtime.model.entrypoint import build_spec
+    from worker_agent.runtime.numerics.device import synchronize
 
     device, batch, micro = setup.torch_device, setup.batch, setup.micro
     spec = build_spec(entry, 0, check=False)
@@ -277,8 +277,8 @@ def memory_rows(setup: Setup) -> list[str]:
     from morphing.planner import Plan, Planner
     from morphing.profile import parse_profile
     from morphing.stages import compare_memory
-    from worker_agent.runtime.memory import StageMemoryRequest, measure_stage_peaks
-    from worker_agent.runtime.profiler import ProfileRequest, build_profile
+    from worker_agent.runtime.profiling.memory import StageMemoryRequest, measure_stage_peaks
+    from worker_agent.runtime.profiling.profiler import ProfileRequest, build_profile
 
     entry, batch, micro = f"{ROOT}/{setup.memory_model}", setup.memory_batch, setup.memory_micro
     request = ProfileRequest(
@@ -370,8 +370,8 @@ def run(setup: Setup) -> str:
             "",
             "Memory: a profile calibrated on this GPU (bf16, GPT 8x768, 512 tokens, m=4, B=32, 1F1B) and the "
             "planner's per-stage model, against each stage replayed alone on the GPU with its in-flight "
-            "micro-batches (`worker_agent.runtime.memory.measure_stage_peaks`). Error = (predicted - measured) "
-            "/ measured.",
+            "micro-batches (`worker_agent.runtime.profiling.memory.measure_stage_peaks`). Error = (predicted - "
+            "measured) / measured.",
             "",
             *memory,
         ]

@@ -59,7 +59,7 @@ print("cuda available:", torch.cuda.is_available(), "devices:", torch.cuda.devic
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"  {i}: {p.name}, {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
-import controller.app.daemon, spotmorph.cli, worker_agent.agent.daemon, worker_agent.runtime.trainer  # noqa: E401
+import controller.app.daemon, spotmorph.cli, worker_agent.agent.daemon, worker_agent.runtime.process.trainer  # noqa: E401
 print("spotmorph imports: ok")
 if not torch.cuda.is_available():
     raise SystemExit("no CUDA device: the GPU check needs one")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker_agent.runtime.model_api import Dropout, ModelSpec
+from worker_agent.runtime.model.model_api import Dropout, ModelSpec
 
 
 class SyntheticTokens:

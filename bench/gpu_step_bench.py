@@ -6,7 +6,7 @@ model: ``spotmorph train``'s median step (``StepCompleted.step_seconds`` after t
 its peak device memory, and both MFUs. ``--baseline TREE`` (a ``git archive`` or worktree of an earlier
 commit) runs that tree's ``spotmorph train`` of the first model too, in the same session, so a change's
 effect is a ratio measured side by side. A profiled run of the first model (``SPOTMORPH_PROFILE_STEPS``,
-:mod:`worker_agent.runtime.step_profile`) counts the host's waits for the device per step and keeps the
+:mod:`worker_agent.runtime.profiling.step_profile`) counts the host's waits for the device per step and keeps the
 device's top ops (in ``--profile-dir``). ``355m`` is GPT-2 medium's shape, ``large`` 3.8B parameters (more
 than half of the GPU's memory). Writes docs/benchmarks.md; ``--smoke`` runs toy sizes on any device and
 only prints (tests/bench runs it on a CPU, so a GPU run does not stop at a wrong call).

@@ -1,6 +1,6 @@
 """A rank that reaches the generation's store before its host rank has started it: how long after the store
 listens the rank is connected, with torch's own client (it backs off after a refused connect) against
-:func:`worker_agent.runtime.trainer_setup.wait_listening` first (a connect every 10 ms), in the same run.
+:func:`worker_agent.runtime.process.trainer_setup.wait_listening` first (a connect every 10 ms), in the same run.
 
 The host starts its store in a thread of the same process ``--delays`` seconds after the rank began to
 connect (both modes alternate, ``--repeat`` times each); the figure is the time from the store's start to the
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from bench.common import machine, publish
 from spotmorph.local.processes import free_port
-from worker_agent.runtime.trainer_setup import wait_listening
+from worker_agent.runtime.process.trainer_setup import wait_listening
 
 HEADING = "## A rank that reaches the store before its host (`bench/rendezvous_bench.py`)"
 MODES = ("torch's client", "wait_listening, then the client")
@@ -78,7 +78,7 @@ def section(results: dict[str, dict[float, list[float]]], repeat: int) -> str:
         "Why: torch's TCPStore client retries a refused connect after a back-off that grows from a fraction of a "
         "second; a generation's ranks are told their assignments by their own agents, and the host rank (rank 0) "
         "is often told a moment after the others, so its store is up while they wait out the back-off. Every "
-        "trainer's rendezvous (`worker_agent/runtime/trainer_setup.py`) now waits for the port first.",
+        "trainer's rendezvous (`worker_agent/runtime/process/trainer_setup.py`) now waits for the port first.",
     ]
     return "\n".join(lines)
 

@@ -52,7 +52,7 @@ def step_time_table(work: Path) -> tuple[list[str], list[float]]:
     from morphing.layout import make_layout
     from morphing.planner import Plan, Planner
     from morphing.profile import parse_profile
-    from worker_agent.runtime.profiler import ProfileRequest, build_profile
+    from worker_agent.runtime.profiling.profiler import ProfileRequest, build_profile
 
     profile = parse_profile(json.dumps(build_profile(ProfileRequest(ENTRY, (1, 2, 4)))))
     planner = Planner(profile, GLOBAL_BATCH, "1f1b")
@@ -98,9 +98,9 @@ def checkpoint_rows(work: Path) -> list[str]:
 
     from morphing.jobspec import identity_hash
     from morphing.layout import make_layout
-    from worker_agent.runtime import checkpoint as ck
-    from worker_agent.runtime.entrypoint import load_entrypoint
-    from worker_agent.runtime.job import data_cursor
+    from worker_agent.runtime.model.entrypoint import load_entrypoint
+    from worker_agent.runtime.numerics.job import data_cursor
+    from worker_agent.runtime.storage import checkpoint as ck
 
     build_config = load_entrypoint(f"{ROOT}/examples/tiny_gpt.py:build_config")
 

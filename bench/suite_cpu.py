@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 KINDS = (
-    "runtime.zygote",
-    "runtime.warm",
-    "runtime.trainer",
+    "runtime.process.zygote",
+    "runtime.process.warm",
+    "runtime.process.trainer",
     "spotmorph.cli agent",
     "spotmorph.cli controller",
     "spotmorph.cli local",

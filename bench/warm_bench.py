@@ -1,6 +1,6 @@
 """What a warm trainer costs while it waits: its memory (RSS, PSS) and its CPU use when idle.
 
-A warm trainer (``python -m worker_agent.runtime.warm``) is started as the agent's supervisor starts
+A warm trainer (``python -m worker_agent.runtime.process.warm``) is started as the agent's supervisor starts
 one, in a spool of its own; once it has written its ready file (torch and the runtime imported), its
 ``/proc`` figures are read, and its CPU time is measured over an idle window. The baseline is a bare
 ``python -c 'import time; time.sleep(...)'`` measured the same way in the same run.

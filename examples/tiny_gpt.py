@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from worker_agent.runtime.model_api import Dropout, ModelSpec
+from worker_agent.runtime.model.model_api import Dropout, ModelSpec
 
 
 class ProgressionDataset:

@@ -1,6 +1,6 @@
 """Names in a checkpoint directory that more than one side reads (one source for both).
 
-The trainers write and raise the fence (:mod:`worker_agent.runtime.fence`); the controller reads it at submit,
+The trainers write and raise the fence (:mod:`worker_agent.runtime.storage.fence`); the controller reads it at submit,
 when it can see the directory, to refuse a job whose directory already holds another job's checkpoints.
 """
 

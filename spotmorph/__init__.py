@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker_agent.runtime.model_api import Dropout, ModelSpec, layout_free_dropout, make_dropout_layout_free
+    from worker_agent.runtime.model.model_api import Dropout, ModelSpec, layout_free_dropout, make_dropout_layout_free
 
 __all__ = ["Dropout", "ModelSpec", "layout_free_dropout", "make_dropout_layout_free"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from worker_agent.runtime import model_api
+        from worker_agent.runtime.model import model_api
 
         return getattr(model_api, name)
     raise AttributeError(f"module 'spotmorph' has no attribute {name!r}")

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from worker_agent.runtime.data import TokenFileDataset, prepare_token_file
+from worker_agent.runtime.model.data import TokenFileDataset, prepare_token_file
 
 __all__ = ["TokenFileDataset", "prepare_token_file"]

@@ -6,7 +6,7 @@ or its attention is switched, not before.
 
 from __future__ import annotations
 
-from worker_agent.runtime.hf_adapter import (
+from worker_agent.runtime.model.hf_adapter import (
     FAMILIES,
     Family,
     causal_lm_spec,
@@ -14,7 +14,7 @@ from worker_agent.runtime.hf_adapter import (
     sample_losses,
     token_losses,
 )
-from worker_agent.runtime.hf_attention import make_hf_attention_layout_free
+from worker_agent.runtime.model.hf_attention import make_hf_attention_layout_free
 
 __all__ = [
     "FAMILIES",

@@ -16,7 +16,7 @@ import pytest
 
 from spotmorph.local import cli_calls
 from tests import forkserver_client
-from worker_agent.runtime.warm import IMPORTS_ENV
+from worker_agent.runtime.process.warm import IMPORTS_ENV
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,12 +25,12 @@ import signal
 import sys
 from typing import Any
 
-from worker_agent.runtime.forked import end_as_an_interpreter
+from worker_agent.runtime.process.forked import end_as_an_interpreter
 
 
 def preload() -> None:
-    from worker_agent.runtime.forked import preload as rank_imports
-    from worker_agent.runtime.warm import MODEL_LIBRARIES
+    from worker_agent.runtime.process.forked import preload as rank_imports
+    from worker_agent.runtime.process.warm import MODEL_LIBRARIES
 
     rank_imports()
     importlib.import_module("spotmorph.cli")

@@ -163,3 +163,15 @@ def test_no_module_holds_state_global_statements_or_mutated_module_containers() 
     assert not found, f"`global` statements (give the state an owner: an object, or a context variable): {found}"
     mutated = {path: sorted(names) for path, tree in _parsed() if (names := mutated_module_containers(tree))}
     assert not mutated, f"module-level containers the module mutates (module state; give it an owner): {mutated}"
+
+
+def test_the_runtimes_modules_live_in_its_layers() -> None:
+    """The runtime's import-linter layers cover its subpackages: a module at its root would sit in none."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (runtime,) = [c for c in contracts if c.get("containers") == ["worker_agent.runtime"]]
+    layers = {name.strip() for layer in runtime["layers"] for name in layer.split("|")}
+    root = REPO / "worker_agent" / "runtime"
+    found = {p.stem for p in root.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in root.iterdir() if (p / "__init__.py").is_file()
+    }
+    assert found == layers, f"runtime modules or packages outside its layers: {sorted(found - layers)}"

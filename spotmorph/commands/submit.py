@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def model_layers(spec: JobSpec) -> tuple[str, ...]:
-    from worker_agent.runtime.meta_build import model_layer_names
+    from worker_agent.runtime.model.meta_build import model_layer_names
 
     try:
         with contextlib.redirect_stdout(sys.stderr):  # what the user's code prints must not mix with --json

@@ -1,6 +1,6 @@
 """A local cluster's VMs forked from one process that imported what a trainer imports, not each from scratch.
 
-A VM's agent forks its warm trainers from a zygote (:mod:`worker_agent.runtime.zygote`) whose imports (torch,
+A VM's agent forks its warm trainers from a zygote (:mod:`worker_agent.runtime.process.zygote`) whose imports (torch,
 its compiler front end, the runtime) cost 6-8 s of CPU: on a VM, once per VM. A local cluster's VMs share one
 machine, so a six-VM cluster spent 40 s of CPU importing the same modules six times before its first step.
 Here the process that starts the VMs imports once, then forks each VM: the fork leads a session of its own,
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from worker_agent.agent.zygote import INHERITED_ENV
-from worker_agent.runtime.spool import append_output_to
+from worker_agent.runtime.link.spool import append_output_to
 
 FORK_ENV = "SPOTMORPH_LOCAL_FORK_VMS"  # "0": every VM a new process with a zygote of its own, as before
 CLONE_NEWNET = 0x40000000  # linux/sched.h
@@ -41,7 +41,7 @@ def start(args: Sequence[str], log: Path, namespace: str | None) -> int | None:
     appended to ``log``; returns the agent's pid (the fork's: it execs the agent), or None where the imports
     fail here (the VM is then better started as a new process, whose agent says what fails)."""
     try:
-        from worker_agent.runtime import warm
+        from worker_agent.runtime.process import warm
 
         warm._preload()  # once per process that starts VMs (a no-op where done): every VM's zygote shares it
     except Exception as exc:
@@ -90,8 +90,8 @@ def _become_vm(args: list[str], log: Path, namespace: str | None, pipes: tuple[i
 def _become_zygote(requests: int, answers: int, close: tuple[int, ...]) -> NoReturn:
     """The VM's zygote: its own process group, requests on stdin, answers on stdout; serves until the agent
     (its parent once it execs) closes the pipe."""
-    from worker_agent.runtime import warm, zygote
-    from worker_agent.runtime.forked import end_as_an_interpreter
+    from worker_agent.runtime.process import warm, zygote
+    from worker_agent.runtime.process.forked import end_as_an_interpreter
 
     def serve() -> int:
         os.setpgid(0, 0)

@@ -86,7 +86,7 @@ def test_the_trainer_gets_its_device_index_and_cuda_in_pci_bus_order(tmp_path: P
     while not (seen.exists() and seen.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     argv = seen.read_text().splitlines()
-    assert argv[:2] == ["-m", "worker_agent.runtime.trainer"], shlex.join(argv)
+    assert argv[:2] == ["-m", "worker_agent.runtime.process.trainer"], shlex.join(argv)
     parsed = TrainerArguments.from_argv(argv[2:])
     assert (parsed.rank, parsed.device_index) == (3, 1)
     assert Path(f"{seen}.env").read_text().strip() == "PCI_BUS_ID"

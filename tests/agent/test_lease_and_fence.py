@@ -16,8 +16,8 @@ from tests.runtime.helpers import wait_for
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.supervisor import Supervisor
 from worker_agent.contract import CheckpointLoaded, CommittedCheckpoint, ExitCode, TrainerFailed, read_progress
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.fence import Fence, raise_fence
+from worker_agent.runtime.storage import checkpoint as ck
+from worker_agent.runtime.storage.fence import Fence, raise_fence
 
 pytestmark = pytest.mark.slow
 

@@ -192,7 +192,7 @@ def test_trainer_arguments_point_into_their_generation_dir(tmp_path: Path) -> No
     assert made.generation == 4 and made.progress_file == directory.progress_file(1)
     assert made.control_dir == directory.control.path and made.job_file == directory.job_file
     assert (made.rendezvous_host, made.rendezvous_port) == ("10.0.0.1", 29501)
-    assert made.command("py")[:3] == ["py", "-m", "worker_agent.runtime.trainer"]
+    assert made.command("py")[:3] == ["py", "-m", "worker_agent.runtime.process.trainer"]
 
 
 @pytest.mark.parametrize("endpoint", ["no-port", "host:", "host:port", "host:²"])

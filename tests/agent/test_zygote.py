@@ -103,7 +103,7 @@ def test_an_inherited_zygote_is_taken_only_when_it_is_a_child_with_pipes_and_the
 def test_the_zygotes_settle_request_with_a_bad_field_changes_nothing(
     env: object, log: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker_agent.runtime import zygote
+    from worker_agent.runtime.process import zygote
 
     monkeypatch.chdir(tmp_path)
     before = dict(os.environ)

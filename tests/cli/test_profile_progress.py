@@ -13,9 +13,9 @@ import pytest
 
 from spotmorph.cli import build_parser, main
 from tests.runtime.helpers import TINY
-from worker_agent.runtime import layer_timing
-from worker_agent.runtime.profile_progress import Progress, duration
-from worker_agent.runtime.profiler import ProfileRequest, build_profile
+from worker_agent.runtime.profiling import layer_timing
+from worker_agent.runtime.profiling.profile_progress import Progress, duration
+from worker_agent.runtime.profiling.profiler import ProfileRequest, build_profile
 
 
 class Clock:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from worker_agent.runtime.model_api import ModelSpec
+from worker_agent.runtime.model.model_api import ModelSpec
 
 _spec = importlib.util.spec_from_file_location("tiny_gpt", Path(__file__).parents[2] / "examples" / "tiny_gpt.py")
 assert _spec is not None and _spec.loader is not None

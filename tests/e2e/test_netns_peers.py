@@ -13,7 +13,7 @@ nodes. Its rendezvous is a star around rank 0's node: a node that cannot reach i
   ``peer_unreachable``), left out for a while, and the first node is taken back.
 
 The spoke variant takes about two minutes here, over the ~90 s aimed at: the runtime gives a node at
-least 60 s to reach the rendezvous host (``worker_agent/runtime/trainer.py``, ``_rendezvous``), which this
+least 60 s to reach the rendezvous host (``worker_agent/runtime/process/trainer.py``, ``_rendezvous``), which this
 failure has to wait out. Either way the job finishes equal to the uninterrupted float64 reference
 (<= 1e-9) and every generation is explained in the event log.
 """

@@ -7,7 +7,7 @@ Real controller, agents (warm trainers, the default) and trainers; ``local kill`
   controller orders no writer (``SalvageEnded`` reason ``stage_lost``) and the next generation loads the
   newest periodic checkpoint.
 * A kill that lands inside the just-in-time write: the writers pause between their layer files and their
-  part file (``PAUSE_ENV``, a test-only hook of :mod:`worker_agent.runtime.salvage`), the test kills the
+  part file (``PAUSE_ENV``, a test-only hook of :mod:`worker_agent.runtime.morph.salvage`), the test kills the
   writer's VM then, and the half-written directory (layer files, no manifest) is never loaded: the
   controller falls back (``writer_failed``) and the next generation loads the newest periodic checkpoint.
 
@@ -44,7 +44,7 @@ from spotmorph.local.unplanned import (
     stage_nodes,
 )
 from worker_agent.contract import CheckpointLoaded
-from worker_agent.runtime.salvage import PAUSE_ENV
+from worker_agent.runtime.morph.salvage import PAUSE_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ import pytest
 from controller.eventlog.facts import GenerationIssued, NodeHeld
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from worker_agent.contract import CheckpointLoaded, ProgressRecord, TrainerFailed, TrainerStarted
-from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.storage import checkpoint as ck
 
 from .netns_helpers import REASON as NETNS_REASON
 from .netns_helpers import assert_nothing_left, needs_netns

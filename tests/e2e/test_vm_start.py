@@ -50,7 +50,9 @@ def test_a_forked_vms_agent_adopts_its_zygote_and_its_job_trains(
     assert zygote is not None and alive(zygote)
     assert stat_of(zygote)[1] == str(agent), "the zygote is the agent's child"
     assert stat_of(zygote)[2] == str(zygote) and stat_of(zygote)[3] == str(agent), "its own group, the VM's session"
-    assert b"worker_agent.runtime.zygote" not in Path(f"/proc/{zygote}/cmdline").read_bytes(), "forked, not started"
+    assert b"worker_agent.runtime.process.zygote" not in Path(f"/proc/{zygote}/cmdline").read_bytes(), (
+        "forked, not started"
+    )
     assert net_namespace(zygote) == net_namespace(agent)
     assert (net_namespace(agent) != net_namespace(os.getpid())) == netns
 

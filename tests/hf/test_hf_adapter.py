@@ -15,11 +15,11 @@ from morphing.errors import UserInputError
 from spotmorph.hf import causal_lm_spec, sample_losses, token_losses
 from tests.hf import hf_models as hm
 from tests.runtime.helpers import REPO
-from worker_agent.runtime.batch import run_layers, weighted_loss
-from worker_agent.runtime.entrypoint import build_spec
-from worker_agent.runtime.hf_float64 import keep_float64
-from worker_agent.runtime.model_api import sample_context
-from worker_agent.runtime.partition import PartitionedModel
+from worker_agent.runtime.model.entrypoint import build_spec
+from worker_agent.runtime.model.hf_float64 import keep_float64
+from worker_agent.runtime.model.model_api import sample_context
+from worker_agent.runtime.model.partition import PartitionedModel
+from worker_agent.runtime.numerics.batch import run_layers, weighted_loss
 
 
 def mistral_model() -> nn.Module:

@@ -12,7 +12,7 @@ import torch
 
 from tests.runtime.helpers import REPO, Result, run
 from worker_agent.contract import StepCompleted, events_of, read_progress
-from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.storage import checkpoint as ck
 
 pytestmark = pytest.mark.slow
 MODELS = f"{REPO}/tests/hf/hf_models.py"
@@ -36,10 +36,16 @@ def step_losses(*run_dirs: Path) -> dict[int, float]:
 
 def expected_first_loss(entry: str) -> float:
     """Step 0's global-batch loss computed here, in one process: what every layout must report."""
-    from worker_agent.runtime.batch import count_target_tokens, run_layers, signature, stack_samples, weighted_loss
-    from worker_agent.runtime.entrypoint import build_spec
-    from worker_agent.runtime.job import step_indices
-    from worker_agent.runtime.model_api import sample_context
+    from worker_agent.runtime.model.entrypoint import build_spec
+    from worker_agent.runtime.model.model_api import sample_context
+    from worker_agent.runtime.numerics.batch import (
+        count_target_tokens,
+        run_layers,
+        signature,
+        stack_samples,
+        weighted_loss,
+    )
+    from worker_agent.runtime.numerics.job import step_indices
 
     spec = build_spec(f"{MODELS}:{entry}", 0)
     modules = [m for _, m in spec.layers]

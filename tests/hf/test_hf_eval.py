@@ -12,8 +12,8 @@ from tests.hf import eval_models
 from tests.hf.test_hf_export import spotmorph_logits
 from tests.runtime.helpers import REPO, run, train_cmd
 from worker_agent.contract import EvaluationCompleted, events_of, read_progress
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.hf_adapter import sample_losses, token_losses
+from worker_agent.runtime.model.hf_adapter import sample_losses, token_losses
+from worker_agent.runtime.storage import checkpoint as ck
 
 ENTRY = f"{REPO}/tests/hf/eval_models.py"
 

@@ -13,11 +13,11 @@ import torch
 from spotmorph.cli import main
 from tests.hf import hf_models
 from tests.runtime.helpers import REPO, TINY, run, train_cmd
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.batch import run_layers
-from worker_agent.runtime.hf_adapter import hf_parameter_name
-from worker_agent.runtime.hf_export import CONFIG_FILE
-from worker_agent.runtime.partition import PartitionedModel
+from worker_agent.runtime.model.hf_adapter import hf_parameter_name
+from worker_agent.runtime.model.hf_export import CONFIG_FILE
+from worker_agent.runtime.model.partition import PartitionedModel
+from worker_agent.runtime.numerics.batch import run_layers
+from worker_agent.runtime.storage import checkpoint as ck
 
 ENTRY = f"{REPO}/tests/hf/hf_models.py"
 
@@ -50,7 +50,7 @@ def test_an_exported_checkpoint_loads_in_transformers_with_the_same_logits(
 ) -> None:
     import transformers
 
-    from worker_agent.runtime.hf_float64 import keep_float64
+    from worker_agent.runtime.model.hf_float64 import keep_float64
 
     root = trained(tmp_path / "ckpt", f"{ENTRY}:{entry}")
     assert (root / CONFIG_FILE).is_file()

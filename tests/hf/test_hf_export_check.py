@@ -16,7 +16,7 @@ import pytest
 
 from spotmorph.cli import main
 from tests.hf.test_hf_export import ENTRY, trained
-from worker_agent.runtime import hf_export_check
+from worker_agent.runtime.model import hf_export_check
 
 PERTURBED = "model.layers.1.mlp.up_proj.weight"
 

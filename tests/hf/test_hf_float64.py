@@ -15,8 +15,8 @@ from morphing.errors import UserInputError
 from tests.hf import hf_models
 from tests.hf.test_hf_equivalence import MODELS
 from tests.runtime.helpers import BAD_MODELS, run
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.precision import check_float64
+from worker_agent.runtime.model.precision import check_float64
+from worker_agent.runtime.storage import checkpoint as ck
 
 
 def test_the_adapters_rms_norm_computes_in_float64_and_is_the_familys_own_below_it() -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from spotmorph.cli import main
 from tests.runtime.helpers import run
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.entrypoint import load_entrypoint
+from worker_agent.runtime.model.entrypoint import load_entrypoint
+from worker_agent.runtime.storage import checkpoint as ck
 
 MODEL_FILE = textwrap.dedent(
     """

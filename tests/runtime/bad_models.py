@@ -22,7 +22,7 @@ def float32_inside() -> object:
     import torch
     from torch import nn
 
-    from worker_agent.runtime.entrypoint import build_spec
+    from worker_agent.runtime.model.entrypoint import build_spec
 
     class RoundsToFloat32(nn.Module):
         def __init__(self, inner: nn.Module) -> None:
@@ -45,7 +45,7 @@ def parameter_set_by_hand() -> object:
     import torch
     from torch import nn
 
-    from worker_agent.runtime.entrypoint import load_entrypoint
+    from worker_agent.runtime.model.entrypoint import load_entrypoint
 
     spec: Any = load_entrypoint(f"{Path(__file__).parents[2]}/examples/tiny_gpt.py:build_tiny")()
     spec.layers[0][1]._parameters["extra"] = nn.Parameter(torch.zeros(3))

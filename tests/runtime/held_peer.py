@@ -1,11 +1,11 @@
-"""One rank of a gloo world that moves held layers (``worker_agent.runtime.held.exchange``), for test_held.py.
+"""One rank of a gloo world that moves held layers (``worker_agent.runtime.morph.held.exchange``), for test_held.py.
 
 ``python held_peer.py RANK WORLD PORT SCENARIO OUT``: old layout 2 stages x 1 replica (layers 0-1, 2-3),
 new layout 1 stage x WORLD replicas; new ranks 0 and 1 held old ranks 0 and 1, the others nothing.
 Scenarios: ``move``; ``corrupt`` (rank 1 sends a wrong checksum with each layer); ``die`` (rank 1 is
 killed mid-transfer: once the first tensor of its first layer is on its way, before the rest); ``silent``
 (rank 1 tells the others what it holds, then sends nothing and stays alive, past the peer timeout). With
-WORLD 2, at the stop of the old layout (``worker_agent.runtime.handoff.hand_off``): ``handoff`` (rank 1
+WORLD 2, at the stop of the old layout (``worker_agent.runtime.morph.handoff.hand_off``): ``handoff`` (rank 1
 leaves and hands its stage to rank 0) and ``handoff-corrupt`` (with a wrong checksum).
 """
 
@@ -24,10 +24,10 @@ import torch.distributed as dist
 
 from morphing.layout import make_layout
 from worker_agent.contract import CommittedCheckpoint
-from worker_agent.runtime import layer_moves
-from worker_agent.runtime.comm import peer_world
-from worker_agent.runtime.handoff import hand_off
-from worker_agent.runtime.held import Offer, exchange, keep, reported
+from worker_agent.runtime.morph import layer_moves
+from worker_agent.runtime.morph.handoff import hand_off
+from worker_agent.runtime.morph.held import Offer, exchange, keep, reported
+from worker_agent.runtime.pipeline.comm import peer_world
 
 LAYERS = 4
 NAMED = CommittedCheckpoint(step=5, generation=1)

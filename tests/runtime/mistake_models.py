@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker_agent.runtime.model_api import ModelSpec
+from worker_agent.runtime.model.model_api import ModelSpec
 
 
 class Pairs:

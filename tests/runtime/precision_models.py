@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 
 from tests.runtime.helpers import REPO
-from worker_agent.runtime.entrypoint import load_entrypoint
-from worker_agent.runtime.model_api import ModelSpec
+from worker_agent.runtime.model.entrypoint import load_entrypoint
+from worker_agent.runtime.model.model_api import ModelSpec
 
 
 def build_loud() -> ModelSpec:

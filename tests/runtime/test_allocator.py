@@ -1,4 +1,4 @@
-"""Trainers keep the memory a step frees for the next step (:mod:`worker_agent.runtime.allocator`).
+"""Trainers keep the memory a step frees for the next step (:mod:`worker_agent.runtime.process.allocator`).
 
 In processes of their own (malloc's settings are the process's): a training loop whose tensors are larger
 than glibc's mmap threshold faults its memory in every step with glibc's defaults, and not at all once the
@@ -16,7 +16,7 @@ from tests.runtime.helpers import probe, run, train_cmd
 
 LOOP = """
 import json, resource, sys
-from worker_agent.runtime.allocator import keep_freed_memory
+from worker_agent.runtime.process.allocator import keep_freed_memory
 tuned = keep_freed_memory()
 import torch
 torch.manual_seed(0)
@@ -68,7 +68,7 @@ def test_a_bad_setting_is_the_nodes_error_exit_2_named_with_its_fix(
 BIG = """
 import torch
 from torch import nn
-from worker_agent.runtime.model_api import ModelSpec
+from worker_agent.runtime.model.model_api import ModelSpec
 
 
 def build():
@@ -84,11 +84,11 @@ def build():
 
 PREPARED = """
 import json, resource, sys
-from worker_agent.runtime.allocator import keep_freed_memory
+from worker_agent.runtime.process.allocator import keep_freed_memory
 keeps = keep_freed_memory()
 import torch
 from morphing.jobspec import JobSpec
-from worker_agent.runtime import warm_model
+from worker_agent.runtime.process import warm_model
 
 job = JobSpec(name="big", entrypoint=sys.argv[1], global_batch=4, steps=1, checkpoint_dir="unused", device="cpu")
 shelf = warm_model.ModelShelf()
@@ -115,15 +115,15 @@ def test_a_prepared_warm_trainer_has_the_memory_a_growths_moves_land_in_already_
 
 
 def test_a_warm_trainer_touches_at_most_half_the_memory_the_node_has_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker_agent.runtime import warm_model
+    from worker_agent.runtime.process import warm_model
 
     sizes = {"SC_AVPHYS_PAGES": 2048, "SC_PAGE_SIZE": 4096}  # 8 MB free
-    monkeypatch.setattr("worker_agent.runtime.warm_model.os.sysconf", lambda name: sizes[name])
+    monkeypatch.setattr("worker_agent.runtime.process.warm_model.os.sysconf", lambda name: sizes[name])
     assert warm_model.touch_memory(1 << 40) == 4 << 20, "a 7B model's 4x would be 112 GB: half of what is free"
     assert warm_model.touch_memory(1 << 20) == 1 << 20
 
     def unknown(name: str) -> int:
         raise ValueError(name)
 
-    monkeypatch.setattr("worker_agent.runtime.warm_model.os.sysconf", unknown)
+    monkeypatch.setattr("worker_agent.runtime.process.warm_model.os.sysconf", unknown)
     assert warm_model.touch_memory(1 << 20) == 0, "nothing touched where the free memory cannot be read"

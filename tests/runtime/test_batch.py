@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from tests.runtime.helpers import REPO
-from worker_agent.runtime.batch import check_loss_shape, run_layers, weighted_loss
-from worker_agent.runtime.partition import StageModule
+from worker_agent.runtime.model.partition import StageModule
+from worker_agent.runtime.numerics.batch import check_loss_shape, run_layers, weighted_loss
 
 
 class Split(nn.Module):
@@ -110,7 +110,7 @@ def test_the_public_names_load_lazily() -> None:
         "assert 'torch' not in sys.modules\n"
         "from spotmorph import ModelSpec, Dropout\n"
         "from spotmorph.data import TokenFileDataset\n"
-        "from worker_agent.runtime.model_api import ModelSpec as Inner\n"
+        "from worker_agent.runtime.model.model_api import ModelSpec as Inner\n"
         "assert ModelSpec is Inner and 'transformers' not in sys.modules\n"
         "from spotmorph.hf import causal_lm_spec\n"
         "assert 'transformers' not in sys.modules, 'transformers is imported only when a model is adapted'\n"

@@ -1,4 +1,4 @@
-"""The step boundary's one decision (worker_agent/runtime/boundary.py), without torch.distributed.
+"""The step boundary's one decision (worker_agent/runtime/process/boundary.py), without torch.distributed.
 
 Properties: every rank given the same agreement takes the same collective branch whatever its own facts; a
 stop that every rank can hold, with a rank staying, writes nothing; fenced and lapsed end at once with nothing
@@ -12,7 +12,7 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker_agent.runtime.boundary import Agreed, Boundary, Kind, Own, Said, Shared, Write, decide
+from worker_agent.runtime.process.boundary import Agreed, Boundary, Kind, Own, Said, Shared, Write, decide
 
 counts = st.integers(min_value=0, max_value=4).map(float)
 steps = st.integers(min_value=0, max_value=12)
@@ -122,7 +122,7 @@ def test_said_fills_the_slots_in_the_agreed_order() -> None:
 def test_the_decision_imports_no_torch() -> None:
     import subprocess
 
-    probe = "import sys, worker_agent.runtime.boundary; print('torch' in sys.modules)"
+    probe = "import sys, worker_agent.runtime.process.boundary; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -23,12 +23,12 @@ import xxhash
 
 from morphing.jobspec import identity_hash
 from tests.runtime.helpers import REPO, as_sha256_format
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime import durable, streams
-from worker_agent.runtime import manifest as manifest_mod
-from worker_agent.runtime import writer as writer_mod
-from worker_agent.runtime.durable import atomic_write_stream
 from worker_agent.runtime.errors import CheckpointWriteFailed
+from worker_agent.runtime.storage import checkpoint as ck
+from worker_agent.runtime.storage import durable, streams
+from worker_agent.runtime.storage import manifest as manifest_mod
+from worker_agent.runtime.storage import writer as writer_mod
+from worker_agent.runtime.storage.durable import atomic_write_stream
 
 JOB = {"entrypoint": "m.py:build", "global_batch": 4, "seed": 1, "dtype": "float32"}
 BIG = 4 << 20  # float32 elements of the big layer: 16 MB of parameter, 48 MB with its optimizer state

@@ -13,8 +13,8 @@ from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.contract import ControlDir
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.control import CheckpointRequests
+from worker_agent.runtime.link.control import CheckpointRequests
+from worker_agent.runtime.storage import checkpoint as ck
 
 INTERVAL = 1000  # the job never gets there: every checkpoint in this test is a requested one
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.runtime.helpers import run, train, train_cmd, wait_for
 from worker_agent.contract import ExitCode, GenerationDir, StepCompleted, read_progress
-from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.storage import checkpoint as ck
 
 # One worker runs the module: its training fixture then runs once, not once per xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("damage-pristine")]

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from morphing.errors import UserInputError
 from spotmorph.cli import main
 from spotmorph.data import TokenFileDataset, prepare_token_file
-from worker_agent.runtime.batch import count_target_tokens
-from worker_agent.runtime.data import sidecar_path
+from worker_agent.runtime.model.data import sidecar_path
+from worker_agent.runtime.numerics.batch import count_target_tokens
 
 
 def write_tokens(path: Path, tokens: list[int], dtype: str = "uint16", sidecar: bool = True) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.helpers import TINY, run
-from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.storage import checkpoint as ck
 
 pytestmark = pytest.mark.slow
 

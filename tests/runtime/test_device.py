@@ -18,11 +18,11 @@ from morphing.layout import make_layout
 from spotmorph.cli import main
 from tests.runtime.helpers import TINY, run
 from worker_agent.contract import ExitCode, TrainerArguments, TrainerFailed, TrainersDir, read_progress
-from worker_agent.runtime import device as device_mod
-from worker_agent.runtime.device import compute_context, resolve_device
-from worker_agent.runtime.host_buffers import HostPool
-from worker_agent.runtime.launcher import local_device
-from worker_agent.runtime.stage_state import placed_state
+from worker_agent.runtime.numerics import device as device_mod
+from worker_agent.runtime.numerics.device import compute_context, resolve_device
+from worker_agent.runtime.numerics.stage_state import placed_state
+from worker_agent.runtime.process.launcher import local_device
+from worker_agent.runtime.storage.host_buffers import HostPool
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
 
@@ -119,7 +119,7 @@ def test_a_layer_file_saved_from_a_gpu_loads_on_a_cpu(monkeypatch: pytest.Monkey
     still loads here: the reader maps every storage to the CPU."""
     from torch import serialization
 
-    from worker_agent.runtime.checkpoint import serialise
+    from worker_agent.runtime.storage.checkpoint import serialise
 
     def tag_as_gpu(obj: object) -> str | None:
         return "cuda:0" if isinstance(obj, torch.storage.UntypedStorage) else None
@@ -148,7 +148,7 @@ def test_loaded_optimizer_state_is_placed_as_torch_places_it() -> None:
 
 
 def test_aborting_communicators_is_best_effort_and_newest_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker_agent.runtime import comm
+    from worker_agent.runtime.pipeline import comm
 
     aborted: list[str] = []
 
@@ -175,7 +175,7 @@ def test_nccl_is_configured_to_raise_in_the_caller_not_to_tear_the_process_down(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The salvage needs a failed NCCL collective to raise before the optimizer step and the process to live on."""
-    from worker_agent.runtime.comm import configure_nccl
+    from worker_agent.runtime.pipeline.comm import configure_nccl
 
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # what a user's environment might carry
     monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)

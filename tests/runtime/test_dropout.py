@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker_agent.runtime.dropout import (
+from worker_agent.runtime.numerics.dropout import (
     GOLDEN,
     MASK64,
     Masks,
@@ -186,8 +186,8 @@ def test_a_dropout_module_called_twice_in_a_layer_draws_two_masks_and_again_the_
     layer recomputed alone or run in another stage draws exactly the same ones."""
     from torch import nn
 
-    from worker_agent.runtime.model_api import Dropout, assign_dropout_keys, sample_context
-    from worker_agent.runtime.partition import StageModule
+    from worker_agent.runtime.model.model_api import Dropout, assign_dropout_keys, sample_context
+    from worker_agent.runtime.model.partition import StageModule
 
     class TwoBranches(nn.Module):
         def __init__(self) -> None:

@@ -12,8 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker_agent.runtime import dropout_fused
-from worker_agent.runtime.dropout import Masks, apply_dropout, eager_kernel, element_words, fused_kernel, keep_mask
+from worker_agent.runtime.numerics import dropout_fused
+from worker_agent.runtime.numerics.dropout import (
+    Masks,
+    apply_dropout,
+    eager_kernel,
+    element_words,
+    fused_kernel,
+    keep_mask,
+)
 
 IDS = torch.tensor([5, 0, 2**33 + 7, 11, -1, 3, 40])  # -1: the runtime pads short micro-batches with it
 MASKS = Masks()  # as a trainer process keeps one: the comparisons share its compiled kernels
@@ -131,7 +138,7 @@ def test_a_bad_compile_setting_stops_spotmorph_train_at_start_up_with_exit_2(tmp
 
 def test_dropout_is_warmed_up_only_for_models_that_drop_out_in_the_dtypes_they_compute_in() -> None:
     from examples.tiny_gpt import build_config
-    from worker_agent.runtime.model_api import dropout_dtypes
+    from worker_agent.runtime.model.model_api import dropout_dtypes
 
     with_dropout, without = (
         build_config(d_model=16, blocks=1, seq_len=8),

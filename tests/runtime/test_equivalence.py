@@ -12,7 +12,7 @@ import pytest
 
 from tests.runtime.helpers import run, train, train_cmd, wait_for
 from worker_agent.contract import ExitCode, GenerationDir, StepCompleted, TrainingStopped, events_of, read_progress
-from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.storage import checkpoint as ck
 
 # One worker runs the module and its training fixture is session-scoped: it runs once, not once per xdist
 # worker, nor again after the worker ran another module's tests in between (a module scope would tear it down).

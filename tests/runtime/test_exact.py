@@ -19,9 +19,9 @@ from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
 from morphing.layout import InvalidLayout, even_partition, make_layout, share_of, unit_shares
 from tests.runtime.helpers import TINY, Result, run, train_cmd
-from worker_agent.runtime.entrypoint import build_spec
-from worker_agent.runtime.exact import LIMB, limbs, to_float
-from worker_agent.runtime.partition import PartitionedModel
+from worker_agent.runtime.model.entrypoint import build_spec
+from worker_agent.runtime.model.partition import PartitionedModel
+from worker_agent.runtime.numerics.exact import LIMB, limbs, to_float
 
 FLOATS = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 

@@ -20,10 +20,10 @@ import torch
 from morphing.errors import UserInputError
 from morphing.jobspec import identity_hash
 from tests.runtime.helpers import as_sha256_format
-from worker_agent.runtime import checkpoint as ck
 from worker_agent.runtime.errors import FenceError, GenerationFenced
-from worker_agent.runtime.fence import FENCE, Fence, check_fence, raise_fence, read_fence
-from worker_agent.runtime.manifest import dir_name
+from worker_agent.runtime.storage import checkpoint as ck
+from worker_agent.runtime.storage.fence import FENCE, Fence, check_fence, raise_fence, read_fence
+from worker_agent.runtime.storage.manifest import dir_name
 
 JOB = {"entrypoint": "m.py:build", "global_batch": 4, "seed": 1, "dtype": "float64"}
 
@@ -244,7 +244,7 @@ def test_a_generation_cut_off_from_the_controller_keeps_the_checkpoint_it_last_h
 
 def test_a_rank_holding_for_a_salvage_gives_up_once_a_newer_generation_raised_the_fence(tmp_path: Path) -> None:
     from worker_agent.contract import ControlDir
-    from worker_agent.runtime import salvage
+    from worker_agent.runtime.morph import salvage
 
     root = tmp_path / "ckpt"
     ours = Fence("job-1", 1)

@@ -13,7 +13,7 @@ import pytest
 from spotmorph.local.harness import max_rel_diff
 from tests.runtime.helpers import REPO, train, train_cmd, wait_for
 from worker_agent.contract import GenerationDir, read_progress
-from worker_agent.runtime.forked import ForkedRank, read_port
+from worker_agent.runtime.process.forked import ForkedRank, read_port
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from tests.runtime.helpers import REPO, TINY
-from worker_agent.runtime.gated_store import (
+from worker_agent.runtime.link.gated_store import (
     MAGIC,
     MAX_FRAME_BYTES,
     SET,

@@ -16,7 +16,7 @@ import torch
 
 from tests.runtime.helpers import TINY, run, train, train_cmd
 from worker_agent.contract import CheckpointWritten, GenerationDir, StepCompleted, events_of, read_progress
-from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.storage import checkpoint as ck
 
 pytestmark = pytest.mark.slow
 needs_cuda = pytest.mark.skipif(
@@ -107,7 +107,7 @@ def test_profile_on_cuda_records_allocator_peaks(tmp_path: Path) -> None:
 @needs_cuda
 def test_measured_stage_peaks_are_positive_and_recomputation_lowers_them() -> None:
     from morphing.layout import make_layout
-    from worker_agent.runtime.memory import StageMemoryRequest, measure_stage_peaks
+    from worker_agent.runtime.profiling.memory import StageMemoryRequest, measure_stage_peaks
 
     layout = make_layout(num_layers=4, pipeline_stages=2, data_parallel=1, micro_batch_size=4, global_batch=32)
     device = torch.device("cuda", 0)

@@ -14,7 +14,7 @@ from morphing.layout import make_layout
 from morphing.transfer import SourceKind
 from spotmorph.local.processes import port_range_base
 from worker_agent.contract import CommittedCheckpoint
-from worker_agent.runtime.held import Offer, decide
+from worker_agent.runtime.morph.held import Offer, decide
 
 REPO = Path(__file__).resolve().parents[2]
 PEER = Path(__file__).with_name("held_peer.py")

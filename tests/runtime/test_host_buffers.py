@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from tests.runtime.helpers import TINY, probe, train
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.checkpoint import CheckpointWriter, LayerPayload
-from worker_agent.runtime.fence import FENCE, Fence
-from worker_agent.runtime.host_buffers import HostLease, HostPool
+from worker_agent.runtime.storage import checkpoint as ck
+from worker_agent.runtime.storage.checkpoint import CheckpointWriter, LayerPayload
+from worker_agent.runtime.storage.fence import FENCE, Fence
+from worker_agent.runtime.storage.host_buffers import HostLease, HostPool
 
 
 def test_a_released_leases_buffers_are_reused_and_an_outstanding_ones_never_are() -> None:
@@ -121,10 +121,10 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
-from worker_agent.runtime.comm import Communicators, make_groups
-from worker_agent.runtime.engine import StageRunner
-from worker_agent.runtime.entrypoint import build_spec
-from worker_agent.runtime.partition import PartitionedModel
+from worker_agent.runtime.pipeline.comm import Communicators, make_groups
+from worker_agent.runtime.pipeline.engine import StageRunner
+from worker_agent.runtime.model.entrypoint import build_spec
+from worker_agent.runtime.model.partition import PartitionedModel
 
 entry, ckpt = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
@@ -199,8 +199,8 @@ def test_background_checkpoints_in_reused_buffers_equal_written_ones_step_by_ste
 LIVE_PROBE = (
     STAGE
     + """
-from worker_agent.runtime import writer as writer_mod
-from worker_agent.runtime.checkpoint import CheckpointWriter
+from worker_agent.runtime.storage import writer as writer_mod
+from worker_agent.runtime.storage.checkpoint import CheckpointWriter
 
 slow = writer_mod.write_layer_files
 def slow_disk(*args, **kwargs):  # the files are read only after the next step's forward and backward ran

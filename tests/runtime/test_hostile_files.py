@@ -27,10 +27,10 @@ from worker_agent.contract import (
     read_progress,
 )
 from worker_agent.contract.hostile import HostileFile, parse_json_bounded, read_bounded, read_counter
-from worker_agent.runtime.control import CheckpointRequests, LeaseWatch, ProgressLog
 from worker_agent.runtime.errors import FenceError
-from worker_agent.runtime.fence import FENCE, LOCK, Fence, check_fence, raise_fence, read_fence
-from worker_agent.runtime.startup import Phase, StartupWatch
+from worker_agent.runtime.link.control import CheckpointRequests, LeaseWatch, ProgressLog
+from worker_agent.runtime.link.startup import Phase, StartupWatch
+from worker_agent.runtime.storage.fence import FENCE, LOCK, Fence, check_fence, raise_fence, read_fence
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

@@ -23,7 +23,7 @@ from morphing.jobspec import identity_hash
 from spotmorph.cli import main
 from tests.runtime.helpers import train
 from worker_agent.contract import CheckpointLoaded, CheckpointSkipped, events_of, read_progress
-from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.storage import checkpoint as ck
 
 LAYERS = ["embed", "block0", "block1", "head"]
 JOB = {"entrypoint": "tiny_gpt.py:build_tiny", "global_batch": 7, "seed": 0, "dtype": "float64"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from morphing.layout import make_layout
-from worker_agent.runtime.job import step_indices
-from worker_agent.runtime.model_api import Dropout, assign_dropout_keys, sample_context
+from worker_agent.runtime.model.model_api import Dropout, assign_dropout_keys, sample_context
+from worker_agent.runtime.numerics.job import step_indices
 
 
 def test_step_indices_do_not_depend_on_the_layout_and_replicas_partition_them() -> None:

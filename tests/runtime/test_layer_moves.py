@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from worker_agent.runtime.layer_moves import TENSOR, allocate, as_bytes, describe, digest
+from worker_agent.runtime.morph.layer_moves import TENSOR, allocate, as_bytes, describe, digest
 
 
 def payload() -> dict[str, object]:

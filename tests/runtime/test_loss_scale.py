@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from worker_agent.runtime.loss_scale import INITIAL_SCALE, MAX_SCALE, MIN_SCALE, LossScale
-from worker_agent.runtime.manifest import LossScaleState
+from worker_agent.runtime.numerics.loss_scale import INITIAL_SCALE, MAX_SCALE, MIN_SCALE, LossScale
+from worker_agent.runtime.storage.manifest import LossScaleState
 
 flags = st.lists(st.booleans(), max_size=300)
 intervals = st.integers(1, 50)

@@ -1,4 +1,4 @@
-"""A one-stage pipeline runs no extra forward on its first step (:mod:`worker_agent.runtime.pipeline_stage`).
+"""A one-stage pipeline runs no extra forward on its first step (:mod:`worker_agent.runtime.pipeline.pipeline_stage`).
 
 ``torch.distributed.pipelining``, which the runtime used before its own pipeline, inferred a stage's tensors by
 running it once more on the first micro-batch. A real 1x1 :class:`StageRunner` (gloo, one process) with a
@@ -20,7 +20,7 @@ sys.path.insert(0, {examples!r})
 import torch
 from torch import nn
 import tiny_gpt
-from worker_agent.runtime.model_api import ModelSpec
+from worker_agent.runtime.model.model_api import ModelSpec
 
 
 class Counting(nn.Module):
@@ -68,9 +68,9 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
-from worker_agent.runtime.comm import Communicators, make_groups
-from worker_agent.runtime.engine import StageRunner
-from worker_agent.runtime.warm_model import build
+from worker_agent.runtime.pipeline.comm import Communicators, make_groups
+from worker_agent.runtime.pipeline.engine import StageRunner
+from worker_agent.runtime.process.warm_model import build
 
 entry, dtype = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))

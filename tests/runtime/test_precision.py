@@ -16,7 +16,7 @@ import torch
 
 from tests.runtime.helpers import REPO, run, train_cmd
 from worker_agent.contract import CheckpointWritten, GenerationDir, StepCompleted, events_of, read_progress
-from worker_agent.runtime import checkpoint as ck
+from worker_agent.runtime.storage import checkpoint as ck
 
 pytestmark = pytest.mark.slow
 LOUD = f"{REPO}/tests/runtime/precision_models.py:build_loud"

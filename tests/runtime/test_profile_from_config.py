@@ -13,10 +13,10 @@ from torch import nn
 
 from spotmorph.cli import main
 from tests.runtime.helpers import BAD_MODELS, REPO, TINY
-from worker_agent.runtime.entrypoint import build_spec
-from worker_agent.runtime.layer_timing import Where
-from worker_agent.runtime.meta_build import build_spec_on_meta, model_layer_names
-from worker_agent.runtime.profiler_meta import profile_layers_one_at_a_time
+from worker_agent.runtime.model.entrypoint import build_spec
+from worker_agent.runtime.model.meta_build import build_spec_on_meta, model_layer_names
+from worker_agent.runtime.profiling.layer_timing import Where
+from worker_agent.runtime.profiling.profiler_meta import profile_layers_one_at_a_time
 
 HF_GPT2 = f"{REPO}/examples/hf_gpt2.py:build"  # tied embeddings, position ids between layers, learned positions
 MEMORY = ("parameter_bytes", "activation_memory_bytes_per_sample", "output_activation_bytes_per_sample")
@@ -88,7 +88,7 @@ def test_a_parameter_the_meta_build_cannot_see_is_refused(tmp_path: Path, capsys
 
 def test_the_initialisers_and_parameter_registration_are_put_back_even_when_the_build_fails() -> None:
     from morphing.errors import UserInputError
-    from worker_agent.runtime.meta_build import INITIALISERS
+    from worker_agent.runtime.model.meta_build import INITIALISERS
 
     before = {name: getattr(torch.nn.init, name) for name in INITIALISERS}
     register = nn.Module.register_parameter

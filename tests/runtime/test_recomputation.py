@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.runtime.helpers import REPO, train
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.entrypoint import load_entrypoint
-from worker_agent.runtime.model_api import ModelSpec, assign_dropout_keys, sample_context
-from worker_agent.runtime.partition import StageModule
+from worker_agent.runtime.model.entrypoint import load_entrypoint
+from worker_agent.runtime.model.model_api import ModelSpec, assign_dropout_keys, sample_context
+from worker_agent.runtime.model.partition import StageModule
+from worker_agent.runtime.storage import checkpoint as ck
 
 
 def _grads(recompute: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:

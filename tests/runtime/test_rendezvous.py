@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker_agent.runtime.trainer_setup import POLL_SECONDS, wait_listening
+from worker_agent.runtime.process.trainer_setup import POLL_SECONDS, wait_listening
 
 
 @pytest.fixture

@@ -37,8 +37,8 @@ from worker_agent.contract import (
     TrainerArguments,
     read_progress,
 )
-from worker_agent.runtime import checkpoint as ck
-from worker_agent.runtime.salvage import PAUSE_ENV
+from worker_agent.runtime.morph.salvage import PAUSE_ENV
+from worker_agent.runtime.storage import checkpoint as ck
 
 pytestmark = pytest.mark.slow
 

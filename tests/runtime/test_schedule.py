@@ -1,4 +1,4 @@
-"""The runtime's own pipeline (:mod:`worker_agent.runtime.pipeline_stage`, :mod:`worker_agent.runtime.schedule`).
+"""The runtime's own pipeline (:mod:`worker_agent.runtime.pipeline.pipeline_stage`, :mod:`.schedule`).
 
 Real gloo processes, one per stage, train a model whose stage boundaries carry a tuple of three tensors (a float one
 with gradients, token ids, and a float one no parameter made): GPipe and 1F1B over two and three stages end bitwise
@@ -18,15 +18,15 @@ from hypothesis import strategies as st
 
 from morphing.errors import UserInputError
 from tests.runtime.helpers import probe
-from worker_agent.runtime.pipeline_stage import DTYPES, Boundary
+from worker_agent.runtime.pipeline.pipeline_stage import DTYPES, Boundary
 
 PROBE = r"""
 import json, os, sys, tempfile, traceback
 from datetime import timedelta
 import torch, torch.distributed as dist
 from torch import nn
-from worker_agent.runtime.pipeline_stage import Batch, Stage
-from worker_agent.runtime.schedule import Schedule
+from worker_agent.runtime.pipeline.pipeline_stage import Batch, Stage
+from worker_agent.runtime.pipeline.schedule import Schedule
 
 stages, kind, n_micro, scenario = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 M, STEPS = 2, 2

@@ -12,8 +12,8 @@ from torch import nn
 
 from spotmorph.cli import main
 from tests.runtime.helpers import REPO, run
-from worker_agent.runtime.entrypoint import build_spec
-from worker_agent.runtime.model_api import Dropout
+from worker_agent.runtime.model.entrypoint import build_spec
+from worker_agent.runtime.model.model_api import Dropout
 
 MISTAKES = f"{REPO}/tests/runtime/mistake_models.py"
 
@@ -87,7 +87,7 @@ def test_the_trainer_itself_refuses_before_the_rendezvous(tmp_path: Path) -> Non
         name="mistake", entrypoint=f"{MISTAKES}:scalar_loss", global_batch=4, steps=2, checkpoint_dir=str(tmp_path)
     )
     (tmp_path / "job.json").write_text(job.model_dump_json())
-    cmd = [sys.executable, "-m", "worker_agent.runtime.trainer", f"--job={tmp_path / 'job.json'}"]
+    cmd = [sys.executable, "-m", "worker_agent.runtime.process.trainer", f"--job={tmp_path / 'job.json'}"]
     cmd += [f"--layout={tmp_path / 'layout.json'}", "--rank=1", "--rendezvous=127.0.0.1:1"]
     cmd += [f"--checkpoint-dir={tmp_path / 'ckpt'}", f"--progress={tmp_path / 'progress.jsonl'}"]
     result = run(cmd, timeout=60)

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 
 from morphing.errors import UserInputError
 from tests.runtime.helpers import run, train_cmd
-from worker_agent.runtime.exact import deterministic_or_refused
-from worker_agent.runtime.stage_state import scale_in_place, squared_norm
-from worker_agent.runtime.step_profile import ProfileRequest, count_host_waits, parse_request
+from worker_agent.runtime.numerics.exact import deterministic_or_refused
+from worker_agent.runtime.numerics.stage_state import scale_in_place, squared_norm
+from worker_agent.runtime.profiling.step_profile import ProfileRequest, count_host_waits, parse_request
 
 DTYPES = (torch.float64, torch.float32, torch.bfloat16)
 

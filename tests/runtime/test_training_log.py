@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from worker_agent.contract.events import CheckpointWritten, EvaluationCompleted, StepCompleted, TrainingFinished
-from worker_agent.runtime.training_log import TrainingLog
+from worker_agent.runtime.link.training_log import TrainingLog
 
 
 def step(n: int) -> StepCompleted:

@@ -45,9 +45,9 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
-from worker_agent.runtime import warm_model
-from worker_agent.runtime.comm import Communicators, make_groups
-from worker_agent.runtime.engine import StageRunner
+from worker_agent.runtime.process import warm_model
+from worker_agent.runtime.pipeline.comm import Communicators, make_groups
+from worker_agent.runtime.pipeline.engine import StageRunner
 
 entry, ckpt = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
@@ -108,7 +108,7 @@ import json, sys
 import torch
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
-from worker_agent.runtime import warm_model
+from worker_agent.runtime.process import warm_model
 
 entry, ckpt = sys.argv[1], sys.argv[2]
 cpu = torch.device("cpu")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_agent.runtime.warm import IMPORTS_ENV, MODEL_LIBRARIES, ahead_imports
+from worker_agent.runtime.process.warm import IMPORTS_ENV, MODEL_LIBRARIES, ahead_imports
 
 REPO = Path(__file__).resolve().parents[2]
 SEEN = ("transformers.modeling_utils", "json.decoder")
@@ -22,7 +22,7 @@ def preload(imports: str | None) -> subprocess.CompletedProcess[str]:
     if imports is not None:
         env[IMPORTS_ENV] = imports
     code = (
-        "import sys; from worker_agent.runtime import warm; warm._preload(); "
+        "import sys; from worker_agent.runtime.process import warm; warm._preload(); "
         f"print(sorted(m for m in sys.modules if m in {SEEN!r}))"
     )
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

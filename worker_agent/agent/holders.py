@@ -1,5 +1,5 @@
 """Processes that keep state for a next generation: warm trainers, and trainers that stopped and hold their
-stage in memory for a planned morph (:mod:`worker_agent.runtime.held`)."""
+stage in memory for a planned morph (:mod:`worker_agent.runtime.morph.held`)."""
 
 from __future__ import annotations
 

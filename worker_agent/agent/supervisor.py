@@ -1,13 +1,13 @@
 """Trainer processes on this node: start, ask to stop or to checkpoint, kill, and observe them.
 
-Each trainer is ``python -m worker_agent.runtime.trainer`` with its files in its generation's dir
+Each trainer is ``python -m worker_agent.runtime.process.trainer`` with its files in its generation's dir
 (:class:`worker_agent.contract.GenerationDir`): inputs, control requests, progress, log and pid file.
 The contract says where each one is; this module decides when to write them. A trainer runs in a
 process group of its own (so it can be killed with whatever it started) but in the agent's session (so
 a host that kills the agent's session kills the whole node, as the local cluster does).
 
 With ``warm=N`` the supervisor also keeps up to N *warm* trainers in the warm spools
-(``python -m worker_agent.runtime.warm``: torch imported, waiting for an assignment file), and a
+(``python -m worker_agent.runtime.process.warm``: torch imported, waiting for an assignment file), and a
 trainer start hands its arguments to one of them instead of starting a fresh interpreter; with none
 at hand it starts cold as before. Spent warm trainers are replaced only by :meth:`Supervisor.prewarm`,
 which the agent calls once its trainers are past their first step, so the imports of the

@@ -1,6 +1,6 @@
 """The warm trainers of one node: kept waiting, handed to trainer starts, replaced, told to build a job ahead.
 
-A warm trainer is ``python -m worker_agent.runtime.warm`` in a warm spool: torch imported, waiting for an
+A warm trainer is ``python -m worker_agent.runtime.process.warm`` in a warm spool: torch imported, waiting for an
 assignment. On a CPU node they are forked by the node's zygote (:mod:`worker_agent.agent.zygote`), which
 imports once for all of them; elsewhere (a GPU node, or no zygote to be had) each is a new interpreter.
 Warm trainers are an optimisation: when they cannot start or keep dying unused, the node stops keeping them

@@ -1,4 +1,4 @@
-"""The agent's end of the zygote (:mod:`worker_agent.runtime.zygote`): warm trainers forked, not started.
+"""The agent's end of the zygote (:mod:`worker_agent.runtime.process.zygote`): warm trainers forked, not started.
 
 The agent becomes a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), so the warm trainers the zygote
 forks through a middle process are adopted by the agent: :class:`Adopted` waits for one as
@@ -32,7 +32,7 @@ from worker_agent.contract import ExitCode, WarmSpool
 
 LOG = logging.getLogger("spotmorph.agent")
 PR_SET_CHILD_SUBREAPER = 36
-ZYGOTE_MODULE = "worker_agent.runtime.zygote"
+ZYGOTE_MODULE = "worker_agent.runtime.process.zygote"
 # "PID,TO_FD,FROM_FD": a zygote this process forked before it became the agent, and the pipes to and from it
 # (spotmorph.local.vm_start: a local cluster's VMs share their imports). Only the agent's own process reads it.
 INHERITED_ENV = "SPOTMORPH_INHERITED_ZYGOTE"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from morphing.errors import UserInputError
 
 if TYPE_CHECKING:
-    from worker_agent.runtime.checkpoint import Checkpoint
+    from worker_agent.runtime.storage.checkpoint import Checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.storage import checkpoint as ck
 
     def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
@@ -99,7 +99,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     """Exit 0 when the two checkpoints agree as asked, 1 when they do not (or are of different models or
     steps: no number makes those comparable), 2 on bad input."""
-    from worker_agent.runtime import checkpoint as ck
+    from worker_agent.runtime.storage import checkpoint as ck
 
     bound = _max_rel(args.max_rel)
     a = ck.resolve(args.dir_a)
@@ -141,8 +141,8 @@ def _max_rel(text: str | None) -> float | None:
 def _export(args: argparse.Namespace) -> int:
     """Exit 0 when exported (and, with --check, the export computes the checkpoint's logits), 1 when the
     check fails, 2 on bad input."""
-    from worker_agent.runtime import checkpoint as ck
-    from worker_agent.runtime.hf_export import export, read_config
+    from worker_agent.runtime.model.hf_export import export, read_config
+    from worker_agent.runtime.storage import checkpoint as ck
 
     if args.tolerance is not None and not args.check:
         raise UserInputError("--tolerance bounds --check: add --check")
@@ -160,7 +160,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _check_export(found: Checkpoint, config: Any, out: Path, tolerance: float | None) -> int:
     """Print the largest logit difference and PASS, or FAIL lines naming where it is; the exit code."""
-    from worker_agent.runtime.hf_export_check import check_export, default_tolerance
+    from worker_agent.runtime.model.hf_export_check import check_export, default_tolerance
 
     result = check_export(found, config, out)
     bound = default_tolerance(result.dtype) if tolerance is None else tolerance

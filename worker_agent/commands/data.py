@@ -1,6 +1,6 @@
 """``spotmorph data prepare TEXT... --out FILE.bin [--tokenizer byte|PATH] [--eos TOKEN]``: token files.
 
-The output is what ``spotmorph.data.TokenFileDataset`` reads (see ``worker_agent.runtime.data``).
+The output is what ``spotmorph.data.TokenFileDataset`` reads (see ``worker_agent.runtime.model.data``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker_agent.runtime.data import prepare_token_file
+    from worker_agent.runtime.model.data import prepare_token_file
 
     meta = prepare_token_file(args.texts, args.out, args.tokenizer, args.eos)
     print(

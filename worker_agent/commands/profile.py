@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker_agent.runtime.allocator import keep_freed_memory
-    from worker_agent.runtime.profiler import ProfileRequest, write_profile
+    from worker_agent.runtime.process.allocator import keep_freed_memory
+    from worker_agent.runtime.profiling.profiler import ProfileRequest, write_profile
 
     keep_freed_memory()  # layers are timed as the trainers run them
 

@@ -104,9 +104,9 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
 
 def run(args: argparse.Namespace) -> int:
     from morphing.layout import default_micro_batch_size, make_layout, unit_shares
-    from worker_agent.runtime.checkpoint import check_same_job
-    from worker_agent.runtime.entrypoint import build_spec
-    from worker_agent.runtime.launcher import LocalRun, local_device, run_local
+    from worker_agent.runtime.model.entrypoint import build_spec
+    from worker_agent.runtime.process.launcher import LocalRun, local_device, run_local
+    from worker_agent.runtime.storage.checkpoint import check_same_job
 
     job = job_spec(args)
     job = job.model_copy(update={"device": local_device(job.device, args.stages * args.replicas)})
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         unit_shares(job.global_batch, micro, args.replicas)  # a replica without a micro-batch exits 2 here
     check_same_job(args.checkpoint_dir, job.identity())
     if args.load_from is not None:
-        from worker_agent.runtime.checkpoint import resolve
+        from worker_agent.runtime.storage.checkpoint import resolve
 
         resolve(args.load_from, job.identity())
     print(

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from worker_agent.contract.files import GenerationDir
 
-TRAINER_MODULE = "worker_agent.runtime.trainer"
-WARM_MODULE = "worker_agent.runtime.warm"
+TRAINER_MODULE = "worker_agent.runtime.process.trainer"
+WARM_MODULE = "worker_agent.runtime.process.warm"
 # What binds a trainer's collectives to its VM's interface (set by the agent, read by gloo and NCCL).
 GLOO_SOCKET = "GLOO_SOCKET_IFNAME"
 NCCL_SOCKET = "NCCL_SOCKET_IFNAME"
@@ -64,7 +64,7 @@ class TrainerArguments:
     # Where this trainer waits, holding its state, after a planned stop (None: it exits as before).
     hold_spool: Path | None = None
     # The generation's rendezvous key file (GenerationDir.rendezvous_key_file): the store admits only ranks that
-    # prove it (worker_agent.runtime.gated_store). None: none given (the trainer refuses to meet its peers).
+    # prove it (worker_agent.runtime.link.gated_store). None: none given (the trainer refuses to meet its peers).
     rendezvous_key: Path | None = None
 
     @classmethod

@@ -7,7 +7,7 @@ of the same code: the same job, the same entrypoint as written (its file resolve
 file and the same job identity (:meth:`morphing.jobspec.JobSpec.identity_hash`). Any other job gets a process
 that has run no user code. The agent keeps to this when it hands out warm trainers
 (:mod:`worker_agent.agent.warming`); the warm trainer checks it again when its assignment arrives
-(:mod:`worker_agent.runtime.warm`) and starts afresh when it does not hold.
+(:mod:`worker_agent.runtime.process.warm`) and starts afresh when it does not hold.
 """
 
 from __future__ import annotations

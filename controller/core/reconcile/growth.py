@@ -36,7 +36,7 @@ def growing(jobs: Iterable[JobRecord]) -> list[JobRecord]:
 def growth_hint(world: World, name: str, now: float) -> tuple[str, JobSpec] | None:
     """The job a growth would most likely place on the free node ``name``, and the spec its trainers would be
     given there; None unless that job trains on the CPU (only a CPU model is kept by a warm trainer,
-    :mod:`worker_agent.runtime.warm_model`). A hint for the node's warm trainers, never a decision."""
+    :mod:`worker_agent.runtime.process.warm_model`). A hint for the node's warm trainers, never a decision."""
     node = world.nodes.get(name)
     if node is None or node.state is not NodeState.READY or node.job is not None:
         return None
