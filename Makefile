@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CUDA build. GPU users: `make TORCH_SPEC=torch install` (pyproject keeps a range, not a pin).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-dev demo test checks test-gpu gpu-kit gpu-check soak lint typecheck layers unit bench clean protos
+.PHONY: install install-dev demo test quick checks test-gpu gpu-kit gpu-check soak lint typecheck layers unit bench clean protos
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ test: install-dev
 	$(MAKE) --no-print-directory -j 2 unit checks
 
 checks: lint typecheck layers
+
+# The quick loop while editing: every test not marked slow (pure cores, property tests; about a minute).
+quick: install-dev
+	$(VENV)/bin/pytest -q -n 2 -m "not slow" tests
 
 # Only the tests marked `gpu`: on a machine with CUDA (install the CUDA build: make TORCH_SPEC=torch ...).
 test-gpu: install-dev

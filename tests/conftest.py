@@ -18,6 +18,8 @@ from spotmorph.local import cli_calls
 from tests import forkserver_client
 from worker_agent.runtime.process.warm import IMPORTS_ENV
 
+SLOW_SECONDS = 3.0  # a test this long (its three phases) without the `slow` marker is named at the end of a run
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "soak" in str(config.getoption("markexpr") or ""):
@@ -42,6 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
             f"pytest {pytest.__version__} breaks --dist loadgroup (pytest-dev/pytest-xdist#1386): install the "
             "pytest pyproject.toml allows (pip install -e '.[dev]'), or run without -n"
         )
+    if not hasattr(config, "workerinput"):  # the controlling process sees every worker's reports
+        config.pluginmanager.register(_Unmarked(), "spotmorph-unmarked-slow")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -58,3 +62,22 @@ def _harness_commands_forked() -> Iterator[None]:
     cli_calls.use_runner(forked)
     yield
     cli_calls.use_runner(None)
+
+
+class _Unmarked:
+    """The tests that took ``SLOW_SECONDS`` or more without the ``slow`` marker, so ``pytest -m "not slow"`` (the
+    quick loop) stays quick: named at the end of the run, never failed (tests assert no wall-clock times)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "slow" not in report.keywords and "soak" not in report.keywords:
+            self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        found = sorted(((s, n) for n, s in self.seconds.items() if s >= SLOW_SECONDS), reverse=True)
+        if found:
+            terminalreporter.section(f"tests of {SLOW_SECONDS:g} s or more without the slow marker")
+            for seconds, nodeid in found:
+                terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")

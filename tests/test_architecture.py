@@ -158,6 +158,7 @@ def test_no_function_in_the_product_exceeds_80_lines() -> None:
     assert not found, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps): {found}"
 
 
+@pytest.mark.slow
 def test_no_module_holds_state_global_statements_or_mutated_module_containers() -> None:
     found = {path: global_statements(tree) for path, tree in _parsed() if global_statements(tree)}
     assert not found, f"`global` statements (give the state an owner: an object, or a context variable): {found}"

@@ -55,6 +55,7 @@ def test_a_command_past_its_timeout_is_killed_and_the_next_one_runs(tmp_path: Pa
     assert "Warning" not in err, "what a new interpreter says, and nothing more"
 
 
+@pytest.mark.slow
 def test_the_harness_commands_go_through_the_runner_with_their_environment(tmp_path: Path) -> None:
     seen: list[tuple[list[str], dict[str, str], float]] = []
 

@@ -103,6 +103,7 @@ def test_a_job_never_trains_with_the_modules_another_job_built_ahead(tmp_path: P
         cold.kill_all()
 
 
+@pytest.mark.soak  # make soak; make test: the foreign-code refusal itself, above, and tests/agent/test_code_identity.py
 def test_a_warm_trainer_handed_another_jobs_assignment_anyway_starts_afresh(tmp_path: Path) -> None:
     """The trainer's own check, behind the agent's: handed B's assignment after running A's code (as the agent
     used to), it runs B in a fresh interpreter (same process id, so the agent's handle holds)."""
@@ -122,6 +123,7 @@ def test_a_warm_trainer_handed_another_jobs_assignment_anyway_starts_afresh(tmp_
         cold.kill_all()
 
 
+@pytest.mark.soak  # make soak; make test: the preparation deadline in tests/agent/test_prepare.py
 def test_an_assignment_waits_on_no_foreign_build_and_a_build_ahead_has_a_deadline(tmp_path: Path) -> None:
     slow, b = job_in(tmp_path / "slow", 1.0, build_seconds=600), job_in(tmp_path / "b", 3.0)
     env = {**os.environ, "SPOTMORPH_PREPARE_SECONDS": "3"}

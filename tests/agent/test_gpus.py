@@ -67,6 +67,7 @@ def test_torch_output_that_is_not_the_probe_means_no_gpu(stdout: str) -> None:
     assert gpus_from_torch(stdout) == ()
 
 
+@pytest.mark.slow
 def test_the_torch_probe_runs_here_and_finds_no_gpu() -> None:
     """The probe's script is real Python against the real torch API; a CPU build answers with no devices."""
     stdout = gpu_probe.query_torch(sys.executable, os.environ)

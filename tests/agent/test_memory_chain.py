@@ -88,7 +88,10 @@ def run(supervisor: Supervisor, spec: JobSpec, chain: list[Layout], checkpoints:
     return stops
 
 
-@pytest.mark.parametrize("exact", [False, True], ids=["float64", "exact"])
+@pytest.mark.parametrize(  # exact mode's chain in make soak; make test: tests/runtime/test_exact.py
+    "exact", [False, pytest.param(True, marks=pytest.mark.soak)], ids=["float64", "exact"]
+)
+@pytest.mark.slow
 def test_a_chain_of_morphs_through_memory_ends_where_one_process_does(tmp_path: Path, exact: bool) -> None:
     spec = job(tmp_path, exact)
     supervisor = Supervisor(tmp_path / "work")

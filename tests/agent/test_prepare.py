@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from spotmorph.local.harness import max_rel_diff
@@ -54,6 +56,7 @@ def warm_log(supervisor: Supervisor) -> str:
     return "".join(w.spool.log_file.read_text() for w in supervisor.warm_trainers.waiting if w.spool.log_file.exists())
 
 
+@pytest.mark.slow
 def test_a_prepared_warm_trainer_trains_bit_for_bit_as_a_cold_one_and_a_broken_hint_is_only_noted(
     tmp_path: Path,
 ) -> None:

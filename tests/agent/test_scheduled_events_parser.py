@@ -85,6 +85,7 @@ def check_typed(doc: ScheduledEventsDocument) -> None:
             assert NOW - NOT_BEFORE_PAST_SECONDS <= seconds <= NOW + NOT_BEFORE_AHEAD_SECONDS
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(json_values, document_like))
 def test_any_json_gives_a_typed_document_or_the_modules_error(payload: Any) -> None:

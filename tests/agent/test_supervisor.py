@@ -98,6 +98,7 @@ def spec(tmp_path: Path, steps: int, memory: bool = True) -> LaunchSpec:
     return LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port_range_base(1)}", tmp_path / "ckpt")
 
 
+@pytest.mark.slow
 def test_a_leaving_nodes_stop_checkpoints_and_exits_zero(tmp_path: Path) -> None:
     supervisor = Supervisor(tmp_path / "work")
     launch = spec(tmp_path, steps=100_000)
@@ -119,6 +120,7 @@ def test_a_leaving_nodes_stop_checkpoints_and_exits_zero(tmp_path: Path) -> None
         supervisor.kill_all()
 
 
+@pytest.mark.slow
 def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp_path: Path) -> None:
     supervisor = Supervisor(tmp_path / "work")
     launch = spec(tmp_path, steps=100_000)
@@ -156,6 +158,7 @@ def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp
         supervisor.kill_all()
 
 
+@pytest.mark.slow
 def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(tmp_path: Path) -> None:
     """Generation 2 (2 x 1) takes generation 1's (1 x 2) stopped step S from memory and runs to the end; so does
     generation 3 (2 x 1) from the disk, from the checkpoint of S + 1 that generation 2 wrote after its first step
@@ -211,6 +214,7 @@ def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(
         supervisor.kill_all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", [True, False], ids=["through memory", "through the disk"])
 def test_a_killed_peer_makes_the_survivor_hold_its_step_until_told(tmp_path: Path, memory: bool) -> None:
     supervisor = Supervisor(tmp_path / "work")

@@ -56,6 +56,7 @@ def test_a_stale_fifo_is_made_afresh(tmp_path: Path) -> None:
     fifo.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", [True, False], ids=["held", "exited"])
 def test_stopped_trainers_end_the_agents_pause_before_its_poll_would(tmp_path: Path, memory: bool) -> None:
     """The agent looks at its trainers every ten minutes here: the pause ends only because the trainers that

@@ -17,6 +17,7 @@ from tests.agent.test_prepare import STEPS
 from worker_agent.agent.zygote import INHERITED_ENV, InheritedProcess
 
 
+@pytest.mark.slow
 def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outlives_it(tmp_path: Path) -> None:
     probe = subprocess.run(
         [sys.executable, "-m", "tests.agent.zygote_probe", str(tmp_path)],

@@ -119,6 +119,7 @@ async def _until(predicate: Callable[[], bool], what: str, seconds: float = 60.0
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_real_agent_waits_for_its_token_registers_with_it_and_another_vms_token_cannot_claim_it(
     tmp_path: Path,
 ) -> None:

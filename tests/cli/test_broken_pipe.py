@@ -24,6 +24,7 @@ LONG_OUTPUTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", LONG_OUTPUTS, ids=["plan table", "plan json", "submit schema"])
 def test_a_pipe_closed_after_one_line_ends_quietly(args: list[str]) -> None:
     command = [sys.executable, "-m", "spotmorph.cli", *args]

@@ -73,6 +73,7 @@ def test_nothing_listening_is_one_line_and_exit_5(
     assert "the connection failed" in err
 
 
+@pytest.mark.slow
 def test_an_address_that_never_answers_gives_up_at_the_deadline(
     capsys: pytest.CaptureFixture[str], silent: str
 ) -> None:

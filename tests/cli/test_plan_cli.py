@@ -24,6 +24,7 @@ def plan(*args: str) -> Result:
     return spotmorph("plan", *args)
 
 
+@pytest.mark.slow
 def test_single_plan_json_has_the_contract_fields() -> None:
     out = plan("--profile", str(GPT48), "--gpus", "37", "--gpus-per-node", "8", "--global-batch", "500", "--json")
     assert out.returncode == 0, out.stderr

@@ -22,7 +22,7 @@ from controller.core.lifecycle import (
     JobState,
     NodeState,
 )
-from controller.core.records import Action, Hold, JobFields, JobRecord, Morph, MoveFields, NodeFields, NodeRecord
+from controller.core.records import Action, JobFields, JobRecord, Morph, MoveFields, NodeFields, NodeRecord, Salvage
 from tests.controller.helpers import REPO, job, node, planner
 
 NOW = 50.0
@@ -128,11 +128,11 @@ def test_gone_and_ready_nodes_hold_no_job_and_running_jobs_run() -> None:
     assert move(node("n", NodeState.ASSIGNED, job="j"), NodeState.READY, "freed", NOW).node.job is None
     assert move(node("n", NodeState.READY, job="j"), NodeState.LOST, "silent", NOW).node.job == "j"
     morph = Morph(started_at=3.0, cause=MorphCause.EVICTION, detail="notice", decision_seconds=0.5)
-    stopping = job("j", JobState.MORPHING, action=Action.STOP, morph=morph, hold=Hold(("n",), 4, (0,), 9.0))
+    stopping = job("j", JobState.MORPHING, action=Action.STOP, morph=morph, salvage=Salvage(("n",), 4, (0,), 9.0))
     running = move(stopping, JobState.RUNNING, "gen 2", NOW, generation=2, layout=LAYOUT).job
     assert (running.action, running.morph.started_at, running.state_since) == (Action.RUN, None, NOW)
     assert running.morph == replace(morph, started_at=None)  # a path into the morph: the rest of it is kept
-    assert running.hold == Hold()  # no salvage of the last generation pending
+    assert running.salvage == Salvage()  # no salvage of the last generation pending
 
 
 def test_a_move_refuses_missing_and_table_owned_fields() -> None:
@@ -145,7 +145,9 @@ def test_a_move_refuses_missing_and_table_owned_fields() -> None:
     with pytest.raises(IllegalTransition, match=r"needs morph\.cause"):
         move(job("j", JobState.RUNNING), JobState.MORPHING, "why?", NOW, action=Action.STOP, morph=Morph(detail="-"))
     with pytest.raises(IllegalTransition, match="sets hold itself"):
-        move(job("j", JobState.MORPHING), JobState.RUNNING, "gen 2", NOW, generation=2, layout=LAYOUT, hold=Hold())
+        move(
+            job("j", JobState.MORPHING), JobState.RUNNING, "gen 2", NOW, generation=2, layout=LAYOUT, salvage=Salvage()
+        )
 
 
 def test_the_typed_keywords_name_every_field_a_move_act_or_amend_may_write() -> None:

@@ -23,6 +23,7 @@ QUESTIONS = (
 )
 
 
+@pytest.mark.slow
 def test_each_question_asked_in_process_is_answered_as_the_command_answers_it(live: Live, tmp_path: Path) -> None:
     token = live.token("operator")
     home = tmp_path / "home"

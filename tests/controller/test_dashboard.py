@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import pytest
+
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState
 from controller.core.records import JobRecord, Training
@@ -111,6 +113,7 @@ def test_the_dashboard_shows_nodes_layouts_curves_morphs_and_events(live: Live) 
     assert [e["seq"] for e in shown["events"]] == sorted((e["seq"] for e in shown["events"]), reverse=True)
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_a_browser_shows_the_node_the_layout_the_curves_and_the_morph_and_nothing_without_a_token(live: Live) -> None:
     node, job_id, generation = running_job(live, steps=100)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.browser import Driven, needs_chromium
 from tests.controller.conftest import Live
@@ -202,6 +204,7 @@ def assert_events_filtered_and_folded(page: Driven) -> None:
     assert not rows(page, "#events tr[data-kind=GenerationIssued]")
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_charts_comparison_and_events_in_a_driven_browser(live: Live) -> None:
     first, second = scene(live)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -211,6 +212,7 @@ class Target:
         return grpc.StatusCode.OK
 
 
+@pytest.mark.slow
 def test_fuzzing_every_rpc_and_field_never_surprises_the_controller_and_it_still_decides(live_clock: Live) -> None:
     live = live_clock
     target = Target(live)

@@ -62,7 +62,7 @@ def test_a_wait_out_of_range_is_refused_naming_the_field(live_clock: Live, wait:
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "wait_seconds" in detail
 
 
-def test_a_stopping_node_of_a_morphing_job_is_held_until_the_next_generation_is_issued(live: Live) -> None:
+def test_a_stopping_node_of_a_morphing_job_waits_until_the_next_generation_is_issued(live: Live) -> None:
     node, job_id, generation = running_job(live, steps=100)
     notice = pb.EvictionNotice(not_before=time.time() + 30, source="imds")
     stopping = node.beat(eviction=notice)

@@ -102,6 +102,7 @@ def _agent_processes(live: Live, tmp_path: Path) -> LocalProcessProvider:
     return LocalProcessProvider(tmp_path / "cluster", live.address, state_dir=live.state_dir)
 
 
+@pytest.mark.slow
 def test_real_agents_a_restarted_agent_keeps_its_node_and_another_vm_is_turned_away(live: Live, tmp_path: Path) -> None:
     provider = _agent_processes(live, tmp_path)
     try:

@@ -16,7 +16,7 @@ from controller.core.invariants import Invariant, InvariantViolated, check, viol
 from controller.core.lifecycle import ACTION_TRANSITIONS, JOB_STATE_ACTIONS, Action, JobState, NodeState
 from controller.core.model import JobRecord, RankReport, World, apply
 from controller.core.reconcile import Config, assignment_for
-from controller.core.records import CheckpointRef, Hold
+from controller.core.records import CheckpointRef, Salvage
 from morphing.layout import Slot
 from tests.controller.helpers import node, planner, spec
 from tests.controller.test_reconcile import Sim, cluster, started
@@ -111,8 +111,8 @@ RUNNING_WORLD: dict[str, tuple[Breaking, Invariant, str]] = {
         "node-4 holds job j1, whose generation 1 places no rank on it",
     ),
     "running-with-a-hold": (
-        lambda w: _job(w, hold=Hold(suspected=("node-2",))),
-        Invariant.HOLD_FIELDS,
+        lambda w: _job(w, salvage=Salvage(suspected=("node-2",))),
+        Invariant.SALVAGE_FIELDS,
         "j1 is RUNNING with a salvage hold left",
     ),
     "held-step-of-another-generation": (
@@ -149,29 +149,29 @@ def _holding() -> Sim:
     sim.step(0.1)
     sim.step(2.0)
     job = sim.job()
-    assert (job.action, job.hold.step, job.hold.writers) == (A.HOLD, 42, (0, 3))
+    assert (job.action, job.hold.step, job.salvage.writers) == (A.HOLD, 42, (0, 3))
     return sim
 
 
 HOLD_WORLD: dict[str, tuple[Breaking, Invariant, str]] = {
     "writers-without-a-deadline": (
-        lambda w: _job(w, hold=replace(w.jobs["j1"].hold, deadline=0.0)),
-        Invariant.HOLD_FIELDS,
+        lambda w: _job(w, salvage=replace(w.jobs["j1"].salvage, deadline=0.0)),
+        Invariant.SALVAGE_FIELDS,
         "writers \\(0, 3\\) and deadline disagree",
     ),
     "writers-while-stopping": (
         lambda w: _job(w, action=A.STOP),
-        Invariant.HOLD_FIELDS,
+        Invariant.SALVAGE_FIELDS,
         "names salvage writers \\(0, 3\\) while told STOP",
     ),
     "a-step-without-writers": (
-        lambda w: _job(w, hold=replace(w.jobs["j1"].hold, writers=(), deadline=0.0)),
-        Invariant.HOLD_FIELDS,
+        lambda w: _job(w, salvage=replace(w.jobs["j1"].salvage, writers=(), deadline=0.0)),
+        Invariant.SALVAGE_FIELDS,
         "holds with salvage step 42 and writers \\(\\)",
     ),
     "two-writers-of-one-stage": (
-        lambda w: _job(w, hold=replace(w.jobs["j1"].hold, writers=(0, 2))),
-        Invariant.HOLD_FIELDS,
+        lambda w: _job(w, salvage=replace(w.jobs["j1"].salvage, writers=(0, 2))),
+        Invariant.SALVAGE_FIELDS,
         "writers \\(0, 2\\) are not one rank of each stage",
     ),
     "queued-while-holding": (
@@ -203,7 +203,7 @@ def test_a_salvage_that_ended_keeps_its_writers_under_abort_which_is_no_violatio
     sim.beat("node-1", *ranks(sim, "node-1", 42, running=False, exit_code=0, last_checkpoint_step=42))
     sim.step(0.2)  # checks every invariant
     job = sim.job()
-    assert (job.state, job.action, job.hold.writers) == (J.MORPHING, A.ABORT, (0, 3))
+    assert (job.state, job.action, job.salvage.writers) == (J.MORPHING, A.ABORT, (0, 3))
     order = assignment_for(sim.world, "node-4")
     assert order is not None and order.salvage is None
 

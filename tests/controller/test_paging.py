@@ -102,6 +102,7 @@ def test_a_bad_node_token_or_a_page_beyond_the_maximum_is_invalid_argument(live:
     )
 
 
+@pytest.mark.slow
 def test_spotmorph_nodes_follows_the_pages_and_shows_every_node(live: Live) -> None:
     register(live, DEFAULT_PAGE_SIZE + 3)
     assert len(live.cluster().ListNodes(pb.ListNodesRequest()).nodes) == DEFAULT_PAGE_SIZE, "one page is not all"

@@ -84,11 +84,11 @@ def test_a_killed_node_is_suspected_and_the_held_step_is_salvaged_before_any_exp
     holds(sim, "node-3", 42)
     holds(sim, "node-4", 42)
     sim.step(0.5)
-    assert sim.job().hold.writers == ()  # node-2 may still speak within the grace
+    assert sim.job().salvage.writers == ()  # node-2 may still speak within the grace
     sim.step(1.1)
     j = sim.job()
-    assert j.hold.suspected == ("node-2",) and "node-2" in j.exclusions.nodes
-    assert (j.hold.step, j.hold.writers) == (42, (0, 3))  # stage 0 from replica 0, stage 1 from replica 1
+    assert j.salvage.suspected == ("node-2",) and "node-2" in j.exclusions.nodes
+    assert (j.salvage.step, j.salvage.writers) == (42, (0, 3))  # stage 0 from replica 0, stage 1 from replica 1
     order = assignment_for(sim.world, "node-4")
     assert order is not None and order.action is Action.HOLD and order.salvage is not None
     assert (order.salvage.step, order.salvage.writers) == (42, (0, 3))
@@ -136,7 +136,7 @@ def test_a_stage_that_lost_every_replica_falls_back_to_the_periodic_checkpoint_a
     assert ended.data["reason"] == SalvageOutcome.STAGE_LOST and ended.data["stages_lost"] == [1]
     assert ended.data["resume_step"] == 30
     j = sim.job()
-    assert j.action is Action.ABORT and set(j.hold.suspected) == {"node-2", "node-4"}
+    assert j.action is Action.ABORT and set(j.salvage.suspected) == {"node-2", "node-4"}
     sim.beat("node-1", *ranks(sim, "node-1", 42, running=False, exit_code=-9))
     sim.beat("node-3", *ranks(sim, "node-3", 42, running=False, exit_code=-9))
     sim.step(0.2)
@@ -150,7 +150,7 @@ def test_a_writer_lost_during_the_write_falls_back_cleanly() -> None:
         holds(sim, name, 42)
     sim.step(0.1)
     sim.step(1.6)
-    assert sim.job().hold.writers == (0, 3)
+    assert sim.job().salvage.writers == (0, 3)
     for name in ("node-1", "node-3", "node-4"):  # the order reaches every node
         holds(sim, name, 42)
     sim.step(1.0)  # node-4 (the stage 1 writer) dies in the write: it beats no more
@@ -162,7 +162,7 @@ def test_a_writer_lost_during_the_write_falls_back_cleanly() -> None:
     assert ended.data["reason"] == SalvageOutcome.WRITER_FAILED and ended.data["nodes_gone"] == ["node-4"]
     j = sim.job()
     assert j.action is Action.ABORT and j.last_checkpoint.step == 30  # nothing of step 42 was committed
-    assert "node-4" in j.hold.suspected and "node-4" in j.exclusions.nodes
+    assert "node-4" in j.salvage.suspected and "node-4" in j.exclusions.nodes
     assert event(sim, EventKind.NODES_SUSPECTED).data["nodes"] == ["node-2"]
     suspected = [c for c in sim.log if isinstance(c, RecordEvent) and c.kind is EventKind.NODES_SUSPECTED]
     assert [c.data["nodes"] for c in suspected] == [["node-2"], ["node-4"]]
@@ -182,7 +182,7 @@ def test_a_failure_with_every_node_alive_counts_as_a_restart() -> None:
         holds(sim, name, 42)  # a step outlived the peer timeout: nobody is gone
     sim.step(0.1)
     j = sim.job()
-    assert j.hold.suspected == () and j.restarts == 1 and j.hold.writers == (0, 1)
+    assert j.salvage.suspected == () and j.restarts == 1 and j.salvage.writers == (0, 1)
 
 
 def test_a_held_step_already_checkpointed_needs_no_write() -> None:
@@ -204,7 +204,7 @@ def test_an_observation_of_the_dead_node_before_the_failure_does_not_make_it_hea
     for name in ("node-3", "node-4"):
         holds(sim, name, 42)
     sim.step(1.6)
-    assert sim.job().hold.suspected == ("node-2",)
+    assert sim.job().salvage.suspected == ("node-2",)
 
 
 def test_with_morph_through_memory_the_survivors_keep_the_step_and_the_next_generation_takes_it() -> None:
@@ -214,8 +214,8 @@ def test_with_morph_through_memory_the_survivors_keep_the_step_and_the_next_gene
     sim.step(0.1)
     sim.step(1.6)
     j = sim.job()
-    assert (j.state, j.action, j.hold.step, j.hold.writers) == (J.MORPHING, Action.STOP, 42, ())
-    assert j.hold.suspected == ("node-2",)
+    assert (j.state, j.action, j.salvage.step, j.salvage.writers) == (J.MORPHING, Action.STOP, 42, ())
+    assert j.salvage.suspected == ("node-2",)
     ended = event(sim, EventKind.SALVAGE_ENDED)
     assert (ended.data["reason"], ended.data["step"], ended.data["holders"]) == (
         SalvageOutcome.IN_MEMORY,
@@ -267,7 +267,7 @@ def test_a_suspected_node_gets_no_work_from_any_job_until_it_is_heard_from_again
     holds(sim, "node-4", 42)
     sim.step(0.5)
     sim.step(1.1)
-    assert sim.job().hold.suspected == ("node-2",) and sim.world.nodes["node-2"].suspected_at == sim.now
+    assert sim.job().salvage.suspected == ("node-2",) and sim.world.nodes["node-2"].suspected_at == sim.now
     for name in ("node-1", "node-3", "node-4"):
         sim.beat(name, *ranks(sim, name, 42, running=False, exit_code=0, last_checkpoint_step=42))
     for _ in range(4):

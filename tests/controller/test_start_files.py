@@ -64,6 +64,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_a_hostile_file_flag_stops_the_controller_with_one_line_naming_it(
     case: str, files: Path, tmp_path: Path

@@ -92,6 +92,7 @@ BAD_TLS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_TLS))
 def test_a_bad_tls_setting_exits_2_with_one_line_before_creating_anything(
     case: str, certs: Path, tmp_path: Path

@@ -130,6 +130,7 @@ def _timeline_cli(live: Live, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_writes_html_and_png_for_a_real_job_and_rejects_bad_output(live: Live, tmp_path: Path) -> None:
     jobs = live.jobs()
     spec = pb.JobSpec(

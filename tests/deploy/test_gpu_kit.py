@@ -15,6 +15,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
@@ -69,6 +70,7 @@ def test_the_kit_covers_every_runtime_need_the_gpu_image_lacks() -> None:
                 assert needed in pins or needed in IMAGE, f"{name} needs {needed}: add it to bench/gpu-kit.txt"
 
 
+@pytest.mark.soak  # make soak: 25 s of the GPU check's scripts on the CPU; make test checks the kit's pins and parts
 def test_the_gpu_check_reports_every_part_when_some_fail(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "GPU_KIT_SITE": str(tmp_path / "site"), "GPU_CHECK_WORKERS": "1"}

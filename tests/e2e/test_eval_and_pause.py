@@ -24,6 +24,9 @@ pytestmark = pytest.mark.slow
 STEPS, EVAL_INTERVAL = 200, 50
 
 
+# make soak; make test: each surface against a live controller (tests/controller: eval/pause API, dashboard page,
+# TensorBoard, logs)
+@pytest.mark.soak
 def test_eval_loss_and_morph_pause_reach_spotmorph_status(cluster: LocalCluster, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     said = cluster.up(nodes=2, slots=1, tensorboard_dir=tmp_path / "tb").stdout

@@ -22,6 +22,8 @@ def test_without_a_cluster_commands_say_how_to_start_one(cluster: LocalCluster) 
         assert "spotmorph local up" in out.stderr
 
 
+# make soak; make test: the replay's schedule in tests/local, down's clean-up in every cluster fixture
+@pytest.mark.soak
 def test_replay_follows_the_trace_and_down_cleans_everything(cluster: LocalCluster, tmp_path: Path) -> None:
     cluster.up(nodes=1, slots=1)
     trace = tmp_path / "trace.csv"
@@ -45,6 +47,8 @@ def test_replay_follows_the_trace_and_down_cleans_everything(cluster: LocalClust
     assert not (cluster.home / "context.json").exists()
 
 
+# make soak; make test: start failures decided in tests/controller, refused starts in tests/agent/test_refusals.py
+@pytest.mark.soak
 def test_a_node_that_cannot_start_trainers_says_why_and_the_job_runs_without_it(
     cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:

@@ -57,6 +57,8 @@ def assert_equals_the_reference(cluster: LocalCluster, job: str, checkpoints: Pa
     assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
 
 
+# make soak; make test: the eviction through memory below, a growth in tests/agent/test_memory_chain.py
+@pytest.mark.soak
 def test_growth_moves_the_layers_in_memory_and_equals_the_reference(cluster: LocalCluster, tmp_path: Path) -> None:
     cluster.up(nodes=1)
     checkpoints = tmp_path / "ckpt"

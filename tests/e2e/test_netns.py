@@ -67,7 +67,10 @@ def test_each_vm_is_a_namespace_with_its_own_address(cluster: LocalCluster) -> N
     assert bridge_mac.read_text().strip() == plan.bridge_mac, "the bridge's MAC stays as VMs join"
 
 
-@pytest.mark.parametrize("kind", ["controller", "peers", "all"])
+# make test: "all"; make soak: each direction alone
+@pytest.mark.parametrize(
+    "kind", [pytest.param("controller", marks=pytest.mark.soak), pytest.param("peers", marks=pytest.mark.soak), "all"]
+)
 def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: LocalCluster, kind: str) -> None:
     cluster.up(nodes=2, slots=1, netns=True, warm_trainers=0)
     plan = plan_of(cluster)
@@ -117,6 +120,7 @@ def test_partitioned_from_the_controller_past_the_expiry_makes_the_node_lost(clu
     cluster.cli("local", "heal", "node-1")
 
 
+@pytest.mark.soak  # make soak; make test: faults on namespaces through the partitions below
 def test_netem_names_the_missing_module_or_shapes_the_link(cluster: LocalCluster) -> None:
     cluster.up(nodes=1, slots=1, netns=True, warm_trainers=0)
     namespace = plan_of(cluster).namespace(1)
@@ -180,6 +184,7 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+@pytest.mark.soak  # make soak; make test: every namespaced cluster's fixture checks down leaves nothing
 def test_down_after_up_was_killed_leaves_nothing(tmp_path: Path, cluster: LocalCluster) -> None:
     """SIGKILL the whole `local up` process tree midway (namespaces made, maybe no context yet), then `down`."""
     root = ClusterDir.of_home(cluster.home).root

@@ -34,6 +34,8 @@ def trainer_bindings(cluster: LocalCluster, job: str, generation: int) -> list[d
     return found
 
 
+# make soak; make test: training across namespaces through a preemption in test_netns_chaos's short run
+@pytest.mark.soak
 def test_training_across_namespaces_survives_a_preemption_and_an_added_vm(
     cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:

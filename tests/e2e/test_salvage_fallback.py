@@ -127,6 +127,8 @@ def assert_equals_reference(checkpoints: Path, references: Path) -> None:
     assert max_rel_diff(expected, checkpoints) <= 1e-9
 
 
+# make soak; make test: the fallback's decisions in tests/controller/test_salvage.py, a kill in test_unplanned_loss
+@pytest.mark.soak
 def test_a_whole_stage_killed_falls_back_to_the_newest_periodic_checkpoint(
     cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:
@@ -157,6 +159,7 @@ def test_a_whole_stage_killed_falls_back_to_the_newest_periodic_checkpoint(
     assert_equals_reference(checkpoints, references)
 
 
+@pytest.mark.soak  # make soak; make test: a writer killed mid-salvage in tests/runtime/test_salvage.py
 def test_a_kill_during_the_just_in_time_write_never_loads_the_half_written_checkpoint(
     cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:

@@ -125,6 +125,9 @@ def issued(cluster: LocalCluster, job: str) -> dict[int, GenerationIssued]:
     return {e.fact.generation: e.fact for e in cluster.facts(GenerationIssued, job)}
 
 
+# make soak; make test keeps the fence through test_a_new_incarnation_never_overlaps_... and
+# tests/runtime/test_fence.py
+@pytest.mark.soak
 def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints_loadable(
     cluster: LocalCluster, cut: str, tmp_path: Path, references: Path
 ) -> None:

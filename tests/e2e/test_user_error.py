@@ -37,6 +37,8 @@ def test_a_trainer_that_refuses_the_jobs_input_fails_the_job_at_once(cluster: Lo
 SCALED_LOSS = Path(__file__).parent / "scaled_loss.py"
 
 
+# make soak; make test: a user's error failing the job at once, above; the eval-loss check in tests/runtime
+@pytest.mark.soak
 def test_an_absurd_eval_loss_fails_the_job_as_the_users_error_and_no_node_is_lost(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:

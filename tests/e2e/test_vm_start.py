@@ -28,7 +28,11 @@ def net_namespace(pid: int) -> str:
 
 
 @pytest.mark.parametrize(
-    "netns", [False, pytest.param(True, marks=pytest.mark.skipif(REASON is not None, reason=f"{REASON}"))]
+    "netns",  # the loopback VM in make soak: the namespaced one forks the same way and enters its namespace first
+    [
+        pytest.param(False, marks=pytest.mark.soak),
+        pytest.param(True, marks=pytest.mark.skipif(REASON is not None, reason=f"{REASON}")),
+    ],
 )
 def test_a_forked_vms_agent_adopts_its_zygote_and_its_job_trains(
     cluster: LocalCluster, tmp_path: Path, references: Path, netns: bool

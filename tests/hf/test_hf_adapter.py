@@ -49,6 +49,7 @@ def batch(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([x for x, _ in items]), torch.stack([t for _, t in items])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [hm.gpt2_model, hm.llama_model, mistral_model, qwen2_model])
 def test_the_cut_model_computes_the_models_logits(build: object) -> None:
     torch.manual_seed(0)

@@ -43,6 +43,7 @@ def loop(monkeypatch: pytest.MonkeyPatch, mode: str) -> dict[str, object]:
 
 
 @glibc
+@pytest.mark.soak  # make soak: a measurement of page faults; make test keeps the allocator's settings tests
 def test_a_step_reuses_the_memory_the_last_one_freed_where_the_system_default_faults_it_in_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -56,6 +57,7 @@ def test_a_step_reuses_the_memory_the_last_one_freed_where_the_system_default_fa
     assert kept["checksum"] == system["checksum"], "where the memory comes from changes no number"
 
 
+@pytest.mark.slow
 def test_a_bad_setting_is_the_nodes_error_exit_2_named_with_its_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,6 +102,7 @@ print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt -
 """
 
 
+@pytest.mark.slow
 @glibc
 def test_a_prepared_warm_trainer_has_the_memory_a_growths_moves_land_in_already_touched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -122,6 +122,7 @@ def test_cuda_compiled_and_eager_dropout_equal_the_cpu_bit_for_bit(
     assert torch.equal(keep_mask(x.shape, IDS.cuda(), 9, 4, 77, 0.3).cpu(), keep_mask(x.shape, IDS, 9, 4, 77, 0.3))
 
 
+@pytest.mark.slow
 def test_a_bad_compile_setting_stops_spotmorph_train_at_start_up_with_exit_2(tmp_path: Path) -> None:
     """Checked when the kernel is warmed up, before the rendezvous, rather than in the first step."""
     import os

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.runtime.helpers import REPO
 
 SCRIPT = Path(sys.executable).parent / "spotmorph"  # the console script `pip install` made
 
 
+@pytest.mark.slow
 def test_the_console_script_trains_a_module_entrypoint_from_the_current_directory(tmp_path: Path) -> None:
     shutil.copy(REPO / "examples" / "tiny_gpt.py", tmp_path / "cwd_model_for_test.py")
     train = ["train", "cwd_model_for_test:build_tiny", "--steps=1", "--global-batch=4"]

@@ -167,6 +167,7 @@ def _raise(root: str, generation: int) -> None:
         raise_fence(Path(root), Fence("job-1", generation))
 
 
+@pytest.mark.slow
 def test_processes_racing_to_raise_the_fence_leave_the_highest(tmp_path: Path) -> None:
     context = multiprocessing.get_context("spawn")
     generations = list(range(1, 25))

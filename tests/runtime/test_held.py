@@ -74,12 +74,14 @@ def run_world(tmp_path: Path, scenario: str, world: int = 3) -> list[dict[str, A
     return [json.loads(out.read_text()) if out.exists() else {} for out in outs]
 
 
+@pytest.mark.slow
 def test_held_layers_move_to_the_ranks_that_lack_them_bit_for_bit(tmp_path: Path) -> None:
     results = run_world(tmp_path, "move")
     assert all(r.get("used") and r.get("same") and r["told"] == [] for r in results), results
     assert results[0]["received"] > 0 and results[2]["received"] > results[0]["received"]
 
 
+@pytest.mark.slow
 def test_a_checksum_mismatch_leaves_memory_on_every_rank(tmp_path: Path) -> None:
     results = run_world(tmp_path, "corrupt")
     assert all(r.get("used") is False for r in results), results
@@ -87,6 +89,7 @@ def test_a_checksum_mismatch_leaves_memory_on_every_rank(tmp_path: Path) -> None
     assert all(r["told"] == [["checksum_mismatch", r["reason"]]] for r in results), "each rank says why, and its class"
 
 
+@pytest.mark.slow
 def test_a_sender_killed_mid_transfer_fails_the_exchange_on_its_receivers(tmp_path: Path) -> None:
     results = run_world(tmp_path, "die")
     assert results[1] == {}, "rank 1 was killed after its first tensor was on its way"
@@ -100,6 +103,7 @@ def test_a_sender_killed_mid_transfer_fails_the_exchange_on_its_receivers(tmp_pa
         assert told.endswith("the next resumes from the newest committed checkpoint"), told
 
 
+@pytest.mark.slow
 def test_a_silent_sender_fails_the_exchange_after_the_peer_timeout_not_the_world_groups(tmp_path: Path) -> None:
     """Rank 1 stays alive and sends nothing. Its receivers give up on the exchange group's peer timeout (2 s)
     with a timeout; on the world group's (30 s) they would still wait when rank 1 exits, and see it close."""
@@ -112,6 +116,7 @@ def test_a_silent_sender_fails_the_exchange_after_the_peer_timeout_not_the_world
         ), told
 
 
+@pytest.mark.slow
 def test_a_leaving_rank_hands_the_stage_only_it_holds_to_a_staying_one_bit_for_bit(tmp_path: Path) -> None:
     stays, leaves = run_world(tmp_path, "handoff", world=2)
     assert stays["ok"] and leaves["ok"], (stays, leaves)
@@ -123,6 +128,7 @@ def test_a_leaving_rank_hands_the_stage_only_it_holds_to_a_staying_one_bit_for_b
     assert decision.plan is not None and all(s.kind is SourceKind.OWN for s in decision.plan.sources.values())
 
 
+@pytest.mark.slow
 def test_a_hand_off_with_a_bad_checksum_fails_on_every_rank(tmp_path: Path) -> None:
     results = run_world(tmp_path, "handoff-corrupt", world=2)
     assert all(r.get("ok") is False for r in results), results

@@ -76,6 +76,7 @@ def test_host_waits_are_the_blocking_cuda_calls_only() -> None:
     assert count_host_waits(names) == {"cudaStreamSynchronize": 2, "cudaMemcpy": 1}
 
 
+@pytest.mark.slow
 def test_a_trainer_writes_its_profile_where_it_is_asked(tmp_path: Path) -> None:
     out = tmp_path / "profile"
     cmd = train_cmd(tmp_path / "ckpt", 2, 1, 5, "--checkpoint-interval=0")

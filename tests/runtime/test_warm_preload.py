@@ -28,18 +28,21 @@ def preload(imports: str | None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_hugging_face_library_is_imported_before_any_assignment() -> None:
     done = preload(None)
     assert done.returncode == 0, done.stderr
     assert "transformers.modeling_utils" in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_an_empty_setting_imports_no_model_library() -> None:
     none = preload(" , ")
     assert none.returncode == 0, none.stderr
     assert "transformers" not in none.stdout, none.stdout
 
 
+@pytest.mark.slow
 def test_a_library_not_installed_is_skipped_and_a_broken_one_only_warned_about() -> None:
     done = preload("no_such_package_for_spotmorph.models, json.no_such_module,json.decoder")
     assert done.returncode == 0, done.stderr
