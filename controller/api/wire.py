@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport, Salvage
+from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport, SalvageOrder
 from controller.core.observations import Refusal
 from controller.core.stimulus import Stimulus
 from controller.persistence.store import GenerationRow
@@ -140,7 +140,7 @@ def assignment_to_pb(
     )
 
 
-def salvage_to_pb(salvage: Salvage | None) -> pb.Salvage | None:
+def salvage_to_pb(salvage: SalvageOrder | None) -> pb.Salvage | None:
     if salvage is None:
         return None
     return pb.Salvage(step=salvage.step, writers=list(salvage.writers), deadline=salvage.deadline)

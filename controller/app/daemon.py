@@ -77,7 +77,7 @@ def reconcile_config(s: ControllerSettings) -> Config:
         rendezvous_port_base=s.rendezvous_port_base,
         morph_cost_seconds=s.morph_cost_seconds,
         warm_build_wait_seconds=s.warm_build_wait_seconds,
-        damping=Damping(s.rejoin_hold_seconds, s.rejoin_hold_max_seconds, s.flap_memory_seconds),
+        damping=Damping(s.rejoin_quarantine_seconds, s.rejoin_quarantine_max_seconds, s.flap_memory_seconds),
     )
 
 

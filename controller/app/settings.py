@@ -8,6 +8,9 @@ so the JSON Schema and the docs test read the same words.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +25,15 @@ from morphing.errors import UserInputError
 HOST_NAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 
 MIB = 1 << 20
+ENV_PREFIX = "SPOTMORPH_CONTROLLER_"
+# Settings renamed (issue 46: "hold" means training state kept in memory, so a flapping node's wait is a
+# quarantine): read under their old names in this release only, with a warning; the next release refuses them.
+RENAMED_SETTINGS: dict[str, str] = {
+    "rejoin_hold_seconds": "rejoin_quarantine_seconds",
+    "rejoin_hold_max_seconds": "rejoin_quarantine_max_seconds",
+}
+
+log = logging.getLogger(__name__)
 
 
 class LocalSettings(BaseModel):
@@ -40,7 +52,7 @@ class LocalSettings(BaseModel):
 
 
 class ControllerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SPOTMORPH_CONTROLLER_", extra="forbid", use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", use_attribute_docstrings=True)
 
     state_dir: Path = Path("spotmorph-state")
     """SQLite state, tokens and ``controller.lock``; one controller per directory."""
@@ -66,12 +78,12 @@ class ControllerSettings(BaseSettings):
     """How often agents are told to send heartbeats."""
     heartbeat_expiry_seconds: float = 10.0
     """A node silent for this long is LOST."""
-    rejoin_hold_seconds: float = Field(default=10.0, ge=0)
-    """A node back soon after it was LOST waits in JOINING this long before it gets work (0: at once)."""
-    rejoin_hold_max_seconds: float = Field(default=300.0, ge=0)
-    """The hold doubles with each further flap within the memory, up to this."""
+    rejoin_quarantine_seconds: float = Field(default=10.0, ge=0)
+    """A node back soon after it was LOST is quarantined in JOINING this long before it gets work (0: at once)."""
+    rejoin_quarantine_max_seconds: float = Field(default=300.0, ge=0)
+    """The quarantine doubles with each further flap within the memory, up to this."""
     flap_memory_seconds: float = Field(default=600.0, ge=0)
-    """How long a LOST counts: a node back later is not held, and its flaps are forgotten."""
+    """How long a LOST counts: a node back later is not quarantined, and its flaps are forgotten."""
     gone_retention_seconds: float = Field(default=3600.0, ge=0)
     """A GONE node's record is deleted after this (at least ``flap_memory_seconds``); its events stay."""
     debounce_seconds: float = 5.0
@@ -143,13 +155,51 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> Contro
             base = yaml.safe_load(read_small_text(config_file, "--config", CONFIG_LIMIT)) or {}
         except yaml.YAMLError as exc:
             raise UserInputError(f"--config {config_file}: {exc}") from None
+        if isinstance(base, dict):
+            base = renamed_settings(base, f"--config {config_file}", str)
     try:
         env = ControllerSettings()
-        from_env = {k: getattr(env, k) for k in env.model_fields_set}
+        from_env = {**_old_environment(), **{k: getattr(env, k) for k in env.model_fields_set}}
+        from_env = renamed_settings(from_env, "environment", env_name)
         return ControllerSettings(**{**base, **from_env, **{k: v for k, v in overrides.items() if v is not None}})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         raise UserInputError(f"invalid settings: {problems} (see docs/controller.md, Settings)") from None
+
+
+def env_name(setting: str) -> str:
+    """The environment variable that gives ``setting``."""
+    return f"{ENV_PREFIX}{setting.upper()}"
+
+
+def _old_environment() -> dict[str, str]:
+    """The renamed settings the environment gives under their old names (matched as pydantic-settings matches
+    its own: regardless of case), which the settings model no longer reads."""
+    names = {env_name(old): old for old in RENAMED_SETTINGS}
+    return {names[name.upper()]: value for name, value in os.environ.items() if name.upper() in names}
+
+
+def renamed_settings(values: dict[str, Any], where: str, spelled: Callable[[str], str]) -> dict[str, Any]:
+    """``values`` (of one source: ``where``, its names as ``spelled``) with each renamed setting under its new
+    name, and a warning in the log for each old name found; where both names are given, the new one wins."""
+    out = dict(values)
+    for old, new in RENAMED_SETTINGS.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if new in out:
+            log.warning(
+                "%s: %s is ignored: %s is given too (remove the deprecated name)", where, spelled(old), spelled(new)
+            )
+        else:
+            log.warning(
+                "%s: %s is deprecated: rename it %s (read as that in this release; the next release refuses it)",
+                where,
+                spelled(old),
+                spelled(new),
+            )
+            out[new] = value
+    return out
 
 
 def check_exposure(s: ControllerSettings, tls: bool) -> None:

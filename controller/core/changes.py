@@ -25,7 +25,7 @@ from controller.core.lifecycle import (
     Transition,
     transition,
 )
-from controller.core.records import Action, Hold, JobFields, JobRecord, MoveFields, NodeFields, NodeRecord
+from controller.core.records import Action, JobFields, JobRecord, MoveFields, NodeFields, NodeRecord, Salvage
 
 N = NodeState
 J = JobState
@@ -55,7 +55,7 @@ NODE_ENTERING: Mapping[NodeState, Entering] = {
 JOB_ENTERING: Mapping[JobState, Entering] = {
     J.QUEUED: Entering(),  # keeps morph.started_at: a morph that waits for capacity counts the wait
     J.RUNNING: Entering(  # a new generation: its morph is over, no salvage of the last one pending
-        sets={"action": Action.RUN, "morph.started_at": None, "hold": Hold()},
+        sets={"action": Action.RUN, "morph.started_at": None, "salvage": Salvage()},
         requires=("generation", "layout"),
     ),
     J.MORPHING: Entering(stamps=("morph.started_at",), requires=("action", "morph.cause")),

@@ -177,21 +177,21 @@ def register(
         gpus=gpus,
         flaps=back.flaps,
         flapped_at=back.flapped_at,
-        held_until=back.held_until,
+        quarantined_until=back.quarantined_until,
         # The same VM's agent coming back keeps the time; another VM taking the name (or a new name) starts it.
         name_taken_at=old.name_taken_at if old is not None and old.instance == instance else now,
     )
     commands.append(SetNode(node))
     registered = facts.NodeRegistered(incarnation, slots, address, [asdict(g) for g in gpus])
     commands.append(registered.recorded(now, node=name))
-    if back.held_until is not None:
-        seconds = back.hold_seconds(now)
+    if back.quarantined_until is not None:
+        seconds = back.quarantine_seconds(now)
         message = (
-            f"back {now - (back.flapped_at or now):.1f} s after it was LOST (flap {back.flaps}): held in JOINING "
-            f"for {seconds:g} s before it gets work"
+            f"back {now - (back.flapped_at or now):.1f} s after it was LOST (flap {back.flaps}): quarantined in "
+            f"JOINING for {seconds:g} s before it gets work"
         )
-        hold = facts.NodeHeld(back.flaps, back.flapped_at, seconds, back.held_until, message)
-        commands.append(hold.recorded(now, node=name))
+        quarantine = facts.NodeQuarantined(back.flaps, back.flapped_at, seconds, back.quarantined_until, message)
+        commands.append(quarantine.recorded(now, node=name))
     return node, commands
 
 

@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from controller.core.lifecycle import JOB_ACTIVE, JOB_STATE_ACTIONS, JOB_TERMINAL, Action, JobState, NodeState
 from controller.core.model import World
-from controller.core.records import Hold, JobRecord
+from controller.core.records import JobRecord, Salvage
 
 N = NodeState
 HOLDING = frozenset({N.ASSIGNED, N.DRAINING, N.LOST})  # the node states that keep a job
@@ -38,7 +38,7 @@ class Invariant(StrEnum):
     SLOT_RANGE = "slot-range"  # a rank's slot index is below the slot count of the node holding its job
     ONE_RANK_PER_SLOT = "one-rank-per-slot"  # no (node, slot) runs two ranks, of one job or of two
     NODE_HOLDS = "node-holds"  # only ASSIGNED, DRAINING, LOST nodes hold a job: an active one placing ranks there
-    HOLD_FIELDS = "hold-fields"  # the salvage hold agrees with the job's action (records.Hold)
+    SALVAGE_FIELDS = "salvage-fields"  # a job's salvage record agrees with its action (records.Salvage)
     HELD_GENERATION = "held-generation"  # a step held in memory is the previous generation's
     GENERATION_FORWARD = "generation-forward"  # a job's generation never goes back
     FINAL_STATE = "final-state"  # a job that ended stays ended
@@ -81,12 +81,12 @@ def check(world: World, before: World | None = None) -> None:
 
 
 def _job(job: JobRecord) -> Iterator[Violation]:
-    """What one job record must agree with by itself: its action, layout, hold and held step."""
+    """What one job record must agree with by itself: its action, layout, salvage and held step."""
     if (job.state, job.action) not in JOB_STATE_ACTIONS:
         yield Violation(Invariant.STATE_ACTION, f"job {job.id} is {job.state} but its trainers are told {job.action}")
     if job.state in JOB_ACTIVE and job.layout is None:
         yield Violation(Invariant.ACTIVE_LAYOUT, f"job {job.id} is {job.state} without a layout")
-    yield from _hold(job)
+    yield from _salvage(job)
     held = job.held.generation
     if job.held.step and held != job.generation - 1:
         detail = f"job {job.id} at generation {job.generation} holds step {job.held.step} of generation {held}"
@@ -95,25 +95,26 @@ def _job(job: JobRecord) -> Iterator[Violation]:
         yield Violation(Invariant.HELD_GENERATION, f"job {job.id} holds no step but names generation {held}")
 
 
-def _hold(job: JobRecord) -> Iterator[Violation]:
-    """The salvage hold (controller.core.reconcile.salvage) against the job's state and action."""
-    hold, name = job.hold, f"job {job.id}"
-    if job.state is JobState.RUNNING and hold != Hold():
-        yield Violation(Invariant.HOLD_FIELDS, f"{name} is RUNNING with a salvage hold left ({hold})")
-    if bool(hold.writers) != (hold.deadline > 0):
-        yield Violation(Invariant.HOLD_FIELDS, f"{name}'s salvage writers {hold.writers} and deadline disagree")
-    if hold.writers and job.action not in WRITERS_KEPT:
-        yield Violation(Invariant.HOLD_FIELDS, f"{name} names salvage writers {hold.writers} while told {job.action}")
+def _salvage(job: JobRecord) -> Iterator[Violation]:
+    """The salvage record (controller.core.reconcile.salvage) against the job's state and action."""
+    salvage, name = job.salvage, f"job {job.id}"
+    if job.state is JobState.RUNNING and salvage != Salvage():
+        yield Violation(Invariant.SALVAGE_FIELDS, f"{name} is RUNNING with a salvage left ({salvage})")
+    if bool(salvage.writers) != (salvage.deadline > 0):
+        yield Violation(Invariant.SALVAGE_FIELDS, f"{name}'s salvage writers {salvage.writers} and deadline disagree")
+    if salvage.writers and job.action not in WRITERS_KEPT:
+        detail = f"{name} names salvage writers {salvage.writers} while told {job.action}"
+        yield Violation(Invariant.SALVAGE_FIELDS, detail)
     if job.action is not Action.HOLD or job.layout is None:
         return
-    if bool(hold.step) != bool(hold.writers):
-        detail = f"{name} holds with salvage step {hold.step} and writers {hold.writers}: one is chosen with the other"
-        yield Violation(Invariant.HOLD_FIELDS, detail)
+    if bool(salvage.step) != bool(salvage.writers):
+        chosen = f"salvage step {salvage.step} and writers {salvage.writers}"
+        yield Violation(Invariant.SALVAGE_FIELDS, f"{name} holds with {chosen}: one is chosen with the other")
     layout = job.layout
-    stages = [layout.coords(w)[1] if 0 <= w < layout.world_size else -1 for w in hold.writers]
-    if hold.writers and stages != list(range(layout.pipeline_stages)):
-        detail = f"{name}'s salvage writers {hold.writers} are not one rank of each stage in stage order"
-        yield Violation(Invariant.HOLD_FIELDS, detail)
+    stages = [layout.coords(w)[1] if 0 <= w < layout.world_size else -1 for w in salvage.writers]
+    if salvage.writers and stages != list(range(layout.pipeline_stages)):
+        detail = f"{name}'s salvage writers {salvage.writers} are not one rank of each stage in stage order"
+        yield Violation(Invariant.SALVAGE_FIELDS, detail)
 
 
 def _placement(world: World) -> Iterator[Violation]:

@@ -34,7 +34,7 @@ from controller.core.records import (
     Gpu,
     JobRecord,
     NodeRecord,
-    Salvage,
+    SalvageOrder,
     Training,
     ranks_by_node,
 )
@@ -57,7 +57,7 @@ __all__ = [
     "RecordPause",
     "ReleaseInstance",
     "RequestCapacity",
-    "Salvage",
+    "SalvageOrder",
     "SetJob",
     "SetNode",
     "SetNodeSeq",

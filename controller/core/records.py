@@ -38,7 +38,7 @@ class NodeRecord:
     lost_at: float | None = None  # when this incarnation was declared LOST
     flaps: int = 0  # times the name came back soon after being LOST (controller.core.flapping)
     flapped_at: float | None = None  # when the incarnation before this one was LOST, if that was a flap
-    held_until: float | None = None  # a JOINING node that flapped gets no work before this
+    quarantined_until: float | None = None  # a JOINING node that flapped gets no work before this (flapping)
     # A job's collective failed and this node was silent through the grace, at this time: no job gets work on it
     # until it is heard from after that (most such nodes are dead and go LOST at the heartbeat expiry).
     suspected_at: float | None = None
@@ -105,11 +105,12 @@ class Exclusions:
 
 
 @dataclass(frozen=True)
-class Hold:
-    """An unplanned loss (action HOLD): the nodes not heard from since the failure, and the salvage ordered."""
+class Salvage:
+    """The salvage of an unplanned loss (action HOLD: the survivors hold their last completed step in memory): the
+    nodes not heard from since the failure, the step salvaged and the just-in-time checkpoint ordered of it."""
 
     suspected: tuple[str, ...] = ()
-    step: int = 0  # the step the writers write (0: none ordered yet)
+    step: int = 0  # the step salvaged: kept in memory for g+1, or written by the writers (0: none chosen yet)
     writers: tuple[int, ...] = ()  # one rank per stage, in stage order
     deadline: float = 0.0  # nothing is written after it; the controller falls back then
 
@@ -139,7 +140,7 @@ class JobRecord:
     last_step_at: float | None = None  # trainers' wall clock when the newest step reported was completed
     morph: Morph = Morph()
     exclusions: Exclusions = Exclusions()
-    hold: Hold = Hold()
+    salvage: Salvage = Salvage()
     training: Training = Training()
     evaluation: Evaluation = Evaluation()
     checkpoint_stall: CheckpointStall = CheckpointStall()
@@ -175,7 +176,7 @@ class JobFields(TypedDict, total=False):
     last_step_at: float | None
     morph: Morph
     exclusions: Exclusions
-    hold: Hold
+    salvage: Salvage
     training: Training
     evaluation: Evaluation
     checkpoint_stall: CheckpointStall
@@ -200,7 +201,7 @@ class NodeFields(TypedDict, total=False):
     lost_at: float | None
     flaps: int
     flapped_at: float | None
-    held_until: float | None
+    quarantined_until: float | None
     suspected_at: float | None
     name_taken_at: float | None
 
@@ -214,8 +215,9 @@ def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:
 
 
 @dataclass(frozen=True)
-class Salvage:
-    """The just-in-time checkpoint the holding survivors of a generation write."""
+class SalvageOrder:
+    """The just-in-time checkpoint the holding survivors of a generation write (an assignment's, from its job's
+    :class:`Salvage`)."""
 
     step: int
     writers: tuple[int, ...]
@@ -238,5 +240,5 @@ class Assignment:
     entrypoint: str
     spec: JobSpec
     checkpoint_request: int
-    salvage: Salvage | None = None
+    salvage: SalvageOrder | None = None
     held: CheckpointRef = CheckpointRef()  # take this step from the previous generation's memory (step 0: none)

@@ -28,11 +28,14 @@ class NodeRegistered(Fact):
 
 
 @dataclass(frozen=True)
-class NodeHeld(Fact):
-    kind = EventKind.NODE_HELD
+class NodeQuarantined(Fact):
+    """A node back soon after it was LOST (a flap) waits in JOINING, beating, until ``until`` before it gets work
+    (controller.core.flapping); ``lost_at`` is when the incarnation before was LOST."""
+
+    kind = EventKind.NODE_QUARANTINED
     flaps: int
     lost_at: float | None
-    hold_seconds: float
+    quarantine_seconds: float
     until: float
     message: str
 

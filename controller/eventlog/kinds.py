@@ -11,7 +11,7 @@ class EventKind(StrEnum):
     JOB_ACTION_CHANGED = "JobActionChanged"  # what a morphing job's trainers are told, changed on its own
     NODE_REGISTERED = "NodeRegistered"
     NODE_STATE_CHANGED = "NodeStateChanged"
-    NODE_HELD = "NodeHeld"  # came back soon after being LOST: waits in JOINING before it gets work
+    NODE_QUARANTINED = "NodeQuarantined"  # came back soon after being LOST: waits in JOINING before it gets work
     GENERATION_ISSUED = "GenerationIssued"
     CHECKPOINT_COMMITTED = "CheckpointCommitted"
     HELD_STATE_SKIPPED = "HeldStateSkipped"  # a generation resumed from the disk, not the memory it was named

@@ -28,9 +28,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from controller.core.causes import MorphCause
+from controller.persistence.old_rows import (
+    NODE_FIELDS_V12,
+    complete_job_row,
+    complete_node_row,
+    legacy_morph_cause,
+    nest_job_row,
+    renamed,
+)
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -161,24 +168,6 @@ def _v2(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_job ON events (job, seq)"))
 
 
-# How morph causes were told apart while they were stored as words only (first match wins).
-LEGACY_CAUSE_WORDS = (
-    ("eviction", MorphCause.EVICTION),
-    ("node lost", MorphCause.NODE_LOST),
-    ("could not start", MorphCause.TRAINER_START_FAILED),
-    ("failed", MorphCause.TRAINER_FAILED),
-    ("grow", MorphCause.GROW),
-    ("admitted", MorphCause.ADMITTED),
-    ("resumed", MorphCause.RESUMED),
-)
-
-
-def legacy_morph_cause(detail: str) -> MorphCause:
-    """The cause of a morph stored before causes were, read from its words as metrics used to."""
-    lowered = detail.lower()
-    return next((cause for words, cause in LEGACY_CAUSE_WORDS if words in lowered), MorphCause.OTHER)
-
-
 def _add_column(conn: Connection, table: str, column: str, sql_type: str) -> None:
     """``column`` added to ``table`` unless it is there: _v1 builds today's tables, so a database born at a
     later version has it already. The names are this module's constants, never input."""
@@ -238,44 +227,6 @@ def _v8(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_decision ON events (decision, seq)"))
 
 
-# Each job field a row may lack, with the value it had before the field existed (fields grew without schema
-# versions until 9, the codec filling them in): _v9 writes them into every row, and the codec reads rows
-# strictly from then on. A field added later gets a migration of its own.
-JOB_FIELDS_BEFORE: dict[str, Any] = {
-    "generation": 0, "layout": None, "action": "RUN", "rendezvous": "", "resume_step": 0, "resume_generation": 0,
-    "held_step": 0, "held_generation": 0, "step": 0, "last_checkpoint_step": 0, "last_checkpoint_generation": 0,
-    "steps_lost": 0, "restarts": 0, "checkpoint_request": 0, "morph_started_at": None, "morph_cause": None,
-    "morph_detail": "", "reason": "", "failure_cause": None, "excluded_nodes": [], "rendezvous_failures": [],
-    "excluded_until": [], "growth_declined": "", "idempotency_key": None, "eval_step": 0, "eval_loss": None,
-    "checkpoint_stall_seconds": None, "checkpoint_stall_step": 0, "checkpoint_stall_generation": 0,
-    "last_step_at": None, "paused_since": None, "decision_seconds": None, "suspected": [], "salvage_step": 0,
-    "salvage_writers": [], "salvage_deadline": 0.0, "training": {},
-}  # fmt: skip
-TRAINING_FIELDS_BEFORE: dict[str, Any] = {
-    "loss": None, "step": 0, "samples_per_second": None, "reported_at": None, "generation": 0,
-}  # fmt: skip
-
-
-def complete_job_row(data: dict[str, Any]) -> dict[str, Any]:
-    """A job row as version 9 writes it: absent fields as they were before they existed; an empty cause is none."""
-    row = {**JOB_FIELDS_BEFORE, **data}
-    row["training"] = {**TRAINING_FIELDS_BEFORE, **(row["training"] or {})}
-    for key in ("morph_cause", "failure_cause"):
-        row[key] = row[key] or None  # rows once stored "" for no cause
-    return row
-
-
-NODE_FIELDS_BEFORE: dict[str, Any] = {
-    "job": None, "eviction_not_before": None, "gpus": [], "instance": "", "lost_at": None, "flaps": 0,
-    "flapped_at": None, "held_until": None,
-}  # fmt: skip
-
-
-def complete_node_row(data: dict[str, Any]) -> dict[str, Any]:
-    """A node row as version 9 writes it (a node registered before nodes reported GPUs has none: a CPU node)."""
-    return {**NODE_FIELDS_BEFORE, **data}
-
-
 def _rewrite(conn: Connection, table: str, key: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """Every row's ``data`` of ``table`` (keyed by ``key``: a name of the schema's, never input) through ``change``."""
     for found, raw in conn.execute(text(f"SELECT {key}, data FROM {table}")).all():
@@ -291,33 +242,6 @@ def _v9(conn: Connection) -> None:
     _rewrite(conn, "nodes", "name", complete_node_row)
 
 
-# Version 10 groups a job's flat fields into the records they belong to: new name -> {its field: the old one}.
-NESTED_JOB_FIELDS: dict[str, dict[str, str]] = {
-    "morph": {
-        "started_at": "morph_started_at", "cause": "morph_cause", "detail": "morph_detail",
-        "paused_since": "paused_since", "decision_seconds": "decision_seconds",
-    },
-    "exclusions": {"nodes": "excluded_nodes", "rendezvous_failures": "rendezvous_failures", "until": "excluded_until"},
-    "hold": {"suspected": "suspected", "step": "salvage_step", "writers": "salvage_writers",
-             "deadline": "salvage_deadline"},
-    "evaluation": {"step": "eval_step", "loss": "eval_loss"},
-    "checkpoint_stall": {
-        "seconds": "checkpoint_stall_seconds", "step": "checkpoint_stall_step",
-        "generation": "checkpoint_stall_generation",
-    },
-}  # fmt: skip
-
-
-def nest_job_row(row: dict[str, Any], records: dict[str, dict[str, str]] = NESTED_JOB_FIELDS) -> dict[str, Any]:
-    """A version 9 job row as version 10 stores it (or ``records`` of a later one); a row nested is left as is."""
-    nested = dict(row)
-    for name, fields in records.items():
-        if name not in nested:
-            # a field a (damaged) row lacks stays absent: the codec then refuses the row, naming it
-            nested[name] = {field: nested.pop(old) for field, old in fields.items() if old in nested}
-    return nested
-
-
 def _v10(conn: Connection) -> None:
     """Morph state, exclusions, the salvage hold and measurements as records of their own in each job row."""
     _rewrite(conn, "jobs", "id", nest_job_row)
@@ -326,10 +250,6 @@ def _v10(conn: Connection) -> None:
 def _v11(conn: Connection) -> None:
     """Of a morph's pause, the time no rank could step (older generations have none: NULL)."""
     _add_column(conn, "generations", "stalled_seconds", "FLOAT")
-
-
-# Version 12's node fields, as rows older than them have them: none suspected, the name never taken over.
-NODE_FIELDS_V12: dict[str, Any] = {"suspected_at": None, "name_taken_at": None}
 
 
 def _v12(conn: Connection) -> None:
@@ -365,8 +285,26 @@ def _v15(conn: Connection) -> None:
     _rewrite(conn, "jobs", "id", lambda row: nest_job_row(row, refs))
 
 
+def _v16(conn: Connection) -> None:
+    """One meaning for "hold", training state kept in memory (docs/DESIGN.md, Glossary): a flapping node's wait in
+    JOINING is a quarantine (node rows' ``quarantined_until``; events ``NodeQuarantined``, their data saying
+    ``quarantine_seconds``), and a job's record of its salvage is ``salvage``."""
+    _rewrite(conn, "nodes", "name", lambda row: renamed(row, "held_until", "quarantined_until"))
+    _rewrite(conn, "jobs", "id", lambda row: renamed(row, "hold", "salvage"))
+    flapped = conn.execute(select(events.c.seq, events.c.data).where(events.c.kind == "NodeHeld")).all()
+    quarantined = [{"seq": seq, "data": json.dumps(_quarantine_data(data))} for seq, data in flapped]
+    if quarantined:
+        conn.execute(text("UPDATE events SET kind = 'NodeQuarantined', data = :data WHERE seq = :seq"), quarantined)
+
+
+def _quarantine_data(data: Any) -> Any:
+    """A ``NodeHeld`` event's data as ``NodeQuarantined`` says it; data that is no object keeps its words (its
+    reader refuses it, naming the kind, as before)."""
+    return renamed(data, "hold_seconds", "quarantine_seconds") if isinstance(data, dict) else data
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15,
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -11,7 +11,7 @@ from typing import Any
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord, NodeObservation, NodeRecord, RankReport
 from controller.persistence.codec import job_from_dict, job_to_dict
-from controller.persistence.schema import NESTED_JOB_FIELDS, complete_job_row, nest_job_row
+from controller.persistence.old_rows import NESTED_JOB_FIELDS, complete_job_row, nest_job_row, renamed
 from controller.persistence.store import Store
 from morphing.jobspec import JobSpec
 from morphing.planner import Planner
@@ -142,9 +142,14 @@ CHECKPOINT_REFS = {
 }
 
 
+def version_15_row(record: JobRecord) -> dict[str, Any]:
+    """``record`` as a version 15 store kept it: its salvage named ``hold`` (schema 16 renamed it)."""
+    return renamed(job_to_dict(record), "salvage", "hold")
+
+
 def version_9_row(record: JobRecord) -> dict[str, Any]:
     """``record`` as a version 9 store kept it: every field flat (schemas 10 and 15 nest them)."""
-    nested = job_to_dict(record)
+    nested = version_15_row(record)
     records = NESTED_JOB_FIELDS | CHECKPOINT_REFS
     flat = {k: v for k, v in nested.items() if k not in records}
     for name, fields in records.items():
@@ -154,4 +159,5 @@ def version_9_row(record: JobRecord) -> dict[str, Any]:
 
 def from_old_row(row: dict[str, Any]) -> JobRecord:
     """A flat row of before version 9 (fields missing), read as the migrations leave it."""
-    return job_from_dict(nest_job_row(nest_job_row(complete_job_row(row)), CHECKPOINT_REFS))
+    nested = nest_job_row(nest_job_row(complete_job_row(row)), CHECKPOINT_REFS)
+    return job_from_dict(renamed(nested, "hold", "salvage"))

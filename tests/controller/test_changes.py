@@ -144,7 +144,7 @@ def test_a_move_refuses_missing_and_table_owned_fields() -> None:
         move(node("n"), NodeState.LOST, "silent", NOW, state_since=0.0)  # type: ignore[call-overload]
     with pytest.raises(IllegalTransition, match=r"needs morph\.cause"):
         move(job("j", JobState.RUNNING), JobState.MORPHING, "why?", NOW, action=Action.STOP, morph=Morph(detail="-"))
-    with pytest.raises(IllegalTransition, match="sets hold itself"):
+    with pytest.raises(IllegalTransition, match="sets salvage itself"):
         move(
             job("j", JobState.MORPHING), JobState.RUNNING, "gen 2", NOW, generation=2, layout=LAYOUT, salvage=Salvage()
         )

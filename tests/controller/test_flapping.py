@@ -1,8 +1,8 @@
 """A node whose link flaps: pure decisions walked with an injected clock, one heartbeat a second.
 
 A LOST incarnation is told to register again; a node back soon after LOST waits in JOINING (longer with
-each further flap) before it gets work, with a ``NodeHeld`` event; one back after the flap memory, or an
-agent that merely restarted, is not held.
+each further flap) before it gets work, quarantined, with a ``NodeQuarantined`` event; one back after the flap
+memory, or an agent that merely restarted, is not quarantined.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class Cluster:
     def node(self) -> str:
         return str(self.world.nodes["n"].state)
 
-    def held(self) -> list[RecordEvent]:
-        return [e for e in self.events if e.kind is EventKind.NODE_HELD]
+    def quarantines(self) -> list[RecordEvent]:
+        return [e for e in self.events if e.kind is EventKind.NODE_QUARANTINED]
 
 
 def test_a_flapping_node_waits_longer_each_time_and_never_flips_on_each_lost_beat() -> None:
@@ -85,11 +85,12 @@ def test_a_flapping_node_waits_longer_each_time_and_never_flips_on_each_lost_bea
         c.beat()  # the link healed: the LOST incarnation is over, its agent kills its trainers and registers
     c.register()
     node = c.world.nodes["n"]
-    assert (node.incarnation, node.state, node.flaps, node.held_until) == (2, N.JOINING, 1, c.now + 10)
-    assert c.held()[-1].data["hold_seconds"] == 10 and "held in JOINING for 10 s" in str(c.held()[-1].data["message"])
+    assert (node.incarnation, node.state, node.flaps, node.quarantined_until) == (2, N.JOINING, 1, c.now + 10)
+    said = c.quarantines()[-1].data
+    assert said["quarantine_seconds"] == 10 and "quarantined in JOINING for 10 s" in str(said["message"])
     back = c.now
     c.beats(back + 9)
-    assert c.node == "JOINING", "no work while it has not been stable for the hold"
+    assert c.node == "JOINING", "no work while it has not been stable for the quarantine"
     assert c.world.jobs["j1"].state is JobState.QUEUED
     c.beats(back + 10)
     assert c.node in ("READY", "ASSIGNED")
@@ -98,21 +99,23 @@ def test_a_flapping_node_waits_longer_each_time_and_never_flips_on_each_lost_bea
     c.silence(11)
     assert c.node == "LOST"
     c.register()
-    assert (c.world.nodes["n"].flaps, c.held()[-1].data["hold_seconds"]) == (2, 20), "the hold doubles"
+    assert (c.world.nodes["n"].flaps, c.quarantines()[-1].data["quarantine_seconds"]) == (2, 20), (
+        "the quarantine doubles"
+    )
     c.silence(11)
-    assert c.node == "GONE", "a held node that goes silent is gone, as any joining node"
+    assert c.node == "GONE", "a quarantined node that goes silent is gone, as any joining node"
     transitions = [s for _, s in c.states]
     assert transitions.count(N.LOST) == 2
 
 
-def test_a_node_back_after_the_memory_or_an_agent_restart_is_not_held() -> None:
+def test_a_node_back_after_the_memory_or_an_agent_restart_is_not_quarantined() -> None:
     c = Cluster()
     c.register()
     c.beats(3)
     c.silence(11)
     c.now += 700  # longer than the flap memory
     c.register()
-    assert (c.world.nodes["n"].flaps, c.world.nodes["n"].held_until) == (0, None) and not c.held()
+    assert (c.world.nodes["n"].flaps, c.world.nodes["n"].quarantined_until) == (0, None) and not c.quarantines()
     c.beats(c.now + 2)
     assert c.node in ("READY", "ASSIGNED")
 
@@ -120,38 +123,38 @@ def test_a_node_back_after_the_memory_or_an_agent_restart_is_not_held() -> None:
     flapped.register()
     flapped.beats(3)
     flapped.silence(11)
-    flapped.register()  # held: flap 1
+    flapped.register()  # quarantined: flap 1
     flapped.beats(flapped.now + 15)
     flapped.register()  # the agent restarted on the same VM (it was never LOST in this incarnation)
     restarted = flapped.world.nodes["n"]
-    assert (restarted.flaps, restarted.held_until, len(flapped.held())) == (1, None, 1)
+    assert (restarted.flaps, restarted.quarantined_until, len(flapped.quarantines())) == (1, None, 1)
 
 
-def test_no_damping_when_the_hold_is_zero() -> None:
+def test_no_damping_when_the_quarantine_is_zero() -> None:
     world = World({}, {})
     world = apply(world, intake.register(world, "n", 1, "a", 0.0, VM, damping=Damping(0.0))[1])
     lost = replace(world.nodes["n"], state=N.LOST, lost_at=5.0)
     world = replace(world, nodes={"n": lost})
     again, commands = intake.register(world, "n", 1, "a", 6.0, VM, damping=Damping(0.0))
-    assert again.held_until is None and again.flaps == 1
-    assert not [c for c in commands if isinstance(c, RecordEvent) and c.kind is EventKind.NODE_HELD]
+    assert again.quarantined_until is None and again.flaps == 1
+    assert not [c for c in commands if isinstance(c, RecordEvent) and c.kind is EventKind.NODE_QUARANTINED]
 
 
-def test_a_node_silent_during_its_hold_is_held_again_longer_when_it_comes_back() -> None:
+def test_a_node_silent_during_its_quarantine_is_quarantined_again_longer_when_it_comes_back() -> None:
     c = Cluster()
     c.register()
     c.beats(3)
     c.silence(11)
-    c.register()  # flap 1: held for 10 s
+    c.register()  # flap 1: quarantined for 10 s
     c.beats(c.now + 15)
     c.silence(11)
-    c.register()  # flap 2: held for 20 s
+    c.register()  # flap 2: quarantined for 20 s
     c.silence(11)
-    assert c.node == "GONE", "silent while held: gone, as any joining node"
+    assert c.node == "GONE", "silent while quarantined: gone, as any joining node"
     c.register()
     node = c.world.nodes["n"]
-    assert (node.state, node.flaps, node.held_until) == (N.JOINING, 3, c.now + 40), "a further flap: held longer"
-    assert [e.data["hold_seconds"] for e in c.held()] == [10, 20, 40]
+    assert (node.state, node.flaps, node.quarantined_until) == (N.JOINING, 3, c.now + 40), "a further flap: longer"
+    assert [e.data["quarantine_seconds"] for e in c.quarantines()] == [10, 20, 40]
     c.beats(c.now + 39)
     assert c.node == "JOINING"
     c.beats(c.now + 1)

@@ -110,10 +110,10 @@ RUNNING_WORLD: dict[str, tuple[Breaking, Invariant, str]] = {
         Invariant.NODE_HOLDS,
         "node-4 holds job j1, whose generation 1 places no rank on it",
     ),
-    "running-with-a-hold": (
+    "running-with-a-salvage": (
         lambda w: _job(w, salvage=Salvage(suspected=("node-2",))),
         Invariant.SALVAGE_FIELDS,
-        "j1 is RUNNING with a salvage hold left",
+        "j1 is RUNNING with a salvage left",
     ),
     "held-step-of-another-generation": (
         lambda w: _job(w, held=CheckpointRef(7, 1)),
@@ -149,7 +149,7 @@ def _holding() -> Sim:
     sim.step(0.1)
     sim.step(2.0)
     job = sim.job()
-    assert (job.action, job.hold.step, job.salvage.writers) == (A.HOLD, 42, (0, 3))
+    assert (job.action, job.salvage.step, job.salvage.writers) == (A.HOLD, 42, (0, 3))
     return sim
 
 
@@ -197,7 +197,7 @@ def test_each_invariant_of_a_salvage_is_caught_naming_itself(breaking: str) -> N
 
 
 def test_a_salvage_that_ended_keeps_its_writers_under_abort_which_is_no_violation() -> None:
-    """Why the hold's writers may outlive HOLD: a committed salvage acts ABORT and leaves them (nothing reads
+    """Why the salvage's writers may outlive HOLD: a committed salvage acts ABORT and leaves them (nothing reads
     them then: an assignment carries a salvage only while HOLD)."""
     sim = _holding()
     sim.beat("node-1", *ranks(sim, "node-1", 42, running=False, exit_code=0, last_checkpoint_step=42))

@@ -17,12 +17,15 @@ from controller.core.commands import AddJob
 from controller.core.lifecycle import ACTION_TRANSITIONS, JobState, NodeState
 from controller.core.model import Action, RankReport, SetJob, StartGeneration, Training, World, apply
 from controller.core.reconcile import Config, reconcile
-from controller.core.records import CheckpointRef, CheckpointStall, Evaluation, Exclusions, Hold, Morph
+from controller.core.records import CheckpointRef, CheckpointStall, Evaluation, Exclusions, Morph, Salvage
+from controller.eventlog.fact import EventDataError
+from controller.eventlog.facts import NodeQuarantined
+from controller.eventlog.schema import decode
 from controller.persistence.codec import job_from_dict, job_to_dict, node_to_dict
+from controller.persistence.old_rows import JOB_FIELDS_BEFORE, legacy_morph_cause, nest_job_row, renamed
 from controller.persistence.plain import RowError
-from controller.persistence.schema import JOB_FIELDS_BEFORE, legacy_morph_cause, nest_job_row
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
-from tests.controller.helpers import CHECKPOINT_REFS, job, node, planner, seen, version_9_row
+from tests.controller.helpers import CHECKPOINT_REFS, job, node, planner, seen, version_9_row, version_15_row
 
 
 def _running_world(store: Store) -> World:
@@ -271,14 +274,14 @@ def test_the_job_codec_reads_rows_strictly_and_a_migration_completes_older_ones(
 
 
 def test_schema_10_nests_a_version_9_job_row_keeping_every_value(tmp_path: Path) -> None:
-    """Morph state, exclusions, the hold and the measurements were flat fields of the row until version 10."""
+    """Morph state, exclusions, the salvage and the measurements were flat fields of the row until version 10."""
     kept = replace(
         job("job-1"),
         state=JobState.MORPHING,
         action=Action.HOLD,
         morph=Morph(12.5, MorphCause.NODE_LOST, "node lost: node-3", 11.0, 0.25),
         exclusions=Exclusions(("node-3",), (("node-2", "node-1", 10.0),), (("node-4", 99.0),)),
-        hold=Hold(("node-3",), 40, (0, 1), 30.0),
+        salvage=Salvage(("node-3",), 40, (0, 1), 30.0),
         evaluation=Evaluation(40, 2.75),
         checkpoint_stall=CheckpointStall(0.5, 39, 2),
     )
@@ -298,7 +301,7 @@ def test_schema_15_keeps_each_step_and_its_generation_of_a_version_14_job_row_as
         held=CheckpointRef(159, 3),
         last_checkpoint=CheckpointRef(160, 4),
     )
-    row = job_to_dict(kept)
+    row = version_15_row(kept)
     for name in ("resume", "held", "last_checkpoint"):
         ref = row.pop(name)
         row |= {f"{name}_step": ref["step"], f"{name}_generation": ref["generation"]}
@@ -311,13 +314,47 @@ def test_a_damaged_version_9_row_is_refused_naming_the_field_it_lacks() -> None:
     flat = version_9_row(job("job-1"))
     del flat["morph_cause"]
     with pytest.raises(RowError, match=r"job\.morph: no cause"):
-        job_from_dict(nest_job_row(nest_job_row(flat), CHECKPOINT_REFS))
+        job_from_dict(renamed(nest_job_row(nest_job_row(flat), CHECKPOINT_REFS), "hold", "salvage"))
 
 
 def test_schema_12_gives_a_version_11_node_row_its_new_fields(tmp_path: Path) -> None:
     """A node row of version 11 lacks ``suspected_at`` and ``name_taken_at``: the codec would refuse it, the
     migration writes them as they were before they existed (none suspected, the name never taken over)."""
     kept = node("node-1", NodeState.READY)
-    row = {k: v for k, v in node_to_dict(kept).items() if k not in ("suspected_at", "name_taken_at")}
+    as_then = renamed(node_to_dict(kept), "quarantined_until", "held_until")  # schema 16 renamed it
+    row = {k: v for k, v in as_then.items() if k not in ("suspected_at", "name_taken_at")}
     stored = stored_at(tmp_path, 11, "INSERT INTO nodes VALUES ('node-1', 1, 'READY', :data)", row)
     assert stored.load()[0]["node-1"] == kept
+
+
+def test_schema_16_names_a_flapping_nodes_wait_a_quarantine_and_a_jobs_salvage_record_salvage(tmp_path: Path) -> None:
+    """Until 16 a node row said ``held_until``, a job row ``hold`` and a flapping node's event ``NodeHeld``
+    (with ``hold_seconds``): a state directory of version 15 loads, and its old events decode as the new kind."""
+    quarantined = replace(node("node-1", NodeState.JOINING), flaps=2, flapped_at=5.0, quarantined_until=40.0)
+    salvaging = replace(
+        job("job-1"), state=JobState.MORPHING, action=Action.HOLD, salvage=Salvage(("node-3",), 40, (0, 1), 30.0)
+    )
+    said = {"flaps": 2, "lost_at": 5.0, "hold_seconds": 20.0, "until": 40.0, "message": "back 3.0 s after LOST"}
+    path = tmp_path / "v15.db"
+    engine = create_engine(f"sqlite:///{path}")
+    migrate(engine, MIGRATIONS[:15])
+    with engine.begin() as conn:
+        node_row = renamed(node_to_dict(quarantined), "quarantined_until", "held_until")
+        conn.execute(text("INSERT INTO nodes VALUES ('node-1', 1, 'JOINING', :data)"), {"data": json.dumps(node_row)})
+        job_row = json.dumps(version_15_row(salvaging))
+        conn.execute(text("INSERT INTO jobs VALUES ('job-1', 'MORPHING', 1, :data)"), {"data": job_row})
+        for kind, data in [("NodeHeld", said), ("NodeRegistered", {"hold_seconds": 1}), ("NodeHeld", ["damaged"])]:
+            conn.execute(
+                text("INSERT INTO events (at, kind, node, data) VALUES (1.0, :kind, 'node-1', :data)"),
+                {"kind": kind, "data": json.dumps(data)},
+            )
+    engine.dispose()
+    store = Store(path)
+    nodes, jobs = store.load()
+    assert nodes["node-1"] == quarantined and jobs["job-1"] == salvaging
+    flapped, registered, damaged = store.events()
+    assert decode(flapped.kind, flapped.data) == NodeQuarantined(2, 5.0, 20.0, 40.0, "back 3.0 s after LOST")
+    assert (registered.kind, registered.data) == ("NodeRegistered", {"hold_seconds": 1}), "other kinds are left"
+    with pytest.raises(EventDataError, match="NodeQuarantined event: expected an object"):
+        decode(damaged.kind, damaged.data)
+    assert store.schema_version() == SCHEMA_VERSION == 16

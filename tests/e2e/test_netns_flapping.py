@@ -5,7 +5,7 @@ here is the partition itself: ``spotmorph local partition NODE --from controller
 cycle whose cuts (and the silence they cause) are shorter than the heartbeat expiry (every heartbeat
 sent during a cut is lost, as a burst of packet loss would lose it). Such a node stays ASSIGNED and
 its job does not morph. Cut for longer than the expiry, it goes LOST; when it comes back it is a new
-incarnation held in JOINING (flap damping, ``NodeHeld``), not READY at once.
+incarnation quarantined in JOINING (flap damping, ``NodeQuarantined``), not READY at once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from controller.eventlog.fact import Fact
-from controller.eventlog.facts import NodeHeld, NodeStateChanged
+from controller.eventlog.facts import NodeQuarantined, NodeStateChanged
 from controller.eventlog.schema import Logged
 from spotmorph.local.harness import LocalCluster
 
@@ -42,7 +42,7 @@ def record(cluster: LocalCluster, node: str) -> dict[str, Any]:
     return dict({n["name"]: n for n in cluster.nodes()}[node])
 
 
-def test_short_cuts_do_not_flip_a_node_and_a_long_one_brings_it_back_held(
+def test_short_cuts_do_not_flip_a_node_and_a_long_one_brings_it_back_quarantined(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     cluster.up(nodes=2, slots=1, heartbeat_expiry=EXPIRY, netns=True)
@@ -75,10 +75,10 @@ def test_short_cuts_do_not_flip_a_node_and_a_long_one_brings_it_back_held(
         return int(seen[-1]["incarnation"]) >= 2
 
     cluster.wait(registered_again, 60, f"{node} to register again")
-    # The record that showed the new incarnation (a second read could come after the hold).
-    assert seen[-1]["state"] == "JOINING", "back soon after LOST: held, not READY at once"
-    held = node_events(cluster, node, NodeHeld)
-    assert len(held) == 1, held
+    # The record that showed the new incarnation (a second read could come after the quarantine).
+    assert seen[-1]["state"] == "JOINING", "back soon after LOST: quarantined, not READY at once"
+    quarantines = node_events(cluster, node, NodeQuarantined)
+    assert len(quarantines) == 1, quarantines
     cluster.wait(lambda: cluster.node_state(node) in {"READY", "ASSIGNED"}, 60, f"{node} to be released")
     released = [e for e in node_events(cluster, node, NodeStateChanged) if e.fact.source == "JOINING"]
     assert "stable for" in released[-1].fact.reason, released[-1]

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from controller.eventlog.facts import GenerationIssued, NodeHeld
+from controller.eventlog.facts import GenerationIssued, NodeQuarantined
 from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference
 from worker_agent.contract import CheckpointLoaded, ProgressRecord, TrainerFailed, TrainerStarted
 from worker_agent.runtime.storage import checkpoint as ck
@@ -182,8 +182,8 @@ def test_a_partitioned_generation_that_keeps_writing_never_makes_its_checkpoints
     heal(cluster, cut, alone)  # the link heals: the LOST incarnation is told to register again
     cluster.wait(lambda: {n["name"]: n for n in cluster.nodes()}[alone]["incarnation"] >= 2, 60, f"{alone} back")
     assert not any(alive(pid) for pid in stale), "generation 1's trainers are gone (fenced, or killed on the way back)"
-    held = [e for e in cluster.facts(NodeHeld) if e.node == alone]
-    assert held, f"{alone}, back soon after it was LOST, waits in JOINING (flap damping)"
+    quarantined = [e for e in cluster.facts(NodeQuarantined) if e.node == alone]
+    assert quarantined, f"{alone}, back soon after it was LOST, is quarantined in JOINING (flap damping)"
 
 
 class DeathWatch:
@@ -244,6 +244,6 @@ def test_a_new_incarnation_never_overlaps_its_predecessors_trainers(
     )
     nodes = {n["name"]: n for n in cluster.nodes()}
     assert nodes[node]["incarnation"] >= 2
-    held = [e for e in cluster.facts(NodeHeld) if e.node == node]
-    assert held, "the node back soon after LOST waited in JOINING"
+    quarantined = [e for e in cluster.facts(NodeQuarantined) if e.node == node]
+    assert quarantined, "the node back soon after LOST was quarantined in JOINING"
     cluster.cli("cancel", job)

@@ -15,7 +15,7 @@ from typing import Unpack
 from controller.core.causes import JobFailureCause
 from controller.core.intake import Stale
 from controller.core.lifecycle import JOB_ACTIVE, JOB_TERMINAL, JobState, NodeState
-from controller.core.model import Action, Assignment, Command, Salvage, World, ranks_by_node
+from controller.core.model import Action, Assignment, Command, SalvageOrder, World, ranks_by_node
 from controller.core.reconcile.admission import admit_queued
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import spec_for_generation
@@ -81,8 +81,8 @@ def assignment_for(
         entrypoint=job.spec.entrypoint,
         spec=spec_for_generation(job, world.nodes),
         checkpoint_request=job.checkpoint_request,
-        salvage=Salvage(job.hold.step, job.hold.writers, job.hold.deadline)
-        if job.action is Action.HOLD and job.hold.writers
+        salvage=SalvageOrder(job.salvage.step, job.salvage.writers, job.salvage.deadline)
+        if job.action is Action.HOLD and job.salvage.writers
         else None,
         held=job.held,
     )

@@ -31,7 +31,7 @@ class Config:
     # Mixed into each generation's port: without it (tests) a port follows from the job and generation alone, so a
     # local process could listen on a later generation's port first (controller.tokens.Tokens.rendezvous_salt).
     rendezvous_salt: str = ""
-    damping: Damping = field(default_factory=Damping)  # nodes that come back soon after LOST wait in JOINING
+    damping: Damping = field(default_factory=Damping)  # nodes that come back soon after LOST: quarantined in JOINING
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def start_generation(
     port = rendezvous_port(config, job_id, generation)
     resume = job.last_checkpoint
     through_memory = stopped and job.spec.morph_through_memory
-    stopped_at = job.hold.step or job.step  # the survivors of an unplanned loss keep the step salvaged
+    stopped_at = job.salvage.step or job.step  # the survivors of an unplanned loss keep the step salvaged
     keeps = through_memory and job.generation and stopped_at > 0
     held = CheckpointRef(stopped_at, job.generation) if keeps else CheckpointRef()
     lost = max(0, job.step - max(resume.step, held.step)) if job.generation else 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from controller.core.commands import ReleaseInstance
-from controller.core.flapping import held, release_reason
+from controller.core.flapping import quarantined, release_reason
 from controller.core.lifecycle import JOB_ACTIVE, NodeState
 from controller.core.model import NodeRecord
 from controller.core.reconcile.config import Config
@@ -21,7 +21,7 @@ def node_health(draft: Draft, config: Config) -> None:
         current = observation(draft, name)
         silent = draft.now - last_seen(draft, draft.nodes[name]) > expiry
         joining = draft.nodes[name]
-        if joining.state is N.JOINING and current is not None and not silent and not held(joining, draft.now):
+        if joining.state is N.JOINING and current is not None and not silent and not quarantined(joining, draft.now):
             draft.move_node(name, N.READY, release_reason(joining))
         node = draft.nodes[name]
         if current is not None and current.eviction_not_before is not None and node.state in LIVE:

@@ -128,11 +128,11 @@ def finish_if_done(draft: Draft, job_id: str, finished: bool) -> bool:
 def holders_needed(job: JobRecord, keep: list[str]) -> tuple[str, ...]:
     """The nodes of ``keep`` g+1 must include to take the stopped step from memory (none when it is not
     taken from memory, or is the committed checkpoint, which gives any layer no one holds)."""
-    held = job.hold.step or job.step
+    held = job.salvage.step or job.step
     through_memory = job.action is Action.STOP and job.spec.morph_through_memory and job.generation > 0
     if not through_memory or job.layout is None or held <= job.last_checkpoint.step:
         return ()
-    return holders_to_keep(job.layout, keep, handed_off=not job.hold.step)
+    return holders_to_keep(job.layout, keep, handed_off=not job.salvage.step)
 
 
 def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str) -> None:
@@ -145,7 +145,7 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
         if job.action is Action.HOLD or job.state is not J.MORPHING:
             return
     if job.action is Action.STOP:
-        gone = [n for n in job.nodes if not draft.serves(job, n) and n not in job.hold.suspected]
+        gone = [n for n in job.nodes if not draft.serves(job, n) and n not in job.salvage.suspected]
         if gone or draft.now - started > config.stop_timeout_seconds:
             why = f"node gone while stopping: {', '.join(gone)}" if gone else "stop timed out"
             draft.act(job_id, Action.ABORT, why)  # the same cause
@@ -159,7 +159,7 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
     said = next((r for _, r in current_reports(draft, job) if r.hand_off_failed), None)
     if said is not None:  # this pass ends the generation's stop: said once
         draft.event(facts.HandOffFailed(job.generation, said.last_step, said.hand_off_failed), job_id)
-    keep = [n for n in job.nodes if draft.assigned(job, n) and n not in job.hold.suspected]
+    keep = [n for n in job.nodes if draft.assigned(job, n) and n not in job.salvage.suspected]
     draft.release_nodes(job_id, job.nodes, f"generation {job.generation} of {job_id} ended")
     holders = holders_needed(job, keep)
     keep = [*holders, *(n for n in keep if n not in holders)]  # placed first: a small layout reaches them

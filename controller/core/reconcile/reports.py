@@ -49,7 +49,7 @@ class Census:
 
 def census(draft: Draft, job: JobRecord) -> Census:
     # lost, gone, new incarnations run nothing; nodes suspected lost after a failed collective are not waited for
-    serving = [name for name in job.nodes if draft.serves(job, name) and name not in job.hold.suspected]
+    serving = [name for name in job.nodes if draft.serves(job, name) and name not in job.salvage.suspected]
     reporting = [name for name in serving if _reported_since_morph(job, observation(draft, name))]
     quiet = len(reporting) == len(serving) and not any(
         r.running for name in reporting for r in _ranks_up_to_current(job, observation(draft, name))

@@ -85,7 +85,7 @@ def choose(held: Mapping[int, int], stage_of: Mapping[int, int], stages: int) ->
 def advance_salvage(draft: Draft, config: Config, job_id: str) -> None:
     """One pass of steps 1-3 of the module docstring for a job in HOLD."""
     job = draft.jobs[job_id]
-    if job.hold.writers:
+    if job.salvage.writers:
         _watch_writers(draft, config, job)
     else:
         _decide(draft, config, job)
@@ -107,9 +107,9 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
     patience = config.suspect_grace_seconds + job.spec.peer_timeout_seconds
     if not on_heard <= accounted and waited < patience:
         return
-    hold = replace(job.hold, suspected=suspected)
+    salvage = replace(job.salvage, suspected=suspected)
     excluded = tuple(sorted({*job.exclusions.nodes, *suspected}))
-    fields: JobFields = {"hold": hold, "exclusions": replace(job.exclusions, nodes=excluded)}
+    fields: JobFields = {"salvage": salvage, "exclusions": replace(job.exclusions, nodes=excluded)}
     if suspected:
         draft.event(facts.NodesSuspected(job.generation, list(suspected)), job.id)
         suspect(draft, suspected)
@@ -143,25 +143,27 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
         # from their memory and writes it in the background (nothing written or awaited here).
         holding = sorted(r for r, s in held.items() if s == step)
         draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.IN_MEMORY, step, holders=holding), job.id)
-        fields["hold"] = replace(hold, step=step)
+        fields["salvage"] = replace(salvage, step=step)
         draft.act(job.id, Action.STOP, f"step {step} held in memory", **fields)
         return
     deadline = draft.now + config.salvage_write_seconds
     draft.event(facts.SalvageOrdered(job.generation, step, list(writers)), job.id)
-    fields["hold"] = replace(hold, step=step, writers=writers, deadline=deadline)
+    fields["salvage"] = replace(salvage, step=step, writers=writers, deadline=deadline)
     draft.amend_job(job.id, **fields)
 
 
 def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
     assert job.layout is not None
-    hold = job.hold
-    if job.last_checkpoint.step >= hold.step:  # the first writer's commit, recorded by progress
-        draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.COMMITTED, hold.step), job.id)
-        draft.act(job.id, Action.ABORT, f"salvaged step {hold.step}")
+    salvage = job.salvage
+    if job.last_checkpoint.step >= salvage.step:  # the first writer's commit, recorded by progress
+        draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.COMMITTED, salvage.step), job.id)
+        draft.act(job.id, Action.ABORT, f"salvaged step {salvage.step}")
         return
-    writer_nodes = {job.layout.placement[w].node for w in hold.writers}
+    writer_nodes = {job.layout.placement[w].node for w in salvage.writers}
     failed = [
-        r.rank for _, r in current_reports(draft, job) if r.rank in hold.writers and not r.running and r.exit_code != 0
+        r.rank
+        for _, r in current_reports(draft, job)
+        if r.rank in salvage.writers and not r.running and r.exit_code != 0
     ]
     gone = sorted(
         n for n in writer_nodes if not draft.serves(job, n) or _silent(draft, n, config.suspect_grace_seconds)
@@ -169,18 +171,18 @@ def _watch_writers(draft: Draft, config: Config, job: JobRecord) -> None:
     if failed or gone:
         fields: JobFields = {}
         if gone:  # lost in the write: the generation does not wait for them, and g+1 leaves them out
-            newly = [n for n in gone if n not in hold.suspected]
+            newly = [n for n in gone if n not in salvage.suspected]
             fields = {
-                "hold": replace(hold, suspected=tuple(sorted({*hold.suspected, *gone}))),
+                "salvage": replace(salvage, suspected=tuple(sorted({*salvage.suspected, *gone}))),
                 "exclusions": replace(job.exclusions, nodes=tuple(sorted({*job.exclusions.nodes, *gone}))),
             }
             if newly:
                 draft.event(facts.NodesSuspected(job.generation, newly), job.id)
                 suspect(draft, newly)
                 fields["morph"] = blamed(job, newly)
-        _fall_back(draft, job, SalvageOutcome.WRITER_FAILED, fields, hold.step, failed, gone)
-    elif draft.now > hold.deadline + DEADLINE_MARGIN_SECONDS:
-        _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, hold.step)
+        _fall_back(draft, job, SalvageOutcome.WRITER_FAILED, fields, salvage.step, failed, gone)
+    elif draft.now > salvage.deadline + DEADLINE_MARGIN_SECONDS:
+        _fall_back(draft, job, SalvageOutcome.TIMED_OUT, {}, salvage.step)
 
 
 def _fall_back(
