@@ -158,6 +158,8 @@ def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp
         supervisor.kill_all()
 
 
+# make soak; make test: tests/agent/test_memory_chain.py's chain through memory ends where one process does
+@pytest.mark.soak
 @pytest.mark.slow
 def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(tmp_path: Path) -> None:
     """Generation 2 (2 x 1) takes generation 1's (1 x 2) stopped step S from memory and runs to the end; so does

@@ -17,6 +17,8 @@ from tests.agent.test_prepare import STEPS
 from worker_agent.agent.zygote import INHERITED_ENV, InheritedProcess
 
 
+# make soak; make test: tests/e2e/test_vm_start.py's agent adopts its zygote and its job trains
+@pytest.mark.soak
 @pytest.mark.slow
 def test_forked_warm_trainers_are_the_agents_children_and_train_and_nothing_outlives_it(tmp_path: Path) -> None:
     probe = subprocess.run(

@@ -124,6 +124,8 @@ def test_added_nodes_grow_the_job_after_the_debounce(cluster: LocalCluster, tmp_
     assert max_rel_diff(expected, checkpoints) <= 1e-9, f"at step {verified['step']}"
 
 
+# make soak; make test: tests/controller/test_kill9.py kills the controller -9 while running and while morphing
+@pytest.mark.soak
 def test_controller_kill_9_mid_training(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
     cluster.up(nodes=2)
     checkpoints = tmp_path / "ckpt"

@@ -66,6 +66,13 @@ def run_chaos(cluster: LocalCluster, tmp_path: Path, references: Path, *, nodes:
     assert not unexplained(final, cluster.facts(GenerationIssued, job))
 
 
+def test_a_short_chaos_on_four_namespaced_vms(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
+    """make test's chaos: two faults of the seeded schedule on four VMs, the same checks as the long runs."""
+    run_chaos(cluster, tmp_path, references, nodes=4, faults=2, steps=80)
+
+
+# make soak: four faults on six VMs (more of the schedule's kinds at once); make test runs the short one above
+@pytest.mark.soak
 def test_chaos_on_six_namespaced_vms(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
     run_chaos(cluster, tmp_path, references, nodes=6, faults=4, steps=150)
 

@@ -154,6 +154,8 @@ def test_survivors_hold_the_same_step_and_their_salvage_equals_the_reference(run
     assert not diff["missing"] and diff["max_rel"] <= 1e-9, diff
 
 
+# make soak; make test: the salvage itself below, and no half-written checkpoint loads (tests/runtime: damage)
+@pytest.mark.soak
 def test_a_writer_killed_during_the_salvage_leaves_no_checkpoint(tmp_path: Path) -> None:
     run = Run(tmp_path, {PAUSE_ENV: "4"})
     try:
