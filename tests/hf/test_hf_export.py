@@ -12,6 +12,7 @@ import torch
 
 from spotmorph.cli import main
 from tests.hf import hf_models
+from tests.hf.export_cli import export_fails
 from tests.runtime.helpers import REPO, TINY, run, train_cmd
 from worker_agent.runtime.model.hf_adapter import hf_parameter_name
 from worker_agent.runtime.model.hf_export import CONFIG_FILE
@@ -85,37 +86,29 @@ def test_names_map_back_to_the_hugging_face_state_dict() -> None:
     assert hf_parameter_name("bert", "embed.tokens.weight") is None
 
 
-def _fails(args: list[str], capsys: pytest.CaptureFixture[str], *words: str) -> None:
-    assert main(["checkpoint", "export", *args]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    for word in words:
-        assert word in err, err
-
-
 @pytest.mark.slow
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "out")
-    _fails([str(tmp_path / "nope"), "--hf", out], capsys, "not a directory")
+    export_fails([str(tmp_path / "nope"), "--hf", out], capsys, "not a directory")
     root = trained(tmp_path / "gpt2", f"{ENTRY}:gpt2_token", steps=1)
     step = ck.resolve(root).path
     damaged = tmp_path / "damaged" / step.name
     shutil.copytree(step, damaged)
     layer = damaged / "layer0.pt"
     layer.write_bytes(layer.read_bytes()[:-5] + b"xxxxx")
-    _fails([str(damaged), "--hf", out], capsys, "damaged")
-    _fails([str(damaged.parent), "--hf", out], capsys, "no valid checkpoint")
+    export_fails([str(damaged), "--hf", out], capsys, "damaged")
+    export_fails([str(damaged.parent), "--hf", out], capsys, "no valid checkpoint")
     no_config = tmp_path / "no-config" / step.name
     shutil.copytree(step, no_config)
-    _fails([str(no_config), "--hf", out], capsys, CONFIG_FILE, "--config-from")
+    export_fails([str(no_config), "--hf", out], capsys, CONFIG_FILE, "--config-from")
     (tmp_path / "no-config" / CONFIG_FILE).write_text("{not json")
-    _fails([str(no_config), "--hf", out], capsys, "damaged")
+    export_fails([str(no_config), "--hf", out], capsys, "damaged")
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("x")
-    _fails([str(root), "--hf", str(tmp_path / "busy")], capsys, "not an empty directory")
+    export_fails([str(root), "--hf", str(tmp_path / "busy")], capsys, "not an empty directory")
     tiny = trained(tmp_path / "tiny", TINY, steps=1)
-    _fails([str(tiny), "--hf", out, f"--config-from={ENTRY}:gpt2_token"], capsys, "another model")
-    _fails([str(tiny), "--hf", out, f"--config-from={TINY}"], capsys, "causal_lm_spec")
+    export_fails([str(tiny), "--hf", out, f"--config-from={ENTRY}:gpt2_token"], capsys, "another model")
+    export_fails([str(tiny), "--hf", out, f"--config-from={TINY}"], capsys, "causal_lm_spec")
     assert not Path(out).exists()
 
 
@@ -138,10 +131,10 @@ def test_a_hostile_hf_config_exits_2_before_anything_is_allocated(
     ]
     for change, words in cases:
         config_file.write_text(json.dumps({**good, **change}))
-        _fails([str(root), "--hf", out], capsys, *words)
+        export_fails([str(root), "--hf", out], capsys, *words)
     config_file.write_text("[" * 100_000 + "]" * 100_000)
-    _fails([str(root), "--hf", out], capsys, "nests deeper")
+    export_fails([str(root), "--hf", out], capsys, "nests deeper")
     config_file.unlink()
     os.mkfifo(config_file)
-    _fails([str(root), "--hf", out], capsys, "not a regular file (a FIFO)")
+    export_fails([str(root), "--hf", out], capsys, "not a regular file (a FIFO)")
     assert not Path(out).exists()

@@ -15,6 +15,7 @@ from unittest import mock
 import pytest
 
 from spotmorph.cli import main
+from tests.hf.export_cli import export_fails
 from tests.hf.test_hf_export import ENTRY, trained
 from worker_agent.runtime.model import hf_export_check
 
@@ -94,35 +95,27 @@ def test_a_perturbed_or_incomplete_export_fails_naming_the_largest_difference(
     assert f"FAIL: missing keys in the export: ['{PERTURBED}']" in err, err
 
 
-def _fails(args: list[str], capsys: pytest.CaptureFixture[str], *words: str) -> None:
-    assert main(["checkpoint", "export", *args]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    for word in words:
-        assert word in err, err
-
-
 @pytest.mark.slow
 def test_bad_input_to_the_check_exits_2_with_one_line(
     checkpoint: Path, exported: tuple[Path, int, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = str(exported[0])
     (tmp_path / "empty").mkdir()
-    _fails([str(tmp_path / "nope"), "--hf", out, "--check"], capsys, "not a directory")
-    _fails([str(tmp_path / "empty"), "--hf", out, "--check"], capsys, "holds no valid checkpoint")
+    export_fails([str(tmp_path / "nope"), "--hf", out, "--check"], capsys, "not a directory")
+    export_fails([str(tmp_path / "empty"), "--hf", out, "--check"], capsys, "holds no valid checkpoint")
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("not a model")
-    _fails(
+    export_fails(
         [str(checkpoint), "--hf", str(other), "--check"], capsys, "no config.json", "name the directory export wrote"
     )
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
     shutil.copy(exported[0] / "config.json", no_weights)
-    _fails(
+    export_fails(
         [str(checkpoint), "--hf", str(no_weights), "--check"], capsys, "from_pretrained cannot load it", "export again"
     )
     for bad in ("abc", "-1", "inf"):
-        _fails([str(checkpoint), "--hf", out, "--check", f"--tolerance={bad}"], capsys, "--tolerance", "finite")
-    _fails([str(checkpoint), "--hf", str(tmp_path / "new"), "--tolerance=1e-3"], capsys, "add --check")
+        export_fails([str(checkpoint), "--hf", out, "--check", f"--tolerance={bad}"], capsys, "--tolerance", "finite")
+    export_fails([str(checkpoint), "--hf", str(tmp_path / "new"), "--tolerance=1e-3"], capsys, "add --check")
     assert not (tmp_path / "new").exists()
