@@ -1513,12 +1513,15 @@ class RegisterResponse(_message.Message):
     NODE_TOKEN_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_EXPIRY_SECONDS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     incarnation: _builtins.int
     node_token: _builtins.str
     """bearer token for Heartbeat/ReportEvent as this node and incarnation only"""
     heartbeat_interval_seconds: _builtins.float
     heartbeat_expiry_seconds: _builtins.float
+    epoch: _builtins.int
+    """The leader's lease epoch (a fencing token): an agent refuses a reply older than the newest it has seen."""
     def __init__(
         self,
         *,
@@ -1527,10 +1530,11 @@ class RegisterResponse(_message.Message):
         node_token: _builtins.str = ...,
         heartbeat_interval_seconds: _builtins.float = ...,
         heartbeat_expiry_seconds: _builtins.float = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_expiry_seconds", b"heartbeat_expiry_seconds", "heartbeat_interval_seconds", b"heartbeat_interval_seconds", "incarnation", b"incarnation", "node_name", b"node_name", "node_token", b"node_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "heartbeat_expiry_seconds", b"heartbeat_expiry_seconds", "heartbeat_interval_seconds", b"heartbeat_interval_seconds", "incarnation", b"incarnation", "node_name", b"node_name", "node_token", b"node_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1590,9 +1594,12 @@ class HeartbeatResponse(_message.Message):
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     PREPARE_FIELD_NUMBER: _builtins.int
     WAITED_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     heartbeat_interval_seconds: _builtins.float
     waited: _builtins.bool
     """the reply waited for a change (wait_seconds): beat again at once"""
+    epoch: _builtins.int
+    """The leader's lease epoch (a fencing token): an agent acts on no reply older than the newest it has seen."""
     @_builtins.property
     def assignment(self) -> Global___Assignment:
         """absent: run nothing (stop any trainer)"""
@@ -1608,10 +1615,11 @@ class HeartbeatResponse(_message.Message):
         heartbeat_interval_seconds: _builtins.float = ...,
         prepare: Global___Prepare | None = ...,
         waited: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "prepare", b"prepare"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "heartbeat_interval_seconds", b"heartbeat_interval_seconds", "prepare", b"prepare", "waited", b"waited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "epoch", b"epoch", "heartbeat_interval_seconds", b"heartbeat_interval_seconds", "prepare", b"prepare", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
