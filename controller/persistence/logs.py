@@ -8,14 +8,14 @@ thread of its caller's choosing (never the event loop); log writes are serialise
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 
 from sqlalchemy import Connection, insert, select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from controller.core import logs
 from controller.core.logs import LogChunk, LogLine, LogStream, NotRun
+from controller.persistence.dialect import insert as upsert_into
+from controller.persistence.dialect import json_value
 from controller.persistence.schema import assignments, generations, log_jobs, log_lines, log_streams, nodes
 
 PRUNE_BATCH = 1000  # oldest lines read at a time while pruning
@@ -55,7 +55,8 @@ def check_ranks(conn: Connection, node: str, chunks: Sequence[LogChunk]) -> None
 
 def _name_taken_at(conn: Connection, node: str) -> float | None:
     raw = conn.execute(select(nodes.c.data).where(nodes.c.name == node)).scalar()
-    data = raw if isinstance(raw, dict) else json.loads(raw) if isinstance(raw, str) else {}
+    data = json_value(raw) if raw is not None else {}
+    data = data if isinstance(data, dict) else {}
     taken = data.get("name_taken_at")
     return float(taken) if isinstance(taken, (int, float)) else None
 
@@ -77,7 +78,7 @@ def append(conn: Connection, node: str, chunks: Sequence[LogChunk], at: float) -
         offsets.append(taken.stream.offset)
         if taken.stream != stream:
             values = {"offset": taken.stream.offset, "pending": taken.stream.pending, "cut": taken.stream.cut}
-            upsert = sqlite_insert(log_streams).values(
+            upsert = upsert_into(conn, log_streams).values(
                 job=chunk.job, generation=chunk.generation, rank=chunk.rank, node=node, **values
             )
             conn.execute(upsert.on_conflict_do_update(index_elements=["job", "generation", "rank"], set_=values))
@@ -104,7 +105,7 @@ def _stream(conn: Connection, chunk: LogChunk) -> LogStream:
 
 def _bound(conn: Connection, job: str, lines: int, size: int) -> None:
     """Add to the job's totals; past its bound, delete its oldest lines (:func:`controller.core.logs.prune`)."""
-    upsert = sqlite_insert(log_jobs).values(job=job, lines=lines, size=size)
+    upsert = upsert_into(conn, log_jobs).values(job=job, lines=lines, size=size)
     set_ = {"lines": log_jobs.c.lines + upsert.excluded.lines, "size": log_jobs.c.size + upsert.excluded.size}
     conn.execute(upsert.on_conflict_do_update(index_elements=["job"], set_=set_))
     totals = conn.execute(select(log_jobs.c.lines, log_jobs.c.size).where(log_jobs.c.job == job)).one()

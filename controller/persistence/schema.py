@@ -26,8 +26,8 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from controller.persistence.dialect import add_column, json_value, upsert
 from controller.persistence.old_rows import (
     NODE_FIELDS_V12,
     complete_job_row,
@@ -37,7 +37,7 @@ from controller.persistence.old_rows import (
     renamed,
 )
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
@@ -117,6 +117,24 @@ decisions = Table(  # what triggered each committed decision (added by _v14: old
     metadata,
     Column("decision", Integer, primary_key=True),
     Column("stimulus", JSON, nullable=False),  # a controller.core.stimulus.Stimulus as plain data
+    Column("epoch", Integer),  # the leader's lease epoch that committed it (added by _v17; NULL before)
+)
+# The leader lease (controller.core.leadership): one row per lease name; ``expires_at`` in the database's clock.
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("holder", String, nullable=False),  # one controller process: its address and a random suffix
+    Column("address", String, nullable=False),  # where agents and clients reach it
+    Column("epoch", Integer, nullable=False),  # the fencing token: +1 on every change of holder
+    Column("expires_at", Float, nullable=False),
+)
+# Secrets every controller of the database shares: the node secret and the operator and reader tokens.
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("value", String, nullable=False),
 )
 
 # Trainer logs (controller/core/logs.py): each rank's stream (how many bytes the controller has, the start of an
@@ -168,17 +186,9 @@ def _v2(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_job ON events (job, seq)"))
 
 
-def _add_column(conn: Connection, table: str, column: str, sql_type: str) -> None:
-    """``column`` added to ``table`` unless it is there: _v1 builds today's tables, so a database born at a
-    later version has it already. The names are this module's constants, never input."""
-    columns = {row[1] for row in conn.execute(text(f"PRAGMA table_info({table})"))}
-    if column not in columns:
-        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
-
-
 def _v3(conn: Connection) -> None:
     """Morph causes as a label beside their words: generations get a column, job rows a detail field."""
-    _add_column(conn, "generations", "morph_cause", "VARCHAR")
+    add_column(conn, "generations", "morph_cause", "VARCHAR")
     untagged = conn.execute(text("SELECT job, generation, cause FROM generations WHERE morph_cause IS NULL")).all()
     if untagged:
         conn.execute(
@@ -186,7 +196,7 @@ def _v3(conn: Connection) -> None:
             [{"job": j, "generation": g, "cause": str(legacy_morph_cause(words))} for j, g, words in untagged],
         )
     for job_id, raw in conn.execute(text("SELECT id, data FROM jobs")).all():
-        data = json.loads(raw)
+        data = json_value(raw)
         if "morph_detail" in data:
             continue
         words = data.get("morph_cause") or ""
@@ -208,7 +218,7 @@ def _v4(conn: Connection) -> None:
 
 def _v5(conn: Connection) -> None:
     """The pause a morph caused, beside its decision time (older generations have none: NULL)."""
-    _add_column(conn, "generations", "pause_seconds", "FLOAT")
+    add_column(conn, "generations", "pause_seconds", "FLOAT")
 
 
 def _v6(conn: Connection) -> None:
@@ -223,7 +233,7 @@ def _v7(conn: Connection) -> None:
 
 def _v8(conn: Connection) -> None:
     """Each event names the decision (one committed reconcile pass) that wrote it: why did that happen."""
-    _add_column(conn, "events", "decision", "INTEGER")
+    add_column(conn, "events", "decision", "INTEGER")
     conn.execute(text("CREATE INDEX IF NOT EXISTS events_by_decision ON events (decision, seq)"))
 
 
@@ -232,7 +242,7 @@ def _rewrite(conn: Connection, table: str, key: str, change: Callable[[dict[str,
     for found, raw in conn.execute(text(f"SELECT {key}, data FROM {table}")).all():
         conn.execute(
             text(f"UPDATE {table} SET data = :data WHERE {key} = :key"),
-            {"key": found, "data": json.dumps(change(json.loads(raw)))},
+            {"key": found, "data": json.dumps(change(json_value(raw)))},
         )
 
 
@@ -249,7 +259,7 @@ def _v10(conn: Connection) -> None:
 
 def _v11(conn: Connection) -> None:
     """Of a morph's pause, the time no rank could step (older generations have none: NULL)."""
-    _add_column(conn, "generations", "stalled_seconds", "FLOAT")
+    add_column(conn, "generations", "stalled_seconds", "FLOAT")
 
 
 def _v12(conn: Connection) -> None:
@@ -261,7 +271,7 @@ def _v13(conn: Connection) -> None:
     """Generations keep the step they took from their predecessors' memory: the step they resumed at is the
     larger of it and their checkpoint's, one definition for every surface. Older rows get it from their
     ``GenerationIssued`` event where retention kept it (none: the checkpoint's step, as those rows showed)."""
-    _add_column(conn, "generations", "held_step", "INTEGER")
+    add_column(conn, "generations", "held_step", "INTEGER")
     issued = conn.execute(select(events.c.job, events.c.data).where(events.c.kind == "GenerationIssued")).all()
     held = [
         {"job": job, "generation": data["generation"], "held": data["held_step"]}
@@ -303,8 +313,15 @@ def _quarantine_data(data: Any) -> Any:
     return renamed(data, "hold_seconds", "quarantine_seconds") if isinstance(data, dict) else data
 
 
+def _v17(conn: Connection) -> None:
+    """Controllers that share a database: a leader lease, shared secrets, each decision's epoch (docs/controller.md,
+    "Two controllers")."""
+    metadata.create_all(conn, tables=[leases, secrets])
+    add_column(conn, "decisions", "epoch", "INTEGER")
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16,
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16, _v17,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -316,8 +333,25 @@ def version(conn: Connection) -> int:
     return int(value) if value is not None else 0
 
 
+MIGRATION_LOCK = 0x5370_6D6F  # PostgreSQL advisory lock: one controller migrates, the others wait for it
+
+
 def migrate(engine: Engine, migrations: Sequence[Callable[[Connection], None]] = MIGRATIONS) -> int:
-    """Bring the schema to the newest version, one transaction per step; refuse a newer database."""
+    """Bring the schema to the newest version, one transaction per step; refuse a newer database. Controllers
+    that start together on one PostgreSQL database take turns (an advisory lock held for the whole walk)."""
+    if engine.dialect.name != "postgresql":
+        return _migrate(engine, migrations)
+    with engine.connect() as lock:
+        lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
+        lock.commit()
+        try:
+            return _migrate(engine, migrations)
+        finally:
+            lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
+            lock.commit()
+
+
+def _migrate(engine: Engine, migrations: Sequence[Callable[[Connection], None]]) -> int:
     with engine.begin() as conn:
         current = version(conn)
     if current > len(migrations):
@@ -328,9 +362,5 @@ def migrate(engine: Engine, migrations: Sequence[Callable[[Connection], None]] =
     for step in range(current, len(migrations)):
         with engine.begin() as conn:
             migrations[step](conn)
-            conn.execute(
-                sqlite_insert(meta)
-                .values(key="schema_version", value=str(step + 1))
-                .on_conflict_do_update(index_elements=["key"], set_={"value": str(step + 1)})
-            )
+            upsert(conn, meta, ["key"], {"key": "schema_version", "value": str(step + 1)})
     return len(migrations)

@@ -1,10 +1,12 @@
-"""The persistent store: SQLite in WAL mode through SQLAlchemy Core, a versioned schema, an event log.
+"""The persistent store: SQLite in WAL mode, or PostgreSQL, through SQLAlchemy Core; a versioned schema, an event log.
 
 Everything the controller needs after ``kill -9`` is here: nodes and their incarnations, jobs with
 their specs, every generation issued with its assignments (a primary key makes issuing a generation
 twice impossible), committed checkpoints, and an append-only event log. Commands from reconcile are
 written in one transaction, so a crash leaves either all of a decision or none of it. Tables and
-migrations live in :mod:`.schema`, the mapping of records to rows in :mod:`.codec`.
+migrations live in :mod:`.schema`, the mapping of records to rows in :mod:`.codec`, what differs between
+the two databases in :mod:`.dialect`. Once a controller holds the lease (:mod:`.leases`), every write
+transaction first checks that it still does: a deposed controller's write fails with :class:`Deposed`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from pathlib import Path
 from typing import Any, assert_never
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 from controller.core.events import EventKind
+from controller.core.leadership import Lease
 from controller.core.logs import LogChunk, LogLine
 from controller.core.model import (
     AddJob,
@@ -47,6 +50,7 @@ from controller.eventlog.facts import (
     JobSubmitted,
     NodeStateChanged,
 )
+from controller.persistence import leases as lease_rows
 from controller.persistence import logs as log_rows
 from controller.persistence.codec import (
     EventRow,
@@ -61,6 +65,9 @@ from controller.persistence.codec import (
     node_row,
     stimulus_to_dict,
 )
+from controller.persistence.dialect import insert as upsert_into
+from controller.persistence.dialect import upsert
+from controller.persistence.leases import Deposed
 from controller.persistence.schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -76,10 +83,21 @@ from controller.persistence.schema import (
     meta,
     migrate,
     nodes,
+    secrets,
     version,
 )
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "EventRow", "GenerationRow", "Store", "StoreError", "migrate", "unavailable"]
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Deposed",
+    "EventRow",
+    "GenerationRow",
+    "Store",
+    "StoreError",
+    "migrate",
+    "unavailable",
+]
 
 
 def unavailable(error: BaseException) -> bool:
@@ -87,14 +105,55 @@ def unavailable(error: BaseException) -> bool:
     return isinstance(error, OperationalError | sqlite3.OperationalError | OSError)
 
 
-class Store:
-    """One SQLite file; a single writer (the controller), readers may use other connections."""
+# libpq: give up on a connection that cannot be opened, or whose sent data goes unacknowledged (a partition),
+# within seconds: a leader cut off from its database must fail its writes before its lease runs out.
+POSTGRES_CONNECT = {"connect_timeout": 3, "tcp_user_timeout": 3000, "keepalives_idle": 5, "keepalives_interval": 2}
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.engine: Engine = create_engine(f"sqlite:///{path}", future=True)
-        event.listen(self.engine, "connect", _pragmas)
+
+def database_url(target: Path | str) -> str:
+    """The SQLAlchemy URL of ``target``: a SQLite file's path, or a ``postgresql://`` URL (psycopg 3 drives it)."""
+    if isinstance(target, Path):
+        return f"sqlite:///{target}"
+    try:
+        url = make_url(target)
+    except ArgumentError as exc:
+        raise StoreError(f"--database {target!r}: not a database URL; use postgresql://USER@HOST:PORT/DB") from exc
+    if url.get_backend_name() != "postgresql":
+        raise StoreError(
+            f"--database: {url.get_backend_name()!r} is not supported; use postgresql://USER@HOST:PORT/DB "
+            "(or leave --database out for the SQLite file in --state-dir)"
+        )
+    return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+class Store:
+    """One database: a SQLite file (one controller) or PostgreSQL (controllers that take turns leading)."""
+
+    def __init__(self, target: Path | str) -> None:
+        self.target = target
+        url = database_url(target)
+        postgres = url.startswith("postgresql")
+        connect_args = POSTGRES_CONNECT if postgres else {}
+        self.engine: Engine = create_engine(url, future=True, connect_args=connect_args, pool_pre_ping=postgres)
+        if not postgres:
+            event.listen(self.engine, "connect", _pragmas)
+        self.fencing: Lease | None = None  # the lease this controller leads under: every write checks it
         migrate(self.engine)
+
+    @property
+    def shared(self) -> bool:
+        """Several controllers may use this database (PostgreSQL); a SQLite file is one controller's."""
+        return self.engine.dialect.name == "postgresql"
+
+    def _fence(self, conn: Connection) -> None:
+        if self.fencing is not None:
+            lease_rows.fence(conn, self.fencing)
+
+    def shared_secret(self, name: str, proposed: str) -> str:
+        """The secret ``name`` every controller of this database uses: ``proposed`` if none had it yet."""
+        with self.engine.begin() as conn:
+            conn.execute(upsert_into(conn, secrets).values(name=name, value=proposed).on_conflict_do_nothing())
+            return str(conn.execute(select(secrets.c.value).where(secrets.c.name == name)).scalar_one())
 
     def close(self) -> None:
         self.engine.dispose()
@@ -121,9 +180,12 @@ class Store:
         writes, kept with what triggered it (``stimulus``; None: nothing says, as in tests), and returned.
         Consecutive node updates (a generation issued on 1,000 nodes) are batched."""
         with self.engine.begin() as conn:
+            self._fence(conn)
             decision = _counter(conn, "decision_seq") + 1
             if stimulus is not None:
-                conn.execute(insert(decisions).values(decision=decision, stimulus=stimulus_to_dict(stimulus)))
+                epoch = None if self.fencing is None else self.fencing.epoch
+                row = {"decision": decision, "stimulus": stimulus_to_dict(stimulus), "epoch": epoch}
+                conn.execute(insert(decisions).values(**row))
             batch: list[SetNode] = []
             for command in commands:
                 if isinstance(command, SetNode):
@@ -179,6 +241,7 @@ class Store:
         """One ReportLogs in one transaction (:mod:`.logs`): the offset of each chunk's stream after it.
         Call it off the event loop, one caller at a time (log writes are not decisions)."""
         with self.engine.begin() as conn:
+            self._fence(conn)
             return log_rows.append(conn, node, chunks, at)
 
     def log_lines(
@@ -202,23 +265,18 @@ def _pragmas(dbapi_connection: Any, _record: Any) -> None:
 EVENTS = select(events, decisions.c.stimulus).select_from(
     events.outerjoin(decisions, events.c.decision == decisions.c.decision)
 )
-_upsert_node = sqlite_insert(nodes)
-UPSERT_NODE = _upsert_node.on_conflict_do_update(
-    index_elements=["name"],
-    set_={
-        "incarnation": _upsert_node.excluded.incarnation,
-        "state": _upsert_node.excluded.state,
-        "data": _upsert_node.excluded.data,
-    },
-)
-ADD_INCARNATION = sqlite_insert(incarnations).on_conflict_do_nothing()
 
 
 def _write_nodes(conn: Connection, commands: Sequence[SetNode], decision: int) -> None:
     """Node upserts, incarnations and state-change events of ``commands``, one executemany each, in order."""
-    conn.execute(UPSERT_NODE, [node_row(c.node) for c in commands])
+    upsert_node = upsert_into(conn, nodes)
+    excluded = upsert_node.excluded
+    columns = {"incarnation": excluded.incarnation, "state": excluded.state, "data": excluded.data}
     conn.execute(
-        ADD_INCARNATION,
+        upsert_node.on_conflict_do_update(index_elements=["name"], set_=columns), [node_row(c.node) for c in commands]
+    )
+    conn.execute(
+        upsert_into(conn, incarnations).on_conflict_do_nothing(),
         [{"node": c.node.name, "incarnation": c.node.incarnation, "registered_at": c.node.joined_at} for c in commands],
     )
     changes = []
@@ -235,8 +293,7 @@ def _counter(conn: Connection, key: str) -> int:
 
 
 def _set_counter(conn: Connection, key: str, value: int) -> None:
-    upsert = sqlite_insert(meta).values(key=key, value=str(value))
-    conn.execute(upsert.on_conflict_do_update(index_elements=["key"], set_={"value": str(value)}))
+    upsert(conn, meta, ["key"], {"key": key, "value": str(value)})
 
 
 def _add_job(conn: Connection, command: AddJob, decision: int) -> None:
@@ -292,7 +349,7 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
         _fact(conn, decision, command.at, issued(command), command.job_id)
     elif isinstance(command, RecordCheckpoint):
         conn.execute(
-            sqlite_insert(checkpoints)
+            upsert_into(conn, checkpoints)
             .values(job=command.job_id, step=command.step, generation=command.generation, committed_at=command.at)
             .on_conflict_do_nothing()
         )

@@ -357,4 +357,4 @@ def test_schema_16_names_a_flapping_nodes_wait_a_quarantine_and_a_jobs_salvage_r
     assert (registered.kind, registered.data) == ("NodeRegistered", {"hold_seconds": 1}), "other kinds are left"
     with pytest.raises(EventDataError, match="NodeQuarantined event: expected an object"):
         decode(damaged.kind, damaged.data)
-    assert store.schema_version() == SCHEMA_VERSION == 16
+    assert store.schema_version() == SCHEMA_VERSION

@@ -1,0 +1,56 @@
+"""What differs between the two stores, SQLite and PostgreSQL, said once: upserts, new columns, the time.
+
+Everything else the store writes is SQLAlchemy Core that both speak. ``conn.dialect.name`` picks; a third
+dialect is refused by name, not half supported.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Connection, Table, inspect, text
+from sqlalchemy.dialects import postgresql, sqlite
+
+DIALECTS = ("sqlite", "postgresql")
+
+
+class UnknownDialect(ValueError):
+    """A database spotmorph's store does not speak."""
+
+
+def insert(conn: Connection, table: Table) -> Any:
+    """The dialect's INSERT that takes ``on_conflict_do_update``/``on_conflict_do_nothing`` (both have it)."""
+    name = conn.dialect.name
+    if name == "sqlite":
+        return sqlite.insert(table)
+    if name == "postgresql":
+        return postgresql.insert(table)
+    raise UnknownDialect(f"database dialect {name!r}: spotmorph stores its state in {' or '.join(DIALECTS)}")
+
+
+def upsert(conn: Connection, table: Table, keys: list[str], values: dict[str, Any]) -> None:
+    """``values`` into ``table``, replacing the columns outside ``keys`` of a row that has those keys."""
+    statement = insert(conn, table).values(**values)
+    conn.execute(
+        statement.on_conflict_do_update(index_elements=keys, set_={k: values[k] for k in values if k not in keys})
+    )
+
+
+def add_column(conn: Connection, table: str, column: str, sql_type: str) -> None:
+    """``column`` added to ``table`` unless it is there (a database born at a later version has it already).
+    The names are the schema's constants, never input."""
+    if column not in {c["name"] for c in inspect(conn).get_columns(table)}:
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+
+
+def json_value(raw: Any) -> Any:
+    """A JSON column read through ``text()``: SQLite hands back the text, PostgreSQL the value."""
+    return json.loads(raw) if isinstance(raw, str | bytes) else raw
+
+
+def database_now(conn: Connection) -> float:
+    """The database's clock in Unix seconds: every controller measures a lease against the same clock."""
+    if conn.dialect.name == "postgresql":
+        return float(conn.execute(text("SELECT EXTRACT(EPOCH FROM clock_timestamp())")).scalar_one())
+    return float(conn.execute(text("SELECT (julianday('now') - 2440587.5) * 86400.0")).scalar_one())
