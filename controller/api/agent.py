@@ -20,6 +20,7 @@ import grpc
 
 from controller.api import logs, reports, wire
 from controller.api.auth import Principal, Role, Tokens, principal_of
+from controller.api.leader_gate import Leading, refuse_not_leader
 from controller.api.status import Context, abort, abort_for, answered
 from controller.api.writes import Writes
 from controller.core import intake
@@ -56,11 +57,13 @@ class AgentService(rpc.AgentServicer):
         latency: Histogram | None = None,
         *,
         logbook: LogBook,
+        leadership: Leading | None = None,
     ) -> None:
         self.view = view
         self.writes = writes
         self.tokens = tokens
         self.logbook = logbook
+        self.leadership = leadership  # None: the only controller, leading for its life (tests, epoch 0)
         self.interval = interval
         self.latency = latency or Histogram()  # time inside Heartbeat, shown in GetClusterState
         self._replies: dict[str, tuple[NodeRecord | None, JobRecord | None, pb.Assignment | None]] = {}
@@ -91,7 +94,16 @@ class AgentService(rpc.AgentServicer):
             node_token=self.tokens.node_token(node.name, node.incarnation),
             heartbeat_interval_seconds=self.interval,
             heartbeat_expiry_seconds=self.view.heartbeat_expiry_seconds,
+            epoch=await self._epoch(context),
         )
+
+    async def _epoch(self, context: Context) -> int:
+        """The epoch a reply carries; a controller that stepped down while the call ran refuses it instead."""
+        if self.leadership is None:
+            return 0
+        if not self.leadership.leading:
+            await refuse_not_leader(context, self.leadership.leader_address())
+        return self.leadership.epoch
 
     async def _instance(self, request: pb.RegisterRequest, context: Context) -> str:
         """Who registers: the instance its token proves, or (shared token) what it claims, unverified."""
@@ -169,6 +181,7 @@ class AgentService(rpc.AgentServicer):
                 waited = time.perf_counter() - waiting
                 reply, _ = self._heartbeat_reply(request.node_name)
                 reply.waited = True
+            reply.epoch = await self._epoch(context)
             return reply
         finally:
             self.latency.record(time.perf_counter() - started - waited)

@@ -17,9 +17,9 @@ import grpc
 
 from controller.core.intake import Conflict, Full, NotOwner, Stale, Taken
 from controller.core.logs import NotRun
-from controller.shell.failures import DecisionsFailed, OutOfDescriptors, Refused
+from controller.shell.failures import DecisionsFailed, NotLeader, OutOfDescriptors, Refused
 from morphing.errors import UserInputError
-from protos.reasons import REASON_KEY
+from protos.reasons import NOT_LEADER, REASON_KEY
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -31,6 +31,7 @@ STATUS_OF_ERROR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (NotRun, grpc.StatusCode.PERMISSION_DENIED),  # a node sending the log of a rank it did not run
     (Taken, grpc.StatusCode.ALREADY_EXISTS),
     (Full, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (NotLeader, grpc.StatusCode.FAILED_PRECONDITION),  # deposed mid-call: nothing written, ask the leader
     (DecisionsFailed, grpc.StatusCode.UNAVAILABLE),
     (OutOfDescriptors, grpc.StatusCode.UNAVAILABLE),
     (LookupError, grpc.StatusCode.NOT_FOUND),
@@ -63,7 +64,7 @@ async def abort(context: Context, code: grpc.StatusCode, detail: str, reason: st
 async def abort_for(context: Context, error: Exception, reason: str = "") -> NoReturn:
     """End the call with the status :data:`STATUS_OF_ERROR` gives ``error``, its message as the detail."""
     code = next((code for kind, code in STATUS_OF_ERROR if isinstance(error, kind)), grpc.StatusCode.INTERNAL)
-    await abort(context, code, str(error), reason)
+    await abort(context, code, str(error), reason or (NOT_LEADER if isinstance(error, NotLeader) else ""))
 
 
 @asynccontextmanager

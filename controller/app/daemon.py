@@ -28,12 +28,16 @@ from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_to
 from controller.api.cluster import ClusterService
 from controller.api.followers import Followers
 from controller.api.jobs import JobsService
+from controller.api.leader_gate import LeaderGate
+from controller.app.leadership import Leadership, LeaseTiming
 from controller.app.providers import ProviderFactory, make_provider
 from controller.app.settings import ControllerSettings, check_exposure, is_loopback
+from controller.app.shared_secrets import share_secrets
 from controller.app.state_lock import lock_state_dir
 from controller.app.timers import CHECKPOINT_REQUESTS, DEBOUNCE, HEARTBEAT_EXPIRY, TimerConfig, Timers
 from controller.app.tls import load_server_tls
 from controller.core.flapping import Damping
+from controller.core.leadership import ControllerRole, RoleCause, RoleChange
 from controller.core.reconcile import Config
 from controller.core.stimulus import START
 from controller.files import private_file, set_mode, write_public
@@ -122,13 +126,19 @@ class Controller:
         ]
         if settings.shared_agent_token:  # off by default: agents then prove their VM with a token of its own
             files.append((settings.agent_token_file or state / "agent.token", "agent_token_file", Role.AGENT))
+        self.store = Store(settings.database) if settings.database else Store(private_database(state / "state.db"))
+        if self.store.shared:  # every controller of the database authenticates every token
+            share_secrets(self.store, state, [(path, flag, f"{role}-token") for path, flag, role in files])
         static = {read_or_create_token(path, flag): role for path, flag, role in files}
         self.tokens = Tokens(static, token_secret(state))
-        self.store = Store(private_database(state / "state.db"))
-        self.server = grpc.aio.server(interceptors=[AuthInterceptor(self.tokens)], options=grpc_options(settings))
+        timing = LeaseTiming(settings.lease_seconds, settings.standby_poll_seconds)
+        self.leadership = Leadership(self.store, "", timing, clock, self._role_changed)
+        interceptors = [AuthInterceptor(self.tokens), LeaderGate(self.leadership)]
+        self.server = grpc.aio.server(interceptors=interceptors, options=grpc_options(settings))
         self.port = self._bind()
-        self.inbox = ProviderInbox(clock)
         host = settings.listen.rsplit(":", 1)[0]
+        self.leadership.address = settings.advertise or f"{host}:{self.port}"
+        self.inbox = ProviderInbox(clock)
         provider, poll_seconds = make_provider(settings, self.inbox, clock, f"{host}:{self.port}", self.providers)
         tuning = RunnerSettings(
             settings.reconcile_coalesce_seconds, settings.capacity_retry_seconds, settings.validate_invariants
@@ -138,9 +148,11 @@ class Controller:
         self._health_updates: set[asyncio.Task[None]] = set()
         config = replace(reconcile_config(settings), rendezvous_salt=self.tokens.rendezvous_salt())
         self.runner = Runner(self.store, clock, config, provider, self.inbox, tuning, self._decisions_work)
+        self.runner.deposed = self._deposed
         checkpoints = settings.checkpoint_request_seconds
-        timers = TimerConfig(checkpoint_request_seconds=checkpoints, provider_poll_seconds=poll_seconds)
-        self.timers = Timers(timers)
+        self.timer_config = TimerConfig(checkpoint_request_seconds=checkpoints, provider_poll_seconds=poll_seconds)
+        self.timers = Timers(self.timer_config)
+        self._following: asyncio.Task[None] | None = None  # a standby's reloads
         self.heartbeat_latency = Histogram()
         self.view = StateView(self.runner, self.heartbeat_latency)
         self.logbook = LogBook(self.store)  # trainers' logs: written and read off the event loop, not decisions
@@ -155,7 +167,13 @@ class Controller:
         rpc.add_ClusterServicer_to_server(ClusterService(self.view, self.store.schema_version()), self.server)
         interval = settings.heartbeat_interval_seconds
         agent = AgentService(
-            self.view, self.runner, self.tokens, interval, self.heartbeat_latency, logbook=self.logbook
+            self.view,
+            self.runner,
+            self.tokens,
+            interval,
+            self.heartbeat_latency,
+            logbook=self.logbook,
+            leadership=self.leadership,
         )
         rpc.add_AgentServicer_to_server(agent, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -181,10 +199,25 @@ class Controller:
             raise UserInputError(f"--listen {s.listen}: cannot bind (in use?)")
         return port
 
-    async def start(self) -> None:
-        await self.server.start()
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+    async def _role_changed(self, change: RoleChange) -> None:
+        """Leading: decide from what the database holds, with the timers on. Standing by: timers off, reload
+        what reads are answered from, every poll."""
+        if change.target is ControllerRole.LEADING:
+            await self._stop_following()
+            async with self.runner.lock:
+                self.runner.reload()  # every node gets a heartbeat expiry from now to find this controller
+                self.runner.capacity_ask = None
+            self._start_timers()
+            await self.runner.tick(START)
+        elif change.target is ControllerRole.STANDBY:
+            self.timers.stop()
+            self._following = asyncio.ensure_future(self._follow())
+            self._following.add_done_callback(_log_if_failed)
+
+    def _start_timers(self) -> None:
         runner = self.runner
+        self.timers.stop()
+        self.timers = Timers(self.timer_config)
         # Each decision a timer triggers records the timer (controller.core.stimulus). Partials, not lambdas:
         # APScheduler awaits what it recognises as a coroutine function, and a lambda's coroutine never runs.
         self.timers.start(
@@ -193,9 +226,33 @@ class Controller:
             checkpoints=functools.partial(runner.request_checkpoints, CHECKPOINT_REQUESTS),
             poll=runner.poll_provider,
         )
-        await runner.tick(START)
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                await self.runner.refresh()
+            except Exception as exc:  # the database is down: answer from the last reload meanwhile
+                log.warning("standby could not reload the state: %s", exc)
+            await asyncio.sleep(self.settings.standby_poll_seconds)
+
+    async def _stop_following(self) -> None:
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
+            self._following = None
+
+    def _deposed(self) -> None:
+        """A write found another controller's epoch: step down now (not at the next renewal)."""
+        task = asyncio.ensure_future(self.leadership.step_down(RoleCause.DEPOSED))
+        self._health_updates.add(task)
+        task.add_done_callback(self._health_updates.discard)
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.leadership.start()  # leading: the first decision is made before controller.addr says "ready"
+        write_public(self.settings.state_dir / "controller.addr", f"{self.leadership.address}\n".encode())
         host = self.settings.listen.rsplit(":", 1)[0]
-        write_public(self.settings.state_dir / "controller.addr", f"{host}:{self.port}\n".encode())
         if self.settings.metrics_listen:
             listen = self.settings.metrics_listen
             # The dashboard's data needs a token: served over TLS, or on loopback (no token crosses a network).
@@ -219,7 +276,9 @@ class Controller:
         await self.health.enter_graceful_shutdown()
         self.timers.stop()
         await self.server.stop(self.settings.shutdown_grace_seconds if grace is None else grace)
-        await self.runner.close()
+        await self._stop_following()
+        await self.runner.close(decide=self.leadership.leading)
+        await self.leadership.stop()  # a leader's lease released: a standby takes over at its next look
         if self.metrics_server is not None:
             await self.metrics_server.cleanup()
         if self._curves_task is not None:

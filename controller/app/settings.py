@@ -58,6 +58,16 @@ class ControllerSettings(BaseSettings):
     """SQLite state, tokens and ``controller.lock``; one controller per directory."""
     listen: str = "127.0.0.1:50051"
     """HOST:PORT of the gRPC API (port 0: any free one, written to STATE_DIR/controller.addr)."""
+    database: str | None = Field(default=None, max_length=2048)
+    """``postgresql://USER@HOST:PORT/DB``: state in PostgreSQL, shared by every controller given the same URL
+    (one leads under a lease, the others stand by); None: the SQLite file in ``state_dir``."""
+    advertise: str | None = Field(default=None, max_length=260)
+    """HOST:PORT agents and clients reach this controller at, named to them by standbys (default: ``listen``;
+    give it when listening on every interface)."""
+    lease_seconds: float = Field(default=6.0, ge=1.0, le=300.0)
+    """The leader's lease: renewed every third of it; a standby takes over once it ran out (PostgreSQL only)."""
+    standby_poll_seconds: float = Field(default=1.0, gt=0, le=60.0)
+    """How often a standby looks whether the lease ran out, and reloads what it answers reads from."""
     token_file: Path | None = None
     """Operator token (default STATE_DIR/operator.token, random when missing)."""
     reader_token_file: Path | None = None

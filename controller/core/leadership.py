@@ -56,7 +56,7 @@ def step_down_at(asked_at: float, seconds: float, margin: float) -> float:
     return asked_at + seconds - margin
 
 
-class Role(StrEnum):
+class ControllerRole(StrEnum):
     STARTING = "STARTING"  # not yet asked the database
     STANDBY = "STANDBY"  # another holds the lease: answer reads, refuse writes naming the leader
     LEADING = "LEADING"  # holds the lease: decides, writes, talks to agents and the provider
@@ -71,9 +71,9 @@ class RoleCause(StrEnum):
     STOPPED = "stopped"
 
 
-R = Role
+R = ControllerRole
 C = RoleCause
-ROLE_TRANSITIONS: Mapping[tuple[Role, Role], frozenset[RoleCause]] = {
+ROLE_TRANSITIONS: Mapping[tuple[ControllerRole, ControllerRole], frozenset[RoleCause]] = {
     (R.STARTING, R.LEADING): frozenset({C.LEASE_TAKEN}),  # no lease, an expired one, or SQLite's own
     (R.STARTING, R.STANDBY): frozenset({C.LEASE_HELD_ELSEWHERE}),  # another controller's lease is live
     (R.STANDBY, R.LEADING): frozenset({C.LEASE_TAKEN}),  # the leader's lease ran out or was released
@@ -92,14 +92,14 @@ class IllegalRoleChange(ValueError):
 
 @dataclass(frozen=True)
 class RoleChange:
-    source: Role
-    target: Role
+    source: ControllerRole
+    target: ControllerRole
     cause: RoleCause
     at: float
     epoch: int
 
 
-def change_role(source: Role, target: Role, cause: RoleCause, at: float, epoch: int) -> RoleChange:
+def change_role(source: ControllerRole, target: ControllerRole, cause: RoleCause, at: float, epoch: int) -> RoleChange:
     """The one way a controller's role changes: refused unless the table has the edge for this cause."""
     if cause not in ROLE_TRANSITIONS.get((source, target), frozenset()):
         raise IllegalRoleChange(f"{source} -> {target} ({cause}) is not a controller role change")

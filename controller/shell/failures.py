@@ -20,6 +20,10 @@ class DecisionsFailed(RuntimeError):
     """No decision could be made (the failure is not one report's or one job's); retried every tick."""
 
 
+class NotLeader(DecisionsFailed):
+    """This controller no longer leads (another took the lease): nothing was written; ask the leader."""
+
+
 class OutOfDescriptors(RuntimeError):
     """The controller's process (or the machine) has no file descriptor left: not the caller's fault, retry."""
 

@@ -47,11 +47,11 @@ from controller.core.model import (
 from controller.core.reconcile import Config, cancel, fail, reconcile
 from controller.core.stimulus import Stimulus
 from controller.eventlog import facts, provider_facts
-from controller.persistence.store import Store, unavailable
+from controller.persistence.store import Deposed, Store, unavailable
 from controller.providers.base import CannotList, Clock, Provider, ProviderEvent, ProviderInbox
 from controller.shell import effects
 from controller.shell.effects import Effects
-from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
+from controller.shell.failures import DecisionsFailed, HealthPort, NotLeader, Refused, describe
 from controller.shell.planning import MemoPlanner, Planners
 from morphing.jobspec import JobSpec
 
@@ -96,12 +96,11 @@ class Runner:
         self.inbox = inbox or ProviderInbox(clock)
         self.settings = settings or RunnerSettings()
         self.health = health
-        nodes, jobs = store.load()
-        self.job_seq, self.node_seq, self.incarnation_floor = store.counters()
-        self.started_at = clock.now()
-        self.nodes: dict[str, NodeRecord] = nodes
-        self.jobs: dict[str, JobRecord] = jobs
+        self.deposed: Callable[[], None] = lambda: None  # told when a write found another controller leading
+        self.nodes: dict[str, NodeRecord] = {}
+        self.jobs: dict[str, JobRecord] = {}
         self.observed: dict[str, NodeObservation] = {}
+        self.reload()
         self.lock = asyncio.Lock()
         self.changed = asyncio.Event()  # set after every commit: wakes event followers
         self.planner = Planners()
@@ -117,6 +116,21 @@ class Runner:
         self._fresh: set[str] = set()  # nodes whose observation changed since the last decision
         self._accepted: dict[str, NodeObservation] = {}  # their observations as that decision saw them
         self._refused: dict[str, tuple[NodeObservation, str]] = {}  # observations set aside, and why
+
+    def reload(self) -> None:
+        """What the store holds, as a controller starting (or taking the lease) sees it: every node gets a heartbeat
+        expiry from now to be heard from. A standby calls it to answer reads with what the leader committed."""
+        self.nodes, self.jobs = self.store.load()
+        self.job_seq, self.node_seq, self.incarnation_floor = self.store.counters()
+        self.started_at = self.clock.now()
+        self.observed = {}
+
+    async def refresh(self) -> None:
+        """A standby's reload (off the event loop), then a wake for the readers that follow the state."""
+        nodes, jobs = await asyncio.to_thread(self.store.load)
+        self.nodes, self.jobs = nodes, jobs
+        self.changed.set()
+        self.changed = asyncio.Event()
 
     @property
     def world(self) -> World:
@@ -202,6 +216,10 @@ class Runner:
         Raises :class:`Refused` when the request (``first``) was the cause, :class:`DecisionsFailed`
         when no decision can be made at all (then health says so until one can).
         """
+        if isinstance(failure, Deposed):  # not a failure to contain: another controller decides now
+            log.error("%s; stepping down", failure)
+            self.deposed()
+            raise NotLeader(str(failure)) from failure
         if unavailable(failure):
             self._deciding(False, failure)
             why = f"the state database cannot be written ({describe(failure)}); retry later"
@@ -376,9 +394,14 @@ class Runner:
         """Wait for the side effects under way (provider calls) and the outcomes they log."""
         await self.effects.settle()
 
-    async def close(self) -> None:
-        """Persist the last decisions, finish the side effects under way, close the provider, log its last words."""
+    async def close(self, decide: bool = True) -> None:
+        """Persist the last decisions, finish the side effects under way, close the provider, log its last words.
+        ``decide``: False for a standby, which has no decisions to persist (its writes would be refused)."""
         stopping = Stimulus.tick(stimuli.STOP)
+        if not decide:
+            with contextlib.suppress(Exception):
+                await self.provider.close()
+            return
         async with self.lock:
             self._quietly(lambda: self._reconcile(stopping))
         with contextlib.suppress(Exception):  # a side effect's bug was logged as it ended the group: stop all the same

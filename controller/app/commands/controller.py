@@ -17,6 +17,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file of settings (flags and environment win)")
     parser.add_argument("--state-dir", type=Path, help="where the SQLite state and tokens live")
     parser.add_argument("--listen", metavar="HOST:PORT", help="default 127.0.0.1:50051")
+    parser.add_argument(
+        "--database",
+        metavar="URL",
+        help="postgresql://USER@HOST:PORT/DB: state in PostgreSQL, shared by several controllers (one leads); "
+        "default: SQLite in --state-dir",
+    )
+    parser.add_argument("--advertise", metavar="HOST:PORT", help="the address standbys name for this controller")
+    parser.add_argument("--lease-seconds", type=float, help="the leader's lease with --database (default 6)")
     parser.add_argument("--token-file", type=Path, help="operator token (a random one is written when missing)")
     parser.add_argument("--tls-cert", type=Path, help="server certificate (PEM), see `spotmorph certs`")
     parser.add_argument("--tls-key", type=Path, help="server key (PEM)")
@@ -77,6 +85,7 @@ def run(args: argparse.Namespace, providers: Mapping[str, ProviderFactory] | Non
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     keys = ("state_dir", "listen", "token_file", "tls_cert", "tls_key", "tls_ca", "allow_plaintext")
     more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen", "metrics_allow_remote", "tensorboard_dir")
-    overrides = {k: getattr(args, k) for k in (*keys, *more, "validate_invariants")}
+    shared = ("database", "advertise", "lease_seconds")
+    overrides = {k: getattr(args, k) for k in (*keys, *more, *shared, "validate_invariants")}
     settings = load_settings(args.config, overrides)
     return asyncio.run(serve(settings, providers))

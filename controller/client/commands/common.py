@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 from morphing.errors import UserInputError
 
 # Exit codes scripts can rely on: 0 ok, 2 bad input (also bad flags), 3 not found, 4 refused
-# (auth), 5 controller unreachable, 6 wrong state (e.g. cancelling a finished job).
+# (auth), 5 controller unreachable or none leads now (retry later), 6 wrong state (e.g. cancelling a
+# finished job).
 EXIT_NOT_FOUND, EXIT_DENIED, EXIT_UNAVAILABLE, EXIT_STATE = 3, 4, 5, 6
 T = TypeVar("T")
 
@@ -31,7 +32,12 @@ def number(flag: str, value: str | None, least: int, most: int, fix: str) -> int
 
 
 def add_client_arguments(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
-    parser.add_argument("--controller", metavar="HOST:PORT", help="default: $SPOTMORPH_CONTROLLER, else context")
+    parser.add_argument(
+        "--controller",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the controller, or several (one leads, the others stand by); default: $SPOTMORPH_CONTROLLER, "
+        "else the context file",
+    )
     parser.add_argument(
         "--token", help="default: $SPOTMORPH_TOKEN, else the context file (--token=VALUE if VALUE starts with -)"
     )
@@ -43,14 +49,17 @@ def add_client_arguments(parser: argparse.ArgumentParser, json_flag: bool = True
 
 
 def call(args: argparse.Namespace, make: Callable[[Any], T]) -> tuple[T | None, int]:
-    """Run ``make(channel)`` once the controller answers (``make`` may do slow local work first, such as
-    building a model); no answer and RPC errors become one line on stderr and a documented exit code."""
+    """Run ``make(channel)`` once a controller answers (``make`` may do slow local work first, such as
+    building a model); reads go to the first listed controller that answers, writes it refuses as a standby to
+    the leader (:mod:`controller.client.leader`). No answer, no leader and RPC errors become one line on stderr
+    and a documented exit code."""
     import grpc
 
     from controller.client import connection as client
+    from controller.client.leader import LeaderChannel, NoLeader, Route
 
-    address, token = client.resolve(args.controller, args.token)
-    channel = client.channel(address, token, args.tls_ca, args.tls_cert, args.tls_key)
+    addresses, token = client.resolve(args.controller, args.token)
+    opener = client.Opener.of(token, args.tls_ca, args.tls_cert, args.tls_key)
     codes = {
         grpc.StatusCode.INVALID_ARGUMENT: 2,
         grpc.StatusCode.NOT_FOUND: EXIT_NOT_FOUND,
@@ -59,10 +68,12 @@ def call(args: argparse.Namespace, make: Callable[[Any], T]) -> tuple[T | None, 
         grpc.StatusCode.UNAVAILABLE: EXIT_UNAVAILABLE,
         grpc.StatusCode.FAILED_PRECONDITION: EXIT_STATE,
     }
+    channel: LeaderChannel | None = None
     try:
-        client.wait_until_answers(channel, address, client.address_source(args.controller))
+        address, first = client.wait_until_answers(addresses, opener, client.address_source(args.controller))
+        channel = LeaderChannel(Route(address, first, addresses, opener))
         return make(channel), 0
-    except client.ControllerUnreachable as exc:
+    except (client.ControllerUnreachable, NoLeader) as exc:
         print(f"spotmorph {args.command}: {exc}", file=sys.stderr)
         return None, EXIT_UNAVAILABLE
     except grpc.RpcError as exc:
@@ -70,7 +81,8 @@ def call(args: argparse.Namespace, make: Callable[[Any], T]) -> tuple[T | None, 
         print(f"spotmorph {args.command}: {code.name}: {exc.details()}", file=sys.stderr)
         return None, codes.get(code, 1)
     finally:
-        channel.close()
+        if channel is not None:
+            channel.close()
 
 
 MAX_PAGES = 100_000  # 100 million items at the controller's default page size: far beyond any cluster

@@ -1,0 +1,168 @@
+"""The controller's side of the lease: take it or stand by, renew it, step down in time, release it at stop.
+
+Decisions are :mod:`controller.core.leadership`'s; this runs them against the store on a worker thread
+(a database that hangs must not hold the event loop) and tells the controller when its role changes.
+A leader renews every third of the lease and steps down on its own clock a third before the lease can run
+out, whether the renewals fail (the database is cut off) or hang. A standby tries to take the lease at
+every poll and, meanwhile, reloads what it answers reads from.
+
+A SQLite store is one controller's (the state directory's lock): it leads from the start, taking over any
+lease a previous process of the same directory left, at the next epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from controller.core.leadership import ControllerRole, Lease, RoleCause, RoleChange, change_role, step_down_at
+from controller.persistence import leases
+from controller.persistence.store import Store
+from controller.providers.base import Clock
+
+log = logging.getLogger("spotmorph.controller")
+
+RoleHook = Callable[[RoleChange], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    seconds: float = 6.0  # how long a lease lasts after its last renewal (the database's clock)
+    poll_seconds: float = 1.0  # a standby's look at the lease
+
+    @property
+    def renew_seconds(self) -> float:
+        return self.seconds / 3
+
+    @property
+    def margin_seconds(self) -> float:
+        return self.seconds / 3
+
+
+class Leadership:
+    """One controller's role. ``on_change`` runs (awaited, in order) for every change of role."""
+
+    def __init__(self, store: Store, address: str, timing: LeaseTiming, clock: Clock, on_change: RoleHook) -> None:
+        self.store = store
+        self.address = address  # may be set once bound, before start()
+        self.holder = ""
+        self.timing = timing
+        self.clock = clock
+        self.on_change = on_change
+        self.role = ControllerRole.STARTING
+        self.lease: Lease | None = None  # ours, while leading
+        self.seen: Lease | None = None  # the lease as last read: whose it is
+        self._deadline = 0.0  # when a leader must have stepped down, unless renewed before
+        self._task: asyncio.Task[None] | None = None
+        self._changing = asyncio.Lock()
+
+    @property
+    def leading(self) -> bool:
+        return self.role is ControllerRole.LEADING
+
+    @property
+    def epoch(self) -> int:
+        return self.lease.epoch if self.lease is not None and self.leading else 0
+
+    def leader_address(self) -> str:
+        """Where the leader answers, as far as this controller knows ('' when none leads)."""
+        if self.leading:
+            return self.address
+        seen = self.seen
+        return seen.address if seen is not None and seen.live(self.clock.now()) else ""
+
+    async def start(self) -> None:
+        """Take the lease or stand by (whichever the database says), then keep at it in the background. A SQLite
+        store's controller takes it at once and keeps it for its life (no other process can open the file)."""
+        self.holder = f"{self.address}#{secrets.token_hex(4)}"
+        if not self.store.shared:
+            taken, _ = leases.take(self.store.engine, self.holder, self.address, self.timing.seconds, force=True)
+            assert taken is not None  # forced
+            self.lease = self.seen = self.store.fencing = taken
+            await self._change(ControllerRole.LEADING, RoleCause.LEASE_TAKEN)
+            return
+        await self._try_take()
+        if self.role is ControllerRole.STARTING:
+            await self._change(ControllerRole.STANDBY, RoleCause.LEASE_HELD_ELSEWHERE)
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            if self.leading:
+                await self._renew()
+            else:
+                await self._try_take()
+            pause = self.timing.renew_seconds if self.leading else self.timing.poll_seconds
+            if self.leading:  # wake in time to step down even while a renewal hangs
+                pause = min(pause, max(0.0, self._deadline - self.clock.now()))
+            await asyncio.sleep(pause)
+            if self.leading and self.clock.now() >= self._deadline:
+                log.error("the lease's renewal is overdue (the database is unreachable?); stepping down")
+                await self.step_down(RoleCause.RENEWAL_OVERDUE)
+
+    async def _try_take(self) -> None:
+        force = not self.store.shared
+        try:
+            asked = self.clock.now()
+            taken, seen = await asyncio.to_thread(
+                leases.take, self.store.engine, self.holder, self.address, self.timing.seconds, force
+            )
+        except Exception as exc:  # the database is down: stay as we are, look again at the next poll
+            log.warning("could not read the leader lease: %s", exc)
+            return
+        self.seen = seen
+        if taken is not None and not self.leading:
+            self.lease = taken
+            self._deadline = step_down_at(asked, self.timing.seconds, self.timing.margin_seconds)
+            self.store.fencing = taken
+            await self._change(ControllerRole.LEADING, RoleCause.LEASE_TAKEN)
+
+    async def _renew(self) -> None:
+        mine = self.lease
+        if mine is None:
+            return
+        asked = self.clock.now()
+        try:
+            renewed = await asyncio.wait_for(
+                asyncio.to_thread(leases.renew, self.store.engine, mine, self.timing.seconds),
+                max(0.1, self._deadline - asked),
+            )
+        except Exception as exc:  # unreachable or slow: the deadline decides
+            log.warning("renewing the leader lease failed: %s", exc)
+            return
+        if renewed is None:
+            await self.step_down(RoleCause.DEPOSED)
+            return
+        self.lease = self.seen = renewed
+        self.store.fencing = renewed
+        self._deadline = step_down_at(asked, self.timing.seconds, self.timing.margin_seconds)
+
+    async def step_down(self, cause: RoleCause) -> None:
+        """Stop leading now (a write found another epoch, or the renewal is overdue). Writes stay fenced by the
+        old lease, so anything still under way is refused by the database."""
+        if self.leading:
+            await self._change(ControllerRole.STANDBY, cause)
+
+    async def _change(self, target: ControllerRole, cause: RoleCause) -> None:
+        async with self._changing:
+            epoch = self.lease.epoch if self.lease is not None else 0
+            change = change_role(self.role, target, cause, self.clock.now(), epoch)
+            self.role = target
+            log.warning("controller %s: %s -> %s (%s, epoch %d)", self.address, change.source, target, cause, epoch)
+            await self.on_change(change)
+
+    async def stop(self) -> None:
+        """Stop the background work; a leader releases its lease so a standby takes over at once."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        mine, was_leading = self.lease, self.leading
+        if self.role is not ControllerRole.STOPPED:
+            await self._change(ControllerRole.STOPPED, RoleCause.STOPPED)
+        if was_leading and mine is not None and self.store.shared:
+            with contextlib.suppress(Exception):  # unreachable: the lease runs out on its own
+                await asyncio.to_thread(leases.release, self.store.engine, mine)
