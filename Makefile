@@ -25,6 +25,10 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 		&& echo "installing Debian's chromium for the dashboard's browser tests (seconds)" \
 		&& DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q -o Acquire::http::Timeout=30 --no-install-recommends chromium >/dev/null; } \
 		|| echo "no chromium (not root, or no apt): the dashboard's browser tests will skip"
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null && echo "installing Debian's postgresql for the PostgreSQL store's tests (a minute)" \
+		&& DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q -o Acquire::http::Timeout=30 --no-install-recommends postgresql >/dev/null; } \
+		|| echo "no PostgreSQL (not root, or no apt): the PostgreSQL tests will skip"
 	touch $@
 
 install: $(VENV)/.installed

@@ -4,18 +4,22 @@
 fixture name an ``xdist_group`` so they run on one worker. The tests that start local clusters run on both
 workers, two clusters at a time at most: the suite is bound by the CPU, and two at a time overlap the waits
 each has (a notice, a heartbeat's expiry) with the other's work. The harness's ``spotmorph`` commands are forked
-from the worker's fork server (tests/forkserver.py) rather than started as new interpreters.
+from the worker's fork server (tests/forkserver.py) rather than started as new interpreters. The PostgreSQL
+server (``postgres_server``, a second to start) is one per worker, not a group's: the store's tests then run
+on both workers.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
 from spotmorph.local import cli_calls
 from tests import forkserver_client
+from tests.postgres import MISSING, PostgresServer, find_binaries
 from worker_agent.runtime.process.warm import IMPORTS_ENV
 
 SLOW_SECONDS = 3.0  # a test this long (its three phases) without the `slow` marker is named at the end of a run
@@ -62,6 +66,34 @@ def _harness_commands_forked() -> Iterator[None]:
     cli_calls.use_runner(forked)
     yield
     cli_calls.use_runner(None)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """This worker's PostgreSQL server, started the first time a test asks; skipped without PostgreSQL."""
+    binaries = find_binaries()
+    if binaries is None:
+        pytest.skip(MISSING)
+    with PostgresServer.start(binaries) as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database's SQLAlchemy URL, dropped after the test (its connections ended first)."""
+    name = postgres_server.unique_name("test")
+    yield postgres_server.create_database(name)
+    postgres_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """What ``Store`` opens, once for each store: a SQLite file, then a fresh PostgreSQL database's URL (the
+    server started only for this one, so the SQLite case runs on a machine without PostgreSQL)."""
+    if request.param == "sqlite":
+        return tmp_path / "state.db"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
 
 
 class _Unmarked:

@@ -7,7 +7,8 @@
 - :mod:`.platform`: the platform process serving it, which evicts VMs whose eviction has started;
 - :mod:`.replay`: adds and evictions driven by an availability trace;
 - :mod:`.cluster`: ``up`` and ``down``, and the client context that points at the cluster;
-- :mod:`.harness`: driving a cluster from the demo, the benchmarks and the end-to-end tests.
+- :mod:`.harness`: driving a cluster from the demo, the benchmarks and the end-to-end tests;
+- :mod:`.postgres`: a throwaway PostgreSQL server in a temporary directory, for the tests and ``--database``.
 
 It lives under the composition root because it starts everything else as processes; the controller
 gets the local provider injected (``spotmorph controller`` registers it), never imports it.
