@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from controller.client import connection
 from controller.client.addresses import listed
-from controller.client.connection import READY_SECONDS, Opener, answers
 from protos.reasons import NOT_LEADER, leader_of, reason_of
 
 T = TypeVar("T")
@@ -50,7 +50,9 @@ class Route:
     """Where calls go: the controller that answered first; after a standby's refusal, the one that took the call
     (later writes of the command go straight there)."""
 
-    def __init__(self, address: str, channel: grpc.Channel, addresses: Sequence[str], opener: Opener) -> None:
+    def __init__(
+        self, address: str, channel: grpc.Channel, addresses: Sequence[str], opener: connection.Opener
+    ) -> None:
         self.address, self.channel = address, channel
         self.addresses = tuple(addresses)
         self.opener = opener
@@ -67,7 +69,8 @@ class Route:
         standbys, silent = [self.address], []
         for address in self.candidates(leader):
             channel = self._open(address)
-            if answers(channel, READY_SECONDS):  # a leader gone, or named by an address this host cannot reach
+            # A leader gone, or named by an address this host cannot reach: no call waits on it.
+            if connection.answers(channel, connection.READY_SECONDS):
                 silent.append(address)
                 continue
             try:

@@ -100,7 +100,7 @@ class LocalCluster:
         """A read-only client command (status, nodes, events, jobs) in this process, as it runs as a process:
         what the harness polls (spotmorph.local.cli_calls says why)."""
         context = self.context()
-        return ask(args, context.controller, context.token(), check)
+        return ask(args, ",".join(context.addresses()), context.token(), check)
 
     def ask_json(self, *args: str) -> Any:
         return json.loads(self.ask(*args, "--json").stdout)

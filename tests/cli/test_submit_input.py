@@ -82,7 +82,7 @@ def test_a_model_that_cannot_be_built_here_is_refused_before_it_is_sent(
 ) -> None:
     """`spotmorph submit` builds the model on the meta device to send its layer names for the profile check,
     once the controller answers (tests/cli/test_controller_unreachable.py): here, as if one did."""
-    monkeypatch.setattr(connection, "wait_until_answers", lambda *args: None)
+    monkeypatch.setattr(connection, "answers", lambda *args: "")
     broken = f"entrypoint={Path(__file__).resolve().parents[1] / 'runtime' / 'bad_models.py'}:raises"
     code, err = submit(capsys, str(EXAMPLE), "--set", broken)
     assert code == 2 and err.count("\n") == 1, err
