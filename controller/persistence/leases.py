@@ -12,7 +12,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, Engine, select
 
 from controller.core.leadership import LEASE, Lease, claim, renewed
-from controller.persistence.dialect import database_now, upsert
+from controller.persistence.dialect import database_now, insert, upsert
 from controller.persistence.schema import leases
 
 
@@ -36,6 +36,11 @@ def take(engine: Engine, holder: str, address: str, seconds: float, force: bool)
     with engine.begin() as conn:
         now = database_now(conn)
         found = read(conn, lock=True)
+        if found is None:
+            first = claim(None, holder, address, now, seconds, force)
+            if first is not None and _insert_first(conn, first):
+                return first, first
+            found = read(conn, lock=True)  # another controller's first lease, committed while this one waited
         taken = claim(found, holder, address, now, seconds, force)
         if taken is not None:
             _write(conn, taken)
@@ -68,12 +73,21 @@ def fence(conn: Connection, mine: Lease) -> None:
         raise Deposed(f"this controller's lease (epoch {mine.epoch}) was taken over ({held} holds it now)")
 
 
+def _insert_first(conn: Connection, lease: Lease) -> bool:
+    """The first lease row, unless another controller inserted one first (False): with no row yet, the lock
+    :func:`read` takes locks nothing, and two controllers starting together would both take epoch 1."""
+    return conn.execute(insert(conn, leases).values(**_values(lease)).on_conflict_do_nothing()).rowcount == 1
+
+
 def _write(conn: Connection, lease: Lease) -> None:
-    values = {
+    upsert(conn, leases, ["name"], _values(lease))
+
+
+def _values(lease: Lease) -> dict[str, object]:
+    return {
         "name": LEASE,
         "holder": lease.holder,
         "address": lease.address,
         "epoch": lease.epoch,
         "expires_at": lease.expires_at,
     }
-    upsert(conn, leases, ["name"], values)

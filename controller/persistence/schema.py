@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Column,
     Connection,
     Engine,
@@ -39,13 +40,18 @@ from controller.persistence.old_rows import (
 
 SCHEMA_VERSION = 17
 
+# Whole numbers of 64 bits in both databases: SQLite's INTEGER has them, PostgreSQL's has 32 (steps and byte
+# offsets an agent reports, ids and decision numbers that only grow pass 2**31). SQLite's columns stay INTEGER,
+# which also keeps an INTEGER PRIMARY KEY SQLite's rowid.
+INT = BigInteger().with_variant(Integer(), "sqlite")
+
 metadata = MetaData()
 meta = Table("meta", metadata, Column("key", String, primary_key=True), Column("value", String, nullable=False))
 nodes = Table(
     "nodes",
     metadata,
     Column("name", String, primary_key=True),
-    Column("incarnation", Integer, nullable=False),
+    Column("incarnation", INT, nullable=False),
     Column("state", String, nullable=False),
     Column("data", JSON, nullable=False),
 )
@@ -53,7 +59,7 @@ incarnations = Table(
     "incarnations",
     metadata,
     Column("node", String, primary_key=True),
-    Column("incarnation", Integer, primary_key=True),
+    Column("incarnation", INT, primary_key=True),
     Column("registered_at", Float, nullable=False),
 )
 jobs = Table(
@@ -61,29 +67,29 @@ jobs = Table(
     metadata,
     Column("id", String, primary_key=True),
     Column("state", String, nullable=False),
-    Column("seq", Integer, nullable=False),
+    Column("seq", INT, nullable=False),
     Column("data", JSON, nullable=False),
 )
 generations = Table(
     "generations",
     metadata,
     Column("job", String, primary_key=True),
-    Column("generation", Integer, primary_key=True),
+    Column("generation", INT, primary_key=True),
     Column("layout", JSON, nullable=False),
-    Column("resume_step", Integer, nullable=False),
+    Column("resume_step", INT, nullable=False),
     Column("cause", String, nullable=False),  # in words, as the API shows it
     Column("morph_seconds", Float),
     Column("issued_at", Float, nullable=False),
     Column("morph_cause", String),  # a MorphCause value; added by _v3 (nullable, as SQLite adds columns)
     Column("pause_seconds", Float),  # the pause training felt (added by _v5; NULL until the first step)
     Column("stalled_seconds", Float),  # of it, until the first step began (added by _v11; NULL: unsaid)
-    Column("held_step", Integer),  # taken from the previous generation's memory (added by _v13; NULL/0: none)
+    Column("held_step", INT),  # taken from the previous generation's memory (added by _v13; NULL/0: none)
 )
 assignments = Table(
     "assignments",
     metadata,
     Column("job", String, primary_key=True),
-    Column("generation", Integer, primary_key=True),
+    Column("generation", INT, primary_key=True),
     Column("node", String, primary_key=True),
     Column("ranks", JSON, nullable=False),
 )
@@ -91,8 +97,8 @@ checkpoints = Table(
     "checkpoints",
     metadata,
     Column("job", String, primary_key=True),
-    Column("step", Integer, primary_key=True),
-    Column("generation", Integer, nullable=False),
+    Column("step", INT, primary_key=True),
+    Column("generation", INT, nullable=False),
     Column("committed_at", Float, nullable=False),
 )
 idempotency_keys = Table(  # the primary key makes a key name one job at most
@@ -104,20 +110,20 @@ idempotency_keys = Table(  # the primary key makes a key name one job at most
 events = Table(
     "events",
     metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("seq", INT, primary_key=True, autoincrement=True),
     Column("at", Float, nullable=False),
     Column("kind", String, nullable=False),
     Column("job", String),
     Column("node", String),
     Column("data", JSON, nullable=False),
-    Column("decision", Integer),  # the committed decision that wrote it (added by _v8; NULL before)
+    Column("decision", INT),  # the committed decision that wrote it (added by _v8; NULL before)
 )
 decisions = Table(  # what triggered each committed decision (added by _v14: older decisions have no row)
     "decisions",
     metadata,
-    Column("decision", Integer, primary_key=True),
+    Column("decision", INT, primary_key=True),
     Column("stimulus", JSON, nullable=False),  # a controller.core.stimulus.Stimulus as plain data
-    Column("epoch", Integer),  # the leader's lease epoch that committed it (added by _v17; NULL before)
+    Column("epoch", INT),  # the leader's lease epoch that committed it (added by _v17; NULL before)
 )
 # The leader lease (controller.core.leadership): one row per lease name; ``expires_at`` in the database's clock.
 leases = Table(
@@ -126,7 +132,7 @@ leases = Table(
     Column("name", String, primary_key=True),
     Column("holder", String, nullable=False),  # one controller process: its address and a random suffix
     Column("address", String, nullable=False),  # where agents and clients reach it
-    Column("epoch", Integer, nullable=False),  # the fencing token: +1 on every change of holder
+    Column("epoch", INT, nullable=False),  # the fencing token: +1 on every change of holder
     Column("expires_at", Float, nullable=False),
 )
 # Secrets every controller of the database shares: the node secret and the operator and reader tokens.
@@ -144,24 +150,24 @@ log_streams = Table(
     "log_streams",
     metadata,
     Column("job", String, primary_key=True),
-    Column("generation", Integer, primary_key=True),
-    Column("rank", Integer, primary_key=True),
+    Column("generation", INT, primary_key=True),
+    Column("rank", INT, primary_key=True),
     Column("node", String, nullable=False),
-    Column("offset", Integer, nullable=False),
+    Column("offset", INT, nullable=False),
     Column("pending", LargeBinary, nullable=False),
-    Column("cut", Integer, nullable=False),
+    Column("cut", INT, nullable=False),
 )
 log_lines = Table(
     "log_lines",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", INT, primary_key=True),
     Column("job", String, nullable=False),
-    Column("generation", Integer, nullable=False),
-    Column("rank", Integer, nullable=False),
+    Column("generation", INT, nullable=False),
+    Column("rank", INT, nullable=False),
     Column("node", String, nullable=False),
     Column("at", Float, nullable=False),
     Column("text", String, nullable=False),
-    Column("size", Integer, nullable=False),  # bytes of text, counted against the job's bound
+    Column("size", INT, nullable=False),  # bytes of text, counted against the job's bound
     Index("log_lines_by_job", "job", "id"),
     sqlite_autoincrement=True,
 )
@@ -169,8 +175,8 @@ log_jobs = Table(
     "log_jobs",
     metadata,
     Column("job", String, primary_key=True),
-    Column("lines", Integer, nullable=False),
-    Column("size", Integer, nullable=False),
+    Column("lines", INT, nullable=False),
+    Column("size", INT, nullable=False),
 )
 
 
