@@ -120,18 +120,19 @@ def test_submission_ids_keys_and_checkpoint_dirs() -> None:
             intake.submit(done, spec(checkpoint_dir="/c/a/x"), None, 6.0)
 
 
-def test_the_store_keeps_keys_unique_and_counters_across_restarts(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_the_store_keeps_keys_unique_and_counters_across_restarts(store_target: Path | str) -> None:
+    store = Store(store_target)
     keyed = replace(job("job-1"), idempotency_key="k")
     store.persist([AddJob(keyed, 1), SetNodeSeq(3)])
     with pytest.raises(IntegrityError):
         store.persist([AddJob(replace(job("job-2"), idempotency_key="k"), 2)])
     store.close()
-    reopened = Store(tmp_path / "state.db")
+    reopened = Store(store_target)
     assert reopened.counters() == (1, 3, 0) and reopened.load()[1]["job-1"] == keyed
 
 
 def test_migrating_to_v4_counts_the_generated_names_already_used(tmp_path: Path) -> None:
+    """SQLite only: a database of schema 3 exists only as a SQLite file (PostgreSQL came with schema 17)."""
     engine = create_engine(f"sqlite:///{tmp_path / 'old.db'}")
     migrate(engine, MIGRATIONS[:3])
     with engine.begin() as conn:

@@ -2,9 +2,9 @@
 
 The pure rules (:func:`controller.core.logs.take`) first: overlaps trimmed, gaps not taken, partial lines
 carried to the next chunk, Windows line ends, bytes that are not UTF-8, overlong lines cut at a character
-boundary with a marker, and the end of a file without a newline. Then the store on a real SQLite file:
+boundary with a marker, and the end of a file without a newline. Then the store, on SQLite and on PostgreSQL:
 a node may append only the ranks its generation placed on it, ids only grow (also past deleted lines), a
-job keeps its newest 10,000 lines and 4 MiB, and a state directory of schema 5 gains the tables.
+job keeps its newest 10,000 lines and 4 MiB; and a SQLite state directory of schema 5 gains the tables.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from controller.core.causes import MorphCause
 from controller.core.logs import LogChunk, LogStream, NotRun, take
 from controller.core.model import StartGeneration, ranks_by_node
 from controller.core.records import CheckpointRef
+from controller.persistence.schema import log_streams
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, migrate
 from tests.controller.test_store import _running_world
 
@@ -89,8 +90,8 @@ def _two_generations(store: Store) -> dict[str, tuple[int, ...]]:
     return dict(ranks_by_node(layout))
 
 
-def test_a_node_appends_only_the_ranks_its_generations_placed_on_it(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_a_node_appends_only_the_ranks_its_generations_placed_on_it(store_target: Path | str) -> None:
+    store = Store(store_target)
     placed = _two_generations(store)
     node, ranks = next(iter(placed.items()))
     stranger = next((r for r in range(8) if r not in ranks), None)
@@ -108,8 +109,8 @@ def test_a_node_appends_only_the_ranks_its_generations_placed_on_it(tmp_path: Pa
     assert store.append_logs(node, [chunk(4, b"two\n", rank=ranks[0])], 6.0) == [8]
 
 
-def test_the_cursor_filters_and_keeps_growing_past_deleted_lines(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_the_cursor_filters_and_keeps_growing_past_deleted_lines(store_target: Path | str) -> None:
+    store = Store(store_target)
     placed = _two_generations(store)
     node, ranks = next(iter(placed.items()))
     rank = ranks[0]
@@ -132,8 +133,8 @@ def test_the_cursor_filters_and_keeps_growing_past_deleted_lines(tmp_path: Path)
     assert store.log_lines("job-1", after=ids[1])[0].id > ids[-1]
 
 
-def test_a_job_keeps_its_newest_lines_within_both_bounds(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_a_job_keeps_its_newest_lines_within_both_bounds(store_target: Path | str) -> None:
+    store = Store(store_target)
     placed = _two_generations(store)
     node, ranks = next(iter(placed.items()))
     rank = ranks[0]
@@ -155,7 +156,20 @@ def test_a_job_keeps_its_newest_lines_within_both_bounds(tmp_path: Path) -> None
     assert all(line.generation == 2 for line in kept) and offset == count * len(wide)
 
 
+def test_a_stream_past_4_gib_appends_on(store_target: Path | str) -> None:
+    """A rank's log offsets are 64 bits (SQLite's INTEGER; PostgreSQL's BIGINT): a long run's log passes 2**32."""
+    store = Store(store_target)
+    node, ranks = next(iter(_two_generations(store).items()))
+    far = 1 << 32
+    with store.engine.begin() as conn:  # as if 4 GiB of the rank's log came before
+        row = {"job": "job-1", "generation": 1, "rank": ranks[0], "node": node, "offset": far, "pending": b"", "cut": 0}
+        conn.execute(log_streams.insert().values(**row))
+    assert store.append_logs(node, [chunk(far, b"late\n", rank=ranks[0])], 1.0) == [far + 5]
+    assert [line.text for line in store.log_lines("job-1")] == ["late"]
+
+
 def test_a_schema_5_state_directory_gains_the_log_tables(tmp_path: Path) -> None:
+    """SQLite only: a database of schema 5 exists only as a SQLite file (PostgreSQL came with schema 17)."""
     path = tmp_path / "old.db"
     engine = create_engine(f"sqlite:///{path}")
     migrate(engine, MIGRATIONS[:5])
@@ -188,10 +202,10 @@ def test_the_lines_inserted_are_those_the_pruning_keeps(sizes: list[int], scale:
     assert survivors == [100 + i for i in range(start, len(sizes))]
 
 
-def test_a_request_of_blank_lines_inserts_no_more_than_the_job_keeps(tmp_path: Path) -> None:
+def test_a_request_of_blank_lines_inserts_no_more_than_the_job_keeps(store_target: Path | str) -> None:
     """256 KiB of empty lines (262,144 of them) once inserted every one and then deleted all but 10,000: ids,
     which grow with every line inserted, show that no more than what is kept was inserted."""
-    store = Store(tmp_path / "state.db")
+    store = Store(store_target)
     node, ranks = next(iter(_two_generations(store).items()))
     blank = b"\n" * logs.MAX_REQUEST_BYTES
     assert store.append_logs(node, [chunk(0, blank, rank=ranks[0])], 5.0) == [len(blank)]

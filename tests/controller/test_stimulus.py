@@ -96,7 +96,23 @@ def test_a_timer_triggered_decision_records_the_timer(live_clock: Live, capsys: 
     assert capsys.readouterr().out.splitlines()[0].endswith("<- tick heartbeat-expiry")
 
 
-def test_the_stimulus_is_kept_per_decision_and_decisions_before_schema_14_have_none(tmp_path: Path) -> None:
+def _kept_per_decision(store: Store) -> None:
+    """A decision nobody named the trigger of has none; a named one keeps it, read back with its events."""
+    store.persist([facts.DecisionsResumed().recorded(1.0)])
+    heartbeat = Stimulus.node_call("Heartbeat", "node-3", 4)
+    decision = store.persist([facts.ReportRefused("why").recorded(2.0, node="node-3")], heartbeat)
+    first, second = store.events()
+    assert (first.stimulus, second.stimulus, second.decision) == (None, heartbeat, decision)
+    assert store.recent_events(None, None, 1)[0].stimulus == heartbeat
+    assert heartbeat.kind is StimulusKind.NODE_CALL and heartbeat.caller == "node"
+
+
+def test_the_stimulus_is_kept_per_decision(store_target: Path | str) -> None:
+    _kept_per_decision(Store(store_target))
+
+
+def test_decisions_before_schema_14_have_none(tmp_path: Path) -> None:
+    """SQLite only: a database of schema 13 exists only as a SQLite file (PostgreSQL came with schema 17)."""
     path = tmp_path / "old.db"
     engine = create_engine(f"sqlite:///{path}")
     migrate(engine, MIGRATIONS[:13])
@@ -105,10 +121,4 @@ def test_the_stimulus_is_kept_per_decision_and_decisions_before_schema_14_have_n
     engine.dispose()
     old = Store(path)
     assert old.schema_version() == SCHEMA_VERSION >= 14
-    old.persist([facts.DecisionsResumed().recorded(1.0)])  # a decision nobody named the trigger of
-    heartbeat = Stimulus.node_call("Heartbeat", "node-3", 4)
-    decision = old.persist([facts.ReportRefused("why").recorded(2.0, node="node-3")], heartbeat)
-    first, second = old.events()
-    assert (first.stimulus, second.stimulus, second.decision) == (None, heartbeat, decision)
-    assert old.recent_events(None, None, 1)[0].stimulus == heartbeat
-    assert heartbeat.kind is StimulusKind.NODE_CALL and heartbeat.caller == "node"
+    _kept_per_decision(old)

@@ -1,4 +1,6 @@
-"""The SQLite store on a real file: round trips, one transaction per decision, migrations, fencing by key."""
+"""The store on both databases (``store_target``: a SQLite file, then PostgreSQL): round trips, one transaction per
+decision, migrations, fencing by key. State databases of older schema versions exist only as SQLite files (PostgreSQL
+came with schema 17, so its databases are born at it): the tests that build one by hand stay on SQLite."""
 
 from __future__ import annotations
 
@@ -8,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from controller.core.causes import MorphCause
 from controller.core.changes import act, move
 from controller.core.commands import AddJob
 from controller.core.lifecycle import ACTION_TRANSITIONS, JobState, NodeState
-from controller.core.model import Action, RankReport, SetJob, StartGeneration, Training, World, apply
+from controller.core.model import Action, RankReport, RecordCheckpoint, SetJob, StartGeneration, Training, World, apply
 from controller.core.reconcile import Config, reconcile
 from controller.core.records import CheckpointRef, CheckpointStall, Evaluation, Exclusions, Morph, Salvage
 from controller.eventlog.fact import EventDataError
@@ -24,7 +26,7 @@ from controller.eventlog.schema import decode
 from controller.persistence.codec import job_from_dict, job_to_dict, node_to_dict
 from controller.persistence.old_rows import JOB_FIELDS_BEFORE, legacy_morph_cause, nest_job_row, renamed
 from controller.persistence.plain import RowError
-from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, migrate
+from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, database_url, migrate
 from tests.controller.helpers import CHECKPOINT_REFS, job, node, planner, seen, version_9_row, version_15_row
 
 
@@ -39,8 +41,8 @@ def _running_world(store: Store) -> World:
     return apply(world, commands)
 
 
-def test_round_trip_of_a_decision(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_round_trip_of_a_decision(store_target: Path | str) -> None:
+    store = Store(store_target)
     world = _running_world(store)
     nodes, jobs = store.load()
     assert nodes == dict(world.nodes) and jobs == dict(world.jobs)
@@ -51,13 +53,13 @@ def test_round_trip_of_a_decision(tmp_path: Path) -> None:
     kinds = [e.kind for e in store.events()]
     assert kinds[0] == "JobSubmitted" and "GenerationIssued" in kinds and "NodeStateChanged" in kinds
     store.close()
-    reopened = Store(tmp_path / "state.db")
+    reopened = Store(store_target)
     assert reopened.load() == (nodes, jobs)
     assert reopened.counters()[0] == 1, "the next job id continues after job-1"
 
 
-def test_a_generation_is_never_issued_twice(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_a_generation_is_never_issued_twice(store_target: Path | str) -> None:
+    store = Store(store_target)
     world = _running_world(store)
     layout = world.jobs["job-1"].layout
     assert layout is not None
@@ -73,8 +75,8 @@ def test_a_generation_is_never_issued_twice(tmp_path: Path) -> None:
     assert [g.generation for g in store.generations("job-1")] == [1]
 
 
-def test_checkpoints_and_event_filter(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_checkpoints_and_event_filter(store_target: Path | str) -> None:
+    store = Store(store_target)
     world = _running_world(store)
     j = world.jobs["job-1"]
     ranks = [RankReport(j.id, 1, r, True, None, 12, 10) for r in range(4)]
@@ -85,20 +87,34 @@ def test_checkpoints_and_event_filter(tmp_path: Path) -> None:
     assert store.events(after=10**9) == []
 
 
-def test_migrations_step_by_step_and_newer_schema_is_refused(tmp_path: Path) -> None:
-    engine = create_engine(f"sqlite:///{tmp_path / 'old.db'}")
+def test_steps_past_32_bits_are_kept(store_target: Path | str) -> None:
+    """An agent reports steps as uint64: SQLite's INTEGER holds 64 bits, and PostgreSQL's columns are BIGINT."""
+    store = Store(store_target)
+    world = _running_world(store)
+    far = 1 << 40
+    store.persist([RecordCheckpoint("job-1", 1, far, 1.0)])
+    assert store.checkpoints("job-1") == [far]
+    layout = world.jobs["job-1"].layout
+    assert layout is not None
+    store.persist([StartGeneration("job-1", 2, layout, CheckpointRef(far, 1), MorphCause.GROW, "g", None, 2.0)])
+    assert store.generations("job-1")[-1].resume_step == far
+
+
+def test_migrations_step_by_step_and_newer_schema_is_refused(store_target: Path | str) -> None:
+    engine = create_engine(database_url(store_target))
     assert migrate(engine, MIGRATIONS[:1]) == 1
     assert migrate(engine) == SCHEMA_VERSION
+    indexes = {i["name"] for i in inspect(engine).get_indexes("events")}
+    assert {"events_by_job", "events_by_decision"} <= indexes
     with engine.begin() as conn:
-        indexes = conn.execute(text("SELECT name FROM sqlite_master WHERE type='index'")).scalars().all()
-        assert {"events_by_job", "events_by_decision"} <= set(indexes)
         conn.execute(text("UPDATE meta SET value='99' WHERE key='schema_version'"))
     engine.dispose()
     with pytest.raises(StoreError, match="newer"):
-        Store(tmp_path / "old.db")
+        Store(store_target)
 
 
 def test_wal_mode(tmp_path: Path) -> None:
+    """SQLite's journal (PostgreSQL has its own WAL, nothing to set)."""
     store = Store(tmp_path / "state.db")
     with store.engine.connect() as conn:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
@@ -106,8 +122,8 @@ def test_wal_mode(tmp_path: Path) -> None:
     assert NodeState.READY == "READY"
 
 
-def test_a_morph_cause_round_trips_beside_its_words(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_a_morph_cause_round_trips_beside_its_words(store_target: Path | str) -> None:
+    store = Store(store_target)
     world = _running_world(store)
     morphing = replace(
         world.jobs["job-1"],
@@ -171,9 +187,9 @@ def test_causes_in_words_map_to_the_labels_metrics_used_to_give() -> None:
     assert legacy_morph_cause("something new") is MorphCause.OTHER
 
 
-def test_every_action_change_is_an_event_with_its_cause(tmp_path: Path) -> None:
+def test_every_action_change_is_an_event_with_its_cause(store_target: Path | str) -> None:
     """A move that changes the action says so in its JobStateChanged event; an act alone is JobActionChanged."""
-    store = Store(tmp_path / "state.db")
+    store = Store(store_target)
     world = _running_world(store)
     running = world.jobs["job-1"]
     evicted = Morph(cause=MorphCause.EVICTION)
@@ -191,15 +207,15 @@ def test_every_action_change_is_an_event_with_its_cause(tmp_path: Path) -> None:
     assert store.load()[1]["job-1"].action is Action.ABORT
 
 
-def test_each_persist_is_a_numbered_decision_stamped_on_its_events(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_each_persist_is_a_numbered_decision_stamped_on_its_events(store_target: Path | str) -> None:
+    store = Store(store_target)
     first = store.persist([AddJob(job("job-1"), 1)])
     second = store.persist([AddJob(job("job-2"), 2), AddJob(job("job-3"), 3)])
     assert second == first + 1
     assert [(e.job, e.decision) for e in store.events()] == [("job-1", first), ("job-2", second), ("job-3", second)]
     assert [e.job for e in store.events(decision=second)] == ["job-2", "job-3"]
     store.close()
-    reopened = Store(tmp_path / "state.db")
+    reopened = Store(store_target)
     assert reopened.persist([AddJob(job("job-4"), 4)]) == second + 1, "numbers go on after a restart"
 
 
