@@ -67,7 +67,9 @@ def test_a_renewal_by_a_deposed_holder_is_refused() -> None:
 
 
 @given(st.floats(0, 1e6), st.floats(1, 300), st.floats(0, 1e3))
-def test_a_holder_steps_down_before_the_database_can_expire_its_lease(asked: float, seconds: float, late: float) -> None:
+def test_a_holder_steps_down_before_the_database_can_expire_its_lease(
+    asked: float, seconds: float, late: float
+) -> None:
     """The database dates a renewal no earlier than the holder asked for it (``late`` >= 0)."""
     expires_in_database = asked + late + seconds
     assert step_down_at(asked, seconds, seconds / 3) < expires_in_database
