@@ -43,6 +43,8 @@ def test_every_file_in_deploy_is_checked_here_or_in_test_systemd_units() -> None
         "cloud-init/agent.yaml",
         "systemd/spotmorph-agent.service",
         "systemd/spotmorph-controller.service",
+        "systemd/spotmorph-controller-ha.service",
+        "systemd/spotmorph-postgresql.service",
     }
 
 

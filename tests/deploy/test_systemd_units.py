@@ -13,13 +13,38 @@ UNITS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "systemd").glob
 INSTALLED = "/opt/spotmorph/.venv/bin/spotmorph"
 
 
+SPOTMORPH_UNITS = [u for u in UNITS if u.name != "spotmorph-postgresql.service"]
+
+
 def test_units_exist_and_run_as_a_non_root_user() -> None:
-    assert {u.name for u in UNITS} == {"spotmorph-agent.service", "spotmorph-controller.service"}
-    for unit in UNITS:
+    assert {u.name for u in UNITS} == {
+        "spotmorph-agent.service",
+        "spotmorph-controller.service",
+        "spotmorph-controller-ha.service",
+        "spotmorph-postgresql.service",
+    }
+    for unit in SPOTMORPH_UNITS:
         text = unit.read_text()
         assert "User=spotmorph" in text
         assert "Restart=always" in text
         assert INSTALLED in text
+    assert "User=postgres" in (UNITS[0].parent / "spotmorph-postgresql.service").read_text()
+
+
+def test_the_ha_controller_takes_its_database_and_address_from_its_node_and_starts_after_the_database() -> None:
+    unit = UNITS[0].parent / "spotmorph-controller-ha.service"
+    settings = _settings(unit)
+    assert dict(settings)["EnvironmentFile"] == "/etc/spotmorph/controller-ha.env"
+    text = unit.read_text()
+    assert "SPOTMORPH_CONTROLLER_DATABASE=postgresql://" in text and "SPOTMORPH_CONTROLLER_ADVERTISE=" in text
+    assert "spotmorph-postgresql.service" in dict(settings)["After"]
+    assert "--listen 0.0.0.0:50051" in dict(settings)["ExecStart"]
+
+
+def test_the_database_unit_keeps_commits_durable() -> None:
+    text = (UNITS[0].parent / "spotmorph-postgresql.service").read_text()
+    assert "fsync=off" not in text and "synchronous_commit=off" not in text
+    assert "scram-sha-256" in text
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
