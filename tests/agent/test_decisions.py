@@ -10,15 +10,19 @@ from hypothesis import strategies as st
 
 from controller.api.reports import MAX_WAIT_SECONDS
 from morphing.errors import UserInputError
-from protos.reasons import REGISTER_AGAIN
-from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
+from protos.reasons import NOT_LEADER, REGISTER_AGAIN
+from worker_agent.agent.converge import Action, Assignment, TrainerKey, TrainerStatus
 from worker_agent.agent.decisions import (
     CheckpointCommitted,
+    EpochFence,
     EvictionNotice,
     Failure,
     PeerLost,
     Pushed,
+    StoppedAlone,
     TrainerExited,
+    admit_epoch,
+    alone_due,
     backed_off_interval,
     beat_interval,
     classify_failure,
@@ -28,6 +32,7 @@ from worker_agent.agent.decisions import (
     may_acknowledge,
     next_register_backoff,
     notice_deadline,
+    stop_alone,
     urgent_facts,
 )
 from worker_agent.agent.progress import Held, TrainerReport
@@ -53,6 +58,9 @@ def test_failures_mean_retry_register_again_or_surface() -> None:
     assert classify_failure("FAILED_PRECONDITION", "") is Failure.FATAL
     assert classify_failure("FAILED_PRECONDITION", "register again") is Failure.FATAL
     assert classify_failure("INVALID_ARGUMENT", "") is Failure.FATAL
+    # a standby's refusal, whatever its code: never a reason to register again (the node token is good everywhere)
+    assert classify_failure("FAILED_PRECONDITION", NOT_LEADER) is Failure.NOT_LEADER
+    assert classify_failure("UNAUTHENTICATED", NOT_LEADER) is Failure.NOT_LEADER
 
 
 def test_registration_backs_off_by_doubling_up_to_the_cap() -> None:
@@ -136,3 +144,60 @@ def test_a_lease_that_is_no_number_of_seconds_is_refused() -> None:
     for bad in ("0", "-1", "soon", "inf", "nan"):
         with pytest.raises(UserInputError, match="--lease-seconds"):
             _lease_seconds(bad)
+
+
+def test_a_reply_older_than_the_newest_epoch_is_refused_and_said_once_per_epoch() -> None:
+    fence = EpochFence()
+    verdict, fence = admit_epoch(fence, 0)
+    assert verdict.act and fence.newest == 0, "a controller without leases, while none had any"
+    verdict, fence = admit_epoch(fence, 4)
+    assert verdict.act and fence.newest == 4
+    verdict, fence = admit_epoch(fence, 4)
+    assert verdict.act, "the same leader again"
+    verdict, fence = admit_epoch(fence, 3)
+    assert (verdict.act, verdict.say, fence.newest) == (False, True, 4)
+    verdict, fence = admit_epoch(fence, 3)
+    assert (verdict.act, verdict.say) == (False, False), "epoch 3 was said already"
+    verdict, fence = admit_epoch(fence, 0)
+    assert (verdict.act, verdict.say) == (False, True), "epoch 0 once a leader gave one: an older controller"
+    verdict, fence = admit_epoch(fence, 9)
+    assert verdict.act and fence.newest == 9
+
+
+@given(st.lists(st.integers(0, 12), max_size=40))
+def test_the_newest_epoch_never_goes_back_and_only_replies_at_least_as_new_are_acted_on(epochs: list[int]) -> None:
+    fence, newest, said = EpochFence(), 0, []
+    for epoch in epochs:
+        verdict, fence = admit_epoch(fence, epoch)
+        assert verdict.act == (epoch >= newest)
+        if verdict.say:
+            said.append(epoch)
+        newest = max(newest, epoch)
+        assert fence.newest == newest
+    assert len(said) == len(set(said)), "each refused epoch is logged once"
+    assert set(said) == {e for i, e in enumerate(epochs) if e < max(epochs[:i], default=0)}
+
+
+def test_a_notice_no_controller_heard_of_stops_the_running_generation_alone_after_a_while() -> None:
+    notice = EvictionNotice("e-1", 1000.0)
+    run = Assignment("j", 2, "run", (0, 1))
+    training = [TrainerStatus(TrainerKey("j", 2, 0), True), TrainerStatus(TrainerKey("j", 2, 1), True)]
+    assert alone_due(notice, heard=False, waited=3.0, after=3.0)
+    assert not alone_due(notice, heard=False, waited=2.9, after=3.0), "a standby taking over may still hear of it"
+    assert not alone_due(notice, heard=True, waited=60.0, after=3.0), "a controller heard: its order stands"
+    assert not alone_due(None, heard=False, waited=60.0, after=3.0)
+    assert stop_alone(notice, run, training) == StoppedAlone("e-1", "j", 2)
+    asked = [TrainerStatus(k.key, True, stop_requested=True) for k in training]
+    assert stop_alone(notice, run, asked) is None, "asked already: once"
+    assert stop_alone(notice, run, [TrainerStatus(TrainerKey("j", 1, 0), True)]) is None, "not the assigned one"
+    assert stop_alone(notice, run, [TrainerStatus(TrainerKey("j", 2, 0), False, 0)]) is None, "nothing runs"
+    orders: tuple[Action, ...] = ("stop", "hold", "abort", "idle")  # the controller's own order stands
+    for order in orders:
+        assert stop_alone(notice, Assignment("j", 2, order, (0, 1)), training) is None, order
+    assert stop_alone(notice, None, training) is None
+
+
+def test_a_stop_alone_keeps_the_vm_until_a_controller_heard_of_it() -> None:
+    stopped = [report(0, False, code=0)]
+    assert not may_acknowledge(EvictionNotice("e-1", 1000.0), stopped, Assignment("j", 2, "run"), untold=True)
+    assert may_acknowledge(EvictionNotice("e-1", 1000.0), stopped, Assignment("j", 2, "run"), untold=False)

@@ -50,7 +50,7 @@ def started_devices(
     """The devices the agent starts ranks 2 and 3 on, placed in ``slots`` (the node has ``node_slots``:
     one per GPU, or as many as the assignment names on a node without GPUs)."""
     node_slots = node_slots if node_slots is not None else len(gpus) or max(slots) + 1
-    agent = Agent(AgentConfig("fake:1", "t", tmp_path / "agent", slots=node_slots, gpus=gpus))
+    agent = Agent(AgentConfig(("fake:1",), "t", tmp_path / "agent", slots=node_slots, gpus=gpus))
     recording = RecordingSupervisor()
     agent.supervisor = recording  # type: ignore[assignment]
     agent._apply(Incoming(Assignment("j", 1, "run", (2, 3), slots=slots), launch(tmp_path)))

@@ -257,7 +257,7 @@ def test_the_agent_outlives_a_bad_document_and_clears_a_withdrawn_notice(
     imds: HostileIMDS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     imds.answers = [Answer(body(2, [1, "abc"]))]
-    config = AgentConfig("127.0.0.1:9", "token", tmp_path, imds_url=imds.base_url, vm_name=VM, poll_seconds=0.01)
+    config = AgentConfig(("127.0.0.1:9",), "token", tmp_path, imds_url=imds.base_url, vm_name=VM, poll_seconds=0.01)
     agent = Agent(config)
     reported: list[Any] = []
 
@@ -267,7 +267,7 @@ def test_the_agent_outlives_a_bad_document_and_clears_a_withdrawn_notice(
     monkeypatch.setattr(agent, "_report", report)
 
     async def scenario() -> None:
-        watching = asyncio.create_task(agent._watch_evictions())
+        watching = asyncio.create_task(agent.evictions.watch())
         await _until(lambda: imds.served >= 3)
         assert not watching.done(), "a bad document must not end the watch"
         imds.answers = [Answer(body(3, [1, "abc", preempt("E1")]))]
@@ -284,14 +284,14 @@ def test_the_agent_outlives_a_bad_document_and_clears_a_withdrawn_notice(
 def test_an_acknowledgement_never_holds_the_agents_loop(imds: HostileIMDS, tmp_path: Path, answers: bool) -> None:
     """Before: the POST ran on the event loop, which a service that never answered held 2 s of every 3."""
     imds.stall_posts = not answers
-    agent = Agent(AgentConfig("127.0.0.1:9", "token", tmp_path, imds_url=imds.base_url, vm_name=VM))
+    agent = Agent(AgentConfig(("127.0.0.1:9",), "token", tmp_path, imds_url=imds.base_url, vm_name=VM))
     agent.state.notice = EvictionNotice("E1", time.time() + 30)
 
     async def scenario() -> None:
-        agent._acknowledge_notice_if_done([])  # no trainer left: the platform may evict now
-        in_flight = agent._acknowledging
+        agent.evictions.acknowledge_if_done([])  # no trainer left: the platform may evict now
+        in_flight = agent.evictions.acknowledging
         assert in_flight is not None and not in_flight.done(), "the loop goes on while the POST is out"
-        agent._acknowledge_notice_if_done([])  # the next beat sends no second one while it is
+        agent.evictions.acknowledge_if_done([])  # the next beat sends no second one while it is
         await _until(lambda: imds.posts >= 1)
         if answers:
             await in_flight

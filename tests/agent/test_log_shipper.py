@@ -206,7 +206,7 @@ def test_logs_reach_a_real_controller_through_the_transport(tmp_path: Path) -> N
         append(log_file(trainers, TrainerKey("job-404", 1, 0)), "no such job\n")
 
         async def ship_all() -> LogShipper:
-            link = ControllerLink(Endpoint(live.address))
+            link = ControllerLink(Endpoint((live.address,)))
             ship = LogShipper(trainers, lambda chunks: link.report_logs(node, chunks), lambda: ())
             for _ in range(4):
                 await ship.ship()

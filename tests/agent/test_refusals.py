@@ -166,8 +166,8 @@ def test_a_refused_heartbeat_never_stops_the_agent(tmp_path: Path, caplog: pytes
     job and died the same way. Now the agent withholds what was refused and beats again."""
     refused = failure(grpc.StatusCode.INVALID_ARGUMENT, "trainers[0].eval_loss: 3e+31 is not a finite number")
     stub = FakeAgentStub(refused, refused, pb.HeartbeatResponse(heartbeat_interval_seconds=1.0))
-    agent = Agent(AgentConfig("fake:1", "t", tmp_path / "agent"))
-    agent.link = ControllerLink(Endpoint("fake:1"), stub=stub)
+    agent = Agent(AgentConfig(("fake:1",), "t", tmp_path / "agent"))
+    agent.link = ControllerLink(Endpoint(("fake:1",)), stub=stub)
     agent.state.node = Registration("node-1", 1, "node-token", 1.0, 10.0)
 
     async def beats() -> None:

@@ -57,7 +57,7 @@ class FakeClock:
 
 
 def link(stub: FakeAgentStub, clock: FakeClock | None = None) -> ControllerLink:
-    return ControllerLink(Endpoint("fake:1"), sleep=(clock or FakeClock()).sleep, stub=stub)
+    return ControllerLink(Endpoint(("fake:1",)), sleep=(clock or FakeClock()).sleep, stub=stub)
 
 
 def test_registration_retries_an_unreachable_controller_with_growing_waits() -> None:

@@ -61,7 +61,7 @@ def test_a_stale_fifo_is_made_afresh(tmp_path: Path) -> None:
 def test_stopped_trainers_end_the_agents_pause_before_its_poll_would(tmp_path: Path, memory: bool) -> None:
     """The agent looks at its trainers every ten minutes here: the pause ends only because the trainers that
     stopped and hold their state poked it (``held``), or because they exited: SIGCHLD (``exited``)."""
-    agent = Agent(AgentConfig("fake:1", "t", tmp_path / "agent", local_poll_seconds=600.0))
+    agent = Agent(AgentConfig(("fake:1",), "t", tmp_path / "agent", local_poll_seconds=600.0))
     agent.state.node = Registration("node-1", 1, "node-token", 600.0, 1800.0)
     agent.state.interval = 600.0
     launch = spec(tmp_path, steps=100_000, memory=memory)

@@ -9,7 +9,14 @@ incarnation, for as long as the trainers' lease holds (six heartbeat expiries un
 says otherwise): every answered heartbeat renews it, and once the controller has been silent for longer
 the agent kills its trainers, which also stop by themselves when the lease file goes stale (a frozen
 agent). A controller that no longer knows this incarnation (it was LOST) makes it kill its trainers and
-register anew, as a new incarnation, before anything new starts.
+register anew, as a new incarnation, before anything new starts. With several controllers, calls go to the one
+that leads and move on when it does not (:mod:`~worker_agent.agent.transport`), as the same incarnation.
+
+An eviction notice is the controller's to act on (it stops the generation, planning the next without this
+node); one no controller has heard of within ``alone_after_seconds`` makes the trainers stop on their own,
+leaving, as the controller would have asked (:func:`~worker_agent.agent.decisions.stop_alone`), and the first
+heartbeat a controller answers afterwards carries the notice and how the trainers stopped
+(:mod:`~worker_agent.agent.evictions`).
 
 This module is the loop only: the calls are in :mod:`~worker_agent.agent.transport`, the wire format in
 :mod:`~worker_agent.agent.wire` and every decision in :mod:`~worker_agent.agent.decisions`. The trainers'
@@ -23,25 +30,19 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from morphing.errors import UserInputError
 from worker_agent.agent import decisions, refusals
-from worker_agent.agent.converge import (
-    Assignment,
-    TrainerKey,
-    accept,
-    converge,
-)
-from worker_agent.agent.decisions import EvictionNotice, Pushed
-from worker_agent.agent.gpus import Gpu, trainer_environment
+from worker_agent.agent.config import AgentConfig, AgentState
+from worker_agent.agent.converge import RequestStop, accept, converge
+from worker_agent.agent.decisions import EvictionNotice
+from worker_agent.agent.evictions import Evictions, NoticeHooks
+from worker_agent.agent.gpus import trainer_environment
 from worker_agent.agent.logs import LogShipper
 from worker_agent.agent.perform import perform
 from worker_agent.agent.progress import TrainerReport
-from worker_agent.agent.supervisor import LaunchSpec, Supervisor, kill_leftovers
+from worker_agent.agent.supervisor import Supervisor, kill_leftovers
 from worker_agent.agent.transport import (
     CallFailed,
     CallRefused,
@@ -53,62 +54,13 @@ from worker_agent.agent.transport import (
 )
 from worker_agent.agent.wakeup import TrainerWakeup
 from worker_agent.agent.wire import Incoming, LogChunk, Registration
-from worker_agent.agent.zygote import InheritedProcess
 from worker_agent.contract import AgentWorkDir
 from worker_agent.contract.wake import WAKE_ENV
-from worker_agent.scheduled_events import (
-    EvictionNoticed,
-    EvictionPoller,
-    EvictionWatcher,
-    EvictionWithdrawn,
-    ScheduledEventsClient,
-    ScheduledEventsError,
-)
+
+__all__ = ["Agent", "AgentConfig"]  # AgentConfig lives in config.py; callers take both from here
 
 log = logging.getLogger("spotmorph.agent")
 LAST_LOGS_SECONDS = 2.0  # on the way out, how long the trainers' last lines may take to reach the controller
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    controller: str
-    token: str
-    work_dir: Path
-    slots: int = 1
-    gpus: tuple[Gpu, ...] = ()  # slot i trains on gpus[i] (never more slots than GPUs: gpus.slot_count)
-    name: str = ""
-    address: str = "127.0.0.1"
-    socket_interface: str | None = None  # the interface holding ``address``: trainers bind collectives to it
-    instance_id: str = ""
-    imds_url: str | None = None
-    vm_name: str | None = None
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
-    poll_seconds: float = 1.0
-    max_backoff_seconds: float = 10.0
-    warm_trainers: int = 0
-    trainer_python: str = sys.executable
-    local_poll_seconds: float = 0.1
-    morph_beat_seconds: float = 0.2
-    lease_seconds: float | None = None  # None: six times the controller's heartbeat expiry
-    zygote: InheritedProcess | None = None  # one this process started before it was the agent (a local VM's)
-
-
-@dataclass
-class AgentState:
-    """What the agent remembers between beats (nothing here is needed to survive a restart)."""
-
-    node: Registration
-    interval: float = 1.0
-    healthy: bool = True
-    desired: Assignment | None = None
-    launch: dict[tuple[str, int], LaunchSpec] = field(default_factory=dict)
-    pushed: Pushed = field(default_factory=Pushed)
-    notice: EvictionNotice | None = None
-    last_contact: float = 0.0  # time.monotonic() of the controller's last answer
-    withheld: refusals.Withheld = field(default_factory=refusals.Withheld)  # measurements the controller refused
-    adjusted: set[tuple[TrainerKey, refusals.Measurement]] = field(default_factory=set)  # logged, each once
 
 
 class Agent:
@@ -125,13 +77,14 @@ class Agent:
             zygote=not config.gpus,  # a CPU node forks its warm trainers (forking after CUDA is initialised fails)
             inherited=config.zygote,
         )
-        self.link = ControllerLink(Endpoint(config.controller, config.ca, config.cert, config.key))
+        self.link = ControllerLink(Endpoint(config.controllers, config.ca, config.cert, config.key))
         self.logs = LogShipper(self.work_dir.trainers, self._send_logs, self.supervisor.running)
         self.state = AgentState(Registration(config.name, 0, "", 1.0, 10.0))
         self._wake = asyncio.Event()
         self.wakeup = TrainerWakeup(self.work_dir.trainers.wake_file)  # a trainer's poke or exit: look now
         self._stopping = False
-        self._acknowledging: asyncio.Task[None] | None = None  # the eviction acknowledgement in flight
+        hooks = NoticeHooks(lambda n: self._report(n), self._wake.set, self._stop_alone_if_due, self._last_logs)
+        self.evictions = Evictions(config, self.state, hooks)
 
     async def run(self) -> int:
         self.config.work_dir.mkdir(parents=True, exist_ok=True)
@@ -141,7 +94,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_shutdown)
-        watcher = asyncio.create_task(self._watch_evictions()) if self.config.imds_url else None
+        watcher = asyncio.create_task(self.evictions.watch()) if self.config.imds_url else None
         shipper: asyncio.Task[None] | None = None
         try:
             await self._register()
@@ -155,7 +108,8 @@ class Agent:
                 if not again:
                     await self._pause()
         finally:
-            for task in (watcher, self._acknowledging, shipper):
+            self.evictions.close()
+            for task in (watcher, shipper):
                 if task is not None:
                     task.cancel()
             if shipper is not None:
@@ -228,7 +182,8 @@ class Agent:
         self.state.node, self.state.interval = node, node.heartbeat_interval
         self.state.last_contact = time.monotonic()
         self.supervisor.lease_seconds = decisions.lease_seconds(self.config.lease_seconds, node.heartbeat_expiry)
-        log.info("registered as %s incarnation %d", node.node_name, node.incarnation)
+        where = f"{self.link.address} (leader epoch {self.link.fence.newest})"
+        log.info("registered as %s incarnation %d at %s", node.node_name, node.incarnation, where)
         remembered.write_text(node.node_name)
 
     def _reports(self) -> list[TrainerReport]:
@@ -244,11 +199,12 @@ class Agent:
         """One heartbeat; True when the controller held its reply for a change, so the next one goes at once."""
         reports = self._reports()
         await self._push_urgent(reports)
-        self._acknowledge_notice_if_done(reports)
+        self.evictions.acknowledge_if_done(reports)
         wait = decisions.heartbeat_wait(running=bool(self.supervisor.running()))
+        notice = self.state.notice
         try:
             building = self.supervisor.building()
-            reply = await self.link.heartbeat(self.state.node, reports, self.state.notice, building, wait)
+            reply = await self.link.heartbeat(self.state.node, reports, notice, building, wait)
         except UserInputError as exc:
             log.error("the controller's assignment is unusable: %s", exc)
             return False
@@ -258,12 +214,13 @@ class Agent:
             log.error("heartbeat refused (%s): %s", exc.code, line)
             self._stop_trainers_if_lease_lapsed()
             return False
-        except ControllerUnreachable as exc:
+        except ControllerUnreachable as exc:  # a standby or a deposed leader too: nothing of its reply is used
             log.warning("heartbeat failed (%s); trainers keep running", exc)
             self.state.healthy = False
             self.state.interval = decisions.backed_off_interval(
                 self.state.interval, self.config.max_backoff_seconds, self.state.node.heartbeat_expiry
             )
+            self._stop_alone_if_due()
             self._stop_trainers_if_lease_lapsed()
             return False
         except RegisterAgain as exc:
@@ -272,6 +229,8 @@ class Agent:
             await self._register()
             return False
         self.state.last_contact = time.monotonic()
+        if notice is not None:
+            self._heard(notice, "this heartbeat")
         if reply.heartbeat_interval is not None:
             self.state.interval = reply.heartbeat_interval
         self._apply(reply.incoming)
@@ -289,6 +248,48 @@ class Agent:
             ]
             self.supervisor.acknowledge(desired.job_id, desired.generation, max(steps, default=0))
         return reply.waited
+
+    def _heard(self, notice: EvictionNotice, how: str) -> None:
+        """A controller answered a call carrying ``notice``: the notice is its to act on, and what the trainers did
+        alone meanwhile is told (``how``: the call that told it)."""
+        self.state.heard = notice.event_id
+        alone = self.state.stopped_alone
+        if alone is not None and alone.event_id == notice.event_id:
+            log.warning(
+                "controller %s answers again: %s told it of eviction notice %s, and its reports of how generation "
+                "%d of %s stopped here on its own meanwhile (leaving)",
+                self.link.address,
+                how,
+                notice.event_id,
+                alone.generation,
+                alone.job_id,
+            )
+            self.state.stopped_alone = None
+
+    def _stop_alone_if_due(self) -> None:
+        """An eviction notice no controller heard of within ``alone_after_seconds``: this node's trainers stop at
+        the next step boundary, leaving, as the controller would have asked (they hand off or write the step)."""
+        waited = time.monotonic() - self.state.noticed_at
+        notice = self.state.notice
+        if notice is None or not decisions.alone_due(
+            notice, self.state.notice_heard(), waited, self.config.alone_after_seconds
+        ):
+            return
+        statuses = [r.status for r in self.supervisor.reports()]
+        stop = decisions.stop_alone(notice, self.state.desired, statuses)
+        if stop is None:
+            return
+        log.warning(
+            "no controller has heard of eviction notice %s for %.1f s: generation %d of %s stops here on its own, "
+            "leaving (its ranks hand what only they hold to the ranks that stay, or write the step)",
+            notice.event_id,
+            waited,
+            stop.generation,
+            stop.job_id,
+        )
+        command = RequestStop(stop.job_id, stop.generation)
+        perform(command, self.supervisor, self.config.gpus, self.config.slots, self.state.launch, leaving=True)
+        self.state.stopped_alone = stop
 
     def _stop_trainers_if_lease_lapsed(self) -> None:
         lease = self.supervisor.lease_seconds
@@ -332,48 +333,7 @@ class Agent:
             return
         if isinstance(fact, decisions.CheckpointCommitted):
             self.supervisor.acknowledge(fact.job_id, fact.generation, fact.step)  # committed, else it was refused
+        if isinstance(fact, EvictionNotice):
+            self._heard(fact, "the notice's own report")
         if incoming is not None:
             self._apply(incoming)
-
-    def _acknowledge_notice_if_done(self, reports: list[TrainerReport]) -> None:
-        notice = self.state.notice
-        if self.config.imds_url is None or notice is None:
-            return
-        if not decisions.may_acknowledge(notice, reports, self.state.desired):
-            return
-        if self._acknowledging is not None and not self._acknowledging.done():
-            return  # one acknowledgement in flight at a time; the loop never waits on the metadata service
-        self._acknowledging = asyncio.create_task(self._acknowledge(self.config.imds_url, notice))
-
-    async def _acknowledge(self, imds_url: str, notice: EvictionNotice) -> None:
-        await self._last_logs()  # the platform may take the VM as soon as it is acknowledged
-        try:
-            await asyncio.to_thread(ScheduledEventsClient(imds_url).acknowledge, notice.event_id)
-        except ScheduledEventsError as exc:
-            log.warning("could not acknowledge eviction: %s", exc)
-            return
-        if self.state.notice is not None and self.state.notice.event_id == notice.event_id:
-            self.state.notice = replace(self.state.notice, acknowledged=True)
-        log.info("acknowledged eviction %s: this node's trainers are stopped", notice.event_id)
-
-    async def _watch_evictions(self) -> None:
-        assert self.config.imds_url is not None
-        watcher = EvictionWatcher(self.config.vm_name or self.state.node.node_name or self.config.name)
-        poller = EvictionPoller(ScheduledEventsClient(self.config.imds_url), watcher)
-        while True:
-            if not watcher.vm_name:
-                watcher.vm_name = self.state.node.node_name
-            for fact in await asyncio.to_thread(poller.poll):
-                pending = self.state.notice
-                if isinstance(fact, EvictionWithdrawn) and pending is not None and pending.event_id == fact.event_id:
-                    log.warning("eviction %s withdrawn (%s): this node stays", fact.event_id, fact.reason)
-                    self.state.notice = None  # heartbeats stop carrying it
-                    self._wake.set()
-                if isinstance(fact, EvictionNoticed) and self.state.notice is None:
-                    not_before = fact.not_before.timestamp() if fact.not_before else None
-                    deadline = decisions.notice_deadline(not_before, time.time())
-                    self.state.notice = EvictionNotice(fact.event_id, deadline)
-                    log.warning("eviction notice %s: gone at %s", fact.event_id, fact.not_before)
-                    await self._report(self.state.notice)
-                    self._wake.set()
-            await asyncio.sleep(self.config.poll_seconds)

@@ -9,11 +9,11 @@ a server, a clock or a sleep.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from protos.reasons import REGISTER_AGAIN
-from worker_agent.agent.converge import Assignment, TrainerKey
+from protos.reasons import NOT_LEADER, REGISTER_AGAIN
+from worker_agent.agent.converge import Assignment, TrainerKey, TrainerStatus
 from worker_agent.agent.progress import TrainerReport
 
 FIRST_REGISTER_BACKOFF_SECONDS = 0.2
@@ -23,6 +23,7 @@ class Failure(Enum):
     """What a failed call to the controller means for the agent."""
 
     RETRY = "retry"  # the controller is unreachable or overloaded: keep training, try again later
+    NOT_LEADER = "not leader"  # a standby answered: keep training, call the leader it names (or the next address)
     REGISTER_AGAIN = "register again"  # it no longer knows this incarnation (forgotten, replaced, token unknown)
     FATAL = "fatal"  # a bug on one side or the other: let it surface
 
@@ -37,12 +38,40 @@ RETRYABLE_CODES = frozenset(
 def classify_failure(code: str, reason: str) -> Failure:
     """``code``: the gRPC status code's name (``UNAVAILABLE``); ``reason``: the word the controller gave in
     its trailing metadata (:mod:`protos.reasons`; '' for none). A FAILED_PRECONDITION without
-    ``register-again`` (a report of a generation never issued, say) is not a reason to register again."""
+    ``register-again`` (a report of a generation never issued, say) is not a reason to register again, and a
+    standby's ``not-leader`` never is, whatever its code: the node token is good at every controller."""
+    if reason == NOT_LEADER:
+        return Failure.NOT_LEADER
     if code in RETRYABLE_CODES:
         return Failure.RETRY
     if code in ("UNAUTHENTICATED", "NOT_FOUND") or reason == REGISTER_AGAIN:
         return Failure.REGISTER_AGAIN
     return Failure.FATAL
+
+
+@dataclass(frozen=True)
+class EpochFence:
+    """The newest leader epoch this agent has seen, for its life, and the older ones it refused (each said once)."""
+
+    newest: int = 0
+    refused: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class EpochVerdict:
+    act: bool  # the reply may be acted on
+    say: bool  # refused, and its epoch was not refused before: log it (once per epoch)
+
+
+def admit_epoch(fence: EpochFence, epoch: int) -> tuple[EpochVerdict, EpochFence]:
+    """Whether a Register or Heartbeat reply carrying ``epoch`` may be acted on, and the fence after it. A reply
+    older than the newest epoch seen comes from a deposed leader that does not know it yet: acting on its
+    assignment could start a generation the new leader never issued. Epoch 0 (a controller without leases) is
+    accepted only while no reply has carried one."""
+    if epoch >= fence.newest:
+        return EpochVerdict(act=True, say=False), replace(fence, newest=epoch)
+    said = epoch in fence.refused
+    return EpochVerdict(act=False, say=not said), replace(fence, refused=fence.refused | {epoch})
 
 
 def next_register_backoff(backoff: float, cap: float) -> float:
@@ -158,14 +187,53 @@ def notice_deadline(not_before: float | None, now: float) -> float:
 
 
 def may_acknowledge(
-    notice: EvictionNotice | None, reports: Iterable[TrainerReport], desired: Assignment | None
+    notice: EvictionNotice | None,
+    reports: Iterable[TrainerReport],
+    desired: Assignment | None,
+    untold: bool = False,
 ) -> bool:
     """Tell the platform it may evict now: nothing runs here and what ran stopped cleanly (its checkpoint
-    is written), so waiting for ``NotBefore`` would only waste the notice."""
-    if notice is None or notice.acknowledged:
+    is written), so waiting for ``NotBefore`` would only waste the notice. ``untold``: the trainers stopped on
+    their own (:func:`stop_alone`) and no controller has heard yet; the VM stays until one does or the platform
+    takes it, so the heartbeat that tells a returning leader is not lost with it."""
+    if notice is None or notice.acknowledged or untold:
         return False
     reports = list(reports)
     if any(r.status.running for r in reports):
         return False
     failed = any(r.status.exit_code not in (None, 0) for r in reports)
     return not (failed and desired is not None)
+
+
+# A standby that takes over is found within a beat or two; a Spot eviction notice gives 30 s or more.
+ALONE_AFTER_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class StoppedAlone:
+    """A generation this node's agent asked to stop on its own at an eviction notice no controller had heard of."""
+
+    event_id: str
+    job_id: str
+    generation: int
+
+
+def alone_due(notice: EvictionNotice | None, heard: bool, waited: float, after: float) -> bool:
+    """An eviction notice has been pending ``after`` seconds (``waited``) and no controller has heard of it (none
+    answers, or none leads): the agent acts as the controller would at once, before the notice passes unused."""
+    return notice is not None and not heard and waited >= after
+
+
+def stop_alone(
+    notice: EvictionNotice, desired: Assignment | None, trainers: Iterable[TrainerStatus]
+) -> StoppedAlone | None:
+    """The generation this node's trainers stop, leaving, once :func:`alone_due`: the one the controller told it
+    to run, while a trainer of it runs and was not asked to stop. Leaving, they hand what only they hold to the
+    ranks that stay (which keep the step in memory), or write the step when no rank stays or one cannot hold.
+    Never a generation the controller holds, aborts or stops itself (its own order stands); never more than a stop."""
+    if desired is None or desired.action != "run":
+        return None
+    current = (desired.job_id, desired.generation)
+    if not any(t.running and not t.stop_requested and (t.key.job_id, t.key.generation) == current for t in trainers):
+        return None
+    return StoppedAlone(notice.event_id, desired.job_id, desired.generation)

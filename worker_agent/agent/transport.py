@@ -4,6 +4,13 @@ Each method converts with :mod:`worker_agent.agent.wire` and turns a failed call
 (:class:`ControllerUnreachable`, :class:`RegisterAgain`); only registration retries here, with backoff,
 because nothing else can happen before it succeeds. A heartbeat that fails is the loop's business (the
 trainers keep training), and a failed report needs no retry (the next heartbeat carries the same facts).
+
+Several controllers may be given; calls go to the one that leads as far as the agent knows, and a call that
+did not reach a leader moves the next one on (:mod:`worker_agent.agent.addresses`): a standby's refusal that
+names the leader is followed there at once, once (a redirect, never a loop); anything else waits for the
+loop's cadence. A Register or Heartbeat reply older than the newest leader epoch seen is not acted on at all
+(:func:`~worker_agent.agent.decisions.admit_epoch`). The node token is good at every controller: moving on
+never registers again.
 """
 
 from __future__ import annotations
@@ -18,14 +25,17 @@ from typing import Any
 import grpc
 
 from morphing.errors import UserInputError
-from protos.reasons import reason_of
+from protos.reasons import leader_of, reason_of
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as pb_grpc
+from worker_agent.agent.addresses import MOVE_ON_CODES, Controllers, after_failure
 from worker_agent.agent.decisions import (
     FIRST_REGISTER_BACKOFF_SECONDS,
+    EpochFence,
     EvictionNotice,
     Failure,
     UrgentFact,
+    admit_epoch,
     classify_failure,
     next_register_backoff,
 )
@@ -62,6 +72,7 @@ CHANNEL_OPTIONS = [
 
 
 MAX_DETAIL = 240  # characters of gRPC's own words kept in a log line
+MAX_OTHER_CHANNELS = 4  # channels kept open to leaders named outside the configured list
 
 
 def unreachable_because(code: str, details: str) -> str:
@@ -79,6 +90,20 @@ class CallFailed(Exception):
 
 class ControllerUnreachable(CallFailed):
     """The call may succeed later (the controller restarts, the network heals)."""
+
+
+class NotLeader(ControllerUnreachable):
+    """A standby answered; ``leader``: the leader it named ('' for none), where the next call goes."""
+
+    def __init__(self, address: str, leader: str) -> None:
+        named = f"{leader} leads" if leader else "it names no leader"
+        super().__init__(f"{address} is not the leader; {named}")
+        self.at = address
+        self.leader = leader
+
+
+class StaleEpoch(ControllerUnreachable):
+    """A reply older than the newest leader epoch seen: a deposed leader answered, and nothing of it is used."""
 
 
 class RegisterAgain(CallFailed):
@@ -105,9 +130,9 @@ class RegistrationRefused(CallRefused, UserInputError):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where the controller is and how to prove who we are to it."""
+    """Where the controllers are (any one may lead) and how to prove who we are to them."""
 
-    address: str
+    addresses: tuple[str, ...]
     ca: Path | None = None
     cert: Path | None = None
     key: Path | None = None
@@ -125,46 +150,122 @@ class NodeOffer:
 
 
 class ControllerLink:
-    """One channel to the controller, opened on first use."""
+    """Channels to the controllers, one per address, each opened on first use."""
 
     def __init__(
         self, endpoint: Endpoint, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, stub: Any = None
     ) -> None:
-        """``sleep`` and ``stub`` are for tests: a fake clock, a fake server."""
+        """``sleep`` and ``stub`` are for tests: a fake clock, a fake server (for every address)."""
         self.endpoint = endpoint
         self.sleep = sleep
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: Any = stub  # grpc-stubs types the stub as synchronous; it is an aio stub
+        self.controllers = Controllers.of(endpoint.addresses)
+        self.fence = EpochFence()  # the newest leader epoch seen, for the agent's life
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, Any] = {}  # grpc-stubs types the stub as synchronous; it is an aio stub
+        self._stub: Any = stub
 
-    def _agent_stub(self) -> Any:
-        if self._stub is None:
-            if self.endpoint.ca:
-                creds = grpc.ssl_channel_credentials(
-                    self.endpoint.ca.read_bytes(),
-                    self.endpoint.key.read_bytes() if self.endpoint.key else None,
-                    self.endpoint.cert.read_bytes() if self.endpoint.cert else None,
-                )
-                self._channel = grpc.aio.secure_channel(self.endpoint.address, creds, options=CHANNEL_OPTIONS)
-            else:
-                self._channel = grpc.aio.insecure_channel(self.endpoint.address, options=CHANNEL_OPTIONS)
-            self._stub = pb_grpc.AgentStub(self._channel)
-        return self._stub
+    @property
+    def address(self) -> str:
+        """The controller calls go to now."""
+        return self.controllers.current
+
+    async def _agent_stub(self, address: str) -> Any:
+        if self._stub is not None:
+            return self._stub
+        stub = self._stubs.get(address)
+        if stub is None:
+            self._channels[address] = self._open(address)
+            stub = self._stubs[address] = pb_grpc.AgentStub(self._channels[address])
+            await self._close_a_named_channel(keep=address)
+        return stub
+
+    def _open(self, address: str) -> grpc.aio.Channel:
+        if self.endpoint.ca:
+            creds = grpc.ssl_channel_credentials(
+                self.endpoint.ca.read_bytes(),
+                self.endpoint.key.read_bytes() if self.endpoint.key else None,
+                self.endpoint.cert.read_bytes() if self.endpoint.cert else None,
+            )
+            return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+    async def _close_a_named_channel(self, keep: str) -> None:
+        """Keep a bounded number of channels to leaders named outside the list: the oldest goes first."""
+        listed = self.controllers.addresses
+        named = [a for a in self._channels if a not in listed and a not in (keep, self.address)]
+        if len(named) > MAX_OTHER_CHANNELS:
+            self._stubs.pop(named[0])
+            await self._channels.pop(named[0]).close(None)
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close(None)
+        for channel in self._channels.values():
+            await channel.close(None)
 
-    async def _call(self, method: str, request: Any, token: str) -> Any:
-        call = getattr(self._agent_stub(), method)
+    async def _call(self, method: str, request: Any, token: str, fenced: bool = False) -> Any:
+        """One call to the controller that leads as far as the agent knows. A standby's refusal naming the leader
+        is followed there at once, once; ``fenced``: the reply carries the leader's epoch, checked first."""
         try:
-            return await call(request, metadata=(("authorization", f"Bearer {token}"),), timeout=CALL_TIMEOUT_SECONDS)
+            return await self._call_once(method, request, token, fenced)
+        except NotLeader as exc:
+            if exc.leader in ("", exc.at) or exc.leader != self.address:
+                raise  # no leader named (or a concurrent call moved elsewhere): the loop's cadence decides
+        return await self._call_once(method, request, token, fenced)
+
+    async def _call_once(self, method: str, request: Any, token: str, fenced: bool) -> Any:
+        address = self.address
+        call = getattr(await self._agent_stub(address), method)
+        try:
+            reply = await call(request, metadata=(("authorization", f"Bearer {token}"),), timeout=CALL_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
-            failure = classify_failure(exc.code().name, reason_of(exc.trailing_metadata()))
-            if failure is Failure.RETRY:
-                raise ControllerUnreachable(unreachable_because(exc.code().name, exc.details() or "")) from exc
-            if failure is Failure.REGISTER_AGAIN:
-                raise RegisterAgain(exc.details() or exc.code().name) from exc
-            raise CallRefused(method, exc.code().name, exc.details() or "") from exc
+            raise self._failed(address, method, exc) from exc
+        if fenced:
+            self._check_epoch(address, method, reply.epoch)
+        return reply
+
+    def _failed(self, address: str, method: str, exc: grpc.aio.AioRpcError) -> CallFailed:
+        """What a failed call means, moving the next call on where it did not reach a leader."""
+        code, trailing = exc.code().name, exc.trailing_metadata()
+        failure = classify_failure(code, reason_of(trailing))
+        if failure is Failure.NOT_LEADER:
+            leader = leader_of(trailing)
+            self._move(address, leader, "said not-leader")
+            return NotLeader(address, leader)
+        if failure is Failure.RETRY:
+            because = unreachable_because(code, exc.details() or "")
+            if code in MOVE_ON_CODES:
+                self._move(address, "", f"does not answer ({code})")
+            return ControllerUnreachable(because)
+        if failure is Failure.REGISTER_AGAIN:
+            return RegisterAgain(exc.details() or code)
+        return CallRefused(method, code, exc.details() or "")
+
+    def _move(self, failed: str, leader: str, why: str) -> None:
+        before = self.address
+        self.controllers = after_failure(self.controllers, failed, leader)
+        if self.address == before:
+            return
+        if self.address == leader:
+            log.warning("controller %s leads now (%s %s)", leader, failed, why)
+        else:
+            log.warning("controller %s %s; trying %s", failed, why, self.address)
+
+    def _check_epoch(self, address: str, method: str, epoch: int) -> None:
+        """Refuse a reply older than the newest epoch seen (logged once per epoch) and look elsewhere."""
+        verdict, self.fence = admit_epoch(self.fence, epoch)
+        if verdict.act:
+            return
+        newest = self.fence.newest
+        if verdict.say:
+            log.warning(
+                "refusing %s's %s reply: leader epoch %d is older than epoch %d seen before (a deposed leader); "
+                "nothing in it is acted on",
+                address,
+                method,
+                epoch,
+                newest,
+            )
+        self._move(address, "", f"answered with the stale epoch {epoch}")
+        raise StaleEpoch(f"{address} answered with leader epoch {epoch}, older than {newest}")
 
     async def register(
         self, offer: NodeOffer, agent_token: str, stopping: Callable[[], bool], max_backoff: float
@@ -180,7 +281,7 @@ class ControllerLink:
         )
         while not stopping():
             try:
-                return registration_from_pb(await self._call("Register", request, agent_token))
+                return registration_from_pb(await self._call("Register", request, agent_token, fenced=True))
             except ControllerUnreachable as exc:
                 log.warning("controller unreachable (%s); retrying in %.1fs", exc, backoff)
                 await self.sleep(backoff)
@@ -202,7 +303,7 @@ class ControllerLink:
         """``building``: the job whose model a warm trainer here is building ahead (:meth:`Supervisor.building`);
         ``wait_seconds``: how long the controller may hold the reply while work may reach the node."""
         request = heartbeat_to_pb(node, reports, notice, building, wait_seconds)
-        reply = await self._call("Heartbeat", request, node.node_token)
+        reply = await self._call("Heartbeat", request, node.node_token, fenced=True)
         return heartbeat_reply_from_pb(reply)
 
     async def report_event(self, node: Registration, fact: UrgentFact | EvictionNotice) -> Incoming | None:

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,12 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--controller", default=os.environ.get("SPOTMORPH_CONTROLLER"), help="HOST:PORT")
+    parser.add_argument(
+        "--controller",
+        help="HOST:PORT of the controller, or of each of several sharing one database, separated by commas "
+        "(a:50051,b:50051): the agent calls the one that leads and finds the next when it does not "
+        "(env SPOTMORPH_CONTROLLER, the same list)",
+    )
     parser.add_argument("--token-file", type=Path, help="file holding the agent token (else SPOTMORPH_AGENT_TOKEN)")
     parser.add_argument(
         "--wait-for-token",
@@ -80,8 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from worker_agent.agent.zygote import InheritedProcess
 
     zygote = InheritedProcess.take(os.environ)  # first: nothing this process starts may inherit it
-    if not args.controller:
-        raise UserInputError("no controller address: pass --controller HOST:PORT or set SPOTMORPH_CONTROLLER")
+    controllers = controller_addresses(args.controller, os.environ)
     token = _token(args.token_file, _seconds("--wait-for-token", args.wait_for_token))
     warm_count(args.warm_trainers, 1)  # a bad value exits 2 before anything starts
     requested = gpu_values.parse_slots(args.slots)
@@ -94,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     interface = _socket_interface(args.address)
     slots = gpu_values.slot_count(requested, gpus)  # more slots than GPUs exits 2
     config = AgentConfig(
-        controller=args.controller,
+        controllers=controllers,
         token=token,
         work_dir=args.work_dir,
         slots=slots,
@@ -114,6 +119,21 @@ def run(args: argparse.Namespace) -> int:
         zygote=zygote,
     )
     return asyncio.run(Agent(config).run())
+
+
+def controller_addresses(flag: str | None, env: Mapping[str, str]) -> tuple[str, ...]:
+    """``--controller``'s list, else SPOTMORPH_CONTROLLER's; none, or an empty or malformed entry, exits 2."""
+    from worker_agent.agent.addresses import parse_controllers
+
+    text, source = (
+        (flag, "--controller") if flag is not None else (env.get("SPOTMORPH_CONTROLLER"), "SPOTMORPH_CONTROLLER")
+    )
+    if not text or not text.strip():
+        raise UserInputError(
+            "no controller address: pass --controller HOST:PORT (several: HOST:PORT,HOST:PORT) or set "
+            "SPOTMORPH_CONTROLLER"
+        )
+    return parse_controllers(text, source)
 
 
 def _lease_seconds(text: str | None) -> float | None:
