@@ -238,7 +238,7 @@ class AgentService(rpc.AgentServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "event: set one of eviction, trainer_exited, checkpoint_committed, collective_failed",
                 )
-        return pb.ReportEventResponse(assignment=self._reply_assignment(name))
+        return pb.ReportEventResponse(assignment=self._reply_assignment(name), epoch=await self._epoch(context))
 
     async def ReportLogs(self, request: pb.ReportLogsRequest, context: Context) -> pb.ReportLogsResponse:
         """The node's trainers' logs: stored off the event loop, never in a decision; the reply says how far

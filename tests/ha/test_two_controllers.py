@@ -20,14 +20,14 @@ from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live, running
 from tests.controller.test_contract import spec
 
-FAST = {"lease_seconds": 1.0, "standby_poll_seconds": 0.1}
+FAST: dict[str, Any] = {"lease_seconds": 1.0, "standby_poll_seconds": 0.1}
 
 
 @pytest.fixture
 def pair(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Live, Live]]:
     with ExitStack() as stack:
-        first = stack.enter_context(running(tmp_path / "a", database=postgres_url, **FAST))
-        second = stack.enter_context(running(tmp_path / "b", database=postgres_url, **FAST))
+        first = stack.enter_context(running(tmp_path / "a", None, database=postgres_url, **FAST))
+        second = stack.enter_context(running(tmp_path / "b", None, database=postgres_url, **FAST))
         yield first, second
 
 
@@ -70,7 +70,7 @@ def test_either_controllers_tokens_work_at_both(pair: tuple[Live, Live]) -> None
 
 
 def test_a_clean_stop_hands_over_at_once_and_the_new_epoch_fences_the_agents(tmp_path: Path, postgres_url: str) -> None:
-    with running(tmp_path / "a", database=postgres_url, **FAST) as first:
+    with running(tmp_path / "a", None, database=postgres_url, **FAST) as first:
         agent = first.agent(first.agent_token("vm-1"))
         registered = agent.Register(pb.RegisterRequest(slots=1, address="127.0.0.1"))
         assert registered.epoch == 1

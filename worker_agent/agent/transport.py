@@ -308,7 +308,8 @@ class ControllerLink:
 
     async def report_event(self, node: Registration, fact: UrgentFact | EvictionNotice) -> Incoming | None:
         """Push one urgent fact; the reply's assignment (None: unchanged)."""
-        return report_reply_from_pb(await self._call("ReportEvent", report_to_pb(node, fact), node.node_token))
+        reply = await self._call("ReportEvent", report_to_pb(node, fact), node.node_token, fenced=True)
+        return report_reply_from_pb(reply)
 
     async def report_logs(self, node: Registration, chunks: Sequence[LogChunk]) -> list[int]:
         """Send pieces of the trainers' log files; how far the controller has each one's file after."""

@@ -1783,16 +1783,20 @@ class ReportEventResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    """the leader's lease epoch, as on HeartbeatResponse"""
     @_builtins.property
     def assignment(self) -> Global___Assignment: ...
     def __init__(
         self,
         *,
         assignment: Global___Assignment | None = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "epoch", b"epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
