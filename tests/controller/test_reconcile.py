@@ -143,6 +143,27 @@ def test_planned_morph_on_eviction_notice_loses_no_step() -> None:
     assert (gens[1].morph_cause, gens[1].morph_detail) == (MorphCause.EVICTION, f"eviction notice: {victim}")
 
 
+def test_a_generation_its_agents_stopped_for_a_notice_while_no_controller_led_morphs_as_an_eviction() -> None:
+    """With no leader, an agent that got a notice stops its generation on its own (worker_agent.agent.evictions): the
+    next leader first hears of the notice with the trainers already exited 0 before the last step, while the job's
+    action is still RUN. That is the planned stop of an eviction, not a trainer failure."""
+    sim = started(4)
+    sim.run_ranks("j1", step=40, ckpt=30)
+    sim.step(1)
+    victim = sim.job().nodes[-1]
+    for _ in range(2):  # the first heartbeats the leader hears, and the next ones (agents beat every second)
+        sim.run_ranks("j1", running=False, code=0, step=41, ckpt=41)
+        sim.beat(victim, *sim.world.observed[victim].ranks, notice=sim.now + 30)
+        sim.step(1)
+    assert sim.job().state is J.MORPHING or sim.job().generation == 2
+    sim.step(2)
+    j = sim.job()
+    assert j.restarts == 0 and j.steps_lost == 0
+    assert j.state is J.RUNNING and j.generation == 2 and j.resume.step == 41 and victim not in j.nodes
+    gens = [c for c in sim.log if isinstance(c, StartGeneration)]
+    assert gens[-1].morph_cause is MorphCause.EVICTION
+
+
 def test_unplanned_loss_aborts_survivors_and_resumes_from_checkpoint() -> None:
     sim = started(4)
     sim.run_ranks("j1", step=57, ckpt=50)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from controller.core.lifecycle import NodeState
 from controller.core.model import Action, JobRecord, NodeObservation, RankReport
 from controller.core.reconcile.draft import Draft
 
@@ -54,13 +55,16 @@ def census(draft: Draft, job: JobRecord) -> Census:
     quiet = len(reporting) == len(serving) and not any(
         r.running for name in reporting for r in _ranks_up_to_current(job, observation(draft, name))
     )
+    # A node with a notice: its agent may have stopped the generation on its own while no controller led (exit 0
+    # at a step boundary, as a planned STOP ends), which is the eviction's stop, not a failure.
+    noticed = any(n in draft.nodes and draft.nodes[n].state is NodeState.DRAINING for n in job.nodes)
     done = failed = 0
     for _, report in current_reports(draft, job, reporting):
         if report.running:
             continue
         if report.exit_code == 0 and report.last_step >= job.spec.steps:
             done += 1
-        elif job.action is Action.RUN:
+        elif job.action is Action.RUN and not (noticed and report.exit_code == 0):
             failed += 1
     return Census(job.layout.world_size if job.layout else 0, done, failed, quiet)
 
