@@ -1,4 +1,5 @@
-"""What differs between the two stores, SQLite and PostgreSQL, said once: upserts, new columns, the time.
+"""What differs between the two stores, SQLite and PostgreSQL, said once: upserts, new columns, the time, how
+PostgreSQL's connections give up on a partition.
 
 Everything else the store writes is SQLAlchemy Core that both speak. ``conn.dialect.name`` picks; a third
 dialect is refused by name, not half supported.
@@ -11,8 +12,28 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
 
 DIALECTS = ("sqlite", "postgresql")
+
+# libpq: give up on a connection that cannot be opened, or whose sent data goes unacknowledged (a partition),
+# within seconds: a leader cut off from its database must fail its writes before its lease runs out.
+POSTGRES_CONNECT = {"connect_timeout": 3, "tcp_user_timeout": 3000, "keepalives_idle": 5, "keepalives_interval": 2}
+# The server's side: a session left idle inside a transaction is ended, and its locks released, after this. A
+# controller cut off mid-transaction (its lease fence's FOR SHARE, a renewal's FOR UPDATE on the lease row) is
+# silent, not gone, to the server, which would hold the row lock for hours (its keepalives), and the standby's
+# take of the lease would wait on it as long (tests/ha/test_partition.py). No transaction of the store waits
+# between its statements: each runs its statements back to back.
+POSTGRES_SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=5000"
+
+
+def postgres_connect_args(url: str) -> dict[str, object]:
+    """libpq's parameters for the store's connections: the timeouts, and the session options before any the URL
+    gives (``?options=...``: connect_args would replace them; a setting given there wins, coming later)."""
+    given = make_url(url).query.get("options")
+    given = given[-1] if isinstance(given, tuple) else given
+    options = f"{POSTGRES_SESSION_OPTIONS} {given}" if given else POSTGRES_SESSION_OPTIONS
+    return {**POSTGRES_CONNECT, "options": options}
 
 
 class UnknownDialect(ValueError):

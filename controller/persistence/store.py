@@ -66,7 +66,7 @@ from controller.persistence.codec import (
     stimulus_to_dict,
 )
 from controller.persistence.dialect import insert as upsert_into
-from controller.persistence.dialect import upsert
+from controller.persistence.dialect import postgres_connect_args, upsert
 from controller.persistence.leases import Deposed
 from controller.persistence.schema import (
     MIGRATIONS,
@@ -105,11 +105,6 @@ def unavailable(error: BaseException) -> bool:
     return isinstance(error, OperationalError | sqlite3.OperationalError | OSError)
 
 
-# libpq: give up on a connection that cannot be opened, or whose sent data goes unacknowledged (a partition),
-# within seconds: a leader cut off from its database must fail its writes before its lease runs out.
-POSTGRES_CONNECT = {"connect_timeout": 3, "tcp_user_timeout": 3000, "keepalives_idle": 5, "keepalives_interval": 2}
-
-
 def database_url(target: Path | str) -> str:
     """The SQLAlchemy URL of ``target``: a SQLite file's path, or a ``postgresql://`` URL (psycopg 3 drives it)."""
     if isinstance(target, Path):
@@ -133,7 +128,7 @@ class Store:
         self.target = target
         url = database_url(target)
         postgres = url.startswith("postgresql")
-        connect_args = POSTGRES_CONNECT if postgres else {}
+        connect_args = postgres_connect_args(url) if postgres else {}
         self.engine: Engine = create_engine(url, future=True, connect_args=connect_args, pool_pre_ping=postgres)
         if not postgres:
             event.listen(self.engine, "connect", _pragmas)
