@@ -39,7 +39,8 @@ from controller.app.tls import load_server_tls
 from controller.core.flapping import Damping
 from controller.core.leadership import ControllerRole, RoleCause, RoleChange
 from controller.core.reconcile import Config
-from controller.core.stimulus import START
+from controller.core.stimulus import START, Stimulus
+from controller.eventlog import facts
 from controller.files import private_file, set_mode, write_public
 from controller.observability.curves import LossCurves
 from controller.observability.metrics import serve_metrics
@@ -126,11 +127,14 @@ class Controller:
         ]
         if settings.shared_agent_token:  # off by default: agents then prove their VM with a token of its own
             files.append((settings.agent_token_file or state / "agent.token", "agent_token_file", Role.AGENT))
+        static = {read_or_create_token(path, flag): role for path, flag, role in files}  # a bad file: no store yet
+        secret = token_secret(state)
         self.store = Store(settings.database) if settings.database else Store(private_database(state / "state.db"))
         if self.store.shared:  # every controller of the database authenticates every token
             share_secrets(self.store, state, [(path, flag, f"{role}-token") for path, flag, role in files])
-        static = {read_or_create_token(path, flag): role for path, flag, role in files}
-        self.tokens = Tokens(static, token_secret(state))
+            static = {read_or_create_token(path, flag): role for path, flag, role in files}
+            secret = token_secret(state)
+        self.tokens = Tokens(static, secret)
         timing = LeaseTiming(settings.lease_seconds, settings.standby_poll_seconds)
         self.leadership = Leadership(self.store, "", timing, clock, self._role_changed)
         interceptors = [AuthInterceptor(self.tokens), LeaderGate(self.leadership)]
@@ -208,7 +212,8 @@ class Controller:
                 self.runner.reload()  # every node gets a heartbeat expiry from now to find this controller
                 self.runner.capacity_ask = None
             self._start_timers()
-            await self.runner.tick(START)
+            elected = facts.LeaderElected(change.epoch, self.leadership.address, self.leadership.previous)
+            await self.runner.decide(lambda _world, now: [elected.recorded(now)], Stimulus.tick(START))
         elif change.target is ControllerRole.STANDBY:
             self.timers.stop()
             self._following = asyncio.ensure_future(self._follow())

@@ -56,6 +56,7 @@ class Leadership:
         self.role = ControllerRole.STARTING
         self.lease: Lease | None = None  # ours, while leading
         self.seen: Lease | None = None  # the lease as last read: whose it is
+        self.previous = ""  # the address the lease named before this controller took it ('' when unknown or none)
         self._deadline = 0.0  # when a leader must have stepped down, unless renewed before
         self._task: asyncio.Task[None] | None = None
         self._changing = asyncio.Lock()
@@ -114,8 +115,9 @@ class Leadership:
         except Exception as exc:  # the database is down: stay as we are, look again at the next poll
             log.warning("could not read the leader lease: %s", exc)
             return
-        self.seen = seen
+        before, self.seen = self.seen, seen
         if taken is not None and not self.leading:
+            self.previous = before.address if before is not None and before.holder != self.holder else ""
             self.lease = taken
             self._deadline = step_down_at(asked, self.timing.seconds, self.timing.margin_seconds)
             self.store.fencing = taken

@@ -202,6 +202,18 @@ class DecisionsResumed(Fact):
 
 
 @dataclass(frozen=True)
+class LeaderElected(Fact):
+    """A controller took the lease (at start, or from a leader that died or stopped): ``epoch`` fences every write
+    of its, ``address`` is where agents and clients reach it, ``previous`` the address the lease named before
+    ('' at the first)."""
+
+    kind = EventKind.LEADER_ELECTED
+    epoch: int
+    address: str
+    previous: str
+
+
+@dataclass(frozen=True)
 class InvariantViolated(Fact):
     """A decided world broke invariants (controller.core.invariants, under ``--validate``): a bug, so the decision
     was not committed. ``invariants`` names them, ``detail`` says how (one sentence each)."""

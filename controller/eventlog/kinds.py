@@ -31,6 +31,7 @@ class EventKind(StrEnum):
     GROWTH_DECLINED = "GrowthDeclined"
     REPORT_REFUSED = "ReportRefused"  # deciding on a node's report failed; it was set aside
     DECISIONS_RESUMED = "DecisionsResumed"  # the first decision after decisions had failed
+    LEADER_ELECTED = "LeaderElected"  # a controller took the lease: the first decision of its epoch
     INVARIANT_VIOLATED = "InvariantViolated"  # --validate refused a decided world (a bug): it was not committed
     # any provider: what the controller asked of it and what came of it
     CAPACITY_REQUESTED = "CapacityRequested"
