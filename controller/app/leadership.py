@@ -3,8 +3,10 @@
 Decisions are :mod:`controller.core.leadership`'s; this runs them against the store on a worker thread
 (a database that hangs must not hold the event loop) and tells the controller when its role changes.
 A leader renews every third of the lease and steps down on its own clock a third before the lease can run
-out, whether the renewals fail (the database is cut off) or hang. A standby tries to take the lease at
-every poll and, meanwhile, reloads what it answers reads from.
+out, whether the renewals fail (the database is cut off) or hang. The deadline is kept by a thread of its
+own (:meth:`Leadership._watch`): a database write cut off mid-way holds the event loop for seconds, and
+the controller must stop leading on time all the same. A standby tries to take the lease at every poll and,
+meanwhile, reloads what it answers reads from.
 
 A SQLite store is one controller's (the state directory's lock): it leads from the start, taking over any
 lease a previous process of the same directory left, at the next epoch.
@@ -16,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -59,7 +62,10 @@ class Leadership:
         self.previous = ""  # the address the lease named before this controller took it ('' when unknown or none)
         self._deadline = 0.0  # when a leader must have stepped down, unless renewed before
         self._task: asyncio.Task[None] | None = None
-        self._changing = asyncio.Lock()
+        self._changing = asyncio.Lock()  # the hooks of role changes run one at a time, in order
+        self._role_lock = threading.Lock()  # the role itself changes on the loop or on the deadline's thread
+        self._stopped = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     @property
     def leading(self) -> bool:
@@ -90,6 +96,9 @@ class Leadership:
         if self.role is ControllerRole.STARTING:
             await self._change(ControllerRole.STANDBY, RoleCause.LEASE_HELD_ELSEWHERE)
         self._task = asyncio.ensure_future(self._run())
+        loop = asyncio.get_running_loop()
+        self._watchdog = threading.Thread(target=self._watch, args=(loop,), name="lease-deadline", daemon=True)
+        self._watchdog.start()
 
     async def _run(self) -> None:
         while True:
@@ -97,13 +106,24 @@ class Leadership:
                 await self._renew()
             else:
                 await self._try_take()
-            pause = self.timing.renew_seconds if self.leading else self.timing.poll_seconds
-            if self.leading:  # wake in time to step down even while a renewal hangs
-                pause = min(pause, max(0.0, self._deadline - self.clock.now()))
-            await asyncio.sleep(pause)
-            if self.leading and self.clock.now() >= self._deadline:
-                log.error("the lease's renewal is overdue (the database is unreachable?); stepping down")
-                await self.step_down(RoleCause.RENEWAL_OVERDUE)
+            await asyncio.sleep(self.timing.renew_seconds if self.leading else self.timing.poll_seconds)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The deadline's thread: a leader whose renewal is overdue stops leading now (``leading`` is False from
+        here on, whatever the event loop is doing); the role change's hook runs on the loop once it is free."""
+        while not self._stopped.is_set():
+            wait = self._deadline - self.clock.now() if self.leading else self.timing.poll_seconds
+            if wait > 0:
+                self._stopped.wait(min(wait, self.timing.poll_seconds))
+                continue
+            log.error("the lease's renewal is overdue (the database is unreachable?); stepping down")
+            change = self._record(ControllerRole.STANDBY, RoleCause.RENEWAL_OVERDUE)
+            if change is not None:
+                loop.call_soon_threadsafe(self._spawn_hook, change)
+
+    def _spawn_hook(self, change: RoleChange) -> None:
+        task = asyncio.ensure_future(self._hook(change))
+        task.add_done_callback(_log_failure)
 
     async def _try_take(self) -> None:
         force = not self.store.shared
@@ -149,22 +169,42 @@ class Leadership:
         if self.leading:
             await self._change(ControllerRole.STANDBY, cause)
 
-    async def _change(self, target: ControllerRole, cause: RoleCause) -> None:
-        async with self._changing:
+    def _record(self, target: ControllerRole, cause: RoleCause) -> RoleChange | None:
+        """Change the role (validated by the role table) and log it; None when it is ``target`` already."""
+        with self._role_lock:
+            if self.role is target:
+                return None
             epoch = self.lease.epoch if self.lease is not None else 0
             change = change_role(self.role, target, cause, self.clock.now(), epoch)
             self.role = target
-            log.warning("controller %s: %s -> %s (%s, epoch %d)", self.address, change.source, target, cause, epoch)
+        log.warning("controller %s: %s -> %s (%s, epoch %d)", self.address, change.source, target, cause, epoch)
+        return change
+
+    async def _change(self, target: ControllerRole, cause: RoleCause) -> None:
+        change = self._record(target, cause)
+        if change is not None:
+            await self._hook(change)
+
+    async def _hook(self, change: RoleChange) -> None:
+        async with self._changing:
             await self.on_change(change)
 
     async def stop(self) -> None:
         """Stop the background work; a leader releases its lease so a standby takes over at once."""
+        self._stopped.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._watchdog is not None:
+            await asyncio.to_thread(self._watchdog.join, 5.0)
         mine, was_leading = self.lease, self.leading
         if self.role is not ControllerRole.STOPPED:
             await self._change(ControllerRole.STOPPED, RoleCause.STOPPED)
         if was_leading and mine is not None and self.store.shared:
             with contextlib.suppress(Exception):  # unreachable: the lease runs out on its own
                 await asyncio.to_thread(leases.release, self.store.engine, mine)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a change of the controller's role failed to apply", exc_info=task.exception())

@@ -47,12 +47,12 @@ from controller.core.model import (
 from controller.core.reconcile import Config, cancel, reconcile
 from controller.core.stimulus import Stimulus
 from controller.eventlog import facts, provider_facts
-from controller.persistence.store import Store
+from controller.persistence.store import Deposed, Store
 from controller.providers.base import CannotList, Clock, Provider, ProviderEvent, ProviderInbox
 from controller.shell import effects
 from controller.shell.containment import Containment
 from controller.shell.effects import Effects
-from controller.shell.failures import DecisionsFailed, HealthPort, Refused
+from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
 from controller.shell.planning import MemoPlanner, Planners
 from morphing.jobspec import JobSpec
 
@@ -218,7 +218,12 @@ class Runner(Containment):
             if self.capacity_ask is not None and self.capacity_ask.slots == command.slots:
                 failed = isinstance(outcome, provider_facts.ProviderCapacityRequestFailed)
                 self.capacity_ask = replace(self.capacity_ask, at=now, failed=failed)
-            self.commit([outcome.recorded(now)], Stimulus.provider(str(outcome.kind)))
+            try:
+                self.commit([outcome.recorded(now)], Stimulus.provider(str(outcome.kind)))
+            except Deposed:  # another controller leads: the outcome is its provider's business now
+                self.deposed()
+            except Exception as exc:  # the database is down: only the record of the outcome is lost, not the effects
+                log.warning("recording the capacity request's outcome failed: %s", describe(exc))
 
     async def decide(self, make: Callable[[World, float], list[Command]], stimulus: Stimulus | None = None) -> None:
         """Run a pure decision on the current world; its commands are committed with the reconcile after it.

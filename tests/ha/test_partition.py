@@ -353,13 +353,6 @@ def test_a_transaction_cut_off_does_not_hold_the_lease_from_the_standby(pair: Pa
         writer.wait(10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: the runner commits on the event loop (Runner.commit -> Store.persist), so a write under "
-    "way when the partition begins holds the loop for libpq's tcp_user_timeout (3 s), and the pool's pre-ping "
-    "and reconnect (connect_timeout, 3 s) after it; the lease's deadline passes unseen and A steps down after B "
-    "took over",
-)
 def test_a_leader_cut_off_while_writing_steps_down_before_its_lease_ends(pair: Pair, tmp_path: Path) -> None:
     first = pair.first
     partitioned = pair.partition()
