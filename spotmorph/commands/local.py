@@ -18,7 +18,7 @@ from pathlib import Path
 
 from morphing.errors import UserInputError
 from morphing.words import plural
-from spotmorph.local import cluster, faults, platform, replay
+from spotmorph.local import cluster, controllers, faults, platform, replay
 from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.network import PartitionFrom, check_shaping
@@ -47,6 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--subnet", help="the --netns cluster's /24 (default: a free one of 10.77.0.0/16)")
     up.add_argument(
         "--tensorboard-dir", type=Path, help="the controller writes TensorBoard event files here, a folder per job"
+    )
+    up.add_argument(
+        "--controllers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="controller processes (default 1); N > 1 needs --database",
+    )
+    up.add_argument(
+        "--database", metavar="URL", help="postgresql://USER@HOST:PORT/DB the controllers share (one leads)"
     )
     add = sub.add_parser("add", help="add nodes")
     add.add_argument("count", type=int, nargs="?", default=1, help="how many VMs (default 1)")
@@ -84,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     netem.add_argument("--delay", type=float, metavar="MS", help="added latency in milliseconds")
     netem.add_argument("--loss", type=float, metavar="PCT", help="packets dropped, in percent")
     netem.add_argument("--rate", type=float, metavar="MBIT", help="bandwidth limit in Mbit/s")
+    sub.add_parser("kill-leader", help="SIGKILL the leading controller (--controllers N); prints its address")
     sub.add_parser("down", help="stop everything and clean up (also after a crash)")
     hidden = sub.add_parser("platform")  # internal (started by `up`): no help, so not listed
     hidden.add_argument("--cluster-dir", type=Path, required=True, help="the cluster's folder")
@@ -102,13 +113,16 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.tensorboard_dir is not None:
             options = replace(options, tensorboard_dir=args.tensorboard_dir.resolve())
+        options = replace(options, controllers=args.controllers, database=args.database)
         context, names = cluster.up(options)
         nodes = ", ".join(names) or "none"
         where = " in network namespaces" if options.netns else ""
         each = plural(options.slots, "slot") + (
             f", {plural(options.gpus_per_node, 'GPU')}" if options.gpus_per_node else ""
         )
-        print(f"local cluster up: controller {context.controller}, nodes {nodes}{where} ({each} each)")
+        heads = ", ".join(context.addresses())
+        said = f"controllers {heads} (the first leads)" if len(context.addresses()) > 1 else f"controller {heads}"
+        print(f"local cluster up: {said}, nodes {nodes}{where} ({each} each)")
         print(f"files in {context.cluster_dir}; try `spotmorph nodes`, `spotmorph submit examples/tiny_gpt.yaml`")
         files = ClusterDir(Path(context.cluster_dir))
         # The reader's token: the dashboard only reads, and an address on a screen (or in a shell history) with
@@ -122,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     check_numbers(args)
     context = cluster.require_context()
+    if action == "kill-leader":
+        killed = controllers.kill_leader(ClusterDir(Path(context.cluster_dir)))
+        print(killed.lease.address)
+        print(f"killed controller {killed.index} (epoch {killed.lease.epoch}); a standby takes over within the lease")
+        return 0
     provider = cluster.provider_of(context)
     if action in {"partition", "heal", "netem"}:
         print(faults.run(provider, args))

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
+from controller.files import write_private
 from morphing.errors import UserInputError
-from spotmorph.local import gpu_share, netns, platform, vm_start
+from spotmorph.local import controllers, gpu_share, netns, platform, vm_start
 from spotmorph.local.flags import within
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.netns import leftovers
@@ -46,10 +47,13 @@ class UpOptions:
     subnet: str | None = None  # the --netns cluster's /24 (None: a free one of 10.77.0.0/16)
     gpus_per_node: int = 0  # GPUs of this host each VM gets for its own (0: CPU slots)
     tensorboard_dir: Path | None = None  # where the controller writes TensorBoard event files (None: off)
+    controllers: int = 1  # controller processes; more than one share ``database`` (one leads)
+    database: str | None = None  # postgresql://...: the controllers' state (None: SQLite in the first's state dir)
 
     def check(self) -> None:
         if self.nodes < 0 or self.slots < 1:
             raise UserInputError("--nodes must be >= 0 and --slots >= 1")
+        controllers.check_controllers(self.controllers, self.database)
         within("--heartbeat-expiry", self.heartbeat_expiry, 0.1, 86_400, "seconds")
         within("--debounce", self.debounce, 0, 86_400, "seconds")
         if self.gpus_per_node < 0:
@@ -73,7 +77,7 @@ def provider_of(context: Context) -> LocalProcessProvider:
     """The cluster's VMs, as the provider that starts and lists them."""
     return LocalProcessProvider(
         Path(context.cluster_dir),
-        context.controller,
+        ",".join(context.addresses()),  # agents take the list and find the leader
         context.slots,
         context.imds_url,
         gpus_per_node=context.gpus_per_node,
@@ -102,6 +106,8 @@ def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[s
     }
     if options.tensorboard_dir is not None:
         settings["tensorboard_dir"] = str(options.tensorboard_dir)
+    if options.database:
+        settings["database"] = options.database
     return settings
 
 
@@ -125,15 +131,18 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
     if options.netns:
         plan = netns.make_network(cluster, options.subnet)
         host, platform_host = plan.controller_address, plan.platform_address
-    controller_port, imds_port = free_port(), free_port()
-    address = f"{host}:{controller_port}"
+    imds_port = free_port()
+    addresses = [f"{host}:{free_port()}" for _ in range(options.controllers)]
+    address = addresses[0]
     base = port_range_base(500)  # the controller's default span of rendezvous ports
-    cluster.controller_settings.write_text(json.dumps(controller_settings(options, base)))
-    controller = [sys.executable, "-m", "spotmorph.cli", "controller", "--state-dir", str(cluster.state)]
-    controller += ["--listen", address, "--config", str(cluster.controller_settings)]
-    if options.netns:
-        controller.append("--allow-plaintext")  # the cluster's own bridge, on this machine only
-    cluster.controller_command.write_text(json.dumps(controller))
+    write_private(cluster.controller_settings, json.dumps(controller_settings(options, base)).encode())
+    if options.database:
+        write_private(cluster.database_url, f"{options.database}\n".encode())
+    for index, listen in enumerate(addresses, 1):  # --netns: the cluster's own bridge, on this machine only
+        files = cluster.controller_files(index)
+        files.command.parent.mkdir(parents=True, exist_ok=True)
+        line = controllers.command(files, listen, str(cluster.controller_settings), plaintext=options.netns)
+        files.command.write_text(json.dumps(line))
     start_controller(cluster)
     platform_command = platform.command(cluster, imds_port, platform_host)
     cluster.platform_pid.write_text(str(spawn(platform_command, cluster.platform_log)))
@@ -143,8 +152,10 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
         "the controller to start",
         log=cluster.controller_log,
     )
+    standbys = controllers.start_standbys(cluster, options.controllers)
     context = Context(
         controller=address,
+        controllers=(address, *standbys) if standbys else (),
         token_file=str(cluster.operator_token),
         cluster_dir=str(cluster.root),
         imds_url=f"http://{platform_host}:{imds_port}",
@@ -184,11 +195,9 @@ def _controller_alive(cluster: ClusterDir) -> bool:
     return alive(read_pid(cluster.controller_pid))
 
 
-def start_controller(cluster: ClusterDir, env: Mapping[str, str] | None = None) -> int:
-    """Start (or restart, after a crash) the cluster's controller with its recorded command line."""
-    pid = spawn(json.loads(cluster.controller_command.read_text()), cluster.controller_log, env)
-    cluster.controller_pid.write_text(str(pid))
-    return pid
+def start_controller(cluster: ClusterDir, env: Mapping[str, str] | None = None, index: int = 1) -> int:
+    """Start (or restart, after a crash) controller ``index`` of the cluster with its recorded command line."""
+    return controllers.start(cluster.controller_files(index), env)
 
 
 def down(home: Path | None = None) -> list[str]:
@@ -209,7 +218,7 @@ def down(home: Path | None = None) -> list[str]:
 
 def _stop_everything(cluster: ClusterDir) -> list[str]:
     """End the cluster's processes, then remove its namespaces and links (whatever of them exists)."""
-    for pid_file in (cluster.controller_pid, cluster.platform_pid):
+    for pid_file in (*(c.pid_file for c in cluster.controllers()), cluster.platform_pid):
         terminate(read_pid(pid_file))
     for vm in cluster.vm_dirs():
         kill_vm(LocalVm(vm.path))

@@ -115,6 +115,8 @@ class LocalCluster:
         gpus_per_node: int = 0,
         tensorboard_dir: Path | None = None,
         warm_trainers: int | None = None,
+        controllers: int = 1,
+        database: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """``warm_trainers``: per node, for this VM's agents and those added later (a cluster that runs no job
         saves each node's zygote with 0); the agent's default when None."""
@@ -123,6 +125,8 @@ class LocalCluster:
         args = ["--nodes", str(nodes), "--slots", str(slots), "--heartbeat-expiry", str(heartbeat_expiry)]
         args += ["--gpus-per-node", str(gpus_per_node)] if gpus_per_node else []
         args += ["--tensorboard-dir", str(tensorboard_dir)] if tensorboard_dir is not None else []
+        args += ["--controllers", str(controllers)] if controllers != 1 else []
+        args += ["--database", database] if database else []
         return self.cli("local", "up", *args, *(["--netns"] if netns else []))
 
     def add(self, count: int = 1) -> None:
@@ -289,6 +293,10 @@ class LocalCluster:
         pid = self.controller_pid()
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
+
+    def kill_leader(self) -> str:
+        """``spotmorph local kill-leader``: the address of the controller it SIGKILLed."""
+        return self.cli("local", "kill-leader").stdout.splitlines()[0].strip()
 
     def start_controller(self) -> None:
         """Start the controller again (after ``kill_controller``); returns once it serves."""

@@ -9,6 +9,9 @@
       network-made.jsonl  its namespaces and links, each recorded before it was made
       gpus.json         the host's GPU indices, recorded by `up --gpus-per-node` (shared out per VM)
       state/            the controller's --state-dir: SQLite store, operator.token, node-secret
+      controllers/c-K/  with `up --controllers N`, controller K >= 2: its state/, controller.json, .pid, .log
+                        (controller 1 keeps the files above)
+      database.url      with `up --database`, the PostgreSQL URL the controllers share (0600)
       vms/vm-N/         one "VM": the agent's --work-dir (agent.pid, node-name, trainers/, see
                         worker_agent.contract.AgentWorkDir), its command line agent.json and agent.log,
                         its own agent token agent.token (issued to instance vm-N)
@@ -90,6 +93,21 @@ class VmDir:
 
 
 @dataclass(frozen=True)
+class ControllerFiles:
+    """One controller's files: its ``--state-dir``, command line, pid and log."""
+
+    state: Path
+    command: Path
+    pid_file: Path
+    log: Path
+
+    @property
+    def address_file(self) -> Path:
+        """HOST:PORT it serves at (written once it answers)."""
+        return self.state / "controller.addr"
+
+
+@dataclass(frozen=True)
 class ClusterDir:
     """The cluster's folder and every file in it."""
 
@@ -148,6 +166,26 @@ class ClusterDir:
     def controller_log(self) -> Path:
         return self.root / "controller.log"
 
+    def controller_files(self, index: int = 1) -> ControllerFiles:
+        """Controller ``index`` (1: the first, whose files are at the top; others under ``controllers/``)."""
+        if index == 1:
+            return ControllerFiles(self.state, self.controller_command, self.controller_pid, self.controller_log)
+        folder = self.root / "controllers" / f"c-{index}"
+        return ControllerFiles(
+            folder / "state", folder / "controller.json", folder / "controller.pid", folder / "controller.log"
+        )
+
+    def controllers(self) -> list[ControllerFiles]:
+        """Every controller the cluster was started with, the first first."""
+        extra = self.root / "controllers"
+        more = sorted(int(d.name[2:]) for d in extra.glob("c-*") if d.name[2:].isdigit()) if extra.is_dir() else []
+        return [self.controller_files(i) for i in (1, *more)]
+
+    @property
+    def database_url(self) -> Path:
+        """The PostgreSQL URL of ``up --database`` (absent: SQLite, one controller)."""
+        return self.root / "database.url"
+
     @property
     def platform_pid(self) -> Path:
         return self.root / "platform.pid"
@@ -186,7 +224,8 @@ class ClusterDir:
 
     def pid_files(self) -> list[Path]:
         """Where every process of the cluster wrote its pid: controller, platform, agents."""
-        files = [self.controller_pid, self.platform_pid, *(vm.pid_file for vm in self.vm_dirs())]
+        controllers = [c.pid_file for c in self.controllers()]
+        files = [*controllers, self.platform_pid, *(vm.pid_file for vm in self.vm_dirs())]
         return [f for f in files if f.exists()]
 
     def logs(self) -> list[Path]:

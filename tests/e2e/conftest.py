@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from controller.persistence.store import Store
 from spotmorph.local.harness import LocalCluster
+from spotmorph.local.layout import ClusterDir
 
 from .netns_helpers import assert_nothing_left
 
@@ -46,7 +48,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     try:
         yield local
     finally:
-        violated = invariant_violations(local.files.state / "state.db")
+        violated = invariant_violations(local.files)
         if violated:
             local.notes.append("the controller refused decisions that broke invariants (a bug):")
             print(local.failure_report())
@@ -55,10 +57,18 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     assert not violated, "the controller's decisions broke invariants (InvariantViolated):\n" + "\n".join(violated)
 
 
-def invariant_violations(database: Path) -> list[str]:
+def invariant_violations(files: ClusterDir) -> list[str]:
     """What the controller's ``InvariantViolated`` events say: every local cluster validates each decision
-    (``validate_invariants``), so any is a bug, whatever the test saw. Read from the state database, which
-    outlives a controller the test killed."""
+    (``validate_invariants``), so any is a bug, whatever the test saw. Read from the state database (SQLite, or
+    the PostgreSQL the controllers share), which outlives a controller the test killed."""
+    if files.database_url.exists():
+        store = Store(files.database_url.read_text().strip())
+        try:
+            rows = [(e.at, e.data) for e in store.recent_events(None, ["InvariantViolated"], 1000)]
+        finally:
+            store.close()
+        return [f"at {at:.3f}: {data}" for at, data in rows]
+    database = files.state / "state.db"
     if not database.exists():
         return []
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
