@@ -34,6 +34,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("jobs", "controller.client.commands.jobs", "list jobs"),
     ("status", "controller.client.commands.status", "one job in detail: state, step, layout, morphs"),
     ("nodes", "controller.client.commands.nodes", "list the cluster's nodes"),
+    ("controllers", "controller.client.commands.controllers", "each listed controller: leading, standby or down"),
     ("events", "controller.client.commands.events", "the controller's event log (--follow to keep watching)"),
     ("logs", "controller.client.commands.logs", "what a job's trainers wrote, every rank and generation (--follow)"),
     ("cancel", "controller.client.commands.cancel", "cancel a job"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from controller.api import paging, wire
+from controller.api.leader_gate import Leading
 from controller.api.status import Context, answered
 from controller.core.lifecycle import JOB_TERMINAL, NodeState
 from controller.shell.latency import BOUNDS
@@ -17,9 +18,10 @@ JOB_LIMIT = 200  # jobs: a spec may hold 4 KiB paths, so 200 stay under 2 MiB, b
 
 
 class ClusterService(rpc.ClusterServicer):
-    def __init__(self, view: StateView, schema_version: int) -> None:
+    def __init__(self, view: StateView, schema_version: int, leadership: Leading | None = None) -> None:
         self.view = view
         self.schema_version = schema_version
+        self.leadership = leadership  # None: the only controller (tests)
 
     async def ListNodes(self, request: pb.ListNodesRequest, context: Context) -> pb.ListNodesResponse:
         async with answered(context):
@@ -27,9 +29,17 @@ class ClusterService(rpc.ClusterServicer):
             nodes, token = paging.page_of_nodes(self.view.nodes(), join_order, size, request.page_token)
         return pb.ListNodesResponse(nodes=[wire.node_to_pb(n) for n in nodes], next_page_token=token)
 
+    def _role(self) -> tuple[str, int, str]:
+        """Who answers: this controller's role, epoch and the leader it knows of."""
+        lead = self.leadership
+        if lead is None:
+            return "LEADING", 0, ""
+        return ("LEADING" if lead.leading else "STANDBY"), lead.epoch, lead.leader_address()
+
     async def GetClusterState(self, request: pb.GetClusterStateRequest, context: Context) -> pb.ClusterState:
         """A summary bounded whatever the history (70,000 jobs overran the message cap): see the proto."""
         cluster = self.view.cluster()
+        role, epoch, leader = self._role()
         latency = cluster.heartbeat_latency
         nodes = [n for n in cluster.nodes if n.state is not NodeState.GONE]
         jobs = [j for j in cluster.jobs if j.state not in JOB_TERMINAL]
@@ -44,6 +54,9 @@ class ClusterService(rpc.ClusterServicer):
             queue_left_off=max(0, len(cluster.queue) - SUMMARY_LIMIT),
             started_at=cluster.started_at,
             schema_version=self.schema_version,
+            role=role,
+            epoch=epoch,
+            leader=leader,
             heartbeat_latency=pb.LatencyHistogram(
                 count=latency.count,
                 sum_seconds=latency.sum_seconds,

@@ -168,7 +168,8 @@ class Controller:
         self._curves_task: asyncio.Task[None] | None = None  # the dashboard's loss curves (observability.curves)
         self.tensorboard: TensorBoardExport | None = None
         self._tensorboard_task: asyncio.Task[None] | None = None
-        rpc.add_ClusterServicer_to_server(ClusterService(self.view, self.store.schema_version()), self.server)
+        cluster = ClusterService(self.view, self.store.schema_version(), self.leadership)
+        rpc.add_ClusterServicer_to_server(cluster, self.server)
         interval = settings.heartbeat_interval_seconds
         agent = AgentService(
             self.view,

@@ -4,6 +4,9 @@ the new leader's replies carry the next epoch."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -17,6 +20,7 @@ from controller.persistence import leases
 from controller.persistence.store import Store
 from protos.reasons import leader_of, reason_of
 from protos.spotmorph.v1 import controller_pb2 as pb
+from spotmorph.local.processes import free_port
 from tests.controller.conftest import Live, running
 from tests.controller.test_contract import spec
 
@@ -90,3 +94,22 @@ def test_a_clean_stop_hands_over_at_once_and_the_new_epoch_fences_the_agents(tmp
             lease = leases.current(store.engine)
             assert lease is not None and lease.epoch == 2 and lease.address == second.address
             store.close()
+
+
+def test_spotmorph_controllers_names_the_leader_the_standby_and_one_down(pair: tuple[Live, Live]) -> None:
+    leader, standby = pair
+    dead = f"127.0.0.1:{free_port()}"
+    command = [sys.executable, "-m", "spotmorph.cli", "controllers", "--json", "--token", leader.token("reader")]
+    done = subprocess.run(
+        [*command, "--controller", f"{leader.address},{standby.address},{dead}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {row["address"]: row for row in json.loads(done.stdout)}
+    assert (rows[leader.address]["role"], rows[leader.address]["epoch"]) == ("LEADING", 1)
+    assert (rows[standby.address]["role"], rows[standby.address]["leader"]) == ("STANDBY", leader.address)
+    assert rows[dead]["role"] == "NO ANSWER" and "UNAVAILABLE" in rows[dead]["error"]
+    state = standby.cluster().GetClusterState(pb.GetClusterStateRequest())
+    assert (state.role, state.epoch, state.leader) == ("STANDBY", 0, leader.address)

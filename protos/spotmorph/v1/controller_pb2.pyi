@@ -1119,6 +1119,9 @@ class ClusterState(_message.Message):
     NODES_LEFT_OFF_FIELD_NUMBER: _builtins.int
     JOBS_LEFT_OFF_FIELD_NUMBER: _builtins.int
     QUEUE_LEFT_OFF_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
     started_at: _builtins.float
     schema_version: _builtins.int
     nodes_left_off: _builtins.int
@@ -1127,6 +1130,12 @@ class ClusterState(_message.Message):
     """unfinished jobs beyond those listed"""
     queue_left_off: _builtins.int
     """queued ids beyond those listed"""
+    role: _builtins.str
+    """This controller's role among those sharing its database: "LEADING" or "STANDBY" (docs/controller.md, "Two
+    controllers"); its lease epoch while leading (0 otherwise); the leader it knows of ("" when none leads).
+    """
+    epoch: _builtins.int
+    leader: _builtins.str
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]:
         """not GONE, in join order"""
@@ -1163,10 +1172,13 @@ class ClusterState(_message.Message):
         nodes_left_off: _builtins.int = ...,
         jobs_left_off: _builtins.int = ...,
         queue_left_off: _builtins.int = ...,
+        role: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        leader: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_latency", b"heartbeat_latency"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_latency", b"heartbeat_latency", "job_states", b"job_states", "jobs", b"jobs", "jobs_left_off", b"jobs_left_off", "node_states", b"node_states", "nodes", b"nodes", "nodes_left_off", b"nodes_left_off", "queue", b"queue", "queue_left_off", b"queue_left_off", "schema_version", b"schema_version", "started_at", b"started_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "heartbeat_latency", b"heartbeat_latency", "job_states", b"job_states", "jobs", b"jobs", "jobs_left_off", b"jobs_left_off", "leader", b"leader", "node_states", b"node_states", "nodes", b"nodes", "nodes_left_off", b"nodes_left_off", "queue", b"queue", "queue_left_off", b"queue_left_off", "role", b"role", "schema_version", b"schema_version", "started_at", b"started_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
