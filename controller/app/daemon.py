@@ -158,7 +158,7 @@ class Controller:
         self.timers = Timers(self.timer_config)
         self._following: asyncio.Task[None] | None = None  # a standby's reloads
         self.heartbeat_latency = Histogram()
-        self.view = StateView(self.runner, self.heartbeat_latency)
+        self.view = StateView(self.runner, self.heartbeat_latency, role=self._role)
         self.logbook = LogBook(self.store)  # trainers' logs: written and read off the event loop, not decisions
         self.followers = Followers(self.settings.max_log_followers_per_caller, self.settings.max_log_followers)
         jobs = JobsService(self.view, self.runner, self.stopping, logbook=self.logbook, followers=self.followers)
@@ -184,6 +184,9 @@ class Controller:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Jobs", "Cluster", "Agent")]
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+
+    def _role(self) -> tuple[bool, int]:
+        return self.leadership.leading, self.leadership.epoch
 
     def _decisions_work(self, ok: bool) -> None:
         """The runner's health port: while decisions fail, the health service says NOT_SERVING."""

@@ -72,6 +72,12 @@ def families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
         _cumulative(latency.counts, LATENCY_BUCKETS),
         latency.sum_seconds,
     )
+    leading = GaugeMetricFamily("spotmorph_controller_leading", "1 while this controller leads (0: standby)")
+    leading.add_metric([], 1 if snapshot.leading else 0)
+    yield leading
+    yield GaugeMetricFamily(
+        "spotmorph_controller_epoch", "The leader lease's epoch this controller leads under", value=snapshot.epoch
+    )
     errors = CounterMetricFamily("spotmorph_provider_errors", "Provider errors by kind", labels=["kind"])
     for kind, count in sorted(snapshot.event_counts.items()):
         if provider_error(kind):

@@ -74,13 +74,23 @@ class MetricsSnapshot:
     generations: tuple[GenerationRow, ...]  # of every job in ``jobs``
     event_counts: Mapping[str, int]  # events in the log by kind
     heartbeat_latency: LatencySnapshot
+    leading: bool = True  # this controller leads (a standby's scrape says False)
+    epoch: int = 0  # its lease epoch while leading
 
 
 class StateView:
     """Queries on the runner's state; call it from the event loop, ``close()`` after the last query."""
 
-    def __init__(self, runner: Runner, heartbeat_latency: Histogram, readers: int = 2) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        heartbeat_latency: Histogram,
+        readers: int = 2,
+        role: Callable[[], tuple[bool, int]] = lambda: (True, 0),
+    ) -> None:
+        """``role``: whether this controller leads, and its epoch (the metrics say both)."""
         self._runner = runner
+        self._role = role
         self._store: Store = runner.store
         self._heartbeat_latency = heartbeat_latency
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix=READER_THREAD_PREFIX)
@@ -182,7 +192,8 @@ class StateView:
             return rows, self._store.event_counts()
 
         generations, counts = await self._read(read)
-        return MetricsSnapshot(now, nodes, jobs, generations, MappingProxyType(counts), latency)
+        leading, epoch = self._role()
+        return MetricsSnapshot(now, nodes, jobs, generations, MappingProxyType(counts), latency, leading, epoch)
 
     async def _details(self, jobs: tuple[JobRecord, ...]) -> tuple[JobDetail, ...]:
         """Generations a job's record does not know of yet (issued after it was read) are left out."""

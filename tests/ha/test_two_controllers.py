@@ -113,3 +113,5 @@ def test_spotmorph_controllers_names_the_leader_the_standby_and_one_down(pair: t
     assert rows[dead]["role"] == "NO ANSWER" and "UNAVAILABLE" in rows[dead]["error"]
     state = standby.cluster().GetClusterState(pb.GetClusterStateRequest())
     assert (state.role, state.epoch, state.leader) == ("STANDBY", 0, leader.address)
+    assert "spotmorph_controller_leading 1.0" in leader.scrape() and "spotmorph_controller_epoch 1.0" in leader.scrape()
+    assert "spotmorph_controller_leading 0.0" in standby.scrape()
