@@ -21,10 +21,10 @@ from typing import Any
 
 import grpc
 
-from controller.client.addresses import parse_addresses
 from controller.client.context import context_path, read_context
 from controller.files import PEM_LIMIT, read_small
 from morphing.errors import UserInputError
+from protos.addresses import parse_addresses
 
 
 def resolve(controller: str | None, token: str | None) -> tuple[tuple[str, ...], str | None]:

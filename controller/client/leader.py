@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import grpc
 
 from controller.client import connection
-from controller.client.addresses import listed
 from protos.reasons import NOT_LEADER, leader_of, reason_of
 
 T = TypeVar("T")
@@ -40,9 +39,9 @@ def _trailing(exc: grpc.RpcError) -> Any:
 
 def no_leader_line(standbys: Sequence[str], silent: Sequence[str]) -> str:
     """``no controller leads now (a:50051, b:50051 are standbys); retry in a few seconds``."""
-    who = f"{listed(list(standbys))} {'are standbys' if len(standbys) > 1 else 'is a standby'}"
+    who = f"{', '.join(standbys)} {'are standbys' if len(standbys) > 1 else 'is a standby'}"
     if silent:
-        who += f"; {listed(list(silent))} {'do' if len(silent) > 1 else 'does'} not answer"
+        who += f"; {', '.join(silent)} {'do' if len(silent) > 1 else 'does'} not answer"
     return f"no controller leads now ({who}); retry in a few seconds"
 
 

@@ -104,8 +104,9 @@ def unavailable_reason() -> str | None:
 
 
 @contextlib.contextmanager
-def _allocation_lock() -> Iterator[None]:
-    """One cluster at a time chooses a subnet and makes its bridge (another would see neither yet)."""
+def allocation_lock() -> Iterator[None]:
+    """One cluster (or test topology, tests/ha/test_partition.py) at a time chooses a subnet and makes its bridge
+    (another would see neither yet)."""
     with open(Path(tempfile.gettempdir()) / "spotmorph-netns.lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -122,7 +123,7 @@ def _record(cluster: ClusterDir, kind: str, name: str) -> None:
         os.fsync(handle.fileno())
 
 
-def _used_networks() -> list[str]:
+def used_networks() -> list[str]:
     """Every IPv4 network this machine has an address or a route in."""
     ip = _ip()
     used = []
@@ -139,8 +140,8 @@ def make_network(cluster: ClusterDir, subnet: str | None = None) -> NetworkPlan:
     """Choose the cluster's subnet, record it and make its bridge (the controller's and platform's addresses)."""
     ip = _ip()
     prefix = prefix_of(cluster.root)
-    with _allocation_lock():
-        plan = NetworkPlan(prefix, choose_subnet(prefix, _used_networks(), subnet))
+    with allocation_lock():
+        plan = NetworkPlan(prefix, choose_subnet(prefix, used_networks(), subnet))
         cluster.network_plan.write_text(plan.to_json())
         _record(cluster, "link", plan.bridge)
         _run([ip, "link", "add", plan.bridge, "address", plan.bridge_mac, "type", "bridge"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,17 @@ from morphing.planner import Planner
 from morphing.profile import parse_profile
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def served_address(process: subprocess.Popen[bytes], state: Path, log: Path, seconds: float = 60.0) -> str:
+    """The address a controller process (``spotmorph controller --state-dir state``, writing ``log``) serves at,
+    once it wrote it; fails showing the log if the process exits first or takes longer than ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not (state / "controller.addr").exists():
+        assert process.poll() is None, f"controller {state.name} exited {process.returncode}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no controller.addr from {state.name} in {seconds} s:\n{log.read_text()}"
+        time.sleep(0.05)
+    return (state / "controller.addr").read_text().strip()
 
 
 class FakeClock:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from controller.app.state_lock import LOCK_FILE, StateDirInUse
 from morphing.errors import UserInputError
 from spotmorph.commands.controller import PROVIDERS
 from spotmorph.local.provider import LocalProcessProvider
-from tests.controller.helpers import REPO
+from tests.controller.helpers import REPO, served_address
 
 DOCS = REPO / "docs" / "controller.md"
 
@@ -88,11 +87,7 @@ def _start(state: Path, log: Path, started: list[subprocess.Popen[bytes]]) -> su
     with log.open("ab") as out:
         process = subprocess.Popen(_command(state), stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     started.append(process)
-    deadline = time.monotonic() + 60
-    while not (state / "controller.addr").exists():
-        assert process.poll() is None, f"the controller exited {process.returncode}:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"no controller.addr after 60 s:\n{log.read_text()}"
-        time.sleep(0.05)
+    served_address(process, state, log)
     return process
 
 

@@ -16,16 +16,12 @@ the lease must not keep the standby out: the server ends the session); and a lea
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import ipaddress
-import json
 import random
 import re
 import secrets
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +38,7 @@ from protos.reasons import leader_of, reason_of
 from protos.spotmorph.v1 import controller_pb2 as pb
 from spotmorph.local import netns
 from tests.controller.helpers import REPO
-from tests.ha.test_failover import Daemon, submit
+from tests.ha.daemons import LEASE_SECONDS, Daemon, logs, refused, start, submit, until
 from tests.postgres import MISSING, PostgresServer, find_binaries
 
 REASON = netns.unavailable_reason()
@@ -50,7 +46,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(REASON is not None, reason=f"network namespaces cannot be made here: {REASON}"),
 ]
-LEASE_SECONDS = 2.0
 SUBNETS = ipaddress.IPv4Network("10.79.0.0/16")  # clear of 10.77.0.0/16, where `local up --netns` takes its /24s
 NOWHERE = "02:00:5e:00:de:ad"  # a MAC address no interface has: frames to it are lost on the bridge
 PERMANENT = ["nud", "permanent", "dev", "eth0"]
@@ -99,25 +94,6 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return out
 
 
-def used_networks() -> list[ipaddress.IPv4Network]:
-    used = []
-    for link in json.loads(ip("-j", "-4", "addr", "show").stdout or "[]"):
-        used += [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if "local" in a]
-    used += [r["dst"] for r in json.loads(ip("-j", "-4", "route", "show").stdout or "[]") if "/" in r.get("dst", "")]
-    return [ipaddress.IPv4Network(u, strict=False) for u in used]
-
-
-@contextlib.contextmanager
-def allocation_lock() -> Iterator[None]:
-    """The lock `spotmorph local up --netns` takes to choose a subnet and make its bridge."""
-    with open(Path(tempfile.gettempdir()) / "spotmorph-netns.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def make(topology: Topology, serials: list[int]) -> None:
     """The bridge with the test's and the database's addresses, and one namespace on it per serial."""
     length = topology.subnet.prefixlen
@@ -151,8 +127,8 @@ def remove(topology: Topology) -> None:
 def topology() -> Iterator[Topology]:
     topology = Topology(f"smha{secrets.token_hex(2)}", SUBNETS)
     try:
-        with allocation_lock():
-            taken = used_networks()
+        with netns.allocation_lock():
+            taken = [ipaddress.IPv4Network(used, strict=False) for used in netns.used_networks()]
             free = [s for s in SUBNETS.subnets(new_prefix=24) if not any(s.overlaps(t) for t in taken)]
             assert free, f"every /24 of {SUBNETS} is in use on this machine"
             topology = Topology(topology.prefix, random.choice(free))
@@ -171,38 +147,6 @@ def database(topology: Topology) -> Iterator[PostgresServer]:
         pytest.skip(MISSING)
     with PostgresServer.start(binaries, listen_addresses=[topology.database]) as server:
         yield server
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    started: list[Daemon] = []
-    try:
-        yield started
-    finally:
-        for daemon in started:  # only what this test started, by pid: `ip netns exec` becomes the controller
-            if daemon.process.poll() is None:
-                daemon.process.kill()
-            daemon.process.wait(10)
-        assert all(d.process.poll() is not None for d in started)
-
-
-def start(tmp_path: Path, name: str, namespace: str, host: str, url: str, started: list[Daemon]) -> Daemon:
-    """A controller process inside ``namespace``, listening on ``host``."""
-    state, log = tmp_path / name, tmp_path / f"{name}.log"
-    command = ["ip", "netns", "exec", namespace, sys.executable, "-m", "spotmorph.cli", "controller"]
-    command += ["--state-dir", str(state), "--listen", f"{host}:0", "--database", url, "--allow-plaintext"]
-    command += ["--lease-seconds", str(LEASE_SECONDS)]
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-    daemon = Daemon(process, state, log, "")
-    started.append(daemon)
-    deadline = time.monotonic() + 60
-    while not (state / "controller.addr").exists():
-        assert process.poll() is None, f"controller {name} exited {process.returncode}:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"no controller.addr from {name}:\n{log.read_text()}"
-        time.sleep(0.05)
-    daemon.address = (state / "controller.addr").read_text().strip()
-    return daemon
 
 
 @dataclass(frozen=True)
@@ -225,10 +169,6 @@ def roles(daemon: Daemon) -> list[RoleLine]:
 
 def change(daemon: Daemon, target: str, cause: str) -> RoleLine | None:
     return next((r for r in roles(daemon) if r.target == target and r.cause == cause), None)
-
-
-def logs(*daemons: Daemon) -> str:
-    return "\n".join(f"--- {d.state.name} ({d.address})\n{d.log.read_text()[-4000:]}" for d in daemons)
 
 
 @dataclass(frozen=True)
@@ -283,8 +223,8 @@ class Pair:
 @pytest.fixture
 def pair(tmp_path: Path, topology: Topology, database: PostgresServer, daemons: list[Daemon]) -> Iterator[Pair]:
     url = database.create_database("partition")
-    first = start(tmp_path, "a", topology.namespace(1), topology.address(1), url, daemons)
-    second = start(tmp_path, "b", topology.namespace(2), topology.address(2), url, daemons)
+    first = start(tmp_path, "a", url, daemons, topology.address(1), netns.exec_prefix(topology.namespace(1)))
+    second = start(tmp_path, "b", url, daemons, topology.address(2), netns.exec_prefix(topology.namespace(2)))
     store = Store(url)
     try:
         lease = leases.current(store.engine)
@@ -308,18 +248,18 @@ def test_a_leader_cut_off_from_the_database_steps_down_before_its_lease_ends(pai
     assert_stepped_down_in_time(handover)
 
     pair.heal()
-    named = lambda: leader_of(_refused(first, tmp_path).trailing_metadata()) == second.address  # noqa: E731
-    _until(named, "once healed, A refuses writes naming B", first, second)
-    refused = _refused(first, tmp_path)
-    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert reason_of(refused.trailing_metadata()) == "not-leader"
+    named = lambda: leader_of(refused(first, tmp_path).trailing_metadata()) == second.address  # noqa: E731
+    until(named, "once healed, A refuses writes naming B", first, second)
+    refusal = refused(first, tmp_path)
+    assert refusal.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(refusal.trailing_metadata()) == "not-leader"
     job = submit(second, tmp_path)
     assert isinstance(job, str), job
     lease = leases.current(pair.store.engine)
     assert lease is not None and (lease.epoch, lease.address) == (2, second.address), lease
     assert [(r.target, r.cause) for r in roles(first)] == [("LEADING", "lease_taken"), ("STANDBY", "renewal_overdue")]
     listed = lambda: [j.id for j in first.jobs().ListJobs(pb.ListJobsRequest(), timeout=10).jobs] == [job]  # noqa: E731
-    _until(listed, "A, standing by, answers reads with what B wrote", first, second)
+    until(listed, "A, standing by, answers reads with what B wrote", first, second)
 
 
 # A transaction of A's left open by the partition: the fence every write of the leader begins with, a row lock on
@@ -362,19 +302,6 @@ def test_a_leader_cut_off_while_writing_steps_down_before_its_lease_ends(pair: P
         handover.show("a leader writing")
         assert isinstance(writing.result(60), grpc.RpcError), "A took a write it could not have stored"
     assert_stepped_down_in_time(handover)
-
-
-def _refused(daemon: Daemon, tmp_path: Path) -> grpc.RpcError:
-    got = submit(daemon, tmp_path)
-    assert isinstance(got, grpc.RpcError), f"the old leader took a write: job {got}"
-    return got
-
-
-def _until(check: Callable[[], bool], what: str, *daemons: Daemon, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"not within {seconds} s: {what}\n{logs(*daemons)}"
-        time.sleep(0.1)
 
 
 def _waited(find: Callable[[], RoleLine | None], *daemons: Daemon, seconds: float = 10.0) -> RoleLine:

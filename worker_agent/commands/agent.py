@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 def controller_addresses(flag: str | None, env: Mapping[str, str]) -> tuple[str, ...]:
     """``--controller``'s list, else SPOTMORPH_CONTROLLER's; none, or an empty or malformed entry, exits 2."""
-    from worker_agent.agent.addresses import parse_controllers
+    from protos.addresses import parse_addresses
 
     text, source = (
         (flag, "--controller") if flag is not None else (env.get("SPOTMORPH_CONTROLLER"), "SPOTMORPH_CONTROLLER")
@@ -133,7 +133,7 @@ def controller_addresses(flag: str | None, env: Mapping[str, str]) -> tuple[str,
             "no controller address: pass --controller HOST:PORT (several: HOST:PORT,HOST:PORT) or set "
             "SPOTMORPH_CONTROLLER"
         )
-    return parse_controllers(text, source)
+    return parse_addresses(text, source)
 
 
 def _lease_seconds(text: str | None) -> float | None:
