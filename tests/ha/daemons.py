@@ -20,7 +20,9 @@ from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 from tests.controller.helpers import REPO, served_address, write_profile
 
-LEASE_SECONDS = 2.0
+# Short enough for quick takeovers, long enough that a leader starved of CPU on a loaded 2-core machine (make test
+# runs two workers) does not miss its step-down deadline (two thirds of the lease) and step down on its own.
+LEASE_SECONDS = 3.0
 
 
 @dataclass

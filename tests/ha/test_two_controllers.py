@@ -24,7 +24,9 @@ from spotmorph.local.processes import free_port
 from tests.controller.conftest import Live, running
 from tests.controller.test_contract import spec
 
-FAST: dict[str, Any] = {"lease_seconds": 1.0, "standby_poll_seconds": 0.1}
+# The lease is long enough for a starved test thread (make test: two workers on two cores); handovers here are
+# releases, taken at the next 0.1 s poll, not waits for expiry.
+FAST: dict[str, Any] = {"lease_seconds": 3.0, "standby_poll_seconds": 0.1}
 
 
 @pytest.fixture
