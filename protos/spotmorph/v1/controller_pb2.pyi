@@ -1562,6 +1562,7 @@ class HeartbeatRequest(_message.Message):
     EVICTION_FIELD_NUMBER: _builtins.int
     BUILDING_FIELD_NUMBER: _builtins.int
     WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    RISK_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     incarnation: _builtins.int
     building: _builtins.str
@@ -1580,6 +1581,13 @@ class HeartbeatRequest(_message.Message):
     def eviction(self) -> Global___EvictionNotice:
         """set while an eviction notice is pending"""
 
+    @_builtins.property
+    def risk(self) -> Global___EvictionRisk:
+        """Set while the cloud warns that this VM is at elevated risk of eviction, before any notice (AWS rebalance
+        recommendation, Azure's eviction-risk signal): the controller grows no job onto it and, where spare capacity
+        exists, moves its job off in a planned morph.
+        """
+
     def __init__(
         self,
         *,
@@ -1589,14 +1597,39 @@ class HeartbeatRequest(_message.Message):
         eviction: Global___EvictionNotice | None = ...,
         building: _builtins.str = ...,
         wait_seconds: _builtins.float = ...,
+        risk: Global___EvictionRisk | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["eviction", b"eviction"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["eviction", b"eviction", "risk", b"risk"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["building", b"building", "eviction", b"eviction", "incarnation", b"incarnation", "node_name", b"node_name", "trainers", b"trainers", "wait_seconds", b"wait_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["building", b"building", "eviction", b"eviction", "incarnation", b"incarnation", "node_name", b"node_name", "risk", b"risk", "trainers", b"trainers", "wait_seconds", b"wait_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class EvictionRisk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NOTICED_AT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    noticed_at: _builtins.float
+    """unix seconds when the agent first saw the warning"""
+    source: _builtins.str
+    """e.g. "aws-rebalance-recommendation", "azure-scheduled-events", "local" """
+    def __init__(
+        self,
+        *,
+        noticed_at: _builtins.float = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["noticed_at", b"noticed_at", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EvictionRisk: _TypeAlias = EvictionRisk  # noqa: Y015
 
 @_typing.final
 class HeartbeatResponse(_message.Message):
