@@ -8,7 +8,8 @@ stored. Agent tokens are per VM: an HMAC of the VM's instance id under a key der
 secret, issued by the provider that creates the VM (or ``spotmorph agent-token`` for a manual node), so
 a registration proves which instance it comes from instead of claiming it. The shared agent token
 (every VM the same, instance ids claimed) is accepted only where the operator enables it. Health
-checking and reflection need no token: they reveal nothing about jobs.
+checking and reflection need no token: they reveal nothing about jobs; nor does Identity, whose request
+is a document the cloud signed (controller.api.identity).
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ __all__ = [
     "token_secret",
 ]
 
-OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.")
+# Callable without a token. Identity's request carries its own credential (a document the cloud signed).
+OPEN_SERVICES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.",
+    "/spotmorph.v1.Identity/",
+)
 
 # Method name -> roles allowed to call it. A method missing here is refused for everyone.
 POLICY: Mapping[str, frozenset[Role]] = {

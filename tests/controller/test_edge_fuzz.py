@@ -136,6 +136,7 @@ class Target:
             "Jobs": rpc.JobsStub(live.channel(live.token("operator"))),
             "Cluster": rpc.ClusterStub(live.channel(live.token("reader"))),
             "Agent": rpc.AgentStub(live.channel(live.agent_token())),
+            "Identity": rpc.IdentityStub(live.channel(None)),  # open: its request is the credential
         }
         self.valid_spec = spec(live)
         self.job, self.generation, self.incarnation = "", 0, 0

@@ -3,8 +3,8 @@
 isort:skip_file
 The spotmorph controller API, version 1.
 
-Three services: Jobs (operators and scripts), Cluster (read-only views) and Agent (one worker agent
-per VM). Callers authenticate with a bearer token in the `authorization` metadata
+Four services: Jobs (operators and scripts), Cluster (read-only views), Agent (one worker agent per
+VM) and Identity (a VM trades its cloud's signed identity for its agent token). Callers authenticate with a bearer token in the `authorization` metadata
 (`Bearer <token>`), optionally over mutual TLS. Generations are fencing tokens: every racy write
 names the generation it belongs to and is refused with FAILED_PRECONDITION when stale.
 """
@@ -1970,3 +1970,47 @@ class ReportLogsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportLogsResponse: _TypeAlias = ReportLogsResponse  # noqa: Y015
+
+@_typing.final
+class ExchangeIdentityRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDENTITY_TOKEN_FIELD_NUMBER: _builtins.int
+    identity_token: _builtins.str
+    """GCP: the JWT of .../service-accounts/default/identity?audience=A&format=full"""
+    def __init__(
+        self,
+        *,
+        identity_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["identity_token", b"identity_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeIdentityRequest: _TypeAlias = ExchangeIdentityRequest  # noqa: Y015
+
+@_typing.final
+class ExchangeIdentityResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    AGENT_TOKEN_FIELD_NUMBER: _builtins.int
+    instance_id: _builtins.str
+    """the instance the document proved (its name): register with it as instance_id"""
+    agent_token: _builtins.str
+    """that instance's own agent token, the bearer of Register"""
+    def __init__(
+        self,
+        *,
+        instance_id: _builtins.str = ...,
+        agent_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_token", b"agent_token", "instance_id", b"instance_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeIdentityResponse: _TypeAlias = ExchangeIdentityResponse  # noqa: Y015

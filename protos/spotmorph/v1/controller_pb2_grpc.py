@@ -626,3 +626,87 @@ class Agent:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class IdentityStub:
+    """A VM proves which instance it is with a document its cloud signed, and gets that instance's own agent
+    token back (GCP: the metadata server's instance identity token; docs/gcp.md). Open to callers without a
+    bearer token: the signed document is the credential. A provider without such documents refuses with
+    FAILED_PRECONDITION; a document that does not prove an instance of the provider's group is UNAUTHENTICATED.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ExchangeIdentity = channel.unary_unary(
+                '/spotmorph.v1.Identity/ExchangeIdentity',
+                request_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ExchangeIdentityRequest.SerializeToString,
+                response_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ExchangeIdentityResponse.FromString,
+                _registered_method=True)
+
+
+class IdentityServicer:
+    """A VM proves which instance it is with a document its cloud signed, and gets that instance's own agent
+    token back (GCP: the metadata server's instance identity token; docs/gcp.md). Open to callers without a
+    bearer token: the signed document is the credential. A provider without such documents refuses with
+    FAILED_PRECONDITION; a document that does not prove an instance of the provider's group is UNAUTHENTICATED.
+    """
+
+    def ExchangeIdentity(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_IdentityServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ExchangeIdentity': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExchangeIdentity,
+                    request_deserializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ExchangeIdentityRequest.FromString,
+                    response_serializer=protos_dot_spotmorph_dot_v1_dot_controller__pb2.ExchangeIdentityResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'spotmorph.v1.Identity', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('spotmorph.v1.Identity', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Identity:
+    """A VM proves which instance it is with a document its cloud signed, and gets that instance's own agent
+    token back (GCP: the metadata server's instance identity token; docs/gcp.md). Open to callers without a
+    bearer token: the signed document is the credential. A provider without such documents refuses with
+    FAILED_PRECONDITION; a document that does not prove an instance of the provider's group is UNAUTHENTICATED.
+    """
+
+    @staticmethod
+    def ExchangeIdentity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spotmorph.v1.Identity/ExchangeIdentity',
+            protos_dot_spotmorph_dot_v1_dot_controller__pb2.ExchangeIdentityRequest.SerializeToString,
+            protos_dot_spotmorph_dot_v1_dot_controller__pb2.ExchangeIdentityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

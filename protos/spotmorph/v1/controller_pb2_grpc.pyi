@@ -3,8 +3,8 @@
 isort:skip_file
 The spotmorph controller API, version 1.
 
-Three services: Jobs (operators and scripts), Cluster (read-only views) and Agent (one worker agent
-per VM). Callers authenticate with a bearer token in the `authorization` metadata
+Four services: Jobs (operators and scripts), Cluster (read-only views), Agent (one worker agent per
+VM) and Identity (a VM trades its cloud's signed identity for its agent token). Callers authenticate with a bearer token in the `authorization` metadata
 (`Bearer <token>`), optionally over mutual TLS. Generations are fencing tokens: every racy write
 names the generation it belongs to and is refused with FAILED_PRECONDITION when stale.
 """
@@ -178,3 +178,43 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_controller_pb2.ReportLogsResponse, _abc.Awaitable[_controller_pb2.ReportLogsResponse]]: ...
 
 def add_AgentServicer_to_server(servicer: AgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class IdentityStub:
+    """A VM proves which instance it is with a document its cloud signed, and gets that instance's own agent
+    token back (GCP: the metadata server's instance identity token; docs/gcp.md). Open to callers without a
+    bearer token: the signed document is the credential. A provider without such documents refuses with
+    FAILED_PRECONDITION; a document that does not prove an instance of the provider's group is UNAUTHENTICATED.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> IdentityAsyncStub: ...
+    ExchangeIdentity: _grpc.UnaryUnaryMultiCallable[_controller_pb2.ExchangeIdentityRequest, _controller_pb2.ExchangeIdentityResponse]
+
+@_typing.type_check_only
+class IdentityAsyncStub(IdentityStub):
+    """A VM proves which instance it is with a document its cloud signed, and gets that instance's own agent
+    token back (GCP: the metadata server's instance identity token; docs/gcp.md). Open to callers without a
+    bearer token: the signed document is the credential. A provider without such documents refuses with
+    FAILED_PRECONDITION; a document that does not prove an instance of the provider's group is UNAUTHENTICATED.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ExchangeIdentity: _aio.UnaryUnaryMultiCallable[_controller_pb2.ExchangeIdentityRequest, _controller_pb2.ExchangeIdentityResponse]  # type: ignore[assignment]
+
+class IdentityServicer(metaclass=_abc_1.ABCMeta):
+    """A VM proves which instance it is with a document its cloud signed, and gets that instance's own agent
+    token back (GCP: the metadata server's instance identity token; docs/gcp.md). Open to callers without a
+    bearer token: the signed document is the credential. A provider without such documents refuses with
+    FAILED_PRECONDITION; a document that does not prove an instance of the provider's group is UNAUTHENTICATED.
+    """
+
+    @_abc_1.abstractmethod
+    def ExchangeIdentity(
+        self,
+        request: _controller_pb2.ExchangeIdentityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.ExchangeIdentityResponse, _abc.Awaitable[_controller_pb2.ExchangeIdentityResponse]]: ...
+
+def add_IdentityServicer_to_server(servicer: IdentityServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
