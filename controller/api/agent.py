@@ -170,7 +170,9 @@ class AgentService(rpc.AgentServicer):
                 ranks = reports.trainers(self.view, request.node_name, request.trainers)
                 notice = reports.notice("eviction", request.eviction) if request.HasField("eviction") else None
                 building = reports.building(self.view, request.building)
-                seen = NodeObservation(request.incarnation, self.view.now(), ranks, notice, building)
+                now = self.view.now()
+                risk = reports.risk(request.risk, now) if request.HasField("risk") else None
+                seen = NodeObservation(request.incarnation, now, ranks, notice, building, risk)
                 await self.writes.observe(request.node_name, seen)
             changed = self.view.next_change()  # taken before the reply is read: no commit after it goes unseen
             reply, awaits_work = self._heartbeat_reply(request.node_name)

@@ -16,6 +16,7 @@ from typing import Any
 from controller.api import wire
 from controller.core.intake import Full, Stale
 from controller.core.model import JobRecord, RankReport
+from controller.core.observations import EvictionRisk
 from controller.shell.views import StateView
 from morphing.transfer import HeldSkipCause
 from morphing.validation import (
@@ -251,6 +252,23 @@ def wait_seconds(value: float) -> float:
     if not math.isfinite(value) or not 0.0 <= value <= MAX_WAIT_SECONDS:
         raise InvalidField("wait_seconds", f"{value!r}: give 0 to {MAX_WAIT_SECONDS:g} seconds (0: answer at once)")
     return value
+
+
+MAX_RISK_SOURCE = 128  # characters of an eviction risk's source ("aws-rebalance-recommendation", ...)
+
+
+def risk(message: pb.EvictionRisk, now: float) -> EvictionRisk:
+    """The cloud's warning that the node may be evicted soon: a source in words (printable, bounded; "" names
+    none) and when the agent first saw it, a time no later than the controller's clock allows (as step times)."""
+    source = check_text("risk.source", message.source, MAX_RISK_SOURCE)
+    noticed_at = check_time("risk.noticed_at", message.noticed_at)
+    if noticed_at > now + MAX_CLOCK_SKEW_SECONDS:
+        raise InvalidField(
+            "risk.noticed_at",
+            f"{noticed_at!r} is {noticed_at - now:.0f} s after the controller's clock, more than the "
+            f"{MAX_CLOCK_SKEW_SECONDS:g} s of skew it allows; set the node's clock right (NTP)",
+        )
+    return EvictionRisk(noticed_at, source)
 
 
 def notice(field: str, message: pb.EvictionNotice) -> float:

@@ -13,6 +13,7 @@ class MorphCause(StrEnum):
     ADMITTED = "admitted"  # a queued job's first generation
     RESUMED = "resumed"  # a job re-queued for lack of capacity got nodes again
     EVICTION = "eviction"  # eviction notice on one of its nodes: a planned STOP
+    EVICTION_RISK = "eviction_risk"  # a node at risk of eviction, and spare nodes to take its place: a planned STOP
     NODE_LOST = "node_lost"  # one of its nodes stopped beating or was released: ABORT
     TRAINER_START_FAILED = "start_failed"  # trainers could not start on some nodes: re-planned without them
     TRAINER_FAILED = "trainer_failed"  # trainers exited with an error: restarted, up to max_restarts

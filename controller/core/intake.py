@@ -244,7 +244,8 @@ def request_checkpoints(world: World, now: float) -> list[Command]:
 
 def essence(seen: NodeObservation | None) -> object:
     """What in an observation can change a decision (not the time, not the step): the runner decides at once
-    on a change of it, and leaves the rest to the next tick."""
+    on a change of it, and leaves the rest to the next tick. An eviction risk's coming or going is one (a node
+    at risk gets no work; its job may move off it), not its words or times."""
     if seen is None:
         return None
     ranks = sorted(
@@ -260,4 +261,4 @@ def essence(seen: NodeObservation | None) -> object:
         )
         for r in seen.ranks
     )  # exit_code None and a number never compared: a node may report a rank twice
-    return (seen.incarnation, seen.eviction_not_before, seen.building, tuple(ranks))
+    return (seen.incarnation, seen.eviction_not_before, seen.building, seen.risk is not None, tuple(ranks))

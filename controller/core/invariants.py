@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from controller.core.causes import MorphCause
 from controller.core.lifecycle import JOB_ACTIVE, JOB_STATE_ACTIONS, JOB_TERMINAL, Action, JobState, NodeState
 from controller.core.model import World
 from controller.core.records import JobRecord, Salvage
@@ -42,6 +43,8 @@ class Invariant(StrEnum):
     HELD_GENERATION = "held-generation"  # a step held in memory is the previous generation's
     GENERATION_FORWARD = "generation-forward"  # a job's generation never goes back
     FINAL_STATE = "final-state"  # a job that ended stays ended
+    GROWTH_AT_RISK = "growth-at-risk"  # growth places no rank on a node at risk of eviction it did not run on
+    RISK_MOVED_ONCE = "risk-moved-once"  # a job moves off a node for one risk episode once
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,8 @@ def _nodes(world: World) -> Iterator[Violation]:
 
 
 def _step(before: World, world: World) -> Iterator[Violation]:
-    """What one decision may not do to a job: take its generation back, or bring it back from its end."""
+    """What one decision may not do: take a job's generation back, bring it back from its end, grow it onto a node
+    at risk of eviction, or move a job off one risk twice."""
     for job in world.jobs.values():
         was = before.jobs.get(job.id)
         if was is None:
@@ -181,3 +185,20 @@ def _step(before: World, world: World) -> Iterator[Violation]:
             yield Violation(Invariant.GENERATION_FORWARD, detail)
         if was.state in JOB_TERMINAL and job.state is not was.state:
             yield Violation(Invariant.FINAL_STATE, f"job {job.id} left {was.state} for {job.state}")
+        grown = was.state is JobState.MORPHING and job.morph.cause is MorphCause.GROW  # not a queued job admitted
+        if grown and job.generation > was.generation:
+            taken = [n for n in job.nodes if n not in was.nodes and _at_risk(world, n)]
+            if taken:
+                detail = f"job {job.id}'s generation {job.generation} grew onto {', '.join(taken)}, at risk of eviction"
+                yield Violation(Invariant.GROWTH_AT_RISK, detail)
+    for node in world.nodes.values():
+        old = before.nodes.get(node.name)
+        moved = old.at_risk.moved_at if old is not None and old.at_risk is not None else None
+        if moved is not None and node.at_risk is not None and node.at_risk.moved_at != moved:
+            detail = f"a job was moved off {node.name} again for the eviction risk it first moved off at {moved}"
+            yield Violation(Invariant.RISK_MOVED_ONCE, detail)
+
+
+def _at_risk(world: World, name: str) -> bool:
+    node = world.nodes.get(name)
+    return node is not None and node.at_risk is not None

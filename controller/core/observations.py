@@ -48,9 +48,20 @@ class RankReport:
 
 
 @dataclass(frozen=True)
+class EvictionRisk:
+    """The cloud's early warning that a VM is at elevated risk of eviction, before any notice (an AWS rebalance
+    recommendation, Azure's eviction-risk signal): a reason to give the node no new work and, where spare capacity
+    exists, to move its job off it while that costs only a planned morph."""
+
+    noticed_at: float  # the node's wall clock when its agent first saw the warning
+    source: str  # where it came from, e.g. "aws-rebalance-recommendation" (bounded, printable: api.reports)
+
+
+@dataclass(frozen=True)
 class NodeObservation:
     incarnation: int
     last_seen: float
     ranks: tuple[RankReport, ...] = ()
     eviction_not_before: float | None = None
     building: str = ""  # a job whose model a warm trainer here is building ahead (a growth hint's), not yet built
+    risk: EvictionRisk | None = None  # the cloud warns this VM may be evicted soon (None: no warning now)

@@ -7,6 +7,7 @@ from typing import TypedDict
 
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import Action, JobState, NodeState
+from controller.core.observations import EvictionRisk
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
 
@@ -20,6 +21,16 @@ class Gpu:
     index: int  # the CUDA device index its trainers use
     name: str
     memory_bytes: int
+
+
+@dataclass(frozen=True)
+class AtRisk:
+    """A node's eviction risk episode, from the first heartbeat that carried the warning to the first without it:
+    recorded once (``EvictionRiskNoticed``), so decisions and the event log see one risk, not one per beat."""
+
+    risk: EvictionRisk  # as its agent first reported it
+    since: float  # the controller's clock when the episode was recorded
+    moved_at: float | None = None  # when a job was moved off it for this risk: never twice (reconcile.risk)
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class NodeRecord:
     # When another VM (instance) took this name, or the name first registered: the ranks of generations issued
     # before it were run by another machine, whose logs this incarnation may not send (controller/persistence/logs).
     name_taken_at: float | None = None
+    at_risk: AtRisk | None = None  # the cloud warned it may be evicted soon: no new work; its job may move off
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,7 @@ class NodeFields(TypedDict, total=False):
     quarantined_until: float | None
     suspected_at: float | None
     name_taken_at: float | None
+    at_risk: AtRisk | None
 
 
 def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:

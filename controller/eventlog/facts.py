@@ -122,6 +122,27 @@ class EvictionWithdrawn(Fact):
 
 
 @dataclass(frozen=True)
+class EvictionRiskNoticed(Fact):
+    """The cloud warned that the node may be evicted soon, before any notice (``source``: which warning;
+    ``noticed_at``: the node's clock when its agent first saw it): it gets no new work from now on, and its job
+    moves off it where spare nodes keep its throughput. Recorded once per episode."""
+
+    kind = EventKind.EVICTION_RISK_NOTICED
+    source: str
+    noticed_at: float
+
+
+@dataclass(frozen=True)
+class EvictionRiskWithdrawn(Fact):
+    """The node's heartbeats stopped carrying the warning ``EvictionRiskNoticed`` recorded; a morph it began
+    goes on."""
+
+    kind = EventKind.EVICTION_RISK_WITHDRAWN
+    source: str
+    noticed_at: float
+
+
+@dataclass(frozen=True)
 class TrainerStartFailed(Fact):
     kind = EventKind.TRAINER_START_FAILED
     generation: int

@@ -22,6 +22,8 @@ class EventKind(StrEnum):
     TRAINING_RESUMED = "TrainingResumed"  # a new generation's first step: the pause its morph caused
     EVICTION_NOTICED = "EvictionNoticed"
     EVICTION_WITHDRAWN = "EvictionWithdrawn"
+    EVICTION_RISK_NOTICED = "EvictionRiskNoticed"  # the cloud warned a node may be evicted soon (once an episode)
+    EVICTION_RISK_WITHDRAWN = "EvictionRiskWithdrawn"  # its agent's heartbeats stopped carrying that warning
     TRAINER_START_FAILED = "TrainerStartFailed"
     NODE_IMPLICATED = "NodeImplicated"  # its peers could not reach it, start after start: left out of the job a while
     COLLECTIVE_FAILED = "CollectiveFailed"  # the first survivor's report of an unplanned loss

@@ -95,6 +95,8 @@ def nest_job_row(row: dict[str, Any], records: dict[str, dict[str, str]] = NESTE
 
 # Version 12's node fields, as rows older than them have them: none suspected, the name never taken over.
 NODE_FIELDS_V12: dict[str, Any] = {"suspected_at": None, "name_taken_at": None}
+# Version 18's: no eviction risk known (agents report a risk with every heartbeat, so it comes back if it holds).
+NODE_FIELDS_V18: dict[str, Any] = {"at_risk": None}
 
 
 def renamed(row: dict[str, Any], old: str, new: str) -> dict[str, Any]:

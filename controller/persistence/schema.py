@@ -31,6 +31,7 @@ from sqlalchemy import (
 from controller.persistence.dialect import add_column, json_value, upsert
 from controller.persistence.old_rows import (
     NODE_FIELDS_V12,
+    NODE_FIELDS_V18,
     complete_job_row,
     complete_node_row,
     legacy_morph_cause,
@@ -38,7 +39,7 @@ from controller.persistence.old_rows import (
     renamed,
 )
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 # Whole numbers of 64 bits in both databases: SQLite's INTEGER has them, PostgreSQL's has 32 (steps and byte
 # offsets an agent reports, ids and decision numbers that only grow pass 2**31). SQLite's columns stay INTEGER,
@@ -326,8 +327,13 @@ def _v17(conn: Connection) -> None:
     add_column(conn, "decisions", "epoch", "INTEGER")
 
 
+def _v18(conn: Connection) -> None:
+    """Node rows gain the eviction risk the cloud warned of (docs/controller.md, "Morphs")."""
+    _rewrite(conn, "nodes", "name", lambda row: {**NODE_FIELDS_V18, **row})
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16, _v17,
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16, _v17, _v18,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -2,7 +2,8 @@
 
 No I/O and no clock: the caller passes ``now`` and a planner per job. The steps run in a fixed order
 on one :class:`~controller.core.reconcile.draft.Draft`, passive ones first (what happened to nodes,
-how far jobs got), then active ones (the morph protocol, admission, growth), so later steps see
+how far jobs got), then active ones (the morph protocol, admission, moves off nodes at risk of eviction,
+growth), so later steps see
 earlier decisions. Reports of any other incarnation or generation never change a job
 (:mod:`~controller.core.reconcile.reports`).
 """
@@ -25,6 +26,7 @@ from controller.core.reconcile.growth import grow
 from controller.core.reconcile.health import node_health
 from controller.core.reconcile.morph import advance_morph, supervise
 from controller.core.reconcile.progress import progress
+from controller.core.reconcile.risk import move_off_risk
 from controller.core.records import MoveFields
 from controller.core.retention import forget_gone
 
@@ -43,6 +45,7 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
         if draft.jobs[job_id].state is JobState.MORPHING:
             advance_morph(draft, config, planners, job_id)
     admit_queued(draft, config, planners)
+    move_off_risk(draft, config, planners)
     grow(draft, config, planners)
     fail_unplannable(draft)
     forgotten = forget_gone(world, now, config.gone_retention_seconds, config.damping.flap_memory_seconds)

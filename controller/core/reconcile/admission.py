@@ -1,5 +1,6 @@
-"""Queued jobs: fail the ones that cannot be planned, admit the rest in queue order once arrivals settle, and
-say what each one left waits for (:mod:`~controller.core.reconcile.waits`)."""
+"""Queued jobs: fail the ones that cannot be planned, admit the rest in queue order once arrivals settle (on free
+nodes not at risk of eviction while a layout fits them), and say what each one left waits for
+(:mod:`~controller.core.reconcile.waits`)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def admit_queued(draft: Draft, config: Config, planners: Planners) -> None:
     if settled:
 
         def placed(job_id: str, nodes: Sequence[tuple[str, int]]) -> tuple[Plan, frozenset[str]] | None:
-            plan = fit(draft, planners, job_id, nodes)
+            clear = [(name, slots) for name, slots in nodes if draft.nodes[name].at_risk is None]
+            plan = fit(draft, planners, job_id, clear) if len(clear) < len(nodes) else None
+            plan = plan or fit(draft, planners, job_id, nodes)  # nodes at risk of eviction only when needed
             return None if plan is None else (plan, frozenset(plan.layout.nodes()))
 
         entries = [QueueEntry(j.id, j.spec.priority, j.submitted_at) for j in queued]

@@ -1,4 +1,5 @@
-"""Running jobs take free nodes when nobody waits, if the policy says the morph pays off.
+"""Running jobs take free nodes when nobody waits, if the policy says the morph pays off; never a node at risk of
+eviction (:mod:`~controller.core.reconcile.risk`).
 
 When it does not, one ``GrowthDeclined`` event per generation and set of free nodes says why, with the
 numbers the policy weighed, so an operator who sees idle nodes beside a running job can tell. Before it
@@ -38,8 +39,8 @@ def growth_hint(world: World, name: str, now: float) -> tuple[str, JobSpec] | No
     given there; None unless that job trains on the CPU (only a CPU model is kept by a warm trainer,
     :mod:`worker_agent.runtime.process.warm_model`). A hint for the node's warm trainers, never a decision."""
     node = world.nodes.get(name)
-    if node is None or node.state is not NodeState.READY or node.job is not None:
-        return None
+    if node is None or node.state is not NodeState.READY or node.job is not None or node.at_risk is not None:
+        return None  # a node at risk is grown onto by no job
     for job in growing(world.jobs.values()):
         if job.action is not Action.RUN or held_out(job, name, now) or not may_run_on(job, node):
             continue
@@ -81,9 +82,9 @@ def assignment_soon(world: World, name: str, now: float, config: Config, hinted:
 def grow(draft: Draft, config: Config, planners: Planners) -> None:
     if draft.queue_blocked or not draft.arrivals_settled(config.debounce_seconds):
         return
-    claimed: set[str] = set()  # free nodes a job higher in the order grows onto in this pass
+    claimed = draft.claimed  # free nodes a job higher in the order grows (or moves) onto in this pass
     for job in growing(draft.jobs.values()):
-        free = [n for n in free_nodes(draft.nodes) if n.name not in claimed]
+        free = [n for n in free_nodes(draft.nodes) if n.name not in claimed and n.at_risk is None]
         planner = planners.get(job.id)
         if not free or not isinstance(planner, Planner) or job.layout is None:
             return

@@ -5,14 +5,16 @@ from __future__ import annotations
 from controller.core.commands import ReleaseInstance
 from controller.core.flapping import quarantined, release_reason
 from controller.core.lifecycle import JOB_ACTIVE, NodeState
-from controller.core.model import NodeRecord
+from controller.core.model import NodeObservation, NodeRecord
 from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import observation
+from controller.core.records import AtRisk
 from controller.eventlog import facts
 
 N = NodeState
 LIVE = frozenset({N.READY, N.ASSIGNED})
+GONE_OR_LOST = frozenset({N.GONE, N.LOST})
 
 
 def node_health(draft: Draft, config: Config) -> None:
@@ -29,6 +31,7 @@ def node_health(draft: Draft, config: Config) -> None:
             draft.move_node(name, N.DRAINING, "eviction notice", eviction_not_before=current.eviction_not_before)
         elif current is not None and current.eviction_not_before is None and node.state is N.DRAINING and not silent:
             withdrawn(draft, node)
+        note_risk(draft, name, current)
         node = draft.nodes[name]
         if node.suspected_at is not None and current is not None and current.last_seen > node.suspected_at:
             draft.amend_node(name, suspected_at=None)  # heard from since a salvage suspected it: alive after all
@@ -42,6 +45,22 @@ def node_health(draft: Draft, config: Config) -> None:
         elif node.state is N.LOST and draft.now - node.state_since > config.lost_to_gone_seconds:
             draft.move_node(name, N.GONE, f"lost for {config.lost_to_gone_seconds:g} s")
             draft.issue(ReleaseInstance(name))
+
+
+def note_risk(draft: Draft, name: str, current: NodeObservation | None) -> None:
+    """An eviction risk is recorded once per episode: when a heartbeat first carries it, and when one first comes
+    without it. Only a heartbeat says the risk is gone: a silent node (or a restarted controller, which has heard
+    nothing yet) keeps the risk it had."""
+    node = draft.nodes[name]
+    if current is None or node.state in GONE_OR_LOST:
+        return
+    if current.risk is not None and node.at_risk is None:
+        draft.event(facts.EvictionRiskNoticed(current.risk.source, current.risk.noticed_at), node.job, name)
+        draft.amend_node(name, at_risk=AtRisk(current.risk, draft.now))
+    elif current.risk is None and node.at_risk is not None:
+        risk = node.at_risk.risk
+        draft.event(facts.EvictionRiskWithdrawn(risk.source, risk.noticed_at), node.job, name)
+        draft.amend_node(name, at_risk=None)
 
 
 def withdrawn(draft: Draft, node: NodeRecord) -> None:

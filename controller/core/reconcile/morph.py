@@ -24,10 +24,11 @@ from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import Action
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
-from controller.core.reconcile.generation import fit, start_generation
+from controller.core.reconcile.generation import fit, planned, start_generation
 from controller.core.reconcile.holders import holders_to_keep, prefer_holders
 from controller.core.reconcile.refusals import refused
 from controller.core.reconcile.reports import census, current_reports, first_error, start_failures
+from controller.core.reconcile.risk import clear_of_risk
 from controller.core.reconcile.salvage import advance_salvage, first_failure
 from controller.core.reconcile.unreachable import (
     Verdict,
@@ -36,8 +37,9 @@ from controller.core.reconcile.unreachable import (
     rendezvous_edges,
     still_excluded,
 )
-from controller.core.records import Exclusions, JobRecord
+from controller.core.records import Exclusions, JobRecord, NodeRecord
 from controller.eventlog import facts
+from morphing.planner import Plan, Planner
 
 J = JobState
 
@@ -161,15 +163,44 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
         draft.event(facts.HandOffFailed(job.generation, said.last_step, said.hand_off_failed), job_id)
     keep = [n for n in job.nodes if draft.assigned(job, n) and n not in job.salvage.suspected]
     draft.release_nodes(job_id, job.nodes, f"generation {job.generation} of {job_id} ended")
-    holders = holders_needed(job, keep)
-    keep = [*holders, *(n for n in keep if n not in holders)]  # placed first: a small layout reaches them
-    nodes = [(n, draft.nodes[n].slots) for n in keep]
-    nodes += [(n.name, n.slots) for n in free_nodes(draft.nodes) if n.name not in keep]
-    plan = fit(draft, planners, job_id, nodes)
-    if plan is not None and not set(holders) <= set(plan.layout.nodes()):
-        plan = prefer_holders(plan, fit(draft, planners, job_id, nodes, sum(draft.nodes[n].slots for n in holders)))
+    plan = next_plan(draft, planners, job, keep)
     if plan is None:
         draft.move_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
         return
     cause = job.morph.cause if job.morph.cause is not None else MorphCause.OTHER  # set on entering MORPHING
     start_generation(draft, config, job_id, plan, cause, job.morph.detail, stopped=job.action is Action.STOP)
+
+
+def next_plan(draft: Draft, planners: Planners, job: JobRecord, keep: list[str]) -> Plan | None:
+    """Generation g+1 on the nodes kept and free ones. Free nodes at risk of eviction are offered only when
+    nothing fits without them (never to a growth); nodes at risk are kept only while nothing as fast does
+    without them and no step held in memory needs them (:func:`~controller.core.reconcile.risk.clear_of_risk`)."""
+    holders = holders_needed(job, keep)
+    free = [n for n in free_nodes(draft.nodes) if n.name not in keep]
+    clear_free = [n for n in free if n.at_risk is None]
+    plan = _placed(draft, planners, job.id, keep, holders, clear_free)
+    if plan is None and job.morph.cause is not MorphCause.GROW:
+        plan = _placed(draft, planners, job.id, keep, holders, free)
+    if plan is None or job.layout is None or all(draft.nodes[n].at_risk is None for n in plan.layout.nodes()):
+        return plan
+    clear = [n for n in keep if draft.nodes[n].at_risk is None]
+    clear_holders = holders_to_keep(job.layout, clear, handed_off=False) if holders else ()
+    if holders and (not clear_holders or not set(job.nodes) <= set(keep)):
+        return plan  # a node at risk may hold a layer of the step kept in memory that no other node holds
+    planner = planners.get(job.id)
+    before = planned(draft, job.id, planner.evaluate, job.layout) if isinstance(planner, Planner) else None
+    safe = _placed(draft, planners, job.id, clear, clear_holders, clear_free)
+    return clear_of_risk(plan, safe, before.samples_per_second if isinstance(before, Plan) else None)
+
+
+def _placed(
+    draft: Draft, planners: Planners, job_id: str, keep: list[str], holders: tuple[str, ...], free: list[NodeRecord]
+) -> Plan | None:
+    """The best plan on ``keep`` (``holders`` first: a small layout reaches them), then ``free``; one that reaches
+    the holders unless it is much slower (:func:`~controller.core.reconcile.holders.prefer_holders`)."""
+    ordered = [*holders, *(n for n in keep if n not in holders)]
+    nodes = [(n, draft.nodes[n].slots) for n in ordered] + [(n.name, n.slots) for n in free]
+    plan = fit(draft, planners, job_id, nodes)
+    if plan is not None and not set(holders) <= set(plan.layout.nodes()):
+        plan = prefer_holders(plan, fit(draft, planners, job_id, nodes, sum(draft.nodes[n].slots for n in holders)))
+    return plan
