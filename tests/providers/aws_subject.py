@@ -1,0 +1,73 @@
+"""The AWS provider in the contract suite: moto's server behind tests/aws's front."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.providers.aws import AwsAutoScalingProvider
+from controller.providers.base import Provider
+from tests.aws.fake_aws import FakeAws, MotoServer
+from tests.aws.harness import harness
+from tests.providers.contract import Clock, Factory, Options, Port, Subject
+
+
+@dataclass
+class AwsCloud:
+    fake: FakeAws
+
+    def names(self) -> frozenset[str]:
+        return self.fake.names()
+
+    def mutations(self) -> int:
+        return len(self.fake.mutations())
+
+    def requests(self) -> int:
+        return len(self.fake.requests)
+
+    def evict(self, name: str) -> None:
+        self.fake.evict(name)
+
+    def throttle(self, requests: int) -> None:
+        self.fake.throttle(requests)
+
+    def unreachable(self, on: bool) -> None:
+        self.fake.unreachable(on)
+
+    def stall(self, on: bool) -> None:
+        self.fake.stall(on)
+
+
+def aws_factory(moto: MotoServer, folder: Path) -> Factory:
+    @asynccontextmanager
+    async def make(options: Options) -> AsyncIterator[Subject]:
+        async with harness(moto, folder) as h:  # closes its providers, unstalled first
+            clock, port = Clock(), Port()
+            h.clock = clock  # type: ignore[assignment]
+
+            def provider() -> AwsAutoScalingProvider:
+                return h.provider(
+                    port,
+                    max_capacity=options.max_instances,
+                    slots_per_instance=options.slots_per_instance,
+                    retries=options.retries,
+                    throttle_seconds=min(30.0, options.throttle_backoff_seconds),
+                )
+
+            yield Subject(provider(), AwsCloud(h.fake), port, clock, _settle, _pending, provider)
+
+    return make
+
+
+async def _settle(provider: Provider) -> None:
+    assert isinstance(provider, AwsAutoScalingProvider)
+    while provider.pending:
+        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
+
+
+def _pending(provider: Provider) -> int:
+    assert isinstance(provider, AwsAutoScalingProvider)
+    return len(provider.pending)

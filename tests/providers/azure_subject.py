@@ -1,0 +1,85 @@
+"""The Azure provider in the contract suite: tests/azure's fake ARM server behind a gate (unreachable on demand)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.providers.azure import AzureScaleSetProvider
+from controller.providers.azure_scale import GONE_POWER
+from controller.providers.base import Provider
+from tests.azure.fake_arm import FakeArm
+from tests.azure.harness import harness
+from tests.providers.contract import Clock, Factory, Options, Port, Subject
+from tests.providers.gate import Gate
+
+
+@dataclass
+class AzureCloud:
+    fake: FakeArm
+    gate: Gate
+
+    def names(self) -> frozenset[str]:
+        vms = self.fake.vms.values()
+        return frozenset(v.name for v in vms if v.provisioning != "Deleting" and v.power not in GONE_POWER)
+
+    def mutations(self) -> int:
+        return len(self.fake.mutations())
+
+    def requests(self) -> int:
+        return len(self.fake.requests)
+
+    def evict(self, name: str) -> None:
+        vm = next(v for v in self.fake.vms.values() if v.name == name)
+        vm.provisioning, vm.power = "Deleting", "deallocating"  # the Delete eviction policy
+
+    def throttle(self, requests: int) -> None:
+        self.fake.throttle(requests, retry_after=30)
+
+    def unreachable(self, on: bool) -> None:
+        self.gate.refuse(on)
+
+    def stall(self, on: bool) -> None:
+        self.fake.op_polls = 10**9 if on else 1
+
+
+def azure_factory(folder: Path) -> Factory:
+    @asynccontextmanager
+    async def make(options: Options) -> AsyncIterator[Subject]:
+        async with harness(folder) as h:
+            gate = Gate(("127.0.0.1", int(h.fake.base_url.rsplit(":", 1)[1])))
+            h.fake.base_url = f"https://{await gate.start()}"  # operations and pages are polled through it too
+            clock, port = Clock(), Port()
+            h.clock = clock  # type: ignore[assignment]
+            cloud = AzureCloud(h.fake, gate)
+
+            def provider() -> AzureScaleSetProvider:
+                return h.provider(
+                    port,
+                    target_capacity=0,
+                    max_capacity=options.max_instances,
+                    slots_per_instance=options.slots_per_instance,
+                    retries=options.retries,
+                )
+
+            try:  # the harness closes its providers on exit (closing one the test closed does nothing)
+                yield Subject(provider(), cloud, port, clock, _settle, _pending, provider)
+            finally:
+                cloud.stall(False)
+                await gate.stop()
+
+    return make
+
+
+async def _settle(provider: Provider) -> None:
+    assert isinstance(provider, AzureScaleSetProvider)
+    while provider.pending:
+        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
+
+
+def _pending(provider: Provider) -> int:
+    assert isinstance(provider, AzureScaleSetProvider)
+    return len(provider.pending)

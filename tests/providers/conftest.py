@@ -1,0 +1,32 @@
+"""The contract suite's fixtures: one factory a provider (see contract.py), and no socket beyond loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.aws.fake_aws import MotoServer, moto_session
+from tests.azure.conftest import loopback_only
+from tests.providers.aws_subject import aws_factory
+from tests.providers.azure_subject import azure_factory
+from tests.providers.contract import Factory
+
+__all__ = ["aws_subject", "azure_subject", "loopback_only", "moto_server"]
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    with moto_session() as server:
+        yield server
+
+
+@pytest.fixture
+def azure_subject(tmp_path: Path) -> Factory:
+    return azure_factory(tmp_path)
+
+
+@pytest.fixture
+def aws_subject(moto_server: MotoServer, tmp_path: Path) -> Factory:
+    return aws_factory(moto_server, tmp_path)
