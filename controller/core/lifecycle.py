@@ -70,7 +70,7 @@ JOB_TRANSITIONS: Mapping[tuple[JobState, JobState], str] = {
     (J.QUEUED, J.QUEUED): "still queued: what it waits for changed (e.g. GPU nodes)",
     (J.QUEUED, J.CANCELLED): "cancelled by an operator",
     (J.QUEUED, J.FAILED): "cannot run: its profile or spec became unusable",
-    (J.RUNNING, J.MORPHING): "eviction notice, lost node, trainer failure or growth that pays off",
+    (J.RUNNING, J.MORPHING): "eviction notice or risk, lost node, trainer failure or growth that pays off",
     (J.MORPHING, J.RUNNING): "the next generation was issued",
     (J.MORPHING, J.QUEUED): "no layout fits the nodes left: waiting for capacity",
     (J.RUNNING, J.SUCCEEDED): "every rank finished the last step",
@@ -84,7 +84,7 @@ JOB_TRANSITIONS: Mapping[tuple[JobState, JobState], str] = {
 # A job's action changes with a move into MORPHING (which names it), on its own while it morphs
 # (:func:`controller.core.changes.act`), and back to RUN when the next generation is issued.
 ACTION_TRANSITIONS: Mapping[tuple[Action, Action], str] = {
-    (A.RUN, A.STOP): "a planned morph (an eviction notice, growth that pays off): stop at a step boundary",
+    (A.RUN, A.STOP): "a planned morph (an eviction notice or risk, growth that pays off): stop at a step boundary",
     (A.RUN, A.ABORT): "a node lost, a trainer failed or could not start, or a peer unreachable: exit now",
     (A.RUN, A.HOLD): "a collective failed: the survivors hold their last completed step for a salvage",
     (A.STOP, A.ABORT): "a node went while stopping, or the stop timed out",
@@ -104,7 +104,7 @@ JOB_STATE_ACTIONS: Mapping[tuple[JobState, Action], str] = {
     # never (QUEUED, HOLD): a morph leaves for the queue only once its salvage ended (advance_morph)
     (J.RUNNING, A.RUN): "entering RUNNING sets RUN: the generation's trainers train",
     # never (RUNNING, STOP|ABORT|HOLD): any other word is a morph, and a morph is MORPHING
-    (J.MORPHING, A.STOP): "a planned morph (eviction notice, growth), or a salvage whose step stays in memory",
+    (J.MORPHING, A.STOP): "a planned morph (eviction notice or risk, growth), or a salvage whose step stays in memory",
     (J.MORPHING, A.ABORT): "an unplanned morph, a stop that could not finish, or a salvage that ended",
     (J.MORPHING, A.HOLD): "a collective failed: the survivors hold their last step while it is salvaged",
     # never (MORPHING, RUN): RUN comes back only with the next generation, which is RUNNING

@@ -1,8 +1,8 @@
 """The morph protocol, with generations as fencing tokens.
 
-- planned (eviction notice, growth): action STOP for generation g; trainers agree on a step boundary,
-  checkpoint and exit 0; then generation g+1 is planned on the nodes left and resumes from that
-  checkpoint;
+- planned (eviction notice, eviction risk with spare capacity, growth): action STOP for generation g;
+  trainers agree on a step boundary, checkpoint (or keep the step in memory) and exit 0; then generation
+  g+1 is planned on the nodes left (:func:`next_plan`) and resumes from that checkpoint;
 - unplanned, seen by a survivor (a failed collective): action HOLD while the survivors' last completed
   step is salvaged (:mod:`~controller.core.reconcile.salvage`), then ABORT and g+1 resumes from it;
 - unplanned otherwise (node lost by heartbeat expiry, trainer failed), or a salvage that falls back:
