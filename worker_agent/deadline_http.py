@@ -11,6 +11,7 @@ import http.client
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -73,6 +74,19 @@ class _Connection(http.client.HTTPConnection):
         self.sock = _open(self.host, self.port, self._deadline, self._clock)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer of any status: the cloud's metadata services say "nothing scheduled" with a 404 and "your
+    token expired" with a 401, and the caller decides what each means."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-cased names
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+
 def request(
     url: str,
     *,
@@ -85,6 +99,29 @@ def request(
 ) -> bytes:
     """The body of a 2xx answer to ``method url``, all of it within ``timeout`` seconds of ``clock``
     (name lookup aside: the metadata service is addressed by IP)."""
+    answer = exchange(
+        url, timeout=timeout, max_body_bytes=max_body_bytes, method=method, headers=headers, body=body, clock=clock
+    )
+    if not 200 <= answer.status < 300:
+        raise RequestFailed(f"HTTP {answer.status} {answer.header(REASON) or ''!r}")
+    return answer.body
+
+
+REASON = ":reason"  # the status line's reason phrase, kept among the headers under a name no header can have
+MAX_HEADER_TEXT = 1000  # of each header value kept
+
+
+def exchange(
+    url: str,
+    *,
+    timeout: float,
+    max_body_bytes: int,
+    method: str = "GET",
+    headers: Mapping[str, str] | None = None,
+    body: bytes | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Answer:
+    """The answer to ``method url`` whatever its status, under the same deadline and cap as :func:`request`."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise RequestFailed(f"only plain http:// URLs are supported, not {url!r}")
@@ -99,14 +136,14 @@ def request(
     try:
         connection.request(method, target, body=body, headers=dict(headers or {}))
         response = connection.getresponse()
-        if not 200 <= response.status < 300:
-            raise RequestFailed(f"HTTP {response.status} {response.reason[:100]!r}")
         if response.length is not None and response.length > max_body_bytes:
             raise RequestFailed(f"a body of {response.length} bytes is over the {max_body_bytes}-byte cap")
         data = response.read(max_body_bytes + 1)
         if len(data) > max_body_bytes:
             raise RequestFailed(f"the body is over the {max_body_bytes}-byte cap")
-        return data
+        kept = {name.lower(): value[:MAX_HEADER_TEXT] for name, value in response.getheaders()}
+        kept[REASON] = response.reason[:100]
+        return Answer(response.status, data, kept)
     except TimeoutError as exc:
         raise RequestFailed(f"no complete answer within {timeout:g} s") from exc
     except OSError as exc:

@@ -27,6 +27,9 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from worker_agent.deadline_http import RequestFailed, request
+from worker_agent.notices.facts import EvictionNoticed as EvictionNoticed  # the facts every cloud's source gives
+from worker_agent.notices.facts import EvictionWithdrawn as EvictionWithdrawn
+from worker_agent.notices.facts import Fact as Fact
 
 log = logging.getLogger("spotmorph.agent.imds")
 
@@ -68,27 +71,6 @@ class ScheduledEventsDocument:
     # Ids of events skipped as malformed: an unreadable event has not vanished, so it withdraws nothing.
     skipped_ids: frozenset[str] = frozenset()
     warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class EvictionNoticed:
-    """An eviction of this VM was announced (or its status changed, e.g. to ``Started``)."""
-
-    event_id: str
-    event_type: str
-    status: str
-    not_before: datetime | None
-
-
-@dataclass(frozen=True)
-class EvictionWithdrawn:
-    """An announced eviction no longer stands: it left the document or its status is no longer active."""
-
-    event_id: str
-    reason: str
-
-
-Fact = EvictionNoticed | EvictionWithdrawn
 
 
 def parse_body(body: bytes, now: float) -> ScheduledEventsDocument:

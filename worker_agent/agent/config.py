@@ -9,11 +9,12 @@ from pathlib import Path
 
 from worker_agent.agent import refusals
 from worker_agent.agent.converge import Assignment, TrainerKey
-from worker_agent.agent.decisions import ALONE_AFTER_SECONDS, EvictionNotice, Pushed, StoppedAlone
+from worker_agent.agent.decisions import ALONE_AFTER_SECONDS, EvictionNotice, EvictionRisk, Pushed, StoppedAlone
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.supervisor import LaunchSpec
 from worker_agent.agent.wire import Registration
 from worker_agent.agent.zygote import InheritedProcess
+from worker_agent.notices.facts import Cloud
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class AgentConfig:
     address: str = "127.0.0.1"
     socket_interface: str | None = None  # the interface holding ``address``: trainers bind collectives to it
     instance_id: str = ""
-    imds_url: str | None = None
+    imds_url: str | None = None  # the cloud's metadata service (None: no notices are watched)
+    cloud: Cloud = "azure"  # whose notices it serves (worker_agent.notices)
     vm_name: str | None = None
     ca: Path | None = None
     cert: Path | None = None
@@ -54,6 +56,7 @@ class AgentState:
     launch: dict[tuple[str, int], LaunchSpec] = field(default_factory=dict)
     pushed: Pushed = field(default_factory=Pushed)
     notice: EvictionNotice | None = None
+    risk: EvictionRisk | None = None  # the cloud's early warning, until withdrawn
     noticed_at: float = 0.0  # time.monotonic() when ``notice`` came
     heard: str = ""  # the event id of the last notice a controller answered a call carrying
     stopped_alone: StoppedAlone | None = None  # done on the agent's own, not yet told to a controller

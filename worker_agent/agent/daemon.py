@@ -16,7 +16,9 @@ An eviction notice is the controller's to act on (it stops the generation, plann
 node); one no controller has heard of within ``alone_after_seconds`` makes the trainers stop on their own,
 leaving, as the controller would have asked (:func:`~worker_agent.agent.decisions.stop_alone`), and the first
 heartbeat a controller answers afterwards carries the notice and how the trainers stopped
-(:mod:`~worker_agent.agent.evictions`).
+(:mod:`~worker_agent.agent.evictions`). Notices come from the cloud's metadata service (``--cloud``), and on GCP
+also as the SIGTERM of the guest's shutdown, which the agent takes as a notice before it exits. The cloud's early
+warning of an eviction (AWS's rebalance recommendation) rides on every heartbeat while it stands.
 
 This module is the loop only: the calls are in :mod:`~worker_agent.agent.transport`, the wire format in
 :mod:`~worker_agent.agent.wire` and every decision in :mod:`~worker_agent.agent.decisions`. The trainers'
@@ -56,6 +58,7 @@ from worker_agent.agent.wakeup import TrainerWakeup
 from worker_agent.agent.wire import Incoming, LogChunk, Registration
 from worker_agent.contract import AgentWorkDir
 from worker_agent.contract.wake import WAKE_ENV
+from worker_agent.notices import gcp
 
 __all__ = ["Agent", "AgentConfig"]  # AgentConfig lives in config.py; callers take both from here
 
@@ -83,6 +86,8 @@ class Agent:
         self._wake = asyncio.Event()
         self.wakeup = TrainerWakeup(self.work_dir.trainers.wake_file)  # a trainer's poke or exit: look now
         self._stopping = False
+        self._drain_until: float | None = None  # a SIGTERM taken as a notice (--cloud gcp): exit by then at the latest
+        self._draining: asyncio.Task[None] | None = None
         hooks = NoticeHooks(lambda n: self._report(n), self._wake.set, self._stop_alone_if_due, self._last_logs)
         self.evictions = Evictions(config, self.state, hooks)
 
@@ -92,9 +97,9 @@ class Agent:
         self.work_dir.pid_file.write_text(str(os.getpid()))
         self.wakeup.listen()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._request_shutdown)
-        watcher = asyncio.create_task(self.evictions.watch()) if self.config.imds_url else None
+        loop.add_signal_handler(signal.SIGTERM, self._terminated)
+        loop.add_signal_handler(signal.SIGINT, self._request_shutdown)
+        watcher = asyncio.create_task(self.evictions.watch()) if self.evictions.source is not None else None
         shipper: asyncio.Task[None] | None = None
         try:
             await self._register()
@@ -102,6 +107,7 @@ class Agent:
             while not self._stopping:
                 self.state.healthy = True
                 again = await self._beat()
+                self._exit_if_drained()
                 if self.supervisor.settled():
                     self.supervisor.prewarm()
                 self._wake.clear()
@@ -109,7 +115,7 @@ class Agent:
                     await self._pause()
         finally:
             self.evictions.close()
-            for task in (watcher, shipper):
+            for task in (watcher, shipper, self._draining):
                 if task is not None:
                     task.cancel()
             if shipper is not None:
@@ -166,6 +172,32 @@ class Agent:
         self._stopping = True
         self._wake.set()
 
+    def _terminated(self) -> None:
+        """SIGTERM. On GCP the guest's shutdown is how a preemption reaches a VM (30 s before it stops), so the first
+        one is a notice: the agent goes on until its trainers have left (:func:`~.decisions.drained`); elsewhere, and
+        at a second SIGTERM, it stops at once (its trainers killed), as before."""
+        if self.config.cloud != "gcp" or self._drain_until is not None:
+            self._request_shutdown()
+            return
+        self._drain_until = time.time() + gcp.NOTICE_SECONDS
+        log.warning(
+            "SIGTERM: the guest is shutting down (a GCP preemption, or a stop): taken as an eviction notice; exiting "
+            "once this node's trainers have left and a controller heard, within %.0f s (a second SIGTERM: at once)",
+            gcp.NOTICE_SECONDS,
+        )
+        self._draining = asyncio.create_task(self.evictions.shutdown_notice())
+        self._wake.set()
+
+    def _exit_if_drained(self) -> None:
+        if self._drain_until is None:
+            return
+        state = self.state
+        running = bool(self.supervisor.running())
+        untold = state.stopped_alone is not None
+        if decisions.drained(state.notice, state.notice_heard(), untold, running, time.time(), self._drain_until):
+            log.warning("this node's trainers have left (or the shutdown's %.0f s are up): exiting", gcp.NOTICE_SECONDS)
+            self._stopping = True
+
     async def _register(self) -> None:
         remembered = self.work_dir.node_name_file
         name = self.state.node.node_name
@@ -204,7 +236,7 @@ class Agent:
         notice = self.state.notice
         try:
             building = self.supervisor.building()
-            reply = await self.link.heartbeat(self.state.node, reports, notice, building, wait)
+            reply = await self.link.heartbeat(self.state.node, reports, notice, building, wait, self.state.risk)
         except UserInputError as exc:
             log.error("the controller's assignment is unusable: %s", exc)
             return False

@@ -179,6 +179,16 @@ class EvictionNotice:
     event_id: str
     not_before: float  # unix seconds
     acknowledged: bool = False
+    source: str = "azure-scheduled-events"  # what announced it (worker_agent.notices), as the controller is told
+
+
+@dataclass(frozen=True)
+class EvictionRisk:
+    """The cloud's early warning that this VM is at elevated risk of eviction (AWS's rebalance recommendation),
+    carried by every heartbeat until withdrawn."""
+
+    source: str
+    noticed_at: float  # unix seconds when the agent first saw it
 
 
 def notice_deadline(not_before: float | None, now: float) -> float:
@@ -237,3 +247,12 @@ def stop_alone(
     if not any(t.running and not t.stop_requested and (t.key.job_id, t.key.generation) == current for t in trainers):
         return None
     return StoppedAlone(notice.event_id, desired.job_id, desired.generation)
+
+
+def drained(notice: EvictionNotice | None, heard: bool, untold: bool, running: bool, now: float, until: float) -> bool:
+    """A guest being shut down (a SIGTERM taken as a notice, ``--cloud gcp``) may let the agent exit: its trainers
+    have left and a controller heard of the notice (so it plans without this node, and knows how they stopped), or
+    ``until`` (unix seconds: when the platform takes the VM anyway) has come."""
+    if now >= until:
+        return True
+    return notice is not None and heard and not untold and not running

@@ -33,6 +33,7 @@ from worker_agent.agent.decisions import (
     FIRST_REGISTER_BACKOFF_SECONDS,
     EpochFence,
     EvictionNotice,
+    EvictionRisk,
     Failure,
     UrgentFact,
     admit_epoch,
@@ -299,10 +300,12 @@ class ControllerLink:
         notice: EvictionNotice | None,
         building: str = "",
         wait_seconds: float = 0.0,
+        risk: EvictionRisk | None = None,
     ) -> HeartbeatReply:
         """``building``: the job whose model a warm trainer here is building ahead (:meth:`Supervisor.building`);
-        ``wait_seconds``: how long the controller may hold the reply while work may reach the node."""
-        request = heartbeat_to_pb(node, reports, notice, building, wait_seconds)
+        ``wait_seconds``: how long the controller may hold the reply while work may reach the node; ``risk``: the
+        cloud's early warning of an eviction, while it stands."""
+        request = heartbeat_to_pb(node, reports, notice, building, wait_seconds, risk)
         reply = await self._call("Heartbeat", request, node.node_token, fenced=True)
         return heartbeat_reply_from_pb(reply)
 

@@ -19,7 +19,14 @@ from morphing.validation import MAX_JOB_ID, InvalidField, check_name, is_time
 from protos.jobspec import spec_from_pb
 from protos.spotmorph.v1 import controller_pb2 as pb
 from worker_agent.agent.converge import Action, Assignment, TrainerKey
-from worker_agent.agent.decisions import CheckpointCommitted, EvictionNotice, PeerLost, TrainerExited, UrgentFact
+from worker_agent.agent.decisions import (
+    CheckpointCommitted,
+    EvictionNotice,
+    EvictionRisk,
+    PeerLost,
+    TrainerExited,
+    UrgentFact,
+)
 from worker_agent.agent.gpus import Gpu
 from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec
@@ -239,6 +246,7 @@ def heartbeat_to_pb(
     notice: EvictionNotice | None,
     building: str = "",
     wait_seconds: float = 0.0,
+    risk: EvictionRisk | None = None,
 ) -> pb.HeartbeatRequest:
     request = pb.HeartbeatRequest(
         node_name=node.node_name,
@@ -248,7 +256,9 @@ def heartbeat_to_pb(
         wait_seconds=wait_seconds,
     )
     if notice is not None:
-        request.eviction.CopyFrom(pb.EvictionNotice(not_before=notice.not_before, source="imds"))
+        request.eviction.CopyFrom(pb.EvictionNotice(not_before=notice.not_before, source=notice.source))
+    if risk is not None:
+        request.risk.CopyFrom(pb.EvictionRisk(noticed_at=risk.noticed_at, source=risk.source))
     return request
 
 
@@ -266,7 +276,7 @@ def report_to_pb(node: Registration, fact: UrgentFact | EvictionNotice) -> pb.Re
         committed = pb.CheckpointCommitted(job=fact.job_id, generation=fact.generation, step=fact.step)
         request.checkpoint_committed.CopyFrom(committed)
     else:
-        request.eviction.CopyFrom(pb.EvictionNotice(not_before=fact.not_before, source="azure-scheduled-events"))
+        request.eviction.CopyFrom(pb.EvictionNotice(not_before=fact.not_before, source=fact.source))
     return request
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from morphing.errors import UserInputError
+from worker_agent.notices.facts import CLOUDS
 
 if TYPE_CHECKING:
     from worker_agent.agent.gpus import Gpu
@@ -52,8 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("/var/lib/spotmorph/agent"),
         help="the agent's own files: trainer logs and progress (default %(default)s)",
     )
-    parser.add_argument("--imds-url", help="Scheduled Events base URL (Azure: http://169.254.169.254)")
-    parser.add_argument("--vm-name", help="this VM's name in Scheduled Events (default: the node name)")
+    parser.add_argument(
+        "--cloud",
+        choices=CLOUDS,
+        default="azure",
+        help="whose eviction notices to watch at --imds-url: azure (Scheduled Events, the default), aws (IMDSv2: the "
+        "Spot instance-action and the rebalance recommendation) or gcp (the preempted flag; a SIGTERM is taken as "
+        "a notice too)",
+    )
+    parser.add_argument(
+        "--imds-url",
+        help="the cloud's metadata service, where eviction notices come from (azure and aws: http://169.254.169.254, "
+        "gcp: http://metadata.google.internal); without it none are watched",
+    )
+    parser.add_argument("--vm-name", help="this VM's name in Azure's Scheduled Events (default: the node name)")
     parser.add_argument("--instance-id", default="", help="the provider's id for this VM")
     parser.add_argument("--ca", type=Path, help="CA certificate (mutual TLS)")
     parser.add_argument("--cert", type=Path, help="this agent's certificate (mutual TLS)")
@@ -109,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         socket_interface=interface,
         instance_id=args.instance_id,
         imds_url=args.imds_url,
+        cloud=args.cloud,
         vm_name=args.vm_name,
         ca=args.ca,
         cert=args.cert,
