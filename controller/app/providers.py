@@ -1,8 +1,8 @@
-"""Which provider the controller uses (``provider: static | local | azure``) and how often to poll it.
+"""Which provider the controller uses (``provider: static | local | azure | aws``) and how often to poll it.
 
 The factory sees only settings and the provider port (events in, busy nodes out), never the runner or
-the daemon: the runner is built afterwards with the provider this returns. The Azure SDK is only
-imported when the Azure provider is chosen. ``local`` (agents as processes on this machine) lives with
+the daemon: the runner is built afterwards with the provider this returns. A cloud's SDK (Azure's, boto3)
+is only imported when its provider is chosen. ``local`` (agents as processes on this machine) lives with
 the local cluster in the composition root, which the controller never imports: whoever starts the
 controller passes its factory in ``extra`` (``spotmorph controller`` does).
 """
@@ -47,6 +47,8 @@ def make_provider(
             "command provides: run the controller as `spotmorph controller` (or pass a factory for 'local' "
             "to make_provider's `extra`)"
         )
+    if settings.provider == "aws":
+        return _aws(settings, port, clock)
     if settings.azure is None:
         raise UserInputError("provider: azure needs an `azure:` section (see docs/azure.md)")
     from controller.providers.azure import AzureScaleSetProvider
@@ -55,3 +57,14 @@ def make_provider(
     vm_token = Tokens({}, token_secret(settings.state_dir)).vm_token  # each VM's own, handed over by Run Command
     provider = AzureScaleSetProvider(settings.azure, clock, port, vm_token=vm_token)
     return ProviderWiring(provider, settings.azure.poll_seconds)
+
+
+def _aws(settings: ControllerSettings, port: ProviderPort, clock: Clock) -> ProviderWiring:
+    if settings.aws is None:
+        raise UserInputError("provider: aws needs an `aws:` section (see docs/aws.md)")
+    from controller.providers.aws import AwsAutoScalingProvider
+    from controller.tokens import Tokens, token_secret
+
+    vm_token = Tokens({}, token_secret(settings.state_dir)).vm_token  # each instance's own, sealed over SSM
+    provider = AwsAutoScalingProvider(settings.aws, clock, port, vm_token=vm_token)
+    return ProviderWiring(provider, settings.aws.poll_seconds)

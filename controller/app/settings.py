@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controller.files import CONFIG_LIMIT, read_small_text
+from controller.providers.aws_config import AwsSettings
 from controller.providers.azure_config import AzureSettings
 from morphing.errors import UserInputError
 
@@ -131,10 +132,12 @@ class ControllerSettings(BaseSettings):
     )
     """Names (beyond this machine's, localhost and any IP address) a request to the metrics port may give in its
     Host header, e.g. a DNS name Prometheus scrapes it by; others are answered 421 (DNS rebinding)."""
-    provider: Literal["static", "local", "azure"] = "static"
-    """Where VMs come from (static: only through their agents; azure: docs/azure.md)."""
+    provider: Literal["static", "local", "azure", "aws"] = "static"
+    """Where VMs come from (static: only through their agents; azure: docs/azure.md; aws: docs/aws.md)."""
     azure: AzureSettings | None = None
     """The ``azure:`` section, for ``provider: azure``."""
+    aws: AwsSettings | None = None
+    """The ``aws:`` section, for ``provider: aws``."""
     local: LocalSettings = Field(default_factory=LocalSettings)
     """The ``local:`` section, for ``provider: local``."""
     capacity_retry_seconds: float = Field(default=30.0, gt=0)

@@ -27,6 +27,7 @@ import asyncio
 import functools
 import logging
 import random
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -122,15 +123,9 @@ class AwsAutoScalingProvider:
         s = self.settings = settings
         self.clock = clock
         self.port: ProviderPort = port or SilentPort()
-        session = session or boto3.session.Session(profile_name=s.profile, region_name=s.region)
-        config = botocore.config.Config(
-            region_name=s.region,
-            connect_timeout=s.call_timeout_seconds,
-            read_timeout=s.call_timeout_seconds,
-            retries={"total_max_attempts": 1},  # the provider retries itself, with its backoff and its events
-            user_agent_extra="spotmorph",
-        )
-        self.clients = {name: session.client(name, endpoint_url=s.endpoint_url, config=config) for name in SERVICES}
+        self.session = session
+        self.clients: dict[str, Any] = {}  # made on the pool at the first call: credentials may need the network
+        self._clients_lock = threading.Lock()
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spotmorph-aws")
         self.sleep = sleep or asyncio.sleep
         self.group: Group | None = None  # the last describe
@@ -194,8 +189,9 @@ class AwsAutoScalingProvider:
             task.cancel()
         await asyncio.gather(*self.pending.values(), return_exceptions=True)
         self.executor.shutdown(wait=False, cancel_futures=True)  # a call under way ends by its own timeout
-        for client in self.clients.values():
-            client.close()
+        with self._clients_lock:
+            for client in self.clients.values():
+                client.close()
 
     def status(self) -> dict[str, Any]:
         now = self.clock.now()
@@ -212,10 +208,10 @@ class AwsAutoScalingProvider:
 
     async def call(self, service: str, operation: str, arguments: dict[str, Any]) -> Any:
         """One AWS call off the event loop, under the timeout, retried while transient; its answer."""
-        method = getattr(self.clients[service], operation)
         s = self.settings
+        work = functools.partial(self._invoke, service, operation, arguments)
         for attempt in range(s.retries + 1):
-            future = asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(method, **arguments))
+            future = asyncio.get_running_loop().run_in_executor(self.executor, work)
             try:
                 return await asyncio.wait_for(future, 2 * s.call_timeout_seconds + 1)
             except Exception as exc:
@@ -224,6 +220,26 @@ class AwsAutoScalingProvider:
                 log.info("%s %s: %s, try %d of %d", service, operation, _short(exc), attempt + 2, s.retries + 1)
             await self.sleep(s.retry_base_seconds * 2**attempt * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
+
+    def _invoke(self, service: str, operation: str, arguments: dict[str, Any]) -> Any:
+        """On the pool: the call itself, its client made first if need be (finding credentials may take the
+        instance metadata service a second: never on the event loop)."""
+        with self._clients_lock:
+            if not self.clients:
+                s = self.settings
+                session = self.session or boto3.session.Session(profile_name=s.profile, region_name=s.region)
+                config = botocore.config.Config(
+                    region_name=s.region,
+                    connect_timeout=s.call_timeout_seconds,
+                    read_timeout=s.call_timeout_seconds,
+                    retries={"total_max_attempts": 1},  # the provider retries itself, with its backoff and events
+                    user_agent_extra="spotmorph",
+                )
+                self.clients = {
+                    name: session.client(name, endpoint_url=s.endpoint_url, config=config) for name in SERVICES
+                }
+            client = self.clients[service]
+        return getattr(client, operation)(**arguments)
 
     async def _describe(self) -> Group:
         answer = await self.call("autoscaling", "describe_auto_scaling_groups", {"AutoScalingGroupNames": [self.name]})
