@@ -27,6 +27,7 @@ from controller.api.agent import AgentService
 from controller.api.auth import AuthInterceptor, Role, Tokens, read_or_create_token, token_secret
 from controller.api.cluster import ClusterService
 from controller.api.followers import Followers
+from controller.api.identity import IdentityService
 from controller.api.jobs import JobsService
 from controller.api.leader_gate import LeaderGate
 from controller.app.leadership import Leadership, LeaseTiming
@@ -47,6 +48,7 @@ from controller.observability.metrics import serve_metrics
 from controller.observability.tensorboard import TensorBoardExport
 from controller.persistence.store import Store
 from controller.providers.base import Clock, ProviderInbox
+from controller.providers.identity import IdentityVerifier
 from controller.shell.latency import Histogram
 from controller.shell.logbook import LogBook
 from controller.shell.runner import Runner, RunnerSettings, SystemClock
@@ -181,8 +183,10 @@ class Controller:
             leadership=self.leadership,
         )
         rpc.add_AgentServicer_to_server(agent, self.server)
+        verifier = provider if isinstance(provider, IdentityVerifier) else None  # GCP: signed identity tokens
+        rpc.add_IdentityServicer_to_server(IdentityService(self.tokens, verifier), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Jobs", "Cluster", "Agent")]
+        names = [pb.DESCRIPTOR.services_by_name[s].full_name for s in ("Jobs", "Cluster", "Agent", "Identity")]
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
 
     def _role(self) -> tuple[bool, int]:

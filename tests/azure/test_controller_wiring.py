@@ -34,7 +34,7 @@ def test_settings_choose_the_provider(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_capacity 1 < target_capacity 2"):
         ControllerSettings(provider="azure", azure={**AZURE, "max_capacity": 1})  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        ControllerSettings(provider="gcp")  # type: ignore[arg-type]
+        ControllerSettings(provider="ibm")  # type: ignore[arg-type]
     inbox = ProviderInbox(Clock())
     with pytest.raises(UserInputError, match="azure:"):
         make_provider(ControllerSettings(state_dir=tmp_path, provider="azure"), inbox, Clock(), "127.0.0.1:1")
