@@ -12,8 +12,9 @@ from tests.azure.conftest import loopback_only
 from tests.providers.aws_subject import aws_factory
 from tests.providers.azure_subject import azure_factory
 from tests.providers.contract import Factory
+from tests.providers.gcp_subject import gcp_factory
 
-__all__ = ["aws_subject", "azure_subject", "loopback_only", "moto_server"]
+__all__ = ["aws_subject", "azure_subject", "gcp_subject", "loopback_only", "moto_server"]
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +31,8 @@ def azure_subject(tmp_path: Path) -> Factory:
 @pytest.fixture
 def aws_subject(moto_server: MotoServer, tmp_path: Path) -> Factory:
     return aws_factory(moto_server, tmp_path)
+
+
+@pytest.fixture
+def gcp_subject() -> Factory:
+    return gcp_factory()

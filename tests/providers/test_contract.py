@@ -11,7 +11,7 @@ from controller.providers.base import CannotList
 from tests.providers.contract import Factory, Options, Subject, converge
 
 # provider -> the fixture that returns its factory (conftest.py); a new provider adds its line here
-SUBJECTS = {"azure": "azure_subject", "aws": "aws_subject"}
+SUBJECTS = {"azure": "azure_subject", "aws": "aws_subject", "gcp": "gcp_subject"}
 MARKS = {"aws": [pytest.mark.xdist_group("moto")]}  # the worker whose moto is warm (make test: --dist loadgroup)
 
 
