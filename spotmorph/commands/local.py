@@ -1,12 +1,12 @@
 """``spotmorph local``: an embedded cluster on this machine (controller, agents, an IMDS "platform").
 
-``up`` starts a controller on loopback with generated tokens, a local Scheduled Events service and
-N agent processes with K slots each (CPU slots, or GPUs of this host with ``--gpus-per-node``), and
-writes the client context so that plain ``spotmorph jobs`` talks to it. ``preempt`` announces an
-eviction through the same IMDS protocol Azure uses; when its ``NotBefore`` passes (or the agent
-acknowledges it) the platform kills the "VM". ``kill`` ends a VM without notice; ``replay`` drives adds
-and evictions from a trace; ``down`` stops everything and removes the cluster's files. With ``up
---netns`` every VM is a network namespace, and ``partition``, ``heal`` and ``netem`` break and slow its
+``up`` starts a controller on loopback with generated tokens, a local metadata service (``--cloud``: Azure's
+Scheduled Events by default, AWS's IMDSv2 or GCP's metadata server) and N agent processes with K slots each (CPU
+slots, or GPUs of this host with ``--gpus-per-node``), and writes the client context so that plain ``spotmorph
+jobs`` talks to it. ``preempt`` announces an eviction through that cloud's own protocol, and the platform kills
+the "VM" when that cloud would; ``rebalance`` sends AWS's early warning. ``kill`` ends a VM without notice;
+``replay`` drives adds and evictions from a trace; ``down`` stops everything and removes the cluster's files. With
+``up --netns`` every VM is a network namespace, and ``partition``, ``heal`` and ``netem`` break and slow its
 links. The work is done in :mod:`spotmorph.local`.
 """
 
@@ -19,10 +19,12 @@ from pathlib import Path
 from morphing.errors import UserInputError
 from morphing.words import plural
 from spotmorph.local import cluster, controllers, faults, platform, replay
+from spotmorph.local.clouds import DEFAULT_NOTICE, require_warning
 from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.network import PartitionFrom, check_shaping
 from spotmorph.local.provider import kill_vm
+from worker_agent.notices.facts import CLOUDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,17 +60,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--database", metavar="URL", help="postgresql://USER@HOST:PORT/DB the controllers share (one leads)"
     )
+    up.add_argument(
+        "--cloud",
+        choices=CLOUDS,
+        default="azure",
+        help="the cloud the platform plays: its metadata service and notice path (azure: Scheduled Events, the "
+        "default; aws: IMDSv2 instance-action and rebalance recommendation; gcp: preempted and a SIGTERM)",
+    )
     add = sub.add_parser("add", help="add nodes")
     add.add_argument("count", type=int, nargs="?", default=1, help="how many VMs (default 1)")
-    preempt = sub.add_parser("preempt", help="evict a node with notice (Scheduled Events)")
+    preempt = sub.add_parser("preempt", help="evict a node with notice, the way the cluster's cloud does")
     preempt.add_argument("node", help="the node to evict (node-N, as `spotmorph nodes` lists it)")
     preempt.add_argument(
         "--notice",
         type=float,
-        default=30.0,
         metavar="SECONDS",
-        help="seconds between the notice and the end (default 30)",
+        help="seconds between the notice and the end (default: the cloud's, 30 on azure and gcp, 120 on aws)",
     )
+    rebalance = sub.add_parser(
+        "rebalance", help="warn that a node is at risk of eviction (aws: rebalance recommendation)"
+    )
+    rebalance.add_argument("node", help="the node at risk (node-N)")
     kill = sub.add_parser("kill", help="evict a node without notice")
     kill.add_argument("node", help="the node whose VM ends now")
     trace = sub.add_parser("replay", help="drive the cluster from an availability trace")
@@ -113,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.tensorboard_dir is not None:
             options = replace(options, tensorboard_dir=args.tensorboard_dir.resolve())
-        options = replace(options, controllers=args.controllers, database=args.database)
+        options = replace(options, controllers=args.controllers, database=args.database, cloud=args.cloud)
         context, names = cluster.up(options)
         nodes = ", ".join(names) or "none"
         where = " in network namespaces" if options.netns else ""
@@ -122,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         )
         heads = ", ".join(context.addresses())
         said = f"controllers {heads} (the first leads)" if len(context.addresses()) > 1 else f"controller {heads}"
-        print(f"local cluster up: {said}, nodes {nodes}{where} ({each} each)")
+        print(f"local cluster up ({options.cloud}): {said}, nodes {nodes}{where} ({each} each)")
         print(f"files in {context.cluster_dir}; try `spotmorph nodes`, `spotmorph submit examples/tiny_gpt.yaml`")
         files = ClusterDir(Path(context.cluster_dir))
         # The reader's token: the dashboard only reads, and an address on a screen (or in a shell history) with
@@ -149,9 +161,15 @@ def run(args: argparse.Namespace) -> int:
         provider.start(args.count)
         print(f"starting {args.count} node(s); they appear in `spotmorph nodes` once registered")
     elif action == "preempt":
-        cluster.require_node(provider, args.node)
-        event = platform.schedule_eviction(context.imds_url, args.node, args.notice)
-        print(f"eviction {event} of {args.node} announced with {args.notice:.0f}s notice")
+        vm = cluster.require_node(provider, args.node)
+        notice = DEFAULT_NOTICE[provider.cloud] if args.notice is None else args.notice
+        said = platform.announce_eviction(provider.cloud, context.imds_url, vm.name, args.node, notice)
+        print(f"{said} of {args.node} announced with {notice:.0f}s notice ({provider.cloud})")
+    elif action == "rebalance":
+        require_warning(provider.cloud)
+        vm = cluster.require_node(provider, args.node)
+        said = platform.announce_risk(provider.cloud, context.imds_url, vm.name)
+        print(f"{said} for {args.node}: the controller grows nothing onto it and moves its job off when it can")
     elif action == "kill":
         kill_vm(cluster.require_node(provider, args.node))
         print(f"{args.node} killed without notice")
@@ -167,7 +185,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     action = args.local_command
     if action == "netem":
         check_shaping(args.delay, args.loss, args.rate)
-    elif action == "preempt":
+    elif action == "preempt" and args.notice is not None:
         within("--notice", args.notice, 0, MAX_NOTICE_SECONDS, "seconds")
     elif action == "replay":
         replay.ReplayOptions(args.speedup, args.max_nodes, args.notice).check()

@@ -3,8 +3,10 @@
 - :mod:`.layout`: the cluster directory, one class naming every file in it;
 - :mod:`.processes`: spawn, alive, terminate with grace, wait for a condition (a timeout quotes a log);
 - :mod:`.provider`: the controller's ``provider: local`` (every "VM" an agent process) and ``kill_vm``;
-- :mod:`.imds_server`: a Scheduled Events service that speaks Azure's IMDS protocol;
-- :mod:`.platform`: the platform process serving it, which evicts VMs whose eviction has started;
+- :mod:`.clouds`: which cloud the cluster plays (``up --cloud``), and where each VM's agent finds its metadata;
+- :mod:`.imds_server`: a Scheduled Events service that speaks Azure's IMDS protocol; :mod:`.aws_metadata` and
+  :mod:`.gcp_metadata`: AWS's IMDSv2 and GCP's metadata server (each VM's own, :mod:`.metadata_http`);
+- :mod:`.platform`: the platform process serving the cluster's cloud, which evicts VMs as that cloud does;
 - :mod:`.replay`: adds and evictions driven by an availability trace;
 - :mod:`.cluster`: ``up`` and ``down``, and the client context that points at the cluster;
 - :mod:`.harness`: driving a cluster from the demo, the benchmarks and the end-to-end tests;

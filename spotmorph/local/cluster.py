@@ -1,8 +1,9 @@
 """Bringing a local cluster up and down, and finding the one that is up (the client context).
 
-``up`` starts a controller on loopback with generated tokens, the platform (a Scheduled Events
-service) and N agent processes, and writes the client context, so that plain ``spotmorph jobs`` talks
-to the cluster; ``down`` stops every process and removes the cluster's files and the context.
+``up`` starts a controller on loopback with generated tokens, the platform (the metadata service of the
+cloud it plays: Azure's Scheduled Events unless ``--cloud`` says otherwise) and N agent processes, and writes the
+client context, so that plain ``spotmorph jobs`` talks to the cluster; ``down`` stops every process and removes
+the cluster's files and the context.
 
 With ``netns`` every VM is a network namespace on a bridge (:mod:`spotmorph.local.netns`): the
 controller and the platform listen on the bridge's addresses, each agent runs in its namespace and
@@ -32,6 +33,7 @@ from spotmorph.local.processes import alive, free_port, port_range_base, read_pi
 from spotmorph.local.provider import LocalProcessProvider, LocalVm, kill_vm
 from worker_agent.agent import gpu_probe
 from worker_agent.agent.gpus import describe
+from worker_agent.notices.facts import Cloud
 
 # A local morph is a process restart (bench/morph_bench.py measures it), not a VM boot.
 MORPH_COST_SECONDS = 8.0
@@ -49,6 +51,7 @@ class UpOptions:
     tensorboard_dir: Path | None = None  # where the controller writes TensorBoard event files (None: off)
     controllers: int = 1  # controller processes; more than one share ``database`` (one leads)
     database: str | None = None  # postgresql://...: the controllers' state (None: SQLite in the first's state dir)
+    cloud: Cloud = "azure"  # whose metadata service the platform serves and the agents watch (:mod:`.clouds`)
 
     def check(self) -> None:
         if self.nodes < 0 or self.slots < 1:
@@ -127,6 +130,7 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
     cluster.state.mkdir(parents=True)
     if options.gpus_per_node:
         gpu_share.record(cluster.gpus, host_gpus)
+    cluster.cloud.write_text(f"{options.cloud}\n")
     host = platform_host = "127.0.0.1"
     if options.netns:
         plan = netns.make_network(cluster, options.subnet)

@@ -22,9 +22,10 @@ from controller.client.context import Context
 from controller.eventlog.fact import Fact
 from controller.eventlog.schema import Logged, logged
 from spotmorph.local.cli_calls import ROOT, ask, run_cli
+from spotmorph.local.clouds import read_cloud
 from spotmorph.local.cluster import require_context, start_controller
 from spotmorph.local.layout import ClusterDir, VmDir
-from spotmorph.local.platform import schedule_eviction
+from spotmorph.local.platform import announce_eviction
 from spotmorph.local.processes import alive, read_pid, spawn, wait_for
 from spotmorph.local.provider import LocalVm, kill_vm
 
@@ -117,6 +118,7 @@ class LocalCluster:
         warm_trainers: int | None = None,
         controllers: int = 1,
         database: str | None = None,
+        cloud: str = "azure",
     ) -> subprocess.CompletedProcess[str]:
         """``warm_trainers``: per node, for this VM's agents and those added later (a cluster that runs no job
         saves each node's zygote with 0); the agent's default when None."""
@@ -127,6 +129,7 @@ class LocalCluster:
         args += ["--tensorboard-dir", str(tensorboard_dir)] if tensorboard_dir is not None else []
         args += ["--controllers", str(controllers)] if controllers != 1 else []
         args += ["--database", database] if database else []
+        args += ["--cloud", cloud] if cloud != "azure" else []
         return self.cli("local", "up", *args, *(["--netns"] if netns else []))
 
     def add(self, count: int = 1) -> None:
@@ -268,9 +271,10 @@ class LocalCluster:
         raise RuntimeError(f"no VM runs {node}")
 
     def preempt(self, node: str, notice: float) -> float:
-        """Announce an eviction as ``spotmorph local preempt`` does; returns when it was published."""
+        """Announce an eviction as ``spotmorph local preempt`` does (the cluster's cloud's way); returns when it was
+        published."""
         at = time.time()
-        schedule_eviction(self.context().imds_url, node, notice)
+        announce_eviction(read_cloud(self.files), self.context().imds_url, self.vm_of(node).name, node, notice)
         return at
 
     def kill(self, node: str) -> float:

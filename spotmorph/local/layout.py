@@ -8,6 +8,7 @@
       network.json      a --netns cluster's subnet and name prefix
       network-made.jsonl  its namespaces and links, each recorded before it was made
       gpus.json         the host's GPU indices, recorded by `up --gpus-per-node` (shared out per VM)
+      cloud             the cloud `up --cloud` plays (azure, aws or gcp; absent: azure)
       state/            the controller's --state-dir: SQLite store, operator.token, node-secret
       controllers/c-K/  with `up --controllers N`, controller K >= 2: its state/, controller.json, .pid, .log
                         (controller 1 keeps the files above)
@@ -208,6 +209,11 @@ class ClusterDir:
     def gpus(self) -> Path:
         """The host's GPU indices as ``local up --gpus-per-node`` found them (:mod:`spotmorph.local.gpu_share`)."""
         return self.root / "gpus.json"
+
+    @property
+    def cloud(self) -> Path:
+        """The cloud ``local up --cloud`` plays: whose metadata service the platform serves (:mod:`.clouds`)."""
+        return self.root / "cloud"
 
     @property
     def vms(self) -> Path:

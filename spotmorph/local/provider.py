@@ -28,8 +28,10 @@ from controller.files import write_private
 from controller.providers.base import ProviderPort, SilentPort, instances_for
 from controller.tokens import issue_vm_token
 from spotmorph.local import gpu_share, netns, vm_start
+from spotmorph.local.clouds import read_cloud, vm_metadata_url
 from spotmorph.local.layout import ClusterDir, VmDir
 from spotmorph.local.processes import alive, reap, session_members, spawn
+from worker_agent.notices.facts import Cloud
 
 AGENT_COMMAND = (sys.executable, "-m", "spotmorph.cli", "agent")
 
@@ -63,9 +65,11 @@ class LocalProcessProvider:
         gpus_per_node: int = 0,
         state_dir: Path | None = None,
         fork_vms: bool = False,
+        cloud: Cloud | None = None,
     ) -> None:
         """``state_dir``: the controller's, whose secret the VMs' agent tokens derive from (default: the cluster's).
-        ``fork_vms``: start CPU VMs as forks of this process, which imports once for all (:mod:`vm_start`)."""
+        ``fork_vms``: start CPU VMs as forks of this process, which imports once for all (:mod:`vm_start`).
+        ``cloud``: whose metadata the agents watch at ``imds_url`` (default: the cluster's, :mod:`.clouds`)."""
         self.cluster_dir = cluster_dir
         self.files = ClusterDir(cluster_dir)
         self.controller = controller
@@ -77,6 +81,7 @@ class LocalProcessProvider:
         self.port: ProviderPort = port or SilentPort()
         self.gpus_per_node = gpus_per_node  # each VM's own GPUs of this host (0: CPU slots)
         self.fork_vms = fork_vms
+        self.cloud: Cloud = cloud or read_cloud(self.files)
 
     def vms(self) -> list[LocalVm]:
         return [LocalVm(vm.path) for vm in self.files.vm_dirs()]
@@ -148,7 +153,9 @@ class LocalProcessProvider:
                 vm.name,
             ]
             if self.imds_url:
-                args += ["--imds-url", self.imds_url]
+                args += ["--imds-url", vm_metadata_url(self.cloud, self.imds_url, vm.name)]
+            if self.cloud != "azure":
+                args += ["--cloud", self.cloud]
             if plan is not None:
                 args += ["--address", plan.vm_address(serial)]
             vm.command_file.write_text(json.dumps(args))

@@ -15,7 +15,7 @@ from pathlib import Path
 from morphing.errors import UserInputError
 from morphing.traces import Trace, parse_trace
 from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
-from spotmorph.local.platform import schedule_eviction
+from spotmorph.local.platform import announce_eviction
 from spotmorph.local.provider import LocalProcessProvider, kill_vm
 
 
@@ -68,7 +68,7 @@ def replay(
             say(f"t={seconds:>8.0f}s  +{want - len(live)} node(s)")
         for vm in reversed(live[want:]):
             if options.notice > 0 and vm.node_name:
-                schedule_eviction(imds_url, vm.node_name, options.notice / options.speedup)
+                announce_eviction(provider.cloud, imds_url, vm.name, vm.node_name, options.notice / options.speedup)
             else:
                 kill_vm(vm)
             say(f"t={seconds:>8.0f}s  evict {vm.node_name or vm.name}")
