@@ -42,6 +42,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("agent-token", "controller.app.commands.agent_token", "the agent token of one VM (a node added by hand)"),
     ("certs", "controller.client.commands.certs", "make a CA and TLS certificates for a cluster (mutual TLS)"),
     ("azure", "controller.app.commands.azure", "Azure: check a config and the template offline, render cloud-init"),
+    ("gcp", "controller.app.commands.gcp", "GCP: on a worker VM, trade its identity token for its agent token"),
 )
 
 

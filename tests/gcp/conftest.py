@@ -1,7 +1,16 @@
-"""Offline GCP: no test here may open a socket beyond loopback (the same guard as tests/azure)."""
+"""Offline GCP: no test here may open a socket beyond loopback (the same guard as tests/azure); one signing key
+for the tests that need no fake server (making an RSA key takes a while)."""
 
 from __future__ import annotations
 
-from tests.azure.conftest import loopback_only
+import pytest
 
-__all__ = ["loopback_only"]
+from tests.azure.conftest import loopback_only
+from tests.gcp.fake_identity import FakeGoogle
+
+__all__ = ["google", "loopback_only"]
+
+
+@pytest.fixture(scope="session")
+def google() -> FakeGoogle:
+    return FakeGoogle()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,3 +104,21 @@ def run(scenario: Callable[[Harness], Awaitable[None]], running: int = 0, **fake
             await scenario(h)
 
     asyncio.run(main())
+
+
+@contextmanager
+def served(running: int = 0, **fake: Any) -> Iterator[FakeCompute]:
+    """The fake with group ``spot``, served from an event loop of its own (for a controller in another thread)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    compute = FakeCompute(**fake)
+    compute.add_group(GROUP, running=running)
+    asyncio.run_coroutine_threadsafe(compute.start(), loop).result(10)
+    try:
+        yield compute
+    finally:
+        asyncio.run_coroutine_threadsafe(compute.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
