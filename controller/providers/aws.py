@@ -35,6 +35,7 @@ from typing import Any
 import boto3  # type: ignore[import-untyped]
 import botocore.config  # type: ignore[import-untyped]
 import botocore.exceptions as aws_errors  # type: ignore[import-untyped]
+import botocore.parsers  # type: ignore[import-untyped]
 
 from controller.core.events import EventKind
 from controller.eventlog import provider_facts as facts
@@ -82,7 +83,7 @@ def describe(exc: BaseException, throttle_seconds: float = 30.0) -> Failure:
         return Failure(K.PROVIDER_AUTH_FAILED, f"{_short(exc)} (the controller's instance profile, or `profile:`)")
     if isinstance(exc, aws_errors.ConnectionError | aws_errors.HTTPClientError | TimeoutError):
         return Failure(K.PROVIDER_UNREACHABLE, f"cannot reach AWS: {_short(exc) or type(exc).__name__}")
-    if isinstance(exc, aws_errors.ResponseParserError):
+    if isinstance(exc, botocore.parsers.ResponseParserError):
         return Failure(K.PROVIDER_ERROR, f"an answer that is not AWS's: {_short(exc)}")
     if isinstance(exc, MalformedResponse | aws_tokens.HandOverFailed | aws_errors.BotoCoreError):
         return Failure(K.PROVIDER_ERROR, _short(exc))
@@ -104,6 +105,11 @@ def retryable(exc: BaseException) -> bool:
     if isinstance(exc, aws_errors.ClientError):
         return scale.transient(describe(exc).kind, _status(exc))
     return isinstance(exc, aws_errors.ConnectionError | aws_errors.HTTPClientError | TimeoutError)
+
+
+def throttled(exc: BaseException) -> bool:
+    """AWS refused the call for its rate: it did not run."""
+    return isinstance(exc, aws_errors.ClientError) and describe(exc).kind == K.PROVIDER_THROTTLED
 
 
 class AwsAutoScalingProvider:
@@ -206,8 +212,11 @@ class AwsAutoScalingProvider:
 
     # -- AWS calls
 
-    async def call(self, service: str, operation: str, arguments: dict[str, Any]) -> Any:
-        """One AWS call off the event loop, under the timeout, retried while transient; its answer."""
+    async def call(self, service: str, operation: str, arguments: dict[str, Any], idempotent: bool = True) -> Any:
+        """One AWS call off the event loop, under the timeout, retried while transient; its answer.
+
+        A call that is not ``idempotent`` (SendCommand) is retried only when throttled (it did not run): after a
+        timeout or a lost connection it may have run, and running it twice is not the same as once."""
         s = self.settings
         work = functools.partial(self._invoke, service, operation, arguments)
         for attempt in range(s.retries + 1):
@@ -215,7 +224,7 @@ class AwsAutoScalingProvider:
             try:
                 return await asyncio.wait_for(future, 2 * s.call_timeout_seconds + 1)
             except Exception as exc:
-                if attempt == s.retries or not retryable(exc):
+                if attempt == s.retries or not retryable(exc) or not (idempotent or throttled(exc)):
                     raise
                 log.info("%s %s: %s, try %d of %d", service, operation, _short(exc), attempt + 2, s.retries + 1)
             await self.sleep(s.retry_base_seconds * 2**attempt * (0.5 + random.random() / 2))
@@ -239,7 +248,10 @@ class AwsAutoScalingProvider:
                     name: session.client(name, endpoint_url=s.endpoint_url, config=config) for name in SERVICES
                 }
             client = self.clients[service]
-        return getattr(client, operation)(**arguments)
+        try:
+            return getattr(client, operation)(**arguments)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # botocore's parser, lost
+            raise MalformedResponse(f"an answer that is not AWS's to {operation}: {type(exc).__name__} {exc}") from exc
 
     async def _describe(self) -> Group:
         answer = await self.call("autoscaling", "describe_auto_scaling_groups", {"AutoScalingGroupNames": [self.name]})
@@ -270,7 +282,7 @@ class AwsAutoScalingProvider:
             if plan.deferred:
                 message = f"{plan.deferred} instance(s) above the desired {desired} run jobs"
                 self._event(facts.ProviderScaleInDeferred(self.name, message))
-        if len(group.alive) < group.desired and ACTIVITIES not in self.pending:
+        if len(group.alive) < max(group.desired, desired) and ACTIVITIES not in self.pending:
             await self._run(ACTIVITIES, self._look_at_launches(), counts=False)
         if self.vm_token is not None:
             self.tokens_delivered &= set(self.instances)  # bounded: ids of instances gone are never reused

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
@@ -55,8 +55,13 @@ PUBLIC_KEY = re.compile(r"-----BEGIN PUBLIC KEY-----\s+[A-Za-z0-9+/=\s]{200,2000
 WAITING = frozenset({"Pending", "InProgress", "Delayed"})
 OUTPUT_LIMIT = 24_000  # what SSM returns of a command's output at most
 
-# (service, operation, arguments) -> the answer: the provider's call, off the event loop, with timeouts and retries
-Call = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
+
+class Call(Protocol):
+    """The provider's AWS call: off the event loop, with timeouts and retries (``idempotent``: on timeouts too)."""
+
+    def __call__(
+        self, service: str, operation: str, arguments: dict[str, Any], idempotent: bool = True
+    ) -> Awaitable[Any]: ...
 
 
 class HandOverFailed(Exception):
@@ -97,7 +102,7 @@ async def run_script(call: Call, s: AwsSettings, instance_id: str, script: str, 
         "TimeoutSeconds": max(30, timeout),
         "Parameters": {"commands": [script], "executionTimeout": [str(timeout)]},
     }
-    sent = await call("ssm", "send_command", arguments)
+    sent = await call("ssm", "send_command", arguments, idempotent=False)
     command_id = _text(_text_field(sent, "Command"), "CommandId")
     deadline = asyncio.get_running_loop().time() + 2 * timeout + 30  # delivery, then execution
     while True:

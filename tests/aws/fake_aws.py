@@ -14,7 +14,8 @@ to moto except where a knob says otherwise:
 - ``hostile[action] = (status, body)``: that answer instead of moto's;
 - SSM: a Run Command (SendCommand) is executed for real by ``sh`` for each instance, as the SSM agent runs it
   (root there; here ``SPOTMORPH_ETC`` points at the instance's folder under ``etc_root``), and
-  GetCommandInvocation answers what it did (``invocation_polls``: how many times InProgress first);
+  GetCommandInvocation answers InProgress until it ended, then what it did (``invocation_polls``: how many
+  times InProgress at least);
   ``ssm_offline`` holds instances whose SSM agent is not online (SendCommand: InvalidInstanceId).
 """
 
@@ -71,10 +72,11 @@ class MotoServer:
 class Invocation:
     instance: str
     script: str
-    status: str
-    stdout: str
-    stderr: str
     polls_left: int
+    status: str = "InProgress"
+    stdout: str = ""
+    stderr: str = ""
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -269,18 +271,25 @@ class FakeAws:
         _reply(handler, answer.status, data, "application/x-amz-json-1.1")
 
     def _execute(self, instance: str, request: dict[str, Any]) -> Invocation:
-        script = "\n".join(request["Parameters"]["commands"])
+        """The script run in the background, as the instance's SSM agent would, after SendCommand answered."""
+        invocation = Invocation(instance, "\n".join(request["Parameters"]["commands"]), self.invocation_polls)
         env = {"PATH": os.environ["PATH"], "SPOTMORPH_ETC": str(self.etc(instance))}
-        done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
-        status = "Success" if done.returncode == 0 else "Failed"
-        return Invocation(instance, script, status, done.stdout, done.stderr, self.invocation_polls)
+
+        def execute() -> None:
+            done = subprocess.run(["sh", "-c", invocation.script], env=env, capture_output=True, text=True, timeout=60)
+            invocation.stdout, invocation.stderr = done.stdout, done.stderr
+            invocation.status = "Success" if done.returncode == 0 else "Failed"
+            invocation.done.set()
+
+        threading.Thread(target=execute, daemon=True).start()
+        return invocation
 
     def _invocation(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         request = json.loads(body)
         found = self.invocations.get((request.get("CommandId"), request.get("InstanceId")))
         if found is None:
             return self._forward(handler, body)
-        status = found.status
+        status = found.status if found.done.is_set() else "InProgress"
         if found.polls_left > 0:
             found.polls_left -= 1
             status = "InProgress"

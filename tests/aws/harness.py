@@ -47,7 +47,7 @@ class Harness:
             "endpoint_url": self.fake.url,
             "call_timeout_seconds": 5,
             "retries": 2,
-            "token_poll_seconds": 0,
+            "token_poll_seconds": 0.05,  # the fake runs scripts for real: a poll every 50 ms, not a spin
         }
         return AwsSettings(**{**values, **overrides})
 
