@@ -17,7 +17,12 @@ import grpc
 
 from controller.api.auth import Tokens
 from controller.api.status import Context, abort
-from controller.providers.identity import IdentityRefused, IdentityUnavailable, IdentityVerifier
+from controller.providers.identity import (
+    IdentityNotOffered,
+    IdentityRefused,
+    IdentityUnavailable,
+    IdentityVerifier,
+)
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
 
@@ -51,6 +56,8 @@ class IdentityService(rpc.IdentityServicer):
         except (IdentityRefused, ValueError) as exc:
             log.warning("identity refused (%s): %s", context.peer(), exc)
             await abort(context, grpc.StatusCode.UNAUTHENTICATED, f"identity_token refused: {exc}")
+        except IdentityNotOffered as exc:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except IdentityUnavailable as exc:
             await abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot check identities right now: {exc}; retry")
         log.info("instance %s proved its identity and got its agent token (%s)", instance, context.peer())

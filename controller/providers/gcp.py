@@ -48,7 +48,7 @@ from controller.providers.base import CannotList, Clock, ProviderPort, SilentPor
 from controller.providers.gcp_config import GcpSettings
 from controller.providers.gcp_errors import OperationFailed, describe, retry_wait, short
 from controller.providers.gcp_scale import Managed
-from controller.providers.identity import IdentityRefused, IdentityUnavailable
+from controller.providers.identity import IdentityNotOffered, IdentityRefused, IdentityUnavailable
 from morphing.errors import UserInputError
 
 log = logging.getLogger("spotmorph.controller.gcp")
@@ -181,7 +181,7 @@ class GcpInstanceGroupProvider:
         """The instance name a signed identity token proves, if it names an instance of this group."""
         s = self.settings
         if not s.agent_tokens:
-            raise IdentityRefused("this controller hands out no per-VM tokens (gcp.agent_tokens is off)")
+            raise IdentityNotOffered("this controller hands out no per-VM tokens (gcp.agent_tokens is off)")
         key = await self.keys.get(identity.key_id(document))
         proven = identity.verify(document, key, s.audience, self.wall())
         if (proven.project, proven.zone) != (s.project, s.zone):

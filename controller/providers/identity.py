@@ -19,10 +19,15 @@ class IdentityUnavailable(Exception):
     """The document cannot be checked right now (the group cannot be listed, the keys fetched): ask again."""
 
 
+class IdentityNotOffered(Exception):
+    """This controller hands out no per-VM tokens for identity documents (the operator turned it off)."""
+
+
 @runtime_checkable
 class IdentityVerifier(Protocol):
     async def verify_identity(self, document: str) -> str:
         """The instance id (the VM's name, its node name) ``document`` proves.
 
-        Raises :class:`IdentityRefused`, or :class:`IdentityUnavailable` (the VM asks again)."""
+        Raises :class:`IdentityRefused`, :class:`IdentityUnavailable` (the VM asks again) or
+        :class:`IdentityNotOffered`."""
         ...

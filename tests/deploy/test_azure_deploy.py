@@ -38,9 +38,14 @@ def test_every_file_in_deploy_is_checked_here_or_in_test_systemd_units() -> None
     files = {p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*") if p.is_file()}
     assert files == {
         "Containerfile",
+        "aws/template.yaml",  # test_aws_deploy.py
         "azure/main.bicep",
         "azure/main.json",
         "cloud-init/agent.yaml",
+        "gcp/instance-group.json",  # these four: test_gcp_deploy.py
+        "gcp/instance-template.json",
+        "gcp/render.jq",
+        "gcp/startup.sh",
         "systemd/spotmorph-agent.service",
         "systemd/spotmorph-controller.service",
         "systemd/spotmorph-controller-ha.service",

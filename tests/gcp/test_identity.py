@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.providers.gcp_identity import parse_keys, verify
-from controller.providers.identity import IdentityRefused, IdentityUnavailable
+from controller.providers.identity import IdentityNotOffered, IdentityRefused, IdentityUnavailable
 from tests.gcp.fake_identity import FakeGoogle, b64, new_key
 from tests.gcp.harness import GROUP, Harness, run
 
@@ -164,7 +164,7 @@ def test_keys_from_a_file_and_an_unreachable_key_source(tmp_path: Path) -> None:
         with pytest.raises(IdentityUnavailable):
             await cut_off.verify_identity(h.fake.identity_token(name, AUDIENCE))
         off = h.provider(target_capacity=1, agent_tokens=False)
-        with pytest.raises(IdentityRefused, match="agent_tokens is off"):
+        with pytest.raises(IdentityNotOffered, match="agent_tokens is off"):
             await off.verify_identity(h.fake.identity_token(name, AUDIENCE))
 
     run(scenario, running=1)
