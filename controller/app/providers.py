@@ -1,4 +1,4 @@
-"""Which provider the controller uses (``provider: static | local | azure | aws``) and how often to poll it.
+"""Which provider the controller uses (``provider: static | local | azure | aws | gcp``) and how often to poll it.
 
 The factory sees only settings and the provider port (events in, busy nodes out), never the runner or
 the daemon: the runner is built afterwards with the provider this returns. A cloud's SDK (Azure's, boto3)
@@ -49,6 +49,8 @@ def make_provider(
         )
     if settings.provider == "aws":
         return _aws(settings, port, clock)
+    if settings.provider == "gcp":
+        return _gcp(settings, port, clock)
     if settings.azure is None:
         raise UserInputError("provider: azure needs an `azure:` section (see docs/azure.md)")
     from controller.providers.azure import AzureScaleSetProvider
@@ -68,3 +70,12 @@ def _aws(settings: ControllerSettings, port: ProviderPort, clock: Clock) -> Prov
     vm_token = Tokens({}, token_secret(settings.state_dir)).vm_token  # each instance's own, sealed over SSM
     provider = AwsAutoScalingProvider(settings.aws, clock, port, vm_token=vm_token)
     return ProviderWiring(provider, settings.aws.poll_seconds)
+
+
+def _gcp(settings: ControllerSettings, port: ProviderPort, clock: Clock) -> ProviderWiring:
+    """The instance group's provider; its VMs get their tokens through the Identity service, not from it."""
+    if settings.gcp is None:
+        raise UserInputError("provider: gcp needs a `gcp:` section (see docs/gcp.md)")
+    from controller.providers.gcp import GcpInstanceGroupProvider
+
+    return ProviderWiring(GcpInstanceGroupProvider(settings.gcp, clock, port), settings.gcp.poll_seconds)

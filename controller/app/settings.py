@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from controller.files import CONFIG_LIMIT, read_small_text
 from controller.providers.aws_config import AwsSettings
 from controller.providers.azure_config import AzureSettings
+from controller.providers.gcp_config import GcpSettings
 from morphing.errors import UserInputError
 
 HOST_NAME = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
@@ -132,12 +133,15 @@ class ControllerSettings(BaseSettings):
     )
     """Names (beyond this machine's, localhost and any IP address) a request to the metrics port may give in its
     Host header, e.g. a DNS name Prometheus scrapes it by; others are answered 421 (DNS rebinding)."""
-    provider: Literal["static", "local", "azure", "aws"] = "static"
-    """Where VMs come from (static: only through their agents; azure: docs/azure.md; aws: docs/aws.md)."""
+    provider: Literal["static", "local", "azure", "aws", "gcp"] = "static"
+    """Where VMs come from (static: only through their agents; azure: docs/azure.md; aws: docs/aws.md; gcp:
+    docs/gcp.md)."""
     azure: AzureSettings | None = None
     """The ``azure:`` section, for ``provider: azure``."""
     aws: AwsSettings | None = None
     """The ``aws:`` section, for ``provider: aws``."""
+    gcp: GcpSettings | None = None
+    """The ``gcp:`` section, for ``provider: gcp``."""
     local: LocalSettings = Field(default_factory=LocalSettings)
     """The ``local:`` section, for ``provider: local``."""
     capacity_retry_seconds: float = Field(default=30.0, gt=0)
