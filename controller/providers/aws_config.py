@@ -25,7 +25,7 @@ class AwsSettings(BaseModel):
     auto_scaling_group: str
     """The Auto Scaling group of Spot instances, made by the operator's CloudFormation (deploy/aws/)."""
     slots_per_instance: int = Field(default=1, ge=1, le=64)
-    """GPUs per instance (the agents' slots): capacity asked for in slots becomes slots / this instances."""
+    """GPUs per instance (the agents' slots): a level of N slots is N / this instances, rounded up."""
     min_capacity: int = Field(default=0, ge=0, le=1000)
     """Instances the provider keeps in the group whatever the controller asks for (its floor)."""
     max_capacity: int | None = Field(default=None, ge=0, le=1000)
@@ -47,7 +47,8 @@ class AwsSettings(BaseModel):
     throttle_seconds: float = Field(default=30.0, gt=0, le=3600)
     """Still throttled after the retries: no call at all for this long (AWS sends no Retry-After)."""
     backoff_seconds: float = Field(default=30.0, gt=0)
-    """After a capacity error (no Spot capacity, quota), no change to the group for this long, doubling."""
+    """After a call refused for capacity or quota, no change to the group for this long, doubling (failed launches
+    are the group's own to retry: they are only said)."""
     max_backoff_seconds: float = Field(default=900.0, gt=0)
     """The capacity backoff's cap."""
     agent_tokens: bool = True

@@ -17,12 +17,13 @@ from controller.core.model import Command, World
 from controller.core.reconcile import Config
 from controller.persistence.store import Store
 from controller.providers.aws import AwsAutoScalingProvider
+from controller.providers.aws_config import AwsSettings
 from controller.providers.base import ProviderInbox
 from controller.shell.runner import Runner
 from morphing.errors import UserInputError
 from tests.aws.fake_aws import MotoServer
 from tests.aws.harness import Clock, harness, settle
-from tests.controller.helpers import spec, write_profile
+from tests.controller.helpers import REPO, spec, write_profile
 
 pytestmark = pytest.mark.xdist_group("moto")  # the worker whose moto is warm (make test: --dist loadgroup)
 AWS = {"region": "eu-west-1", "auto_scaling_group": "spotmorph-spot", "slots_per_instance": 4}
@@ -96,3 +97,10 @@ def test_evictions_without_notice_make_nodes_gone_and_a_queued_job_grows_the_gro
 
 def _register(name: str) -> Callable[[World, float], list[Command]]:
     return lambda world, now: agents.register(world, name, 1, "10.0.0.5", now)[1]
+
+
+def test_every_aws_setting_is_described_and_in_docs_aws_md() -> None:
+    docs = (REPO / "docs" / "aws.md").read_text()
+    for name, field in AwsSettings.model_fields.items():
+        assert field.description, f"AwsSettings.{name} has no docstring"
+        assert f"| `aws.{name}` |" in docs, f"docs/aws.md does not list the setting `aws.{name}`"
