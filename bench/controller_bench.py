@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -196,8 +196,14 @@ class Generator:
             eviction=pb.EvictionNotice(not_before=not_before, source="bench"),
         )
         started = time.time()
-        agent.obey(await agent.stub.ReportEvent(request, metadata=agent.metadata, timeout=30))
-        return agent.name, started
+        while True:
+            try:
+                agent.obey(await agent.stub.ReportEvent(request, metadata=agent.metadata, timeout=30))
+                return agent.name, started
+            except grpc.aio.AioRpcError as exc:  # a PostgreSQL controller between leases: again, as an agent does
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.time() > started + 30:
+                    raise
+                await asyncio.sleep(0.2)
 
 
 async def _serve(conn: Connection, address: str, secret: bytes, vm_prefix: str) -> None:
@@ -246,12 +252,15 @@ def _port() -> int:
 
 
 class Bench:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, options: Sequence[str] = (), expiry: float = 15.0) -> None:
+        """A controller with its state in ``work``/state, more flags in ``options`` (``--database URL``: the
+        state in PostgreSQL, the tokens still there); a node silent for ``expiry`` seconds is LOST."""
         self.work = work
         self.address = f"127.0.0.1:{_port()}"
         self.log = (work / "controller.log").open("wb")
         args = spotmorph("controller", "--state-dir", str(work / "state"), "--listen", self.address)
-        args += ["--debounce-seconds", "0", "--heartbeat-expiry-seconds", "15"]
+        args += ["--debounce-seconds", "0", "--heartbeat-expiry-seconds", f"{expiry:g}"]
+        args += options
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(self.address))
         wait(lambda: _serving(health), "controller serving", 60)
@@ -286,13 +295,13 @@ class Bench:
         state = self.reader.GetClusterState(pb.GetClusterStateRequest(), timeout=60)
         return list(state.heartbeat_latency.bucket_counts)
 
-    def window(self, kind: str, agents: int) -> dict[str, Any]:
+    def window(self, kind: str, agents: int, measure: float = MEASURE_SECONDS) -> dict[str, Any]:
         self.all("run", kind, per=lambda i: (self.share(agents)(i)[0],))
         time.sleep(WARMUP_SECONDS)
         before = self.server_histogram() if kind == "heartbeat" else []
         self.all("record")
         cpu = _cpu_seconds(self.proc.pid)
-        time.sleep(MEASURE_SECONDS)
+        time.sleep(measure)
         collected = self.all("collect")
         cpu = _cpu_seconds(self.proc.pid) - cpu
         after = self.server_histogram() if kind == "heartbeat" else []
@@ -378,8 +387,8 @@ def ramp(work: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def eviction(work: Path) -> dict[str, Any]:
-    bench = Bench(work)
+def eviction(work: Path, options: Sequence[str] = (), expiry: float = 15.0) -> dict[str, Any]:
+    bench = Bench(work, options, expiry)
     try:
         started = time.perf_counter()
         bench.all("register", per=bench.share(EVICTION_NODES))
