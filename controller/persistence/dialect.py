@@ -23,8 +23,10 @@ POSTGRES_CONNECT = {"connect_timeout": 3, "tcp_user_timeout": 3000, "keepalives_
 # controller cut off mid-transaction (its lease fence's FOR SHARE, a renewal's FOR UPDATE on the lease row) is
 # silent, not gone, to the server, which would hold the row lock for hours (its keepalives), and the standby's
 # take of the lease would wait on it as long (tests/ha/test_partition.py). No transaction of the store waits
-# between its statements: each runs its statements back to back.
-POSTGRES_SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=5000"
+# between its statements: each runs its statements back to back, but a controller starved of CPU (a loaded host)
+# may pause between two of them for seconds, and must not lose its connection for it: 15 s, so a takeover behind a
+# cut-off transaction waits at most that long.
+POSTGRES_SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=15000"
 
 
 def postgres_connect_args(url: str) -> dict[str, object]:
