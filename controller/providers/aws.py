@@ -35,15 +35,15 @@ from typing import Any
 import boto3  # type: ignore[import-untyped]
 import botocore.config  # type: ignore[import-untyped]
 import botocore.exceptions as aws_errors  # type: ignore[import-untyped]
-import botocore.parsers  # type: ignore[import-untyped]
 
 from controller.core.events import EventKind
 from controller.eventlog import provider_facts as facts
 from controller.providers import aws_scale as scale
 from controller.providers import aws_tokens
 from controller.providers.aws_config import AwsSettings
+from controller.providers.aws_failures import GroupNotFound, describe, retryable, short, throttled
 from controller.providers.aws_scale import Group, Instance, MalformedResponse
-from controller.providers.azure_scale import Backoff, Failure, after_failure, after_success, may_delete
+from controller.providers.azure_scale import Backoff, after_failure, after_success, may_delete
 from controller.providers.base import CannotList, Clock, ProviderPort, SilentPort, instances_for
 
 log = logging.getLogger("spotmorph.controller.aws")
@@ -57,59 +57,6 @@ ACTIVITIES = "activities"  # the key of the background look at failed launches
 
 class ProviderUnavailable(CannotList):
     """No instance list this time (AWS unreachable, throttled, the group missing): the runner skips the poll."""
-
-
-class GroupNotFound(Exception):
-    """DescribeAutoScalingGroups answered without the group."""
-
-
-def describe(exc: BaseException, throttle_seconds: float = 30.0) -> Failure:
-    """An AWS error as one event: what happened, in words an operator can act on."""
-    if isinstance(exc, aws_errors.ClientError):
-        code, status = scale.error_code(exc), _status(exc)
-        message = _short(exc.response.get("Error", {}).get("Message") if isinstance(exc.response, dict) else exc)
-        kind = scale.failure_kind(code, status, message)
-        said = f"{code or status}: {message}"
-        if kind == K.PROVIDER_THROTTLED:
-            return Failure(kind, f"throttled ({code or status}), no call for {throttle_seconds:g} s", throttle_seconds)
-        if kind == K.PROVIDER_AUTH_FAILED:
-            return Failure(kind, f"not authorised: {said} (check the controller's instance profile: docs/aws.md)")
-        if kind == K.PROVIDER_NOT_FOUND:
-            return Failure(kind, f"not found: {said} (check region and auto_scaling_group)")
-        return Failure(kind, said)
-    if isinstance(exc, GroupNotFound):
-        return Failure(K.PROVIDER_NOT_FOUND, f"{_short(exc)} (check region and auto_scaling_group)")
-    if isinstance(exc, aws_errors.NoCredentialsError | aws_errors.PartialCredentialsError):
-        return Failure(K.PROVIDER_AUTH_FAILED, f"{_short(exc)} (the controller's instance profile, or `profile:`)")
-    if isinstance(exc, aws_errors.ConnectionError | aws_errors.HTTPClientError | TimeoutError):
-        return Failure(K.PROVIDER_UNREACHABLE, f"cannot reach AWS: {_short(exc) or type(exc).__name__}")
-    if isinstance(exc, botocore.parsers.ResponseParserError):
-        return Failure(K.PROVIDER_ERROR, f"an answer that is not AWS's: {_short(exc)}")
-    if isinstance(exc, MalformedResponse | aws_tokens.HandOverFailed | aws_errors.BotoCoreError):
-        return Failure(K.PROVIDER_ERROR, _short(exc))
-    return Failure(K.PROVIDER_ERROR, f"{type(exc).__name__}: {_short(exc)}")
-
-
-def _status(exc: Any) -> int | None:
-    metadata = exc.response.get("ResponseMetadata") if isinstance(exc.response, dict) else None
-    status = metadata.get("HTTPStatusCode") if isinstance(metadata, dict) else None
-    return status if isinstance(status, int) else None
-
-
-def _short(value: object) -> str:
-    return " ".join(str(value).split())[:300]
-
-
-def retryable(exc: BaseException) -> bool:
-    """Throttling, AWS's own failures (5xx), timeouts and lost connections: worth another try at once."""
-    if isinstance(exc, aws_errors.ClientError):
-        return scale.transient(describe(exc).kind, _status(exc))
-    return isinstance(exc, aws_errors.ConnectionError | aws_errors.HTTPClientError | TimeoutError)
-
-
-def throttled(exc: BaseException) -> bool:
-    """AWS refused the call for its rate: it did not run."""
-    return isinstance(exc, aws_errors.ClientError) and describe(exc).kind == K.PROVIDER_THROTTLED
 
 
 class AwsAutoScalingProvider:
@@ -139,7 +86,7 @@ class AwsAutoScalingProvider:
         self.wanted_slots = 0  # the controller's last request_capacity
         self.backoff = Backoff()
         self.pending: dict[str, asyncio.Task[None]] = {}  # "scale", "activities", "release:ID", "token:ID"
-        self._failing: dict[str, str] = {}  # failure kind -> its message, until a call succeeds
+        self._failing: dict[tuple[str, str], str] = {}  # (operation, failure kind) -> its message, until it succeeds
         self._said: dict[str, object] = {}  # what was last said of the capacity ceiling and deferred scale-in
         self.activities_seen: set[str] | None = None  # None: not looked yet (old failures are not news)
         self.vm_token = vm_token if s.agent_tokens else None
@@ -166,8 +113,8 @@ class AwsAutoScalingProvider:
             group = await self._describe()
         except Exception as exc:  # every AWS error is an event, never an exception out of a timer
             self._failed("list", exc)
-            raise ProviderUnavailable(_short(exc)) from None
-        self._failing.clear()
+            raise ProviderUnavailable(short(exc)) from None
+        self._succeeded("list")
         self.group, self.instances = group, {i.id: i for i in group.instances}
         await self._maintain(group)
         return frozenset(i.id for i in group.alive)
@@ -226,7 +173,7 @@ class AwsAutoScalingProvider:
             except Exception as exc:
                 if attempt == s.retries or not retryable(exc) or not (idempotent or throttled(exc)):
                     raise
-                log.info("%s %s: %s, try %d of %d", service, operation, _short(exc), attempt + 2, s.retries + 1)
+                log.info("%s %s: %s, try %d of %d", service, operation, short(exc), attempt + 2, s.retries + 1)
             await self.sleep(s.retry_base_seconds * 2**attempt * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
 
@@ -324,7 +271,7 @@ class AwsAutoScalingProvider:
             try:
                 await self.call("autoscaling", "terminate_instance_in_auto_scaling_group", arguments)
             except aws_errors.ClientError as exc:
-                said = _short(exc).lower()
+                said = short(exc).lower()
                 if "min size" in said:  # at the group's floor: terminated all the same, and replaced
                     arguments["ShouldDecrementDesiredCapacity"] = False
                     await self.call("autoscaling", "terminate_instance_in_auto_scaling_group", arguments)
@@ -376,9 +323,9 @@ class AwsAutoScalingProvider:
             except Exception as exc:
                 self._failed(key.split(":")[0], exc)
             else:
+                self._succeeded(key.split(":")[0])
                 if counts:
                     self.backoff = after_success(self.backoff)
-                    self._failing.clear()
             finally:
                 self.pending.pop(key, None)
 
@@ -390,12 +337,16 @@ class AwsAutoScalingProvider:
         failure = describe(exc, s.throttle_seconds)
         now = self.clock.now()
         self.backoff = after_failure(self.backoff, failure, now, s.backoff_seconds, s.max_backoff_seconds)
-        if self._failing.get(failure.kind) == failure.message:
+        if self._failing.get((what, failure.kind)) == failure.message:
             log.warning("%s (again): %s", failure.kind, failure.message)
             return  # the same failure on every poll is one event, not one a poll
-        self._failing[failure.kind] = failure.message
+        self._failing[(what, failure.kind)] = failure.message
         fact = facts.CALL_FAILURES[failure.kind]
         self._event(fact(self.name, failure.message, what, self.backoff.retry_at(now)))
+
+    def _succeeded(self, what: str) -> None:
+        """``what`` went through: its next failure is news again (another operation's is not)."""
+        self._failing = {key: message for key, message in self._failing.items() if key[0] != what}
 
     @property
     def name(self) -> str:

@@ -341,7 +341,9 @@ def moto_session() -> Iterator[MotoServer]:
             patch.delenv(name, raising=False)
         server = MotoServer()
         try:
-            server.client("autoscaling").describe_auto_scaling_groups()
+            server.client("autoscaling").describe_auto_scaling_groups()  # the services' models, loaded once
+            server.client("ec2").describe_launch_templates()
+            server.client("ssm").list_commands()
             yield server
         finally:
             server.stop()

@@ -5,8 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import (  # type: ignore[import-untyped]
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+)
 
 from controller.providers.aws import ProviderUnavailable
+from controller.providers.aws_failures import describe
 from tests.aws.fake_aws import MotoServer
 from tests.aws.harness import Harness, run, settle
 
@@ -182,3 +188,19 @@ def test_a_level_above_the_groups_max_size_is_capped_and_said_once(moto_server: 
         assert len(limited) == 1 and limited[0]["wanted"] == 10 and limited[0]["capacity"] == 3
 
     run(moto_server, tmp_path, scenario, max_size=3)
+
+
+def test_describe_says_what_to_fix() -> None:
+    def client_error(code: str, status: int, message: str = "m") -> ClientError:
+        answer = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+        return ClientError(answer, "SetDesiredCapacity")
+
+    denied = describe(client_error("AccessDenied", 403))
+    assert denied.kind == "ProviderAuthFailed" and denied.message.endswith("instance profile: docs/aws.md)")
+    assert describe(client_error("Throttling", 400), 12).retry_after == 12
+    assert describe(client_error("ScalingActivityInProgress", 400)).kind == "ProviderConflict"
+    assert describe(NoCredentialsError()).kind == "ProviderAuthFailed"
+    assert describe(EndpointConnectionError(endpoint_url="http://x")).kind == "ProviderUnreachable"
+    assert describe(TimeoutError()).kind == "ProviderUnreachable"
+    assert describe(ValueError("x")).kind == "ProviderError"
+    assert describe(client_error("Weird", 200, "\n".join(["x"] * 1000))).message.count("x") <= 300

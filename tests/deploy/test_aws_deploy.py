@@ -59,8 +59,8 @@ def user_data(kind: str) -> str:
     return text.replace("${!", "${")
 
 
-def test_cfn_lint_finds_nothing_in_two_regions() -> None:
-    matches = lint(TEMPLATE.read_text(), regions=["us-east-1", "eu-west-1"])
+def test_cfn_lint_finds_nothing() -> None:
+    matches = lint(TEMPLATE.read_text(), regions=["us-east-1"])
     assert [f"{m.rule.id} {m.message} (line {m.linenumber})" for m in matches] == []
 
 
