@@ -3,10 +3,11 @@
 Decisions are :mod:`controller.core.leadership`'s; this runs them against the store on a worker thread
 (a database that hangs must not hold the event loop) and tells the controller when its role changes.
 A leader renews every third of the lease and steps down on its own clock a third before the lease can run
-out, whether the renewals fail (the database is cut off) or hang. The deadline is kept by a thread of its
-own (:meth:`Leadership._watch`): a database write cut off mid-way holds the event loop for seconds, and
-the controller must stop leading on time all the same. A standby tries to take the lease at every poll and,
-meanwhile, reloads what it answers reads from.
+out, whether the renewals fail (the database is cut off) or hang. Renewals and the deadline each have a
+thread of their own (:meth:`Leadership._renew_forever`, :meth:`Leadership._watch`): a long decision, or a
+database write cut off mid-way, holds the event loop for seconds, and must neither cost the lease nor keep
+the controller leading past its deadline; a renewal that hangs must not keep the deadline from being seen.
+A standby tries to take the lease at every poll and, meanwhile, reloads what it answers reads from.
 
 A SQLite store is one controller's (the state directory's lock): it leads from the start, taking over any
 lease a previous process of the same directory left, at the next epoch.
@@ -65,7 +66,7 @@ class Leadership:
         self._changing = asyncio.Lock()  # the hooks of role changes run one at a time, in order
         self._role_lock = threading.Lock()  # the role itself changes on the loop or on the deadline's thread
         self._stopped = threading.Event()
-        self._watchdog: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []  # the deadline's and the renewal's
 
     @property
     def leading(self) -> bool:
@@ -97,16 +98,24 @@ class Leadership:
             await self._change(ControllerRole.STANDBY, RoleCause.LEASE_HELD_ELSEWHERE)
         self._task = asyncio.ensure_future(self._run())
         loop = asyncio.get_running_loop()
-        self._watchdog = threading.Thread(target=self._watch, args=(loop,), name="lease-deadline", daemon=True)
-        self._watchdog.start()
+        for name, work in (("lease-deadline", self._watch), ("lease-renewal", self._renew_forever)):
+            thread = threading.Thread(target=work, args=(loop,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     async def _run(self) -> None:
+        """A standby's looks at the lease (on the loop: taking it changes what the loop serves)."""
         while True:
-            if self.leading:
-                await self._renew()
-            else:
+            if not self.leading:
                 await self._try_take()
-            await asyncio.sleep(self.timing.renew_seconds if self.leading else self.timing.poll_seconds)
+            await asyncio.sleep(self.timing.poll_seconds)
+
+    def _renew_forever(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The renewal's thread: a decision that holds the event loop for seconds must not cost the lease."""
+        while not self._stopped.is_set():
+            if self.leading:
+                self._renew(loop)
+            self._stopped.wait(self.timing.renew_seconds if self.leading else self.timing.poll_seconds)
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """The deadline's thread: a leader whose renewal is overdue stops leading now (``leading`` is False from
@@ -117,9 +126,7 @@ class Leadership:
                 self._stopped.wait(min(wait, self.timing.poll_seconds))
                 continue
             log.error("the lease's renewal is overdue (the database is unreachable?); stepping down")
-            change = self._record(ControllerRole.STANDBY, RoleCause.RENEWAL_OVERDUE)
-            if change is not None:
-                loop.call_soon_threadsafe(self._spawn_hook, change)
+            self._step_down_from_thread(loop, RoleCause.RENEWAL_OVERDUE)
 
     def _spawn_hook(self, change: RoleChange) -> None:
         task = asyncio.ensure_future(self._hook(change))
@@ -138,30 +145,35 @@ class Leadership:
         before, self.seen = self.seen, seen
         if taken is not None and not self.leading:
             self.previous = before.address if before is not None and before.holder != self.holder else ""
-            self.lease = taken
-            self._deadline = step_down_at(asked, self.timing.seconds, self.timing.margin_seconds)
-            self.store.fencing = taken
+            with self._role_lock:
+                self.lease = self.store.fencing = taken
+                self._deadline = step_down_at(asked, self.timing.seconds, self.timing.margin_seconds)
             await self._change(ControllerRole.LEADING, RoleCause.LEASE_TAKEN)
 
-    async def _renew(self) -> None:
+    def _renew(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One renewal (on the renewal's thread; a hanging one is the deadline's business)."""
         mine = self.lease
         if mine is None:
             return
         asked = self.clock.now()
         try:
-            renewed = await asyncio.wait_for(
-                asyncio.to_thread(leases.renew, self.store.engine, mine, self.timing.seconds),
-                max(0.1, self._deadline - asked),
-            )
+            renewed = leases.renew(self.store.engine, mine, self.timing.seconds)
         except Exception as exc:  # unreachable or slow: the deadline decides
             log.warning("renewing the leader lease failed: %s", exc)
             return
         if renewed is None:
-            await self.step_down(RoleCause.DEPOSED)
+            log.error("the lease was taken over (epoch %d is no longer ours); stepping down", mine.epoch)
+            self._step_down_from_thread(loop, RoleCause.DEPOSED)
             return
-        self.lease = self.seen = renewed
-        self.store.fencing = renewed
-        self._deadline = step_down_at(asked, self.timing.seconds, self.timing.margin_seconds)
+        with self._role_lock:
+            if self.lease is mine:  # not retaken meanwhile
+                self.lease = self.seen = self.store.fencing = renewed
+                self._deadline = step_down_at(asked, self.timing.seconds, self.timing.margin_seconds)
+
+    def _step_down_from_thread(self, loop: asyncio.AbstractEventLoop, cause: RoleCause) -> None:
+        change = self._record(ControllerRole.STANDBY, cause)
+        if change is not None:
+            loop.call_soon_threadsafe(self._spawn_hook, change)
 
     async def step_down(self, cause: RoleCause) -> None:
         """Stop leading now (a write found another epoch, or the renewal is overdue). Writes stay fenced by the
@@ -195,8 +207,8 @@ class Leadership:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._watchdog is not None:
-            await asyncio.to_thread(self._watchdog.join, 5.0)
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join, 5.0)
         mine, was_leading = self.lease, self.leading
         if self.role is not ControllerRole.STOPPED:
             await self._change(ControllerRole.STOPPED, RoleCause.STOPPED)
