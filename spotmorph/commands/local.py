@@ -29,44 +29,7 @@ from worker_agent.notices.facts import CLOUDS
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="local_command", metavar="ACTION", required=True)
-    up = sub.add_parser("up", help="start a local cluster")
-    up.add_argument("--nodes", type=int, default=2, help="agent processes (default 2)")
-    up.add_argument("--slots", type=int, help="slots per node (default 2 CPU slots, or --gpus-per-node)")
-    up.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=0,
-        metavar="K",
-        help="give each node K GPUs of this host for its own (one slot per GPU); default 0: CPU slots",
-    )
-    up.add_argument("--heartbeat-expiry", type=float, default=6.0, help="seconds before a silent node is LOST")
-    up.add_argument("--debounce", type=float, default=3.0, help="seconds to wait after arrivals before growing")
-    up.add_argument(
-        "--netns",
-        action="store_true",
-        help="every VM a network namespace on a bridge (root; see docs/local-cluster.md)",
-    )
-    up.add_argument("--subnet", help="the --netns cluster's /24 (default: a free one of 10.77.0.0/16)")
-    up.add_argument(
-        "--tensorboard-dir", type=Path, help="the controller writes TensorBoard event files here, a folder per job"
-    )
-    up.add_argument(
-        "--controllers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="controller processes (default 1); N > 1 needs --database",
-    )
-    up.add_argument(
-        "--database", metavar="URL", help="postgresql://USER@HOST:PORT/DB the controllers share (one leads)"
-    )
-    up.add_argument(
-        "--cloud",
-        choices=CLOUDS,
-        default="azure",
-        help="the cloud the platform plays: its metadata service and notice path (azure: Scheduled Events, the "
-        "default; aws: IMDSv2 instance-action and rebalance recommendation; gcp: preempted and a SIGTERM)",
-    )
+    _add_up(sub.add_parser("up", help="start a local cluster"))
     add = sub.add_parser("add", help="add nodes")
     add.add_argument("count", type=int, nargs="?", default=1, help="how many VMs (default 1)")
     preempt = sub.add_parser("preempt", help="evict a node with notice, the way the cluster's cloud does")
@@ -112,6 +75,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hidden.add_argument("--cluster-dir", type=Path, required=True, help="the cluster's folder")
     hidden.add_argument("--host", default="127.0.0.1", help="address to serve the metadata endpoint on")
     hidden.add_argument("--port", type=int, required=True, help="port to serve it on")
+
+
+def _add_up(up: argparse.ArgumentParser) -> None:
+    up.add_argument("--nodes", type=int, default=2, help="agent processes (default 2)")
+    up.add_argument("--slots", type=int, help="slots per node (default 2 CPU slots, or --gpus-per-node)")
+    up.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=0,
+        metavar="K",
+        help="give each node K GPUs of this host for its own (one slot per GPU); default 0: CPU slots",
+    )
+    up.add_argument("--heartbeat-expiry", type=float, default=6.0, help="seconds before a silent node is LOST")
+    up.add_argument("--debounce", type=float, default=3.0, help="seconds to wait after arrivals before growing")
+    up.add_argument(
+        "--netns",
+        action="store_true",
+        help="every VM a network namespace on a bridge (root; see docs/local-cluster.md)",
+    )
+    up.add_argument("--subnet", help="the --netns cluster's /24 (default: a free one of 10.77.0.0/16)")
+    up.add_argument(
+        "--tensorboard-dir", type=Path, help="the controller writes TensorBoard event files here, a folder per job"
+    )
+    up.add_argument(
+        "--controllers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="controller processes (default 1); N > 1 needs --database",
+    )
+    up.add_argument(
+        "--database", metavar="URL", help="postgresql://USER@HOST:PORT/DB the controllers share (one leads)"
+    )
+    up.add_argument(
+        "--cloud",
+        choices=CLOUDS,
+        default="azure",
+        help="the cloud the platform plays: its metadata service and notice path (azure: Scheduled Events, the "
+        "default; aws: IMDSv2 instance-action and rebalance recommendation; gcp: preempted and a SIGTERM)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

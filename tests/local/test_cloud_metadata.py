@@ -125,7 +125,8 @@ def test_the_aws_platform_evicts_a_vm_when_its_interruption_is_due(tmp_path: Pat
         assert evict_interrupted(state, provider) == []
         clock.now += 120
         assert evict_interrupted(state, provider) == [f"interrupted {vm.name} (Spot instance-action)"]
-        assert not vm.alive() and state.due() == []
+        assert state.due() == []
+        wait_for(lambda: not vm.alive(), 10, "the killed stand-in to be gone")
     finally:
         kill_vm(vm)
 
