@@ -151,7 +151,7 @@ def test_the_gcp_platform_shuts_the_guest_down_then_stops_the_vm(tmp_path: Path,
         assert shut_down_preempted(state, provider, clock) == []
         clock.now += 30
         assert shut_down_preempted(state, provider, clock) == [f"preempted {third.name} (the notice is up)"]
-        assert not alive(third.pid)
+        wait_for(lambda: not alive(third.pid), 10, "the stopped VM to be gone")
     finally:
         for vm in provider.vms():
             kill_vm(vm)
