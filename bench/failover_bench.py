@@ -263,18 +263,7 @@ def run(args: argparse.Namespace, folder: Path) -> tuple[list[Cycle], dict[str, 
             )
             target = max(cycle.step_at_kill + args.every, int(cluster.status(job)["step"]) + 1)
         final = cluster.wait_state(job, {"SUCCEEDED", "FAILED", "CANCELLED"}, 900)
-        elected = [(e.fact.epoch, e.fact.address) for e in cluster.facts(LeaderElected)]
-        violated = cluster.facts(InvariantViolated)
-        if final["state"] != "SUCCEEDED":
-            failed.append(f"the job ended {final['state']}: {final.get('reason', '')}")
-        if final["steps_lost"] != 0 or final.get("restarts", 0) != 0:
-            failed.append(f"steps lost {final['steps_lost']}, restarts {final.get('restarts')}")
-        if int(final["generation"]) != generation:
-            failed.append(f"generation {generation} -> {final['generation']} (morphs: {final.get('morphs')})")
-        if [epoch for epoch, _ in elected] != list(range(1, len(cycles) + 2)):
-            failed.append(f"the epochs elected: {elected}")
-        if violated:
-            failed.append(f"InvariantViolated: {[v.fact.invariants for v in violated]}")
+        failed += checks(cluster, final, generation, len(cycles))
         if failed:
             print(cluster.failure_report())
     except BaseException:
@@ -288,21 +277,45 @@ def run(args: argparse.Namespace, folder: Path) -> tuple[list[Cycle], dict[str, 
         cluster.down()
         server.stop()
     if final["state"] == "SUCCEEDED":
-        references = Path(args.references) if args.references else folder / "references"
-        diff = max_rel_diff(train_reference(references, args.steps, args.batch, SEED), folder / "ckpt")
-        print(f"final checkpoint against the 1x1 reference of {args.steps} steps: max relative error {diff:.3g}")
-        final["max_rel_diff"] = diff
-        if not diff <= 1e-9:
-            failed.append(f"max relative error {diff:.3g} > 1e-9")
-        if args.same_layout and int(final["layout"]["pipeline_stages"]) == 1:
-            width = int(final["layout"]["data_parallel"])
-            same = train_reference(references, args.steps, args.batch, SEED, replicas=width)
-            exact = checkpoint_diff(same, folder / "ckpt")
-            print(
-                f"against an uninterrupted 1x{width} run: max relative error {exact['max_rel']:.3g}, "
-                f"{len(exact['not_bitwise'])} of {exact['tensors_compared']} tensors not bitwise equal"
-            )
+        failed += against_references(args, folder, final)
     return cycles, final, failed
+
+
+def checks(cluster: LocalCluster, final: dict[str, Any], generation: int, cycles: int) -> list[str]:
+    """What the job's end and the event log say went wrong (empty: nothing): a step lost, a morph, an epoch
+    elected twice or skipped, a broken invariant."""
+    failed = []
+    elected = [(e.fact.epoch, e.fact.address) for e in cluster.facts(LeaderElected)]
+    violated = cluster.facts(InvariantViolated)
+    if final["state"] != "SUCCEEDED":
+        failed.append(f"the job ended {final['state']}: {final.get('reason', '')}")
+    if final["steps_lost"] != 0 or final.get("restarts", 0) != 0:
+        failed.append(f"steps lost {final['steps_lost']}, restarts {final.get('restarts')}")
+    if int(final["generation"]) != generation:
+        failed.append(f"generation {generation} -> {final['generation']} (morphs: {final.get('morphs')})")
+    if [epoch for epoch, _ in elected] != list(range(1, cycles + 2)):
+        failed.append(f"the epochs elected: {elected}")
+    if violated:
+        failed.append(f"InvariantViolated: {[v.fact.invariants for v in violated]}")
+    return failed
+
+
+def against_references(args: argparse.Namespace, folder: Path, final: dict[str, Any]) -> list[str]:
+    """The final checkpoint against the 1x1 reference (and, with --same-layout, an uninterrupted run of its
+    layout); recorded in ``final``."""
+    references = Path(args.references) if args.references else folder / "references"
+    diff = max_rel_diff(train_reference(references, args.steps, args.batch, SEED), folder / "ckpt")
+    print(f"final checkpoint against the 1x1 reference of {args.steps} steps: max relative error {diff:.3g}")
+    final["max_rel_diff"] = diff
+    if args.same_layout and int(final["layout"]["pipeline_stages"]) == 1:
+        width = int(final["layout"]["data_parallel"])
+        same = train_reference(references, args.steps, args.batch, SEED, replicas=width)
+        exact = checkpoint_diff(same, folder / "ckpt")
+        print(
+            f"against an uninterrupted 1x{width} run: max relative error {exact['max_rel']:.3g}, "
+            f"{len(exact['not_bitwise'])} of {exact['tensors_compared']} tensors not bitwise equal"
+        )
+    return [] if diff <= 1e-9 else [f"max relative error {diff:.3g} > 1e-9"]
 
 
 def summary(cycles: Sequence[Cycle]) -> str:
