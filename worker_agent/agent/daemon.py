@@ -186,6 +186,7 @@ class Agent:
             gcp.NOTICE_SECONDS,
         )
         self._draining = asyncio.create_task(self.evictions.shutdown_notice())
+        asyncio.get_running_loop().call_later(gcp.NOTICE_SECONDS, self._request_shutdown)  # wherever the loop is then
         self._wake.set()
 
     def _exit_if_drained(self) -> None:
