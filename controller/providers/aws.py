@@ -53,6 +53,7 @@ SERVICES = ("autoscaling", "ssm")
 INFO_EVENTS = frozenset({K.PROVIDER_SCALE_OUT, K.PROVIDER_SCALE_OUT_DONE, K.PROVIDER_DELETE_INSTANCES})
 INFO_EVENTS |= {K.PROVIDER_AGENT_TOKEN_DELIVERED}
 ACTIVITIES = "activities"  # the key of the background look at failed launches
+MAX_HAND_OVERS = 8  # token hand-overs under way at once: each polls SSM, whose API rate is limited
 
 
 class ProviderUnavailable(CannotList):
@@ -234,7 +235,9 @@ class AwsAutoScalingProvider:
         if self.vm_token is not None:
             self.tokens_delivered &= set(self.instances)  # bounded: ids of instances gone are never reused
             now, delivered = self.clock.now(), self.tokens_delivered
-            for instance in scale.needing_token(group.alive, delivered, self.token_retry_at, self.pending, now):
+            needing = scale.needing_token(group.alive, delivered, self.token_retry_at, self.pending, now)
+            under_way = sum(1 for key in self.pending if key.startswith(f"{scale.TOKEN_TASK}:"))
+            for instance in needing[: max(0, MAX_HAND_OVERS - under_way)]:  # the rest at the next polls
                 key = f"{scale.TOKEN_TASK}:{instance.id}"
                 self.pending[key] = asyncio.ensure_future(self._hand_token(key, instance, self.vm_token))
 

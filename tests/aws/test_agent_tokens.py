@@ -19,6 +19,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from controller.providers.aws_scale import Instance
 from controller.providers.aws_tokens import OPEN_SCRIPT, HandOverFailed, public_key, seal
 from controller.tokens import Tokens
 from protos.spotmorph.v1 import controller_pb2 as pb
@@ -182,3 +183,35 @@ def test_a_real_agent_waits_for_its_sealed_token_registers_and_another_instances
                 waiting.wait(30)
 
         run(moto_server, tmp_path / "aws", scenario)
+
+
+def test_at_most_eight_hand_overs_are_under_way_at_once(moto_server: MotoServer, tmp_path: Path) -> None:
+    """Each hand-over polls SSM, whose rate is limited: a group of ten new instances gets its tokens in turns."""
+
+    async def scenario(h: Harness) -> None:
+        h.fake.add(10)
+        provider = h.provider(vm_token=vm_token, min_capacity=10)
+        release = asyncio.Event()
+        started: list[str] = []
+
+        async def held(key: str, instance: Instance, vm_token: Callable[[str], str]) -> None:
+            started.append(instance.id)
+            try:
+                await release.wait()
+                provider.tokens_delivered.add(instance.id)
+            finally:
+                provider.pending.pop(key, None)
+
+        provider._hand_token = held  # type: ignore[method-assign]
+        await provider.list_instances()
+        await asyncio.sleep(0)
+        assert len(started) == 8
+        await provider.list_instances()
+        assert len(started) == 8, "none more while eight are under way"
+        release.set()
+        await settle(provider)
+        await provider.list_instances()
+        await settle(provider)
+        assert len(set(started)) == 10
+
+    run(moto_server, tmp_path, scenario, max_size=10)
