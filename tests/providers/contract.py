@@ -1,8 +1,9 @@
 """What every cloud provider must do, whichever cloud: the contract suite's interface (tests in test_contract.py).
 
-A provider joins the suite with an async context manager factory, ``Factory = (Options) -> Subject``, and one
-line in ``SUBJECTS`` of test_contract.py naming the pytest fixture that returns its factory (a fixture, so
-that it can use session fixtures such as a fake cloud's server). The factory builds the provider on a fake of
+A provider joins the suite with an async context manager factory, ``Factory = (Options) -> Subject`` (in
+tests/providers/NAME_subject.py), a fixture returning it in tests/providers/conftest.py (a fixture, so that it
+can use session fixtures such as a fake cloud's server), and one line in ``SUBJECTS`` of test_contract.py
+naming that fixture. The factory builds the provider on a fake of
 its cloud, empty at the start, configured as ``Options`` says, reporting to ``subject.port`` and reading the
 time from ``subject.clock``; on exit it closes the provider and the fake.
 
