@@ -26,7 +26,18 @@ KIT = ROOT / "bench" / "gpu-kit.txt"
 # and what the check never imports: the Azure SDK (only `provider: azure`, controller/app/providers.py) and
 # grpcio-tools (only protos/generate.py, which regenerates the checked-in stubs).
 IMAGE = {"torch", "numpy", "pyyaml", "aiohttp", "prometheus-client", "transformers", "safetensors", "tokenizers"}
-LAZY = {"azure-mgmt-compute", "azure-identity", "azure-core", "grpcio-tools"}
+# Imported only where the GPU check never goes: a cloud's provider (azure, aws, gcp), a PostgreSQL store (psycopg,
+# under SQLAlchemy, for --database), protobuf code generation.
+LAZY = {
+    "azure-mgmt-compute",
+    "azure-identity",
+    "azure-core",
+    "grpcio-tools",
+    "boto3",
+    "google-cloud-compute",
+    "grpcio-status",
+    "psycopg",
+}
 
 
 def kit() -> dict[str, str]:
