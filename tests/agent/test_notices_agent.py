@@ -96,6 +96,11 @@ def test_on_gcp_a_sigterm_is_a_notice_and_the_agent_exits_once_its_trainers_left
             assert not agent._stopping, "its trainers still run: the controller hands their work off first"
             supervisor.request_stop("job-1", 3, leaving=True)  # as the controller's stop of this leaving node does
             agent._exit_if_drained()
+            assert not agent._stopping, "they left, but no controller has heard how: it would take them for lost"
+            await agent._beat()
+            told = leader.heartbeats[-1]
+            assert [(t.running, t.exit_code) for t in told.trainers] == [(False, 0), (False, 0)]
+            agent._exit_if_drained()
             assert agent._stopping
             await agent.link.close()
 

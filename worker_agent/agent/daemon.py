@@ -88,6 +88,7 @@ class Agent:
         self._stopping = False
         self._drain_until: float | None = None  # a SIGTERM taken as a notice (--cloud gcp): exit by then at the latest
         self._draining: asyncio.Task[None] | None = None
+        self._told_running = True  # the last heartbeat a controller answered said a trainer here runs
         hooks = NoticeHooks(lambda n: self._report(n), self._wake.set, self._stop_alone_if_due, self._last_logs)
         self.evictions = Evictions(config, self.state, hooks)
 
@@ -193,8 +194,10 @@ class Agent:
         if self._drain_until is None:
             return
         state = self.state
-        running = bool(self.supervisor.running())
         untold = state.stopped_alone is not None
+        # What a controller last heard, not what runs now: a trainer that just left is reported before the agent
+        # goes, or the controller takes it for lost (and the step it handed off with it).
+        running = self._told_running
         if decisions.drained(state.notice, state.notice_heard(), untold, running, time.time(), self._drain_until):
             log.warning("this node's trainers have left (or the shutdown's %.0f s are up): exiting", gcp.NOTICE_SECONDS)
             self._stopping = True
@@ -262,6 +265,7 @@ class Agent:
             await self._register()
             return False
         self.state.last_contact = time.monotonic()
+        self._told_running = any(r.status.running for r in reports)
         if notice is not None:
             self._heard(notice, "this heartbeat")
         if reply.heartbeat_interval is not None:

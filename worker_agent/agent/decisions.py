@@ -250,9 +250,10 @@ def stop_alone(
 
 
 def drained(notice: EvictionNotice | None, heard: bool, untold: bool, running: bool, now: float, until: float) -> bool:
-    """A guest being shut down (a SIGTERM taken as a notice, ``--cloud gcp``) may let the agent exit: its trainers
-    have left and a controller heard of the notice (so it plans without this node, and knows how they stopped), or
-    ``until`` (unix seconds: when the platform takes the VM anyway) has come."""
+    """A guest being shut down (a SIGTERM taken as a notice, ``--cloud gcp``) may let the agent exit: a controller
+    heard of the notice and, in a heartbeat it answered, that none of this node's trainers runs (``running``: so it
+    plans without this node, and knows how they stopped), or ``until`` (unix seconds: when the platform takes the VM
+    anyway) has come."""
     if now >= until:
         return True
     return notice is not None and heard and not untold and not running
