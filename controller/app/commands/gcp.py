@@ -13,6 +13,7 @@ the instance not listed yet); a controller whose provider takes no identity toke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import grp
 import logging
 import os
@@ -132,9 +133,8 @@ def write_token(path: Path, token: str) -> None:
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
     with os.fdopen(descriptor, "w") as file:
         file.write(f"{token}\n")
-    try:
+    # No such group (a test, a custom image), or not root: the agent's user must read it then.
+    with contextlib.suppress(KeyError, PermissionError):
         os.chown(partial, -1, grp.getgrnam("spotmorph").gr_gid)
-    except (KeyError, PermissionError):
-        pass  # no such group (a test, a custom image), or not root: the agent's user must read it then
     os.chmod(partial, 0o640)
     os.replace(partial, path)
