@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spotmorph.local.aws_metadata import AwsMetadataServer, AwsMetadataState
@@ -99,6 +99,7 @@ FIELDS = st.dictionaries(
 )
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow])  # a loaded make test draws slowly; the inputs are small
 @given(st.one_of(st.binary(max_size=300), FIELDS.map(lambda d: json.dumps(d).encode())))
 def test_no_answer_makes_a_parser_raise_anything_but_a_metadata_error(body: bytes) -> None:
     for parse in (parse_instance_action, parse_rebalance):

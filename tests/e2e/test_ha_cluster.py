@@ -68,6 +68,9 @@ def test_sigkill_of_the_leader_mid_training_loses_no_step(
     assert_equals_reference(checkpoints, references, SHORT_STEPS)
 
 
+# In `make soak`: make test keeps the agent acting alone on a notice with no controller (tests/agent/test_no_leader.py)
+# and the next leader morphing such a generation as an eviction (tests/controller/test_reconcile.py).
+@pytest.mark.soak
 def test_an_eviction_with_no_leader_is_handled_by_the_agent_then_by_the_next_leader(
     postgres_url: str, cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:
