@@ -36,6 +36,10 @@ def evicted_with_notice(cluster: LocalCluster, tmp_path: Path, references: Path,
     return final
 
 
+# In `make soak` (a minute of training): make test keeps the AWS notice source against the local IMDSv2 server
+# (tests/agent/test_notices_aws.py, tests/local/test_cloud_metadata.py) and a notice's planned morph end to end on
+# Azure's path (tests/e2e/test_memory_morph.py).
+@pytest.mark.soak
 def test_an_aws_spot_interruption_loses_no_step(cluster: LocalCluster, tmp_path: Path, references: Path) -> None:
     cluster.up(nodes=2, cloud="aws")
     evicted_with_notice(cluster, tmp_path, references, "20")

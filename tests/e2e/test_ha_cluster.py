@@ -46,6 +46,11 @@ def assert_fenced_history(url: str) -> None:
     assert len(placed) == len(set(placed))
 
 
+# In `make soak` (50 s of training): make test keeps SIGKILL and SIGSTOP of real controller processes on a real
+# PostgreSQL (tests/ha/test_failover.py), the agents' epoch fence and leader finding (tests/agent/test_leaders.py),
+# and a controller killed -9 while running and while morphing (tests/controller/test_kill9.py); bench/failover_bench.py
+# measures it.
+@pytest.mark.soak
 def test_sigkill_of_the_leader_mid_training_loses_no_step(
     postgres_url: str, cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:

@@ -279,6 +279,9 @@ with store.engine.begin() as conn:
 """
 
 
+# In `make soak` (it waits out the server's 15 s idle-in-transaction limit): make test keeps the leader cut off while
+# writing, below.
+@pytest.mark.soak
 def test_a_transaction_cut_off_does_not_hold_the_lease_from_the_standby(pair: Pair) -> None:
     """The server ends a session left idle in a transaction (controller.persistence.dialect's session options),
     releasing its lock on the lease row, which the standby's take waits for; without that it would wait for the
