@@ -60,6 +60,11 @@ from worker_agent.agent.wire import (
 log = logging.getLogger("spotmorph.agent")
 
 CALL_TIMEOUT_SECONDS = 10
+# With several controllers, a call to one that is paused or cut off (it accepts connections but never answers) gives
+# up sooner, beyond what a heartbeat may wait for work: the agent must reach the next leader within the heartbeat
+# expiry that leader grants every node at its takeover.
+SEVERAL_CALL_TIMEOUT_SECONDS = 3
+SEVERAL_MAX_WAIT_SECONDS = 1.0  # and a heartbeat's wait for work is kept short, for the same reason
 # A restarted controller gives every node one heartbeat expiry (seconds) to be heard from again. gRPC's own
 # reconnect backoff grows to 4 s and more while the controller is down, and a call in that backoff fails at
 # once without trying: capped at 1 s, the agent reaches the new controller within a heartbeat or two.
@@ -216,12 +221,19 @@ class ControllerLink:
         address = self.address
         call = getattr(await self._agent_stub(address), method)
         try:
-            reply = await call(request, metadata=(("authorization", f"Bearer {token}"),), timeout=CALL_TIMEOUT_SECONDS)
+            metadata = (("authorization", f"Bearer {token}"),)
+            reply = await call(request, metadata=metadata, timeout=self._timeout(request))
         except grpc.aio.AioRpcError as exc:
             raise self._failed(address, method, exc) from exc
         if fenced:
             self._check_epoch(address, method, reply.epoch)
         return reply
+
+    def _timeout(self, request: Any) -> float:
+        """How long one call may take: a heartbeat's own wait for work, plus the time to answer."""
+        if len(self.controllers.addresses) < 2:
+            return CALL_TIMEOUT_SECONDS
+        return SEVERAL_CALL_TIMEOUT_SECONDS + float(getattr(request, "wait_seconds", 0.0) or 0.0)
 
     def _failed(self, address: str, method: str, exc: grpc.aio.AioRpcError) -> CallFailed:
         """What a failed call means, moving the next call on where it did not reach a leader."""
@@ -305,6 +317,8 @@ class ControllerLink:
         """``building``: the job whose model a warm trainer here is building ahead (:meth:`Supervisor.building`);
         ``wait_seconds``: how long the controller may hold the reply while work may reach the node; ``risk``: the
         cloud's early warning of an eviction, while it stands."""
+        if len(self.controllers.addresses) > 1:
+            wait_seconds = min(wait_seconds, SEVERAL_MAX_WAIT_SECONDS)
         request = heartbeat_to_pb(node, reports, notice, building, wait_seconds, risk)
         reply = await self._call("Heartbeat", request, node.node_token, fenced=True)
         return heartbeat_reply_from_pb(reply)
