@@ -72,6 +72,13 @@ def json_value(raw: Any) -> Any:
     return json.loads(raw) if isinstance(raw, str | bytes) else raw
 
 
+def now_sql(conn: Connection) -> str:
+    """The database's clock in Unix seconds, as SQL (a constant of this module's, never input)."""
+    if conn.dialect.name == "postgresql":
+        return "EXTRACT(EPOCH FROM clock_timestamp())"
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
 def database_now(conn: Connection) -> float:
     """The database's clock in Unix seconds: every controller measures a lease against the same clock."""
     if conn.dialect.name == "postgresql":

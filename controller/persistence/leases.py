@@ -9,10 +9,10 @@ is refused with :class:`Deposed`.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, select, text
 
 from controller.core.leadership import LEASE, Lease, claim, renewed
-from controller.persistence.dialect import database_now, insert, upsert
+from controller.persistence.dialect import database_now, insert, now_sql, upsert
 from controller.persistence.schema import leases
 
 
@@ -48,12 +48,17 @@ def take(engine: Engine, holder: str, address: str, seconds: float, force: bool)
 
 
 def renew(engine: Engine, mine: Lease, seconds: float) -> Lease | None:
-    """``mine`` extended, or None when another holds it now."""
-    with engine.begin() as conn:
-        extended = renewed(read(conn, lock=True), mine, database_now(conn), seconds)
-        if extended is not None:
-            _write(conn, extended)
-        return extended
+    """``mine`` extended, or None when another holds it now. One statement, committed by the server on its own
+    (autocommit): a leader paused or cut off mid-renewal never leaves the lease row locked from a standby."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        row = conn.execute(
+            text(
+                f"UPDATE leases SET expires_at = {now_sql(conn)} + :seconds "
+                "WHERE name = :name AND holder = :holder AND epoch = :epoch RETURNING expires_at"
+            ),
+            {"seconds": seconds, "name": LEASE, "holder": mine.holder, "epoch": mine.epoch},
+        ).first()
+    return None if row is None else Lease(mine.holder, mine.address, mine.epoch, float(row[0]))
 
 
 def release(engine: Engine, mine: Lease) -> None:
