@@ -51,7 +51,7 @@ layers: install-dev
 # is compiled once first: with PYTHONDONTWRITEBYTECODE (CI sets it) every agent, trainer and CLI process the
 # suite starts would otherwise compile the modules it imports again (0.3 CPU-s a process for the daemons alone).
 unit: install-dev
-	$(PY) -m compileall -q -j 2 controller worker_agent morphing spotmorph protos bench tests >/dev/null
+	$(PY) -m compileall -q -j 2 controller worker_agent morphing scheduler spotmorph protos bench tests >/dev/null
 	$(VENV)/bin/pytest -q -n 2 --dist loadgroup tests
 
 # The static checks run beside the tests, one after another on one job slot, so their minute and a half (mypy,
