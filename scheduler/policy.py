@@ -1,0 +1,135 @@
+"""The scheduler's one entry point: from what is observed now to what to do (``decide``).
+
+The caller (the controller's core, or the multi-job replay) passes the jobs, the nodes present, the spot
+pool's forecast rates and ``now``; it gets back which GPUs of which node each job holds (``grants``), which
+on-demand capacity to request or give back and why (``capacity``), which running jobs are shrunk and why
+(``shrinks``), and why each job holds on-demand GPUs (``on_demand``, for status). Order of the decision: each
+job's on-demand need first (``deadlines``), then the spot GPUs shared among the jobs' remaining demand
+(``allocation``), then placed on nodes, keeping each job on the nodes it holds (a kept node is no morph).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scheduler.allocation import ShareConfig, Shrink, share
+from scheduler.deadlines import CapacityCause, DeadlineConfig, OnDemandNeed, on_demand_need
+from scheduler.forecast import Rates
+from scheduler.jobs import Grant, JobView, Node
+from scheduler.pools import PoolKind
+
+
+@dataclass(frozen=True)
+class CapacityChange:
+    """Ask a provider for ``gpus`` more on-demand GPUs for ``job`` (> 0), or give back ``release_nodes``."""
+
+    job: str
+    pool: PoolKind
+    gpus: int
+    cause: CapacityCause
+    release_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    grants: tuple[Grant, ...]
+    capacity: tuple[CapacityChange, ...]
+    shrinks: tuple[Shrink, ...]
+    on_demand: tuple[OnDemandNeed, ...]
+
+    def gpus(self, job: str, pool: PoolKind | None = None) -> int:
+        return sum(g.gpus for g in self.grants if g.job == job and (pool is None or g.pool is pool))
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    share: ShareConfig = field(default_factory=ShareConfig)
+    deadlines: DeadlineConfig = field(default_factory=DeadlineConfig)
+    gpus_per_node: int = 1
+
+
+def decide(
+    jobs: Sequence[JobView], nodes: Sequence[Node], spot: Rates, now: float, config: SchedulerConfig = SchedulerConfig()
+) -> Decision:
+    """What to do at ``now``: pure, deterministic for the same input."""
+    names = [node.name for node in nodes]
+    if len(set(names)) != len(names) or any(node.gpus < 0 for node in nodes):
+        raise ValueError("nodes must have distinct names and >= 0 GPUs")
+    present = frozenset(names)
+    active = [j for j in jobs if j.remaining_samples > 0 and j.submitted_at <= now]
+    needs = [
+        on_demand_need(j, j.held_gpus(PoolKind.SPOT, present), config.gpus_per_node, spot, now, config.deadlines)
+        for j in jobs
+    ]
+    capacity, kept = _on_demand_changes(jobs, nodes, needs)
+    demand = {j.name: max(0, j.max_gpus - sum(n.gpus for n in kept if n.owner == j.name)) for j in active}
+    spot_nodes = [n for n in nodes if n.pool is PoolKind.SPOT]
+    held = {j.name: j.held_gpus(PoolKind.SPOT, present) for j in active}
+    counts, shrinks = share(active, sum(n.gpus for n in spot_nodes), held, demand, config.share)
+    on_demand = [Grant(n.owner, n.name, n.pool, n.gpus) for n in kept if n.owner in demand]
+    grants = (*on_demand, *place(active, spot_nodes, counts))
+    return Decision(grants, capacity, shrinks, tuple(n for n in needs if n.cause is not None))
+
+
+def _on_demand_changes(
+    jobs: Sequence[JobView], nodes: Sequence[Node], needs: Sequence[OnDemandNeed]
+) -> tuple[tuple[CapacityChange, ...], list[Node]]:
+    """Requests and releases of on-demand capacity, and the on-demand nodes kept."""
+    changes: list[CapacityChange] = []
+    kept: list[Node] = []
+    wanted = {need.job: need for need in needs}
+    pending = {job.name: job.on_demand_pending for job in jobs}
+    for owner in sorted({n.owner or "" for n in nodes if n.pool is PoolKind.ON_DEMAND} | set(wanted)):
+        owned = sorted((n for n in nodes if n.pool is PoolKind.ON_DEMAND and n.owner == owner), key=lambda n: n.name)
+        need = wanted.get(owner, OnDemandNeed(owner, 0, CapacityCause.JOB_DONE))
+        surplus = sum(n.gpus for n in owned) + pending.get(owner, 0) - need.gpus
+        released = []
+        for node in reversed(owned):
+            if 0 < node.gpus <= surplus:
+                released.append(node.name)
+                surplus -= node.gpus
+            else:
+                kept.append(node)
+        cause = need.cause or CapacityCause.JOB_DONE
+        if released:
+            gone = sum(n.gpus for n in owned if n.name in released)
+            changes.append(CapacityChange(owner, PoolKind.ON_DEMAND, -gone, cause, tuple(released)))
+        if surplus < 0:
+            changes.append(CapacityChange(owner, PoolKind.ON_DEMAND, -surplus, cause))
+    return tuple(changes), kept
+
+
+def place(jobs: Sequence[JobView], nodes: Sequence[Node], counts: dict[str, int]) -> tuple[Grant, ...]:
+    """``counts[job]`` GPUs of ``nodes`` for each job: first on the nodes it holds, then on the nodes with the
+    most GPUs free (few nodes per job). Never more GPUs of a node than it has."""
+    free = {node.name: node.gpus for node in nodes}
+    pool = {node.name: node.pool for node in nodes}
+    grants: list[Grant] = []
+    for job in jobs:
+        want = counts.get(job.name, 0)
+        for held in job.held:
+            take = min(want, held.gpus, free.get(held.node, 0))
+            if take > 0 and pool[held.node] is held.pool:
+                grants.append(Grant(job.name, held.node, held.pool, take))
+                free[held.node] -= take
+                want -= take
+        counts = {**counts, job.name: want}
+    for job in jobs:
+        want = counts.get(job.name, 0)
+        for name in sorted(free, key=lambda n: (-free[n], n)):
+            if want <= 0:
+                break
+            take = min(want, free[name])
+            if take > 0:
+                grants.append(Grant(job.name, name, pool[name], take))
+                free[name] -= take
+                want -= take
+    return _merged(grants)
+
+
+def _merged(grants: list[Grant]) -> tuple[Grant, ...]:
+    total: dict[tuple[str, str, PoolKind], int] = {}
+    for g in grants:
+        total[(g.job, g.node, g.pool)] = total.get((g.job, g.node, g.pool), 0) + g.gpus
+    return tuple(Grant(job, node, kind, gpus) for (job, node, kind), gpus in total.items())
