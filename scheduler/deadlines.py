@@ -83,15 +83,20 @@ def on_demand_need(
     if config.rule is OnDemandRule.UNIFORM_PROGRESS:
         return _uniform_progress(job, held, limit, now, config)
     nodes = -(-spot_gpus // gpus_per_node)
-    for gpus in range(limit + 1):
+
+    def meets(gpus: int) -> bool:
         wanted = 1.0 + (config.release_margin if gpus < held else config.margin)
         start = config.on_demand_start_seconds if gpus > held else 0.0
         rate = liveput(job.rate, nodes, gpus_per_node, gpus, spot, left, job.morph_cost_seconds)
-        if rate * max(0.0, left - start) >= job.remaining_samples * wanted:
-            if gpus == 0:
-                return OnDemandNeed(job.name, 0, CapacityCause.SPOT_RETURNED if held else None)
-            return OnDemandNeed(job.name, gpus, CapacityCause.DEADLINE_AT_RISK)
-    return OnDemandNeed(job.name, limit, CapacityCause.DEADLINE_AT_RISK)
+        return rate * max(0.0, left - start) >= job.remaining_samples * wanted
+
+    low, high = 0, limit  # the fewest GPUs that meet it (meets() only gets easier with more): a binary search
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if meets(middle) else (middle + 1, high)
+    if low == 0:
+        return OnDemandNeed(job.name, 0, CapacityCause.SPOT_RETURNED if held else None)
+    return OnDemandNeed(job.name, low, CapacityCause.DEADLINE_AT_RISK)
 
 
 def _switch_seconds(job: JobView, config: DeadlineConfig) -> float:

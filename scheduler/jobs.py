@@ -68,8 +68,11 @@ class JobView:
     on_demand_pending: int = 0  # on-demand GPUs requested for it that have not arrived yet
 
     def __post_init__(self) -> None:
-        if not self.rates or self.rates[0] != 0.0 or any(r < 0 for r in self.rates):
-            raise ValueError(f"job {self.name}: rates must start at 0.0 (no GPUs) and be >= 0")
+        if not self.rates or self.rates[0] != 0.0 or any(b < a for a, b in zip(self.rates, self.rates[1:])):
+            raise ValueError(
+                f"job {self.name}: rates must start at 0.0 (no GPUs) and never fall as GPUs are added "
+                "(the planner leaves GPUs idle rather: use throughput_curve)"
+            )
         if self.remaining_samples < 0 or self.waited_seconds < 0 or self.morph_cost_seconds < 0:
             raise ValueError(f"job {self.name}: remaining_samples, waited_seconds and morph cost must be >= 0")
 
@@ -91,8 +94,8 @@ class JobView:
         return max(0, min(cap, self.max_gpus))
 
     def rate(self, gpus: int) -> float:
-        """Samples/s on ``gpus`` GPUs: the best layout using at most that many (more than max: max's)."""
-        return max(self.rates[: min(max(gpus, 0), self.max_gpus) + 1])
+        """Samples/s on ``gpus`` GPUs (more than its max: its max's)."""
+        return self.rates[min(max(gpus, 0), self.max_gpus)]
 
     def held_gpus(self, pool: PoolKind, present: frozenset[str] | None = None) -> int:
         return sum(g.gpus for g in self.held if g.pool is pool and (present is None or g.node in present))

@@ -58,15 +58,21 @@ def decide(
         raise ValueError("nodes must have distinct names and >= 0 GPUs")
     present = frozenset(names)
     active = [j for j in jobs if j.remaining_samples > 0 and j.submitted_at <= now]
+    spot_nodes = [n for n in nodes if n.pool is PoolKind.SPOT]
+    spot_gpus = sum(n.gpus for n in spot_nodes)
+    held = {j.name: j.held_gpus(PoolKind.SPOT, present) for j in active}
+    # What each job would get of spot alone: the share its deadline's forecast starts from.
+    alone, _ = share(active, spot_gpus, held, {j.name: j.max_gpus for j in active}, config.share)
     needs = [
-        on_demand_need(j, j.held_gpus(PoolKind.SPOT, present), config.gpus_per_node, spot, now, config.deadlines)
-        for j in jobs
+        on_demand_need(j, alone.get(j.name, 0), config.gpus_per_node, spot, now, config.deadlines) for j in jobs
     ]
     capacity, kept = _on_demand_changes(jobs, nodes, needs)
-    demand = {j.name: max(0, j.max_gpus - sum(n.gpus for n in kept if n.owner == j.name)) for j in active}
-    spot_nodes = [n for n in nodes if n.pool is PoolKind.SPOT]
-    held = {j.name: j.held_gpus(PoolKind.SPOT, present) for j in active}
-    counts, shrinks = share(active, sum(n.gpus for n in spot_nodes), held, demand, config.share)
+    need = {n.job: n.gpus for n in needs}
+    demand = {
+        j.name: max(0, j.max_gpus - max(need[j.name], sum(n.gpus for n in kept if n.owner == j.name)))
+        for j in active
+    }
+    counts, shrinks = share(active, spot_gpus, held, demand, config.share)
     on_demand = [Grant(n.owner, n.name, n.pool, n.gpus) for n in kept if n.owner in demand]
     grants = (*on_demand, *place(active, spot_nodes, counts))
     return Decision(grants, capacity, shrinks, tuple(n for n in needs if n.cause is not None))
