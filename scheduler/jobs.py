@@ -8,6 +8,7 @@ A job's speed is its throughput curve: samples/s on 0..max_gpus GPUs, which the 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -68,7 +69,7 @@ class JobView:
     on_demand_pending: int = 0  # on-demand GPUs requested for it that have not arrived yet
 
     def __post_init__(self) -> None:
-        if not self.rates or self.rates[0] != 0.0 or any(b < a for a, b in zip(self.rates, self.rates[1:])):
+        if not self.rates or self.rates[0] != 0.0 or any(b < a for a, b in itertools.pairwise(self.rates)):
             raise ValueError(
                 f"job {self.name}: rates must start at 0.0 (no GPUs) and never fall as GPUs are added "
                 "(the planner leaves GPUs idle rather: use throughput_curve)"

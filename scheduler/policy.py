@@ -63,14 +63,11 @@ def decide(
     held = {j.name: j.held_gpus(PoolKind.SPOT, present) for j in active}
     # What each job would get of spot alone: the share its deadline's forecast starts from.
     alone, _ = share(active, spot_gpus, held, {j.name: j.max_gpus for j in active}, config.share)
-    needs = [
-        on_demand_need(j, alone.get(j.name, 0), config.gpus_per_node, spot, now, config.deadlines) for j in jobs
-    ]
+    needs = [on_demand_need(j, alone.get(j.name, 0), config.gpus_per_node, spot, now, config.deadlines) for j in jobs]
     capacity, kept = _on_demand_changes(jobs, nodes, needs)
     need = {n.job: n.gpus for n in needs}
     demand = {
-        j.name: max(0, j.max_gpus - max(need[j.name], sum(n.gpus for n in kept if n.owner == j.name)))
-        for j in active
+        j.name: max(0, j.max_gpus - max(need[j.name], sum(n.gpus for n in kept if n.owner == j.name))) for j in active
     }
     counts, shrinks = share(active, spot_gpus, held, demand, config.share)
     on_demand = [Grant(n.owner, n.name, n.pool, n.gpus) for n in kept if n.owner in demand]

@@ -11,13 +11,25 @@ from morphing.planner import Planner
 from morphing.replay import ReplayConfig, simulate_policies
 from morphing.traces import parse_trace
 from spotmorph.commands.plan import load_profile
+from spotmorph.commands.simulate_jobs import run_jobs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ReplayConfig()
     parser.add_argument("--trace", required=True, metavar="FILE", help="availability trace (3 formats, detected)")
-    parser.add_argument("--profile", required=True, metavar="FILE", help="calibration profile (JSON)")
-    parser.add_argument("--global-batch", type=int, required=True, metavar="B", help="samples per optimizer step")
+    parser.add_argument("--profile", metavar="FILE", help="calibration profile (JSON); the one-job form")
+    parser.add_argument("--global-batch", type=int, metavar="B", help="samples per optimizer step; the one-job form")
+    parser.add_argument(
+        "--jobs",
+        metavar="JOBS.yaml",
+        help="several jobs (name, profile, global_batch, steps, max_gpus, priority, deadline_hours, submit_hour) "
+        "shared by the scheduler, on-demand GPUs at --on-demand-price; instead of --profile and --global-batch",
+    )
+    parser.add_argument(
+        "--policies",
+        metavar="P,Q",
+        help="with --jobs: which of spotmorph, spot-only, on-demand-only, uniform-progress (default all)",
+    )
     parser.add_argument(
         "--gpus-per-node", type=int, default=1, metavar="K", help="GPUs per VM of the trace (default 1)"
     )
@@ -65,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserInputError(f"trace {path} cannot be read ({exc.__class__.__name__}); pass a trace file") from None
     trace = parse_trace(text, what=f"trace {path}")
-    config = ReplayConfig(
+    replay = ReplayConfig(
         gpus_per_node=args.gpus_per_node,
         morph_cost_seconds=args.morph_cost_seconds,
         notice_seconds=args.notice_seconds,
@@ -73,7 +85,13 @@ def run(args: argparse.Namespace) -> int:
         spot_price_per_gpu_hour=args.spot_price,
         on_demand_price_per_gpu_hour=args.on_demand_price,
     )
-    report = simulate_policies(Planner(load_profile(args.profile), args.global_batch), trace, config)
+    if args.jobs is not None:
+        return run_jobs(args, trace, replay)
+    if args.policies is not None:
+        raise UserInputError("--policies goes with --jobs; the one-job form runs its own policies")
+    if args.profile is None or args.global_batch is None:
+        raise UserInputError("give --profile FILE and --global-batch B (one job), or --jobs JOBS.yaml (several)")
+    report = simulate_policies(Planner(load_profile(args.profile), args.global_batch), trace, replay)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
