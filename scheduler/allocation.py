@@ -5,9 +5,11 @@ model compare), times ``2 ** effective_priority``; effective priority grows with
 nothing (aging: ``aging_seconds`` a level). Free GPUs go, step by step, to the largest gain per GPU (a step may
 span several GPUs: planner curves have plateaus). Jobs running keep what they hold, so nothing morphs for
 nothing; a running job grows only when the growth pays for its morph (``morphing.policy.decide_morph``), and
-is shrunk for a higher-priority job only when the weighted gain over the horizon pays for both morphs. A job
+is shrunk for a higher-priority job only when the weighted gain over the horizon pays for both morphs (and
+stopped only once it ran ``min_run_seconds``). A job
 that has waited ``starvation_seconds`` is served before anyone else, shrinking or stopping the lowest
-priority jobs if it must: no job starves.
+priority jobs that ran ``min_run_seconds`` if it must: no job starves (with n jobs each needing every GPU, none
+waits longer than ``starvation_seconds + (n - 1) * min_run_seconds``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class ShareConfig:
     starvation_seconds: float = 2 * 3600.0
     horizon_seconds: float = 1800.0
     hysteresis: float = 0.05
+    min_run_seconds: float = 3600.0  # a job runs this long before a higher priority may stop it (shrinks: any time)
 
     def __post_init__(self) -> None:
         if min(self.aging_seconds, self.starvation_seconds, self.horizon_seconds) <= 0 or self.hysteresis < 0:
@@ -145,7 +148,7 @@ def _serve_starving(
             continue
         short = need - (capacity - sum(counts.values()))
         victims = sorted(
-            (j for j in jobs if counts[j.name] > 0 and j.waited_seconds < config.starvation_seconds),
+            (j for j in jobs if counts[j.name] > 0 and j.running_seconds >= config.min_run_seconds),
             key=lambda j: (effective_priority(j, config), -j.submitted_at),
         )
         if short > sum(counts[v.name] for v in victims):
@@ -174,7 +177,9 @@ def _preempt_for_priority(
             room = min(counts[lo.name], demand.get(hi.name, 0) - counts[hi.name])
             for k in range(room, 0, -1):
                 have, keep = counts[lo.name], counts[lo.name] - k
-                if 0 < keep < (lo.min_gpus or 0) or _trade(hi, counts[hi.name], k, lo, have, config) <= 0:
+                if 0 < keep < (lo.min_gpus or 0) or (keep == 0 and lo.running_seconds < config.min_run_seconds):
+                    continue
+                if _trade(hi, counts[hi.name], k, lo, have, config) <= 0:
                     continue
                 counts[lo.name], counts[hi.name] = keep, counts[hi.name] + k
                 shrinks.append(Shrink(lo.name, have, keep, ShrinkCause.PRIORITY, hi.name))

@@ -50,7 +50,9 @@ class JobView:
 
     ``rates[n]`` is the samples/s on ``n`` GPUs (``rates[0] == 0``; its length - 1 is the job's max GPUs);
     ``deadline`` and ``submitted_at`` are on the caller's clock (seconds); ``waited_seconds`` is how long the
-    job has been runnable with no GPUs at all since it last had some (what aging counts); ``held`` is what it
+    job has been runnable with no GPUs at all since it last had some (what aging counts), ``running_seconds`` how
+    long it has had some since it last had none (a job stopped for priority ran at least ``min_run_seconds``, so
+    a job served because it starved is not stopped at once); ``held`` is what it
     holds now (on nodes that may since have gone: those count for nothing).
     """
 
@@ -64,6 +66,7 @@ class JobView:
     on_demand: OnDemand = OnDemand.ALLOWED
     on_demand_cap_gpus: int | None = None
     waited_seconds: float = 0.0
+    running_seconds: float = 0.0  # how long it has had GPUs, since it last had none
     morph_cost_seconds: float = 15.0
     held: tuple[Grant, ...] = ()
     on_demand_pending: int = 0  # on-demand GPUs requested for it that have not arrived yet
