@@ -33,7 +33,7 @@ class StepModel:
 
     observations: tuple[Observation, ...] = ()
     keep: int = 32
-    ridge: float = 0.5
+    ridge: float = 0.05
 
     def factor(self, gpus: int) -> float:
         """Measured over predicted step time expected on ``gpus`` GPUs (1.0 with nothing observed)."""
