@@ -14,6 +14,7 @@ from bench.common import ROOT, machine
 BENCHMARKS = (
     "bench.plan_bench",
     "bench.simulate_bench",
+    "bench.scheduler_bench",
     "bench.runtime_bench",
     "bench.checkpoint_io_bench",
     "bench.morph_bench",
