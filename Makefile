@@ -18,9 +18,11 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
-	@echo "installing the test and lint tools into $(VENV)"
-	$(PY) -m pip install -q -e '.[dev]'
+# One resolver run for torch, spotmorph and the tools (CI starts here: two runs cost it about 20 s more).
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	@echo "installing $(TORCH_SPEC), spotmorph and the test and lint tools into $(VENV) (a minute or two, once)"
+	$(PY) -m pip install -q "$(TORCH_SPEC)" numpy -e '.[dev]'
+	touch $(VENV)/.installed
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& echo "installing Debian's chromium for the dashboard's browser tests (seconds)" \
 		&& DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q -o Acquire::http::Timeout=30 --no-install-recommends chromium >/dev/null; } \
