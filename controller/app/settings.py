@@ -7,7 +7,6 @@ so the JSON Schema and the docs test read the same words.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controller.files import CONFIG_LIMIT, read_small_text
+from controller.hosts import is_loopback_host
 from controller.providers.aws_config import AwsSettings
 from controller.providers.azure_config import AzureSettings
 from controller.providers.gcp_config import GcpSettings
@@ -236,10 +236,4 @@ def check_exposure(s: ControllerSettings, tls: bool) -> None:
 
 def is_loopback(listen: str) -> bool:
     """Whether HOST of HOST:PORT is this machine only (an empty host means every interface)."""
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(listen.rsplit(":", 1)[0].strip("[]"))

@@ -28,36 +28,29 @@ import functools
 import logging
 import random
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import boto3  # type: ignore[import-untyped]
 import botocore.config  # type: ignore[import-untyped]
 import botocore.exceptions as aws_errors  # type: ignore[import-untyped]
 
-from controller.core.events import EventKind
 from controller.eventlog import provider_facts as facts
 from controller.providers import aws_scale as scale
-from controller.providers import aws_tokens
+from controller.providers import aws_tokens, scaling
 from controller.providers.aws_config import AwsSettings
 from controller.providers.aws_failures import GroupNotFound, describe, retryable, short, throttled
 from controller.providers.aws_scale import Group, Instance, MalformedResponse
-from controller.providers.azure_scale import Backoff, after_failure, after_success, may_delete
-from controller.providers.base import CannotList, Clock, ProviderPort, SilentPort, instances_for
+from controller.providers.base import Clock, ProviderPort, SilentPort, instances_for
+from controller.providers.operations import FailureMemory, Operations, Threads, TokenHandOvers
+from controller.providers.operations import ProviderUnavailable as ProviderUnavailable  # the runner skips the poll
+from controller.providers.scaling import Backoff
 
 log = logging.getLogger("spotmorph.controller.aws")
 
-K = EventKind
 SERVICES = ("autoscaling", "ssm")
-INFO_EVENTS = frozenset({K.PROVIDER_SCALE_OUT, K.PROVIDER_SCALE_OUT_DONE, K.PROVIDER_DELETE_INSTANCES})
-INFO_EVENTS |= {K.PROVIDER_AGENT_TOKEN_DELIVERED}
 ACTIVITIES = "activities"  # the key of the background look at failed launches
 MAX_HAND_OVERS = 8  # token hand-overs under way at once: each polls SSM, whose API rate is limited
-
-
-class ProviderUnavailable(CannotList):
-    """No instance list this time (AWS unreachable, throttled, the group missing): the runner skips the poll."""
 
 
 class AwsAutoScalingProvider:
@@ -80,20 +73,30 @@ class AwsAutoScalingProvider:
         self.session = session
         self.clients: dict[str, Any] = {}  # made on the pool at the first call: credentials may need the network
         self._clients_lock = threading.Lock()
-        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spotmorph-aws")
-        self.sleep = sleep or asyncio.sleep
+        self.threads = Threads(4, "spotmorph-aws", sleep or asyncio.sleep, log)
         self.group: Group | None = None  # the last describe
         self.instances: dict[str, Instance] = {}  # ... its instances by id
         self.wanted_slots = 0  # the controller's last request_capacity
-        self.backoff = Backoff()
-        self.pending: dict[str, asyncio.Task[None]] = {}  # "scale", "activities", "release:ID", "token:ID"
-        self._failing: dict[tuple[str, str], str] = {}  # (operation, failure kind) -> its message, until it succeeds
+        self.ops = Operations(
+            s.auto_scaling_group,
+            clock,
+            self.port,
+            functools.partial(describe, throttle_seconds=s.throttle_seconds),
+            (s.backoff_seconds, s.max_backoff_seconds),
+            log,
+            FailureMemory.UNTIL_IT_SUCCEEDS,
+        )
+        self.pending = self.ops.pending  # "scale", "activities", "release:ID", "token:ID"
         self._said: dict[str, object] = {}  # what was last said of the capacity ceiling and deferred scale-in
         self.activities_seen: set[str] | None = None  # None: not looked yet (old failures are not news)
-        self.vm_token = vm_token if s.agent_tokens else None
-        self.tokens_delivered: set[str] = set()  # instances handed their token (again after a controller restart)
-        self.token_retry_at: dict[str, float] = {}  # instance -> when its failed hand-over is tried again
+        self.tokens: TokenHandOvers | None = None  # None: no agent tokens handed out
+        if vm_token is not None and s.agent_tokens:
+            self.tokens = TokenHandOvers(self.ops, vm_token, s.token_retry_seconds)
         self.closed = False
+
+    @property
+    def backoff(self) -> Backoff:
+        return self.ops.backoff
 
     @property
     def desired(self) -> int | None:
@@ -108,14 +111,8 @@ class AwsAutoScalingProvider:
     async def list_instances(self) -> frozenset[str]:
         if self.closed:
             raise ProviderUnavailable("the provider is closed")
-        if not self.backoff.may_read(self.clock.now()):  # still throttled: not even a read before then
-            raise ProviderUnavailable(f"throttled until {self.backoff.throttled_until:.0f}")
-        try:
-            group = await self._describe()
-        except Exception as exc:  # every AWS error is an event, never an exception out of a timer
-            self._failed("list", exc)
-            raise ProviderUnavailable(short(exc)) from None
-        self._succeeded("list")
+        self.ops.check_readable()  # still throttled: not even a read before then
+        group = await self.ops.read(self._describe(), short)
         self.group, self.instances = group, {i.id: i for i in group.instances}
         await self._maintain(group)
         return frozenset(i.id for i in group.alive)
@@ -128,34 +125,27 @@ class AwsAutoScalingProvider:
 
     async def release(self, name: str, *, force: bool = False) -> None:
         """Terminate the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
-        if not may_delete(self.port.busy(name), delete_busy=self.settings.delete_busy_nodes, force=force):
-            why = "the node runs a job; operator override needed"
-            self._event(facts.ProviderReleaseRefused(self.name, why, name))
+        if not self.ops.may_release(name, delete_busy=self.settings.delete_busy_nodes, force=force):
             return
         instance = self.instances.get(name)
         if instance is None or not instance.alive or f"release:{name}" in self.pending:
             return  # not (or no longer) in the group, or on its way out
-        await self._run(f"release:{name}", self._terminate([instance], f"release {name}"))
+        await self.ops.run(f"release:{name}", self._terminate([instance], f"release {name}"))
 
     async def close(self) -> None:
         self.closed = True
-        for task in list(self.pending.values()):
-            task.cancel()
-        await asyncio.gather(*self.pending.values(), return_exceptions=True)
-        self.executor.shutdown(wait=False, cancel_futures=True)  # a call under way ends by its own timeout
+        await self.ops.close()
+        self.threads.shutdown()
         with self._clients_lock:
             for client in self.clients.values():
                 client.close()
 
     def status(self) -> dict[str, Any]:
-        now = self.clock.now()
         return {
             "auto_scaling_group": self.name,
             "desired_capacity": self.desired,
             "instances": len(self.group.alive) if self.group else None,
-            "pending": sorted(self.pending),
-            "backoff_until": self.backoff.not_before if now < self.backoff.not_before else None,
-            "throttled_until": self.backoff.throttled_until if now < self.backoff.throttled_until else None,
+            **self.ops.status(),
         }
 
     # -- AWS calls
@@ -167,16 +157,13 @@ class AwsAutoScalingProvider:
         timeout or a lost connection it may have run, and running it twice is not the same as once."""
         s = self.settings
         work = functools.partial(self._invoke, service, operation, arguments)
-        for attempt in range(s.retries + 1):
-            future = asyncio.get_running_loop().run_in_executor(self.executor, work)
-            try:
-                return await asyncio.wait_for(future, 2 * s.call_timeout_seconds + 1)
-            except Exception as exc:
-                if attempt == s.retries or not retryable(exc) or not (idempotent or throttled(exc)):
-                    raise
-                log.info("%s %s: %s, try %d of %d", service, operation, short(exc), attempt + 2, s.retries + 1)
-            await self.sleep(s.retry_base_seconds * 2**attempt * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
+
+        def wait(exc: Exception, attempt: int) -> float | None:
+            if not retryable(exc) or not (idempotent or throttled(exc)):
+                return None
+            return s.retry_base_seconds * 2.0**attempt * (0.5 + random.random() / 2)
+
+        return await self.threads.retried(work, 2 * s.call_timeout_seconds + 1, s.retries, wait)
 
     def _invoke(self, service: str, operation: str, arguments: dict[str, Any]) -> Any:
         """On the pool: the call itself, its client made first if need be (finding credentials may take the
@@ -224,22 +211,27 @@ class AwsAutoScalingProvider:
             backoff=self.backoff,
         )
         if plan.set_desired is not None or plan.terminate:
-            await self._run(scale.SCALE, self._scale(plan, group, desired))
+            await self.ops.run(scaling.SCALE, self._scale(plan, group, desired))
         if plan.deferred != self._said.get("deferred", 0):
             self._said["deferred"] = plan.deferred
             if plan.deferred:
                 message = f"{plan.deferred} instance(s) above the desired {desired} run jobs"
-                self._event(facts.ProviderScaleInDeferred(self.name, message))
+                self.ops.event(facts.ProviderScaleInDeferred(self.name, message))
         if len(group.alive) < max(group.desired, desired) and ACTIVITIES not in self.pending:
-            await self._run(ACTIVITIES, self._look_at_launches(), counts=False)
-        if self.vm_token is not None:
-            self.tokens_delivered &= set(self.instances)  # bounded: ids of instances gone are never reused
-            now, delivered = self.clock.now(), self.tokens_delivered
-            needing = scale.needing_token(group.alive, delivered, self.token_retry_at, self.pending, now)
-            under_way = sum(1 for key in self.pending if key.startswith(f"{scale.TOKEN_TASK}:"))
-            for instance in needing[: max(0, MAX_HAND_OVERS - under_way)]:  # the rest at the next polls
-                key = f"{scale.TOKEN_TASK}:{instance.id}"
-                self.pending[key] = asyncio.ensure_future(self._hand_token(key, instance, self.vm_token))
+            await self.ops.run(ACTIVITIES, self._look_at_launches(), counts=False)
+        if self.tokens is not None:
+            tokens = self.tokens
+            tokens.keep_only(set(self.instances))  # bounded: ids of instances gone are never reused
+            needing = tokens.needing(group.alive, lambda i: i.id)
+            for instance in needing[: max(0, MAX_HAND_OVERS - tokens.under_way())]:  # the rest at the next polls
+                tokens.start(instance.id, functools.partial(self._hand_token, instance.id), self._say)
+
+    async def _hand_token(self, instance_id: str, token: str) -> None:
+        """Write the instance's own agent token to its /etc/spotmorph/agent.token (aws_tokens)."""
+        await aws_tokens.hand_over(self.call, self.settings, instance_id, token)
+
+    def _say(self, exc: BaseException) -> str:
+        return describe(exc, self.settings.throttle_seconds).message
 
     def _say_limit(self, group: Group) -> None:
         """ProviderCapacityLimited, once for each level above the ceiling."""
@@ -248,7 +240,7 @@ class AwsAutoScalingProvider:
         limited = (wanted, ceiling) if wanted > ceiling else None
         if limited is not None and self._said.get("limit") != limited:
             message = f"{wanted} instance(s) wanted, at most {ceiling} (max_capacity, the group's MaxSize)"
-            self._event(facts.ProviderCapacityLimited(self.name, message, wanted, ceiling))
+            self.ops.event(facts.ProviderCapacityLimited(self.name, message, wanted, ceiling))
         self._said["limit"] = limited
 
     async def _scale(self, plan: scale.ScalePlan, group: Group, desired: int) -> None:
@@ -256,19 +248,19 @@ class AwsAutoScalingProvider:
             up = plan.set_desired > group.desired
             message = f"desired capacity {group.desired} -> {plan.set_desired} ({len(group.alive)} instance(s))"
             if up:
-                self._event(facts.ProviderScaleOut(self.name, message, plan.set_desired))
+                self.ops.event(facts.ProviderScaleOut(self.name, message, plan.set_desired))
             arguments = {"AutoScalingGroupName": self.name, "DesiredCapacity": plan.set_desired, "HonorCooldown": False}
             await self.call("autoscaling", "set_desired_capacity", arguments)
             if up:
                 done = f"desired capacity {plan.set_desired}"
-                self._event(facts.ProviderScaleOutDone(self.name, done, plan.set_desired))
+                self.ops.event(facts.ProviderScaleOutDone(self.name, done, plan.set_desired))
         if plan.terminate:
             await self._terminate(list(plan.terminate), f"scale in to {desired}")
 
     async def _terminate(self, instances: list[Instance], why: str) -> None:
         """Each instance terminated, the desired capacity decremented with it (not below MinSize: then replaced)."""
         names = sorted(i.id for i in instances)
-        self._event(facts.ProviderDeleteInstances(self.name, f"{why}: {', '.join(names)}", names))
+        self.ops.event(facts.ProviderDeleteInstances(self.name, f"{why}: {', '.join(names)}", names))
         for instance in instances:
             arguments = {"InstanceId": instance.id, "ShouldDecrementDesiredCapacity": True}
             try:
@@ -291,70 +283,9 @@ class AwsAutoScalingProvider:
             if first:
                 continue  # what failed before this controller looked is no news
             fact = facts.CALL_FAILURES[scale.launch_failure_kind(message)]
-            self._event(fact(self.name, f"launch failed: {message}", "launch", None))
+            self.ops.event(fact(self.name, f"launch failed: {message}", "launch", None))
         self.activities_seen = set(list(seen)[-1000:])
-
-    async def _hand_token(self, key: str, instance: Instance, vm_token: Callable[[str], str]) -> None:
-        """Write ``instance``'s own agent token to its /etc/spotmorph/agent.token (aws_tokens).
-
-        A failure is this instance's alone: an event, and another try after ``token_retry_seconds``, while the
-        group's backoff is left as it is."""
-        try:
-            await aws_tokens.hand_over(self.call, self.settings, instance.id, vm_token(instance.id))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            retry_at = self.clock.now() + self.settings.token_retry_seconds
-            self.token_retry_at[instance.id] = retry_at
-            message = f"{instance.id}: {describe(exc).message}"
-            self._event(facts.ProviderAgentTokenFailed(self.name, message, instance.id, retry_at))
-        else:
-            self.tokens_delivered.add(instance.id)
-            self.token_retry_at.pop(instance.id, None)
-            self._event(facts.ProviderAgentTokenDelivered(self.name, instance.id, instance.id))
-        finally:
-            self.pending.pop(key, None)
-
-    async def _run(self, key: str, work: Coroutine[Any, Any, None], counts: bool = True) -> None:
-        """Start ``work`` in the background; its outcome resets or extends the backoff (``counts``)."""
-
-        async def guarded() -> None:
-            try:
-                await work
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._failed(key.split(":")[0], exc)
-            else:
-                self._succeeded(key.split(":")[0])
-                if counts:
-                    self.backoff = after_success(self.backoff)
-            finally:
-                self.pending.pop(key, None)
-
-        self.pending[key] = asyncio.ensure_future(guarded())
-        await asyncio.sleep(0)  # let it send its first request now
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        s = self.settings
-        failure = describe(exc, s.throttle_seconds)
-        now = self.clock.now()
-        self.backoff = after_failure(self.backoff, failure, now, s.backoff_seconds, s.max_backoff_seconds)
-        if self._failing.get((what, failure.kind)) == failure.message:
-            log.warning("%s (again): %s", failure.kind, failure.message)
-            return  # the same failure on every poll is one event, not one a poll
-        self._failing[(what, failure.kind)] = failure.message
-        fact = facts.CALL_FAILURES[failure.kind]
-        self._event(fact(self.name, failure.message, what, self.backoff.retry_at(now)))
-
-    def _succeeded(self, what: str) -> None:
-        """``what`` went through: its next failure is news again (another operation's is not)."""
-        self._failing = {key: message for key, message in self._failing.items() if key[0] != what}
 
     @property
     def name(self) -> str:
         return self.settings.auto_scaling_group
-
-    def _event(self, fact: facts.ScaleSetFact) -> None:
-        log.log(logging.INFO if fact.kind in INFO_EVENTS else logging.WARN, "%s: %s", fact.kind, fact.message)
-        self.port.report(fact)

@@ -15,7 +15,7 @@ from controller.core.events import EventKind
 from controller.providers import aws_scale as scale
 from controller.providers.aws_scale import MalformedResponse
 from controller.providers.aws_tokens import HandOverFailed
-from controller.providers.azure_scale import Failure
+from controller.providers.scaling import Failure
 
 K = EventKind
 

@@ -6,21 +6,19 @@ provider only moves the desired capacity: up with SetDesiredCapacity; down by te
 (idle ones, never one whose node runs a job) with TerminateInstanceInAutoScalingGroup, decrementing the
 desired capacity with each, because a lowered desired capacity would let the group pick which instances go.
 Every answer AWS gives is read by :func:`parse_group`, which refuses a malformed one with a clear error.
-Backoff and failures are the Azure provider's values (:mod:`controller.providers.azure_scale`, pure too).
+Backoff, failures and the token bookkeeping are every cloud's (:mod:`controller.providers.scaling`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from controller.core.events import EventKind
-from controller.providers.azure_scale import Backoff
+from controller.providers.scaling import SCALE, Backoff
 
-SCALE = "scale"  # the key of the provider's one scaling operation at a time
-TOKEN_TASK = "token"  # "token:ID": handing instance ID its agent token (one at a time per instance)
 INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
 # Instances that exist for the group and run (or boot) an agent; Terminating, Terminated, Detaching, Detached
 # and warm-pool instances are gone from the controller's point of view.
@@ -192,24 +190,6 @@ def plan_scale(
     # terminate, the group is only stopped from launching more (never raised above the desired capacity).
     meet = len(alive) if group.desired > len(alive) or (idle and group.desired != len(alive)) else None
     return ScalePlan(meet, idle, extra - len(idle))
-
-
-def needing_token(
-    instances: Iterable[Instance],
-    delivered: Collection[str],
-    retry_at: Mapping[str, float],
-    pending: Collection[str],
-    now: float,
-) -> list[Instance]:
-    """Instances in service whose agent token is not delivered yet: not under way, not waiting to retry."""
-    return [
-        i
-        for i in instances
-        if i.running
-        and i.id not in delivered
-        and f"{TOKEN_TASK}:{i.id}" not in pending
-        and retry_at.get(i.id, 0.0) <= now
-    ]
 
 
 def failure_kind(code: str | None, status: int | None, message: str) -> EventKind:

@@ -13,7 +13,8 @@ What it does on each poll (the controller's provider timer), with one list call 
   desired capacity (``target_capacity``, raised by what the controller asks for up to ``max_capacity``);
   above it, idle instances are deleted (never one whose node runs a job, unless the operator set
   ``delete_busy_nodes`` or calls ``release(name, force=True)``). What to do is decided by the pure
-  functions of :mod:`controller.providers.azure_scale`; this module is the SDK shell around them;
+  functions of :mod:`controller.providers.azure_scale`; this module holds the SDK calls around them, in the
+  shell every cloud provider shares (:mod:`controller.providers.operations`);
 - each running VM is handed its own agent token (``agent_tokens``, on by default): a managed Run Command
   writes it to ``/etc/spotmorph/agent.token``, where the agent, started by cloud-init, waits for it. The
   token is an HMAC of the VM name (:mod:`controller.tokens`), so a registration proves its VM;
@@ -26,10 +27,10 @@ What it does on each poll (the controller's provider timer), with one list call 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from azure.core.exceptions import (
@@ -45,10 +46,13 @@ from azure.mgmt.compute.aio import ComputeManagementClient
 from controller.core.events import EventKind
 from controller.eventlog import provider_facts as facts
 from controller.providers import azure_scale as scale
-from controller.providers import azure_tokens
+from controller.providers import azure_tokens, scaling
 from controller.providers.azure_config import AzureSettings
-from controller.providers.azure_scale import Failure, Instance
-from controller.providers.base import CannotList, Clock, ProviderPort, SilentPort, instances_for
+from controller.providers.azure_scale import Instance
+from controller.providers.base import Clock, ProviderPort, SilentPort, instances_for
+from controller.providers.operations import Operations, TokenHandOvers
+from controller.providers.operations import ProviderUnavailable as ProviderUnavailable  # the runner skips the poll
+from controller.providers.scaling import Failure
 
 log = logging.getLogger("spotmorph.controller.azure")
 
@@ -64,21 +68,7 @@ CAPACITY_CODES = frozenset(
         "SpotCapacityNotAvailable",
     }
 )
-INFO_EVENTS = frozenset(
-    {
-        EventKind.PROVIDER_SCALE_OUT,
-        EventKind.PROVIDER_SCALE_OUT_DONE,
-        EventKind.PROVIDER_DELETE_INSTANCES,
-        EventKind.PROVIDER_AGENT_TOKEN_DELIVERED,
-    }
-)
-
-
 K = EventKind
-
-
-class ProviderUnavailable(CannotList):
-    """No instance list this time (Azure unreachable, throttled, ...): the runner skips the poll."""
 
 
 def describe(exc: BaseException) -> Failure:
@@ -89,9 +79,9 @@ def describe(exc: BaseException) -> Failure:
         status, code = exc.status_code, _code(exc)
         if status == 429:
             after = _retry_after(exc)
-            return Failure(scale.THROTTLED, f"throttled (429), retry after {after:g} s", after)
+            return Failure(scaling.THROTTLED, f"throttled (429), retry after {after:g} s", after)
         if code in CAPACITY_CODES:
-            return Failure(scale.CAPACITY_UNAVAILABLE, f"{code}: {_short(exc)}")
+            return Failure(scaling.CAPACITY_UNAVAILABLE, f"{code}: {_short(exc)}")
         if status == 409:
             return Failure(K.PROVIDER_CONFLICT, f"conflict (another operation on the scale set?): {_short(exc)}")
         if isinstance(exc, ResourceNotFoundError) or status == 404:
@@ -127,9 +117,9 @@ def _retry_after(exc: HttpResponseError) -> float:
     response: Any = exc.response
     value = response.headers.get("Retry-After") if response is not None else None
     try:
-        return max(1.0, float(value)) if value is not None else scale.DEFAULT_RETRY_AFTER_SECONDS
+        return max(1.0, float(value)) if value is not None else scaling.DEFAULT_RETRY_AFTER_SECONDS
     except ValueError:
-        return scale.DEFAULT_RETRY_AFTER_SECONDS
+        return scaling.DEFAULT_RETRY_AFTER_SECONDS
 
 
 def make_credential(settings: AzureSettings) -> Any:
@@ -168,30 +158,29 @@ class AzureScaleSetProvider:
         )
         self.instances: dict[str, Instance] = {}  # the last list, by VM name
         self.wanted_slots = 0  # the controller's last request_capacity
-        self.backoff = scale.Backoff()
-        self.pending: dict[str, asyncio.Task[None]] = {}  # "scale", "clean", "release:NAME"
-        self._failing: dict[str, str] = {}  # failure kind -> its message, until an operation succeeds
-        self.vm_token = vm_token if settings.agent_tokens else None
-        self.tokens_delivered: set[str] = set()  # VMs handed their token (again after a controller restart)
-        self.token_retry_at: dict[str, float] = {}  # VM -> when its failed hand-over is tried again
+        backoff = (settings.backoff_seconds, settings.max_backoff_seconds)
+        self.ops = Operations(settings.scale_set, clock, self.port, describe, backoff, log)
+        self.pending = self.ops.pending  # "scale", "clean", "release:NAME", "token:NAME"
+        self.tokens: TokenHandOvers | None = None  # None: no agent tokens handed out
+        if vm_token is not None and settings.agent_tokens:
+            self.tokens = TokenHandOvers(self.ops, vm_token, settings.token_retry_seconds)
 
     @property
     def desired(self) -> int:
         """The capacity the set is scaled to: the operator's floor, raised by the controller's ask."""
         s = self.settings
         wanted = instances_for(self.wanted_slots, s.slots_per_instance)
-        return scale.desired_capacity(s.target_capacity, s.max_capacity, wanted)
+        return scaling.desired_capacity(s.target_capacity, s.max_capacity, wanted)
+
+    @property
+    def backoff(self) -> scaling.Backoff:
+        return self.ops.backoff
 
     # -- the Provider protocol
 
     async def list_instances(self) -> frozenset[str]:
-        if not self.backoff.may_read(self.clock.now()):  # Retry-After: not even a read before then
-            raise ProviderUnavailable(f"throttled until {self.backoff.throttled_until:.0f}")
-        try:
-            listed = await self._list()
-        except Exception as exc:  # every Azure error is an event, never an exception out of a timer
-            self._failed("list", exc)
-            raise ProviderUnavailable(str(exc)) from None
+        self.ops.check_readable()  # Retry-After: not even a read before then
+        listed = await self.ops.read(self._list())
         self.instances = {i.name: i for i in listed}
         await self._maintain(listed)
         return frozenset(i.name for i in listed if not i.evicted)
@@ -203,23 +192,19 @@ class AzureScaleSetProvider:
         wanted = instances_for(slots, s.slots_per_instance)
         if wanted > self.desired:
             message = f"{wanted} VM(s) wanted, at most {self.desired} (max_capacity)"
-            self._event(facts.ProviderCapacityLimited(self.scale_set, message, wanted, self.desired))
+            self.ops.event(facts.ProviderCapacityLimited(self.scale_set, message, wanted, self.desired))
 
     async def release(self, name: str, *, force: bool = False) -> None:
         """Delete the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
-        if not scale.may_delete(self.port.busy(name), delete_busy=self.settings.delete_busy_nodes, force=force):
-            why = "the node runs a job; operator override needed"
-            self._event(facts.ProviderReleaseRefused(self.scale_set, why, name))
+        if not self.ops.may_release(name, delete_busy=self.settings.delete_busy_nodes, force=force):
             return
         instance = self.instances.get(name)
         if instance is None:
             return  # not (or no longer) in the scale set
-        await self._run(f"release:{name}", self._delete([instance], f"release {name}"))
+        await self.ops.run(f"release:{name}", self._delete([instance], f"release {name}"))
 
     async def close(self) -> None:
-        for task in list(self.pending.values()):
-            task.cancel()
-        await asyncio.gather(*self.pending.values(), return_exceptions=True)
+        await self.ops.close()
         await self.client.close()
         close = getattr(self.credential, "close", None)
         if close is not None:
@@ -227,16 +212,13 @@ class AzureScaleSetProvider:
 
     def status(self) -> dict[str, Any]:
         alive = [i for i in self.instances.values() if not i.evicted]
-        now = self.clock.now()
         return {
             "scale_set": self.settings.scale_set,
             "target_capacity": self.settings.target_capacity,
             "desired_capacity": self.desired,
             "instances": len(alive),
             "evicted": len(self.instances) - len(alive),
-            "pending": sorted(self.pending),
-            "backoff_until": self.backoff.not_before if now < self.backoff.not_before else None,
-            "throttled_until": self.backoff.throttled_until if now < self.backoff.throttled_until else None,
+            **self.ops.status(),
         }
 
     # -- Azure calls
@@ -274,21 +256,24 @@ class AzureScaleSetProvider:
             backoff=self.backoff,
         )
         if plan.clean:
-            await self._run(scale.CLEAN, self._delete(list(plan.clean), "remove evicted instances"))
+            await self.ops.run(scaling.CLEAN, self._delete(list(plan.clean), "remove evicted instances"))
         if plan.scale_out is not None:
-            await self._run(scale.SCALE, self._scale_out(plan.scale_out))
+            await self.ops.run(scaling.SCALE, self._scale_out(plan.scale_out))
         if plan.deferred:
             message = f"{plan.deferred} instance(s) above the desired {desired} run jobs"
-            self._event(facts.ProviderScaleInDeferred(self.scale_set, message))
+            self.ops.event(facts.ProviderScaleInDeferred(self.scale_set, message))
         if plan.scale_in:
-            await self._run(scale.SCALE, self._delete(list(plan.scale_in), f"scale in to {desired}"))
-        if self.vm_token is not None:
-            gone = set(self.tokens_delivered) - {i.name for i in listed}
-            self.tokens_delivered -= gone  # a name Azure reuses is a new VM: it gets its token again
-            now = self.clock.now()
-            for instance in scale.needing_token(listed, self.tokens_delivered, self.token_retry_at, self.pending, now):
-                key = f"{scale.TOKEN_TASK}:{instance.name}"
-                self.pending[key] = asyncio.ensure_future(self._hand_token(key, instance, self.vm_token))
+            await self.ops.run(scaling.SCALE, self._delete(list(plan.scale_in), f"scale in to {desired}"))
+        if self.tokens is not None:
+            tokens = self.tokens
+            tokens.keep_only({i.name for i in listed})  # a name Azure reuses is a new VM: it gets its token again
+            for instance in tokens.needing(listed, lambda i: i.name):
+                tokens.start(instance.name, functools.partial(self._hand_token, instance), _short)
+
+    async def _hand_token(self, instance: Instance, token: str) -> None:
+        """Write VM ``instance``'s own agent token to its /etc/spotmorph/agent.token by a managed Run Command;
+        deleted once done, so nothing of it stays on the VM's model."""
+        await azure_tokens.hand_over(self.client, self.settings, instance, token)
 
     async def _scale_out(self, out: scale.ScaleOut) -> None:
         s = self.settings
@@ -305,16 +290,16 @@ class AzureScaleSetProvider:
             vm_profile = models.VirtualMachineScaleSetUpdateVMProfile(billing_profile=billing)
             update.properties = models.VirtualMachineScaleSetUpdateProperties(virtual_machine_profile=vm_profile)
         message = f"capacity {current} -> {wanted} ({out.running} running)"
-        self._event(facts.ProviderScaleOut(self.scale_set, message, wanted))
+        self.ops.event(facts.ProviderScaleOut(self.scale_set, message, wanted))
         poller = await self.client.virtual_machine_scale_sets.begin_update(s.resource_group, s.scale_set, update)
         await poller.result()
-        self._event(facts.ProviderScaleOutDone(self.scale_set, f"capacity {wanted}", wanted))
+        self.ops.event(facts.ProviderScaleOutDone(self.scale_set, f"capacity {wanted}", wanted))
 
     async def _delete(self, instances: list[Instance], why: str) -> None:
         s = self.settings
         ids = models.VirtualMachineScaleSetVMInstanceRequiredIDs(instance_ids=[i.instance_id for i in instances])
         names = sorted(i.name for i in instances)
-        self._event(facts.ProviderDeleteInstances(self.scale_set, f"{why}: {', '.join(names)}", names))
+        self.ops.event(facts.ProviderDeleteInstances(self.scale_set, f"{why}: {', '.join(names)}", names))
         try:
             poller = await self.client.virtual_machine_scale_sets.begin_delete_instances(
                 s.resource_group, s.scale_set, ids
@@ -323,67 +308,9 @@ class AzureScaleSetProvider:
         except ResourceNotFoundError:
             return  # already gone: what we wanted
 
-    async def _hand_token(self, key: str, instance: Instance, vm_token: Callable[[str], str]) -> None:
-        """Write VM ``instance``'s own agent token to its /etc/spotmorph/agent.token by a managed Run Command.
-
-        A failure is this VM's alone: an event, and another try after ``token_retry_seconds``, while the
-        set's backoff (capacity, throttling) is left as it is. The Run Command is deleted once done, so
-        nothing of it stays on the VM's model."""
-        s = self.settings
-        try:
-            await azure_tokens.hand_over(self.client, s, instance, vm_token(instance.name))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            retry_at = self.clock.now() + s.token_retry_seconds
-            self.token_retry_at[instance.name] = retry_at
-            message = f"{instance.name}: {_short(exc)}"
-            self._event(facts.ProviderAgentTokenFailed(self.scale_set, message, instance.name, retry_at))
-        else:
-            self.tokens_delivered.add(instance.name)
-            self.token_retry_at.pop(instance.name, None)
-            self._event(facts.ProviderAgentTokenDelivered(self.scale_set, instance.name, instance.name))
-        finally:
-            self.pending.pop(key, None)
-
-    async def _run(self, key: str, work: Coroutine[Any, Any, None]) -> None:
-        """Start ``work`` in the background; its outcome resets or extends the backoff."""
-
-        async def guarded() -> None:
-            try:
-                await work
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._failed(key.split(":")[0], exc)
-            else:
-                self.backoff = scale.after_success(self.backoff)
-                self._failing.clear()
-            finally:
-                self.pending.pop(key, None)
-
-        self.pending[key] = asyncio.ensure_future(guarded())
-        await asyncio.sleep(0)  # let it send its first request now
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        failure = describe(exc)
-        now = self.clock.now()
-        s = self.settings
-        self.backoff = scale.after_failure(self.backoff, failure, now, s.backoff_seconds, s.max_backoff_seconds)
-        if self._failing.get(failure.kind) == failure.message:
-            log.warning("%s (again): %s", failure.kind, failure.message)
-            return  # the same failure on every poll is one event, not one a poll
-        self._failing[failure.kind] = failure.message
-        fact = facts.CALL_FAILURES[failure.kind]
-        self._event(fact(self.scale_set, failure.message, what, self.backoff.retry_at(now)))
-
     @property
     def scale_set(self) -> str:
         return self.settings.scale_set
-
-    def _event(self, fact: facts.ScaleSetFact) -> None:
-        log.log(logging.INFO if fact.kind in INFO_EVENTS else logging.WARN, "%s: %s", fact.kind, fact.message)
-        self.port.report(fact)
 
 
 def _instance(name: str | None, instance_id: str | None, properties: Any, location: str | None = None) -> Instance:

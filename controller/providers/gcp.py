@@ -29,8 +29,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -39,28 +38,23 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import compute_v1
 
-from controller.core.events import EventKind
 from controller.eventlog import provider_facts as facts
-from controller.providers import azure_scale as backoffs
 from controller.providers import gcp_identity as identity
 from controller.providers import gcp_scale as scale
-from controller.providers.base import CannotList, Clock, ProviderPort, SilentPort, instances_for
+from controller.providers import scaling
+from controller.providers.base import Clock, ProviderPort, SilentPort, instances_for
 from controller.providers.gcp_config import GcpSettings
 from controller.providers.gcp_errors import OperationFailed, describe, retry_wait, short
 from controller.providers.gcp_scale import Managed
 from controller.providers.identity import IdentityNotOffered, IdentityRefused, IdentityUnavailable
+from controller.providers.operations import Operations, Threads
+from controller.providers.operations import ProviderUnavailable as ProviderUnavailable  # the runner skips the poll
 from morphing.errors import UserInputError
 
 log = logging.getLogger("spotmorph.controller.gcp")
 T = TypeVar("T")
-K = EventKind
-INFO_EVENTS = frozenset({K.PROVIDER_SCALE_OUT, K.PROVIDER_SCALE_OUT_DONE, K.PROVIDER_DELETE_INSTANCES})
 THREADS = 4  # calls at once: a list, a resize, a delete, an identity check's list
 IDENTITY_RELIST_SECONDS = 5.0  # an identity naming an instance not in the last list lists again, at most this often
-
-
-class ProviderUnavailable(CannotList):
-    """No instance list this time (the API unreachable, throttled, ...): the runner skips the poll."""
 
 
 def credentials_for(settings: GcpSettings) -> Credentials | None:
@@ -87,7 +81,6 @@ class GcpInstanceGroupProvider:
         self.settings = settings
         self.clock = clock
         self.port: ProviderPort = port or SilentPort()
-        self.sleep = sleep
         options = ClientOptions(api_endpoint=settings.api_endpoint) if settings.api_endpoint else None
         creds = credentials or credentials_for(settings)
         try:
@@ -102,16 +95,16 @@ class GcpInstanceGroupProvider:
                 f"provider: gcp has no Google credentials ({short(exc)}): run the controller on a VM with a service "
                 "account, or `gcloud auth application-default login` (docs/gcp.md)"
             ) from None
-        self.executor = ThreadPoolExecutor(THREADS, thread_name_prefix="spotmorph-gcp")
+        self.threads = Threads(THREADS, "spotmorph-gcp", sleep, log)
         self.instances: dict[str, Managed] = {}  # the last list, by instance name
         self.wanted_slots = 0  # the controller's last request_capacity
-        self.backoff = backoffs.Backoff()
-        self.pending: dict[str, asyncio.Task[None]] = {}  # "scale", "clean", "release:NAME"
-        self._failing: dict[str, str] = {}  # failure kind -> its message, until an operation succeeds
+        backoff = (settings.backoff_seconds, settings.max_backoff_seconds)
+        self.ops = Operations(settings.instance_group, clock, self.port, describe, backoff, log)
+        self.pending = self.ops.pending  # "scale", "clean", "release:NAME"
         self._creation_errors: frozenset[str] = frozenset()  # those already reported
         self._identity_listed_at = float("-inf")
         self.keys = identity.SigningKeys(
-            settings.identity_certs, settings.identity_certs_refresh_seconds, wall, self._in_thread
+            settings.identity_certs, settings.identity_certs_refresh_seconds, wall, self.threads.call
         )
         self.wall = wall
 
@@ -120,17 +113,20 @@ class GcpInstanceGroupProvider:
         """The group's size to keep: the operator's floor, raised by the controller's ask up to the ceiling."""
         s = self.settings
         wanted = instances_for(self.wanted_slots, s.slots_per_instance)
-        return backoffs.desired_capacity(s.target_capacity, s.max_capacity, wanted)
+        return scaling.desired_capacity(s.target_capacity, s.max_capacity, wanted)
 
     @property
     def group(self) -> str:
         return self.settings.instance_group
 
+    @property
+    def backoff(self) -> scaling.Backoff:
+        return self.ops.backoff
+
     # -- the Provider protocol
 
     async def list_instances(self) -> frozenset[str]:
-        if not self.backoff.may_read(self.clock.now()):  # rate limited: not even a read before then
-            raise ProviderUnavailable(f"throttled until {self.backoff.throttled_until:.0f}")
+        self.ops.check_readable()  # rate limited: not even a read before then
         listed = await self._relist()
         self._report_creation_errors(listed)
         await self._maintain(listed)
@@ -142,37 +138,30 @@ class GcpInstanceGroupProvider:
         wanted = instances_for(slots, self.settings.slots_per_instance)
         if wanted > self.desired:
             message = f"{wanted} VM(s) wanted, at most {self.desired} (max_capacity)"
-            self._event(facts.ProviderCapacityLimited(self.group, message, wanted, self.desired))
+            self.ops.event(facts.ProviderCapacityLimited(self.group, message, wanted, self.desired))
 
     async def release(self, name: str, *, force: bool = False) -> None:
         """Delete the instance of a node the controller gave up on (GONE, LOST): never a busy one."""
-        busy = self.port.busy(name)
-        if not backoffs.may_delete(busy, delete_busy=self.settings.delete_busy_nodes, force=force):
-            self._event(facts.ProviderReleaseRefused(self.group, "the node runs a job; operator override needed", name))
+        if not self.ops.may_release(name, delete_busy=self.settings.delete_busy_nodes, force=force):
             return
         instance = self.instances.get(name)
         if instance is None or instance.leaving:
             return  # not (or no longer) in the group
-        await self._run(f"release:{name}", self._delete([instance], f"release {name}"))
+        await self.ops.run(f"release:{name}", self._delete([instance], f"release {name}"))
 
     async def close(self) -> None:
-        for task in list(self.pending.values()):
-            task.cancel()
-        await asyncio.gather(*self.pending.values(), return_exceptions=True)
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        await self.ops.close()
+        self.threads.shutdown()
         self.groups.transport.close()  # type: ignore[no-untyped-call]
         self.operations.transport.close()  # type: ignore[no-untyped-call]
 
     def status(self) -> dict[str, Any]:
-        now = self.clock.now()
         return {
             "instance_group": self.group,
             "target_capacity": self.settings.target_capacity,
             "desired_capacity": self.desired,
             "instances": sum(1 for i in self.instances.values() if i.alive),
-            "pending": sorted(self.pending),
-            "backoff_until": self.backoff.not_before if now < self.backoff.not_before else None,
-            "throttled_until": self.backoff.throttled_until if now < self.backoff.throttled_until else None,
+            **self.ops.status(),
         }
 
     # -- identity (controller.providers.identity.IdentityVerifier)
@@ -217,11 +206,7 @@ class GcpInstanceGroupProvider:
             )
             return [_managed(m) for m in pages]
 
-        try:
-            listed = await self._call(fetch)
-        except Exception as exc:  # every API error is an event, never an exception out of a timer
-            self._failed("list", exc)
-            raise ProviderUnavailable(short(exc)) from None
+        listed = await self.ops.read(self._call(fetch), short)
         self.instances = {i.name: i for i in listed}
         return listed
 
@@ -239,15 +224,15 @@ class GcpInstanceGroupProvider:
             backoff=self.backoff,
         )
         if plan.clean:
-            await self._run(scale.CLEAN, self._delete(list(plan.clean), "remove stopped instances"))
+            await self.ops.run(scaling.CLEAN, self._delete(list(plan.clean), "remove stopped instances"))
         if plan.resize is not None:
             alive = sum(1 for i in listed if i.alive)
-            await self._run(scale.SCALE, self._resize(plan.resize, alive))
+            await self.ops.run(scaling.SCALE, self._resize(plan.resize, alive))
         if plan.deferred:
             message = f"{plan.deferred} instance(s) above the desired {desired} run jobs"
-            self._event(facts.ProviderScaleInDeferred(self.group, message))
+            self.ops.event(facts.ProviderScaleInDeferred(self.group, message))
         if plan.scale_in:
-            await self._run(scale.SCALE, self._delete(list(plan.scale_in), f"scale in to {desired}"))
+            await self.ops.run(scaling.SCALE, self._delete(list(plan.scale_in), f"scale in to {desired}"))
 
     async def _resize(self, wanted: int, alive: int) -> None:
         s = self.settings
@@ -260,19 +245,19 @@ class GcpInstanceGroupProvider:
         current = int(group.target_size)
         if current >= wanted:
             return  # asked for already (by this controller before a restart, or an operation still running)
-        self._event(facts.ProviderScaleOut(self.group, f"targetSize {current} -> {wanted} ({alive} alive)", wanted))
+        self.ops.event(facts.ProviderScaleOut(self.group, f"targetSize {current} -> {wanted} ({alive} alive)", wanted))
         operation = await self._call(
             lambda: self.groups.resize_unary(
                 project=project, zone=zone, instance_group_manager=name, size=wanted, retry=None, timeout=timeout
             )
         )
         await self._wait(operation)
-        self._event(facts.ProviderScaleOutDone(self.group, f"targetSize {wanted}", wanted))
+        self.ops.event(facts.ProviderScaleOutDone(self.group, f"targetSize {wanted}", wanted))
 
     async def _delete(self, instances: list[Managed], why: str) -> None:
         s = self.settings
         names = sorted(i.name for i in instances)
-        self._event(facts.ProviderDeleteInstances(self.group, f"{why}: {', '.join(names)}", names))
+        self.ops.event(facts.ProviderDeleteInstances(self.group, f"{why}: {', '.join(names)}", names))
         body = compute_v1.InstanceGroupManagersDeleteInstancesRequest(
             instances=[f"zones/{s.zone}/instances/{name}" for name in names],
             skip_instances_on_validation_error=True,  # one already gone does not fail the others
@@ -297,7 +282,7 @@ class GcpInstanceGroupProvider:
         while operation.status != compute_v1.Operation.Status.DONE:
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"operation {name} not done within {s.operation_timeout_seconds:g} s")
-            await self.sleep(s.operation_poll_seconds)
+            await self.threads.sleep(s.operation_poll_seconds)
             operation = await self._call(
                 lambda: self.operations.get(
                     project=s.project, zone=s.zone, operation=name, retry=None, timeout=s.request_timeout_seconds
@@ -312,40 +297,8 @@ class GcpInstanceGroupProvider:
     async def _call(self, call: Callable[[], T]) -> T:
         """``call`` in the provider's threads, within its deadline; throttled or unreachable ones are retried."""
         s = self.settings
-        attempt = 0
-        while True:
-            try:
-                async with asyncio.timeout(2 * s.request_timeout_seconds):  # not wait_for: it may swallow a cancel
-                    return await self._in_thread(call)
-            except Exception as exc:
-                wait = retry_wait(exc, attempt, s.retry_seconds)
-                if wait is None or attempt >= s.retries:
-                    raise
-                log.info("retrying in %g s: %s", wait, short(exc))
-                await self.sleep(wait)
-                attempt += 1
-
-    def _in_thread(self, call: Callable[[], T]) -> asyncio.Future[T]:
-        return asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(call))
-
-    async def _run(self, key: str, work: Coroutine[Any, Any, None]) -> None:
-        """Start ``work`` in the background; its outcome resets or extends the backoff."""
-
-        async def guarded() -> None:
-            try:
-                await work
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._failed(key.split(":")[0], exc)
-            else:
-                self.backoff = backoffs.after_success(self.backoff)
-                self._failing.clear()
-            finally:
-                self.pending.pop(key, None)
-
-        self.pending[key] = asyncio.ensure_future(guarded())
-        await asyncio.sleep(0)  # let it send its first request now
+        wait = functools.partial(retry_wait, first=s.retry_seconds)
+        return await self.threads.retried(call, 2 * s.request_timeout_seconds, s.retries, wait)
 
     def _report_creation_errors(self, listed: list[Managed]) -> None:
         """Why the group cannot create instances (it keeps trying itself): one event per new reason."""
@@ -353,24 +306,8 @@ class GcpInstanceGroupProvider:
         for text, (capacity, message) in found.items():
             if text not in self._creation_errors:
                 fact = facts.ProviderCapacityUnavailable if capacity else facts.ProviderError
-                self._event(fact(self.group, f"creating instances: {message}", "create", None))
+                self.ops.event(fact(self.group, f"creating instances: {message}", "create", None))
         self._creation_errors = frozenset(found)
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        failure = describe(exc)
-        now = self.clock.now()
-        s = self.settings
-        self.backoff = backoffs.after_failure(self.backoff, failure, now, s.backoff_seconds, s.max_backoff_seconds)
-        if self._failing.get(failure.kind) == failure.message:
-            log.warning("%s (again): %s", failure.kind, failure.message)
-            return  # the same failure on every poll is one event, not one a poll
-        self._failing[failure.kind] = failure.message
-        fact = facts.CALL_FAILURES[failure.kind]
-        self._event(fact(self.group, failure.message, what, self.backoff.retry_at(now)))
-
-    def _event(self, fact: facts.ScaleSetFact) -> None:
-        log.log(logging.INFO if fact.kind in INFO_EVENTS else logging.WARN, "%s: %s", fact.kind, fact.message)
-        self.port.report(fact)
 
 
 def _managed(m: compute_v1.ManagedInstance) -> Managed:

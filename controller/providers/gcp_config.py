@@ -6,12 +6,13 @@ Google Cloud client. Each field's docstring is its description (docs/gcp.md list
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from controller.hosts import is_loopback_host
 
 # GCP: project ids are 6-30 lowercase letters, digits and hyphens, starting with a letter, not ending in a
 # hyphen (older ones may hold a domain: "example.com:my-project"); zones look like us-central1-a; resource
@@ -22,21 +23,12 @@ _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 GOOGLE_CERTS = "https://www.googleapis.com/oauth2/v3/certs"  # the keys that sign instance identity tokens
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_url(value: str, what: str) -> str:
     """An https:// URL, or http:// to this machine only (a local fake in tests); the value without a final '/'."""
     parts = urlsplit(value)
     if parts.scheme == "https" and parts.hostname:
         return value.rstrip("/")
-    if parts.scheme == "http" and parts.hostname and _loopback(parts.hostname):
+    if parts.scheme == "http" and parts.hostname and is_loopback_host(parts.hostname):
         return value.rstrip("/")
     raise ValueError(f"{value!r}: {what} is reached over https:// (http:// only on loopback, for a local fake)")
 

@@ -17,9 +17,9 @@ from google.api_core import exceptions as api
 from google.auth import exceptions as auth
 
 from controller.core.events import EventKind
-from controller.providers import azure_scale as backoff
-from controller.providers.azure_scale import Failure
+from controller.providers import scaling as backoff
 from controller.providers.gcp_scale import CAPACITY_CODES
+from controller.providers.scaling import Failure
 
 K = EventKind
 RATE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})

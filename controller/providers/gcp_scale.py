@@ -14,8 +14,7 @@ What a managed instance is, for the controller (``instanceStatus`` and ``current
   deleted (its place in ``targetSize`` is then filled by a scale-out on a later poll);
 - *leaving*: being deleted or abandoned: neither listed nor counted.
 
-Backoff, capacity ceilings and the busy-node rule are the same values as the Azure provider's
-(:mod:`controller.providers.azure_scale`, pure and cloud-neutral despite its name).
+Backoff, capacity ceilings and the busy-node rule are every cloud's (:mod:`controller.providers.scaling`).
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from controller.providers.azure_scale import Backoff
+from controller.providers.scaling import CLEAN, SCALE, Backoff
 
-SCALE, CLEAN = "scale", "clean"  # keys of the provider's background operations (one of each at a time)
 STOPPED_STATUS = frozenset({"STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED", "PENDING_STOP"})
 RETURNING_ACTIONS = frozenset({"RECREATING", "RESTARTING"})
 LEAVING_ACTIONS = frozenset({"DELETING", "ABANDONING"})

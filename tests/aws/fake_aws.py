@@ -347,3 +347,10 @@ def moto_session() -> Iterator[MotoServer]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """One moto a test worker (tests/aws and tests/providers import this fixture into their conftest)."""
+    with moto_session() as server:
+        yield server

@@ -11,33 +11,22 @@ from typing import Any
 
 import boto3  # type: ignore[import-untyped]
 
-from controller.eventlog.fact import Fact
 from controller.providers.aws import AwsAutoScalingProvider
 from controller.providers.aws_config import AwsSettings
 from controller.providers.base import ProviderPort
 from tests.aws.fake_aws import CREDENTIALS, REGION, FakeAws, MotoServer
+from tests.clouds import Clock, RecordingPort, settle
+
+__all__ = ["Clock", "Harness", "harness", "run", "settle"]
 
 
 @dataclass
-class Clock:
-    t: float = 1_000_000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@dataclass
-class Harness:
-    """The fake, an injected clock, and the provider port (events recorded, busy nodes set by tests)."""
+class Harness(RecordingPort):
+    """The fake, an injected clock, and the provider port (events recorded, busy nodes set by tests, the provider's
+    waits between retries recorded, not slept)."""
 
     fake: FakeAws
     clock: Clock = field(default_factory=Clock)
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    slept: list[float] = field(default_factory=list)  # the provider's waits between retries (not slept)
-    busy_nodes: set[str] = field(default_factory=set)
     providers: list[AwsAutoScalingProvider] = field(default_factory=list)
 
     def settings(self, **overrides: Any) -> AwsSettings:
@@ -63,23 +52,10 @@ class Harness:
             port or self,
             vm_token=vm_token,
             session=boto3.session.Session(region_name=REGION, **CREDENTIALS),
-            sleep=self._sleep,
+            sleep=self.sleep,
         )
         self.providers.append(provider)
         return provider
-
-    async def _sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        await asyncio.sleep(0)
-
-    def report(self, fact: Fact) -> None:
-        self.events.append((str(fact.kind), fact.data()))
-
-    def busy(self, name: str) -> bool:
-        return name in self.busy_nodes
-
-    def kinds(self) -> list[str]:
-        return [kind for kind, _ in self.events]
 
 
 @asynccontextmanager
@@ -96,12 +72,6 @@ async def harness(moto: MotoServer, folder: Path, **fake: Any) -> AsyncIterator[
         for provider in h.providers:
             await provider.close()
         aws.stop()
-
-
-async def settle(provider: AwsAutoScalingProvider) -> None:
-    """Wait for the provider's background operations (scaling, launches, tokens)."""
-    while provider.pending:
-        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
 
 
 def run(moto: MotoServer, folder: Path, scenario: Callable[[Harness], Awaitable[None]], **fake: Any) -> None:

@@ -19,7 +19,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from controller.providers.aws_scale import Instance
 from controller.providers.aws_tokens import OPEN_SCRIPT, HandOverFailed, public_key, seal
 from controller.tokens import Tokens
 from protos.spotmorph.v1 import controller_pb2 as pb
@@ -194,13 +193,9 @@ def test_at_most_eight_hand_overs_are_under_way_at_once(moto_server: MotoServer,
         release = asyncio.Event()
         started: list[str] = []
 
-        async def held(key: str, instance: Instance, vm_token: Callable[[str], str]) -> None:
-            started.append(instance.id)
-            try:
-                await release.wait()
-                provider.tokens_delivered.add(instance.id)
-            finally:
-                provider.pending.pop(key, None)
+        async def held(instance_id: str, token: str) -> None:  # delivered once released
+            started.append(instance_id)
+            await release.wait()
 
         provider._hand_token = held  # type: ignore[method-assign]
         await provider.list_instances()

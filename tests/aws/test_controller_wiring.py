@@ -52,10 +52,10 @@ def test_the_controller_builds_and_closes_the_aws_provider_and_its_poll_timer(tm
         settings = ControllerSettings(state_dir=tmp_path, listen="127.0.0.1:0", provider="aws", aws=AWS)  # type: ignore[arg-type]
         controller = Controller(settings)
         provider = controller.runner.provider
-        assert isinstance(provider, AwsAutoScalingProvider) and provider.vm_token is not None
+        assert isinstance(provider, AwsAutoScalingProvider) and provider.tokens is not None
         assert provider.port is controller.runner.inbox  # reports go to the runner's inbox, nothing else
         assert controller.timers.config.provider_poll_seconds == 15.0
-        assert provider.vm_token("i-0123456789abcdef0") == controller.tokens.vm_token("i-0123456789abcdef0")
+        assert provider.tokens.vm_token("i-0123456789abcdef0") == controller.tokens.vm_token("i-0123456789abcdef0")
         await controller.stop(grace=0)
 
     asyncio.run(main())

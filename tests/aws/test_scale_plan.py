@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from controller.core.events import EventKind
+from controller.providers import scaling
 from controller.providers.aws_scale import (
     Group,
     Instance,
@@ -14,11 +15,10 @@ from controller.providers.aws_scale import (
     desired_capacity,
     failure_kind,
     launch_failures,
-    needing_token,
     parse_group,
     plan_scale,
 )
-from controller.providers.azure_scale import Backoff
+from controller.providers.scaling import Backoff
 
 K = EventKind
 
@@ -102,6 +102,12 @@ def test_down_meets_the_instances_first_so_the_group_picks_none_itself() -> None
     busy = frozenset(i.id for i in below.instances)
     kept = plan(below, 1, busy)  # nothing to terminate: never raised above what the controller asked
     assert kept.set_desired is None and kept.deferred == 2
+
+
+def needing_token(
+    alive: tuple[Instance, ...], delivered: set[str], retry_at: dict[str, float], pending: tuple[str, ...], now: float
+) -> list[Instance]:
+    return scaling.needing_token(alive, lambda i: i.id, delivered, retry_at, pending, now)
 
 
 def test_tokens_go_to_instances_in_service_once_and_retry_on_their_own_clock() -> None:

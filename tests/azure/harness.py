@@ -12,11 +12,13 @@ from typing import Any
 from azure.core.credentials import AccessToken
 from azure.core.pipeline.transport._aiohttp import AioHttpTransport
 
-from controller.eventlog.fact import Fact
 from controller.providers.azure import AzureScaleSetProvider
 from controller.providers.azure_config import AzureSettings
 from controller.providers.base import ProviderPort
 from tests.azure.fake_arm import TOKEN, FakeArm
+from tests.clouds import Clock, RecordingPort, settle
+
+__all__ = ["Clock", "Harness", "harness", "run", "settle"]
 
 SUBSCRIPTION = "00000000-0000-4000-8000-000000000001"
 
@@ -54,25 +56,12 @@ class RecordingTransport(AioHttpTransport):
 
 
 @dataclass
-class Clock:
-    t: float = 1_000_000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@dataclass
-class Harness:
-    """The fake ARM server, an injected clock, and the provider port (events recorded, busy nodes set by tests)."""
+class Harness(RecordingPort):
+    """The fake ARM server, an injected clock, and the provider port (events recorded, busy nodes set by tests);
+    the SDK's own waits (retries, polling) land in ``slept``."""
 
     fake: FakeArm
     clock: Clock
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    slept: list[float] = field(default_factory=list)
-    busy_nodes: set[str] = field(default_factory=set)
     providers: list[AzureScaleSetProvider] = field(default_factory=list)
 
     def settings(self, **overrides: Any) -> AzureSettings:
@@ -105,15 +94,6 @@ class Harness:
         self.providers.append(provider)
         return provider
 
-    def report(self, fact: Fact) -> None:
-        self.events.append((str(fact.kind), fact.data()))
-
-    def busy(self, name: str) -> bool:
-        return name in self.busy_nodes
-
-    def kinds(self) -> list[str]:
-        return [kind for kind, _ in self.events]
-
 
 @asynccontextmanager
 async def harness(folder: Path, **fake: Any) -> AsyncIterator[Harness]:
@@ -126,14 +106,6 @@ async def harness(folder: Path, **fake: Any) -> AsyncIterator[Harness]:
         for provider in h.providers:
             await provider.close()
         await arm.stop()
-
-
-async def settle(provider: AzureScaleSetProvider) -> None:
-    """Wait for the provider's background operations (the fake ends each after ``op_polls`` polls)."""
-    import asyncio
-
-    while provider.pending:
-        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
 
 
 def run(folder: Path, scenario: Callable[[Harness], Awaitable[None]], **fake: Any) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.core.events import EventKind
 from controller.providers import azure_scale as scale
-from controller.providers.azure_scale import Backoff, Failure, Instance, ScaleOut, ScalePlan, plan_scale
+from controller.providers.azure_scale import Instance, ScaleOut, ScalePlan, plan_scale
+from controller.providers.scaling import CLEAN, SCALE, Backoff
 
 NOW = 1000.0
 READY = Backoff()  # nothing to wait for
@@ -52,8 +52,8 @@ def test_above_it_deletes_idle_instances_newest_first_and_never_a_busy_one() -> 
 
 def test_one_operation_of_a_kind_at_a_time() -> None:
     listed = [*running("a"), evicted("b")]
-    assert plan(listed, 3, pending=frozenset({scale.SCALE})) == ScalePlan(clean=(listed[1],))
-    assert plan(listed, 3, pending=frozenset({scale.CLEAN})) == ScalePlan(scale_out=ScaleOut(1, 1))
+    assert plan(listed, 3, pending=frozenset({SCALE})) == ScalePlan(clean=(listed[1],))
+    assert plan(listed, 3, pending=frozenset({CLEAN})) == ScalePlan(scale_out=ScaleOut(1, 1))
 
 
 def test_nothing_changes_while_backing_off_or_throttled() -> None:
@@ -62,42 +62,9 @@ def test_nothing_changes_while_backing_off_or_throttled() -> None:
     assert plan(running("a"), 3, backoff=Backoff(not_before=NOW)).scale_out == ScaleOut(1, 0)
 
 
-def test_capacity_errors_double_the_backoff_up_to_the_cap_and_success_resets_it() -> None:
-    failure = Failure(scale.CAPACITY_UNAVAILABLE, "AllocationFailed")
-    first = scale.after_failure(Backoff(), failure, NOW, 30, 100)
-    assert (first.seconds, first.not_before) == (30, NOW + 30)
-    assert scale.after_failure(first, failure, NOW, 30, 100).seconds == 60
-    assert scale.after_failure(Backoff(seconds=60), failure, NOW, 30, 100).seconds == 100
-    assert scale.after_success(first) == Backoff(not_before=NOW + 30)
-    assert first.retry_at(NOW) == NOW + 30 and first.retry_at(NOW + 31) is None
-
-
-def test_throttling_waits_for_retry_after_and_blocks_reads_too() -> None:
-    throttled = scale.after_failure(Backoff(), Failure(scale.THROTTLED, "429", 40), NOW, 30, 100)
-    assert throttled == Backoff(throttled_until=NOW + 40)
-    assert not throttled.may_read(NOW + 39) and throttled.may_read(NOW + 40)
-    without_header = scale.after_failure(Backoff(), Failure(scale.THROTTLED, "429"), NOW, 30, 100)
-    assert without_header.throttled_until == NOW + scale.DEFAULT_RETRY_AFTER_SECONDS
-    assert scale.after_failure(Backoff(), Failure(EventKind.PROVIDER_CONFLICT, "409"), NOW, 30, 100) == Backoff()
-
-
-def test_desired_capacity_is_the_target_raised_to_the_ask_within_the_max() -> None:
-    assert scale.desired_capacity(2, None, 7) == 2  # no max: the set never grows on demand
-    assert scale.desired_capacity(2, 5, 4) == 4
-    assert scale.desired_capacity(2, 5, 9) == 5
-    assert scale.desired_capacity(2, 5, 0) == 2  # nobody asks: the floor stays
-
-
 def test_scale_out_sets_a_capacity_only_when_it_is_not_already_asked_for() -> None:
     assert scale.capacity_to_set(current=2, desired=4, dying=1) == 5
     assert scale.capacity_to_set(current=5, desired=4, dying=1) is None
-
-
-def test_release_never_deletes_a_busy_node_without_the_operator() -> None:
-    assert not scale.may_delete(True, delete_busy=False, force=False)
-    assert scale.may_delete(True, delete_busy=True, force=False)
-    assert scale.may_delete(True, delete_busy=False, force=True)
-    assert scale.may_delete(False, delete_busy=False, force=False)
 
 
 @given(

@@ -9,37 +9,25 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.eventlog.fact import Fact
 from controller.providers.base import ProviderPort
 from controller.providers.gcp import GcpInstanceGroupProvider
 from controller.providers.gcp_config import GcpSettings
+from tests.clouds import Clock, RecordingPort, settle
 from tests.gcp.fake_compute import FakeCompute
+
+__all__ = ["GROUP", "Clock", "Harness", "harness", "run", "served", "settle"]
 
 GROUP = "spot"
 
 
 @dataclass
-class Clock:
-    t: float = 1_000_000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@dataclass
-class Harness:
+class Harness(RecordingPort):
     """The fake server, an injected clock, and the provider port (events recorded, busy nodes set by tests).
 
     The provider's waits (retries, operation polls) are recorded, not slept."""
 
     fake: FakeCompute
     clock: Clock
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    slept: list[float] = field(default_factory=list)
-    busy_nodes: set[str] = field(default_factory=set)
     providers: list[GcpInstanceGroupProvider] = field(default_factory=list)
 
     def settings(self, **overrides: Any) -> GcpSettings:
@@ -61,19 +49,6 @@ class Harness:
         self.providers.append(provider)
         return provider
 
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        await asyncio.sleep(0)
-
-    def report(self, fact: Fact) -> None:
-        self.events.append((str(fact.kind), fact.data()))
-
-    def busy(self, name: str) -> bool:
-        return name in self.busy_nodes
-
-    def kinds(self) -> list[str]:
-        return [kind for kind, _ in self.events]
-
 
 @asynccontextmanager
 async def harness(running: int = 0, **fake: Any) -> AsyncIterator[Harness]:
@@ -88,12 +63,6 @@ async def harness(running: int = 0, **fake: Any) -> AsyncIterator[Harness]:
         for provider in h.providers:
             await provider.close()
         await compute.stop()
-
-
-async def settle(provider: GcpInstanceGroupProvider) -> None:
-    """Wait for the provider's background operations (the fake ends each after ``op_polls`` looks)."""
-    while provider.pending:
-        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
 
 
 def run(scenario: Callable[[Harness], Awaitable[None]], running: int = 0, **fake: Any) -> None:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from controller.providers.aws import AwsAutoScalingProvider
-from controller.providers.base import Provider
 from tests.aws.fake_aws import FakeAws, MotoServer
 from tests.aws.harness import harness
-from tests.providers.contract import Clock, Factory, Options, Port, Subject
+from tests.providers.contract import Clock, Factory, Options, Port, Subject, pending, settle
 
 
 @dataclass
@@ -46,7 +44,7 @@ def aws_factory(moto: MotoServer, folder: Path) -> Factory:
     async def make(options: Options) -> AsyncIterator[Subject]:
         async with harness(moto, folder) as h:  # closes its providers, unstalled first
             clock, port = Clock(), Port()
-            h.clock = clock  # type: ignore[assignment]
+            h.clock = clock
 
             def provider() -> AwsAutoScalingProvider:
                 return h.provider(
@@ -57,17 +55,6 @@ def aws_factory(moto: MotoServer, folder: Path) -> Factory:
                     throttle_seconds=min(30.0, options.throttle_backoff_seconds),
                 )
 
-            yield Subject(provider(), AwsCloud(h.fake), port, clock, _settle, _pending, provider)
+            yield Subject(provider(), AwsCloud(h.fake), port, clock, settle, pending, provider)
 
     return make
-
-
-async def _settle(provider: Provider) -> None:
-    assert isinstance(provider, AwsAutoScalingProvider)
-    while provider.pending:
-        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
-
-
-def _pending(provider: Provider) -> int:
-    assert isinstance(provider, AwsAutoScalingProvider)
-    return len(provider.pending)

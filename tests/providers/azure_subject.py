@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -10,10 +9,9 @@ from pathlib import Path
 
 from controller.providers.azure import AzureScaleSetProvider
 from controller.providers.azure_scale import GONE_POWER
-from controller.providers.base import Provider
 from tests.azure.fake_arm import FakeArm
 from tests.azure.harness import harness
-from tests.providers.contract import Clock, Factory, Options, Port, Subject
+from tests.providers.contract import Clock, Factory, Options, Port, Subject, pending, settle
 from tests.providers.gate import Gate
 
 
@@ -53,7 +51,7 @@ def azure_factory(folder: Path) -> Factory:
             gate = Gate(("127.0.0.1", int(h.fake.base_url.rsplit(":", 1)[1])))
             h.fake.base_url = f"https://{await gate.start()}"  # operations and pages are polled through it too
             clock, port = Clock(), Port()
-            h.clock = clock  # type: ignore[assignment]
+            h.clock = clock
             cloud = AzureCloud(h.fake, gate)
 
             def provider() -> AzureScaleSetProvider:
@@ -66,20 +64,9 @@ def azure_factory(folder: Path) -> Factory:
                 )
 
             try:  # the harness closes its providers on exit (closing one the test closed does nothing)
-                yield Subject(provider(), cloud, port, clock, _settle, _pending, provider)
+                yield Subject(provider(), cloud, port, clock, settle, pending, provider)
             finally:
                 cloud.stall(False)
                 await gate.stop()
 
     return make
-
-
-async def _settle(provider: Provider) -> None:
-    assert isinstance(provider, AzureScaleSetProvider)
-    while provider.pending:
-        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
-
-
-def _pending(provider: Provider) -> int:
-    assert isinstance(provider, AzureScaleSetProvider)
-    return len(provider.pending)

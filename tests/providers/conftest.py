@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.aws.fake_aws import MotoServer, moto_session
-from tests.azure.conftest import loopback_only
+from tests.aws.fake_aws import MotoServer, moto_server
+from tests.clouds import loopback_only
 from tests.providers.aws_subject import aws_factory
 from tests.providers.azure_subject import azure_factory
 from tests.providers.contract import Factory
 from tests.providers.gcp_subject import gcp_factory
 
 __all__ = ["aws_subject", "azure_subject", "gcp_subject", "loopback_only", "moto_server"]
-
-
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoServer]:
-    with moto_session() as server:
-        yield server
 
 
 @pytest.fixture

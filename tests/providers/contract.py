@@ -38,6 +38,10 @@ from typing import Protocol
 
 from controller.eventlog.fact import Fact
 from controller.providers.base import Provider
+from tests import clouds
+from tests.clouds import Clock
+
+__all__ = ["Clock", "Cloud", "Factory", "Options", "Port", "Subject", "converge", "pending", "settle"]
 
 
 class Cloud(Protocol):
@@ -64,17 +68,6 @@ class Options:
     max_instances: int = 4  # the provider's ceiling; its floor is 0
     retries: int = 2  # retries of a throttled or failed call, their waits not slept (injected)
     throttle_backoff_seconds: float = 600.0  # the most a throttled provider may wait before it calls again
-
-
-@dataclass
-class Clock:
-    t: float = 1_000_000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 @dataclass
@@ -112,3 +105,18 @@ async def converge(subject: Subject, provider: Provider | None = None, polls: in
         await provider.list_instances()
         await subject.settle(provider)
     return await provider.list_instances()
+
+
+async def settle(provider: Provider) -> None:
+    """Wait until a cloud provider's background operations ended (a Subject's ``settle``)."""
+    await clouds.settle(_operating(provider))
+
+
+def pending(provider: Provider) -> int:
+    """How many background operations a cloud provider still runs (a Subject's ``pending``)."""
+    return len(_operating(provider).pending)
+
+
+def _operating(provider: Provider) -> clouds.Operating:
+    assert isinstance(provider, clouds.Operating), f"{type(provider).__name__} keeps no pending operations"
+    return provider

@@ -7,16 +7,14 @@ recreates the VM under the same name, which tests/gcp/test_provider.py covers: a
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from controller.providers.base import Provider
 from controller.providers.gcp import GcpInstanceGroupProvider
 from tests.gcp.fake_compute import FakeCompute
 from tests.gcp.harness import GROUP, harness
-from tests.providers.contract import Clock, Factory, Options, Port, Subject
+from tests.providers.contract import Clock, Factory, Options, Port, Subject, pending, settle
 
 STOPPED = frozenset({"STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED"})
 
@@ -55,7 +53,7 @@ def gcp_factory() -> Factory:
     async def make(options: Options) -> AsyncIterator[Subject]:
         async with harness() as h:
             clock, port = Clock(), Port()
-            h.clock = clock  # type: ignore[assignment]
+            h.clock = clock
             cloud = GcpCloud(h.fake)
 
             def provider() -> GcpInstanceGroupProvider:
@@ -68,19 +66,8 @@ def gcp_factory() -> Factory:
                 )
 
             try:  # the harness closes its providers on exit
-                yield Subject(provider(), cloud, port, clock, _settle, _pending, provider)
+                yield Subject(provider(), cloud, port, clock, settle, pending, provider)
             finally:
                 cloud.stall(False)
 
     return make
-
-
-async def _settle(provider: Provider) -> None:
-    assert isinstance(provider, GcpInstanceGroupProvider)
-    while provider.pending:
-        await asyncio.gather(*provider.pending.values(), return_exceptions=True)
-
-
-def _pending(provider: Provider) -> int:
-    assert isinstance(provider, GcpInstanceGroupProvider)
-    return len(provider.pending)
