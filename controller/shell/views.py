@@ -21,13 +21,13 @@ from controller.core import intake
 from controller.core.flapping import Damping
 from controller.core.lifecycle import JobState
 from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord
-from controller.core.queue import QueueEntry, admission_order
 from controller.core.reconcile import assignment_for
 from controller.core.reconcile.growth import assignment_soon, growth_hint
 from controller.persistence.store import EventRow, GenerationRow, Store
 from controller.shell.latency import Histogram
 from controller.shell.runner import Runner
 from morphing.jobspec import JobSpec
+from scheduler.queue import QueueEntry, admission_order
 
 READER_THREAD_PREFIX = "spotmorph-store-reader"
 T = TypeVar("T")

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 
 from controller.core.causes import JobFailureCause, MorphCause
 from controller.core.lifecycle import JobState
-from controller.core.queue import QueueEntry, admit
 from controller.core.reconcile.config import Config, Planners, Unplannable
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
 from controller.core.reconcile.waits import Placement, explain_waits
 from morphing.planner import Plan
+from scheduler.queue import QueueEntry, admit
 
 
 def admit_queued(draft: Draft, config: Config, planners: Planners) -> None:

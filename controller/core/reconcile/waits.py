@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord
-from controller.core.queue import QueueEntry, admission_order
 from controller.core.reconcile.config import Planners
 from controller.core.reconcile.devices import NO_FREE_GPU_NODE, needs_gpus, waiting_reason
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.generation import planned, usable_nodes
 from controller.core.reconcile.unreachable import held_out
 from morphing.planner import Infeasible, Plan, Planner
+from scheduler.queue import QueueEntry, admission_order
 
 WAITS_FOR_ROOM = "waits for nodes to be freed: it fits the nodes here, not the free ones"
 WAITS_FOR_ARRIVALS = "waits for recent node arrivals to settle before it is placed"

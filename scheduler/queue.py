@@ -1,6 +1,6 @@
 """The job queue and the admission policy for several jobs on one cluster.
 
-Policy (documented in docs/controller.md):
+Policy (documented in docs/controller.md; pure, so the controller's core and the multi-job replay share it):
 
 - Queued jobs are ordered by priority (higher first), then submission time, then id.
 - The head of the queue is admitted as soon as a layout with at least ``min_gpus`` GPUs fits on the

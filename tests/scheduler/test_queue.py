@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.core.queue import QueueEntry, admission_order, admit
+from scheduler.queue import QueueEntry, admission_order, admit
 
 
 def _fit_needing(sizes: dict[str, int]):  # type: ignore[no-untyped-def]
