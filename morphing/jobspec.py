@@ -22,10 +22,20 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import PurePath
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from morphing.errors import UserInputError, describe_validation_error
 
@@ -37,6 +47,9 @@ Device = Literal["auto", "cuda", "cpu"]
 DEVICES: tuple[Device, ...] = get_args(Device)
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+OnDemandUse = Literal["allowed", "never"]
+ON_DEMAND_USES: tuple[OnDemandUse, ...] = get_args(OnDemandUse)
+EARLIEST_DEADLINE = datetime(2020, 1, 1, tzinfo=UTC)  # before it a deadline is a typo (a year, a unit), not a plan
 
 SPEC_DOCS = "`spotmorph submit --schema` lists every field; docs/jobspec.md explains them"
 
@@ -103,6 +116,54 @@ class JobSpec(BaseModel):
         "gradients summed in fixed point (docs/runtime.md)",
     )
 
+    deadline: str | None = Field(
+        default=None,
+        max_length=64,
+        description="finish by this wall-clock time: ISO-8601 with a zone, e.g. 2027-03-01T18:00:00+01:00 or ...Z",
+    )
+    on_demand: OnDemandUse = Field(
+        default="never",
+        description="allowed: when the forecast says the deadline is at risk on spot alone, the controller asks the "
+        "provider for on-demand capacity for this job (and gives it back when spot returns); never: spot only",
+    )
+    on_demand_max_gpus: PositiveInt | None = Field(
+        default=None, le=1_000_000, description="the most on-demand GPUs this job may hold at once"
+    )
+    on_demand_max_dollars: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="the most this job's on-demand GPUs may cost if held to the deadline "
+        "(at the controller's --on-demand-gpu-hour-price)",
+    )
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline_is_zoned(cls, value: Any) -> Any:
+        if isinstance(value, datetime):  # YAML reads an unquoted timestamp as one
+            if value.tzinfo is None:
+                raise ValueError(f"{value} has no time zone; add one, e.g. {value.isoformat()}Z for UTC")
+            value = value.isoformat()
+        if isinstance(value, str):
+            deadline_seconds(value)
+        return value
+
+    @field_validator("on_demand_max_dollars", mode="before")
+    @classmethod
+    def _dollars_as_float(cls, value: Any) -> Any:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _on_demand_needs_a_deadline(self) -> JobSpec:
+        capped = self.on_demand_max_dollars is not None or self.on_demand_max_gpus is not None
+        if self.on_demand == "never" and capped:
+            raise ValueError("an on-demand cap (on_demand_max_gpus, on_demand_max_dollars) needs on_demand: allowed")
+        if self.on_demand == "allowed" and self.deadline is None:
+            raise ValueError(
+                "on_demand: allowed is for meeting a deadline: set deadline (ISO-8601 with a zone), or drop on_demand"
+            )
+        return self
+
     @field_validator("name", "entrypoint", "checkpoint_dir", "profile")
     @classmethod
     def _printable(cls, value: str | None) -> str | None:
@@ -156,6 +217,25 @@ class JobSpec(BaseModel):
 
     def identity_hash(self) -> str:
         return identity_hash(self.identity())
+
+    def deadline_seconds(self) -> float | None:
+        """The deadline as seconds since the epoch (None: no deadline)."""
+        return None if self.deadline is None else deadline_seconds(self.deadline)
+
+
+def deadline_seconds(text: str) -> float:
+    """An ISO-8601 time with a zone as seconds since the epoch; ValueError naming the fix otherwise."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not an ISO-8601 time; write e.g. 2027-03-01T18:00:00Z or 2027-03-01T18:00:00+01:00"
+        ) from None
+    if when.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone; add one, e.g. {text}Z for UTC or {text}+01:00")
+    if when < EARLIEST_DEADLINE:
+        raise ValueError(f"{text!r} is before {EARLIEST_DEADLINE.year}: a deadline is a time to come; check the year")
+    return when.timestamp()
 
 
 def identity_hash(identity: Mapping[str, Any]) -> str:

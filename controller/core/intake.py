@@ -77,6 +77,12 @@ def submit(world: World, spec: JobSpec, key: str | None, now: float) -> tuple[Jo
             "give this job its own "
             "directory (a job's checkpoints are resumed only by that job)"
         )
+    deadline = spec.deadline_seconds()
+    if deadline is not None and deadline <= now:
+        raise UserInputError(
+            f"deadline {spec.deadline}: passed {now - deadline:.0f} s ago on the controller's clock; "
+            "set a time to come (ISO-8601 with a zone), or drop deadline"
+        )
     seq = world.job_seq + 1
     job = JobRecord(f"job-{seq}", spec, JobState.QUEUED, now, now, idempotency_key=key or None)
     return job, [AddJob(job, seq)]

@@ -92,6 +92,14 @@ def test_bad_input_statuses(live: Live, tmp_path: Path) -> None:
     with pytest.raises(grpc.RpcError) as info:
         jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, dtype="int8")))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "dtype" in (info.value.details() or "")
+    for bad, words in [
+        ({"deadline": "2027-01-01T00:00:00"}, "no time zone"),
+        ({"deadline": "2021-01-01T00:00:00Z"}, "passed"),
+    ]:
+        with pytest.raises(grpc.RpcError) as info:
+            jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, **bad)))
+        details = info.value.details() or ""
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "deadline" in details and words in details
     assert code_of(lambda: jobs.GetJob(pb.GetJobRequest(id="job-999"))) == grpc.StatusCode.NOT_FOUND
     assert code_of(lambda: jobs.CancelJob(pb.CancelJobRequest(id="job-999"))) == grpc.StatusCode.NOT_FOUND
     huge = spec(live, name="x" * (2 << 20))

@@ -140,3 +140,15 @@ def test_migrating_to_v4_counts_the_generated_names_already_used(tmp_path: Path)
             conn.execute(text("INSERT INTO nodes VALUES (:n, 1, 'READY', '{}')"), {"n": name})
     engine.dispose()
     assert Store(tmp_path / "old.db").counters() == (0, 12, 0)
+
+
+def test_a_deadline_already_past_on_the_controllers_clock_is_refused_naming_the_fix() -> None:
+    from morphing.errors import UserInputError
+
+    deadline = "2027-01-01T00:00:00Z"
+    at = spec(deadline=deadline).deadline_seconds()
+    assert at is not None
+    with pytest.raises(UserInputError, match=r"passed 60 s ago on the controller's clock; set a time to come"):
+        intake.submit(World({}, {}), spec(deadline=deadline), None, at + 60)
+    job, commands = intake.submit(World({}, {}), spec(deadline=deadline), None, at - 60)
+    assert commands and job.spec.deadline == deadline

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
@@ -98,3 +99,52 @@ def test_unknown_device_or_precision_names_the_field() -> None:
         parse_job_spec({**json.loads(spec().model_dump_json()), "precision": "float16"})
     with pytest.raises(UserInputError, match="field activation_recomputation"):
         parse_job_spec({**json.loads(spec().model_dump_json()), "activation_recomputation": "yes"})
+
+
+DEADLINE_BASE: dict[str, Any] = {
+    "name": "d",
+    "entrypoint": "a.py:build",
+    "global_batch": 8,
+    "steps": 10,
+    "checkpoint_dir": "/ckpt/d",
+}
+
+
+def test_a_deadline_with_a_zone_is_seconds_since_the_epoch_and_on_demand_defaults_to_never() -> None:
+    spec = parse_job_spec({**DEADLINE_BASE, "deadline": "2027-03-01T18:00:00+01:00"})
+    assert spec.deadline_seconds() == datetime.datetime(2027, 3, 1, 17, tzinfo=datetime.UTC).timestamp()
+    assert spec.on_demand == "never" and spec.on_demand_max_gpus is None and spec.on_demand_max_dollars is None
+    assert parse_job_spec(DEADLINE_BASE).deadline_seconds() is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"deadline": "2027-03-01T18:00:00"}, "no time zone; add one"),
+        ({"deadline": "next friday"}, "not an ISO-8601 time; write e.g."),
+        ({"deadline": "1970-01-01T00:00:01Z"}, "before 2020"),
+        ({"on_demand": "allowed"}, "set deadline"),
+        ({"on_demand_max_gpus": 2}, "needs on_demand: allowed"),
+        ({"deadline": "2027-03-01T18:00:00Z", "on_demand": "maybe"}, "'allowed' or 'never'"),
+        ({"deadline": "2027-03-01T18:00:00Z", "on_demand": "allowed", "on_demand_max_dollars": 0}, "greater than 0"),
+    ],
+)
+def test_bad_deadlines_and_on_demand_settings_name_the_field_and_the_fix(fields: dict[str, Any], words: str) -> None:
+    with pytest.raises(UserInputError, match=words):
+        parse_job_spec({**DEADLINE_BASE, **fields})
+
+
+def test_a_yaml_timestamp_is_taken_with_its_zone_and_refused_without_one() -> None:
+    zoned = datetime.datetime(2027, 3, 1, 18, tzinfo=datetime.UTC)
+    assert parse_job_spec({**DEADLINE_BASE, "deadline": zoned}).deadline_seconds() == zoned.timestamp()
+    with pytest.raises(UserInputError, match="no time zone"):
+        parse_job_spec({**DEADLINE_BASE, "deadline": zoned.replace(tzinfo=None)})
+
+
+def test_on_demand_caps_round_trip_through_json() -> None:
+    spec = parse_job_spec(
+        {**DEADLINE_BASE, "deadline": "2027-03-01T18:00:00Z", "on_demand": "allowed", "on_demand_max_gpus": 4}
+        | {"on_demand_max_dollars": 120}
+    )
+    assert spec.on_demand_max_dollars == 120.0
+    assert job_spec_from_json(spec.model_dump_json()) == spec

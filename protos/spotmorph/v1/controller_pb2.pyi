@@ -167,6 +167,10 @@ class JobSpec(_message.Message):
     MORPH_THROUGH_MEMORY_FIELD_NUMBER: _builtins.int
     EXACT_FIELD_NUMBER: _builtins.int
     LOG_INTERVAL_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    ON_DEMAND_FIELD_NUMBER: _builtins.int
+    ON_DEMAND_MAX_GPUS_FIELD_NUMBER: _builtins.int
+    ON_DEMAND_MAX_DOLLARS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     entrypoint: _builtins.str
     """path/file.py:function or package.module:function"""
@@ -210,6 +214,14 @@ class JobSpec(_message.Message):
     """bitwise the same result in any layout (needs micro_batch_size)"""
     log_interval: _builtins.int
     """steps between training lines in the trainers' log; 0: fewest"""
+    deadline: _builtins.str
+    """finish by: ISO-8601 with a zone (2027-03-01T18:00:00Z)"""
+    on_demand: _builtins.str
+    """allowed | never (default): on-demand capacity when a deadline is at risk"""
+    on_demand_max_gpus: _builtins.int
+    """the most on-demand GPUs the job may hold at once"""
+    on_demand_max_dollars: _builtins.float
+    """the most its on-demand GPUs may cost if held to the deadline"""
     def __init__(
         self,
         *,
@@ -239,10 +251,14 @@ class JobSpec(_message.Message):
         morph_through_memory: _builtins.bool | None = ...,
         exact: _builtins.bool | None = ...,
         log_interval: _builtins.int | None = ...,
+        deadline: _builtins.str | None = ...,
+        on_demand: _builtins.str | None = ...,
+        on_demand_max_gpus: _builtins.int | None = ...,
+        on_demand_max_dollars: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "exact", b"exact", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_deadline", b"_deadline", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_on_demand", b"_on_demand", "_on_demand_max_dollars", b"_on_demand_max_dollars", "_on_demand_max_gpus", b"_on_demand_max_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "deadline", b"deadline", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "exact", b"exact", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "on_demand", b"on_demand", "on_demand_max_dollars", b"on_demand_max_dollars", "on_demand_max_gpus", b"on_demand_max_gpus", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "exact", b"exact", "global_batch", b"global_batch", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "name", b"name", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_deadline", b"_deadline", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_on_demand", b"_on_demand", "_on_demand_max_dollars", b"_on_demand_max_dollars", "_on_demand_max_gpus", b"_on_demand_max_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "deadline", b"deadline", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "exact", b"exact", "global_batch", b"global_batch", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "name", b"name", "on_demand", b"on_demand", "on_demand_max_dollars", b"on_demand_max_dollars", "on_demand_max_gpus", b"on_demand_max_gpus", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation_recomputation: _TypeAlias = _typing.Literal["activation_recomputation"]  # noqa: Y015
     _WhichOneofArgType__activation_recomputation: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation"]  # noqa: Y015
@@ -250,6 +266,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__background_checkpoint: _TypeAlias = _typing.Literal["_background_checkpoint", b"_background_checkpoint"]  # noqa: Y015
     _WhichOneofReturnType__checkpoint_interval: _TypeAlias = _typing.Literal["checkpoint_interval"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_interval: _TypeAlias = _typing.Literal["_checkpoint_interval", b"_checkpoint_interval"]  # noqa: Y015
+    _WhichOneofReturnType__deadline: _TypeAlias = _typing.Literal["deadline"]  # noqa: Y015
+    _WhichOneofArgType__deadline: _TypeAlias = _typing.Literal["_deadline", b"_deadline"]  # noqa: Y015
     _WhichOneofReturnType__device: _TypeAlias = _typing.Literal["device"]  # noqa: Y015
     _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015
     _WhichOneofReturnType__dtype: _TypeAlias = _typing.Literal["dtype"]  # noqa: Y015
@@ -272,6 +290,12 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__min_gpus: _TypeAlias = _typing.Literal["_min_gpus", b"_min_gpus"]  # noqa: Y015
     _WhichOneofReturnType__morph_through_memory: _TypeAlias = _typing.Literal["morph_through_memory"]  # noqa: Y015
     _WhichOneofArgType__morph_through_memory: _TypeAlias = _typing.Literal["_morph_through_memory", b"_morph_through_memory"]  # noqa: Y015
+    _WhichOneofReturnType__on_demand: _TypeAlias = _typing.Literal["on_demand"]  # noqa: Y015
+    _WhichOneofArgType__on_demand: _TypeAlias = _typing.Literal["_on_demand", b"_on_demand"]  # noqa: Y015
+    _WhichOneofReturnType__on_demand_max_dollars: _TypeAlias = _typing.Literal["on_demand_max_dollars"]  # noqa: Y015
+    _WhichOneofArgType__on_demand_max_dollars: _TypeAlias = _typing.Literal["_on_demand_max_dollars", b"_on_demand_max_dollars"]  # noqa: Y015
+    _WhichOneofReturnType__on_demand_max_gpus: _TypeAlias = _typing.Literal["on_demand_max_gpus"]  # noqa: Y015
+    _WhichOneofArgType__on_demand_max_gpus: _TypeAlias = _typing.Literal["_on_demand_max_gpus", b"_on_demand_max_gpus"]  # noqa: Y015
     _WhichOneofReturnType__peer_timeout_seconds: _TypeAlias = _typing.Literal["peer_timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__peer_timeout_seconds: _TypeAlias = _typing.Literal["_peer_timeout_seconds", b"_peer_timeout_seconds"]  # noqa: Y015
     _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
@@ -288,6 +312,8 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__background_checkpoint) -> _WhichOneofReturnType__background_checkpoint | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_interval) -> _WhichOneofReturnType__checkpoint_interval | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__deadline) -> _WhichOneofReturnType__deadline | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__device) -> _WhichOneofReturnType__device | None: ...
     @_typing.overload
@@ -310,6 +336,12 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_gpus) -> _WhichOneofReturnType__min_gpus | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__morph_through_memory) -> _WhichOneofReturnType__morph_through_memory | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__on_demand) -> _WhichOneofReturnType__on_demand | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__on_demand_max_dollars) -> _WhichOneofReturnType__on_demand_max_dollars | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__on_demand_max_gpus) -> _WhichOneofReturnType__on_demand_max_gpus | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__peer_timeout_seconds) -> _WhichOneofReturnType__peer_timeout_seconds | None: ...
     @_typing.overload
