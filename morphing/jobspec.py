@@ -89,6 +89,14 @@ class JobSpec(BaseModel):
         description="a planned morph moves layers between the trainers in memory and writes the checkpoint in the "
         "background; false: every morph goes through the checkpoint on disk",
     )
+    snapshot_interval: int = Field(
+        default=1,
+        ge=0,
+        le=1_000_000_000,
+        description="steps between peer snapshots where a stage has one replica (or all on one node): each rank copies "
+        "its stage to host memory and streams it to a rank on another node, so a kill without notice loses at most "
+        "one step; 0: off (docs/DESIGN.md, 'Peer snapshots')",
+    )
     timeout_seconds: float = Field(
         default=20.0, gt=0, le=86_400, description="start-up, checkpoint and evaluation waits (rendezvous, load, write)"
     )

@@ -171,6 +171,7 @@ class JobSpec(_message.Message):
     ON_DEMAND_FIELD_NUMBER: _builtins.int
     ON_DEMAND_MAX_GPUS_FIELD_NUMBER: _builtins.int
     ON_DEMAND_MAX_DOLLARS_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_INTERVAL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     entrypoint: _builtins.str
     """path/file.py:function or package.module:function"""
@@ -222,6 +223,8 @@ class JobSpec(_message.Message):
     """the most on-demand GPUs the job may hold at once"""
     on_demand_max_dollars: _builtins.float
     """the most its on-demand GPUs may cost if held to the deadline"""
+    snapshot_interval: _builtins.int
+    """steps between peer snapshots (stage state in another node's memory); 0: off"""
     def __init__(
         self,
         *,
@@ -255,10 +258,11 @@ class JobSpec(_message.Message):
         on_demand: _builtins.str | None = ...,
         on_demand_max_gpus: _builtins.int | None = ...,
         on_demand_max_dollars: _builtins.float | None = ...,
+        snapshot_interval: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_deadline", b"_deadline", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_on_demand", b"_on_demand", "_on_demand_max_dollars", b"_on_demand_max_dollars", "_on_demand_max_gpus", b"_on_demand_max_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "deadline", b"deadline", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "exact", b"exact", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "on_demand", b"on_demand", "on_demand_max_dollars", b"on_demand_max_dollars", "on_demand_max_gpus", b"on_demand_max_gpus", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_deadline", b"_deadline", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_on_demand", b"_on_demand", "_on_demand_max_dollars", b"_on_demand_max_dollars", "_on_demand_max_gpus", b"_on_demand_max_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_snapshot_interval", b"_snapshot_interval", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_interval", b"checkpoint_interval", "deadline", b"deadline", "device", b"device", "dtype", b"dtype", "eval_interval", b"eval_interval", "exact", b"exact", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "on_demand", b"on_demand", "on_demand_max_dollars", b"on_demand_max_dollars", "on_demand_max_gpus", b"on_demand_max_gpus", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "profile", b"profile", "schedule", b"schedule", "snapshot_interval", b"snapshot_interval", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_deadline", b"_deadline", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_on_demand", b"_on_demand", "_on_demand_max_dollars", b"_on_demand_max_dollars", "_on_demand_max_gpus", b"_on_demand_max_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "deadline", b"deadline", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "exact", b"exact", "global_batch", b"global_batch", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "name", b"name", "on_demand", b"on_demand", "on_demand_max_dollars", b"on_demand_max_dollars", "on_demand_max_gpus", b"on_demand_max_gpus", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation", "_background_checkpoint", b"_background_checkpoint", "_checkpoint_interval", b"_checkpoint_interval", "_deadline", b"_deadline", "_device", b"_device", "_dtype", b"_dtype", "_eval_interval", b"_eval_interval", "_exact", b"_exact", "_keep", b"_keep", "_log_interval", b"_log_interval", "_max_pipeline_stages", b"_max_pipeline_stages", "_max_restarts", b"_max_restarts", "_micro_batch_size", b"_micro_batch_size", "_min_gpus", b"_min_gpus", "_morph_through_memory", b"_morph_through_memory", "_on_demand", b"_on_demand", "_on_demand_max_dollars", b"_on_demand_max_dollars", "_on_demand_max_gpus", b"_on_demand_max_gpus", "_peer_timeout_seconds", b"_peer_timeout_seconds", "_precision", b"_precision", "_profile", b"_profile", "_schedule", b"_schedule", "_snapshot_interval", b"_snapshot_interval", "_timeout_seconds", b"_timeout_seconds", "activation_recomputation", b"activation_recomputation", "background_checkpoint", b"background_checkpoint", "checkpoint_dir", b"checkpoint_dir", "checkpoint_interval", b"checkpoint_interval", "deadline", b"deadline", "device", b"device", "dtype", b"dtype", "entrypoint", b"entrypoint", "eval_interval", b"eval_interval", "exact", b"exact", "global_batch", b"global_batch", "keep", b"keep", "log_interval", b"log_interval", "max_pipeline_stages", b"max_pipeline_stages", "max_restarts", b"max_restarts", "micro_batch_size", b"micro_batch_size", "min_gpus", b"min_gpus", "morph_through_memory", b"morph_through_memory", "name", b"name", "on_demand", b"on_demand", "on_demand_max_dollars", b"on_demand_max_dollars", "on_demand_max_gpus", b"on_demand_max_gpus", "peer_timeout_seconds", b"peer_timeout_seconds", "precision", b"precision", "priority", b"priority", "profile", b"profile", "schedule", b"schedule", "seed", b"seed", "snapshot_interval", b"snapshot_interval", "steps", b"steps", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation_recomputation: _TypeAlias = _typing.Literal["activation_recomputation"]  # noqa: Y015
     _WhichOneofArgType__activation_recomputation: _TypeAlias = _typing.Literal["_activation_recomputation", b"_activation_recomputation"]  # noqa: Y015
@@ -304,6 +308,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__profile: _TypeAlias = _typing.Literal["_profile", b"_profile"]  # noqa: Y015
     _WhichOneofReturnType__schedule: _TypeAlias = _typing.Literal["schedule"]  # noqa: Y015
     _WhichOneofArgType__schedule: _TypeAlias = _typing.Literal["_schedule", b"_schedule"]  # noqa: Y015
+    _WhichOneofReturnType__snapshot_interval: _TypeAlias = _typing.Literal["snapshot_interval"]  # noqa: Y015
+    _WhichOneofArgType__snapshot_interval: _TypeAlias = _typing.Literal["_snapshot_interval", b"_snapshot_interval"]  # noqa: Y015
     _WhichOneofReturnType__timeout_seconds: _TypeAlias = _typing.Literal["timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__timeout_seconds: _TypeAlias = _typing.Literal["_timeout_seconds", b"_timeout_seconds"]  # noqa: Y015
     @_typing.overload
@@ -350,6 +356,8 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__profile) -> _WhichOneofReturnType__profile | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule) -> _WhichOneofReturnType__schedule | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__snapshot_interval) -> _WhichOneofReturnType__snapshot_interval | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_seconds) -> _WhichOneofReturnType__timeout_seconds | None: ...
 
@@ -1244,6 +1252,8 @@ class TrainerStatus(_message.Message):
     HELD_SKIPPED_CAUSE_FIELD_NUMBER: _builtins.int
     HAND_OFF_FAILED_FIELD_NUMBER: _builtins.int
     FIRST_STEP_SECONDS_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_OWN_STEPS_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_RECEIVED_STEPS_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     rank: _builtins.int
@@ -1292,6 +1302,14 @@ class TrainerStatus(_message.Message):
     """How long its first step of this generation took, from the start of its step loop (its state loaded) to
     first_step_at (unset: no step yet, or an older agent).
     """
+    @_builtins.property
+    def snapshot_own_steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """With held_step: the steps of the peer snapshots it holds (morphing.snapshots): copies of its own stage it
+        kept, and copies of the stages it protects it received whole (checksums matched).
+        """
+
+    @_builtins.property
+    def snapshot_received_steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -1317,10 +1335,12 @@ class TrainerStatus(_message.Message):
         held_skipped_cause: _builtins.str = ...,
         hand_off_failed: _builtins.str = ...,
         first_step_seconds: _builtins.float | None = ...,
+        snapshot_own_steps: _abc.Iterable[_builtins.int] | None = ...,
+        snapshot_received_steps: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_first_step_seconds", b"_first_step_seconds", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "first_step_seconds", b"first_step_seconds", "held_step", b"held_step", "last_step_at", b"last_step_at", "loss", b"loss", "samples_per_second", b"samples_per_second"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_first_step_seconds", b"_first_step_seconds", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "first_step_seconds", b"first_step_seconds", "generation", b"generation", "hand_off_failed", b"hand_off_failed", "held_skipped", b"held_skipped", "held_skipped_cause", b"held_skipped_cause", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "loss", b"loss", "rank", b"rank", "refusal", b"refusal", "running", b"running", "samples_per_second", b"samples_per_second"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_exit_code", b"_exit_code", "_first_step_at", b"_first_step_at", "_first_step_seconds", b"_first_step_seconds", "_held_step", b"_held_step", "_last_step_at", b"_last_step_at", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "error", b"error", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "exit_code", b"exit_code", "first_step_at", b"first_step_at", "first_step_seconds", b"first_step_seconds", "generation", b"generation", "hand_off_failed", b"hand_off_failed", "held_skipped", b"held_skipped", "held_skipped_cause", b"held_skipped_cause", "held_step", b"held_step", "job", b"job", "last_checkpoint_step", b"last_checkpoint_step", "last_step", b"last_step", "last_step_at", b"last_step_at", "loss", b"loss", "rank", b"rank", "refusal", b"refusal", "running", b"running", "samples_per_second", b"samples_per_second", "snapshot_own_steps", b"snapshot_own_steps", "snapshot_received_steps", b"snapshot_received_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
