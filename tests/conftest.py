@@ -26,6 +26,11 @@ SLOW_SECONDS = 3.0  # a test this long (its three phases) without the `slow` mar
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with slow tests first (a stable sort of whole files: each keeps its order and its module fixtures), so
+    the two workers end on short tests instead of one waiting out the other's last local cluster; soak tests
+    skipped unless ``-m`` selects them."""
+    slow_files = {item.path for item in items if "slow" in item.keywords and "soak" not in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)
     if "soak" in str(config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="a soak test (minutes): run with `make soak` or `pytest -m soak`")
