@@ -44,6 +44,7 @@ from controller.providers.aws_scale import Group, Instance, MalformedResponse
 from controller.providers.base import Clock, ProviderPort, SilentPort, instances_for
 from controller.providers.operations import FailureMemory, Operations, Threads, TokenHandOvers
 from controller.providers.operations import ProviderUnavailable as ProviderUnavailable  # the runner skips the poll
+from controller.providers.pools import PooledGroups
 from controller.providers.scaling import Backoff
 
 log = logging.getLogger("spotmorph.controller.aws")
@@ -53,8 +54,12 @@ ACTIVITIES = "activities"  # the key of the background look at failed launches
 MAX_HAND_OVERS = 8  # token hand-overs under way at once: each polls SSM, whose API rate is limited
 
 
-class AwsAutoScalingProvider:
-    """The Provider protocol over one Auto Scaling group of Spot instances; see the module docstring."""
+class AwsAutoScalingProvider(PooledGroups):
+    """The Provider protocol over an Auto Scaling group of Spot instances, and one of On-Demand instances for
+    on-demand capacity where configured (a provider of this class over it, :mod:`controller.providers.pools`);
+    see the module docstring."""
+
+    on_demand_setting = "aws.on_demand_auto_scaling_group (an Auto Scaling group of On-Demand instances: docs/aws.md)"
 
     def __init__(
         self,
@@ -93,6 +98,11 @@ class AwsAutoScalingProvider:
         if vm_token is not None and s.agent_tokens:
             self.tokens = TokenHandOvers(self.ops, vm_token, s.token_retry_seconds)
         self.closed = False
+        on_demand = s.on_demand()
+        if on_demand is not None:  # its own clients, threads and operations
+            self.on_demand = AwsAutoScalingProvider(
+                on_demand, clock, self.port, vm_token=vm_token, session=session, sleep=sleep
+            )
 
     @property
     def backoff(self) -> Backoff:
@@ -108,7 +118,7 @@ class AwsAutoScalingProvider:
 
     # -- the Provider protocol
 
-    async def list_instances(self) -> frozenset[str]:
+    async def list_group(self) -> frozenset[str]:
         if self.closed:
             raise ProviderUnavailable("the provider is closed")
         self.ops.check_readable()  # still throttled: not even a read before then
@@ -117,13 +127,13 @@ class AwsAutoScalingProvider:
         await self._maintain(group)
         return frozenset(i.id for i in group.alive)
 
-    async def request_capacity(self, slots: int) -> None:
+    async def request_group(self, slots: int) -> None:
         """Aim the group at the controller's level (within the capacities); the next poll scales it."""
         self.wanted_slots = slots
         if self.group is not None:
             self._say_limit(self.group)
 
-    async def release(self, name: str, *, force: bool = False) -> None:
+    async def release_group(self, name: str, *, force: bool = False) -> None:
         """Terminate the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
         if not self.ops.may_release(name, delete_busy=self.settings.delete_busy_nodes, force=force):
             return
@@ -132,7 +142,7 @@ class AwsAutoScalingProvider:
             return  # not (or no longer) in the group, or on its way out
         await self.ops.run(f"release:{name}", self._terminate([instance], f"release {name}"))
 
-    async def close(self) -> None:
+    async def close_group(self) -> None:
         self.closed = True
         await self.ops.close()
         self.threads.shutdown()
@@ -146,6 +156,7 @@ class AwsAutoScalingProvider:
             "desired_capacity": self.desired,
             "instances": len(self.group.alive) if self.group else None,
             **self.ops.status(),
+            **({"on_demand": self.on_demand.status()} if isinstance(self.on_demand, AwsAutoScalingProvider) else {}),
         }
 
     # -- AWS calls

@@ -61,13 +61,31 @@ class AwsSettings(BaseModel):
     token_poll_seconds: float = Field(default=1.0, ge=0, le=60)
     """How often the provider asks SSM whether a Run Command of a hand-over has ended."""
 
+    on_demand_auto_scaling_group: str | None = None
+    """A second Auto Scaling group, of On-Demand instances only (deploy/aws/), for on-demand capacity; None: none,
+    and a request for on-demand capacity is refused."""
+    on_demand_max_capacity: int | None = Field(default=None, ge=0, le=1000)
+    """The on-demand group's ceiling in instances (its floor is 0); None: its own MaxSize."""
+
     @model_validator(mode="after")
     def _capacity_range(self) -> AwsSettings:
         if self.max_capacity is not None and self.max_capacity < self.min_capacity:
             raise ValueError(f"max_capacity {self.max_capacity} < min_capacity {self.min_capacity}")
         if self.max_backoff_seconds < self.backoff_seconds:
             raise ValueError(f"max_backoff_seconds {self.max_backoff_seconds} < backoff_seconds {self.backoff_seconds}")
+        if self.on_demand_auto_scaling_group == self.auto_scaling_group:
+            raise ValueError(
+                f"on_demand_auto_scaling_group {self.auto_scaling_group!r} is the Spot group: name the stack's "
+                "OnDemandAutoScalingGroupName output (deploy/aws/template.yaml)"
+            )
         return self
+
+    def on_demand(self) -> AwsSettings | None:
+        """The settings of the on-demand group's provider: its name, floor 0, its ceiling; None: no such group."""
+        if self.on_demand_auto_scaling_group is None:
+            return None
+        update = {"auto_scaling_group": self.on_demand_auto_scaling_group, "on_demand_auto_scaling_group": None}
+        return self.model_copy(update={**update, "min_capacity": 0, "max_capacity": self.on_demand_max_capacity})
 
     @field_validator("region")
     @classmethod
@@ -76,10 +94,10 @@ class AwsSettings(BaseModel):
             raise ValueError(f"{value[:80]!r} is not an AWS region (such as us-east-1: `aws configure get region`)")
         return value
 
-    @field_validator("auto_scaling_group")
+    @field_validator("auto_scaling_group", "on_demand_auto_scaling_group")
     @classmethod
-    def _group(cls, value: str) -> str:
-        if not _GROUP.match(value):
+    def _group(cls, value: str | None) -> str | None:
+        if value is not None and not _GROUP.match(value):
             raise ValueError(
                 f"{value[:80]!r}: 1-255 letters, digits, '-', '_', '.', starting with a letter or digit (the stack's "
                 "AutoScalingGroupName output)"

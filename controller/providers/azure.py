@@ -52,6 +52,7 @@ from controller.providers.azure_scale import Instance
 from controller.providers.base import Clock, ProviderPort, SilentPort, instances_for
 from controller.providers.operations import Operations, TokenHandOvers
 from controller.providers.operations import ProviderUnavailable as ProviderUnavailable  # the runner skips the poll
+from controller.providers.pools import PooledGroups
 from controller.providers.scaling import Failure
 
 log = logging.getLogger("spotmorph.controller.azure")
@@ -130,8 +131,12 @@ def make_credential(settings: AzureSettings) -> Any:
     return DefaultAzureCredential()
 
 
-class AzureScaleSetProvider:
-    """The Provider protocol over one Spot VM scale set; see the module docstring."""
+class AzureScaleSetProvider(PooledGroups):
+    """The Provider protocol over a Spot VM scale set, and a Regular one for on-demand capacity where configured
+    (``on_demand_scale_set``: a provider of this class over it, :mod:`controller.providers.pools`); see the
+    module docstring."""
+
+    on_demand_setting = "azure.on_demand_scale_set (a scale set of Regular priority: docs/azure.md)"
 
     def __init__(
         self,
@@ -164,6 +169,11 @@ class AzureScaleSetProvider:
         self.tokens: TokenHandOvers | None = None  # None: no agent tokens handed out
         if vm_token is not None and settings.agent_tokens:
             self.tokens = TokenHandOvers(self.ops, vm_token, settings.token_retry_seconds)
+        on_demand = settings.on_demand()
+        if on_demand is not None:  # the Regular set: the same credential and client options, its own operations
+            self.on_demand = AzureScaleSetProvider(
+                on_demand, clock, self.port, credential=self.credential, vm_token=vm_token, **client_options
+            )
 
     @property
     def desired(self) -> int:
@@ -178,14 +188,14 @@ class AzureScaleSetProvider:
 
     # -- the Provider protocol
 
-    async def list_instances(self) -> frozenset[str]:
+    async def list_group(self) -> frozenset[str]:
         self.ops.check_readable()  # Retry-After: not even a read before then
         listed = await self.ops.read(self._list())
         self.instances = {i.name: i for i in listed}
         await self._maintain(listed)
         return frozenset(i.name for i in listed if not i.evicted)
 
-    async def request_capacity(self, slots: int) -> None:
+    async def request_group(self, slots: int) -> None:
         """Aim the set at the controller's level (within target and max); the next poll scales it."""
         self.wanted_slots = slots
         s = self.settings
@@ -194,7 +204,7 @@ class AzureScaleSetProvider:
             message = f"{wanted} VM(s) wanted, at most {self.desired} (max_capacity)"
             self.ops.event(facts.ProviderCapacityLimited(self.scale_set, message, wanted, self.desired))
 
-    async def release(self, name: str, *, force: bool = False) -> None:
+    async def release_group(self, name: str, *, force: bool = False) -> None:
         """Delete the instance of a node the controller gave up on (GONE, LOST) — never a busy one."""
         if not self.ops.may_release(name, delete_busy=self.settings.delete_busy_nodes, force=force):
             return
@@ -203,9 +213,13 @@ class AzureScaleSetProvider:
             return  # not (or no longer) in the scale set
         await self.ops.run(f"release:{name}", self._delete([instance], f"release {name}"))
 
-    async def close(self) -> None:
+    async def close_group(self) -> None:
         await self.ops.close()
         await self.client.close()
+
+    async def close(self) -> None:
+        """Both sets' work and clients, then the credential they share."""
+        await super().close()
         close = getattr(self.credential, "close", None)
         if close is not None:
             await close()
@@ -219,6 +233,7 @@ class AzureScaleSetProvider:
             "instances": len(alive),
             "evicted": len(self.instances) - len(alive),
             **self.ops.status(),
+            **({"on_demand": self.on_demand.status()} if isinstance(self.on_demand, AzureScaleSetProvider) else {}),
         }
 
     # -- Azure calls

@@ -47,12 +47,36 @@ class AzureSettings(BaseModel):
     # registration proves its VM; off: the VMs share shared_agent_token's token and only claim their names.
     agent_tokens: bool = True
     token_retry_seconds: float = Field(default=60.0, gt=0)  # after a failed hand-over, that VM's next try
+    # A second scale set, of Regular priority (on-demand VMs: never evicted, pay-as-you-go), for on-demand
+    # capacity (docs/azure.md); None: none, and a request for on-demand capacity is refused.
+    on_demand_scale_set: str | None = None
+    # The on-demand set's ceiling in VMs (its floor is 0: on-demand VMs only while asked for); None: max_capacity.
+    on_demand_max_capacity: int | None = Field(default=None, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _capacity_range(self) -> AzureSettings:
         if self.max_capacity is not None and self.max_capacity < self.target_capacity:
             raise ValueError(f"max_capacity {self.max_capacity} < target_capacity {self.target_capacity}")
+        if self.on_demand_scale_set is not None and self.on_demand_scale_set == self.scale_set:
+            raise ValueError(
+                f"on_demand_scale_set {self.on_demand_scale_set!r} is the Spot scale_set: name a second scale set "
+                "of Regular priority (deploy/azure)"
+            )
         return self
+
+    def on_demand(self) -> AzureSettings | None:
+        """The settings of the on-demand scale set's provider: its name, floor 0, its ceiling; None: no such set."""
+        if self.on_demand_scale_set is None:
+            return None
+        ceiling = self.on_demand_max_capacity if self.on_demand_max_capacity is not None else self.max_capacity
+        return self.model_copy(
+            update={
+                "scale_set": self.on_demand_scale_set,
+                "target_capacity": 0,
+                "max_capacity": ceiling if ceiling is not None else self.target_capacity,
+                "on_demand_scale_set": None,
+            }
+        )
 
     @field_validator("subscription_id")
     @classmethod
@@ -75,10 +99,10 @@ class AzureSettings(BaseModel):
             raise ValueError(f"{value!r}: 1-90 letters, digits, '_', '-', '.', '(', ')'; not ending in '.'")
         return value
 
-    @field_validator("scale_set")
+    @field_validator("scale_set", "on_demand_scale_set")
     @classmethod
-    def _scale_set(cls, value: str) -> str:
-        if not _SCALE_SET.match(value):
+    def _scale_set(cls, value: str | None) -> str | None:
+        if value is not None and not _SCALE_SET.match(value):
             raise ValueError(f"{value!r}: 1-64 letters, digits, '-', '_', '.'; starting with a letter or digit")
         return value
 

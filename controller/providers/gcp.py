@@ -49,6 +49,7 @@ from controller.providers.gcp_scale import Managed
 from controller.providers.identity import IdentityNotOffered, IdentityRefused, IdentityUnavailable
 from controller.providers.operations import Operations, Threads
 from controller.providers.operations import ProviderUnavailable as ProviderUnavailable  # the runner skips the poll
+from controller.providers.pools import PooledGroups
 from morphing.errors import UserInputError
 
 log = logging.getLogger("spotmorph.controller.gcp")
@@ -63,8 +64,12 @@ def credentials_for(settings: GcpSettings) -> Credentials | None:
     return AnonymousCredentials() if endpoint and urlsplit(endpoint).scheme == "http" else None  # type: ignore[no-untyped-call]
 
 
-class GcpInstanceGroupProvider:
-    """The Provider protocol over one managed instance group of Spot VMs; see the module docstring."""
+class GcpInstanceGroupProvider(PooledGroups):
+    """The Provider protocol over a managed instance group of Spot VMs, and one of standard VMs for on-demand
+    capacity where configured (a provider of this class over it, :mod:`controller.providers.pools`); see the
+    module docstring."""
+
+    on_demand_setting = "gcp.on_demand_instance_group (a group of standard VMs, without Spot scheduling: docs/gcp.md)"
 
     def __init__(
         self,
@@ -107,6 +112,11 @@ class GcpInstanceGroupProvider:
             settings.identity_certs, settings.identity_certs_refresh_seconds, wall, self.threads.call
         )
         self.wall = wall
+        on_demand = settings.on_demand()
+        if on_demand is not None:  # its own clients, threads and operations
+            self.on_demand = GcpInstanceGroupProvider(
+                on_demand, clock, self.port, credentials=credentials, sleep=sleep, wall=wall
+            )
 
     @property
     def desired(self) -> int:
@@ -125,14 +135,14 @@ class GcpInstanceGroupProvider:
 
     # -- the Provider protocol
 
-    async def list_instances(self) -> frozenset[str]:
+    async def list_group(self) -> frozenset[str]:
         self.ops.check_readable()  # rate limited: not even a read before then
         listed = await self._relist()
         self._report_creation_errors(listed)
         await self._maintain(listed)
         return frozenset(i.name for i in listed if i.alive)
 
-    async def request_capacity(self, slots: int) -> None:
+    async def request_group(self, slots: int) -> None:
         """Aim the group at the controller's level (within target and max); the next poll resizes it."""
         self.wanted_slots = slots
         wanted = instances_for(slots, self.settings.slots_per_instance)
@@ -140,7 +150,7 @@ class GcpInstanceGroupProvider:
             message = f"{wanted} VM(s) wanted, at most {self.desired} (max_capacity)"
             self.ops.event(facts.ProviderCapacityLimited(self.group, message, wanted, self.desired))
 
-    async def release(self, name: str, *, force: bool = False) -> None:
+    async def release_group(self, name: str, *, force: bool = False) -> None:
         """Delete the instance of a node the controller gave up on (GONE, LOST): never a busy one."""
         if not self.ops.may_release(name, delete_busy=self.settings.delete_busy_nodes, force=force):
             return
@@ -149,7 +159,7 @@ class GcpInstanceGroupProvider:
             return  # not (or no longer) in the group
         await self.ops.run(f"release:{name}", self._delete([instance], f"release {name}"))
 
-    async def close(self) -> None:
+    async def close_group(self) -> None:
         await self.ops.close()
         self.threads.shutdown()
         self.groups.transport.close()  # type: ignore[no-untyped-call]
@@ -162,12 +172,22 @@ class GcpInstanceGroupProvider:
             "desired_capacity": self.desired,
             "instances": sum(1 for i in self.instances.values() if i.alive),
             **self.ops.status(),
+            **({"on_demand": self.on_demand.status()} if isinstance(self.on_demand, GcpInstanceGroupProvider) else {}),
         }
 
     # -- identity (controller.providers.identity.IdentityVerifier)
 
     async def verify_identity(self, document: str) -> str:
-        """The instance name a signed identity token proves, if it names an instance of this group."""
+        """The instance name a signed identity token proves, if it names an instance of this group or, refused
+        there, of the on-demand group."""
+        try:
+            return await self._verify_in_group(document)
+        except IdentityRefused:
+            if not isinstance(self.on_demand, GcpInstanceGroupProvider):
+                raise
+            return await self.on_demand._verify_in_group(document)
+
+    async def _verify_in_group(self, document: str) -> str:
         s = self.settings
         if not s.agent_tokens:
             raise IdentityNotOffered("this controller hands out no per-VM tokens (gcp.agent_tokens is off)")

@@ -83,11 +83,36 @@ class GcpSettings(BaseModel):
     """How long fetched keys are used before they are fetched again (a token naming an unknown key refetches
     them at once, at most once a minute)."""
 
+    on_demand_instance_group: str | None = None
+    """A second managed instance group in the zone, of standard (not Spot) VMs, for on-demand capacity
+    (deploy/gcp/); None: none, and a request for on-demand capacity is refused."""
+    on_demand_max_capacity: int | None = Field(default=None, ge=0, le=1000)
+    """The on-demand group's ceiling in VMs (its floor is 0); None: ``max_capacity`` (or ``target_capacity``)."""
+
     @model_validator(mode="after")
     def _capacity_range(self) -> GcpSettings:
         if self.max_capacity is not None and self.max_capacity < self.target_capacity:
             raise ValueError(f"max_capacity {self.max_capacity} < target_capacity {self.target_capacity}")
+        if self.on_demand_instance_group == self.instance_group:
+            raise ValueError(
+                f"on_demand_instance_group {self.instance_group!r} is the Spot group: name a second group whose "
+                "instance template has no Spot scheduling (deploy/gcp/)"
+            )
         return self
+
+    def on_demand(self) -> GcpSettings | None:
+        """The settings of the on-demand group's provider: its name, floor 0, its ceiling; None: no such group."""
+        if self.on_demand_instance_group is None:
+            return None
+        ceiling = self.on_demand_max_capacity if self.on_demand_max_capacity is not None else self.max_capacity
+        update = {"instance_group": self.on_demand_instance_group, "on_demand_instance_group": None}
+        return self.model_copy(
+            update={
+                **update,
+                "target_capacity": 0,
+                "max_capacity": ceiling if ceiling is not None else self.target_capacity,
+            }
+        )
 
     @property
     def audience(self) -> str:
@@ -108,10 +133,10 @@ class GcpSettings(BaseModel):
             raise ValueError(f"{value!r} is not a zone (like us-central1-a; a regional group is not supported)")
         return value
 
-    @field_validator("instance_group")
+    @field_validator("instance_group", "on_demand_instance_group")
     @classmethod
-    def _group(cls, value: str) -> str:
-        if not _NAME.match(value):
+    def _group(cls, value: str | None) -> str | None:
+        if value is not None and not _NAME.match(value):
             raise ValueError(f"{value!r}: 1-63 lowercase letters, digits and '-', starting with a letter")
         return value
 

@@ -15,6 +15,7 @@ from typing import Any
 from controller.eventlog import provider_facts
 from controller.eventlog.fact import Fact
 from controller.providers.base import Provider, ProviderInbox
+from scheduler.pools import PoolKind
 
 log = logging.getLogger("spotmorph.controller")
 
@@ -90,11 +91,12 @@ async def release(provider: Provider, inbox: ProviderInbox, node: str) -> None:
         inbox.report(provider_facts.ProviderReleaseFailed(node, str(exc)))
 
 
-async def request_capacity(provider: Provider, slots: int) -> Fact:
-    """Ask the provider for ``slots``; what came of it, as the event the log keeps (failures logged too)."""
+async def request_capacity(provider: Provider, slots: int, pool: PoolKind = PoolKind.SPOT) -> Fact:
+    """Ask the provider for ``slots`` of ``pool``; what came of it, as the event the log keeps (failures logged too:
+    on-demand from a provider without an on-demand pool is one, naming the setting that adds it)."""
     try:
-        await provider.request_capacity(slots)
+        await provider.request_capacity(slots, pool)
     except Exception as exc:
-        log.warning("capacity request for %d slots failed: %s", slots, exc)
+        log.warning("capacity request for %d %s slots failed: %s", slots, pool, exc)
         return provider_facts.ProviderCapacityRequestFailed(slots, str(exc))
     return provider_facts.CapacityRequested(slots)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from morphing.errors import UserInputError
 from morphing.words import plural
+from scheduler.pools import PoolKind
 from spotmorph.local import cluster, controllers, faults, platform, replay
 from spotmorph.local.clouds import DEFAULT_NOTICE, require_warning
 from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="local_command", metavar="ACTION", required=True)
     _add_up(sub.add_parser("up", help="start a local cluster"))
     add = sub.add_parser("add", help="add nodes")
+    add.add_argument("--on-demand", action="store_true", help="on-demand VMs: the cloud never evicts them")
+    sub.add_parser("vms", help="list the VMs: name, node, pool (spot or on-demand), alive")
     add.add_argument("count", type=int, nargs="?", default=1, help="how many VMs (default 1)")
     preempt = sub.add_parser("preempt", help="evict a node with notice, the way the cluster's cloud does")
     preempt.add_argument("node", help="the node to evict (node-N, as `spotmorph nodes` lists it)")
@@ -161,16 +164,20 @@ def run(args: argparse.Namespace) -> int:
         print(faults.run(provider, args))
         return 0
     if action == "add":
-        provider.start(args.count)
-        print(f"starting {args.count} node(s); they appear in `spotmorph nodes` once registered")
+        pool = PoolKind.ON_DEMAND if args.on_demand else PoolKind.SPOT
+        provider.start(args.count, pool)
+        print(f"starting {args.count} {pool} node(s); they appear in `spotmorph nodes` once registered")
+    elif action == "vms":
+        for vm in provider.vms():
+            print(f"{vm.name:<10} {vm.node_name or '-':<10} {vm.pool:<10} {'alive' if vm.alive() else 'gone'}")
     elif action == "preempt":
-        vm = cluster.require_node(provider, args.node)
+        vm = cluster.require_node(provider, args.node, evicting="cannot preempt")
         notice = DEFAULT_NOTICE[provider.cloud] if args.notice is None else args.notice
         said = platform.announce_eviction(provider.cloud, context.imds_url, vm.name, args.node, notice)
         print(f"{said} of {args.node} announced with {notice:.0f}s notice ({provider.cloud})")
     elif action == "rebalance":
         require_warning(provider.cloud)
-        vm = cluster.require_node(provider, args.node)
+        vm = cluster.require_node(provider, args.node, evicting="no eviction risk for")
         said = platform.announce_risk(provider.cloud, context.imds_url, vm.name)
         print(f"{said} for {args.node}: the controller grows nothing onto it and moves its job off when it can")
     elif action == "kill":

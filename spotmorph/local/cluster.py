@@ -24,6 +24,7 @@ from pathlib import Path
 from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
 from controller.files import write_private
 from morphing.errors import UserInputError
+from scheduler.pools import PoolKind
 from spotmorph.local import controllers, gpu_share, netns, platform, vm_start
 from spotmorph.local.flags import within
 from spotmorph.local.layout import ClusterDir
@@ -88,11 +89,19 @@ def provider_of(context: Context) -> LocalProcessProvider:
     )
 
 
-def require_node(provider: LocalProcessProvider, node: str) -> LocalVm:
+def require_node(provider: LocalProcessProvider, node: str, evicting: str = "") -> LocalVm:
+    """The running VM of ``node``; ``evicting`` (what the cloud would do to it): refused for an on-demand VM,
+    which the cloud never takes back."""
     vm = provider.find(node)
     if vm is None or not vm.alive():
         known = sorted(n for v in provider.vms() if v.alive() and (n := v.node_name))
         raise UserInputError(f"node {node!r} is not running here; running nodes: {', '.join(known) or 'none'}")
+    if evicting and vm.pool is PoolKind.ON_DEMAND:
+        spot = sorted(n for v in provider.vms() if v.alive() and v.pool is PoolKind.SPOT and (n := v.node_name))
+        raise UserInputError(
+            f"{evicting} {node}: it is an on-demand VM, which the cloud never evicts (`spotmorph local kill` ends "
+            f"it as a crash would); spot nodes: {', '.join(spot) or 'none'}"
+        )
     return vm
 
 

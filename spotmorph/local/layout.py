@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.tokens import NODE_SECRET
+from scheduler.pools import PoolKind
 from worker_agent.contract import AgentWorkDir
 
 LOCAL = "local"  # the cluster's folder in $SPOTMORPH_HOME
@@ -73,6 +74,18 @@ class VmDir:
     @property
     def log(self) -> Path:
         return self.path / "agent.log"
+
+    @property
+    def pool_file(self) -> Path:
+        """Which pool the VM is of (``spot``, ``on-demand``); a VM without one, from before pools, is spot."""
+        return self.path / "pool"
+
+    @property
+    def pool(self) -> PoolKind:
+        try:
+            return PoolKind(self.pool_file.read_text().strip())
+        except (OSError, ValueError):
+            return PoolKind.SPOT
 
     @property
     def pid(self) -> int | None:

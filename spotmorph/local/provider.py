@@ -27,6 +27,7 @@ from controller.eventlog.provider_facts import LocalVmsStarted
 from controller.files import write_private
 from controller.providers.base import ProviderPort, SilentPort, instances_for
 from controller.tokens import issue_vm_token
+from scheduler.pools import PoolKind
 from spotmorph.local import gpu_share, netns, vm_start
 from spotmorph.local.clouds import read_cloud, vm_metadata_url
 from spotmorph.local.layout import ClusterDir, VmDir
@@ -66,10 +67,12 @@ class LocalProcessProvider:
         state_dir: Path | None = None,
         fork_vms: bool = False,
         cloud: Cloud | None = None,
+        max_on_demand_nodes: int | None = None,
     ) -> None:
         """``state_dir``: the controller's, whose secret the VMs' agent tokens derive from (default: the cluster's).
         ``fork_vms``: start CPU VMs as forks of this process, which imports once for all (:mod:`vm_start`).
-        ``cloud``: whose metadata the agents watch at ``imds_url`` (default: the cluster's, :mod:`.clouds`)."""
+        ``cloud``: whose metadata the agents watch at ``imds_url`` (default: the cluster's, :mod:`.clouds`).
+        ``max_on_demand_nodes``: on-demand VMs (never evicted by the cloud) at most (default: ``max_nodes``)."""
         self.cluster_dir = cluster_dir
         self.files = ClusterDir(cluster_dir)
         self.controller = controller
@@ -78,6 +81,7 @@ class LocalProcessProvider:
         self.imds_url = imds_url
         self.command = tuple(command)
         self.max_nodes = max_nodes  # request_capacity starts agents up to this many alive VMs (0: never)
+        self.max_on_demand_nodes = max_nodes if max_on_demand_nodes is None else max_on_demand_nodes
         self.port: ProviderPort = port or SilentPort()
         self.gpus_per_node = gpus_per_node  # each VM's own GPUs of this host (0: CPU slots)
         self.fork_vms = fork_vms
@@ -89,18 +93,25 @@ class LocalProcessProvider:
     def find(self, node: str) -> LocalVm | None:
         return next((vm for vm in self.vms() if vm.node_name == node), None)
 
+    async def list_pools(self) -> dict[str, PoolKind]:
+        """Registered VMs alive now, each with its pool (the file its VM's folder keeps)."""
+        return {name: vm.pool for vm in self.vms() if vm.alive() and (name := vm.node_name)}
+
     async def list_instances(self) -> frozenset[str]:
-        return frozenset(name for vm in self.vms() if vm.alive() and (name := vm.node_name))
+        return frozenset(await self.list_pools())
 
-    async def request_capacity(self, slots: int) -> None:
-        """Start agents until the alive VMs (registered or still booting) hold ``slots`` slots, up to ``max_nodes``.
+    async def request_capacity(self, slots: int, pool: PoolKind = PoolKind.SPOT) -> None:
+        """Start agents until the alive VMs of ``pool`` (registered or still booting) hold ``slots`` slots, up to
+        ``max_nodes`` (spot) or ``max_on_demand_nodes`` (on-demand).
 
-        Booting VMs count, so asking again before they register starts nothing more.
+        Booting VMs count, so asking again before they register starts nothing more. A lower level stops
+        nothing: the controller releases the VMs it no longer needs.
         """
-        alive_vms = sum(1 for vm in self.vms() if vm.alive())
-        missing = min(self.max_nodes, instances_for(slots, self.slots)) - alive_vms
+        alive_vms = sum(1 for vm in self.vms() if vm.alive() and vm.pool is pool)
+        ceiling = self.max_nodes if pool is PoolKind.SPOT else self.max_on_demand_nodes
+        missing = min(ceiling, instances_for(slots, self.slots)) - alive_vms
         if missing > 0:
-            started = self.start(missing)
+            started = self.start(missing, pool)
             names = [vm.name for vm in started]
             self.port.report(LocalVmsStarted(names, self.slots, ", ".join(names)))
 
@@ -112,8 +123,8 @@ class LocalProcessProvider:
     async def close(self) -> None:
         return None  # agents outlive the controller, as VMs would
 
-    def start(self, count: int) -> list[LocalVm]:
-        """Start ``count`` agents now, each with the agent token of its own instance; each registers and
+    def start(self, count: int, pool: PoolKind = PoolKind.SPOT) -> list[LocalVm]:
+        """Start ``count`` agents of ``pool`` now, each with the agent token of its own instance; each registers and
         gets its node name from the controller (a respawned agent, with the same token, gets it back).
 
         In a ``--netns`` cluster each VM gets a network namespace of its own first, its agent runs in it
@@ -135,6 +146,7 @@ class LocalProcessProvider:
                 netns.add_vm(self.files, plan, serial)
                 where = netns.exec_prefix(plan.namespace(serial))
             vm.path.mkdir(parents=True)
+            vm.pool_file.write_text(f"{pool}\n")
             write_private(vm.token_file, f"{issue_vm_token(self.state_dir, vm.name)}\n".encode())
             args = [
                 *where,

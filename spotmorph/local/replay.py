@@ -14,6 +14,7 @@ from pathlib import Path
 
 from morphing.errors import UserInputError
 from morphing.traces import Trace, parse_trace
+from scheduler.pools import PoolKind
 from spotmorph.local.flags import MAX_NOTICE_SECONDS, within
 from spotmorph.local.platform import announce_eviction
 from spotmorph.local.provider import LocalProcessProvider, kill_vm
@@ -62,7 +63,7 @@ def replay(
         delay = seconds / options.speedup - (clock() - start)
         if delay > 0:
             sleep(delay)
-        live = [v for v in provider.vms() if v.alive()]
+        live = [v for v in provider.vms() if v.alive() and v.pool is PoolKind.SPOT]  # a spot trace: spot VMs
         if want > len(live):
             provider.start(want - len(live))
             say(f"t={seconds:>8.0f}s  +{want - len(live)} node(s)")

@@ -84,6 +84,7 @@ class FakeAws:
     moto: MotoServer
     etc_root: Path
     group: str = "spotmorph-spot"
+    on_demand_group: str | None = None  # a second group, of On-Demand instances only (deploy/aws's OnDemandGroup)
     max_size: int = 8
     min_size: int = 0
     invocation_polls: int = 0
@@ -105,18 +106,34 @@ class FakeAws:
 
     def start(self) -> str:
         """The group in moto (as deploy/aws's template makes it) and the front; the front's URL."""
-        ec2, scaling = self.moto.client("ec2"), self.moto.client("autoscaling")
+        ec2 = self.moto.client("ec2")
         template = f"{self.group}-launch"
         ec2.create_launch_template(
             LaunchTemplateName=template, LaunchTemplateData={"ImageId": AMI, "InstanceType": "g5.xlarge"}
         )
-        scaling.create_auto_scaling_group(
-            AutoScalingGroupName=self.group,
-            MinSize=self.min_size,
-            MaxSize=self.max_size,
-            DesiredCapacity=self.min_size,
-            AvailabilityZones=[f"{REGION}a", f"{REGION}b"],
-            NewInstancesProtectedFromScaleIn=True,
+        self._create_group(self.group, template, spot=True)
+        if self.on_demand_group is not None:
+            self._create_group(self.on_demand_group, template, spot=False)
+        self._listen()
+        return self.url
+
+    def _create_group(self, name: str, template: str, spot: bool) -> None:
+        """Spot: a mixed instances policy of several types, price-capacity-optimized, capacity rebalance on;
+        On-Demand: the launch template's type, nothing to rebalance."""
+        arguments: dict[str, Any] = {
+            "AutoScalingGroupName": name,
+            "MinSize": self.min_size if spot else 0,
+            "MaxSize": self.max_size,
+            "DesiredCapacity": self.min_size if spot else 0,
+            "AvailabilityZones": [f"{REGION}a", f"{REGION}b"],
+            "NewInstancesProtectedFromScaleIn": True,
+        }
+        if not spot:
+            arguments["LaunchTemplate"] = {"LaunchTemplateName": template, "Version": "$Latest"}
+            self.moto.client("autoscaling").create_auto_scaling_group(**arguments)
+            return
+        self.moto.client("autoscaling").create_auto_scaling_group(
+            **arguments,
             CapacityRebalance=True,
             MixedInstancesPolicy={
                 "LaunchTemplate": {
@@ -130,8 +147,6 @@ class FakeAws:
                 },
             },
         )
-        self._listen()
-        return self.url
 
     @property
     def url(self) -> str:
@@ -181,13 +196,16 @@ class FakeAws:
     def failed_launch(self, message: str) -> None:
         self._launches.append(message)
 
-    def describe(self) -> dict[str, Any]:
-        groups = self.moto.client("autoscaling").describe_auto_scaling_groups(AutoScalingGroupNames=[self.group])
+    def describe(self, group: str | None = None) -> dict[str, Any]:
+        scaling = self.moto.client("autoscaling")
+        groups = scaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group or self.group])
         found: dict[str, Any] = groups["AutoScalingGroups"][0]
         return found
 
-    def names(self) -> frozenset[str]:
-        return frozenset(i["InstanceId"] for i in self.describe()["Instances"] if i["LifecycleState"] == "InService")
+    def names(self, group: str | None = None) -> frozenset[str]:
+        """The instances in service of the Spot group (or of ``group``)."""
+        instances = self.describe(group)["Instances"]
+        return frozenset(i["InstanceId"] for i in instances if i["LifecycleState"] == "InService")
 
     def add(self, count: int) -> list[str]:
         """``count`` more instances in service (as if the group had them before the provider started)."""

@@ -3,7 +3,9 @@
 Served over HTTPS on 127.0.0.1 (aiohttp, a test CA), so the provider runs the real SDK path end to end:
 ``ComputeManagementClient`` with its aiohttp transport, bearer-token policy, retry policy (429 and
 Retry-After), ARM long-running-operation polling (``Azure-AsyncOperation`` and ``Location``), paging
-(``nextLink``) and error mapping. One scale set; VMs have a provisioning state and a power state.
+(``nextLink``) and error mapping. One scale set of Spot priority, and more where a test adds them
+(``add_scale_set``: a Regular one for on-demand VMs, say), each with its own VMs, served by the first's server;
+VMs have a provisioning state and a power state.
 
 Knobs for scenarios: ``throttle(n, after)`` (the next n requests get 429), ``capacity_unavailable``
 (scale-outs fail with AllocationFailed), ``op_polls`` (how many polls an operation stays InProgress),
@@ -24,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from controller.client.certs import make_cluster_certs
+from tests.azure.fake_arm_json import flexible_json, uniform_json, vmss_json
 from tests.azure.fake_run_command import FakeRunCommands
 
 API = "2026-04-01"
@@ -73,6 +76,9 @@ class FakeArm:
     _ops: Any = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
     run_commands: FakeRunCommands | None = None  # made by start(): VMs' /etc/spotmorph under its folder
+    priority: str = "Spot"  # Regular: on-demand VMs (no eviction policy, no max price)
+    root: FakeArm | None = None  # the scale set whose server serves this one (None: this one's own)
+    siblings: dict[str, FakeArm] = field(default_factory=dict)  # other scale sets in the group, by name
 
     # -- test controls
 
@@ -83,6 +89,14 @@ class FakeArm:
             vm.provisioning, vm.power = "Succeeded", "running"
             names.append(vm.name)
         return names
+
+    def add_scale_set(self, name: str, priority: str = "Regular") -> FakeArm:
+        """A second scale set in the same group, served here (knobs such as op_polls and throttle are the server's)."""
+        sibling = FakeArm(self.subscription, self.group, name, self.orchestration, location=self.location)
+        sibling.priority, sibling.root, sibling.requests = priority, self, self.requests
+        sibling.run_commands, sibling._ops = self.run_commands, self._ops
+        self.siblings[name] = sibling
+        return sibling
 
     def throttle(self, requests: int, retry_after: int) -> None:
         self._throttle, self._retry_after = requests, retry_after
@@ -113,6 +127,8 @@ class FakeArm:
         context.load_cert_chain(folder / "server.crt", folder / "server.key")
         self.ca_file = folder / "ca.crt"
         self.run_commands = FakeRunCommands(folder / "vm-etc")
+        for sibling in self.siblings.values():
+            sibling.run_commands = self.run_commands
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
@@ -149,16 +165,33 @@ class FakeArm:
         if request.query.get("api-version") != API and "/operations/" not in path and "/operationResults/" not in path:
             return _error(400, "InvalidApiVersion", f"api-version {request.query.get('api-version')}")
         body: Any = await request.json() if request.can_read_body else None
-        vmss = self._vmss_path
         prefix = f"/subscriptions/{self.subscription}/resourceGroups/"
         if path.lower().startswith(prefix.lower()) and not path.lower().startswith(f"{prefix}{self.group}/".lower()):
             return _error(404, "ResourceGroupNotFound", f"Resource group '{path.split('/')[4]}' could not be found.")
+        return self._scale_set_for(request)._serve(request, body)
+
+    def _scale_set_for(self, request: web.Request) -> FakeArm:
+        """The scale set a request is about: by its path, its listing's filter, or the VM or operation it names."""
+        for sibling in self.siblings.values():
+            vmss, path = sibling._vmss_path, request.path
+            if path == vmss or path.startswith(f"{vmss}/") or vmss in request.query.get("$filter", ""):
+                return sibling
+            if any(f"/virtualMachines/{vm.name}/" in path for vm in sibling.vms.values()):
+                return sibling
+            if path.rsplit("/", 1)[-1] in sibling.operations:
+                return sibling
+        return self
+
+    def _serve(self, request: web.Request, body: Any) -> web.StreamResponse:
+        path, method = request.path, request.method
+        vmss = self._vmss_path
+        prefix = f"/subscriptions/{self.subscription}/resourceGroups/"
         if path == vmss and method == "GET":
-            return web.json_response(self._vmss_json())
+            return web.json_response(vmss_json(self))
         if path == vmss and method == "PATCH":
             return self._update(body)
         if path == f"{vmss}/virtualMachines" and method == "GET":
-            return self._list(request, [self._uniform_json(v) for v in self._listing(request)])
+            return self._list(request, [uniform_json(self, v) for v in self._listing(request)])
         if path == f"{vmss}/delete" and method == "POST":
             return self._delete(body)
         match = re.fullmatch(re.escape(vmss) + r"/virtualMachines/([^/]+)/simulateEviction", path)
@@ -168,7 +201,7 @@ class FakeArm:
             expected = f"'virtualMachineScaleSet/id' eq '{vmss}'"
             if request.query.get("$filter") != expected:
                 return _error(400, "InvalidFilter", f"$filter {request.query.get('$filter')!r}")
-            return self._list(request, [self._flexible_json(v) for v in self._listing(request)])
+            return self._list(request, [flexible_json(self, v) for v in self._listing(request)])
         run_command = FakeRunCommands.match(path, vmss, f"{prefix}{self.group}")
         if run_command is not None:
             return self._run_command(method, path, body, *run_command)
@@ -217,15 +250,16 @@ class FakeArm:
         status: int = 202,
         on_set: bool = True,
     ) -> web.Response:
-        op = Operation(f"op-{next(self._ops)}", self.op_polls, done, fail, error, on_set=on_set)
+        server = self.root or self
+        op = Operation(f"op-{next(self._ops)}", server.op_polls, done, fail, error, on_set=on_set)
         self.operations[op.id] = op
-        base = f"{self.base_url}/subscriptions/{self.subscription}/providers/Microsoft.Compute"
+        base = f"{server.base_url}/subscriptions/{self.subscription}/providers/Microsoft.Compute"
         base += f"/locations/{self.location}"
         headers = {
             "Azure-AsyncOperation": f"{base}/operations/{op.id}?api-version={API}",
             "Location": f"{base}/operationResults/{op.id}?api-version={API}",
         }
-        body = self._vmss_json() if status == 200 else None
+        body = vmss_json(self) if status == 200 else None
         if body is None:
             return web.Response(status=status, headers=headers)
         return web.json_response(body, status=status, headers=headers)
@@ -336,59 +370,10 @@ class FakeArm:
         document: dict[str, Any] = {"value": page}
         if start + self.page_size < len(items):
             query = "&".join(f"{k}={v}" for k, v in request.query.items() if k != "$skiptoken")
-            document["nextLink"] = f"{self.base_url}{request.path}?{query}&$skiptoken={start + self.page_size}"
+            document["nextLink"] = (
+                f"{(self.root or self).base_url}{request.path}?{query}&$skiptoken={start + self.page_size}"
+            )
         return web.json_response(document)
-
-    def _vmss_json(self) -> dict[str, Any]:
-        state = "Updating" if self.in_progress() else "Succeeded"
-        return {
-            "id": self._vmss_path,
-            "name": self.scale_set,
-            "type": "Microsoft.Compute/virtualMachineScaleSets",
-            "location": self.location,
-            "sku": {"name": "Standard_NC24ads_A100_v4", "tier": "Standard", "capacity": self.capacity},
-            "properties": {
-                "provisioningState": state,
-                "orchestrationMode": self.orchestration,
-                "singlePlacementGroup": False,
-                "virtualMachineProfile": {
-                    "priority": "Spot",
-                    "evictionPolicy": self.eviction_policy,
-                    "billingProfile": {"maxPrice": self.max_price},
-                },
-            },
-        }
-
-    def _statuses(self, vm: FakeVm) -> list[dict[str, str]]:
-        return [
-            {"code": f"ProvisioningState/{vm.provisioning.lower()}", "level": "Info"},
-            {"code": f"PowerState/{vm.power}", "level": "Info"},
-        ]
-
-    def _uniform_json(self, vm: FakeVm) -> dict[str, Any]:
-        return {
-            "id": f"{self._vmss_path}/virtualMachines/{vm.instance_id}",
-            "name": vm.name,
-            "instanceId": vm.instance_id,
-            "location": self.location,
-            "properties": {
-                "provisioningState": vm.provisioning,
-                "osProfile": {"computerName": f"{self.scale_set}{int(vm.instance_id):06x}"},
-                "instanceView": {"statuses": self._statuses(vm)},
-            },
-        }
-
-    def _flexible_json(self, vm: FakeVm) -> dict[str, Any]:
-        return {
-            "id": f"{self._vmss_path.rsplit('/', 2)[0]}/virtualMachines/{vm.name}",
-            "name": vm.name,
-            "location": self.location,
-            "properties": {
-                "provisioningState": vm.provisioning,
-                "virtualMachineScaleSet": {"id": self._vmss_path},
-                "instanceView": {"statuses": self._statuses(vm)},
-            },
-        }
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

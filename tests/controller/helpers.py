@@ -18,6 +18,7 @@ from controller.persistence.store import Store
 from morphing.jobspec import JobSpec
 from morphing.planner import Planner
 from morphing.profile import parse_profile
+from scheduler.pools import PoolKind
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -128,16 +129,21 @@ class FakeProvider:
 
     def __init__(self, instances: frozenset[str] = frozenset(), *, fail_requests: bool = False) -> None:
         self.instances = set(instances)
-        self.requested: list[int] = []  # every level asked for, in order
+        self.requested: list[int] = []  # every spot level asked for, in order
+        self.on_demand: set[str] = set()  # the instances of the on-demand pool (the others are spot)
+        self.requested_on_demand: list[int] = []  # every on-demand level asked for, in order
         self.released: list[str] = []
         self.fail_requests = fail_requests
         self.closed = False
 
+    async def list_pools(self) -> dict[str, PoolKind]:
+        return {name: PoolKind.ON_DEMAND if name in self.on_demand else PoolKind.SPOT for name in self.instances}
+
     async def list_instances(self) -> frozenset[str]:
         return frozenset(self.instances)
 
-    async def request_capacity(self, slots: int) -> None:
-        self.requested.append(slots)
+    async def request_capacity(self, slots: int, pool: PoolKind = PoolKind.SPOT) -> None:
+        (self.requested if pool is PoolKind.SPOT else self.requested_on_demand).append(slots)
         if self.fail_requests:
             raise RuntimeError(f"cannot provide {slots} slots")
 

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from controller.providers.azure import AzureScaleSetProvider
 from controller.providers.azure_scale import GONE_POWER
@@ -14,6 +15,8 @@ from tests.azure.harness import harness
 from tests.providers.contract import Clock, Factory, Options, Port, Subject, pending, settle
 from tests.providers.gate import Gate
 
+ON_DEMAND = "ondemand"  # the Regular scale set beside the Spot one
+
 
 @dataclass
 class AzureCloud:
@@ -21,7 +24,7 @@ class AzureCloud:
     gate: Gate
 
     def names(self) -> frozenset[str]:
-        vms = self.fake.vms.values()
+        vms = [v for fake in (self.fake, *self.fake.siblings.values()) for v in fake.vms.values()]
         return frozenset(v.name for v in vms if v.provisioning != "Deleting" and v.power not in GONE_POWER)
 
     def mutations(self) -> int:
@@ -53,6 +56,10 @@ def azure_factory(folder: Path) -> Factory:
             clock, port = Clock(), Port()
             h.clock = clock
             cloud = AzureCloud(h.fake, gate)
+            on_demand: dict[str, Any] = {}
+            if options.on_demand_instances:
+                h.fake.add_scale_set(ON_DEMAND)  # Regular priority
+                on_demand = {"on_demand_scale_set": ON_DEMAND, "on_demand_max_capacity": options.on_demand_instances}
 
             def provider() -> AzureScaleSetProvider:
                 return h.provider(
@@ -61,6 +68,7 @@ def azure_factory(folder: Path) -> Factory:
                     max_capacity=options.max_instances,
                     slots_per_instance=options.slots_per_instance,
                     retries=options.retries,
+                    **on_demand,
                 )
 
             try:  # the harness closes its providers on exit (closing one the test closed does nothing)

@@ -9,8 +9,8 @@ time from ``subject.clock``; on exit it closes the provider and the fake.
 
 The cloud handle (:class:`Cloud`) inspects and perturbs the fake:
 
-- ``names()``: the instances of the group (scale set, managed instance group) that exist and are not on their
-  way out: what ``list_instances`` must answer once the provider has caught up;
+- ``names()``: the instances of the groups (scale sets, managed instance groups; spot and on-demand) that exist
+  and are not on their way out: what ``list_instances`` must answer once the provider has caught up;
 - ``mutations()``: how many requests that change the cloud the fake received so far (idempotence);
 - ``requests()``: how many requests of any kind (nothing is sent while backing off);
 - ``evict(name)``: the cloud takes that instance away (a Spot interruption), as it would;
@@ -27,6 +27,10 @@ instance is not listed and is replaced; an unreachable API makes ``list_instance
 says ProviderUnreachable; a throttled request is retried (a throttling shorter than the retries is not even
 seen), a longer one says ProviderThrottled once, raises ``CannotList`` and sends nothing until the backoff
 (``throttle_backoff_seconds`` at most) has passed; ``close`` ends the background work promptly, even stalled.
+Pools (``Options.on_demand_instances`` > 0 adds an on-demand group): each pool's level is its own, reached and
+kept alike (asking again, or after a restart, changes nothing); ``list_pools`` names each instance's pool; a
+release takes the instance from its own pool; without an on-demand group, a level above zero of on-demand is
+refused (``PoolNotConfigured``, naming the setting) and level zero is granted.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class Options:
     max_instances: int = 4  # the provider's ceiling; its floor is 0
     retries: int = 2  # retries of a throttled or failed call, their waits not slept (injected)
     throttle_backoff_seconds: float = 600.0  # the most a throttled provider may wait before it calls again
+    on_demand_instances: int = 0  # > 0: an on-demand group (floor 0) beside the spot one, with this ceiling
 
 
 @dataclass

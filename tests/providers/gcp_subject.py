@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from controller.providers.gcp import GcpInstanceGroupProvider
 from tests.gcp.fake_compute import FakeCompute
-from tests.gcp.harness import GROUP, harness
+from tests.gcp.harness import harness
 from tests.providers.contract import Clock, Factory, Options, Port, Subject, pending, settle
 
+ON_DEMAND = "ondemand"  # the group of standard VMs beside the Spot one
 STOPPED = frozenset({"STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED"})
 
 
@@ -24,7 +26,7 @@ class GcpCloud:
     fake: FakeCompute
 
     def names(self) -> frozenset[str]:
-        instances = self.fake.groups[GROUP].instances.values()
+        instances = [i for group in self.fake.groups.values() for i in group.instances.values()]
         return frozenset(
             i.name for i in instances if i.action not in ("DELETING", "ABANDONING") and i.status not in STOPPED
         )
@@ -55,6 +57,13 @@ def gcp_factory() -> Factory:
             clock, port = Clock(), Port()
             h.clock = clock
             cloud = GcpCloud(h.fake)
+            on_demand: dict[str, Any] = {}
+            if options.on_demand_instances:
+                h.fake.add_group(ON_DEMAND, template="spotmorph-worker-on-demand")  # standard VMs, no Spot scheduling
+                on_demand = {
+                    "on_demand_instance_group": ON_DEMAND,
+                    "on_demand_max_capacity": options.on_demand_instances,
+                }
 
             def provider() -> GcpInstanceGroupProvider:
                 return h.provider(
@@ -63,6 +72,7 @@ def gcp_factory() -> Factory:
                     max_capacity=options.max_instances,
                     slots_per_instance=options.slots_per_instance,
                     retries=options.retries,
+                    **on_demand,
                 )
 
             try:  # the harness closes its providers on exit

@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from controller.providers.base import CannotList
+from controller.providers.base import CannotList, PoolNotConfigured
+from scheduler.pools import PoolKind
 from tests.providers.contract import Factory, Options, Subject, converge
 
 # provider -> the fixture that returns its factory (conftest.py); a new provider adds its line here
@@ -145,5 +146,45 @@ def test_close_ends_background_work_even_stalled(make: Factory) -> None:
         assert s.pending(s.provider) > 0
         await asyncio.wait_for(s.provider.close(), 10)
         assert s.pending(s.provider) == 0
+
+    run(make, scenario)
+
+
+def test_each_pool_keeps_its_own_level_and_releases_from_its_own_group(make: Factory) -> None:
+    async def scenario(s: Subject) -> None:
+        p = s.provider
+        await p.request_capacity(4)  # 2 spot instances
+        await p.request_capacity(2, PoolKind.ON_DEMAND)  # 1 on-demand instance
+        listed = await converge(s)
+        pools = await p.list_pools()
+        assert listed == frozenset(pools) == s.cloud.names()
+        spot = sorted(n for n, kind in pools.items() if kind is PoolKind.SPOT)
+        (on_demand,) = [n for n, kind in pools.items() if kind is PoolKind.ON_DEMAND]
+        assert len(spot) == 2
+        changes = s.cloud.mutations()
+        await p.request_capacity(2, PoolKind.ON_DEMAND)
+        restarted = s.restart()
+        await restarted.request_capacity(4)
+        await restarted.request_capacity(2, PoolKind.ON_DEMAND)
+        assert await converge(s, restarted) == listed and s.cloud.mutations() == changes, "levels, not increments"
+        await p.list_pools()
+        await p.release(on_demand)  # when spot returns, the controller gives on-demand back first
+        await p.request_capacity(0, PoolKind.ON_DEMAND)
+        await s.settle(p)
+        after = await converge(s)
+        assert on_demand not in after and after == s.cloud.names()
+        assert set((await p.list_pools()).values()) == {PoolKind.SPOT} and sorted(after) == spot
+
+    run(make, scenario, Options(on_demand_instances=2))
+
+
+def test_without_an_on_demand_group_on_demand_is_refused_naming_the_setting(make: Factory) -> None:
+    async def scenario(s: Subject) -> None:
+        await s.provider.request_capacity(0, PoolKind.ON_DEMAND)  # "none" is always granted
+        with pytest.raises(PoolNotConfigured, match="on_demand"):
+            await s.provider.request_capacity(2, PoolKind.ON_DEMAND)
+        await s.provider.request_capacity(2)
+        await converge(s)
+        assert set((await s.provider.list_pools()).values()) == {PoolKind.SPOT}
 
     run(make, scenario)
