@@ -31,6 +31,8 @@ SAMPLE = {  # parameter values for rendering the user data
     "TorchIndex": "https://download.pytorch.org/whl/cu126",
     "SpotmorphPackage": "spotmorph[gpu]",
     "SpotGroup": "stack-SpotGroup-ABC",
+    "OnDemandGroup": "stack-OnDemandGroup-DEF",
+    "OnDemandMaxSize": "2",
     "AWS::Region": "us-east-1",
     "AWS::StackName": "stack",
 }
@@ -65,7 +67,7 @@ def test_cfn_lint_finds_nothing() -> None:
 
 
 def test_the_group_is_spot_only_over_several_types_rebalanced_and_leaves_scale_in_to_the_controller() -> None:
-    (group,) = resources("AWS::AutoScaling::AutoScalingGroup")
+    (group,) = [g for g in resources("AWS::AutoScaling::AutoScalingGroup") if "MixedInstancesPolicy" in g]
     policy = group["MixedInstancesPolicy"]
     distribution = policy["InstancesDistribution"]
     assert distribution["OnDemandBaseCapacity"] == 0 and distribution["OnDemandPercentageAboveBaseCapacity"] == 0
@@ -133,6 +135,18 @@ def test_the_controllers_user_data_writes_a_config_the_controller_takes(tmp_path
     settings = ControllerSettings(state_dir=tmp_path, **config)
     assert settings.provider == "aws" and settings.aws is not None
     assert settings.aws.auto_scaling_group == "stack-SpotGroup-ABC" and settings.tls_cert is not None
+    assert settings.aws.on_demand_auto_scaling_group == "stack-OnDemandGroup-DEF"
+    assert settings.aws.on_demand_max_capacity == 2
+
+
+def test_the_on_demand_group_launches_the_same_workers_on_demand_and_leaves_scale_in_to_the_controller() -> (
+    None
+):
+    (group,) = [g for g in resources("AWS::AutoScaling::AutoScalingGroup") if "MixedInstancesPolicy" not in g]
+    assert group["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": "WorkerLaunchTemplate"}  # no Spot market option
+    assert group["MinSize"] == "0" and group["MaxSize"] == {"Ref": "OnDemandMaxSize"}
+    assert group["NewInstancesProtectedFromScaleIn"] is True and "DesiredCapacity" not in group
+    assert {"Key": "spotmorph:stack", "Value": {"Ref": "AWS::StackName"}, "PropagateAtLaunch": True} in group["Tags"]
 
 
 @pytest.mark.parametrize("name", ["SpotAllocationStrategy", "MaxSize", "SlotsPerInstance", "InstanceType1"])
