@@ -51,14 +51,18 @@ class OnDemandNeed:
 class DeadlineConfig:
     rule: OnDemandRule = OnDemandRule.FORECAST
     safety_seconds: float = 900.0
-    margin: float = 0.15  # the forecast must beat the work left by this fraction
-    release_margin: float = 0.4  # ... and by this to give on-demand GPUs back
+    margin: float = 0.05  # the forecast must beat the work left by this fraction (tuned: docs/benchmarks.md)
+    release_margin: float = 0.25  # ... and by this to give on-demand GPUs back
     on_demand_start_seconds: float = 120.0  # a requested VM's time to arrive
     ahead_fraction: float = 0.02  # uniform progress gives on-demand back this far ahead of its line
+    outlook: bool = True  # the forecast rule projects the whole cluster's spot share (scheduler.outlook)
+    outlook_step_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         if min(self.safety_seconds, self.margin, self.on_demand_start_seconds, self.ahead_fraction) < 0:
             raise ValueError("deadline margins and start seconds must be >= 0")
+        if self.outlook_step_seconds <= 0:
+            raise ValueError("outlook_step_seconds must be > 0")
         if self.release_margin < self.margin:
             raise ValueError("release_margin must be >= margin (or on-demand GPUs come and go every call)")
 

@@ -17,6 +17,8 @@ from scheduler.allocation import ShareConfig, Shrink, share
 from scheduler.deadlines import CapacityCause, DeadlineConfig, OnDemandNeed, on_demand_need
 from scheduler.forecast import Rates
 from scheduler.jobs import Grant, JobView, Node
+from scheduler.outlook import Outlook
+from scheduler.outlook import needs as outlook_needs
 from scheduler.pools import PoolKind
 
 
@@ -63,7 +65,13 @@ def decide(
     held = {j.name: j.held_gpus(PoolKind.SPOT, present) for j in active}
     # What each job would get of spot alone: the share its deadline's forecast starts from.
     alone, _ = share(active, spot_gpus, held, {j.name: j.max_gpus for j in active}, config.share)
-    needs = [on_demand_need(j, alone.get(j.name, 0), config.gpus_per_node, spot, now, config.deadlines) for j in jobs]
+    if config.deadlines.outlook:
+        outlook = Outlook(spot_gpus, config.gpus_per_node, spot, now, config.deadlines.outlook_step_seconds)
+        needs = outlook_needs(jobs, alone, outlook, config.deadlines)
+    else:
+        needs = [
+            on_demand_need(j, alone.get(j.name, 0), config.gpus_per_node, spot, now, config.deadlines) for j in jobs
+        ]
     capacity, kept = _on_demand_changes(jobs, nodes, needs)
     need = {n.job: n.gpus for n in needs}
     demand = {
