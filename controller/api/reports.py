@@ -90,6 +90,7 @@ def trainer(view: StateView, node: str, field: str, status: pb.TrainerStatus) ->
                 f"not {status.held_step}",
             )
         check_step(f"{field}.held_step", status.held_step, job.spec.steps)
+    snapshots(field, status)
     skipped = printable(status.held_skipped, MAX_ERROR_CHARACTERS)
     causes = [str(cause) for cause in HeldSkipCause]
     if status.held_skipped_cause and (status.held_skipped_cause not in causes or not skipped):
@@ -301,3 +302,18 @@ def registration(request: pb.RegisterRequest) -> None:
         check_name("node_name", request.node_name)
     check_address("address", request.address)
     check_text("instance_id", request.instance_id, MAX_INSTANCE_ID)
+
+
+MAX_SNAPSHOT_STEPS = 4  # a trainer keeps two peer snapshots (morphing.snapshots.KEPT_SNAPSHOTS)
+
+
+def snapshots(field: str, status: pb.TrainerStatus) -> None:
+    """The peer snapshots a held rank lists: a few steps, none past the step it holds; none without a held step."""
+    for name in ("snapshot_own_steps", "snapshot_received_steps"):
+        steps = list(getattr(status, name))
+        if steps and not status.HasField("held_step"):
+            raise InvalidField(f"{field}.{name}", "only a rank that holds a step (held_step) lists peer snapshots")
+        if len(steps) > MAX_SNAPSHOT_STEPS or any(s > status.held_step for s in steps):
+            raise InvalidField(
+                f"{field}.{name}", f"at most {MAX_SNAPSHOT_STEPS} steps, none past held_step {status.held_step}"
+            )

@@ -37,6 +37,8 @@ class RankReport:
     first_step_seconds: float | None = None  # ... how long that step took (None: an older agent said not)
     last_step_at: float | None = None  # ... and ``last_step``
     held_step: int | None = None  # its collective failed: the last completed step it holds in memory
+    snapshot_own_steps: tuple[int, ...] = ()  # ... and the peer snapshots it keeps: copies of its own stage ...
+    snapshot_received_steps: tuple[int, ...] = ()  # ... and copies of the stages it protects, received whole
     refusal: Refusal | None = None  # it exited 2, refusing its input (None: not a refusal)
     stall_step: int = 0  # the step of its newest checkpoint ...
     stall_seconds: float | None = None  # ... and how long that checkpoint paused it (None: none reported yet)

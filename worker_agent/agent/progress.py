@@ -30,6 +30,18 @@ class Held:
     stage: int
     replica: int
     step: int
+    snapshot_own: tuple[int, ...] = ()  # the steps of the peer snapshots of its own stage it keeps ...
+    snapshot_received: tuple[int, ...] = ()  # ... and of those it received whole
+
+
+MAX_SNAPSHOT_STEPS = 4  # a trainer keeps two (morphing.snapshots.KEPT_SNAPSHOTS); more is not believed
+
+
+def snapshot_steps(said: object) -> tuple[int, ...]:
+    """The steps a trainer's file lists (hostile: any JSON value): non-negative integers, a few, sorted."""
+    if not isinstance(said, list) or len(said) > MAX_SNAPSHOT_STEPS:
+        return ()
+    return tuple(sorted({v for v in said if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62}))
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,10 @@ def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress
     elif isinstance(event, SalvageWritten):
         progress = replace(progress, step=max(progress.step, event.step))
     elif isinstance(event, CollectiveFailed):
-        progress = replace(progress, held=Held(event.stage, event.replica, event.step), error=event.error)
+        own, received = snapshot_steps(event.snapshot_own_steps), snapshot_steps(event.snapshot_received_steps)
+        progress = replace(
+            progress, held=Held(event.stage, event.replica, event.step, own, received), error=event.error
+        )
     checkpoint = getattr(event, "last_checkpoint", None)
     if checkpoint is not None:
         progress = replace(progress, last_checkpoint_step=checkpoint)

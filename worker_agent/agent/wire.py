@@ -214,6 +214,8 @@ def trainer_status_to_pb(report: TrainerReport) -> pb.TrainerStatus:
         status.last_step_at = report.last_step_at
     if report.held is not None:
         status.held_step = report.held.step
+        status.snapshot_own_steps.extend(report.held.snapshot_own)
+        status.snapshot_received_steps.extend(report.held.snapshot_received)
     status.refusal = refusal_to_pb(report)
     status.held_skipped = report.held_skipped[:MAX_HELD_SKIPPED]
     status.held_skipped_cause = report.held_skipped_cause

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterable
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -132,6 +132,8 @@ class CollectiveFailed:
     replica: int
     step: int  # the last completed step: what it holds
     error: str
+    snapshot_own_steps: list[int] = field(default_factory=list)  # peer snapshots: copies of its own stage it keeps
+    snapshot_received_steps: list[int] = field(default_factory=list)  # ... and copies it received whole
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,8 @@ def parse_progress_line(line: str | bytes) -> ProgressRecord:
         raise ProgressLineError(f"unknown event {data.get('event')!r}")
     try:
         # A field added later has a default, so lines written before it still parse.
-        event = kind(**{f.name: data[f.name] for f in fields(kind) if f.name in data or f.default is MISSING})
+        required = [f.name for f in fields(kind) if f.default is MISSING and f.default_factory is MISSING]
+        event = kind(**{f.name: data[f.name] for f in fields(kind) if f.name in data or f.name in required})
         return ProgressRecord(event, int(data["rank"]), int(data["generation"]), int(data["pid"]), float(data["time"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProgressLineError(f"{data.get('event')} line without {exc}") from None

@@ -61,10 +61,16 @@ class Held:
     rank: int
     layers: dict[int, LayerPayload]
     loss_scale: dict[str, Any] | None = None
+    snapshots: dict[int, Held] = field(default_factory=dict)  # peer snapshots of other steps, by step
 
     @property
     def nbytes(self) -> int:
         return sum(payload_bytes(payload) for payload in self.layers.values())
+
+    def at(self, step: int) -> Held:
+        """What this rank offers when the next generation is named ``step``: a peer snapshot of that step
+        (:mod:`worker_agent.runtime.morph.snapshots`), else the live step (which the plan checks)."""
+        return self if step == self.step else self.snapshots.get(step, self)
 
     def offer(self) -> Offer:
         sizes = {layer: payload_bytes(payload) for layer, payload in self.layers.items()}
@@ -197,6 +203,7 @@ def exchange(
     """Collective over every rank of the generation, each calls it when ``named`` is set. A collective that
     fails (a peer gone, or silent for ``peer_timeout`` seconds) raises :class:`ExchangeFailed`."""
     mine: Offer | None = None
+    held = held.at(named.step) if held is not None else None
     if held is not None and held.job_hash == job_hash:
         mine = held.offer()
     offers: list[Offer | None] = [None] * layout.world_size

@@ -244,12 +244,14 @@ def hold(
     communicators: Communicators,
     fence: Fence | None = None,
     kept: bool = False,
+    snapshots: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
 ) -> ExitCode:
     """Steps 1-3 of the module docstring; the exit code of the trainer. ``kept``: this rank also keeps the step
     in memory (the caller's), so a stop asked meanwhile ends its generation with success: the controller keeps
     the step in memory for the next generation instead of having it written."""
     sever(communicators)
-    progress.emit(CollectiveFailed(generation, stage, replica, step, error[:500]))
+    own, received = snapshots  # the peer snapshots it keeps (its own stage's copies, and those it received whole)
+    progress.emit(CollectiveFailed(generation, stage, replica, step, error[:500], list(own), list(received)))
     poke()  # the agent pushes it to the controller at once, which acts on the first such report
     order = wait_for_order(control, hold_seconds, lambda: _fenced_off(root, fence))
     if isinstance(order, str):

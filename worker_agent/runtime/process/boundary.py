@@ -27,11 +27,14 @@ class Said:
     fenced: bool  # the checkpoint directory's fence is past this generation
     cannot_hold: bool  # it may not keep its stage in memory (the job morphs through the disk)
     leaving: bool  # its node leaves with this stop (an eviction notice)
+    snapshot_running: bool = False  # its peer snapshot in flight still streams (morph/snapshots.py)
+    snapshot_failed: bool = False  # ... or failed: a copy it receives did not arrive whole
 
     def slots(self) -> tuple[float, ...]:
         """The all-reduce's slots, in :class:`Agreed`'s order."""
         flags = (self.stop, self.loss_share, self.checkpoint_request, self.lease_lapsed, self.fenced)
-        return (*map(float, flags), float(self.cannot_hold), float(self.leaving))
+        snapshot = (float(self.snapshot_running), float(self.snapshot_failed))
+        return (*map(float, flags), float(self.cannot_hold), float(self.leaving), *snapshot)
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Agreed:
     fenced: float
     cannot_hold: float
     leaving: float
+    snapshot_running: float = 0.0  # ranks whose snapshot in flight still streams: none, and it commits ...
+    snapshot_failed: float = 0.0  # ... unless one failed: then every rank drops it
 
     @property
     def stopping(self) -> bool:

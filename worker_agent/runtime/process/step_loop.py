@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from worker_agent.contract import (
     CheckpointWritten,
@@ -27,12 +28,14 @@ from worker_agent.contract import (
     TrainingStopped,
 )
 from worker_agent.runtime.morph import held as held_mod
+from worker_agent.runtime.morph import snapshots
 from worker_agent.runtime.morph.handoff import hand_off
 from worker_agent.runtime.morph.held import Held
 from worker_agent.runtime.process.boundary import Agreed, Boundary, Kind, Own, Said, Shared, decide
 from worker_agent.runtime.process.generation import Generation
 from worker_agent.runtime.process.trainer_setup import check_eval_loss, say, warn
 from worker_agent.runtime.profiling.step_profile import StepProfiler, parse_request
+from worker_agent.runtime.storage.checkpoint import LayerPayload
 
 
 def agree(said: Said) -> Agreed:
@@ -68,19 +71,32 @@ def run(g: Generation) -> ExitCode:
     from worker_agent.runtime.morph import salvage
 
     g.abort.start()
+    stream = snapshots.open_stream(g.layout, g.cfg.rank, g.job.snapshot_interval, None, 0.0)  # idle until opened
     try:
-        return _boundaries(g)
+        plan = snapshots.applies(g.layout, g.job.snapshot_interval, g.job.morph_through_memory)
+        stream = snapshots.open_stream(g.layout, g.cfg.rank, g.job.snapshot_interval, plan, g.job.peer_timeout_seconds)
+        return _boundaries(g, stream)
     except Exception as exc:
         g.abort.stop()
         if not salvage.is_collective_failure(exc):
             raise
-        return _hold_for_salvage(g, g.abort.explain(exc))
+        return _hold_for_salvage(g, g.abort.explain(exc), stream)
     finally:
         g.abort.stop()  # every way out of the loop: a fenced, lapsed, finished or crashed rank aborts nothing
 
 
-def _boundaries(g: Generation) -> ExitCode:
-    """Each boundary: say, agree, decide, carry the decision out; then the next step, unless it ended."""
+def _copy_stage(g: Generation) -> tuple[dict[int, LayerPayload], dict[str, Any] | None]:
+    """Exact host copies of this rank's stage (a peer snapshot's own copy), by layer, and the loss scale."""
+    runner = g.runner
+    layers = list(range(runner.first, runner.last))
+    copies = runner.payloads(layers)
+    scale = runner.loss_scale.to_dict() if runner.scaling else None
+    return {i: copies[runner.model.layer_names[i]] for i in layers}, scale
+
+
+def _boundaries(g: Generation, stream: snapshots.SnapshotStream) -> ExitCode:
+    """Each boundary: say, agree, decide, carry the decision out (and the peer snapshots: commit, begin); then the
+    next step, unless it ended."""
     pace = Pace()
     profiler = StepProfiler(parse_request(os.environ), g.cfg.rank, g.device.type == "cuda")
     while True:
@@ -94,12 +110,14 @@ def _boundaries(g: Generation) -> ExitCode:
             bool(fenced),
             not g.can_hold,
             g.stop.leaving(),
+            *stream.said(),
         )
         agreed = agree(said)
         shared, own = _facts(g, agreed, said.leaving)
         code = execute(g, decide(agreed, shared, own), agreed, own, pace, fenced)
         if code is not None:
             return code
+        stream.at_boundary(g.step, agreed.snapshot_running, agreed.snapshot_failed, lambda: _copy_stage(g))
         pace.started = time.perf_counter()
         pace.loss_share = g.runner.run_step(g.step)
         profiler.after(g.step)
@@ -226,7 +244,7 @@ def _write(g: Generation, boundary: Boundary, started: float) -> None:
         g.timeouts.settle()  # slower writers catch up before the next step's collectives
 
 
-def _hold_for_salvage(g: Generation, why: str) -> ExitCode:
+def _hold_for_salvage(g: Generation, why: str, stream: snapshots.SnapshotStream) -> ExitCode:
     """A collective failed (a peer is gone): hold the last completed step for the controller's salvage order."""
     from worker_agent.runtime.morph import salvage
 
@@ -234,8 +252,11 @@ def _hold_for_salvage(g: Generation, why: str) -> ExitCode:
     warn(f"collective failed after step {step} ({why}); holding step {step} for a just-in-time checkpoint")
     g.writer.files_written()  # a write still reading the live tensors (after a morph) reads them before anyone else
     keeps = g.can_hold and not g.stop.leaving() and step < job.steps
+    salvage.sever(g.communicators)  # a snapshot streaming to or from the lost peer fails now, not at its timeout
+    stream.settle()
+    own, received = stream.holding()
     if keeps:  # for the next generation, should the controller keep the step in memory (stop) not write it
-        g.keep(_keep_stage(g))
+        g.keep(snapshots.attach(_keep_stage(g), stream, job.identity_hash(), cfg.generation))
     return salvage.hold(
         kept=keeps,
         rank=cfg.rank,
@@ -253,4 +274,5 @@ def _hold_for_salvage(g: Generation, why: str) -> ExitCode:
         manifest=g.manifest,
         fence=g.writer.fence,
         communicators=g.communicators,
+        snapshots=(own, received) if keeps else ((), ()),
     )
