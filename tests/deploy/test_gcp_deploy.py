@@ -219,3 +219,70 @@ def _command(text: str, start: str) -> list[str]:
         return constants.get(name, name)
 
     return shlex.split(re.sub(r"\$\{?([A-Za-z_]+)\}?", value, " ".join(joined)))[1:]
+
+
+def on_demand(name: str, group: str = "spotmorph-on-demand") -> Any:
+    """The on-demand pool's body: the rendered Spot one through deploy/gcp/on-demand.jq, as docs/gcp.md says."""
+    command = ["jq", "--arg", "group", group, "-f", str(GCP / "on-demand.jq")]
+    out = subprocess.run(command, input=json.dumps(rendered(name)), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="no jq here (docs/gcp.md makes the on-demand bodies with it)")
+def test_the_on_demand_bodies_are_the_spot_ones_without_spot_and_the_provider_sizes_both_groups() -> None:
+    template, group = on_demand("instance-template.json"), on_demand("instance-group.json")
+    spot = rendered("instance-template.json")
+    assert template["properties"]["scheduling"]["provisioningModel"] == "STANDARD"
+    assert metadata(template)["spotmorph-audience"] == "spotmorph/spotmorph-test/us-central1-a/spotmorph-on-demand"
+    same = {k: v for k, v in metadata(spot).items() if k != "spotmorph-audience"}
+    assert {k: v for k, v in metadata(template).items() if k != "spotmorph-audience"} == same
+    assert group["name"] == "spotmorph-on-demand" and group["instanceTemplate"].endswith(f"/{template['name']}")
+
+    async def scenario() -> None:
+        from controller.providers.gcp import GcpInstanceGroupProvider
+        from controller.providers.gcp_config import GcpSettings
+        from scheduler.pools import PoolKind
+
+        fake = FakeCompute(op_polls=0)
+        url = await fake.start()
+        try:
+            await asyncio.to_thread(insert_template_and_group, url, fake.project, fake.zone)
+            await asyncio.to_thread(insert_bodies, url, fake.project, fake.zone, template, group)
+            settings = GcpSettings(
+                project=fake.project,
+                zone=fake.zone,
+                instance_group="spotmorph-spot",
+                on_demand_instance_group="spotmorph-on-demand",
+                on_demand_max_capacity=2,
+                target_capacity=1,
+                api_endpoint=fake.base_url,
+                operation_poll_seconds=0,
+            )
+            provider = GcpInstanceGroupProvider(settings, Clock(), Port())
+            try:
+                await provider.request_capacity(2, PoolKind.ON_DEMAND)
+                for _ in range(3):
+                    await provider.list_pools()
+                    while provider.pending:
+                        await asyncio.gather(*provider.pending.values())
+                pools = await provider.list_pools()
+                assert sorted(pools.values()) == sorted([PoolKind.SPOT, PoolKind.ON_DEMAND, PoolKind.ON_DEMAND])
+                assert all(n.startswith("spotmorph-gpu-od-") for n, p in pools.items() if p is PoolKind.ON_DEMAND)
+            finally:
+                await provider.close()
+        finally:
+            await fake.stop()
+
+    asyncio.run(scenario())
+
+
+def insert_bodies(url: str, project: str, zone: str, template: Any, group: Any) -> None:
+    anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    options = ClientOptions(api_endpoint=url)
+    templates = compute_v1.InstanceTemplatesClient(credentials=anonymous, transport="rest", client_options=options)
+    resource = compute_v1.InstanceTemplate.from_json(json.dumps(template))
+    templates.insert_unary(project=project, instance_template_resource=resource)
+    groups = compute_v1.InstanceGroupManagersClient(credentials=anonymous, transport="rest", client_options=options)
+    manager = compute_v1.InstanceGroupManager.from_json(json.dumps(group))
+    groups.insert_unary(project=project, zone=zone, instance_group_manager_resource=manager)
