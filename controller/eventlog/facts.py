@@ -187,7 +187,9 @@ class SalvageEnded(Fact):
     """How a salvage ended (``reason``, a :class:`controller.core.causes.SalvageOutcome`) and what it names."""
 
     kind = EventKind.SALVAGE_ENDED
-    optional = frozenset({"step", "holders", "writers_failed", "nodes_gone", "stages_lost", "resume_step"})
+    optional = frozenset(
+        {"step", "holders", "writers_failed", "nodes_gone", "stages_lost", "resume_step", "source", "steps_lost"}
+    )
     generation: int
     reason: str
     step: int | None = None  # the step salvaged (None: no step every stage holds)
@@ -196,6 +198,8 @@ class SalvageEnded(Fact):
     nodes_gone: list[str] | None = None
     stages_lost: list[int] | None = None  # no survivor holds these stages
     resume_step: int | None = None  # it fell back: the next generation resumes from this committed step
+    source: str | None = None  # where the step comes from: a morphing.snapshots.RecoverySource value
+    steps_lost: int | None = None  # the newest step a rank completed, less the step resumed from
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from controller.core.reconcile.holders import holders_to_keep, prefer_holders
 from controller.core.reconcile.refusals import refused
 from controller.core.reconcile.reports import census, current_reports, first_error, start_failures
 from controller.core.reconcile.risk import clear_of_risk
-from controller.core.reconcile.salvage import advance_salvage, first_failure
+from controller.core.reconcile.salvage import advance_salvage, first_failure, snapshots_protect
 from controller.core.reconcile.unreachable import (
     Verdict,
     exclude_until,
@@ -134,7 +134,9 @@ def holders_needed(job: JobRecord, keep: list[str]) -> tuple[str, ...]:
     through_memory = job.action is Action.STOP and job.spec.morph_through_memory and job.generation > 0
     if not through_memory or job.layout is None or held <= job.last_checkpoint.step:
         return ()
-    return holders_to_keep(job.layout, keep, handed_off=not job.salvage.step)
+    # A salvage from peer snapshots: a lost stage's copy may be on any kept node (its receiver), as after a hand-off.
+    snapshot = bool(job.salvage.step) and snapshots_protect(job.layout, job.spec.snapshot_interval)
+    return holders_to_keep(job.layout, keep, handed_off=not job.salvage.step or snapshot)
 
 
 def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str) -> None:

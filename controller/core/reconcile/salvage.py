@@ -18,8 +18,11 @@ morphs with action HOLD, with ``morph.started_at`` as the time of the failure; t
    newest committed checkpoint as before;
 3. **keep** (the job's ``morph_through_memory``, the default): no writer; the job goes on with STOP, the
    survivors keep ``S`` in memory as a planned stop's ranks do, and g+1 takes it from them and writes it in
-   the background (``SalvageEnded`` reason ``in_memory``); a g+1 that cannot (a survivor gone meanwhile)
-   resumes from the newest committed checkpoint and says so (``HeldStateSkipped``);
+   the background (``SalvageEnded`` reason ``in_memory``, ``source`` memory); a g+1 that cannot (a survivor gone
+   meanwhile) resumes from the newest committed checkpoint and says so (``HeldStateSkipped``). Where the job
+   took peer snapshots (:mod:`morphing.snapshots`) and a stage lost every replica, the newest step every stage
+   has among the survivors' live steps and the snapshots they keep (:func:`from_snapshots`) is kept alike
+   (``source`` snapshot, with the steps lost): g+1's exchange takes the lost stage from its copy's receiver;
 4. **write** (otherwise): the writers write, the first one commits the manifest and reports the step, which the
    progress step records like any commit of the generation; the job then goes on with ABORT (every
    trainer of g has exited or is killed) and g+1 resumes from ``S``. A writer that fails or whose node is
@@ -43,6 +46,8 @@ from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.reports import current_reports, observation
 from controller.core.records import JobFields, Morph
 from controller.eventlog import facts
+from morphing.layout import Layout
+from morphing.snapshots import Holding, Recovery, RecoverySource, choose_recovery, plan_snapshots
 
 DEADLINE_MARGIN_SECONDS = 2.0  # past the writers' deadline: what a late report may still need
 
@@ -128,6 +133,10 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
     held = holders(draft, job, tuple(heard))
     stage_of = {r: layout.coords(r)[1] for r in held}
     chosen = choose(held, stage_of, layout.pipeline_stages)
+    recovered = from_snapshots(draft, job, tuple(heard))
+    if recovered is not None and (chosen is None or recovered.step > chosen[0]):
+        _keep_snapshot(draft, job, fields, recovered)
+        return
     if chosen is None:
         covered = set(stage_of.values())
         lost = [s for s in range(layout.pipeline_stages) if s not in covered]
@@ -142,7 +151,9 @@ def _decide(draft: Draft, config: Config, job: JobRecord) -> None:
         # The survivors keep step S as a planned stop's ranks do: stopped, they hold it for g+1, which takes it
         # from their memory and writes it in the background (nothing written or awaited here).
         holding = sorted(r for r, s in held.items() if s == step)
-        draft.event(facts.SalvageEnded(job.generation, SalvageOutcome.IN_MEMORY, step, holders=holding), job.id)
+        behind = max(0, job.step - step)
+        ended = facts.SalvageEnded(job.generation, SalvageOutcome.IN_MEMORY, step, holders=holding)
+        draft.event(replace(ended, source=RecoverySource.MEMORY.value, steps_lost=behind), job.id)
         fields["salvage"] = replace(salvage, step=step)
         draft.act(job.id, Action.STOP, f"step {step} held in memory", **fields)
         return
@@ -204,9 +215,47 @@ def _fall_back(
         nodes_gone=nodes_gone,
         stages_lost=stages_lost,
         resume_step=job.last_checkpoint.step,
+        source=RecoverySource.CHECKPOINT.value,
+        steps_lost=max(0, job.step - job.last_checkpoint.step),
     )
     draft.event(ended, job.id)
     draft.act(job.id, Action.ABORT, f"{reason}: resuming from step {job.last_checkpoint.step}", **fields)
+
+
+def snapshots_protect(layout: Layout | None, interval: int) -> bool:
+    """The job's generation took peer snapshots (:mod:`morphing.snapshots`): the trainers compute the same plan."""
+    return layout is not None and interval > 0 and plan_snapshots(layout).active
+
+
+def from_snapshots(draft: Draft, job: JobRecord, heard: tuple[str, ...]) -> Recovery | None:
+    """The newest complete step among the survivors' live steps and the peer snapshots they say they keep, when
+    only the snapshots complete it (None otherwise: the live steps or the checkpoint decide, as without)."""
+    layout = job.layout
+    if layout is None or not job.spec.morph_through_memory or not snapshots_protect(layout, job.spec.snapshot_interval):
+        return None
+    holdings = {
+        r.rank: Holding(r.held_step, frozenset(r.snapshot_own_steps), frozenset(r.snapshot_received_steps))
+        for _, r in current_reports(draft, job, heard)
+        if r.held_step is not None and r.running
+    }
+    newest = max([job.step, *(h.live for h in holdings.values() if h.live is not None)])
+    recovery = choose_recovery(layout, plan_snapshots(layout), holdings, job.last_checkpoint.step, newest)
+    return recovery if recovery.source is RecoverySource.SNAPSHOT else None
+
+
+def _keep_snapshot(draft: Draft, job: JobRecord, fields: JobFields, recovery: Recovery) -> None:
+    """Step 3 from peer snapshots: the survivors keep them as they keep their live step, and g+1 is named the
+    snapshot's step (its exchange takes a lost stage's layers from the rank that received its copy)."""
+    step = recovery.step
+    holding = sorted(
+        r.rank
+        for _, r in current_reports(draft, job)
+        if r.held_step is not None and r.running and step in (r.held_step, *r.snapshot_own_steps)
+    )
+    ended = facts.SalvageEnded(job.generation, SalvageOutcome.IN_MEMORY, step, holders=holding)
+    draft.event(replace(ended, source=recovery.source.value, steps_lost=recovery.steps_lost), job.id)
+    fields["salvage"] = replace(fields.get("salvage", job.salvage), step=step)
+    draft.act(job.id, Action.STOP, f"step {step} held in peer snapshots", **fields)
 
 
 def blamed(job: JobRecord, lost: Sequence[str]) -> Morph:
