@@ -20,6 +20,8 @@ class MorphCause(StrEnum):
     PEER_UNREACHABLE = "peer_unreachable"  # a node its peers could not reach (reconcile.unreachable): left out a while
     COLLECTIVE_FAILED = "collective_failed"  # a survivor's collective failed (a peer lost without notice)
     GROW = "grow"  # free nodes whose extra throughput pays for the morph
+    GROWTH_UNDONE = "growth_undone"  # the last growth measured slower than before it: back off its nodes (learn)
+    ON_DEMAND_RETURNED = "on_demand_returned"  # an on-demand node it ran on was given back (reconcile.on_demand)
     OTHER = "other"  # generations stored before causes were, whose detail names none of the above
 
 

@@ -12,6 +12,8 @@ from controller.core.lifecycle import Transition
 from controller.core.records import CheckpointRef, JobRecord, NodeRecord
 from controller.eventlog.fact import RecordEvent
 from morphing.layout import Layout
+from scheduler.forecast import PoolStats
+from scheduler.pools import PoolKind
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,19 @@ class ReleaseInstance:
 
 @dataclass(frozen=True)
 class RequestCapacity:
-    """Tell the provider how many slots the controller wants in all (a level; a side effect, after persisting)."""
+    """Tell the provider how many slots of ``pool`` the controller wants in all (a level per pool; a side effect,
+    after persisting)."""
 
     slots: int
+    pool: PoolKind = PoolKind.SPOT
+
+
+@dataclass(frozen=True)
+class SetPoolStats:
+    """Store a pool's history as the forecast counts it (``scheduler.forecast.PoolStats``: evictions, arrivals and
+    exposure), so a restarted controller forecasts from all it has seen."""
+
+    stats: PoolStats
 
 
 Command = (
@@ -110,4 +122,5 @@ Command = (
     | ForgetNode
     | ReleaseInstance
     | RequestCapacity
+    | SetPoolStats
 )

@@ -10,7 +10,7 @@ another instance :class:`NotOwner`, a resource another job holds :class:`Conflic
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import asdict
 
 from controller.core.changes import amend, move
@@ -32,6 +32,7 @@ from controller.core.model import (
 from controller.eventlog import facts
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
+from scheduler.pools import PoolKind
 
 GONE_OR_LOST = frozenset({NodeState.GONE, NodeState.LOST})
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -236,6 +237,17 @@ def provider_gone(world: World, listed: Collection[str], now: float) -> list[Com
         if name in listed or node.state is NodeState.GONE:
             continue
         commands.append(move(node, NodeState.GONE, "the provider no longer lists it", now))
+    return commands
+
+
+def provider_listed(world: World, listed: Mapping[str, PoolKind], now: float) -> list[Command]:
+    """The provider's list: nodes missing from it are GONE, and each listed node is in the pool it names (an
+    on-demand node's owner is chosen by the next reconcile: :mod:`~controller.core.reconcile.on_demand`)."""
+    commands = provider_gone(world, frozenset(listed), now)
+    for name, pool in sorted(listed.items()):
+        node = world.nodes.get(name)
+        if node is not None and node.state is not NodeState.GONE and node.pool is not pool:
+            commands.append(amend(node, pool=pool, owner=None))
     return commands
 
 

@@ -24,6 +24,7 @@ from controller.core.commands import (
     SetJob,
     SetNode,
     SetNodeSeq,
+    SetPoolStats,
     StartGeneration,
 )
 from controller.core.observations import NodeObservation, RankReport
@@ -39,6 +40,8 @@ from controller.core.records import (
     ranks_by_node,
 )
 from controller.eventlog.fact import RecordEvent
+from scheduler.forecast import PoolStats
+from scheduler.pools import PoolKind
 
 __all__ = [
     "Action",
@@ -61,6 +64,7 @@ __all__ = [
     "SetJob",
     "SetNode",
     "SetNodeSeq",
+    "SetPoolStats",
     "StartGeneration",
     "Training",
     "World",
@@ -80,6 +84,7 @@ class World:
     job_seq: int = 0  # jobs submitted so far (the next is job-<job_seq + 1>)
     node_seq: int = 0  # node names generated so far
     incarnation_floor: int = 0  # the highest incarnation of a forgotten node: new names start above it
+    pools: Mapping[PoolKind, PoolStats] = field(default_factory=dict)  # each pool's history, as the forecast counts
 
 
 def apply(world: World, commands: list[Command]) -> World:
@@ -88,6 +93,7 @@ def apply(world: World, commands: list[Command]) -> World:
     jobs = dict(world.jobs)
     job_seq, node_seq, floor = world.job_seq, world.node_seq, world.incarnation_floor
     forgotten: set[str] = set()
+    pools = dict(world.pools)
     for command in commands:
         if isinstance(command, SetNode):
             nodes[command.node.name] = command.node
@@ -98,6 +104,8 @@ def apply(world: World, commands: list[Command]) -> World:
             job_seq = max(job_seq, command.seq)
         elif isinstance(command, SetNodeSeq):
             node_seq = command.seq
+        elif isinstance(command, SetPoolStats):
+            pools[command.stats.kind] = command.stats
         elif isinstance(command, ForgetNode):
             nodes.pop(command.node, None)
             forgotten.add(command.node)
@@ -109,4 +117,4 @@ def apply(world: World, commands: list[Command]) -> World:
         else:
             assert_never(command)  # a new command type must say here what it changes
     observed = {k: v for k, v in world.observed.items() if k not in forgotten} if forgotten else world.observed
-    return World(nodes, jobs, observed, world.started_at, job_seq, node_seq, floor)
+    return World(nodes, jobs, observed, world.started_at, job_seq, node_seq, floor, pools)

@@ -10,6 +10,8 @@ from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.observations import EvictionRisk
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
+from scheduler.deadlines import CapacityCause
+from scheduler.pools import PoolKind
 
 __all__ = ["Action"]  # its lifecycle (ACTION_TRANSITIONS) lives beside the states'
 
@@ -57,6 +59,10 @@ class NodeRecord:
     # before it were run by another machine, whose logs this incarnation may not send (controller/persistence/logs).
     name_taken_at: float | None = None
     at_risk: AtRisk | None = None  # the cloud warned it may be evicted soon: no new work; its job may move off
+    pool: PoolKind = PoolKind.SPOT  # as the provider lists it (a node no list has named yet counts as spot)
+    # The job an on-demand node was asked for, and the only one it serves; None on an on-demand node: given back
+    # (or wanted by none when it came), so no job gets it and it is released once free (reconcile.on_demand).
+    owner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,36 @@ class Salvage:
 
 
 @dataclass(frozen=True)
+class OnDemandHold:
+    """The on-demand GPUs the scheduler wants a job to hold, why (a ``CapacityCause``), and the numbers behind it
+    (what ``spotmorph status`` shows): its deadline, work left, and its expected speed on spot alone."""
+
+    gpus: int = 0
+    cause: CapacityCause | None = None
+    since: float | None = None  # when the level last changed
+    deadline_in_seconds: float | None = None
+    remaining_samples: float = 0.0
+    spot_gpus: int = 0
+    spot_samples_per_second: float = 0.0  # its liveput on spot alone
+    with_on_demand_samples_per_second: float = 0.0
+    finish_seconds: float | None = None  # its work left on spot alone at that rate (None: spot alone never does)
+
+
+@dataclass(frozen=True)
+class Learning:
+    """The planner that learns (``scheduler.learning``): this job's measured step times against the predictions,
+    the last check's errors before and after the correction, and the growths undone."""
+
+    observations: tuple[tuple[int, float, float], ...] = ()  # (gpus, predicted, measured step seconds), newest last
+    checked_generation: int = 0  # the newest generation whose step time was checked
+    error_before: float | None = None  # |predicted - measured| / measured at that check
+    error_after: float | None = None  # ... with the correction learned from the checks before it
+    growth_from: float | None = None  # samples/s measured when the current generation's growth was decided
+    grown_from: tuple[str, ...] = ()  # the nodes it ran on before that growth
+    avoid: tuple[tuple[str, ...], ...] = ()  # node sets whose growth made it slower: never grown onto again
+
+
+@dataclass(frozen=True)
 class JobRecord:
     id: str
     spec: JobSpec
@@ -156,6 +192,8 @@ class JobRecord:
     training: Training = Training()
     evaluation: Evaluation = Evaluation()
     checkpoint_stall: CheckpointStall = CheckpointStall()
+    on_demand: OnDemandHold = OnDemandHold()
+    learning: Learning = Learning()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -192,6 +230,8 @@ class JobFields(TypedDict, total=False):
     training: Training
     evaluation: Evaluation
     checkpoint_stall: CheckpointStall
+    on_demand: OnDemandHold
+    learning: Learning
 
 
 class MoveFields(JobFields, total=False):
@@ -217,6 +257,8 @@ class NodeFields(TypedDict, total=False):
     suspected_at: float | None
     name_taken_at: float | None
     at_risk: AtRisk | None
+    pool: PoolKind
+    owner: str | None
 
 
 def ranks_by_node(layout: Layout) -> dict[str, tuple[int, ...]]:

@@ -31,6 +31,11 @@ class EventKind(StrEnum):
     SALVAGE_ORDERED = "SalvageOrdered"  # writers chosen for the just-in-time checkpoint
     SALVAGE_ENDED = "SalvageEnded"  # committed, or why the job falls back to its newest periodic checkpoint
     GROWTH_DECLINED = "GrowthDeclined"
+    # the scheduler (controller.core.reconcile.on_demand, .learn): on-demand capacity and the planner that learns
+    ON_DEMAND_REQUESTED = "OnDemandRequested"  # a job's deadline is at risk on spot alone: on-demand GPUs for it
+    ON_DEMAND_RELEASED = "OnDemandReleased"  # its on-demand nodes given back (spot returned, the job ended)
+    STEP_TIME_CHECKED = "StepTimeChecked"  # a generation's measured step time against the planner's prediction
+    GROWTH_UNDONE = "GrowthUndone"  # a growth made the job slower: undone, and those nodes not tried again
     REPORT_REFUSED = "ReportRefused"  # deciding on a node's report failed; it was set aside
     DECISIONS_RESUMED = "DecisionsResumed"  # the first decision after decisions had failed
     LEADER_ELECTED = "LeaderElected"  # a controller took the lease: the first decision of its epoch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Generic, TypeVar
 
-from controller.eventlog import facts, provider_facts
+from controller.eventlog import facts, provider_facts, scheduler_facts
 from controller.eventlog.fact import EventDataError, Fact, decode_fact
 from controller.eventlog.kinds import EventKind
 
@@ -23,10 +23,11 @@ F = TypeVar("F", bound=Fact)
 
 @cache
 def fact_classes() -> Mapping[EventKind, type[Fact]]:
-    """Each kind's fact class: the classes of :mod:`.facts` and :mod:`.provider_facts` that name a kind."""
+    """Each kind's fact class: the classes of :mod:`.facts`, :mod:`.provider_facts` and
+    :mod:`.scheduler_facts` that name a kind."""
     found = {
         cls.kind: cls
-        for module in (facts, provider_facts)
+        for module in (facts, provider_facts, scheduler_facts)
         for cls in vars(module).values()
         if isinstance(cls, type) and issubclass(cls, Fact) and "kind" in vars(cls)
     }

@@ -11,9 +11,9 @@ from sqlalchemy import Row
 from controller.core.causes import MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import Transition
-from controller.core.model import JobRecord, NodeRecord
+from controller.core.model import JobRecord, NodeRecord, StartGeneration
 from controller.core.stimulus import Stimulus
-from controller.eventlog.facts import StateChanged
+from controller.eventlog.facts import GenerationIssued, StateChanged
 from controller.persistence.plain import from_plain, to_plain
 
 C = TypeVar("C", bound=StateChanged)
@@ -121,3 +121,17 @@ def event_row(
     """An ``events`` row of ``decision``; ``data`` goes through JSON so it holds what reading it back gives."""
     data = json.loads(json.dumps(data))
     return {"at": at, "kind": str(kind), "job": job, "node": node, "data": data, "decision": decision}
+
+
+def generation_issued(command: StartGeneration) -> GenerationIssued:
+    """The ``GenerationIssued`` fact of a generation the store writes."""
+    return GenerationIssued(
+        command.generation,
+        command.layout.describe(),
+        command.resume.step,
+        command.morph_detail,
+        command.resume.generation,
+        command.held.step,
+        command.held.generation,
+        str(command.morph_cause),
+    )

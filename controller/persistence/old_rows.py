@@ -97,6 +97,29 @@ def nest_job_row(row: dict[str, Any], records: dict[str, dict[str, str]] = NESTE
 NODE_FIELDS_V12: dict[str, Any] = {"suspected_at": None, "name_taken_at": None}
 # Version 18's: no eviction risk known (agents report a risk with every heartbeat, so it comes back if it holds).
 NODE_FIELDS_V18: dict[str, Any] = {"at_risk": None}
+NODE_FIELDS_V19: dict[str, Any] = {"pool": "spot", "owner": None}  # every node was spot before pools were kept
+JOB_FIELDS_V19: dict[str, Any] = {
+    "on_demand": {
+        "gpus": 0,
+        "cause": None,
+        "since": None,
+        "deadline_in_seconds": None,
+        "remaining_samples": 0.0,
+        "spot_gpus": 0,
+        "spot_samples_per_second": 0.0,
+        "with_on_demand_samples_per_second": 0.0,
+        "finish_seconds": None,
+    },
+    "learning": {
+        "observations": [],
+        "checked_generation": 0,
+        "error_before": None,
+        "error_after": None,
+        "growth_from": None,
+        "grown_from": [],
+        "avoid": [],
+    },
+}
 
 
 def renamed(row: dict[str, Any], old: str, new: str) -> dict[str, Any]:

@@ -30,8 +30,10 @@ from sqlalchemy import (
 
 from controller.persistence.dialect import add_column, json_value, upsert
 from controller.persistence.old_rows import (
+    JOB_FIELDS_V19,
     NODE_FIELDS_V12,
     NODE_FIELDS_V18,
+    NODE_FIELDS_V19,
     complete_job_row,
     complete_node_row,
     legacy_morph_cause,
@@ -39,7 +41,7 @@ from controller.persistence.old_rows import (
     renamed,
 )
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 
 # Whole numbers of 64 bits in both databases: SQLite's INTEGER has them, PostgreSQL's has 32 (steps and byte
 # offsets an agent reports, ids and decision numbers that only grow pass 2**31). SQLite's columns stay INTEGER,
@@ -147,6 +149,12 @@ secrets = Table(
 # Trainer logs (controller/core/logs.py): each rank's stream (how many bytes the controller has, the start of an
 # unfinished line), the lines (the id is the cursor: AUTOINCREMENT never hands out an id again, even once the
 # newest rows were deleted) and each job's totals, which bound what it keeps.
+pools = Table(  # each capacity pool's history as the forecast counts it (added by _v19)
+    "pools",
+    metadata,
+    Column("kind", String, primary_key=True),  # a scheduler.pools.PoolKind value
+    Column("data", JSON, nullable=False),  # scheduler.forecast.PoolStats.to_dict()
+)
 log_streams = Table(
     "log_streams",
     metadata,
@@ -332,8 +340,16 @@ def _v18(conn: Connection) -> None:
     _rewrite(conn, "nodes", "name", lambda row: {**NODE_FIELDS_V18, **row})
 
 
+def _v19(conn: Connection) -> None:
+    """The scheduler (docs/DESIGN.md, "Scheduler"): each pool's history; node rows gain their pool and the job an
+    on-demand node serves, job rows their on-demand hold and what the planner learned from their step times."""
+    metadata.create_all(conn, tables=[pools])
+    _rewrite(conn, "nodes", "name", lambda row: {**NODE_FIELDS_V19, **row})
+    _rewrite(conn, "jobs", "id", lambda row: {**JOB_FIELDS_V19, **row})
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16, _v17, _v18,
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16, _v17, _v18, _v19,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

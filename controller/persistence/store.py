@@ -38,13 +38,13 @@ from controller.core.model import (
     SetJob,
     SetNode,
     SetNodeSeq,
+    SetPoolStats,
     StartGeneration,
     ranks_by_node,
 )
 from controller.core.stimulus import Stimulus
 from controller.eventlog.fact import Fact
 from controller.eventlog.facts import (
-    GenerationIssued,
     JobActionChanged,
     JobStateChanged,
     JobSubmitted,
@@ -59,6 +59,7 @@ from controller.persistence.codec import (
     event_from_row,
     event_row,
     generation_from_row,
+    generation_issued,
     job_from_dict,
     job_to_dict,
     node_from_dict,
@@ -83,9 +84,12 @@ from controller.persistence.schema import (
     meta,
     migrate,
     nodes,
+    pools,
     secrets,
     version,
 )
+from scheduler.forecast import PoolStats
+from scheduler.pools import PoolKind
 
 __all__ = [
     "MIGRATIONS",
@@ -164,6 +168,11 @@ class Store:
             job_rows = conn.execute(select(jobs.c.data).order_by(jobs.c.seq)).scalars()
             loaded_jobs = {j.id: j for j in map(job_from_dict, job_rows)}
         return loaded_nodes, loaded_jobs
+
+    def pools(self) -> dict[PoolKind, PoolStats]:
+        """Each pool's history, as the forecast counted it (none yet: empty)."""
+        with self.engine.connect() as conn:
+            return {s.kind: s for s in map(PoolStats.from_dict, conn.execute(select(pools.c.data)).scalars())}
 
     def counters(self) -> tuple[int, int, int]:
         """(jobs submitted, node names generated, highest incarnation forgotten): where ids and incarnations go on."""
@@ -341,7 +350,7 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
         ]
         if rows:
             conn.execute(insert(assignments), rows)
-        _fact(conn, decision, command.at, issued(command), command.job_id)
+        _fact(conn, decision, command.at, generation_issued(command), command.job_id)
     elif isinstance(command, RecordCheckpoint):
         conn.execute(
             upsert_into(conn, checkpoints)
@@ -355,24 +364,12 @@ def _write(conn: Connection, command: Command, decision: int) -> None:
         )
     elif isinstance(command, RecordEvent):
         _event(conn, decision, command.at, command.kind, command.job, command.node, dict(command.data))
+    elif isinstance(command, SetPoolStats):
+        upsert(conn, pools, ["kind"], {"kind": str(command.stats.kind), "data": command.stats.to_dict()})
     elif isinstance(command, ReleaseInstance | RequestCapacity):
         pass  # side effects the runner performs once persisted; their outcomes come back as events
     else:
         assert_never(command)  # a new command type must say here how it is stored
-
-
-def issued(command: StartGeneration) -> GenerationIssued:
-    """The ``GenerationIssued`` fact of a generation the store writes."""
-    return GenerationIssued(
-        command.generation,
-        command.layout.describe(),
-        command.resume.step,
-        command.morph_detail,
-        command.resume.generation,
-        command.held.step,
-        command.held.generation,
-        str(command.morph_cause),
-    )
 
 
 def _fact(conn: Connection, decision: int, at: float, fact: Fact, job: str | None, node: str | None = None) -> None:

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import assert_never
 
@@ -40,6 +40,7 @@ from controller.core.model import (
     SetJob,
     SetNode,
     SetNodeSeq,
+    SetPoolStats,
     StartGeneration,
     World,
     apply,
@@ -55,6 +56,7 @@ from controller.shell.effects import Effects
 from controller.shell.failures import DecisionsFailed, HealthPort, Refused, describe
 from controller.shell.planning import MemoPlanner, Planners
 from morphing.jobspec import JobSpec
+from scheduler.pools import PoolKind
 
 __all__ = ["MemoPlanner", "Runner", "RunnerSettings", "SystemClock"]
 
@@ -108,7 +110,8 @@ class Runner(Containment):
         self.effects = Effects()  # provider calls under way
         self.reconciles = 0
         self.coalesce_seconds = self.settings.coalesce_seconds
-        self.capacity_ask: capacity.CapacityAsk | None = None  # the last level asked of the provider
+        self.capacity_ask: capacity.CapacityAsk | None = None  # the last spot level asked of the provider
+        self.on_demand_ask: capacity.CapacityAsk | None = None  # ... and the last on-demand level
         self.inbox.publish_busy(capacity.busy_nodes(self.nodes))
         self._wanted = 0  # observations that asked for a reconcile, counted
         self._decided = 0  # the newest of those that a finished reconcile included
@@ -123,6 +126,7 @@ class Runner(Containment):
         expiry from now to be heard from. A standby calls it to answer reads with what the leader committed."""
         self.nodes, self.jobs = self.store.load()
         self.job_seq, self.node_seq, self.incarnation_floor = self.store.counters()
+        self.pools = self.store.pools()
         self.started_at = self.clock.now()
         self.observed = {}
 
@@ -136,7 +140,7 @@ class Runner(Containment):
     @property
     def world(self) -> World:
         counters = (self.job_seq, self.node_seq, self.incarnation_floor)
-        return World(self.nodes, self.jobs, self.observed, self.started_at, *counters)
+        return World(self.nodes, self.jobs, self.observed, self.started_at, *counters, self.pools)
 
     def commit(self, commands: list[Command], stimulus: Stimulus) -> None:
         """Persist (with what triggered the decision), then update the mirror, then act: a crash in between
@@ -147,6 +151,7 @@ class Runner(Containment):
         world = apply(self.world, commands)
         self.nodes, self.jobs, self.observed = dict(world.nodes), dict(world.jobs), dict(world.observed)
         self.job_seq, self.node_seq, self.incarnation_floor = world.job_seq, world.node_seq, world.incarnation_floor
+        self.pools = dict(world.pools)
         if any(isinstance(command, SetNode) for command in commands):
             self.inbox.publish_busy(capacity.busy_nodes(self.nodes))
         for command in commands:
@@ -160,11 +165,11 @@ class Runner(Containment):
             case ReleaseInstance():
                 self.effects.spawn(effects.release(self.provider, self.inbox, command.node))
             case RequestCapacity():
-                self.capacity_ask = capacity.CapacityAsk(command.slots, self.clock.now())
+                self._set_ask(command.pool, capacity.CapacityAsk(command.slots, self.clock.now()))
                 self.effects.spawn(self._request_capacity(command))
             case SetJob(change=change) if change is not None:
                 log.info("job %s: %s -> %s (%s)", command.job.id, change.source, change.target, change.reason)
-            case SetJob() | SetNode() | AddJob() | SetNodeSeq() | ForgetNode() | StartGeneration():
+            case SetJob() | SetNode() | AddJob() | SetNodeSeq() | ForgetNode() | StartGeneration() | SetPoolStats():
                 pass  # stored, and applied to the world: nothing to do outside
             case RecordCheckpoint() | RecordPause() | RecordEvent():
                 pass
@@ -202,22 +207,33 @@ class Runner(Containment):
         decided = apply(self.world, commands) if commands else self.world
         if self.settings.validate:
             invariants.check(decided, self.world)  # raises: contained as any failing decision, nothing committed
-        ask = capacity.next_ask(decided, now, self.capacity_ask, self.settings.capacity_retry_seconds)
-        self.commit([*commands, ask] if ask else commands, stimulus)
+        retry = self.settings.capacity_retry_seconds
+        asks = [capacity.next_ask(decided, now, self._ask(pool), retry, pool) for pool in PoolKind]
+        self.commit([*commands, *(ask for ask in asks if ask is not None)], stimulus)
         self._undelivered = []
         self._decided = max(self._decided, included)
         self._accepted.update((name, self.observed[name]) for name in self._fresh if name in self.observed)
         self._fresh.clear()
         self._deciding(True)
 
+    def _ask(self, pool: PoolKind) -> capacity.CapacityAsk | None:
+        return self.capacity_ask if pool is PoolKind.SPOT else self.on_demand_ask
+
+    def _set_ask(self, pool: PoolKind, ask: capacity.CapacityAsk) -> None:
+        if pool is PoolKind.SPOT:
+            self.capacity_ask = ask
+        else:
+            self.on_demand_ask = ask
+
     async def _request_capacity(self, command: RequestCapacity) -> None:
         """Ask the provider; the outcome is logged and tells the next decision whether to ask again."""
-        outcome = await effects.request_capacity(self.provider, command.slots)
+        outcome = await effects.request_capacity(self.provider, command.slots, command.pool)
         async with self.lock:
             now = self.clock.now()
-            if self.capacity_ask is not None and self.capacity_ask.slots == command.slots:
+            last = self._ask(command.pool)
+            if last is not None and last.slots == command.slots:
                 failed = isinstance(outcome, provider_facts.ProviderCapacityRequestFailed)
-                self.capacity_ask = replace(self.capacity_ask, at=now, failed=failed)
+                self._set_ask(command.pool, replace(last, at=now, failed=failed))
             try:
                 self.commit([outcome.recorded(now)], Stimulus.provider(str(outcome.kind)))
             except Deposed:  # another controller leads: the outcome is its provider's business now
@@ -280,12 +296,13 @@ class Runner(Containment):
     async def poll_provider(self) -> None:
         """Nodes the provider no longer lists are GONE; without a list this time, only its events are logged."""
         try:
-            listed: frozenset[str] | None = await self.provider.list_instances()
+            listed: Mapping[str, PoolKind] | None = await self.provider.list_pools()
         except CannotList:
             listed = None
         async with self.lock:
-            gone = [] if listed is None else intake.provider_gone(self.world, listed, self.clock.now())
-            self._quietly(lambda: self._reconcile(Stimulus.provider("ListInstances"), gone))
+            now = self.clock.now()
+            seen = [] if listed is None else intake.provider_listed(self.world, listed, now)
+            self._quietly(lambda: self._reconcile(Stimulus.provider("ListInstances"), seen))
 
     async def request_checkpoints(self, timer: str = stimuli.TICK) -> None:
         async with self.lock:

@@ -24,7 +24,7 @@ from controller.eventlog.fact import EventDataError
 from controller.eventlog.facts import NodeQuarantined
 from controller.eventlog.schema import decode
 from controller.persistence.codec import job_from_dict, job_to_dict, node_to_dict
-from controller.persistence.old_rows import JOB_FIELDS_BEFORE, legacy_morph_cause, nest_job_row, renamed
+from controller.persistence.old_rows import JOB_FIELDS_BEFORE, JOB_FIELDS_V19, legacy_morph_cause, nest_job_row, renamed
 from controller.persistence.plain import RowError
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, database_url, migrate
 from tests.controller.helpers import CHECKPOINT_REFS, job, node, planner, seen, version_9_row, version_15_row
@@ -330,7 +330,9 @@ def test_a_damaged_version_9_row_is_refused_naming_the_field_it_lacks() -> None:
     flat = version_9_row(job("job-1"))
     del flat["morph_cause"]
     with pytest.raises(RowError, match=r"job\.morph: no cause"):
-        job_from_dict(renamed(nest_job_row(nest_job_row(flat), CHECKPOINT_REFS), "hold", "salvage"))
+        job_from_dict(
+            {**JOB_FIELDS_V19, **renamed(nest_job_row(nest_job_row(flat), CHECKPOINT_REFS), "hold", "salvage")}
+        )
 
 
 def test_schema_12_gives_a_version_11_node_row_its_new_fields(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
 No I/O and no clock: the caller passes ``now`` and a planner per job. The steps run in a fixed order
 on one :class:`~controller.core.reconcile.draft.Draft`, passive ones first (what happened to nodes,
-how far jobs got), then active ones (the morph protocol, admission, moves off nodes at risk of eviction,
-growth), so later steps see
+how far jobs got), then active ones (the morph protocol, the planner's prediction checked and a growth that
+measured slower undone, the pools' history and on-demand capacity for deadlines, admission, moves off nodes
+at risk of eviction, growth), so later steps see
 earlier decisions. Reports of any other incarnation or generation never change a job
 (:mod:`~controller.core.reconcile.reports`).
 """
@@ -24,7 +25,9 @@ from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fail_unplannable
 from controller.core.reconcile.growth import grow
 from controller.core.reconcile.health import node_health
+from controller.core.reconcile.learn import learn
 from controller.core.reconcile.morph import advance_morph, supervise
+from controller.core.reconcile.on_demand import observe_pools, plan_on_demand
 from controller.core.reconcile.progress import progress
 from controller.core.reconcile.risk import move_off_risk
 from controller.core.records import MoveFields
@@ -44,6 +47,9 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
             supervise(draft, config, job_id)
         if draft.jobs[job_id].state is JobState.MORPHING:
             advance_morph(draft, config, planners, job_id)
+    learn(draft, config, planners)
+    observe_pools(draft)
+    plan_on_demand(draft, config, planners)
     admit_queued(draft, config, planners)
     move_off_risk(draft, config, planners)
     grow(draft, config, planners)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from controller.core.flapping import Damping
 from morphing.planner import Planner
 from morphing.policy import PolicyConfig
+from scheduler.policy import SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,10 @@ class Config:
     # local process could listen on a later generation's port first (controller.tokens.Tokens.rendezvous_salt).
     rendezvous_salt: str = ""
     damping: Damping = field(default_factory=Damping)  # nodes that come back soon after LOST: quarantined in JOINING
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # on-demand for deadlines (reconcile.on_demand)
+    on_demand_gpu_hour_price: float = 3.0  # dollars: turns a job's on_demand_max_dollars into GPUs
+    growth_undo_seconds: float = 3600.0  # a growth undone leaves its nodes out this long (and is never retried)
+    curve_max_gpus: int = 64  # the scheduler's throughput curves stop here (one planner sweep per job and pass)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from controller.core.lifecycle import NodeState
 from controller.core.model import JobRecord, NodeRecord
 from morphing.jobspec import JobSpec
+from scheduler.pools import PoolKind
 
 NO_GPU_NODE = "needs GPU nodes; none has registered a GPU"
 NO_FREE_GPU_NODE = "needs GPU nodes; waiting for free ones to fit it"
@@ -26,7 +27,9 @@ def needs_gpus(spec: JobSpec) -> bool:
 
 
 def may_run_on(job: JobRecord, node: NodeRecord) -> bool:
-    return bool(node.gpus) or not needs_gpus(job.spec)
+    """Of a device the job can use, and spot or asked for this job (an on-demand node serves its owner only)."""
+    ours = node.pool is PoolKind.SPOT or node.owner == job.id
+    return ours and (bool(node.gpus) or not needs_gpus(job.spec))
 
 
 def waiting_reason(job: JobRecord, nodes: Mapping[str, NodeRecord]) -> str | None:

@@ -37,6 +37,7 @@ class Draft:
         self.nodes = dict(world.nodes)
         self.jobs = dict(world.jobs)
         self.observed = world.observed
+        self.pools = dict(world.pools)  # each pool's history (reconcile.on_demand observes it)
         self.started_at = world.started_at
         self.now = now
         self.commands: list[Command] = []

@@ -12,6 +12,7 @@ model that takes longer to build than the debounce (any large one) would otherwi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
@@ -21,6 +22,7 @@ from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on, spec_on
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import planned
+from controller.core.reconcile.learn import correction, growth_allowed
 from controller.core.reconcile.unreachable import held_out
 from controller.eventlog import facts
 from morphing.jobspec import JobSpec
@@ -105,6 +107,11 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
         rate, scale = measured_rate(job, draft.now, predicted)
         remaining = max(0, job.spec.steps - job.step) * job.spec.global_batch / rate if rate else None
         candidate_rate = candidate.samples_per_second * scale if isinstance(candidate, Plan) else None
+        if isinstance(candidate, Plan) and candidate_rate is not None:
+            if not growth_allowed(job, sorted(set(candidate.layout.nodes()) - set(job.nodes))):
+                continue  # that growth was undone before (it measured slower): never retried
+            if isinstance(current, Plan):  # the scaling the job measured (reconcile.learn), not the profile's alone
+                candidate_rate *= correction(job, current.gpus_used, candidate.gpus_used)
         decision = decide_morph(
             current_samples_per_second=rate,
             current_layout_intact=True,
@@ -114,7 +121,8 @@ def grow(draft: Draft, config: Config, planners: Planners) -> None:
             remaining_seconds=remaining,
         )
         if decision.morph:
-            draft.start_morph(job.id, Action.STOP, MorphCause.GROW, f"grow: {decision.detail}")
+            judged = replace(job.learning, growth_from=rate, grown_from=job.nodes)  # reconcile.learn judges it
+            draft.start_morph(job.id, Action.STOP, MorphCause.GROW, f"grow: {decision.detail}", learning=judged)
             claimed.update(name for name, _ in usable)  # a lower job stopping for the same nodes would only restart
             continue
         offer = f"{job.generation}:{','.join(sorted(name for name, _ in usable))}"

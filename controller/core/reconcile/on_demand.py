@@ -1,0 +1,228 @@
+"""On-demand capacity for deadlines: the controller's half of ``scheduler.decide``.
+
+Each pass, while some live job may use on-demand capacity (``on_demand: allowed`` with a deadline) or on-demand
+nodes or holds exist, the jobs and nodes are shown to the scheduler as values (each job's throughput curve from
+its planner, corrected by what it measured: :mod:`~controller.core.reconcile.learn`; its work left, deadline and
+cap; the nodes present with their pool and owner) with the spot pool's forecast rates, and its decision is
+carried out:
+
+- a job's on-demand level (``JobRecord.on_demand``: GPUs, ``CapacityCause``, the numbers behind it) follows its
+  need; a rise is ``OnDemandRequested``, and the runner asks the provider for the sum of the levels
+  (:func:`~controller.core.capacity.wanted_on_demand`);
+- an on-demand node that arrives (its pool known from the provider's list) goes to the job whose level it fills
+  (``NodeRecord.owner``); it serves that job only (:func:`~controller.core.reconcile.devices.may_run_on`);
+- a node the decision gives back loses its owner (``OnDemandReleased``): released at once when free, else its job
+  moves off it in a planned morph (STOP, cause ``on_demand_returned``) and it is released once free.
+
+Spot GPUs are still divided by admission and growth (the queue's order, growth that pays): ``decide``'s grants are
+not applied yet, only its capacity decisions. The pool's history (:func:`observe_pools`) is counted every pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+from controller.core.causes import MorphCause
+from controller.core.lifecycle import JOB_LIVE, JobState, NodeState
+from controller.core.model import Action, JobRecord, ReleaseInstance, SetPoolStats
+from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.draft import Draft
+from controller.core.records import Learning, OnDemandHold
+from controller.eventlog.scheduler_facts import OnDemandReleased, OnDemandRequested
+from morphing.planner import Planner
+from scheduler import forecast
+from scheduler.deadlines import CapacityCause
+from scheduler.jobs import Grant, JobView, Node, OnDemand, throughput_curve
+from scheduler.learning import Observation, StepModel, corrected_rates
+from scheduler.policy import decide
+from scheduler.pools import PoolKind
+
+PRESENT = frozenset({NodeState.JOINING, NodeState.READY, NodeState.ASSIGNED, NodeState.DRAINING})
+USABLE = frozenset({NodeState.READY, NodeState.ASSIGNED})
+
+
+def observe_pools(draft: Draft) -> None:
+    """Each pool's history advanced to now when its count of live nodes changed; a spot node fewer is an eviction
+    (the controller gives spot nodes back only once they are gone), an on-demand node fewer never is."""
+    for kind in PoolKind:
+        live = sum(1 for n in draft.nodes.values() if n.pool is kind and n.state in PRESENT)
+        stats = draft.pools.get(kind, forecast.PoolStats(kind))
+        if (stats.at is not None and live == stats.live) or (stats.at is not None and draft.now < stats.at):
+            continue
+        evicted = max(0, stats.live - live) if kind is PoolKind.SPOT and stats.at is not None else 0
+        draft.pools[kind] = forecast.observe(stats, draft.now, live, evicted)
+        draft.issue(SetPoolStats(draft.pools[kind]))
+
+
+def spot_rates(draft: Draft) -> forecast.Rates:
+    return forecast.rates(draft.pools.get(PoolKind.SPOT, forecast.PoolStats(PoolKind.SPOT)))
+
+
+def plan_on_demand(draft: Draft, config: Config, planners: Planners) -> None:
+    live = [j for j in sorted(draft.jobs.values(), key=lambda j: j.id) if j.state in JOB_LIVE]
+    allowed = any(j.spec.on_demand == "allowed" and j.spec.deadline for j in live)
+    owned = any(n.pool is PoolKind.ON_DEMAND and n.state in PRESENT for n in draft.nodes.values())
+    if not (allowed or owned or any(j.on_demand.gpus for j in draft.jobs.values())):
+        return
+    views = [v for j in live if (v := view(draft, config, planners, j)) is not None]
+    nodes = [
+        Node(n.name, n.pool, n.slots, n.owner)
+        for n in sorted(draft.nodes.values(), key=lambda n: n.name)
+        if n.state in USABLE and (n.pool is PoolKind.SPOT or n.owner is not None)
+    ]
+    rates = spot_rates(draft)
+    decision = decide(views, nodes, rates, draft.now, config.scheduler)
+    needs = {need.job: need for need in decision.on_demand}
+    for job_view in views:
+        need = needs.get(job_view.name)
+        _hold(draft, job_view, need.gpus if need else 0, need.cause if need else None, rates, config)
+    for job in draft.jobs.values():
+        if job.state not in JOB_LIVE and job.on_demand.gpus:
+            draft.amend_job(job.id, on_demand=OnDemandHold(since=draft.now))
+    for change in decision.capacity:
+        if change.release_nodes:
+            _give_back(draft, change.job, change.release_nodes, str(change.cause))
+    _claim_arrivals(draft)
+    _release_ownerless(draft)
+
+
+def view(draft: Draft, config: Config, planners: Planners, job: JobRecord) -> JobView | None:
+    """The job as the scheduler sees it (None: no planner, so no curve)."""
+    planner = planners.get(job.id)
+    if not isinstance(planner, Planner):
+        return None
+    present = [n for n in draft.nodes.values() if n.state in USABLE]
+    per_node = max((n.slots for n in present), default=1)
+    spot = sum(n.slots for n in present if n.pool is PoolKind.SPOT)
+    cap = _cap_gpus(job, draft.now, config)
+    top = max(1, min(config.curve_max_gpus, spot + cap))
+    rates = corrected_rates(throughput_curve(planner, top, per_node), model(job.learning))
+    held = tuple(
+        Grant(job.id, name, draft.nodes[name].pool, draft.nodes[name].slots)
+        for name in job.nodes
+        if name in draft.nodes and draft.nodes[name].job == job.id
+    )
+    ours = sum(n.slots for n in draft.nodes.values() if n.owner == job.id and n.state in PRESENT)
+    left = max(0, job.spec.steps - job.step) * job.spec.global_batch
+    return JobView(
+        name=job.id,
+        rates=tuple(max(rates[: i + 1]) for i in range(len(rates))),  # never falling, as the planner's own
+        remaining_samples=float(left),
+        total_samples=float(job.spec.steps * job.spec.global_batch),
+        priority=job.spec.priority,
+        submitted_at=job.submitted_at,
+        deadline=job.spec.deadline_seconds(),
+        on_demand=OnDemand(job.spec.on_demand),
+        on_demand_cap_gpus=cap,
+        waited_seconds=draft.now - job.state_since if job.state is JobState.QUEUED else 0.0,
+        running_seconds=draft.now - job.state_since if job.state is not JobState.QUEUED else 0.0,
+        morph_cost_seconds=config.morph_cost_seconds,
+        held=held,
+        on_demand_pending=max(0, job.on_demand.gpus - ours),
+    )
+
+
+def model(learning: Learning) -> StepModel:
+    """The job's step-time correction from the checks its record keeps."""
+    return StepModel(tuple(Observation(g, p, m) for g, p, m in learning.observations))
+
+
+def _cap_gpus(job: JobRecord, now: float, config: Config) -> int:
+    """The most on-demand GPUs the job may hold: its cap in GPUs, and as many as its cap in dollars pays for
+    from now to the deadline (held that long at the configured price)."""
+    if job.spec.on_demand != "allowed":
+        return 0
+    cap = job.spec.on_demand_max_gpus or config.curve_max_gpus
+    deadline = job.spec.deadline_seconds()
+    dollars = job.spec.on_demand_max_dollars
+    if dollars is not None and deadline is not None:
+        hours = max(deadline - now, 1.0) / 3600.0
+        cap = min(cap, math.floor(dollars / (config.on_demand_gpu_hour_price * hours)))
+    return max(0, cap)
+
+
+def _hold(
+    draft: Draft, job: JobView, gpus: int, cause: CapacityCause | None, rates: forecast.Rates, config: Config
+) -> None:
+    """The job's on-demand level and why, with the numbers behind it; a rise is said (``OnDemandRequested``)."""
+    record = draft.jobs[job.name]
+    before = record.on_demand
+    spot = job.held_gpus(PoolKind.SPOT)
+    per_node = max(1, config.scheduler.gpus_per_node)
+    left = (job.deadline - draft.now) if job.deadline is not None else None
+    horizon = max(left or 0.0, 0.0)
+    nodes = -(-spot // per_node)
+    alone = forecast.liveput(job.rate, nodes, per_node, 0, rates, horizon, job.morph_cost_seconds)
+    both = forecast.liveput(job.rate, nodes, per_node, gpus, rates, horizon, job.morph_cost_seconds)
+    hold = OnDemandHold(
+        gpus=gpus,
+        cause=cause if gpus or before.gpus else None,
+        since=before.since if gpus == before.gpus else draft.now,
+        deadline_in_seconds=left,
+        remaining_samples=job.remaining_samples,
+        spot_gpus=spot,
+        spot_samples_per_second=alone,
+        with_on_demand_samples_per_second=both,
+        finish_seconds=job.remaining_samples / alone if alone > 0 else None,
+    )
+    if gpus == before.gpus and hold.cause == before.cause:
+        return  # the numbers move every pass: stored when the level or its cause changes, not on every tick
+    draft.amend_job(job.name, on_demand=hold)
+    if gpus > before.gpus and hold.cause is not None:
+        said = OnDemandRequested(
+            gpus,
+            before.gpus,
+            str(hold.cause),
+            left or 0.0,
+            job.remaining_samples,
+            spot,
+            alone,
+            both,
+            hold.finish_seconds,
+            rates.eviction * 3600.0,
+        )
+        draft.event(said, job.name)
+
+
+def _give_back(draft: Draft, job_id: str, names: tuple[str, ...], cause: str) -> None:
+    gpus = sum(draft.nodes[n].slots for n in names if n in draft.nodes)
+    busy = [n for n in names if n in draft.nodes and draft.nodes[n].job is not None]
+    detail = f"{', '.join(busy)} still run it: released once it moved off" if busy else "released now"
+    for name in names:
+        if name in draft.nodes:
+            draft.amend_node(name, owner=None)
+    draft.event(OnDemandReleased(list(names), gpus, cause, detail), job_id)
+
+
+def _claim_arrivals(draft: Draft) -> None:
+    """Free on-demand nodes without an owner go to the jobs whose on-demand level they fill (earliest deadline
+    first); the rest are released by :func:`_release_ownerless`."""
+    for node in sorted(draft.nodes.values(), key=lambda n: n.name):
+        if node.pool is not PoolKind.ON_DEMAND or node.owner is not None or node.job is not None:
+            continue
+        if node.state not in (NodeState.JOINING, NodeState.READY):
+            continue
+        short = [j for j in draft.jobs.values() if j.state in JOB_LIVE and _deficit(draft, j) > 0]
+        if short:
+            first = min(short, key=lambda j: (j.spec.deadline_seconds() or math.inf, j.id))
+            draft.amend_node(node.name, owner=first.id)
+
+
+def _deficit(draft: Draft, job: JobRecord) -> int:
+    ours = sum(n.slots for n in draft.nodes.values() if n.owner == job.id and n.state in PRESENT)
+    return job.on_demand.gpus - ours
+
+
+def _release_ownerless(draft: Draft) -> None:
+    """On-demand nodes nobody owns: given back to the provider when free, moved off (a planned stop) when not."""
+    for node in sorted(draft.nodes.values(), key=lambda n: n.name):
+        if node.pool is not PoolKind.ON_DEMAND or node.owner is not None or node.state not in PRESENT:
+            continue
+        if node.job is None:
+            draft.move_node(node.name, NodeState.GONE, "on-demand capacity given back to the provider")
+            draft.issue(ReleaseInstance(node.name))
+            continue
+        job = draft.jobs.get(node.job)
+        if job is not None and job.state is JobState.RUNNING and job.action is Action.RUN:
+            why = f"on-demand node {node.name} given back: moving off it"
+            draft.start_morph(job.id, Action.STOP, MorphCause.ON_DEMAND_RETURNED, why)

@@ -1,0 +1,149 @@
+"""The controller's half of the scheduler: on-demand capacity for a deadline at risk, given back when spot
+returns; the pools' history persisted; the planner's predictions checked and a slower growth undone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.core import capacity
+from controller.core.causes import MorphCause
+from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import ReleaseInstance, SetPoolStats, World, apply
+from controller.core.reconcile import Config, reconcile
+from controller.core.reconcile.devices import may_run_on
+from controller.core.records import Learning, Training
+from controller.eventlog.scheduler_facts import GrowthUndone, OnDemandReleased, OnDemandRequested, StepTimeChecked
+from controller.persistence.store import Store
+from scheduler.forecast import PoolStats, observe
+from scheduler.pools import PoolKind
+from tests.controller.helpers import job, node, planner, spec
+
+DEADLINE = "2030-01-01T00:00:00Z"
+AT = spec(deadline=DEADLINE).deadline_seconds() or 0.0
+
+
+def deadline_job(steps: int, **fields: object) -> object:
+    allowed = spec(deadline=DEADLINE, on_demand="allowed", steps=steps)
+    return replace(job("j1", **fields), spec=allowed)  # type: ignore[arg-type]
+
+
+def kinds(commands: Sequence[object]) -> list[type]:
+    return [type(getattr(c, "fact", None) or c) for c in commands]
+
+
+def facts_of(commands: Sequence[object], cls: type) -> list[object]:
+    from controller.eventlog.fact import RecordEvent
+    from controller.eventlog.schema import decode
+
+    return [f for c in commands if isinstance(c, RecordEvent) and isinstance(f := decode(c.kind, c.data), cls)]
+
+
+def test_a_deadline_at_risk_on_spot_alone_asks_for_on_demand_with_its_cause_and_numbers() -> None:
+    now = AT - 600.0  # ten minutes left: spot alone (one node) cannot do a huge job
+    queued = deadline_job(10_000_000)
+    world = World({"spot-1": node("spot-1")}, {"j1": queued})  # type: ignore[dict-item]
+    commands = reconcile(world, now, Config(), {"j1": planner()})
+    asked = facts_of(commands, OnDemandRequested)
+    assert asked and asked[0].gpus > 0 and asked[0].cause in {"deadline_at_risk", "last_safe_moment"}  # type: ignore[attr-defined]
+    decided = apply(world, commands)
+    hold = decided.jobs["j1"].on_demand
+    assert hold.gpus == asked[0].gpus and hold.remaining_samples > 0 and hold.deadline_in_seconds == 600.0  # type: ignore[attr-defined]
+    ask = capacity.next_ask(decided, now, None, 30.0, PoolKind.ON_DEMAND)
+    assert ask is not None and ask.pool is PoolKind.ON_DEMAND and ask.slots == hold.gpus
+    assert any(isinstance(c, SetPoolStats) and c.stats.kind is PoolKind.SPOT for c in commands)
+
+
+def test_an_on_demand_node_serves_its_owner_only_and_is_given_back_when_no_job_needs_it() -> None:
+    mine = replace(node("od-1"), pool=PoolKind.ON_DEMAND, owner="j1")
+    assert may_run_on(job("j1"), mine) and not may_run_on(job("j2"), mine)
+    assert may_run_on(job("j2"), node("spot-1"))
+    small = deadline_job(1)  # a job spot alone finishes long before its deadline
+    now = AT - 86_400.0
+    world = World({"od-1": mine, "spot-1": node("spot-1")}, {"j1": small}, started_at=now)  # type: ignore[dict-item]
+    commands = reconcile(world, now, Config(), {"j1": planner()})
+    released = facts_of(commands, OnDemandReleased)
+    assert released and released[0].nodes == ["od-1"]  # type: ignore[attr-defined]
+    assert ReleaseInstance("od-1") in commands
+    assert apply(world, commands).nodes["od-1"].state is NodeState.GONE
+
+
+def test_a_busy_on_demand_node_given_back_moves_its_job_off_it_first() -> None:
+    layout = planner().plan([("od-1", 1)]).layout  # type: ignore[union-attr]
+    running = deadline_job(1, state=JobState.RUNNING, layout=layout)
+    given_back = replace(node("od-1", NodeState.ASSIGNED, job="j1"), pool=PoolKind.ON_DEMAND, owner=None)
+    now = AT - 86_400.0
+    world = World({"od-1": given_back, "spot-1": node("spot-1")}, {"j1": running}, started_at=now)  # type: ignore[dict-item]
+    decided = apply(world, reconcile(world, now, Config(), {"j1": planner()}))
+    assert decided.jobs["j1"].morph.cause is MorphCause.ON_DEMAND_RETURNED
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=12))
+def test_pool_history_round_trips_through_both_stores_shape(counts: list[int]) -> None:
+    stats = PoolStats(PoolKind.SPOT)
+    for i, live in enumerate(counts):
+        stats = observe(stats, float(i), live, evicted=max(0, stats.live - live))
+    assert PoolStats.from_dict(stats.to_dict()) == stats
+    assert stats.evictions == sum(max(0, a - b) for a, b in zip([0, *counts], counts, strict=False)) - max(
+        0, 0 - counts[0]
+    )
+
+
+def test_the_store_keeps_each_pools_history(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    stats = observe(observe(PoolStats(PoolKind.SPOT), 0.0, 3), 60.0, 2, evicted=1)
+    store.persist([SetPoolStats(stats)])
+    store.persist([SetPoolStats(replace(stats, live=4))])
+    assert store.pools() == {PoolKind.SPOT: replace(stats, live=4)}
+    store.close()
+
+
+def test_a_generation_checks_its_step_time_and_learns_the_correction() -> None:
+    plan = planner().plan([("n1", 1), ("n2", 1)])
+    layout = plan.layout  # type: ignore[union-attr]
+    measured = plan.samples_per_second / 2  # type: ignore[union-attr]  # twice as slow as predicted
+    running = job(
+        "j1",
+        JobState.RUNNING,
+        generation=2,
+        layout=layout,
+        step=10,
+        training=Training(step=10, samples_per_second=measured, generation=2),
+    )
+    nodes = {n: node(n, NodeState.ASSIGNED, job="j1") for n in ("n1", "n2")}
+    world = World(nodes, {"j1": running})
+    commands = reconcile(world, 5.0, Config(), {"j1": planner()})
+    checked = facts_of(commands, StepTimeChecked)
+    assert checked and abs(checked[0].error_before - 0.5) < 1e-9 and checked[0].error_after == checked[0].error_before  # type: ignore[attr-defined]
+    learned = apply(world, commands).jobs["j1"].learning
+    assert learned.checked_generation == 2 and len(learned.observations) == 1
+    again = replace(running, generation=3, training=Training(step=10, samples_per_second=measured, generation=3))
+    again = replace(again, learning=learned)
+    second = facts_of(reconcile(World(nodes, {"j1": again}), 6.0, Config(), {"j1": planner()}), StepTimeChecked)
+    assert second and second[0].error_after < 0.05 < second[0].error_before  # type: ignore[attr-defined]
+
+
+def test_a_growth_that_measured_slower_is_undone_and_its_nodes_avoided() -> None:
+    plan = planner().plan([("n1", 1), ("n2", 1)])
+    grown = job(
+        "j1",
+        JobState.RUNNING,
+        generation=2,
+        layout=plan.layout,  # type: ignore[union-attr]
+        step=10,
+        training=Training(step=10, samples_per_second=1.0, generation=2),
+        learning=Learning(growth_from=5.0, grown_from=("n1",)),
+    )
+    grown = replace(grown, morph=replace(grown.morph, cause=MorphCause.GROW))
+    nodes = {n: node(n, NodeState.ASSIGNED, job="j1") for n in ("n1", "n2")}
+    commands = reconcile(World(nodes, {"j1": grown}), 5.0, Config(), {"j1": planner()})
+    undone = facts_of(commands, GrowthUndone)
+    assert undone and undone[0].nodes == ["n2"]  # type: ignore[attr-defined]
+    after = apply(World(nodes, {"j1": grown}), commands).jobs["j1"]
+    assert after.morph.cause is MorphCause.GROWTH_UNDONE and after.learning.avoid == (("n2",),)
+    assert any(n == "n2" for n, _ in after.exclusions.until)
