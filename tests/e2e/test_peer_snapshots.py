@@ -47,7 +47,7 @@ def test_a_pipeline_stage_killed_without_notice_comes_back_from_its_peer_snapsho
         checkpoint_interval=INTERVAL,
         checkpoint_dir=checkpoints,
         profile=pipeline_profile(tmp_path / "pipeline_profile.json"),  # memory-short: 3 x 1 on three VMs
-        **(exact if mode == "exact" else {"dtype": "float64", "global_batch": BATCH}),  # type: ignore[arg-type]
+        **(exact if mode == "exact" else {"dtype": "float64", "global_batch": BATCH}),
     )
     status = cluster.wait_step(job, 12, 180)
     layout = status["layout"]
