@@ -116,6 +116,7 @@ def _boundaries(g: Generation, stream: snapshots.SnapshotStream) -> ExitCode:
         shared, own = _facts(g, agreed, said.leaving)
         code = execute(g, decide(agreed, shared, own), agreed, own, pace, fenced)
         if code is not None:
+            stream.settle(g.job.peer_timeout_seconds)  # a stream in flight ends before the groups are let go
             return code
         stream.at_boundary(g.step, agreed.snapshot_running, agreed.snapshot_failed, lambda: _copy_stage(g))
         pace.started = time.perf_counter()
