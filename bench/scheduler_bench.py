@@ -55,15 +55,15 @@ def jobs() -> list[FleetJob]:
     ]
 
 
-BEFORE = "spotmorph, per-job rule (before)"  # the forecast on each job's spot share now, margins 0.15 / 0.4
+# The rule before on-demand GPUs were bought just in time and spot shared on top of them (commit 519b4f9).
+BEFORE = "spotmorph, eager on-demand (before)"
 POLICY_OF = {BEFORE: "spotmorph"}
 
 
 def _config(policy: str) -> FleetConfig:
     if policy != BEFORE:
         return FleetConfig()
-    rule = DeadlineConfig(margin=0.15, release_margin=0.4, outlook=False)
-    return FleetConfig(scheduler=SchedulerConfig(deadlines=rule))
+    return FleetConfig(scheduler=SchedulerConfig(deadlines=DeadlineConfig(defer=False), share_counts_on_demand=False))
 
 
 def lower_bound(fleet: list[FleetJob]) -> float:

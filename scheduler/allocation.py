@@ -69,13 +69,14 @@ class _Step:
     gpus: int
 
 
-def _best_step(job: JobView, have: int, held: int, room: int, config: ShareConfig) -> _Step | None:
-    """The step of 1..room GPUs with the best weighted gain per GPU; a running job's first growth must pay."""
+def _best_step(job: JobView, have: int, held: int, room: int, config: ShareConfig, base: int = 0) -> _Step | None:
+    """The step of 1..room GPUs with the best weighted gain per GPU; a running job's first growth must pay.
+    ``base``: GPUs the job has besides these (its on-demand ones): the step's value counts from them."""
     best: _Step | None = None
     for k in range(1, room + 1):
-        if have == held > 0 and not _growth_pays(job, held, held + k, config):
+        if have == held > 0 and not _growth_pays(job, base + held, base + held + k, config):
             continue
-        gain = _weight(job, config) * (_value(job, have + k) - _value(job, have)) / k
+        gain = _weight(job, config) * (_value(job, base + have + k) - _value(job, base + have)) / k
         if gain > 0 and (best is None or gain > best.gain):
             best = _Step(gain, job.name, k)
     return best
@@ -99,9 +100,13 @@ def share(
     held: Mapping[str, int],
     demand: Mapping[str, int],
     config: ShareConfig = ShareConfig(),
+    base: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, int], tuple[Shrink, ...]]:
     """GPUs per job out of ``capacity`` (each at most its ``demand``), from what each ``held`` of it now, and
-    the running jobs shrunk on the way (with why)."""
+    the running jobs shrunk on the way (with why). ``base[job]``: GPUs it has outside ``capacity`` (its
+    on-demand ones): what a GPU of ``capacity`` adds to it counts from those (two spot GPUs that make a job
+    holding five on-demand GPUs run at its minimum of seven are worth the whole of its speed)."""
+    off = base or {}
     if capacity < 0:
         raise ValueError(f"capacity {capacity}: it must be >= 0")
     counts = {job.name: max(0, min(held.get(job.name, 0), demand.get(job.name, 0))) for job in jobs}
@@ -110,9 +115,9 @@ def share(
         excess = sum(counts.values()) - capacity
         counts[job.name] -= min(max(excess, 0), counts[job.name])
     shrinks = _serve_starving(jobs, capacity, counts, demand, config)
-    _fill(jobs, capacity, counts, held, demand, config)
-    shrinks += _preempt_for_priority(order, counts, demand, config)
-    _fill(jobs, capacity, counts, held, demand, config)
+    _fill(jobs, capacity, counts, held, demand, config, off)
+    shrinks += _preempt_for_priority(order, counts, demand, config, off)
+    _fill(jobs, capacity, counts, held, demand, config, off)
     return counts, tuple(shrinks)
 
 
@@ -123,10 +128,18 @@ def _fill(
     held: Mapping[str, int],
     demand: Mapping[str, int],
     config: ShareConfig,
+    base: Mapping[str, int],
 ) -> None:
     while (free := capacity - sum(counts.values())) > 0:
         steps = [
-            _best_step(job, counts[job.name], held.get(job.name, 0), min(free, demand.get(job.name, 0) - have), config)
+            _best_step(
+                job,
+                counts[job.name],
+                held.get(job.name, 0),
+                min(free, demand.get(job.name, 0) - have),
+                config,
+                base.get(job.name, 0),
+            )
             for job in jobs
             if (have := counts[job.name]) < demand.get(job.name, 0)
         ]
@@ -166,7 +179,11 @@ def _serve_starving(
 
 
 def _preempt_for_priority(
-    order: Sequence[JobView], counts: dict[str, int], demand: Mapping[str, int], config: ShareConfig
+    order: Sequence[JobView],
+    counts: dict[str, int],
+    demand: Mapping[str, int],
+    config: ShareConfig,
+    base: Mapping[str, int],
 ) -> list[Shrink]:
     """Move GPUs from lower- to higher-priority jobs where the weighted gain over the horizon pays both morphs."""
     shrinks: list[Shrink] = []
@@ -177,9 +194,12 @@ def _preempt_for_priority(
             room = min(counts[lo.name], demand.get(hi.name, 0) - counts[hi.name])
             for k in range(room, 0, -1):
                 have, keep = counts[lo.name], counts[lo.name] - k
-                if 0 < keep < (lo.min_gpus or 0) or (keep == 0 and lo.running_seconds < config.min_run_seconds):
+                if 0 < keep + base.get(lo.name, 0) < (lo.min_gpus or 0) or (
+                    keep == 0 and lo.running_seconds < config.min_run_seconds
+                ):
                     continue
-                if _trade(hi, counts[hi.name], k, lo, have, config) <= 0:
+                hi_at, lo_at = counts[hi.name] + base.get(hi.name, 0), have + base.get(lo.name, 0)
+                if _trade(hi, hi_at, k, lo, lo_at, config) <= 0:
                     continue
                 counts[lo.name], counts[hi.name] = keep, counts[hi.name] + k
                 shrinks.append(Shrink(lo.name, have, keep, ShrinkCause.PRIORITY, hi.name))

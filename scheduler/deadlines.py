@@ -57,6 +57,7 @@ class DeadlineConfig:
     ahead_fraction: float = 0.02  # uniform progress gives on-demand back this far ahead of its line
     outlook: bool = True  # the forecast rule projects the whole cluster's spot share (scheduler.outlook)
     outlook_step_seconds: float = 600.0
+    defer: bool = True  # the outlook: more on-demand GPUs only once the same arriving a step later would miss
 
     def __post_init__(self) -> None:
         if min(self.safety_seconds, self.margin, self.on_demand_start_seconds, self.ahead_fraction) < 0:

@@ -70,9 +70,9 @@ def _need(
 ) -> OnDemandNeed:
     held = fixed[job.name]  # held and pending
 
-    def meets(gpus: int) -> bool:
+    def meets(gpus: int, later: float = 0.0) -> bool:
         wanted = 1.0 + (config.release_margin if gpus < held else config.margin)
-        arrives = outlook.now + (config.on_demand_start_seconds if gpus > held else 0.0)
+        arrives = outlook.now + later + (config.on_demand_start_seconds if gpus > held else 0.0)
         done = project(jobs, {**fixed, job.name: gpus}, {job.name: arrives}, outlook, {job.name: wanted})
         return done.get(job.name, 0.0) >= job.remaining_samples * wanted * (1.0 - 1e-9)
 
@@ -83,6 +83,8 @@ def _need(
     while low < high:  # meets() only gets easier with more GPUs: a binary search
         middle = (low + high) // 2
         low, high = (low, middle) if meets(middle) else (middle + 1, high)
+    if low > held and config.defer and meets(low, outlook.step_seconds):
+        low = held  # just in time: the same GPUs arriving a step later still meet it, so none are bought yet
     if low == 0:
         return OnDemandNeed(job.name, 0, CapacityCause.SPOT_RETURNED if job.held_gpus(PoolKind.ON_DEMAND) else None)
     return OnDemandNeed(job.name, low, CapacityCause.DEADLINE_AT_RISK)

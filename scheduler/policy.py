@@ -49,6 +49,9 @@ class SchedulerConfig:
     share: ShareConfig = field(default_factory=ShareConfig)
     deadlines: DeadlineConfig = field(default_factory=DeadlineConfig)
     gpus_per_node: int = 1
+    # Spot GPUs are shared by what they add on top of each job's on-demand GPUs (two spot GPUs that let a job
+    # holding five on-demand ones run at its minimum of seven are worth its whole speed); False: from zero.
+    share_counts_on_demand: bool = True
 
 
 def decide(
@@ -77,7 +80,8 @@ def decide(
     demand = {
         j.name: max(0, j.max_gpus - max(need[j.name], sum(n.gpus for n in kept if n.owner == j.name))) for j in active
     }
-    counts, shrinks = share(active, spot_gpus, held, demand, config.share)
+    base = {j.name: sum(n.gpus for n in kept if n.owner == j.name) for j in active if config.share_counts_on_demand}
+    counts, shrinks = share(active, spot_gpus, held, demand, config.share, base)
     on_demand = [Grant(n.owner, n.name, n.pool, n.gpus) for n in kept if n.owner in demand]
     grants = (*on_demand, *place(active, spot_nodes, counts))
     return Decision(grants, capacity, shrinks, tuple(n for n in needs if n.cause is not None))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from scheduler.allocation import ShareConfig, ShrinkCause, share
 from scheduler.forecast import Rates
-from scheduler.jobs import JobView, Node
+from scheduler.jobs import Grant, JobView, Node
 from scheduler.policy import decide
 from scheduler.pools import PoolKind
 
@@ -102,3 +102,26 @@ def test_on_demand_nodes_serve_only_their_owner() -> None:
     nodes = [Node("od-1", PoolKind.ON_DEMAND, 4, owner="a"), Node("s", PoolKind.SPOT, 4)]
     decision = decide([a, b], nodes, SPOT, now=0.0)
     assert {g.node for g in decision.grants if g.job == "b"} <= {"s"}
+
+
+def test_spot_gpus_go_where_they_make_on_demand_ones_run() -> None:
+    """Two jobs of one priority, the same curve (nothing below 7 GPUs); ``topped`` holds 5 on-demand GPUs. Two
+    spot GPUs let it run; counted from zero (the earlier sharing), the 2 spot GPUs are worth nothing to either."""
+    curve = (0.0,) * 7 + tuple(10.0 * n for n in range(7, 13))
+    topped, bare = JobView("topped", curve, 1e6), JobView("bare", curve, 1e6)
+    counts, _ = share([topped, bare], 2, {}, {"topped": 7, "bare": 12}, ShareConfig(), {"topped": 5})
+    assert counts == {"topped": 2, "bare": 0}
+    plain, _ = share([topped, bare], 2, {}, {"topped": 7, "bare": 12}, ShareConfig())
+    assert plain["topped"] == 0
+
+
+def test_decide_tops_up_the_job_holding_on_demand_gpus() -> None:
+    curve = (0.0,) * 7 + tuple(10.0 * n for n in range(7, 13))
+    od = Node("od-1", PoolKind.ON_DEMAND, 5, owner="topped")
+    held = (Grant("topped", "od-1", PoolKind.ON_DEMAND, 5),)
+    topped = JobView("topped", curve, 70.0 * 3600, deadline=2 * 3600.0, held=held)  # keeps its 5 on-demand
+    bare = JobView("bare", curve, 1e6, submitted_at=-1.0)
+    nodes = [od, Node("s0", PoolKind.SPOT, 1), Node("s1", PoolKind.SPOT, 1)]
+    decision = decide([bare, topped], nodes, SPOT, now=0.0)
+    assert decision.gpus("topped", PoolKind.ON_DEMAND) == 5
+    assert decision.gpus("topped", PoolKind.SPOT) == 2 and decision.gpus("bare") == 0

@@ -67,3 +67,17 @@ def test_a_job_not_yet_submitted_asks_for_nothing() -> None:
     later = JobView("later", CURVE, CURVE[8] * 10 * HOUR, submitted_at=HOUR, deadline=2 * HOUR)
     need = needs([later], {}, Outlook(0, 1, CALM, 0.0), DeadlineConfig())[0]
     assert need.gpus == 0 and need.cause is None
+
+
+def test_on_demand_gpus_are_bought_when_first_needed() -> None:
+    """Spot alone (4 GPUs) leaves the job short, but an on-demand GPU bought a step (10 minutes) later meets it
+    as well as one bought now: none is bought yet (the earlier rule bought it at once)."""
+    work = CURVE[5] * 3 * HOUR / 1.1
+    job = JobView("j", CURVE, work, deadline=3 * HOUR)
+    outlook = Outlook(4, 1, Rates(0.0, 0.0), 0.0, 600.0)
+    now = needs([job], {"j": 4}, outlook, DeadlineConfig())[0]
+    assert now.gpus == 0 and now.cause is None
+    eager = needs([job], {"j": 4}, outlook, DeadlineConfig(defer=False))[0]
+    assert eager.gpus == 1 and eager.cause is CapacityCause.DEADLINE_AT_RISK
+    late = replace(job, deadline=HOUR + 4 * 60.0, remaining_samples=CURVE[5] * HOUR * 0.98)  # a step later: short
+    assert needs([late], {"j": 4}, outlook, DeadlineConfig())[0].gpus >= 1
