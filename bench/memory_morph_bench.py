@@ -87,8 +87,9 @@ def state_bytes(size: str) -> tuple[int, int]:
     return params, params * 4 * 3  # weights, exp_avg, exp_avg_sq
 
 
-def write_spec(work: Path, size: str, path: str, global_batch: int) -> Path:
-    spec = {
+def write_spec(work: Path, size: str, path: str, global_batch: int, **fields: object) -> Path:
+    """The job's spec (``fields`` added to, or replacing, the bench's own)."""
+    spec: dict[str, object] = {
         "name": f"gpt2-{size}-{path}",
         "entrypoint": f"{ROOT}/bench/gpt2_sizes.py:build_{size}",
         "global_batch": global_batch,
@@ -101,6 +102,7 @@ def write_spec(work: Path, size: str, path: str, global_batch: int) -> Path:
         "morph_through_memory": PATHS[path],
         "timeout_seconds": 120.0,  # a 43M+ model's start-up and writes on a loaded 2-core machine
         "peer_timeout_seconds": 60.0,
+        **fields,
     }
     (out := work / "job.yaml").write_text(json.dumps(spec))  # JSON is YAML
     return out

@@ -25,12 +25,12 @@ PIPELINE_GPU_MEMORY_BYTES = int(0.0008 * 2**30)
 G = TypeVar("G", GenerationIssued, NodesSuspected, SalvageOrdered, SalvageEnded)
 
 
-def pipeline_profile(path: Path, gpu_memory_bytes: int = PIPELINE_GPU_MEMORY_BYTES) -> Path:
-    """The demo model's profile, compute-bound (more VMs always pay) and short of memory (P >= 2).
+def pipeline_profile(path: Path, gpu_memory_bytes: int = PIPELINE_GPU_MEMORY_BYTES, base: Path = DEMO_PROFILE) -> Path:
+    """The demo model's profile (or ``base``'s), compute-bound (more VMs always pay) and short of memory (P >= 2).
 
     On one-slot VMs the planner then picks 2 x 1 on two, 2 x 2 on four and 2 x 3 on six; the model
     trained is the demo model all the same, so its results equal the demo model's reference."""
-    profile = json.loads(DEMO_PROFILE.read_text())
+    profile = json.loads(base.read_text())
     for layer in profile["layers"]:
         for key in ("forward_seconds", "backward_seconds"):
             layer[key] = {size: seconds * 50 for size, seconds in layer[key].items()}
