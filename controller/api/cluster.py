@@ -45,7 +45,7 @@ class ClusterService(rpc.ClusterServicer):
         jobs = [j for j in cluster.jobs if j.state not in JOB_TERMINAL]
         return pb.ClusterState(
             nodes=[wire.node_to_pb(n) for n in nodes[:SUMMARY_LIMIT]],
-            jobs=[wire.job_to_pb(j) for j in jobs[:JOB_LIMIT]],
+            jobs=[wire.job_to_pb(j, on_demand=self.view.on_demand(j)) for j in jobs[:JOB_LIMIT]],
             queue=cluster.queue[:SUMMARY_LIMIT],
             node_states=Counter(n.state.value for n in cluster.nodes),
             job_states=Counter(j.state.value for j in cluster.jobs),

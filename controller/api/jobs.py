@@ -62,13 +62,15 @@ class JobsService(rpc.JobsServicer):
         detail = await self.view.job_detail(request.id)
         if detail is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"job {shown(request.id)} not found")
-        return wire.job_to_pb(detail.job, detail.generations)
+        return wire.job_to_pb(detail.job, detail.generations, detail.on_demand)
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Context) -> pb.ListJobsResponse:
         async with answered(context):
             jobs, token = paging.page_of_jobs(self.view.jobs(), paging.page_size(request.page_size), request.page_token)
         details = await self.view.job_details(tuple(jobs))
-        return pb.ListJobsResponse(jobs=[wire.job_to_pb(d.job, d.generations) for d in details], next_page_token=token)
+        return pb.ListJobsResponse(
+            jobs=[wire.job_to_pb(d.job, d.generations, d.on_demand) for d in details], next_page_token=token
+        )
 
     async def CancelJob(self, request: pb.CancelJobRequest, context: Context) -> pb.Job:
         job = self.view.job(request.id)
@@ -78,7 +80,7 @@ class JobsService(rpc.JobsServicer):
             await self.writes.cancel(job.id, "an operator")
         detail = await self.view.job_detail(job.id)
         assert detail is not None  # jobs are never deleted
-        return wire.job_to_pb(detail.job, detail.generations)
+        return wire.job_to_pb(detail.job, detail.generations, detail.on_demand)
 
     async def WatchEvents(self, request: pb.WatchEventsRequest, context: Context) -> AsyncIterator[pb.Event]:
         async with answered(context):

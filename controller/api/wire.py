@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from controller.core.model import Assignment, Gpu, JobRecord, NodeRecord, RankReport, SalvageOrder
 from controller.core.observations import Refusal
+from controller.core.scheduler_status import OnDemandStatus, StepTimeStatus, step_time_status
 from controller.core.stimulus import Stimulus
 from controller.persistence.store import GenerationRow
 from morphing.layout import Layout
@@ -46,7 +47,11 @@ def layout_to_pb(layout: Layout | None) -> pb.Layout | None:
     )
 
 
-def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.Job:
+def job_to_pb(
+    job: JobRecord, generations: Sequence[GenerationRow] = (), on_demand: OnDemandStatus | None = None
+) -> pb.Job:
+    """``on_demand``: the job's hold as :func:`controller.core.scheduler_status.on_demand_status` gives it (it
+    needs the nodes, the clock and the price, which the view has)."""
     morphs = [
         pb.Morph(
             generation=g.generation,
@@ -89,7 +94,38 @@ def job_to_pb(job: JobRecord, generations: Sequence[GenerationRow] = ()) -> pb.J
     if job.checkpoint_stall.seconds is not None:
         message.checkpoint_stall_step = job.checkpoint_stall.step
         message.checkpoint_stall_seconds = job.checkpoint_stall.seconds
+    if on_demand is not None:
+        message.on_demand.CopyFrom(on_demand_to_pb(on_demand))
+    if (checked := step_time_status(job)) is not None:
+        message.step_time.CopyFrom(step_time_to_pb(checked))
     return message
+
+
+def on_demand_to_pb(status: OnDemandStatus) -> pb.OnDemandHold:
+    return pb.OnDemandHold(
+        gpus=status.gpus,
+        cause=str(status.cause or ""),
+        since=status.since,
+        deadline_in_seconds=status.deadline_in_seconds,
+        remaining_samples=status.remaining_samples,
+        spot_gpus=status.spot_gpus,
+        spot_samples_per_second=status.spot_samples_per_second,
+        with_on_demand_samples_per_second=status.with_on_demand_samples_per_second,
+        finish_seconds=status.finish_seconds,
+        held_gpus=status.held_gpus,
+        held_nodes=list(status.held_nodes),
+        cost_dollars=status.cost_dollars,
+        gpu_hour_price=status.gpu_hour_price,
+    )
+
+
+def step_time_to_pb(status: StepTimeStatus) -> pb.StepTimeCheck:
+    return pb.StepTimeCheck(
+        generation=status.generation,
+        checks=status.checks,
+        error_before=status.error_before,
+        error_after=status.error_after,
+    )
 
 
 def node_to_pb(node: NodeRecord) -> pb.Node:
@@ -102,6 +138,8 @@ def node_to_pb(node: NodeRecord) -> pb.Node:
         address=node.address,
         state_since=node.state_since,
         gpus=[pb.Gpu(index=g.index, name=g.name, memory_bytes=g.memory_bytes) for g in node.gpus],
+        pool=str(node.pool),
+        owner=node.owner or "",
     )
     if node.eviction_not_before is not None:
         message.eviction_not_before = node.eviction_not_before

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from controller.core.causes import JobFailureCause
 from controller.core.lifecycle import JobState, NodeState
+from controller.core.scheduler_status import step_time_status
 from controller.observability.curves import LossCurves
 from controller.shell.latency import BOUNDS
 from controller.shell.views import MetricsSnapshot, StateView
@@ -64,6 +65,7 @@ def families(snapshot: MetricsSnapshot) -> Iterator[Metric]:
         failed.add_metric([str(cause)], causes.get(str(cause), 0))
     yield failed
     yield from _jobs(snapshot)
+    yield from _scheduler(snapshot)
     yield from _morphs(snapshot)
     latency = snapshot.heartbeat_latency
     yield _histogram(
@@ -127,6 +129,49 @@ def _jobs(snapshot: MetricsSnapshot) -> Iterator[Metric]:
     yield loss_step
     yield stall
     yield stall_step
+
+
+def _scheduler(snapshot: MetricsSnapshot) -> Iterator[Metric]:
+    """Why jobs hold on-demand capacity (the cause a label), what it costs, and the planner's step-time error."""
+    wanted = GaugeMetricFamily(
+        "spotmorph_job_on_demand_gpus",
+        "On-demand GPUs the scheduler wants the job to hold, by why (scheduler.deadlines.CapacityCause)",
+        labels=["job", "cause"],
+    )
+    held = GaugeMetricFamily(
+        "spotmorph_job_on_demand_held_gpus", "On-demand GPUs of the nodes it holds now", labels=["job"]
+    )
+    cost = GaugeMetricFamily(
+        "spotmorph_job_on_demand_cost_dollars",
+        "What the on-demand nodes it holds now cost since each joined, at the configured GPU-hour price",
+        labels=["job"],
+    )
+    deadline = GaugeMetricFamily("spotmorph_job_deadline_seconds", "Seconds to the job's deadline", labels=["job"])
+    spot = GaugeMetricFamily(
+        "spotmorph_job_spot_samples_per_second",
+        "Samples/s the scheduler expects on spot alone (liveput), at the decision that set its on-demand level",
+        labels=["job"],
+    )
+    error = GaugeMetricFamily(
+        "spotmorph_job_step_time_error",
+        "|predicted - measured| / measured step time at the newest check, before and after the online correction",
+        labels=["job", "correction"],
+    )
+    for job in snapshot.jobs:
+        status = snapshot.on_demand.get(job.id)
+        if status is not None:
+            wanted.add_metric([job.id, str(status.cause or "")], status.gpus)
+            held.add_metric([job.id], status.held_gpus)
+            cost.add_metric([job.id], status.cost_dollars)
+            spot.add_metric([job.id], status.spot_samples_per_second)
+            if status.deadline_in_seconds is not None:
+                deadline.add_metric([job.id], status.deadline_in_seconds)
+        checked = step_time_status(job)
+        if checked is not None and checked.error_before is not None:
+            error.add_metric([job.id, "before"], checked.error_before)
+            if checked.error_after is not None:
+                error.add_metric([job.id, "after"], checked.error_after)
+    yield from (wanted, held, cost, deadline, spot, error)
 
 
 def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:

@@ -13,7 +13,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -23,6 +23,7 @@ from controller.core.lifecycle import JobState
 from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord
 from controller.core.reconcile import assignment_for
 from controller.core.reconcile.growth import assignment_soon, growth_hint
+from controller.core.scheduler_status import OnDemandStatus, on_demand_status
 from controller.persistence.store import EventRow, GenerationRow, Store
 from controller.shell.latency import Histogram
 from controller.shell.runner import Runner
@@ -44,6 +45,7 @@ class JobDetail:
 
     job: JobRecord
     generations: tuple[GenerationRow, ...]
+    on_demand: OnDemandStatus | None = None  # why it holds on-demand capacity (None: it may use none, holds none)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class MetricsSnapshot:
     heartbeat_latency: LatencySnapshot
     leading: bool = True  # this controller leads (a standby's scrape says False)
     epoch: int = 0  # its lease epoch while leading
+    on_demand: Mapping[str, OnDemandStatus] = field(
+        default_factory=lambda: MappingProxyType({})
+    )  # by job: those that may use or hold some
 
 
 class StateView:
@@ -126,6 +131,11 @@ class StateView:
 
     def observation(self, name: str) -> NodeObservation | None:
         return self._runner.observed.get(name)
+
+    def on_demand(self, job: JobRecord) -> OnDemandStatus | None:
+        """Why ``job`` holds on-demand capacity, the numbers behind it and its cost so far."""
+        config = self._runner.config
+        return on_demand_status(job, self._runner.nodes.values(), self.now(), config.on_demand_gpu_hour_price)
 
     def check_incarnation(self, name: str, incarnation: int) -> NodeRecord:
         """The node when ``incarnation`` is its current one; LookupError or :class:`intake.Stale` if not."""
@@ -193,14 +203,20 @@ class StateView:
 
         generations, counts = await self._read(read)
         leading, epoch = self._role()
-        return MetricsSnapshot(now, nodes, jobs, generations, MappingProxyType(counts), latency, leading, epoch)
+        holds = MappingProxyType({j.id: hold for j in jobs if (hold := self.on_demand(j)) is not None})
+        return MetricsSnapshot(now, nodes, jobs, generations, MappingProxyType(counts), latency, leading, epoch, holds)
 
     async def _details(self, jobs: tuple[JobRecord, ...]) -> tuple[JobDetail, ...]:
         """Generations a job's record does not know of yet (issued after it was read) are left out."""
+        holds = {job.id: self.on_demand(job) for job in jobs}  # in memory, on the loop
 
         def read() -> tuple[JobDetail, ...]:
             return tuple(
-                JobDetail(job, tuple(g for g in self._store.generations(job.id) if g.generation <= job.generation))
+                JobDetail(
+                    job,
+                    tuple(g for g in self._store.generations(job.id) if g.generation <= job.generation),
+                    holds[job.id],
+                )
                 for job in jobs
             )
 

@@ -166,6 +166,42 @@ def job_dict(job: Any) -> dict[str, Any]:
         "failure_cause": job.failure_cause or None,  # a FAILED job's cause label (user_error, ...); None otherwise
         "restarts": job.restarts,
         "rendezvous_endpoint": job.rendezvous_endpoint,
+        # why it holds on-demand capacity and the numbers behind it (null: it may use none and holds none)
+        "on_demand": on_demand_dict(job.on_demand) if job.HasField("on_demand") else None,
+        # the newest check of the planner's step time (null: none yet); errors as fractions of the measured time
+        "step_time": step_time_dict(job.step_time) if job.HasField("step_time") else None,
+    }
+
+
+def _optional(message: Any, field: str) -> Any:
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def on_demand_dict(hold: Any) -> dict[str, Any]:
+    """A job's on-demand hold in ``status --json``."""
+    return {
+        "gpus": hold.gpus,  # the level the scheduler wants it to hold
+        "cause": hold.cause or None,  # scheduler.deadlines.CapacityCause
+        "since": _optional(hold, "since"),
+        "deadline_in_seconds": _optional(hold, "deadline_in_seconds"),
+        "remaining_samples": hold.remaining_samples,
+        "spot_gpus": hold.spot_gpus,  # at the decision that set the level, as the speeds
+        "spot_samples_per_second": hold.spot_samples_per_second,
+        "with_on_demand_samples_per_second": hold.with_on_demand_samples_per_second,
+        "finish_seconds": _optional(hold, "finish_seconds"),  # on spot alone (null: never)
+        "held_gpus": hold.held_gpus,
+        "held_nodes": list(hold.held_nodes),
+        "cost_dollars": hold.cost_dollars,  # of the nodes held now, since each joined
+        "gpu_hour_price": hold.gpu_hour_price,
+    }
+
+
+def step_time_dict(check: Any) -> dict[str, Any]:
+    return {
+        "generation": check.generation,
+        "checks": check.checks,
+        "error_before": _optional(check, "error_before"),
+        "error_after": _optional(check, "error_after"),
     }
 
 

@@ -99,9 +99,57 @@ def run(args: argparse.Namespace) -> int:
         print(f"  eval loss {job['eval_loss']:.4f} at step {job['eval_step']}")
     if job["checkpoint_stall_seconds"] is not None:
         print(f"  {stall_line(job)}")
+    for line in on_demand_lines(job):
+        print(f"  {line}")
     for morph in job["morphs"]:
         print(f"  {morph_line(morph)}")
     return 0
+
+
+# What each on-demand cause (scheduler.deadlines.CapacityCause, a label on the wire) means, as status says it.
+CAUSE_WORDS = {
+    "deadline_at_risk": "the deadline is at risk on spot alone",
+    "last_safe_moment": "past the last safe moment: only its on-demand GPUs still meet the deadline",
+    "behind_uniform_progress": "behind uniform progress",
+    "on_demand_only": "on-demand only",
+    "spot_returned": "given back: spot alone meets the deadline again",
+    "job_done": "given back: the job ended",
+}
+
+
+def on_demand_lines(job: dict[str, Any]) -> list[str]:
+    """Why the job holds on-demand capacity and the numbers behind it; the step-time prediction's error."""
+    lines = []
+    hold = job.get("on_demand")
+    if hold is not None:
+        lines.append(f"on-demand: {hold['gpus']} GPU(s) wanted, {hold['held_gpus']} held: {_why(hold)}")
+        left = hold["deadline_in_seconds"]
+        deadline = "no deadline" if left is None else f"deadline in {left:.0f} s"
+        finish = "never" if hold["finish_seconds"] is None else f"in {hold['finish_seconds']:.0f} s"
+        lines.append(
+            f"  {deadline}, {hold['remaining_samples']:.0f} samples left; on {hold['spot_gpus']} spot GPU(s) "
+            f"{hold['spot_samples_per_second']:.1f} samples/s expected (done {finish}), "
+            f"{hold['with_on_demand_samples_per_second']:.1f} with on-demand"
+        )
+        if hold["held_nodes"]:
+            price = hold["gpu_hour_price"]
+            nodes = ", ".join(hold["held_nodes"])
+            lines.append(f"  on {nodes}: ${hold['cost_dollars']:.2f} so far at ${price:.2f}/GPU-hour")
+    checked = job.get("step_time")
+    if checked is not None and checked["error_before"] is not None:
+        after = "-" if checked["error_after"] is None else f"{checked['error_after']:.0%}"
+        lines.append(
+            f"step time predicted {checked['error_before']:.0%} off, {after} after the correction "
+            f"(generation {checked['generation']}, {checked['checks']} measurement(s))"
+        )
+    return lines
+
+
+def _why(hold: dict[str, Any]) -> str:
+    cause = hold["cause"]
+    if cause is None:
+        return "spot alone meets the deadline" if not hold["held_gpus"] else "held"
+    return f"{cause} ({CAUSE_WORDS[cause]})" if cause in CAUSE_WORDS else str(cause)
 
 
 def stall_line(job: dict[str, Any]) -> str:

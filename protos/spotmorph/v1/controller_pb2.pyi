@@ -477,6 +477,8 @@ class Job(_message.Message):
     LOSS_FIELD_NUMBER: _builtins.int
     LOSS_STEP_FIELD_NUMBER: _builtins.int
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    ON_DEMAND_FIELD_NUMBER: _builtins.int
+    STEP_TIME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -517,6 +519,16 @@ class Job(_message.Message):
     def morphs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Morph]: ...
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
+    @_builtins.property
+    def on_demand(self) -> Global___OnDemandHold:
+        """Why the job holds on-demand capacity and the numbers behind it (docs/DESIGN.md, "Scheduler"); unset for a
+        job that may not use any (no deadline, or on_demand: never) and holds none.
+        """
+
+    @_builtins.property
+    def step_time(self) -> Global___StepTimeCheck:
+        """The newest check of the planner's step time against the measured one (unset: none yet)."""
+
     def __init__(
         self,
         *,
@@ -545,10 +557,12 @@ class Job(_message.Message):
         loss: _builtins.float | None = ...,
         loss_step: _builtins.int = ...,
         samples_per_second: _builtins.float | None = ...,
+        on_demand: Global___OnDemandHold | None = ...,
+        step_time: Global___StepTimeCheck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "layout", b"layout", "loss", b"loss", "samples_per_second", b"samples_per_second", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "layout", b"layout", "loss", b"loss", "on_demand", b"on_demand", "samples_per_second", b"samples_per_second", "spec", b"spec", "step_time", b"step_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_dir", b"checkpoint_dir", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "loss", b"loss", "loss_step", b"loss_step", "morphs", b"morphs", "name", b"name", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "samples_per_second", b"samples_per_second", "spec", b"spec", "state", b"state", "step", b"step", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_dir", b"checkpoint_dir", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "loss", b"loss", "loss_step", b"loss_step", "morphs", b"morphs", "name", b"name", "on_demand", b"on_demand", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "samples_per_second", b"samples_per_second", "spec", b"spec", "state", b"state", "step", b"step", "step_time", b"step_time", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
@@ -568,6 +582,124 @@ class Job(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__samples_per_second) -> _WhichOneofReturnType__samples_per_second | None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class OnDemandHold(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPUS_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    DEADLINE_IN_SECONDS_FIELD_NUMBER: _builtins.int
+    REMAINING_SAMPLES_FIELD_NUMBER: _builtins.int
+    SPOT_GPUS_FIELD_NUMBER: _builtins.int
+    SPOT_SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    WITH_ON_DEMAND_SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    FINISH_SECONDS_FIELD_NUMBER: _builtins.int
+    HELD_GPUS_FIELD_NUMBER: _builtins.int
+    HELD_NODES_FIELD_NUMBER: _builtins.int
+    COST_DOLLARS_FIELD_NUMBER: _builtins.int
+    GPU_HOUR_PRICE_FIELD_NUMBER: _builtins.int
+    gpus: _builtins.int
+    """the on-demand GPUs the scheduler wants the job to hold"""
+    cause: _builtins.str
+    """scheduler.deadlines.CapacityCause ("": none held)"""
+    since: _builtins.float
+    """when that level was set (unix seconds)"""
+    deadline_in_seconds: _builtins.float
+    """from now"""
+    remaining_samples: _builtins.float
+    """now"""
+    spot_gpus: _builtins.int
+    """at the decision that set the level"""
+    spot_samples_per_second: _builtins.float
+    """expected on spot alone (liveput), at that decision"""
+    with_on_demand_samples_per_second: _builtins.float
+    """... with the on-demand level added"""
+    finish_seconds: _builtins.float
+    """its work left on spot alone at that speed (unset: never)"""
+    held_gpus: _builtins.int
+    """on-demand GPUs of the nodes it holds now"""
+    cost_dollars: _builtins.float
+    """of those nodes since each joined, at gpu_hour_price"""
+    gpu_hour_price: _builtins.float
+    """the controller's --on-demand-gpu-hour-price"""
+    @_builtins.property
+    def held_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        gpus: _builtins.int = ...,
+        cause: _builtins.str = ...,
+        since: _builtins.float | None = ...,
+        deadline_in_seconds: _builtins.float | None = ...,
+        remaining_samples: _builtins.float = ...,
+        spot_gpus: _builtins.int = ...,
+        spot_samples_per_second: _builtins.float = ...,
+        with_on_demand_samples_per_second: _builtins.float = ...,
+        finish_seconds: _builtins.float | None = ...,
+        held_gpus: _builtins.int = ...,
+        held_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        cost_dollars: _builtins.float = ...,
+        gpu_hour_price: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_deadline_in_seconds", b"_deadline_in_seconds", "_finish_seconds", b"_finish_seconds", "_since", b"_since", "deadline_in_seconds", b"deadline_in_seconds", "finish_seconds", b"finish_seconds", "since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_deadline_in_seconds", b"_deadline_in_seconds", "_finish_seconds", b"_finish_seconds", "_since", b"_since", "cause", b"cause", "cost_dollars", b"cost_dollars", "deadline_in_seconds", b"deadline_in_seconds", "finish_seconds", b"finish_seconds", "gpu_hour_price", b"gpu_hour_price", "gpus", b"gpus", "held_gpus", b"held_gpus", "held_nodes", b"held_nodes", "remaining_samples", b"remaining_samples", "since", b"since", "spot_gpus", b"spot_gpus", "spot_samples_per_second", b"spot_samples_per_second", "with_on_demand_samples_per_second", b"with_on_demand_samples_per_second"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__deadline_in_seconds: _TypeAlias = _typing.Literal["deadline_in_seconds"]  # noqa: Y015
+    _WhichOneofArgType__deadline_in_seconds: _TypeAlias = _typing.Literal["_deadline_in_seconds", b"_deadline_in_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__finish_seconds: _TypeAlias = _typing.Literal["finish_seconds"]  # noqa: Y015
+    _WhichOneofArgType__finish_seconds: _TypeAlias = _typing.Literal["_finish_seconds", b"_finish_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__since: _TypeAlias = _typing.Literal["since"]  # noqa: Y015
+    _WhichOneofArgType__since: _TypeAlias = _typing.Literal["_since", b"_since"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__deadline_in_seconds) -> _WhichOneofReturnType__deadline_in_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__finish_seconds) -> _WhichOneofReturnType__finish_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__since) -> _WhichOneofReturnType__since | None: ...
+
+Global___OnDemandHold: _TypeAlias = OnDemandHold  # noqa: Y015
+
+@_typing.final
+class StepTimeCheck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    CHECKS_FIELD_NUMBER: _builtins.int
+    ERROR_BEFORE_FIELD_NUMBER: _builtins.int
+    ERROR_AFTER_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """the generation checked"""
+    checks: _builtins.int
+    """measurements the correction learned from"""
+    error_before: _builtins.float
+    """|predicted - measured| / measured, the planner alone"""
+    error_after: _builtins.float
+    """... corrected by what the job measured before"""
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        checks: _builtins.int = ...,
+        error_before: _builtins.float | None = ...,
+        error_after: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error_after", b"_error_after", "_error_before", b"_error_before", "error_after", b"error_after", "error_before", b"error_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error_after", b"_error_after", "_error_before", b"_error_before", "checks", b"checks", "error_after", b"error_after", "error_before", b"error_before", "generation", b"generation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error_after: _TypeAlias = _typing.Literal["error_after"]  # noqa: Y015
+    _WhichOneofArgType__error_after: _TypeAlias = _typing.Literal["_error_after", b"_error_after"]  # noqa: Y015
+    _WhichOneofReturnType__error_before: _TypeAlias = _typing.Literal["error_before"]  # noqa: Y015
+    _WhichOneofArgType__error_before: _TypeAlias = _typing.Literal["_error_before", b"_error_before"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error_after) -> _WhichOneofReturnType__error_after | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error_before) -> _WhichOneofReturnType__error_before | None: ...
+
+Global___StepTimeCheck: _TypeAlias = StepTimeCheck  # noqa: Y015
 
 @_typing.final
 class Event(_message.Message):
@@ -966,6 +1098,8 @@ class Node(_message.Message):
     EVICTION_NOT_BEFORE_FIELD_NUMBER: _builtins.int
     STATE_SINCE_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     incarnation: _builtins.int
     state: Global___NodeState.ValueType
@@ -974,6 +1108,10 @@ class Node(_message.Message):
     address: _builtins.str
     eviction_not_before: _builtins.float
     state_since: _builtins.float
+    pool: _builtins.str
+    """spot | on-demand, as the provider lists it"""
+    owner: _builtins.str
+    """an on-demand node: the job it serves ("": none, given back)"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]:
         """empty: a CPU node"""
@@ -990,10 +1128,12 @@ class Node(_message.Message):
         eviction_not_before: _builtins.float | None = ...,
         state_since: _builtins.float = ...,
         gpus: _abc.Iterable[Global___Gpu] | None = ...,
+        pool: _builtins.str = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_eviction_not_before", b"_eviction_not_before", "eviction_not_before", b"eviction_not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_not_before", b"_eviction_not_before", "address", b"address", "eviction_not_before", b"eviction_not_before", "gpus", b"gpus", "incarnation", b"incarnation", "job", b"job", "name", b"name", "slots", b"slots", "state", b"state", "state_since", b"state_since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_not_before", b"_eviction_not_before", "address", b"address", "eviction_not_before", b"eviction_not_before", "gpus", b"gpus", "incarnation", b"incarnation", "job", b"job", "name", b"name", "owner", b"owner", "pool", b"pool", "slots", b"slots", "state", b"state", "state_since", b"state_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__eviction_not_before: _TypeAlias = _typing.Literal["eviction_not_before"]  # noqa: Y015
     _WhichOneofArgType__eviction_not_before: _TypeAlias = _typing.Literal["_eviction_not_before", b"_eviction_not_before"]  # noqa: Y015
