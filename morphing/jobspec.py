@@ -93,9 +93,10 @@ class JobSpec(BaseModel):
         default=1,
         ge=0,
         le=1_000_000_000,
-        description="steps between peer snapshots where a stage has one replica (or all on one node): each rank copies "
-        "its stage to host memory and streams it to a rank on another node, so a kill without notice loses at most "
-        "one step; 0: off (docs/DESIGN.md, 'Peer snapshots')",
+        description="the fewest steps between peer snapshots where a stage has one replica (or all on one node): each "
+        "rank copies its stage to host memory and streams it to a rank on another node, so a kill without notice loses "
+        "at most one step between snapshots; the trainers time their first snapshots and widen it, all alike, where "
+        "one costs more than 5% of the steps between; 0: off (docs/DESIGN.md, 'Peer snapshots')",
     )
     timeout_seconds: float = Field(
         default=20.0, gt=0, le=86_400, description="start-up, checkpoint and evaluation waits (rendezvous, load, write)"

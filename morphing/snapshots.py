@@ -19,12 +19,18 @@ elsewhere still has the sender's own copy. With one node only, nothing can leave
 from __future__ import annotations
 
 import enum
+import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from morphing.layout import Layout
 
 KEPT_SNAPSHOTS = 2
+SNAPSHOT_BUDGET = 0.05
+"""The share of the steps between two snapshots one snapshot may cost: the interval widens until it does."""
+MEASURED_SNAPSHOTS = 2
+"""Committed snapshots a generation times before it settles its interval (:func:`settled_interval`)."""
 """Snapshots a rank keeps at once: the last committed one and the one in flight (a kill mid-stream still leaves
 the committed one), each as its own copy and the copy it received."""
 
@@ -181,3 +187,42 @@ def choose_recovery(
 def due(step: int, interval: int) -> bool:
     """A snapshot of ``step`` is taken at its boundary (``interval`` 0: never)."""
     return interval > 0 and step % interval == 0
+
+
+def settled_interval(interval: int, cost_seconds: float, step_seconds: float, budget: float = SNAPSHOT_BUDGET) -> int:
+    """The interval a generation keeps once it has timed its first snapshots: the job's ``interval`` where a
+    snapshot costs at most ``budget`` of the steps between, else the fewest steps between at which it does.
+
+    ``cost_seconds``: a snapshot's copy at the boundary (training waits for it) plus its stream (in the
+    background, but on a CPU node it takes the cores the steps use): an upper bound of what it takes from
+    training. Every rank settles on the slowest rank's cost and the fastest rank's step (one all-reduce), so
+    the ranks, whose commits are collective, keep one interval."""
+    if interval <= 0 or cost_seconds <= 0:
+        return interval
+    if step_seconds <= 0 or not math.isfinite(step_seconds) or not math.isfinite(cost_seconds):
+        return interval
+    return max(interval, math.ceil(cost_seconds / (budget * step_seconds) - 1e-9))
+
+
+@dataclass(frozen=True)
+class SnapshotCosts:
+    """What a rank timed of its first snapshots: each one's copy plus stream, and its steps meanwhile."""
+
+    snapshots: tuple[float, ...] = ()
+    steps: tuple[float, ...] = ()
+
+    def add_snapshot(self, seconds: float) -> SnapshotCosts:
+        return SnapshotCosts((*self.snapshots, seconds), self.steps)
+
+    def add_step(self, seconds: float) -> SnapshotCosts:
+        return SnapshotCosts(self.snapshots, (*self.steps, seconds))
+
+    @property
+    def ready(self) -> bool:
+        """Enough snapshots timed to settle the interval (and a step beside them)."""
+        return len(self.snapshots) >= MEASURED_SNAPSHOTS and bool(self.steps)
+
+    def figures(self) -> tuple[float, float]:
+        """(the mean snapshot's seconds, the median step's seconds, its first left out where there are more)."""
+        steps = self.steps[1:] or self.steps
+        return statistics.fmean(self.snapshots), statistics.median(steps)

@@ -8,12 +8,15 @@ from hypothesis import strategies as st
 from morphing.layout import Layout, Slot, even_partition
 from morphing.snapshots import (
     KEPT_SNAPSHOTS,
+    SNAPSHOT_BUDGET,
     Holding,
     RecoverySource,
+    SnapshotCosts,
     choose_recovery,
     due,
     lonely_stages,
     plan_snapshots,
+    settled_interval,
     snapshot_memory,
     snapshot_refusal,
     stages_at,
@@ -150,3 +153,32 @@ def test_the_memory_counts_both_copies_of_every_kept_snapshot(layout: Layout, da
 
 def test_due() -> None:
     assert due(4, 2) and not due(3, 2) and not due(4, 0) and due(7, 1)
+
+
+@given(
+    st.integers(1, 50),
+    st.floats(1e-4, 100.0, allow_nan=False),
+    st.floats(1e-3, 100.0, allow_nan=False),
+)
+def test_the_settled_interval_is_the_fewest_steps_at_which_a_snapshot_costs_at_most_five_percent(
+    interval: int, cost: float, step: float
+) -> None:
+    settled = settled_interval(interval, cost, step)
+    assert settled >= interval, "never narrower than the job asked"
+    assert cost <= SNAPSHOT_BUDGET * settled * step * (1 + 1e-9), "within the budget"
+    if settled > interval:
+        assert cost > SNAPSHOT_BUDGET * (settled - 1) * step * (1 - 1e-9), "one step fewer would exceed it"
+
+
+def test_a_snapshot_switched_off_or_not_timed_keeps_the_jobs_interval() -> None:
+    assert settled_interval(0, 10.0, 1.0) == 0
+    assert settled_interval(3, 0.0, 1.0) == 3
+    assert settled_interval(3, 1.0, 0.0) == 3
+    assert settled_interval(1, 0.04, 1.0) == 1 and settled_interval(1, 0.06, 1.0) == 2
+
+
+def test_the_costs_are_ready_after_the_measured_snapshots_and_leave_the_first_step_out() -> None:
+    costs = SnapshotCosts().add_step(9.0).add_snapshot(0.2)
+    assert not costs.ready
+    costs = costs.add_step(1.0).add_step(3.0).add_snapshot(0.4)
+    assert costs.ready and costs.figures() == (0.30000000000000004, 2.0)

@@ -78,7 +78,7 @@ def train(rank: int, scenario: str, old: Layout) -> tuple[int, snapshots.Snapsho
     stage = list(stage_range(old, rank))
     step = 0
 
-    def copy() -> tuple[dict[int, Any], None]:
+    def copy(lease: object) -> tuple[dict[int, Any], None]:
         return {i: payload(i, step) for i in stage}, None
 
     try:

@@ -24,19 +24,21 @@ moves as a step held live, from the snapshot holders' memory.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
 from morphing.layout import Layout
-from morphing.snapshots import SnapshotPlan, due, plan_snapshots
+from morphing.snapshots import SnapshotCosts, SnapshotPlan, due, plan_snapshots, settled_interval
 from morphing.transfer import Transfer, stage_range
 from worker_agent.runtime.morph.held import Held, keep, payload_bytes
 from worker_agent.runtime.morph.layer_moves import move
 from worker_agent.runtime.pipeline.comm import peer_world
 from worker_agent.runtime.storage.checkpoint import LayerPayload
+from worker_agent.runtime.storage.host_buffers import HostLease, HostPool
 
 JOIN_SECONDS = 2.0  # after a failed collective: how long the hold waits for a snapshot thread to end
 
@@ -51,6 +53,12 @@ class Copy:
     received: dict[int, LayerPayload] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
     failure: str = ""  # why the stream failed ("" while it has not)
+    lease: HostLease | None = None  # the buffers of ``own``, given back once the snapshot is superseded or dropped
+    seconds: float = 0.0  # the copy at the boundary, then the stream added once it ends
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
 
     @property
     def whole(self) -> bool:
@@ -68,18 +76,46 @@ def moves_of(layout: Layout, plan: SnapshotPlan) -> tuple[Transfer, ...]:
     return tuple(sorted(moves))
 
 
+Copier = Callable[[HostLease], tuple[dict[int, LayerPayload], Any]]
+Reduce = Callable[[Sequence[float]], Sequence[float]]
+
+
+def all_reduce_max(values: Sequence[float]) -> Sequence[float]:
+    """The largest of every rank's ``values``, slot by slot (a collective over the default group)."""
+    import torch
+
+    tensor = torch.tensor(list(values), dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
 class SnapshotStream:
-    """One generation's snapshots on one rank: copies, the background stream, the commit. ``group`` is None when
-    no plan is active (then it does nothing)."""
+    """One generation's snapshots on one rank: copies, the background stream, the commit, the interval settled
+    from their cost. ``group`` is None when no plan is active (then it does nothing)."""
 
     def __init__(
-        self, layout: Layout, rank: int, interval: int, plan: SnapshotPlan, group: dist.ProcessGroup | None
+        self,
+        layout: Layout,
+        rank: int,
+        interval: int,
+        plan: SnapshotPlan,
+        group: dist.ProcessGroup | None,
+        reduce_max: Reduce = all_reduce_max,
     ) -> None:
         self.layout, self.rank, self.interval, self.plan, self.group = layout, rank, interval, plan, group
         self.moves = moves_of(layout, plan)
         self.committed: Copy | None = None
         self.pending: Copy | None = None
         self._thread: threading.Thread | None = None
+        self.pool = HostPool()
+        self.costs = SnapshotCosts()
+        self.settled = False
+        self._reduce_max = reduce_max
+
+    def stepped(self, seconds: float) -> None:
+        """A step took ``seconds`` (timed until the interval is settled)."""
+        if self.active and not self.settled:
+            self.costs = self.costs.add_step(seconds)
 
     @property
     def active(self) -> bool:
@@ -92,21 +128,41 @@ class SnapshotStream:
             return False, False
         return not pending.done.is_set(), bool(pending.failure)
 
-    def at_boundary(
-        self, step: int, running: float, failed: float, copy: Callable[[], tuple[dict[int, LayerPayload], Any]]
-    ) -> None:
-        """With every rank's sums: commit or drop the snapshot in flight, then begin one of ``step`` when due and
-        none is in flight (``copy`` gives the stage's copies and the loss scale)."""
+    def at_boundary(self, step: int, running: float, failed: float, copy: Copier) -> int | None:
+        """With every rank's sums: commit or drop the snapshot in flight, settle the interval once its first
+        snapshots are timed, then begin one of ``step`` when due and none is in flight (``copy`` gives the stage's
+        copies, into the lease's buffers, and the loss scale). The interval when it was settled here, else None."""
         if not self.active:
-            return
+            return None
+        settled = None
         if self.pending is not None and running == 0:
             if failed == 0:
-                self.committed, self.pending = self.pending, None
+                superseded, self.committed, self.pending = self.committed, self.pending, None
+                if superseded is not None:
+                    superseded.release()
+                settled = self._commit_timed(self.committed.seconds)
             else:
-                self.pending = None
+                dropped, self.pending = self.pending, None
+                dropped.release()
         if self.pending is None and due(step, self.interval) and (self.committed is None or self.committed.step < step):
-            own, scale = copy()
-            self.begin(Copy(step, own, scale))
+            started = time.perf_counter()
+            lease = self.pool.lease()
+            own, scale = copy(lease)
+            self.begin(Copy(step, own, scale, lease=lease, seconds=time.perf_counter() - started))
+        return settled
+
+    def _commit_timed(self, seconds: float) -> int | None:
+        """Time a committed snapshot; once enough are, settle the interval with every rank (a collective: every
+        rank commits at the same boundaries, so every rank reaches it at the same one)."""
+        if self.settled:
+            return None
+        self.costs = self.costs.add_snapshot(seconds)
+        if not self.costs.ready:
+            return None
+        cost, step = self.costs.figures()
+        slowest, fastest = self._reduce_max([cost, -step])
+        self.interval, self.settled = settled_interval(self.interval, slowest, -fastest), True
+        return self.interval
 
     def begin(self, snapshot: Copy) -> None:
         self.pending = snapshot
@@ -115,6 +171,7 @@ class SnapshotStream:
 
     def _stream(self, snapshot: Copy) -> None:
         assert self.group is not None
+        started = time.perf_counter()
         try:
             received, bad = move(snapshot.own, self.moves, self.rank, self.group)
         except Exception as exc:  # a peer gone or silent: this snapshot is not whole here
@@ -122,6 +179,7 @@ class SnapshotStream:
         else:
             snapshot.received, snapshot.failure = received, bad
         finally:
+            snapshot.seconds += time.perf_counter() - started
             snapshot.done.set()
 
     def settle(self, seconds: float = JOIN_SECONDS) -> None:

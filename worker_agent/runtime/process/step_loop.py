@@ -11,6 +11,7 @@ completed step for a salvage.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from worker_agent.runtime.process.generation import Generation
 from worker_agent.runtime.process.trainer_setup import check_eval_loss, say, warn
 from worker_agent.runtime.profiling.step_profile import StepProfiler, parse_request
 from worker_agent.runtime.storage.checkpoint import LayerPayload
+from worker_agent.runtime.storage.host_buffers import HostLease
 
 
 def agree(said: Said) -> Agreed:
@@ -85,11 +87,12 @@ def run(g: Generation) -> ExitCode:
         g.abort.stop()  # every way out of the loop: a fenced, lapsed, finished or crashed rank aborts nothing
 
 
-def _copy_stage(g: Generation) -> tuple[dict[int, LayerPayload], dict[str, Any] | None]:
-    """Exact host copies of this rank's stage (a peer snapshot's own copy), by layer, and the loss scale."""
+def _copy_stage(g: Generation, lease: HostLease) -> tuple[dict[int, LayerPayload], dict[str, Any] | None]:
+    """Exact host copies of this rank's stage (a peer snapshot's own copy) into ``lease``'s buffers, by layer, and
+    the loss scale."""
     runner = g.runner
     layers = list(range(runner.first, runner.last))
-    copies = runner.payloads(layers)
+    copies = runner.payloads(layers, lease)
     scale = runner.loss_scale.to_dict() if runner.scaling else None
     return {i: copies[runner.model.layer_names[i]] for i in layers}, scale
 
@@ -118,9 +121,13 @@ def _boundaries(g: Generation, stream: snapshots.SnapshotStream) -> ExitCode:
         if code is not None:
             stream.settle(g.job.peer_timeout_seconds)  # a stream in flight ends before the groups are let go
             return code
-        stream.at_boundary(g.step, agreed.snapshot_running, agreed.snapshot_failed, lambda: _copy_stage(g))
+        copy = functools.partial(_copy_stage, g)
+        if (interval := stream.at_boundary(g.step, agreed.snapshot_running, agreed.snapshot_failed, copy)) is not None:
+            cost, step = stream.costs.figures()
+            say(f"peer snapshots every {interval} step(s): one costs {cost:.3f} s here, a step {step:.3f} s")
         pace.started = time.perf_counter()
         pace.loss_share = g.runner.run_step(g.step)
+        stream.stepped(time.perf_counter() - pace.started)
         profiler.after(g.step)
         g.step += 1
 
