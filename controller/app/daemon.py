@@ -32,7 +32,7 @@ from controller.api.jobs import JobsService
 from controller.api.leader_gate import LeaderGate
 from controller.app.leadership import Leadership, LeaseTiming
 from controller.app.providers import ProviderFactory, make_provider
-from controller.app.settings import ControllerSettings, check_exposure, is_loopback
+from controller.app.settings import ControllerSettings, SchedulerSettings, check_exposure, is_loopback
 from controller.app.shared_secrets import share_secrets
 from controller.app.state_lock import lock_state_dir
 from controller.app.timers import CHECKPOINT_REQUESTS, DEBOUNCE, HEARTBEAT_EXPIRY, TimerConfig, Timers
@@ -56,6 +56,7 @@ from controller.shell.views import StateView
 from morphing.errors import UserInputError
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
+from scheduler.policy import SchedulerConfig
 
 log = logging.getLogger("spotmorph.controller")
 
@@ -85,7 +86,21 @@ def reconcile_config(s: ControllerSettings) -> Config:
         morph_cost_seconds=s.morph_cost_seconds,
         warm_build_wait_seconds=s.warm_build_wait_seconds,
         damping=Damping(s.rejoin_quarantine_seconds, s.rejoin_quarantine_max_seconds, s.flap_memory_seconds),
+        on_demand_gpu_hour_price=s.on_demand_gpu_hour_price,
+        scheduler=scheduler_config(s.scheduler),
     )
+
+
+def scheduler_config(s: SchedulerSettings) -> SchedulerConfig:
+    """The scheduler's defaults with the times the ``scheduler:`` section gives."""
+    base = SchedulerConfig()
+    timing = replace(
+        base.deadlines,
+        safety_seconds=s.safety_seconds,
+        on_demand_start_seconds=s.on_demand_start_seconds,
+        outlook_step_seconds=s.outlook_step_seconds,
+    )
+    return replace(base, deadlines=timing)
 
 
 def private_database(path: Path) -> Path:

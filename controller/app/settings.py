@@ -51,6 +51,22 @@ class LocalSettings(BaseModel):
     """Queued jobs make the controller start agents up to this many alive ones (0: never start any)."""
     imds_url: str | None = None
     """Scheduled Events endpoint the started agents watch for eviction notices (None: none)."""
+    max_on_demand_nodes: int | None = Field(default=None, ge=0)
+    """On-demand agents (never evicted by the cloud) the controller starts for deadlines, at most (None: max_nodes)."""
+
+
+class SchedulerSettings(BaseModel):
+    """The ``scheduler:`` section: the deadline rule's times (``scheduler.deadlines.DeadlineConfig``)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    safety_seconds: float = Field(default=900.0, ge=0, le=86_400 * 7, allow_inf_nan=False)
+    """The last safe moment keeps this margin before a deadline (its work on all its on-demand GPUs, a morph and a
+    VM's start before that)."""
+    on_demand_start_seconds: float = Field(default=120.0, ge=0, le=86_400, allow_inf_nan=False)
+    """A requested on-demand VM's expected time to arrive."""
+    outlook_step_seconds: float = Field(default=600.0, gt=0, le=86_400, allow_inf_nan=False)
+    """The cluster's projection to each deadline advances in steps of this."""
 
 
 class ControllerSettings(BaseSettings):
@@ -144,6 +160,11 @@ class ControllerSettings(BaseSettings):
     """The ``gcp:`` section, for ``provider: gcp``."""
     local: LocalSettings = Field(default_factory=LocalSettings)
     """The ``local:`` section, for ``provider: local``."""
+    on_demand_gpu_hour_price: float = Field(default=3.0, gt=0, le=1_000_000, allow_inf_nan=False)
+    """Dollars an on-demand GPU costs per hour: turns a job's ``on_demand_max_dollars`` into GPUs, and what status
+    says its on-demand nodes cost so far."""
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    """The ``scheduler:`` section: when a deadline asks for on-demand capacity."""
     capacity_retry_seconds: float = Field(default=30.0, gt=0)
     """A capacity request the provider refused is asked again after this (a changed level at once)."""
     reconcile_coalesce_seconds: float = Field(default=0.005, ge=0)

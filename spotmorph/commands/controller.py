@@ -37,6 +37,7 @@ def local_provider(settings: ControllerSettings, port: ProviderPort, clock: Cloc
         max_nodes=local.max_nodes,
         port=port,
         state_dir=settings.state_dir,
+        max_on_demand_nodes=local.max_on_demand_nodes,
     )
     return ProviderWiring(provider, local.poll_seconds)
 

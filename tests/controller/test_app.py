@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from controller.app.daemon import Controller, grpc_options
-from controller.app.settings import ControllerSettings, LocalSettings
+from controller.app.settings import ControllerSettings, LocalSettings, SchedulerSettings
 from controller.app.state_lock import LOCK_FILE, StateDirInUse
 from morphing.errors import UserInputError
 from spotmorph.commands.controller import PROVIDERS
@@ -24,7 +24,9 @@ from tests.controller.helpers import REPO, served_address
 DOCS = REPO / "docs" / "controller.md"
 
 
-@pytest.mark.parametrize(("model", "prefix"), [(ControllerSettings, ""), (LocalSettings, "local.")])
+@pytest.mark.parametrize(
+    ("model", "prefix"), [(ControllerSettings, ""), (LocalSettings, "local."), (SchedulerSettings, "scheduler.")]
+)
 def test_every_setting_is_described_and_in_the_docs(model: type[BaseModel], prefix: str) -> None:
     docs = DOCS.read_text()
     for name, field in model.model_fields.items():

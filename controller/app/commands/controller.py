@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-expiry-seconds", type=float, help="a silent node is LOST after this")
     parser.add_argument("--debounce-seconds", type=float, help="wait this long after node arrivals")
     parser.add_argument(
+        "--on-demand-gpu-hour-price",
+        type=price,
+        metavar="DOLLARS",
+        help="an on-demand GPU's price per hour (default 3.0): turns a job's on_demand_max_dollars into GPUs",
+    )
+    parser.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at /metrics (and, on loopback or with TLS, the web dashboard at /)",
@@ -53,6 +60,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check controller.core.invariants before every commit (a decision breaking one is not committed)",
     )
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
+
+
+def price(text: str) -> float:
+    """``--on-demand-gpu-hour-price``: dollars, finite and > 0 (argparse says a bad one and exits 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of dollars, e.g. 3.0") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: an on-demand GPU-hour must cost more than 0 dollars, e.g. 3.0")
+    return value
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -86,6 +104,7 @@ def run(args: argparse.Namespace, providers: Mapping[str, ProviderFactory] | Non
     keys = ("state_dir", "listen", "token_file", "tls_cert", "tls_key", "tls_ca", "allow_plaintext")
     more = ("heartbeat_expiry_seconds", "debounce_seconds", "metrics_listen", "metrics_allow_remote", "tensorboard_dir")
     shared = ("database", "advertise", "lease_seconds")
-    overrides = {k: getattr(args, k) for k in (*keys, *more, *shared, "validate_invariants")}
+    named = ("validate_invariants", "on_demand_gpu_hour_price")
+    overrides = {k: getattr(args, k) for k in (*keys, *more, *shared, *named)}
     settings = load_settings(args.config, overrides)
     return asyncio.run(serve(settings, providers))
