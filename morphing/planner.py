@@ -24,26 +24,18 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from morphing import plan_costs
 from morphing.errors import UserInputError
 from morphing.jobspec import SCHEDULES, Schedule
 from morphing.layout import Layout, contiguous_placement, local_nodes
+from morphing.plan_costs import StageBase, lower_bound
 from morphing.plan_result import Infeasible, Plan, PlanResult, throughput
 from morphing.profile import Profile
-from morphing.simulator import StageTiming, simulate
+from morphing.simulator import simulate
 from morphing.slots import SlotSpace, check_counts
 from morphing.stages import GIB, LayerCosts, Partition, in_flight
 
 __all__ = ["Infeasible", "Plan", "PlanResult", "Planner", "throughput"]
-
-
-@dataclass(frozen=True)
-class _StageBase:
-    """A partition's per-stage compute and bytes at one micro-batch size (placement-free)."""
-
-    forward: tuple[float, ...]
-    backward: tuple[float, ...]
-    out_bytes: tuple[int, ...]
-    grad_bytes: tuple[float, ...]
 
 
 @dataclass(order=True)
@@ -100,7 +92,7 @@ class Planner:
         self.costs = {m: LayerCosts(profile, m, recomputation) for m in sizes}
         self._partitions: dict[tuple[int, int, int], Partition | None] = {}
         self._pipelines: dict[tuple[object, ...], tuple[float, ...]] = {}
-        self._bases: dict[tuple[int, tuple[tuple[int, int], ...], float], _StageBase] = {}
+        self._bases: dict[tuple[int, tuple[tuple[int, int], ...], float], StageBase] = {}
 
     @property
     def num_layers(self) -> int:
@@ -160,9 +152,9 @@ class Planner:
                         continue
                     cross, one_node, crowding = space.facts(stages, replicas)
                     base = self._base(m, partition, self._slowdown(crowding))
-                    sends = self._sends(base, cross)
-                    allreduce = self._allreduces(base, replicas, one_node)
-                    bound = _lower_bound(base, sends, allreduce, micro_batches)
+                    sends = plan_costs.sends(self.profile.cluster, base, cross)
+                    allreduce = plan_costs.allreduces(self.profile.cluster, base, replicas, one_node)
+                    bound = lower_bound(base, sends, allreduce, micro_batches)
                     out.append(_Candidate(bound, stages * replicas, stages, replicas, m, micro_batches, partition))
         return out
 
@@ -243,7 +235,11 @@ class Planner:
         )
         crowding = max(Counter(slot.node for slot in layout.placement).values())
         base = self._base(m, Partition(layout.stage_layers, 0.0), self._slowdown(crowding))
-        timings = self._timings(base, self._sends(base, cross), self._allreduces(base, layout.data_parallel, one_node))
+        timings = plan_costs.timings(
+            base,
+            plan_costs.sends(self.profile.cluster, base, cross),
+            plan_costs.allreduces(self.profile.cluster, base, layout.data_parallel, one_node),
+        )
         sim = simulate(timings, micro_batches, self.schedule)
         return Plan(
             layout,
@@ -280,13 +276,13 @@ class Planner:
         slots = self.profile.cluster.compute_slots_per_node
         return max(1.0, crowding / slots) if slots else 1.0
 
-    def _base(self, m: int, partition: Partition, slowdown: float = 1.0) -> _StageBase:
+    def _base(self, m: int, partition: Partition, slowdown: float = 1.0) -> StageBase:
         key = (m, partition.stage_layers, slowdown)
         base = self._bases.get(key)
         if base is None:
             costs = self.costs[m]
             ranges = partition.stage_layers
-            base = _StageBase(
+            base = StageBase(
                 forward=tuple(costs.forward_seconds(a, b) * slowdown for a, b in ranges),
                 backward=tuple(costs.backward_seconds(a, b) * slowdown for a, b in ranges),
                 out_bytes=tuple(costs.activation_bytes_out(b) for _a, b in ranges),
@@ -295,47 +291,6 @@ class Planner:
             self._bases[key] = base
         return base
 
-    def _sends(self, base: _StageBase, cross: tuple[bool, ...]) -> list[float]:
-        cluster = self.profile.cluster
-        inter_bw, inter_lat = (
-            cluster.inter_node_bandwidth_bytes_per_second,
-            cluster.inter_node_latency_seconds,
-        )
-        intra_bw, intra_lat = (
-            cluster.intra_node_bandwidth_bytes_per_second,
-            cluster.intra_node_latency_seconds,
-        )
-        sends = [
-            base.out_bytes[s] / inter_bw + inter_lat if crossing else base.out_bytes[s] / intra_bw + intra_lat
-            for s, crossing in enumerate(cross)
-        ]
-        sends.append(0.0)
-        return sends
-
-    def _allreduces(self, base: _StageBase, replicas: int, one_node: tuple[bool, ...]) -> list[float]:
-        """Ring all-reduce: ``2 (D - 1) / D`` of the bytes over the slowest link, ``2 (D - 1)`` hops."""
-        if replicas <= 1:
-            return [0.0] * len(base.grad_bytes)
-        cluster = self.profile.cluster
-        intra = cluster.intra_node_bandwidth_bytes_per_second
-        factor = 2 * (replicas - 1) / replicas
-        hops = 2 * (replicas - 1)
-        local = (intra, cluster.intra_node_latency_seconds)
-        remote = (
-            min(cluster.allreduce_bandwidth_bytes_per_second, intra),
-            max(cluster.inter_node_latency_seconds, cluster.intra_node_latency_seconds),
-        )
-        out = []
-        for grad, single in zip(base.grad_bytes, one_node, strict=True):
-            bw, lat = local if single else remote
-            out.append(factor * grad / bw + hops * lat if grad > 0 else 0.0)
-        return out
-
-    def _timings(self, base: _StageBase, sends: list[float], allreduce: list[float]) -> list[StageTiming]:
-        return [
-            StageTiming(f, b, c, a) for f, b, c, a in zip(base.forward, base.backward, sends, allreduce, strict=True)
-        ]
-
     def _step_seconds(self, space: SlotSpace, cand: _Candidate) -> float:
         cross, one_node, crowding = space.facts(cand.stages, cand.replicas)
         slowdown = self._slowdown(crowding)
@@ -343,10 +298,10 @@ class Planner:
         key = (cand.micro_batch_size, cand.micro_batches, cross, cand.partition.stage_layers, slowdown)
         finish = self._pipelines.get(key)
         if finish is None:
-            timings = self._timings(base, self._sends(base, cross), [0.0] * cand.stages)
+            timings = plan_costs.timings(base, plan_costs.sends(self.profile.cluster, base, cross), [0.0] * cand.stages)
             finish = simulate(timings, cand.micro_batches, self.schedule).stage_finish
             self._pipelines[key] = finish
-        allreduce = self._allreduces(base, cand.replicas, one_node)
+        allreduce = plan_costs.allreduces(self.profile.cluster, base, cand.replicas, one_node)
         return max(end + a for end, a in zip(finish, allreduce, strict=True))
 
     def _why_nothing_fits(self, gpus: int) -> str:
@@ -384,16 +339,3 @@ class Planner:
         if idle:
             notes.append(f"{idle} GPU(s) left idle: using them would not raise predicted samples/s")
         return tuple(notes)
-
-
-def _lower_bound(base: _StageBase, sends: list[float], allreduce: list[float], micro_batches: int) -> float:
-    """No schedule beats this: see the module docstring."""
-    best = 0.0
-    before_fwd = before_bwd = 0.0
-    for f, b, c, a in zip(base.forward, base.backward, sends, allreduce, strict=True):
-        bound = before_fwd + micro_batches * (f + b) + (before_bwd if before_bwd > a else a)
-        if bound > best:
-            best = bound
-        before_fwd += f + c
-        before_bwd += b + c
-    return best
