@@ -33,6 +33,7 @@ from morphing.plan_result import Infeasible, Plan, PlanResult, throughput
 from morphing.profile import Profile
 from morphing.simulator import simulate
 from morphing.slots import SlotSpace, check_counts
+from morphing.snapshots import SnapshotVerdict, judge
 from morphing.stages import GIB, LayerCosts, Partition, in_flight
 
 __all__ = ["Infeasible", "Plan", "PlanResult", "Planner", "throughput"]
@@ -66,8 +67,10 @@ class Planner:
         gpu_memory_bytes: int | None = None,
         recomputation: bool = False,
         micro_batch_size: int | None = None,
+        snapshot_interval: int = 0,
     ) -> None:
-        """``micro_batch_size``: plan only that size (an exact job's, which its result depends on)."""
+        """``micro_batch_size``: plan only that size (an exact job's, which its result depends on);
+        ``snapshot_interval``: the job's peer snapshots (0: none), which a plan accounts for (:meth:`snapshots`)."""
         if global_batch <= 0:
             raise UserInputError(f"global batch {global_batch}: it must be >= 1 (samples per optimizer step)")
         if schedule not in SCHEDULES:
@@ -81,6 +84,7 @@ class Planner:
         self.schedule: Schedule = schedule
         self.memory_limit = float(profile.cluster.gpu_memory_bytes)
         self.recomputation = recomputation  # the job's activation_recomputation: less memory, slower backward
+        self.snapshot_interval = snapshot_interval
         sizes = profile.micro_batch_sizes
         if micro_batch_size is not None:
             if micro_batch_size not in sizes:
@@ -182,7 +186,22 @@ class Planner:
         )
         result = self.evaluate(layout)
         assert isinstance(result, Plan)
-        return replace(result, gpus=space.gpus, notes=self._notes(space.gpus, result))
+        verdict = self.snapshots(layout)
+        notes = self._notes(space.gpus, result) + (verdict.notes if verdict is not None else ())
+        return replace(result, gpus=space.gpus, notes=notes)
+
+    def snapshots(self, layout: Layout) -> SnapshotVerdict | None:
+        """The peer snapshots ``layout`` takes, their host memory per node (each stage's parameters and optimizer
+        state, by the profile) against the profile's ``host_memory_bytes``, and whether they are refused; None
+        for a job without snapshots."""
+        if self.snapshot_interval <= 0:
+            return None
+        per_layer = [
+            layer.parameter_bytes * (1 + self.profile.optimizer_bytes_per_parameter_byte)
+            for layer in self.profile.layers
+        ]
+        stage_bytes = [int(sum(per_layer[a:b])) for a, b in layout.stage_layers]
+        return judge(layout, stage_bytes, self.profile.cluster.host_memory_bytes)
 
     def best_by_exhaustion(self, nodes: Sequence[tuple[str, int]]) -> float:
         """Best samples/s over every (P, m, D) on ``nodes``, each simulated: no pruning, no bounds.

@@ -95,6 +95,8 @@ class ClusterProfile(_Frozen):
     # Ranks one node runs at full speed at once; more share it (CPU cores for a CPU calibration).
     # None: every rank has a device of its own (GPUs).
     compute_slots_per_node: PositiveInt | None = None
+    # Host memory a node can give the peer snapshots (docs/DESIGN.md, "Peer snapshots"); None: not known, not checked.
+    host_memory_bytes: PositiveInt | None = None
 
 
 class Profile(_Frozen):

@@ -226,3 +226,33 @@ class SnapshotCosts:
         """(the mean snapshot's seconds, the median step's seconds, its first left out where there are more)."""
         steps = self.steps[1:] or self.steps
         return statistics.fmean(self.snapshots), statistics.median(steps)
+
+
+@dataclass(frozen=True)
+class SnapshotVerdict:
+    """What the planner says of a layout's peer snapshots: who sends to whom, the host bytes they hold per node,
+    and why they are refused ("": they fit, or the nodes' host memory is not known)."""
+
+    plan: SnapshotPlan
+    per_node: Mapping[str, int]
+    refusal: str = ""
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The plan's notes about them (none where no stage needs a snapshot)."""
+        if self.plan.unprotected:
+            return (f"peer snapshots: {self.plan.unprotected}; a kill of it falls back to the checkpoint",)
+        if self.refusal:
+            return (f"peer snapshots refused: {self.refusal}; the job runs without",)
+        if self.plan.active:
+            most = max(self.per_node.values(), default=0)
+            return (f"peer snapshots: {most / 2**30:.2f} GiB of host memory at most on a node",)
+        return ()
+
+
+def judge(layout: Layout, stage_bytes: Sequence[int], free_host_bytes: int | None) -> SnapshotVerdict:
+    """The snapshots of ``layout`` against every node's free host memory (None: not known, never refused)."""
+    plan = plan_snapshots(layout, stage_bytes)
+    per_node = snapshot_memory(layout, plan, stage_bytes)
+    free = {} if free_host_bytes is None else dict.fromkeys(per_node, free_host_bytes)
+    return SnapshotVerdict(plan, per_node, snapshot_refusal(per_node, free) if plan.active else "")

@@ -64,6 +64,7 @@ class Planners:
                 spec.schedule,
                 recomputation=spec.activation_recomputation,
                 micro_batch_size=spec.micro_batch_size if spec.exact else None,  # exact: the unit is fixed
+                snapshot_interval=spec.snapshot_interval if spec.morph_through_memory else 0,
             )
         except UserInputError as exc:
             built = Unplannable(str(exc))
