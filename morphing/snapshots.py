@@ -256,3 +256,17 @@ def judge(layout: Layout, stage_bytes: Sequence[int], free_host_bytes: int | Non
     per_node = snapshot_memory(layout, plan, stage_bytes)
     free = {} if free_host_bytes is None else dict.fromkeys(per_node, free_host_bytes)
     return SnapshotVerdict(plan, per_node, snapshot_refusal(per_node, free) if plan.active else "")
+
+
+def protection(layout: Layout | None, interval: int, morph_through_memory: bool) -> str:
+    """What ``spotmorph status`` says of the peer snapshots of a job's layout: the stages they protect, or why a
+    node's loss still loses a stage (too few nodes); "" where none are taken (none needed, or off)."""
+    if layout is None or interval <= 0 or not morph_through_memory or not lonely_stages(layout):
+        return ""
+    plan = plan_snapshots(layout)
+    if plan.unprotected:
+        return (
+            f"peer snapshots cannot protect this layout: {plan.unprotected}; a kill of it falls back to the checkpoint"
+        )
+    stages = ", ".join(str(r.stage) for r in plan.routes)
+    return f"peer snapshots protect stage(s) {stages}: a kill without notice loses at most the steps between two"

@@ -11,6 +11,7 @@ from controller.core.scheduler_status import OnDemandStatus, StepTimeStatus, ste
 from controller.core.stimulus import Stimulus
 from controller.persistence.store import GenerationRow
 from morphing.layout import Layout
+from morphing.snapshots import protection
 from morphing.transfer import HeldSkipCause
 from morphing.validation import InvalidField
 from protos.jobspec import spec_to_pb
@@ -84,6 +85,7 @@ def job_to_pb(
         rendezvous_endpoint=job.rendezvous,
         eval_step=job.evaluation.step,
         failure_cause=str(job.failure_cause or ""),
+        snapshots=protection(job.layout, job.spec.snapshot_interval, job.spec.morph_through_memory),
     )
     if job.evaluation.loss is not None:
         message.eval_loss = job.evaluation.loss

@@ -141,6 +141,7 @@ def job_dict(job: Any) -> dict[str, Any]:
         "checkpoint_dir": job.checkpoint_dir,
         "last_checkpoint_step": job.last_checkpoint_step,
         "steps_lost": job.steps_lost,
+        "snapshots": job.snapshots,
         "morphs": [
             {
                 "generation": m.generation,

@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  generation {job['generation']}, layout {describe_layout(job)}")
     print(f"  checkpoints in {job['checkpoint_dir']}, last at step {job['last_checkpoint_step']}")
     print(f"  steps lost {job['steps_lost']}, restarts {job['restarts']}")
+    if job["snapshots"]:
+        print(f"  {job['snapshots']}")
     if job["reason"]:
         print(f"  {job['failure_cause']}: {job['reason']}" if job["failure_cause"] else f"  {job['reason']}")
     if job["loss"] is not None:

@@ -479,6 +479,7 @@ class Job(_message.Message):
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     ON_DEMAND_FIELD_NUMBER: _builtins.int
     STEP_TIME_FIELD_NUMBER: _builtins.int
+    SNAPSHOTS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -513,6 +514,10 @@ class Job(_message.Message):
     """the step it is the loss of"""
     samples_per_second: _builtins.float
     """the rate that step ran at"""
+    snapshots: _builtins.str
+    """What the peer snapshots of the current layout protect, or why they cannot (too few nodes); "": none taken
+    (every stage on two nodes or more, or the job's snapshot_interval 0): morphing.snapshots.protection.
+    """
     @_builtins.property
     def layout(self) -> Global___Layout: ...
     @_builtins.property
@@ -559,10 +564,11 @@ class Job(_message.Message):
         samples_per_second: _builtins.float | None = ...,
         on_demand: Global___OnDemandHold | None = ...,
         step_time: Global___StepTimeCheck | None = ...,
+        snapshots: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "eval_loss", b"eval_loss", "layout", b"layout", "loss", b"loss", "on_demand", b"on_demand", "samples_per_second", b"samples_per_second", "spec", b"spec", "step_time", b"step_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_dir", b"checkpoint_dir", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "loss", b"loss", "loss_step", b"loss_step", "morphs", b"morphs", "name", b"name", "on_demand", b"on_demand", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "samples_per_second", b"samples_per_second", "spec", b"spec", "state", b"state", "step", b"step", "step_time", b"step_time", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds", "_eval_loss", b"_eval_loss", "_loss", b"_loss", "_samples_per_second", b"_samples_per_second", "checkpoint_dir", b"checkpoint_dir", "checkpoint_stall_seconds", b"checkpoint_stall_seconds", "checkpoint_stall_step", b"checkpoint_stall_step", "eval_loss", b"eval_loss", "eval_step", b"eval_step", "failure_cause", b"failure_cause", "generation", b"generation", "id", b"id", "last_checkpoint_step", b"last_checkpoint_step", "layout", b"layout", "loss", b"loss", "loss_step", b"loss_step", "morphs", b"morphs", "name", b"name", "on_demand", b"on_demand", "priority", b"priority", "reason", b"reason", "rendezvous_endpoint", b"rendezvous_endpoint", "restarts", b"restarts", "samples_per_second", b"samples_per_second", "snapshots", b"snapshots", "spec", b"spec", "state", b"state", "step", b"step", "step_time", b"step_time", "steps_lost", b"steps_lost", "submitted_at", b"submitted_at", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["checkpoint_stall_seconds"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_stall_seconds: _TypeAlias = _typing.Literal["_checkpoint_stall_seconds", b"_checkpoint_stall_seconds"]  # noqa: Y015
