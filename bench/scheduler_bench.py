@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import replace
 
 from bench.common import ROOT
 from morphing.layout import local_nodes
@@ -22,6 +23,7 @@ from morphing.traces import Trace, TraceEvent, parse_trace
 from scheduler.deadlines import DeadlineConfig
 from scheduler.fleet import POLICIES, FleetConfig, FleetJob, replay_jobs
 from scheduler.jobs import throughput_curve
+from scheduler.layouts import options
 from scheduler.learning import StepModel, observe
 from scheduler.policy import SchedulerConfig
 
@@ -93,6 +95,30 @@ def policy_rows(name: str, trace: Trace) -> tuple[list[str], dict[str, tuple[int
     return rows, summary
 
 
+def laid_out(fleet: list[FleetJob]) -> list[FleetJob]:
+    """The jobs with the planner's candidate layouts at each GPU count (scheduler.layouts.options)."""
+    planners = {512: Planner(PROFILE, 512), 128: Planner(PROFILE, 128)}
+    return [
+        replace(job, layouts=tuple(options(planners[job.global_batch], n) for n in range(len(job.rates))))
+        for job in fleet
+    ]
+
+
+def layout_rows(traces: list[tuple[str, Trace]]) -> list[str]:
+    """spotmorph with layouts chosen by liveput vs the planner's fastest, each loss paused for what it costs
+    the layout it hits (a morph when the partition is kept, plus a checkpoint reload when re-partitioned)."""
+    fleet, rows = laid_out(jobs()), []
+    for name, trace in traces:
+        cells = []
+        for choice in ("fastest", "liveput"):
+            out = replay_jobs(fleet, trace, "spotmorph", FleetConfig(layout_choice=choice))
+            met = sum(1 for o in out.values() if o.met_deadline)
+            cost, paused = sum(o.cost for o in out.values()), sum(o.loss_pause_hours for o in out.values())
+            cells.append(f"{met}/{len(out)} | {cost:.0f} | {paused * 60:.0f}")
+        rows.append(f"| {name} | {' | '.join(cells)} |")
+    return rows
+
+
 def _perturbed(profile: Profile) -> Profile:
     """A "true" cluster the profile got wrong: compute 1.3x slower, links 4x slower."""
     layers = tuple(
@@ -156,6 +182,7 @@ def run(training: bool = False) -> str:
             f"| {name} | {'yes' if ours[0] >= od[0] and ours[1] <= 0.5 * od[1] else 'NO'} | "
             f"{'yes' if ours[0] >= up[0] and ours[1] < up[1] else 'NO'} |"
         )
+    layout_table = layout_rows([t for t in traces if t[0].startswith("synthetic")])
     before, after, seen = prediction_errors()
     return "\n".join(
         [
@@ -176,6 +203,13 @@ def run(training: bool = False) -> str:
             "| cheaper than uniform-progress, as many met |",
             "|---|---|---|",
             *goals,
+            "",
+            "Layouts (spotmorph; each loss pauses the job for what it costs the layout it runs): the planner's "
+            "fastest at each GPU count vs the best liveput (`scheduler/layouts.py`).",
+            "",
+            "| trace | fastest: met | cost $ | loss pauses (min) | liveput: met | cost $ | loss pauses (min) |",
+            "|---|---|---|---|---|---|---|",
+            *layout_table,
             "",
             f"Step-time prediction (B 512, 7..32 GPUs, a true cluster with compute 1.3x slower and links 4x slower "
             f"than the profile): mean |error| {before:.1%} before, {after:.1%} after learning from the morphs to "

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 from morphing.replay import ReplayConfig
 from morphing.traces import Trace
 from scheduler.deadlines import OnDemandRule
-from scheduler.forecast import PoolStats, observe, rates
+from scheduler.forecast import PoolStats, Rates, observe, rates
 from scheduler.jobs import Grant, JobView, Node, OnDemand
+from scheduler.layouts import Judged, LayoutOption, LossCosts, choose, judge
 from scheduler.policy import CapacityChange, SchedulerConfig, decide
 from scheduler.pools import PoolKind
 
@@ -44,6 +45,10 @@ class FleetJob:
     submit_hour: float = 0.0
     on_demand: OnDemand = OnDemand.ALLOWED
     on_demand_cap_gpus: int | None = None
+    # Per GPU count, the planner's candidate layouts (scheduler.layouts.options): when given, the job runs the
+    # one FleetConfig.layout_choice picks at that count, and each node it loses pauses it for that layout's
+    # loss (a morph that keeps its partition, or a re-partition with a checkpoint reload).
+    layouts: tuple[tuple[LayoutOption, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,9 @@ class FleetConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     tick_seconds: float = 60.0
     extra_hours: float = 72.0
+    layout_choice: str = "liveput"  # or "fastest" (the planner's best samples/s); for jobs with layouts
+    loss_costs: LossCosts = field(default_factory=LossCosts)
+    layout_horizon_seconds: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class JobOutcome:
     cost: float
     spot_gpu_hours: float
     on_demand_gpu_hours: float
+    loss_pause_hours: float = 0.0  # pauses its losses cost its layouts (jobs with layouts)
 
 
 @dataclass
@@ -76,12 +85,16 @@ class _Run:
     finished_at: float | None = None
     spot_seconds: float = 0.0
     on_demand_seconds: float = 0.0
+    layout: Judged | None = None  # the layout it runs (jobs with layouts)
+    paused_seconds: float = 0.0  # what its losses cost in pauses
 
     @property
     def total(self) -> float:
         return float(self.job.steps * self.job.global_batch)
 
     def rate(self) -> float:
+        if self.layout is not None:
+            return self.layout.option.samples_per_second
         gpus = sum(g.gpus for g in self.held)
         return self.job.rates[min(gpus, len(self.job.rates) - 1)]
 
@@ -101,10 +114,14 @@ def replay_jobs(jobs: Sequence[FleetJob], trace: Trace, policy: str, config: Fle
         for run in runs:
             _lose(run, gone, now, config.replay)
         views = [_view(run, state.on_demand_gpus(run.job.name, now), config) for run in runs]
-        decision = decide(views, state.nodes(now), rates(state.stats), now, cfg)
+        spot = rates(state.stats)
+        decision = decide(views, state.nodes(now), spot, now, cfg)
         state.apply(decision.capacity, now, config)
         for run in runs:
             grants = tuple(g for g in decision.grants if g.job == run.job.name)
+            gpus = sum(g.gpus for g in grants)
+            if set(grants) != set(run.held) or (run.layout is not None and run.layout.option.gpus != gpus):
+                run.layout = _layout(run.job, gpus, spot, config)
             _step(run, grants, now, config, state.on_demand_gpus(run.job.name))
         now += config.tick_seconds
     return {run.job.name: _outcome(run, config.replay) for run in runs}
@@ -183,11 +200,25 @@ def _view(run: _Run, pending: int, config: FleetConfig) -> JobView:
     )
 
 
+def _layout(job: FleetJob, gpus: int, spot: Rates, config: FleetConfig) -> Judged | None:
+    """The layout ``job`` runs on ``gpus`` GPUs (``None``: the job has no layouts, its curve's speed)."""
+    if not job.layouts or not 0 < gpus < len(job.layouts) or not job.layouts[gpus]:
+        return None
+    per_node, horizon, costs = config.replay.gpus_per_node, config.layout_horizon_seconds, config.loss_costs
+    picked = choose(job.layouts[gpus], spot if config.layout_choice == "liveput" else Rates(0.0, 0.0), per_node)
+    assert picked is not None
+    return judge(picked.option, spot, per_node, horizon, costs)
+
+
 def _lose(run: _Run, gone: set[str], now: float, replay: ReplayConfig) -> None:
     """Evictions of nodes the job holds: a planned morph when the notice covers a step and a checkpoint write,
-    else the work since the last checkpoint is lost too, after the heartbeat detection time."""
+    else the work since the last checkpoint is lost too, after the heartbeat detection time. A job that runs
+    a chosen layout pauses for what the loss costs that layout."""
     if not gone or not any(g.node in gone for g in run.held):
         return
+    if run.layout is not None:
+        run.resume_at = max(run.resume_at, now) + run.layout.loss_pause_seconds
+        run.paused_seconds += run.layout.loss_pause_seconds
     rate = run.rate()
     step = run.job.global_batch / rate if rate > 0 else 0.0
     if replay.notice_seconds < step + replay.checkpoint_write_seconds:
@@ -230,7 +261,7 @@ def _outcome(run: _Run, replay: ReplayConfig) -> JobOutcome:
     finished = None if run.finished_at is None else run.finished_at / HOUR
     deadline = run.job.deadline_hours
     met = None if deadline is None else finished is not None and finished <= run.job.submit_hour + deadline + 1e-9
-    return JobOutcome(finished, met, cost, spot, on_demand)
+    return JobOutcome(finished, met, cost, spot, on_demand, run.paused_seconds / HOUR)
 
 
 def simulate_jobs(
