@@ -96,7 +96,13 @@ class JobSpec(BaseModel):
         description="the fewest steps between peer snapshots where a stage has one replica (or all on one node): each "
         "rank copies its stage to host memory and streams it to a rank on another node, so a kill without notice loses "
         "at most one step between snapshots; the trainers time their first snapshots and widen it, all alike, where "
-        "one costs more than 5% of the steps between; 0: off (docs/DESIGN.md, 'Peer snapshots')",
+        "one costs more than 5% of the steps between (unless snapshot_interval_adapts is false); 0: off "
+        "(docs/DESIGN.md, 'Peer snapshots')",
+    )
+    snapshot_interval_adapts: bool = Field(
+        default=True,
+        description="the trainers widen snapshot_interval, all alike, where their first snapshots cost more than 5% of "
+        "the steps between; false: snapshot_interval is kept whatever it costs (a kill loses at most that many steps)",
     )
     timeout_seconds: float = Field(
         default=20.0, gt=0, le=86_400, description="start-up, checkpoint and evaluation waits (rendezvous, load, write)"

@@ -98,7 +98,7 @@ class Timed(SnapshotStream):
         snapshot.done.set()
 
 
-def timed(reduce: list[list[float]], stream_seconds: float, rank: int = 0) -> Timed:
+def timed(reduce: list[list[float]], stream_seconds: float, rank: int = 0, adapts: bool = True) -> Timed:
     """A 3x1 stream on ``rank``, active, whose all-reduce answers with the slot-wise max of what it is given and
     another rank's figures (``reduce[0]``), recording what it was given in ``reduce``."""
     layout = three_by_one()
@@ -107,7 +107,7 @@ def timed(reduce: list[list[float]], stream_seconds: float, rank: int = 0) -> Ti
         reduce.append(list(values))
         return [max(a, b) for a, b in zip(values, reduce[0], strict=True)]
 
-    stream = Timed(layout, rank, 1, plan_snapshots(layout), None, reduce_max)
+    stream = Timed(layout, rank, 1, plan_snapshots(layout), None, reduce_max, adapts=adapts)
     stream.group = object()  # type: ignore[assignment]
     stream.stream_seconds = stream_seconds
     return stream
@@ -130,6 +130,17 @@ def test_the_interval_widens_alike_on_every_rank_once_the_first_snapshots_cost_m
     before = stream.interval
     stream.at_boundary(20, 0, 0, copy_of(weights))
     assert stream.interval == before, "settled once: later snapshots are not timed"
+
+
+def test_a_job_that_keeps_its_interval_snapshots_every_step_whatever_it_costs_and_asks_no_collective() -> None:
+    reduced: list[list[float]] = [[0.5, -1.0]]
+    stream = timed(reduced, stream_seconds=0.9, adapts=False)
+    for step in range(1, 6):
+        stream.at_boundary(step, 0, 0, copy_of(torch.zeros(4)))
+        stream.stepped(1.0)
+        assert stream.committed is None or stream.committed.step == step - 1 or stream.pending is not None
+    assert stream.interval == 1 and len(reduced) == 1, "never widened, never timed: no all-reduce was asked for"
+    assert stream.pending is not None and stream.pending.step == 5, "a snapshot was begun at every step"
 
 
 def test_a_snapshot_that_costs_under_five_percent_of_a_step_keeps_the_jobs_interval() -> None:

@@ -101,6 +101,7 @@ class SnapshotStream:
         plan: SnapshotPlan,
         group: dist.ProcessGroup | None,
         reduce_max: Reduce = all_reduce_max,
+        adapts: bool = True,
     ) -> None:
         self.layout, self.rank, self.interval, self.plan, self.group = layout, rank, interval, plan, group
         self.moves = moves_of(layout, plan)
@@ -109,7 +110,7 @@ class SnapshotStream:
         self._thread: threading.Thread | None = None
         self.pool = HostPool()
         self.costs = SnapshotCosts()
-        self.settled = False
+        self.settled = not adapts  # a job that keeps its interval whatever it costs has nothing to settle
         self._reduce_max = reduce_max
 
     def stepped(self, seconds: float) -> None:
@@ -226,12 +227,14 @@ def applies(layout: Layout, interval: int, morph_through_memory: bool) -> Snapsh
 
 
 def open_stream(
-    layout: Layout, rank: int, interval: int, plan: SnapshotPlan | None, peer_timeout: float
+    layout: Layout, rank: int, interval: int, plan: SnapshotPlan | None, peer_timeout: float, adapts: bool = True
 ) -> SnapshotStream:
-    """A collective when ``plan`` is set (every rank makes the group at the same point): the stream, idle without."""
+    """A collective when ``plan`` is set (every rank makes the group at the same point): the stream, idle without.
+    ``adapts``: the interval is widened once the first snapshots are timed (the job's snapshot_interval_adapts)."""
     if plan is None:
         return SnapshotStream(layout, rank, interval, SnapshotPlan(()), None)
-    return SnapshotStream(layout, rank, interval, plan, peer_world(layout.world_size, peer_timeout))
+    group = peer_world(layout.world_size, peer_timeout)
+    return SnapshotStream(layout, rank, interval, plan, group, adapts=adapts)
 
 
 def attach(kept: Held, stream: SnapshotStream, job_hash: str, generation: int) -> Held:

@@ -76,7 +76,10 @@ def run(g: Generation) -> ExitCode:
     stream = snapshots.open_stream(g.layout, g.cfg.rank, g.job.snapshot_interval, None, 0.0)  # idle until opened
     try:
         plan = snapshots.applies(g.layout, g.job.snapshot_interval, g.job.morph_through_memory)
-        stream = snapshots.open_stream(g.layout, g.cfg.rank, g.job.snapshot_interval, plan, g.job.peer_timeout_seconds)
+        job = g.job
+        stream = snapshots.open_stream(
+            g.layout, g.cfg.rank, job.snapshot_interval, plan, job.peer_timeout_seconds, job.snapshot_interval_adapts
+        )
         return _boundaries(g, stream)
     except Exception as exc:
         g.abort.stop()
