@@ -112,6 +112,20 @@ def _add_up(up: argparse.ArgumentParser) -> None:
         "--database", metavar="URL", help="postgresql://USER@HOST:PORT/DB the controllers share (one leads)"
     )
     up.add_argument(
+        "--on-demand-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the controller starts up to N on-demand VMs (never evicted) for jobs whose deadline is at risk",
+    )
+    for name, default in (("safety", 900), ("on-demand-start", 120), ("outlook-step", 600)):
+        up.add_argument(
+            f"--deadline-{name}" if name != "on-demand-start" else f"--{name}",
+            type=float,
+            metavar="SECONDS",
+            help=f"the scheduler's {name.replace('-', ' ')} seconds for deadlines (default {default})",
+        )
+    up.add_argument(
         "--cloud",
         choices=CLOUDS,
         default="azure",
@@ -132,6 +146,13 @@ def run(args: argparse.Namespace) -> int:
         if args.tensorboard_dir is not None:
             options = replace(options, tensorboard_dir=args.tensorboard_dir.resolve())
         options = replace(options, controllers=args.controllers, database=args.database, cloud=args.cloud)
+        timing = {
+            "safety_seconds": args.deadline_safety,
+            "on_demand_start_seconds": args.on_demand_start,
+            "outlook_step_seconds": args.deadline_outlook_step,
+        }
+        chosen = tuple((k, v) for k, v in timing.items() if v is not None)
+        options = replace(options, on_demand_nodes=args.on_demand_nodes, scheduler=chosen)
         context, names = cluster.up(options)
         nodes = ", ".join(names) or "none"
         where = " in network namespaces" if options.netns else ""

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from controller.client.context import Context, read_context, remove_context, spotmorph_home, write_context
 from controller.files import write_private
@@ -40,6 +41,14 @@ from worker_agent.notices.facts import Cloud
 MORPH_COST_SECONDS = 8.0
 
 
+# The `local up` flags of the controller's ``scheduler:`` settings.
+SCHEDULER_FLAGS = {
+    "safety_seconds": "--deadline-safety",
+    "on_demand_start_seconds": "--on-demand-start",
+    "outlook_step_seconds": "--deadline-outlook-step",
+}
+
+
 @dataclass(frozen=True)
 class UpOptions:
     nodes: int = 2  # agent processes
@@ -53,6 +62,12 @@ class UpOptions:
     controllers: int = 1  # controller processes; more than one share ``database`` (one leads)
     database: str | None = None  # postgresql://...: the controllers' state (None: SQLite in the first's state dir)
     cloud: Cloud = "azure"  # whose metadata service the platform serves and the agents watch (:mod:`.clouds`)
+    # The controller's provider starts up to this many on-demand VMs for jobs whose deadline is at risk (0: none;
+    # the controller then starts no VM at all, as before); it never starts spot ones (`local add` does).
+    on_demand_nodes: int = 0
+    # The deadline rule's times (the controller's ``scheduler:`` section; None: its defaults), e.g. seconds for a
+    # test whose whole job takes a minute instead of 900 s of safety margin and 120 s for a VM to start.
+    scheduler: tuple[tuple[str, float], ...] = ()
 
     def check(self) -> None:
         if self.nodes < 0 or self.slots < 1:
@@ -60,6 +75,9 @@ class UpOptions:
         controllers.check_controllers(self.controllers, self.database)
         within("--heartbeat-expiry", self.heartbeat_expiry, 0.1, 86_400, "seconds")
         within("--debounce", self.debounce, 0, 86_400, "seconds")
+        within("--on-demand-nodes", self.on_demand_nodes, 0, 64, "VMs", zero=True)
+        for name, seconds in self.scheduler:
+            within(SCHEDULER_FLAGS.get(name, name), seconds, 0.001, 86_400, "seconds")
         if self.gpus_per_node < 0:
             raise UserInputError(f"--gpus-per-node {self.gpus_per_node}: give 0 (CPU slots) or more")
         if self.gpus_per_node and self.slots > self.gpus_per_node:
@@ -105,8 +123,8 @@ def require_node(provider: LocalProcessProvider, node: str, evicting: str = "") 
     return vm
 
 
-def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[str, float | int | str]:
-    settings: dict[str, float | int | str] = {
+def controller_settings(options: UpOptions, rendezvous_port_base: int, imds_url: str = "") -> dict[str, Any]:
+    settings: dict[str, Any] = {
         "heartbeat_expiry_seconds": options.heartbeat_expiry,
         "debounce_seconds": options.debounce,
         "rendezvous_port_base": rendezvous_port_base,
@@ -120,6 +138,12 @@ def controller_settings(options: UpOptions, rendezvous_port_base: int) -> dict[s
         settings["tensorboard_dir"] = str(options.tensorboard_dir)
     if options.database:
         settings["database"] = options.database
+    if options.on_demand_nodes:
+        local = {"slots": options.slots, "max_nodes": 0, "max_on_demand_nodes": options.on_demand_nodes}
+        settings["provider"] = "local"
+        settings["local"] = {**local, "poll_seconds": 1.0, **({"imds_url": imds_url} if imds_url else {})}
+    if options.scheduler:
+        settings["scheduler"] = dict(options.scheduler)
     return settings
 
 
@@ -148,7 +172,8 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
     addresses = [f"{host}:{free_port()}" for _ in range(options.controllers)]
     address = addresses[0]
     base = port_range_base(500)  # the controller's default span of rendezvous ports
-    write_private(cluster.controller_settings, json.dumps(controller_settings(options, base)).encode())
+    settings = controller_settings(options, base, f"http://{platform_host}:{imds_port}")
+    write_private(cluster.controller_settings, json.dumps(settings).encode())
     if options.database:
         write_private(cluster.database_url, f"{options.database}\n".encode())
     for index, listen in enumerate(addresses, 1):  # --netns: the cluster's own bridge, on this machine only

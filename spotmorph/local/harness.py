@@ -119,6 +119,8 @@ class LocalCluster:
         controllers: int = 1,
         database: str | None = None,
         cloud: str = "azure",
+        on_demand_nodes: int = 0,
+        deadline_timing: Sequence[str] = (),
     ) -> subprocess.CompletedProcess[str]:
         """``warm_trainers``: per node, for this VM's agents and those added later (a cluster that runs no job
         saves each node's zygote with 0); the agent's default when None."""
@@ -130,6 +132,7 @@ class LocalCluster:
         args += ["--controllers", str(controllers)] if controllers != 1 else []
         args += ["--database", database] if database else []
         args += ["--cloud", cloud] if cloud != "azure" else []
+        args += ["--on-demand-nodes", str(on_demand_nodes), *deadline_timing] if on_demand_nodes else []
         return self.cli("local", "up", *args, *(["--netns"] if netns else []))
 
     def add(self, count: int = 1) -> None:

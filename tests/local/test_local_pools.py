@@ -65,3 +65,25 @@ def test_the_static_provider_refuses_on_demand_naming_what_to_use_instead() -> N
             await static.request_capacity(1, PoolKind.ON_DEMAND)
 
     asyncio.run(scenario())
+
+
+def test_up_with_on_demand_nodes_gives_the_controller_the_local_provider_and_the_deadline_times() -> None:
+    from controller.app.settings import ControllerSettings
+    from morphing.errors import UserInputError
+    from spotmorph.local.cluster import UpOptions, controller_settings
+
+    plain = controller_settings(UpOptions(), 29500, "http://127.0.0.1:9")
+    assert "provider" not in plain and "scheduler" not in plain  # as before: the controller starts no VM
+    timing = (("safety_seconds", 5.0), ("outlook_step_seconds", 3600.0))
+    options = UpOptions(slots=1, on_demand_nodes=2, scheduler=timing)
+    settings = ControllerSettings(**controller_settings(options, 29500, "http://127.0.0.1:9"))
+    assert settings.provider == "local" and settings.local.max_nodes == 0
+    assert settings.local.max_on_demand_nodes == 2 and settings.local.slots == 1
+    assert settings.local.imds_url == "http://127.0.0.1:9"
+    assert (settings.scheduler.safety_seconds, settings.scheduler.outlook_step_seconds) == (5.0, 3600.0)
+    for bad, flag in (
+        (UpOptions(on_demand_nodes=-1), "--on-demand-nodes"),
+        (UpOptions(scheduler=(("safety_seconds", -1.0),)), "--deadline-safety"),
+    ):
+        with pytest.raises(UserInputError, match=flag):
+            bad.check()
