@@ -42,8 +42,9 @@ def test_every_file_in_deploy_is_checked_here_or_in_test_systemd_units() -> None
         "azure/main.bicep",
         "azure/main.json",
         "cloud-init/agent.yaml",
-        "gcp/instance-group.json",  # these four: test_gcp_deploy.py
+        "gcp/instance-group.json",  # these five: test_gcp_deploy.py
         "gcp/instance-template.json",
+        "gcp/on-demand.jq",
         "gcp/render.jq",
         "gcp/startup.sh",
         "systemd/spotmorph-agent.service",
