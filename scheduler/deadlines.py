@@ -99,9 +99,19 @@ def on_demand_need(
     while low < high:
         middle = (low + high) // 2
         low, high = (low, middle) if meets(middle) else (middle + 1, high)
+    low = max(low, waiting_level(job))
     if low == 0:
         return OnDemandNeed(job.name, 0, CapacityCause.SPOT_RETURNED if held else None)
     return OnDemandNeed(job.name, low, CapacityCause.DEADLINE_AT_RISK)
+
+
+def waiting_level(job: JobView) -> int:
+    """The level a job waiting for on-demand GPUs it asked for keeps (0: it waits for none): the GPUs it holds and
+    those on their way. Spot that seems to return meanwhile (a VM that registered before the provider named its
+    pool looks like spot) does not take it back: the level is judged again once its capacity arrived."""
+    if job.on_demand_pending <= 0:
+        return 0
+    return job.held_gpus(PoolKind.ON_DEMAND) + job.on_demand_pending
 
 
 def _switch_seconds(job: JobView, config: DeadlineConfig) -> float:

@@ -38,16 +38,22 @@ class Outlook:
 
 
 def needs(
-    jobs: Sequence[JobView], alone: Mapping[str, int], outlook: Outlook, config: DeadlineConfig
+    jobs: Sequence[JobView],
+    alone: Mapping[str, int],
+    outlook: Outlook,
+    config: DeadlineConfig,
+    owned: Mapping[str, int] | None = None,
 ) -> list[OnDemandNeed]:
     """Each job's on-demand need; ``alone`` is each job's spot share now (for the rules other than the forecast's
-    and for the last safe moment)."""
+    and for the last safe moment); ``owned[job]``: the on-demand GPUs of the nodes present that are its, placed on
+    or not (a job queued on its arrived on-demand nodes keeps them as one running on them would)."""
     base = [
         on_demand_need(j, alone.get(j.name, 0), outlook.gpus_per_node, outlook.spot, outlook.now, config) for j in jobs
     ]
     if config.rule is not OnDemandRule.FORECAST:
         return base
-    fixed = {j.name: j.held_gpus(PoolKind.ON_DEMAND) + j.on_demand_pending for j in jobs}
+    mine = owned or {}
+    fixed = {j.name: max(j.held_gpus(PoolKind.ON_DEMAND), mine.get(j.name, 0)) + j.on_demand_pending for j in jobs}
     out = []
     for job, need in zip(jobs, base, strict=True):
         if need.cause not in (CapacityCause.DEADLINE_AT_RISK, CapacityCause.SPOT_RETURNED, None) or not _judged(
@@ -85,6 +91,8 @@ def _need(
         low, high = (low, middle) if meets(middle) else (middle + 1, high)
     if low > held and config.defer and meets(low, outlook.step_seconds):
         low = held  # just in time: the same GPUs arriving a step later still meet it, so none are bought yet
+    if job.on_demand_pending > 0:
+        low = max(low, held)  # waiting for the capacity it asked for: its level stays until that arrived
     if low == 0:
         return OnDemandNeed(job.name, 0, CapacityCause.SPOT_RETURNED if job.held_gpus(PoolKind.ON_DEMAND) else None)
     return OnDemandNeed(job.name, low, CapacityCause.DEADLINE_AT_RISK)

@@ -70,7 +70,8 @@ def decide(
     alone, _ = share(active, spot_gpus, held, {j.name: j.max_gpus for j in active}, config.share)
     if config.deadlines.outlook:
         outlook = Outlook(spot_gpus, config.gpus_per_node, spot, now, config.deadlines.outlook_step_seconds)
-        needs = outlook_needs(jobs, alone, outlook, config.deadlines)
+        owned = {j.name: sum(n.gpus for n in nodes if n.pool is PoolKind.ON_DEMAND and n.owner == j.name) for j in jobs}
+        needs = outlook_needs(jobs, alone, outlook, config.deadlines, owned)
     else:
         needs = [
             on_demand_need(j, alone.get(j.name, 0), config.gpus_per_node, spot, now, config.deadlines) for j in jobs

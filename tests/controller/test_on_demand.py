@@ -16,9 +16,10 @@ from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import ReleaseInstance, SetPoolStats, World, apply
 from controller.core.reconcile import Config, reconcile
 from controller.core.reconcile.devices import may_run_on
-from controller.core.records import Learning, Training
+from controller.core.records import Learning, OnDemandHold, Training
 from controller.eventlog.scheduler_facts import GrowthUndone, OnDemandReleased, OnDemandRequested, StepTimeChecked
 from controller.persistence.store import Store
+from scheduler.deadlines import CapacityCause
 from scheduler.forecast import PoolStats, observe
 from scheduler.pools import PoolKind
 from tests.controller.helpers import job, node, planner, spec
@@ -147,3 +148,56 @@ def test_a_growth_that_measured_slower_is_undone_and_its_nodes_avoided() -> None
     after = apply(World(nodes, {"j1": grown}), commands).jobs["j1"]
     assert after.morph.cause is MorphCause.GROWTH_UNDONE and after.learning.avoid == (("n2",),)
     assert any(n == "n2" for n, _ in after.exclusions.until)
+
+
+def waiting_for_on_demand(steps: int, now: float) -> object:
+    """A job QUEUED after losing its spot nodes, its level of two on-demand GPUs asked and not arrived yet."""
+    hold = OnDemandHold(gpus=2, cause=CapacityCause.DEADLINE_AT_RISK, since=now - 30.0)
+    allowed = spec(deadline=DEADLINE, on_demand="allowed", steps=steps, on_demand_max_gpus=2)
+    return replace(job("j1"), spec=allowed, on_demand=hold)
+
+
+def test_a_job_waiting_for_its_on_demand_capacity_keeps_its_level() -> None:
+    """The arriving VMs register before the provider's list names their pool (a node no list named counts as
+    spot): their GPUs must not talk the job out of the capacity it waits for (2 -> 0 -> 2, asked twice)."""
+    now = AT - 3600.0  # spot alone (two nodes) would meet it: a job not waiting for anything would give back
+    arriving = {n: node(n, at=now - 20.0) for n in ("vm-1", "vm-2")}
+    world = World(arriving, {"j1": waiting_for_on_demand(500, now)}, started_at=now)  # type: ignore[dict-item]
+    commands = reconcile(world, now, Config(), {"j1": planner()})
+    assert apply(world, commands).jobs["j1"].on_demand.gpus == 2
+    assert not facts_of(commands, OnDemandRequested)
+
+
+def test_an_on_demand_node_still_joining_counts_for_the_level_it_fills() -> None:
+    """An owned on-demand node in JOINING is neither pending nor present to the scheduler unless counted: the
+    level stays, and no second ask is made for it."""
+    now = AT - 3600.0
+    joining = {
+        n: replace(node(n, NodeState.JOINING, at=now - 5.0), pool=PoolKind.ON_DEMAND, owner="j1")
+        for n in ("od-1", "od-2")
+    }
+    spot = {n: node(n, at=now - 20.0) for n in ("spot-1", "spot-2")}
+    world = World({**joining, **spot}, {"j1": waiting_for_on_demand(500, now)}, started_at=now)  # type: ignore[dict-item]
+    commands = reconcile(world, now, Config(), {"j1": planner()})
+    decided = apply(world, commands)
+    assert decided.jobs["j1"].on_demand.gpus == 2
+    assert all(decided.nodes[n].owner == "j1" for n in joining)
+    assert not facts_of(commands, OnDemandRequested) and not facts_of(commands, OnDemandReleased)
+
+
+def test_a_vm_the_job_already_runs_on_when_the_list_names_it_on_demand_is_claimed_not_left() -> None:
+    """Admitted onto its arriving VMs before the provider's list named their pool, the job keeps them: they fill
+    its level (owner), it does not move off them for a given-back node."""
+    now = AT - 3600.0
+    layout = planner().plan([("vm-1", 1), ("vm-2", 1)]).layout  # type: ignore[union-attr]
+    running = replace(waiting_for_on_demand(500, now), state=JobState.RUNNING, layout=layout)  # type: ignore[type-var]
+    listed = {
+        n: replace(node(n, NodeState.ASSIGNED, job="j1", at=now - 20.0), pool=PoolKind.ON_DEMAND)
+        for n in ("vm-1", "vm-2")
+    }
+    world = World(listed, {"j1": running}, started_at=now)  # type: ignore[dict-item]
+    decided = apply(world, reconcile(world, now, Config(), {"j1": planner()}))
+    assert all(decided.nodes[n].owner == "j1" for n in listed)
+    assert (
+        decided.jobs["j1"].morph.cause is not MorphCause.ON_DEMAND_RETURNED and decided.jobs["j1"].on_demand.gpus == 2
+    )

@@ -3,6 +3,8 @@ asked for only when needed and given back when spot returns."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +14,7 @@ from scheduler.deadlines import CapacityCause, DeadlineConfig, on_demand_need
 from scheduler.fleet import FleetConfig, FleetJob, replay_jobs
 from scheduler.forecast import Rates
 from scheduler.jobs import Grant, JobView
+from scheduler.outlook import Outlook, needs
 from scheduler.pools import PoolKind
 
 CURVE = (0.0, *(100.0 * n**0.9 for n in range(1, 9)))
@@ -65,4 +68,21 @@ def test_on_demand_is_asked_for_only_when_the_forecast_misses_the_deadline() -> 
 def test_on_demand_is_given_back_when_spot_returns() -> None:
     held = (Grant("j", "od-1", PoolKind.ON_DEMAND, 4),)
     back = on_demand_need(_job(1.0, 5 * 3600.0, held), 8, 1, Rates(1e-7, 1e-3), 0.0, DeadlineConfig())
+    assert back.gpus == 0 and back.cause is CapacityCause.SPOT_RETURNED
+
+
+def test_a_job_waiting_for_on_demand_gpus_keeps_its_level_whatever_spot_seems_to_do() -> None:
+    """Asked for four on-demand GPUs, two arrived: spot that looks back (eight GPUs, calm) does not take the level
+    back while the rest is on its way; once nothing is pending, spot returning gives them all back."""
+    held = (Grant("j", "od-1", PoolKind.ON_DEMAND, 2),)
+    waiting = replace(_job(1.0, 5 * 3600.0, held), on_demand_pending=2)
+    calm = Rates(1e-7, 1e-3)
+    kept = on_demand_need(waiting, 8, 1, calm, 0.0, DeadlineConfig())
+    assert kept.gpus == 4 and kept.cause is CapacityCause.DEADLINE_AT_RISK
+    for job in (waiting, replace(waiting, held=())):
+        (need,) = needs([job], {"j": 8}, Outlook(8, 1, calm, 0.0), DeadlineConfig())
+        assert need.gpus == job.held_gpus(PoolKind.ON_DEMAND) + 2
+    arrived = replace(waiting, on_demand_pending=0)
+    assert on_demand_need(arrived, 8, 1, calm, 0.0, DeadlineConfig()).gpus == 0
+    (back,) = needs([arrived], {"j": 8}, Outlook(8, 1, calm, 0.0), DeadlineConfig())
     assert back.gpus == 0 and back.cause is CapacityCause.SPOT_RETURNED

@@ -24,7 +24,7 @@ import math
 
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JOB_LIVE, JobState, NodeState
-from controller.core.model import Action, JobRecord, ReleaseInstance, SetPoolStats
+from controller.core.model import Action, JobRecord, NodeRecord, ReleaseInstance, SetPoolStats
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft
 from controller.core.records import Learning, OnDemandHold
@@ -68,7 +68,7 @@ def plan_on_demand(draft: Draft, config: Config, planners: Planners) -> None:
     nodes = [
         Node(n.name, n.pool, n.slots, n.owner)
         for n in sorted(draft.nodes.values(), key=lambda n: n.name)
-        if n.state in USABLE and (n.pool is PoolKind.SPOT or n.owner is not None)
+        if reliable(n)
     ]
     rates = spot_rates(draft)
     decision = decide(views, nodes, rates, draft.now, config.scheduler)
@@ -98,11 +98,12 @@ def view(draft: Draft, config: Config, planners: Planners, job: JobRecord) -> Jo
     top = max(1, min(config.curve_max_gpus, spot + cap))
     rates = corrected_rates(throughput_curve(planner, top, per_node), model(job.learning))
     held = tuple(
-        Grant(job.id, name, draft.nodes[name].pool, draft.nodes[name].slots)
+        Grant(job.id, name, node.pool, node.slots)
         for name in job.nodes
-        if name in draft.nodes and draft.nodes[name].job == job.id
+        if (node := draft.nodes.get(name)) is not None and node.job == job.id and reliable(node, job.id)
     )
-    ours = sum(n.slots for n in draft.nodes.values() if n.owner == job.id and n.state in PRESENT)
+    # Pending: its level less the owned nodes the scheduler is shown (USABLE): one still JOINING is on its way.
+    ours = sum(n.slots for n in draft.nodes.values() if n.owner == job.id and n.state in USABLE)
     left = max(0, job.spec.steps - job.step) * job.spec.global_batch
     return JobView(
         name=job.id,
@@ -120,6 +121,14 @@ def view(draft: Draft, config: Config, planners: Planners, job: JobRecord) -> Jo
         held=held,
         on_demand_pending=max(0, job.on_demand.gpus - ours),
     )
+
+
+def reliable(node: NodeRecord, job_id: str | None = None) -> bool:
+    """Whether the node is capacity a job can rely on: a spot node (usable, to the scheduler), an on-demand node
+    usable and the job's (``job_id``; any owner's for None): one given back or not yet claimed is none."""
+    if node.pool is PoolKind.SPOT:
+        return job_id is not None or node.state in USABLE
+    return node.state in USABLE and node.owner is not None and (job_id is None or node.owner == job_id)
 
 
 def model(learning: Learning) -> StepModel:
@@ -196,9 +205,15 @@ def _give_back(draft: Draft, job_id: str, names: tuple[str, ...], cause: str) ->
 
 def _claim_arrivals(draft: Draft) -> None:
     """Free on-demand nodes without an owner go to the jobs whose on-demand level they fill (earliest deadline
-    first); the rest are released by :func:`_release_ownerless`."""
+    first); one a job already runs on (admitted onto it before the provider's list named its pool) goes to that
+    job when it fills its level; the rest are released by :func:`_release_ownerless`."""
     for node in sorted(draft.nodes.values(), key=lambda n: n.name):
-        if node.pool is not PoolKind.ON_DEMAND or node.owner is not None or node.job is not None:
+        if node.pool is not PoolKind.ON_DEMAND or node.owner is not None:
+            continue
+        if node.job is not None:
+            runs = draft.jobs.get(node.job)
+            if runs is not None and runs.state in JOB_LIVE and node.state in PRESENT and _deficit(draft, runs) > 0:
+                draft.amend_node(node.name, owner=runs.id)
             continue
         if node.state not in (NodeState.JOINING, NodeState.READY):
             continue
