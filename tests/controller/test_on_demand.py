@@ -14,13 +14,15 @@ from controller.core import capacity
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import ReleaseInstance, SetPoolStats, World, apply
+from controller.core.observations import EvictionRisk
 from controller.core.reconcile import Config, reconcile
 from controller.core.reconcile.devices import may_run_on
-from controller.core.records import Learning, OnDemandHold, Training
+from controller.core.records import AtRisk, Learning, NodeRecord, OnDemandHold, Training
 from controller.eventlog.scheduler_facts import GrowthUndone, OnDemandReleased, OnDemandRequested, StepTimeChecked
 from controller.persistence.store import Store
-from scheduler.deadlines import CapacityCause
+from scheduler.deadlines import CapacityCause, DeadlineConfig
 from scheduler.forecast import PoolStats, observe
+from scheduler.policy import SchedulerConfig
 from scheduler.pools import PoolKind
 from tests.controller.helpers import job, node, planner, spec
 
@@ -201,3 +203,42 @@ def test_a_vm_the_job_already_runs_on_when_the_list_names_it_on_demand_is_claime
     assert (
         decided.jobs["j1"].morph.cause is not MorphCause.ON_DEMAND_RETURNED and decided.jobs["j1"].on_demand.gpus == 2
     )
+
+
+ONE_HOUR_OUTLOOK = Config(scheduler=SchedulerConfig(deadlines=DeadlineConfig(outlook_step_seconds=3600.0)))
+
+
+def on_two_spot_nodes(now: float, second: NodeRecord) -> World:
+    """A job on two spot nodes that meet its deadline together, not alone (an hour left, 3750 steps)."""
+    layout = planner().plan([("spot-1", 1), ("spot-2", 1)]).layout  # type: ignore[union-attr]
+    allowed = spec(deadline=DEADLINE, on_demand="allowed", steps=3750, on_demand_max_gpus=2)
+    running = replace(job("j1", JobState.RUNNING, layout=layout, generation=1), spec=allowed)
+    first = node("spot-1", NodeState.ASSIGNED, job="j1", at=now - 600.0)
+    return World({"spot-1": first, "spot-2": second}, {"j1": running}, started_at=now)
+
+
+def test_two_spot_nodes_meet_the_deadline_so_nothing_is_asked() -> None:
+    now = AT - 3600.0
+    world = on_two_spot_nodes(now, node("spot-2", NodeState.ASSIGNED, job="j1", at=now - 600.0))
+    assert not facts_of(reconcile(world, now, ONE_HOUR_OUTLOOK, {"j1": planner()}), OnDemandRequested)
+
+
+def test_a_spot_node_under_eviction_notice_is_not_counted_as_the_jobs_spot_capacity() -> None:
+    now = AT - 3600.0
+    noticed = replace(node("spot-2", NodeState.DRAINING, job="j1", at=now - 600.0), eviction_not_before=now + 5.0)
+    asked = facts_of(
+        reconcile(on_two_spot_nodes(now, noticed), now, ONE_HOUR_OUTLOOK, {"j1": planner()}), OnDemandRequested
+    )
+    assert asked and asked[0].spot_gpus == 1  # type: ignore[attr-defined]
+
+
+def test_a_spot_node_at_risk_of_eviction_is_not_capacity_the_job_can_rely_on() -> None:
+    now = AT - 3600.0
+    risky = replace(
+        node("spot-2", NodeState.ASSIGNED, job="j1", at=now - 600.0),
+        at_risk=AtRisk(EvictionRisk(now - 10.0, "aws-rebalance-recommendation"), now - 10.0),
+    )
+    asked = facts_of(
+        reconcile(on_two_spot_nodes(now, risky), now, ONE_HOUR_OUTLOOK, {"j1": planner()}), OnDemandRequested
+    )
+    assert asked and asked[0].cause == "deadline_at_risk" and asked[0].spot_gpus == 1  # type: ignore[attr-defined]

@@ -124,11 +124,13 @@ def view(draft: Draft, config: Config, planners: Planners, job: JobRecord) -> Jo
 
 
 def reliable(node: NodeRecord, job_id: str | None = None) -> bool:
-    """Whether the node is capacity a job can rely on: a spot node (usable, to the scheduler), an on-demand node
-    usable and the job's (``job_id``; any owner's for None): one given back or not yet claimed is none."""
+    """Whether the node is capacity a job can rely on: usable (not DRAINING under an eviction notice, not JOINING),
+    a spot node not at risk of eviction, an on-demand node that is the job's (``job_id``; any owner's for None)."""
+    if node.state not in USABLE:
+        return False
     if node.pool is PoolKind.SPOT:
-        return job_id is not None or node.state in USABLE
-    return node.state in USABLE and node.owner is not None and (job_id is None or node.owner == job_id)
+        return node.at_risk is None
+    return node.owner is not None and (job_id is None or node.owner == job_id)
 
 
 def model(learning: Learning) -> StepModel:
