@@ -53,7 +53,8 @@ class JobView:
     job has been runnable with no GPUs at all since it last had some (what aging counts), ``running_seconds`` how
     long it has had some since it last had none (a job stopped for priority ran at least ``min_run_seconds``, so
     a job served because it starved is not stopped at once); ``held`` is what it
-    holds now (on nodes that may since have gone: those count for nothing).
+    holds now (on nodes that may since have gone: those count for nothing); ``eligible_nodes`` the nodes it may
+    be given (None: any).
     """
 
     name: str
@@ -70,6 +71,9 @@ class JobView:
     morph_cost_seconds: float = 15.0
     held: tuple[Grant, ...] = ()
     on_demand_pending: int = 0  # on-demand GPUs requested for it that have not arrived yet
+    # The nodes it may be given GPUs of (None: any). The caller says which: its exclusions, nodes at risk of
+    # eviction, the device kind it needs, on-demand nodes of other jobs; the scheduler never grants any other.
+    eligible_nodes: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.rates or self.rates[0] != 0.0 or any(b < a for a, b in itertools.pairwise(self.rates)):
@@ -100,6 +104,9 @@ class JobView:
     def rate(self, gpus: int) -> float:
         """Samples/s on ``gpus`` GPUs (more than its max: its max's)."""
         return self.rates[min(max(gpus, 0), self.max_gpus)]
+
+    def may_use(self, node: str) -> bool:
+        return self.eligible_nodes is None or node in self.eligible_nodes
 
     def held_gpus(self, pool: PoolKind, present: frozenset[str] | None = None) -> int:
         return sum(g.gpus for g in self.held if g.pool is pool and (present is None or g.node in present))

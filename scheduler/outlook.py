@@ -35,6 +35,10 @@ class Outlook:
     spot: Rates
     now: float
     step_seconds: float = 600.0
+    room: tuple[tuple[str, int], ...] = ()  # (job, spot GPUs of the nodes it may use): its share never exceeds them
+
+    def room_of(self, job: str) -> float:
+        return float(next((gpus for name, gpus in self.room if name == job), self.spot_gpus))
 
 
 def needs(
@@ -125,7 +129,7 @@ def project(
                 continue
             od = fixed.get(job.name, 0) if t >= arrives.get(job.name, now) else job.held_gpus(PoolKind.ON_DEMAND)
             od = min(od, job.max_gpus)
-            spot = min(float(job.max_gpus - od), free)
+            spot = min(float(job.max_gpus - od), free, outlook.room_of(job.name))
             rate = _rate(job, od + spot)
             if rate <= 0:
                 continue

@@ -65,11 +65,14 @@ def decide(
     active = [j for j in jobs if j.remaining_samples > 0 and j.submitted_at <= now]
     spot_nodes = [n for n in nodes if n.pool is PoolKind.SPOT]
     spot_gpus = sum(n.gpus for n in spot_nodes)
-    held = {j.name: j.held_gpus(PoolKind.SPOT, present) for j in active}
+    held = {j.name: _held(j, present) for j in active}
+    # The spot GPUs each job may be given at all (its eligible nodes'): its demand never exceeds them.
+    room = {j.name: sum(n.gpus for n in spot_nodes if j.may_use(n.name)) for j in active}
     # What each job would get of spot alone: the share its deadline's forecast starts from.
-    alone, _ = share(active, spot_gpus, held, {j.name: j.max_gpus for j in active}, config.share)
+    alone, _ = share(active, spot_gpus, held, {j.name: min(j.max_gpus, room[j.name]) for j in active}, config.share)
     if config.deadlines.outlook:
-        outlook = Outlook(spot_gpus, config.gpus_per_node, spot, now, config.deadlines.outlook_step_seconds)
+        narrow = tuple(sorted((j.name, room[j.name]) for j in active if room[j.name] < spot_gpus))
+        outlook = Outlook(spot_gpus, config.gpus_per_node, spot, now, config.deadlines.outlook_step_seconds, narrow)
         owned = {j.name: sum(n.gpus for n in nodes if n.pool is PoolKind.ON_DEMAND and n.owner == j.name) for j in jobs}
         needs = outlook_needs(jobs, alone, outlook, config.deadlines, owned)
     else:
@@ -79,13 +82,24 @@ def decide(
     capacity, kept = _on_demand_changes(jobs, nodes, needs)
     need = {n.job: n.gpus for n in needs}
     demand = {
-        j.name: max(0, j.max_gpus - max(need[j.name], sum(n.gpus for n in kept if n.owner == j.name))) for j in active
+        j.name: min(
+            room[j.name], max(0, j.max_gpus - max(need[j.name], sum(n.gpus for n in kept if n.owner == j.name)))
+        )
+        for j in active
     }
     base = {j.name: sum(n.gpus for n in kept if n.owner == j.name) for j in active if config.share_counts_on_demand}
     counts, shrinks = share(active, spot_gpus, held, demand, config.share, base)
-    on_demand = [Grant(n.owner, n.name, n.pool, n.gpus) for n in kept if n.owner in demand]
+    mine = {j.name: j for j in active}
+    on_demand = [
+        Grant(n.owner, n.name, n.pool, n.gpus) for n in kept if n.owner in mine and mine[n.owner].may_use(n.name)
+    ]
     grants = (*on_demand, *place(active, spot_nodes, counts))
     return Decision(grants, capacity, shrinks, tuple(n for n in needs if n.cause is not None))
+
+
+def _held(job: JobView, present: frozenset[str]) -> int:
+    """The spot GPUs the job holds on nodes present that it may still use (what it keeps without a morph)."""
+    return sum(g.gpus for g in job.held if g.pool is PoolKind.SPOT and g.node in present and job.may_use(g.node))
 
 
 def _on_demand_changes(
@@ -118,7 +132,9 @@ def _on_demand_changes(
 
 def place(jobs: Sequence[JobView], nodes: Sequence[Node], counts: dict[str, int]) -> tuple[Grant, ...]:
     """``counts[job]`` GPUs of ``nodes`` for each job: first on the nodes it holds, then on the nodes with the
-    most GPUs free (few nodes per job). Never more GPUs of a node than it has."""
+    most GPUs free (few nodes per job), the jobs that may use fewest nodes first. Never more GPUs of a node than
+    it has, never a node the job may not use (``JobView.eligible_nodes``): a count that does not fit its nodes
+    is granted in part."""
     free = {node.name: node.gpus for node in nodes}
     pool = {node.name: node.pool for node in nodes}
     grants: list[Grant] = []
@@ -126,17 +142,18 @@ def place(jobs: Sequence[JobView], nodes: Sequence[Node], counts: dict[str, int]
         want = counts.get(job.name, 0)
         for held in job.held:
             take = min(want, held.gpus, free.get(held.node, 0))
-            if take > 0 and pool[held.node] is held.pool:
+            if take > 0 and pool[held.node] is held.pool and job.may_use(held.node):
                 grants.append(Grant(job.name, held.node, held.pool, take))
                 free[held.node] -= take
                 want -= take
         counts = {**counts, job.name: want}
-    for job in jobs:
+    narrowest = sorted(jobs, key=lambda j: len(free) if j.eligible_nodes is None else len(j.eligible_nodes & set(free)))
+    for job in narrowest:
         want = counts.get(job.name, 0)
         for name in sorted(free, key=lambda n: (-free[n], n)):
             if want <= 0:
                 break
-            take = min(want, free[name])
+            take = min(want, free[name]) if job.may_use(name) else 0
             if take > 0:
                 grants.append(Grant(job.name, name, pool[name], take))
                 free[name] -= take

@@ -242,3 +242,18 @@ def test_a_spot_node_at_risk_of_eviction_is_not_capacity_the_job_can_rely_on() -
         reconcile(on_two_spot_nodes(now, risky), now, ONE_HOUR_OUTLOOK, {"j1": planner()}), OnDemandRequested
     )
     assert asked and asked[0].cause == "deadline_at_risk" and asked[0].spot_gpus == 1  # type: ignore[attr-defined]
+
+
+def test_a_spot_node_held_out_for_the_job_is_not_spot_capacity_it_can_count_on() -> None:
+    """Its peers could not reach spot-2 (an exclusion): the scheduler is told the job may not use it, so the
+    job's spot share is one node and its deadline asks for on-demand GPUs."""
+    now = AT - 3600.0
+    world = on_two_spot_nodes(now, node("spot-2", at=now - 600.0))
+    first = world.jobs["j1"]
+    layout = planner().plan([("spot-1", 1)]).layout  # type: ignore[union-attr]
+    held_out = replace(first, layout=layout, exclusions=replace(first.exclusions, until=(("spot-2", now + 600.0),)))
+    world = replace(world, jobs={"j1": held_out})
+    asked = facts_of(reconcile(world, now, ONE_HOUR_OUTLOOK, {"j1": planner()}), OnDemandRequested)
+    assert asked and asked[0].spot_gpus == 1  # type: ignore[attr-defined]
+    free = replace(world, jobs={"j1": replace(held_out, exclusions=first.exclusions)})
+    assert not facts_of(reconcile(free, now, ONE_HOUR_OUTLOOK, {"j1": planner()}), OnDemandRequested)

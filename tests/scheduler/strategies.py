@@ -55,3 +55,14 @@ def holdings(draw: st.DrawFn, views: list[JobView], nodes: list[Node]) -> list[J
                 free[node] = free.get(node, 2) - take if node in free else 0
         out.append(JobView(**{**job.__dict__, "held": tuple(held)}))
     return out
+
+
+@st.composite
+def eligibility(draw: st.DrawFn, views: list[JobView], nodes: list[Node]) -> list[JobView]:
+    """Each job may use any node (None), or only some of those present (and maybe names of nodes not here)."""
+    names = [n.name for n in nodes] + ["elsewhere"]
+    out = []
+    for job in views:
+        chosen = draw(st.none() | st.frozensets(st.sampled_from(names)))
+        out.append(JobView(**{**job.__dict__, "eligible_nodes": chosen}))
+    return out

@@ -8,12 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.allocation import ShareConfig, ShrinkCause, share
+from scheduler.deadlines import DeadlineConfig
 from scheduler.forecast import Rates
 from scheduler.jobs import Grant, JobView, Node
-from scheduler.policy import decide
+from scheduler.policy import SchedulerConfig, decide
 from scheduler.pools import PoolKind
 
-from .strategies import curves, holdings, jobs, spot_nodes
+from .strategies import curves, eligibility, holdings, jobs, spot_nodes
 
 SPOT = Rates(1e-5, 1e-3)
 
@@ -125,3 +126,47 @@ def test_decide_tops_up_the_job_holding_on_demand_gpus() -> None:
     decision = decide([bare, topped], nodes, SPOT, now=0.0)
     assert decision.gpus("topped", PoolKind.ON_DEMAND) == 5
     assert decision.gpus("topped", PoolKind.SPOT) == 2 and decision.gpus("bare") == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_grant_never_lands_on_a_node_the_job_may_not_use(data: st.DataObject) -> None:
+    nodes = data.draw(spot_nodes())
+    owned = data.draw(st.lists(st.sampled_from(["j0", "j1", "j2"]), max_size=2))
+    nodes += [Node(f"od{i}", PoolKind.ON_DEMAND, 2, owner=owner) for i, owner in enumerate(owned)]
+    views = data.draw(eligibility(data.draw(holdings(data.draw(jobs()), nodes)), nodes))
+    decision = decide(views, nodes, SPOT, now=0.0)
+    by_name = {v.name: v for v in views}
+    size = {n.name: n.gpus for n in nodes}
+    per_node: dict[str, int] = {}
+    for grant in decision.grants:
+        assert by_name[grant.job].may_use(grant.node), (grant, by_name[grant.job].eligible_nodes)
+        per_node[grant.node] = per_node.get(grant.node, 0) + grant.gpus
+    assert all(gpus <= size[node] for node, gpus in per_node.items())
+    for view in views:
+        assert decision.gpus(view.name) <= view.max_gpus
+
+
+def test_the_job_that_may_use_one_node_gets_it_and_the_other_takes_the_rest() -> None:
+    curve = (0.0, 10.0, 20.0, 30.0, 40.0)
+    narrow = JobView("narrow", curve, 1e6, priority=1, eligible_nodes=frozenset({"a"}))  # demand capped at a's 2
+    wide = JobView("wide", curve, 1e6)  # placed first by its order, it would take a (most free, then by name)
+    nodes = [Node("a", PoolKind.SPOT, 2), Node("b", PoolKind.SPOT, 2)]
+    decision = decide([wide, narrow], nodes, SPOT, now=0.0)
+    assert {(g.job, g.node) for g in decision.grants} == {("narrow", "a"), ("wide", "b")}
+    excluded = JobView("excluded", curve, 1e6, eligible_nodes=frozenset())
+    assert decide([excluded, wide], nodes, SPOT, now=0.0).gpus("wide") == 4
+    assert decide([excluded], nodes, SPOT, now=0.0).grants == ()
+
+
+def test_spot_gpus_a_job_may_not_use_do_not_meet_its_deadline() -> None:
+    """Eight spot GPUs meet its deadline; the one node of them it may use does not: it asks for on-demand GPUs."""
+    curve = (0.0, *(100.0 * n for n in range(1, 9)))
+    nodes = [Node(f"s{i}", PoolKind.SPOT, 1) for i in range(8)]
+    job = JobView("j", curve, 400.0 * 3600, deadline=2 * 3600.0)  # 4 GPUs' worth for the hour before a margin
+    now = SchedulerConfig(deadlines=DeadlineConfig(defer=False))  # asked now, not just in time
+    assert not decide([job], nodes, SPOT, 0.0, now).capacity
+    narrow = replace(job, eligible_nodes=frozenset({"s0"}))
+    decision = decide([narrow], nodes, SPOT, 0.0, now)
+    assert decision.capacity and decision.capacity[0].gpus > 0
+    assert {g.node for g in decision.grants} == {"s0"}

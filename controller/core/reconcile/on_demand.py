@@ -26,7 +26,9 @@ from controller.core.causes import MorphCause
 from controller.core.lifecycle import JOB_LIVE, JobState, NodeState
 from controller.core.model import Action, JobRecord, NodeRecord, ReleaseInstance, SetPoolStats
 from controller.core.reconcile.config import Config, Planners
+from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft
+from controller.core.reconcile.unreachable import held_out
 from controller.core.records import Learning, OnDemandHold
 from controller.eventlog.scheduler_facts import OnDemandReleased, OnDemandRequested
 from morphing.planner import Planner
@@ -120,6 +122,17 @@ def view(draft: Draft, config: Config, planners: Planners, job: JobRecord) -> Jo
         morph_cost_seconds=config.morph_cost_seconds,
         held=held,
         on_demand_pending=max(0, job.on_demand.gpus - ours),
+        eligible_nodes=eligible(draft, job),
+    )
+
+
+def eligible(draft: Draft, job: JobRecord) -> frozenset[str]:
+    """The nodes the scheduler may give the job: capacity it can rely on (:func:`reliable`), of a device it can use,
+    not held out for it (its exclusions after failures, a growth undone)."""
+    return frozenset(
+        n.name
+        for n in draft.nodes.values()
+        if reliable(n, job.id) and may_run_on(job, n) and not held_out(job, n.name, draft.now)
     )
 
 
