@@ -41,6 +41,8 @@ class Entering:
     stamps: tuple[str, ...] = ()  # fields set to the time of the change
     requires: tuple[str, ...] = ()  # fields only the caller knows, which it must pass
     # a name may be a path into a nested record ("morph.started_at"): the rest of that record is kept
+    begins: str | None = None  # a field stamped when an episode begins: the record came from outside ``spans``
+    spans: frozenset[str] = frozenset()  # the states an episode lasts through (a queued job's reasons, morphs)
 
 
 NODE_ENTERING: Mapping[NodeState, Entering] = {
@@ -53,10 +55,13 @@ NODE_ENTERING: Mapping[NodeState, Entering] = {
 }
 
 JOB_ENTERING: Mapping[JobState, Entering] = {
-    J.QUEUED: Entering(),  # keeps morph.started_at: a morph that waits for capacity counts the wait
+    # keeps morph.started_at: a morph that waits for capacity counts the wait; waiting begins unless it was queued
+    J.QUEUED: Entering(begins="queued_since", spans=frozenset({J.QUEUED})),
     J.RUNNING: Entering(  # a new generation: its morph is over, no salvage of the last one pending
         sets={"action": Action.RUN, "morph.started_at": None, "salvage": Salvage()},
         requires=("generation", "layout"),
+        begins="running_since",  # from the queue; a morph's next generation keeps it
+        spans=frozenset({J.RUNNING, J.MORPHING}),
     ),
     J.MORPHING: Entering(stamps=("morph.started_at",), requires=("action", "morph.cause")),
     J.SUCCEEDED: Entering(),
@@ -78,6 +83,7 @@ class Lifecycle(Generic[S]):
     def managed(self) -> frozenset[str]:
         """Fields only a move writes (and a job's action, which an act writes too)."""
         extra: set[str] = {"action"} if self.kind == "job" else set()
+        extra |= {entry.begins for entry in self.entering.values() if entry.begins}
         return frozenset({"state", "state_since", *extra, *([self.reason_field] if self.reason_field else [])})
 
 
@@ -149,6 +155,8 @@ def _entered(
     others = {name: value for name, value in fields.items() if name not in required}
     updates: dict[str, Any] = {**_unmanaged(lifecycle, subject, others), **named, "state": target}
     updates.update({**entry.sets, **{name: now for name in ("state_since", *entry.stamps)}})
+    if entry.begins is not None and record.state not in entry.spans:
+        updates[entry.begins] = now
     if lifecycle.reason_field is not None:
         updates[lifecycle.reason_field] = reason
     changed: R = _with(record, updates)

@@ -85,7 +85,7 @@ def submit(world: World, spec: JobSpec, key: str | None, now: float) -> tuple[Jo
             "set a time to come (ISO-8601 with a zone), or drop deadline"
         )
     seq = world.job_seq + 1
-    job = JobRecord(f"job-{seq}", spec, JobState.QUEUED, now, now, idempotency_key=key or None)
+    job = JobRecord(f"job-{seq}", spec, JobState.QUEUED, now, now, idempotency_key=key or None, queued_since=now)
     return job, [AddJob(job, seq)]
 
 

@@ -194,6 +194,11 @@ class JobRecord:
     checkpoint_stall: CheckpointStall = CheckpointStall()
     on_demand: OnDemandHold = OnDemandHold()
     learning: Learning = Learning()
+    # What the scheduler's aging and starvation count (a move stamps them, controller.core.changes; None: as
+    # state_since, for rows older than them): when it last began waiting with no GPUs (kept while it stays queued,
+    # whatever it waits for), and when it last got GPUs after having none (kept across its morphs).
+    queued_since: float | None = None
+    running_since: float | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:

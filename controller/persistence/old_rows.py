@@ -120,6 +120,7 @@ JOB_FIELDS_V19: dict[str, Any] = {
         "avoid": [],
     },
 }
+JOB_FIELDS_V20: dict[str, Any] = {"queued_since": None, "running_since": None}  # None: counted from state_since
 
 
 def renamed(row: dict[str, Any], old: str, new: str) -> dict[str, Any]:

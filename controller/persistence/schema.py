@@ -28,20 +28,10 @@ from sqlalchemy import (
     text,
 )
 
+from controller.persistence import old_rows
 from controller.persistence.dialect import add_column, json_value, upsert
-from controller.persistence.old_rows import (
-    JOB_FIELDS_V19,
-    NODE_FIELDS_V12,
-    NODE_FIELDS_V18,
-    NODE_FIELDS_V19,
-    complete_job_row,
-    complete_node_row,
-    legacy_morph_cause,
-    nest_job_row,
-    renamed,
-)
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 
 # Whole numbers of 64 bits in both databases: SQLite's INTEGER has them, PostgreSQL's has 32 (steps and byte
 # offsets an agent reports, ids and decision numbers that only grow pass 2**31). SQLite's columns stay INTEGER,
@@ -208,14 +198,14 @@ def _v3(conn: Connection) -> None:
     if untagged:
         conn.execute(
             text("UPDATE generations SET morph_cause = :cause WHERE job = :job AND generation = :generation"),
-            [{"job": j, "generation": g, "cause": str(legacy_morph_cause(words))} for j, g, words in untagged],
+            [{"job": j, "generation": g, "cause": str(old_rows.legacy_morph_cause(words))} for j, g, words in untagged],
         )
     for job_id, raw in conn.execute(text("SELECT id, data FROM jobs")).all():
         data = json_value(raw)
         if "morph_detail" in data:
             continue
         words = data.get("morph_cause") or ""
-        data.update(morph_detail=words, morph_cause=str(legacy_morph_cause(words)) if words else None)
+        data.update(morph_detail=words, morph_cause=str(old_rows.legacy_morph_cause(words)) if words else None)
         conn.execute(text("UPDATE jobs SET data = :data WHERE id = :id"), {"id": job_id, "data": json.dumps(data)})
 
 
@@ -263,13 +253,13 @@ def _rewrite(conn: Connection, table: str, key: str, change: Callable[[dict[str,
 
 def _v9(conn: Connection) -> None:
     """Every job and node row complete: the codec reads rows strictly, history lives in migrations only."""
-    _rewrite(conn, "jobs", "id", complete_job_row)
-    _rewrite(conn, "nodes", "name", complete_node_row)
+    _rewrite(conn, "jobs", "id", old_rows.complete_job_row)
+    _rewrite(conn, "nodes", "name", old_rows.complete_node_row)
 
 
 def _v10(conn: Connection) -> None:
     """Morph state, exclusions, the salvage hold and measurements as records of their own in each job row."""
-    _rewrite(conn, "jobs", "id", nest_job_row)
+    _rewrite(conn, "jobs", "id", old_rows.nest_job_row)
 
 
 def _v11(conn: Connection) -> None:
@@ -279,7 +269,7 @@ def _v11(conn: Connection) -> None:
 
 def _v12(conn: Connection) -> None:
     """Node rows gain when a salvage suspected the node and when its name was last taken by another VM."""
-    _rewrite(conn, "nodes", "name", lambda row: {**NODE_FIELDS_V12, **row})
+    _rewrite(conn, "nodes", "name", lambda row: {**old_rows.NODE_FIELDS_V12, **row})
 
 
 def _v13(conn: Connection) -> None:
@@ -307,15 +297,15 @@ def _v14(conn: Connection) -> None:
 def _v15(conn: Connection) -> None:
     """A job's resume, held and newest checkpoints each one (step, generation) record, a CheckpointRef."""
     refs = {n: {"step": f"{n}_step", "generation": f"{n}_generation"} for n in ("resume", "held", "last_checkpoint")}
-    _rewrite(conn, "jobs", "id", lambda row: nest_job_row(row, refs))
+    _rewrite(conn, "jobs", "id", lambda row: old_rows.nest_job_row(row, refs))
 
 
 def _v16(conn: Connection) -> None:
     """One meaning for "hold", training state kept in memory (docs/DESIGN.md, Glossary): a flapping node's wait in
     JOINING is a quarantine (node rows' ``quarantined_until``; events ``NodeQuarantined``, their data saying
     ``quarantine_seconds``), and a job's record of its salvage is ``salvage``."""
-    _rewrite(conn, "nodes", "name", lambda row: renamed(row, "held_until", "quarantined_until"))
-    _rewrite(conn, "jobs", "id", lambda row: renamed(row, "hold", "salvage"))
+    _rewrite(conn, "nodes", "name", lambda row: old_rows.renamed(row, "held_until", "quarantined_until"))
+    _rewrite(conn, "jobs", "id", lambda row: old_rows.renamed(row, "hold", "salvage"))
     flapped = conn.execute(select(events.c.seq, events.c.data).where(events.c.kind == "NodeHeld")).all()
     quarantined = [{"seq": seq, "data": json.dumps(_quarantine_data(data))} for seq, data in flapped]
     if quarantined:
@@ -325,7 +315,7 @@ def _v16(conn: Connection) -> None:
 def _quarantine_data(data: Any) -> Any:
     """A ``NodeHeld`` event's data as ``NodeQuarantined`` says it; data that is no object keeps its words (its
     reader refuses it, naming the kind, as before)."""
-    return renamed(data, "hold_seconds", "quarantine_seconds") if isinstance(data, dict) else data
+    return old_rows.renamed(data, "hold_seconds", "quarantine_seconds") if isinstance(data, dict) else data
 
 
 def _v17(conn: Connection) -> None:
@@ -337,19 +327,24 @@ def _v17(conn: Connection) -> None:
 
 def _v18(conn: Connection) -> None:
     """Node rows gain the eviction risk the cloud warned of (docs/controller.md, "Morphs")."""
-    _rewrite(conn, "nodes", "name", lambda row: {**NODE_FIELDS_V18, **row})
+    _rewrite(conn, "nodes", "name", lambda row: {**old_rows.NODE_FIELDS_V18, **row})
 
 
 def _v19(conn: Connection) -> None:
     """The scheduler (docs/DESIGN.md, "Scheduler"): each pool's history; node rows gain their pool and the job an
     on-demand node serves, job rows their on-demand hold and what the planner learned from their step times."""
     metadata.create_all(conn, tables=[pools])
-    _rewrite(conn, "nodes", "name", lambda row: {**NODE_FIELDS_V19, **row})
-    _rewrite(conn, "jobs", "id", lambda row: {**JOB_FIELDS_V19, **row})
+    _rewrite(conn, "nodes", "name", lambda row: {**old_rows.NODE_FIELDS_V19, **row})
+    _rewrite(conn, "jobs", "id", lambda row: {**old_rows.JOB_FIELDS_V19, **row})
+
+
+def _v20(conn: Connection) -> None:
+    """Job rows keep when a job began waiting with no GPUs and when it last got some: the scheduler's aging."""
+    _rewrite(conn, "jobs", "id", lambda row: {**old_rows.JOB_FIELDS_V20, **row})
 
 
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16, _v17, _v18, _v19,
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16, _v17, _v18, _v19, _v20,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

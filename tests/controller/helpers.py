@@ -13,7 +13,14 @@ from typing import Any
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord, NodeObservation, NodeRecord, RankReport
 from controller.persistence.codec import job_from_dict, job_to_dict
-from controller.persistence.old_rows import JOB_FIELDS_V19, NESTED_JOB_FIELDS, complete_job_row, nest_job_row, renamed
+from controller.persistence.old_rows import (
+    JOB_FIELDS_V19,
+    JOB_FIELDS_V20,
+    NESTED_JOB_FIELDS,
+    complete_job_row,
+    nest_job_row,
+    renamed,
+)
 from controller.persistence.store import Store
 from morphing.jobspec import JobSpec
 from morphing.planner import Planner
@@ -163,8 +170,8 @@ CHECKPOINT_REFS = {
 
 def version_15_row(record: JobRecord) -> dict[str, Any]:
     """``record`` as a version 15 store kept it: its salvage named ``hold`` (schema 16 renamed it), without the
-    fields schema 19 added."""
-    row = {k: v for k, v in job_to_dict(record).items() if k not in JOB_FIELDS_V19}
+    fields schemas 19 and 20 added."""
+    row = {k: v for k, v in job_to_dict(record).items() if k not in JOB_FIELDS_V19 and k not in JOB_FIELDS_V20}
     return renamed(row, "salvage", "hold")
 
 
@@ -181,4 +188,4 @@ def version_9_row(record: JobRecord) -> dict[str, Any]:
 def from_old_row(row: dict[str, Any]) -> JobRecord:
     """A flat row of before version 9 (fields missing), read as the migrations leave it."""
     nested = nest_job_row(nest_job_row(complete_job_row(row)), CHECKPOINT_REFS)
-    return job_from_dict({**JOB_FIELDS_V19, **renamed(nested, "hold", "salvage")})
+    return job_from_dict({**JOB_FIELDS_V19, **JOB_FIELDS_V20, **renamed(nested, "hold", "salvage")})

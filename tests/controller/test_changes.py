@@ -71,7 +71,11 @@ def _check_entry(before: Any, after: Any, entry: Entering, passed: dict[str, Any
         if rest:
             held = passed.get(head, getattr(before, head))
             assert replace(_at(after, head), **{rest: _at(held, rest)}) == held
-    assert _unchanged(before, after, touched | _heads([*entry.sets, *entry.stamps]) | set(passed)) == []
+    begun = set()
+    if entry.begins is not None:  # an episode's start: stamped when the record came from outside it, else kept
+        assert getattr(after, entry.begins) == (getattr(before, entry.begins) if before.state in entry.spans else NOW)
+        begun.add(entry.begins)
+    assert _unchanged(before, after, touched | _heads([*entry.sets, *entry.stamps]) | set(passed) | begun) == []
 
 
 @pytest.mark.parametrize(("source", "target"), list(itertools.product(NodeState, NodeState)))
@@ -120,7 +124,7 @@ def test_every_state_says_what_entering_it_does() -> None:
     job_fields = {f.name for f in fields(JobRecord)}
     for entries, known in ((NODE_ENTERING, node_fields), (JOB_ENTERING, job_fields)):
         for entry in entries.values():
-            assert _heads([*entry.sets, *entry.stamps, *entry.requires]) <= known
+            assert _heads([*entry.sets, *entry.stamps, *entry.requires, *filter(None, [entry.begins])]) <= known
 
 
 def test_gone_and_ready_nodes_hold_no_job_and_running_jobs_run() -> None:

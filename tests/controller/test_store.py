@@ -24,7 +24,14 @@ from controller.eventlog.fact import EventDataError
 from controller.eventlog.facts import NodeQuarantined
 from controller.eventlog.schema import decode
 from controller.persistence.codec import job_from_dict, job_to_dict, node_to_dict
-from controller.persistence.old_rows import JOB_FIELDS_BEFORE, JOB_FIELDS_V19, legacy_morph_cause, nest_job_row, renamed
+from controller.persistence.old_rows import (
+    JOB_FIELDS_BEFORE,
+    JOB_FIELDS_V19,
+    JOB_FIELDS_V20,
+    legacy_morph_cause,
+    nest_job_row,
+    renamed,
+)
 from controller.persistence.plain import RowError
 from controller.persistence.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, database_url, migrate
 from tests.controller.helpers import CHECKPOINT_REFS, job, node, planner, seen, version_9_row, version_15_row
@@ -331,7 +338,11 @@ def test_a_damaged_version_9_row_is_refused_naming_the_field_it_lacks() -> None:
     del flat["morph_cause"]
     with pytest.raises(RowError, match=r"job\.morph: no cause"):
         job_from_dict(
-            {**JOB_FIELDS_V19, **renamed(nest_job_row(nest_job_row(flat), CHECKPOINT_REFS), "hold", "salvage")}
+            {
+                **JOB_FIELDS_V19,
+                **JOB_FIELDS_V20,
+                **renamed(nest_job_row(nest_job_row(flat), CHECKPOINT_REFS), "hold", "salvage"),
+            }
         )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from controller.core.causes import MorphCause
-from controller.core.lifecycle import JOB_LIVE, JobState, NodeState
+from controller.core.lifecycle import JOB_ACTIVE, JOB_LIVE, JobState, NodeState
 from controller.core.model import Action, JobRecord, NodeRecord, ReleaseInstance, SetPoolStats
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on
@@ -117,8 +117,8 @@ def view(draft: Draft, config: Config, planners: Planners, job: JobRecord) -> Jo
         deadline=job.spec.deadline_seconds(),
         on_demand=OnDemand(job.spec.on_demand),
         on_demand_cap_gpus=cap,
-        waited_seconds=draft.now - job.state_since if job.state is JobState.QUEUED else 0.0,
-        running_seconds=draft.now - job.state_since if job.state is not JobState.QUEUED else 0.0,
+        waited_seconds=max(0.0, draft.now - _since(job.queued_since, job)) if job.state is JobState.QUEUED else 0.0,
+        running_seconds=max(0.0, draft.now - _since(job.running_since, job)) if job.state in JOB_ACTIVE else 0.0,
         morph_cost_seconds=config.morph_cost_seconds,
         held=held,
         on_demand_pending=max(0, job.on_demand.gpus - ours),
@@ -144,6 +144,12 @@ def reliable(node: NodeRecord, job_id: str | None = None) -> bool:
     if node.pool is PoolKind.SPOT:
         return node.at_risk is None
     return node.owner is not None and (job_id is None or node.owner == job_id)
+
+
+def _since(stamp: float | None, job: JobRecord) -> float:
+    """When the job's wait or run began (``JobRecord.queued_since``, ``running_since``): a row older than them
+    counts from its state's start."""
+    return job.state_since if stamp is None else stamp
 
 
 def model(learning: Learning) -> StepModel:
