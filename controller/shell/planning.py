@@ -27,6 +27,19 @@ class MemoPlanner(Planner):
         super().__init__(*args, **kwargs)
         self._plans: dict[tuple[tuple[tuple[str, int], ...], int | None, int], PlanResult] = {}
         self._evaluated: tuple[Layout, PlanResult] | None = None
+        self._sweeps: dict[tuple[int, int], list[PlanResult]] = {}
+
+    def what_if(self, max_gpus: int, gpus_per_node: int = 1) -> list[PlanResult]:
+        """The sweep the scheduler's throughput curve comes from (``scheduler.jobs.throughput_curve``), asked every
+        pass while on-demand capacity is in play: swept once per (max GPUs, GPUs per node) of this job's spec."""
+        key = (max_gpus, gpus_per_node)
+        found = self._sweeps.get(key)
+        if found is None:
+            found = super().what_if(max_gpus, gpus_per_node)
+            if len(self._sweeps) >= self.MAX_REMEMBERED:
+                self._sweeps.clear()
+            self._sweeps[key] = found
+        return list(found)
 
     def plan(self, nodes: Sequence[tuple[str, int]], stages: int | None = None, least_gpus: int = 1) -> PlanResult:
         key = (tuple(nodes), stages, least_gpus)

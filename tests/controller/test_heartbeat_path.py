@@ -18,6 +18,7 @@ from controller.shell.runner import MemoPlanner, Runner
 from morphing.planner import Plan
 from morphing.profile import parse_profile
 from protos.spotmorph.v1 import controller_pb2 as pb
+from scheduler.jobs import throughput_curve
 from tests.controller.conftest import Live
 from tests.controller.helpers import FakeClock, planner, profile_dict
 
@@ -95,3 +96,12 @@ def test_memo_planner_gives_the_planners_answers_once() -> None:
     assert ranks_by_node(first.layout) == {
         n: tuple(r for r, s in enumerate(placement) if s.node == n) for n in first.layout.nodes()
     }
+
+
+def test_memo_planner_sweeps_a_throughput_curve_once_per_count_and_node_size() -> None:
+    """The scheduler's curve (a what-if sweep) is asked every pass: answered once, the same as the planner's."""
+    memo = MemoPlanner(parse_profile(json.dumps(profile_dict())), 8)
+    first = throughput_curve(memo, 16, 2)
+    assert first == throughput_curve(planner(8), 16, 2)
+    swept = memo.what_if(16, 2)
+    assert all(a is b for a, b in zip(swept, memo.what_if(16, 2), strict=True))  # remembered, not swept again
