@@ -139,9 +139,7 @@ def test_the_controllers_user_data_writes_a_config_the_controller_takes(tmp_path
     assert settings.aws.on_demand_max_capacity == 2
 
 
-def test_the_on_demand_group_launches_the_same_workers_on_demand_and_leaves_scale_in_to_the_controller() -> (
-    None
-):
+def test_the_on_demand_group_launches_the_same_workers_on_demand_and_leaves_scale_in_to_the_controller() -> None:
     (group,) = [g for g in resources("AWS::AutoScaling::AutoScalingGroup") if "MixedInstancesPolicy" not in g]
     assert group["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": "WorkerLaunchTemplate"}  # no Spot market option
     assert group["MinSize"] == "0" and group["MaxSize"] == {"Ref": "OnDemandMaxSize"}
