@@ -92,12 +92,12 @@ def test_bad_input_statuses(live: Live, tmp_path: Path) -> None:
     with pytest.raises(grpc.RpcError) as info:
         jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, dtype="int8")))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "dtype" in (info.value.details() or "")
-    for bad, words in [
+    for bad_deadline, words in [
         ({"deadline": "2027-01-01T00:00:00"}, "no time zone"),
         ({"deadline": "2021-01-01T00:00:00Z"}, "passed"),
     ]:
         with pytest.raises(grpc.RpcError) as info:
-            jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, **bad)))
+            jobs.SubmitJob(pb.SubmitJobRequest(spec=spec(live, **bad_deadline)))
         details = info.value.details() or ""
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "deadline" in details and words in details
     assert code_of(lambda: jobs.GetJob(pb.GetJobRequest(id="job-999"))) == grpc.StatusCode.NOT_FOUND
