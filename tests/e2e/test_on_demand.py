@@ -78,6 +78,8 @@ def test_a_deadline_at_risk_gets_on_demand_nodes_and_gives_them_back_when_spot_r
     assert hold["cause"] == "deadline_at_risk" and sorted(hold["held_nodes"]) == sorted(on_demand)
     running_on_demand_at = int(status["step"])
     cluster.wait_step(job, running_on_demand_at + 5, 120)  # it trains there
+    levels = [(f.fact.previous, f.fact.gpus) for f in cluster.facts(OnDemandRequested, job)]
+    assert [previous for previous, _ in levels].count(0) == 1, f"the level fell back to 0 and rose again: {levels}"
 
     cluster.cli("local", "add", "2")  # spot returns: the on-demand nodes are given back
     cluster.wait(lambda: bool(cluster.facts(OnDemandReleased, job)), 120, "the on-demand nodes given back")
