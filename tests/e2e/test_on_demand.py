@@ -36,6 +36,10 @@ def pools(cluster: LocalCluster) -> dict[str, str]:
     return {fields[1]: fields[2] for line in listed if len(fields := line.split()) >= 4 and fields[1] != "-"}
 
 
+# In `make soak` (50 s on 2 cores: four VMs, two preempted, two added): make test keeps the controller's side with a
+# live controller (tests/controller/test_scheduler_status.py), the on-demand decisions (tests/controller/
+# test_on_demand.py) and the local provider's on-demand VMs (tests/local/test_local_pools.py).
+@pytest.mark.soak
 def test_a_deadline_at_risk_gets_on_demand_nodes_and_gives_them_back_when_spot_returns(
     cluster: LocalCluster, tmp_path: Path, references: Path
 ) -> None:
