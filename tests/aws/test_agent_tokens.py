@@ -10,9 +10,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,10 +18,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from controller.providers.aws_tokens import OPEN_SCRIPT, HandOverFailed, public_key, seal
 from controller.tokens import Tokens
-from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.aws.fake_aws import MotoServer
 from tests.aws.harness import Harness, run, settle
-from tests.controller.conftest import Live, running
+from tests.controller.conftest import running
+from tests.token_agents import nodes_of, start_agent, until
 
 pytestmark = pytest.mark.xdist_group("moto")  # the worker whose moto is warm (make test: --dist loadgroup)
 SECRET = b"the controller's node secret"
@@ -137,24 +134,6 @@ def test_what_the_controller_seals_the_instances_openssl_opens(tmp_path: Path) -
     assert not (tmp_path / "agent-token.key").exists() and not (tmp_path / "agent.token.new").exists()
 
 
-def _agent(address: str, folder: Path, token_file: Path, *args: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "spotmorph.cli", "agent", "--controller", address, "--slots", "1"]
-    command += ["--gpus", "none", "--warm-trainers", "0", "--token-file", str(token_file)]
-    command += ["--work-dir", str(folder), *args]
-    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def _nodes(live: Live) -> dict[str, pb.Node]:
-    return {n.name: n for n in live.cluster().ListNodes(pb.ListNodesRequest()).nodes}
-
-
-async def _until(predicate: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
-        await asyncio.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_a_real_agent_waits_for_its_sealed_token_registers_and_another_instances_token_cannot_claim_it(
     moto_server: MotoServer, tmp_path: Path
@@ -163,20 +142,20 @@ def test_a_real_agent_waits_for_its_sealed_token_registers_and_another_instances
 
         async def scenario(h: Harness) -> None:
             mine, other = h.fake.add(2)
-            waiting = _agent(live.address, tmp_path / "a", h.fake.etc(mine) / "agent.token", "--wait-for-token",
-                             "120", "--name", mine, "--instance-id", mine)  # fmt: skip
+            waiting = start_agent(live.address, tmp_path / "a", h.fake.etc(mine) / "agent.token", "--wait-for-token",
+                                  "120", "--name", mine, "--instance-id", mine)  # fmt: skip
             try:
                 provider = h.provider(vm_token=live.controller.tokens.vm_token, min_capacity=2)
                 await provider.list_instances()
                 await settle(provider)
-                await _until(lambda: mine in _nodes(live), "the agent to register with the token it was handed")
+                await until(lambda: mine in nodes_of(live), "the agent to register with the token it was handed")
                 stolen = h.fake.etc(other) / "agent.token"  # a genuine token, of another instance
                 for claim in (["--instance-id", mine], []):
-                    thief = _agent(live.address, tmp_path / "b", stolen, "--name", mine, *claim)
+                    thief = start_agent(live.address, tmp_path / "b", stolen, "--name", mine, *claim)
                     _, err = thief.communicate(timeout=120)
                     assert thief.returncode == 2 and "Traceback" not in err, err
                     assert ("may not register as instance_id" in err) if claim else (f"node {mine} is alive" in err)
-                assert _nodes(live)[mine].incarnation == 1 and waiting.poll() is None
+                assert nodes_of(live)[mine].incarnation == 1 and waiting.poll() is None
             finally:
                 os.killpg(waiting.pid, signal.SIGKILL)
                 waiting.wait(30)

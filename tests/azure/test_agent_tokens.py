@@ -8,19 +8,15 @@ import asyncio
 import os
 import signal
 import stat
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from controller.tokens import Tokens
-from protos.spotmorph.v1 import controller_pb2 as pb
 from spotmorph.cli import main
 from tests.azure.harness import Harness, run, settle
-from tests.controller.conftest import Live, running
+from tests.controller.conftest import running
+from tests.token_agents import nodes_of, start_agent, until
 
 SECRET = b"the controller's node secret"
 
@@ -101,24 +97,6 @@ def test_a_vm_not_yet_running_gets_nothing_and_agent_tokens_off_hands_out_none(t
     run(tmp_path, scenario, orchestration="Flexible")
 
 
-def _agent(live: Live, folder: Path, token_file: Path, *args: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "spotmorph.cli", "agent", "--controller", live.address, "--slots", "1"]
-    command += ["--gpus", "none", "--warm-trainers", "0", "--token-file", str(token_file)]
-    command += ["--work-dir", str(folder), *args]
-    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def _nodes(live: Live) -> dict[str, pb.Node]:
-    return {n.name: n for n in live.cluster().ListNodes(pb.ListNodesRequest()).nodes}
-
-
-async def _until(predicate: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
-        await asyncio.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_a_real_agent_waits_for_its_token_registers_with_it_and_another_vms_token_cannot_claim_it(
     tmp_path: Path,
@@ -129,23 +107,24 @@ def test_a_real_agent_waits_for_its_token_registers_with_it_and_another_vms_toke
             mine, other = h.fake.add_running(2)
             commands = h.fake.run_commands
             assert commands is not None
-            waiting = _agent(live, tmp_path / "a", commands.etc(mine) / "agent.token", "--wait-for-token", "120",
-                             "--name", mine, "--instance-id", mine)  # fmt: skip
+            token_file = commands.etc(mine) / "agent.token"
+            waiting = start_agent(live.address, tmp_path / "a", token_file, "--wait-for-token", "120",
+                                  "--name", mine, "--instance-id", mine)  # fmt: skip
             try:
                 await asyncio.sleep(1.0)
-                assert waiting.poll() is None and mine not in _nodes(live), "no token yet: it waits"
+                assert waiting.poll() is None and mine not in nodes_of(live), "no token yet: it waits"
                 provider = h.provider(vm_token=live.controller.tokens.vm_token, target_capacity=2)
                 await provider.list_instances()
                 await settle(provider)
-                await _until(lambda: mine in _nodes(live), "the agent to register with the token it was handed")
-                assert _nodes(live)[mine].incarnation == 1
+                await until(lambda: mine in nodes_of(live), "the agent to register with the token it was handed")
+                assert nodes_of(live)[mine].incarnation == 1
                 others = commands.etc(other) / "agent.token"  # a genuine token, of another VM
                 for claim in (["--instance-id", mine], []):
-                    thief = _agent(live, tmp_path / "b", others, "--name", mine, *claim)
+                    thief = start_agent(live.address, tmp_path / "b", others, "--name", mine, *claim)
                     _, err = thief.communicate(timeout=120)
                     assert thief.returncode == 2 and "Traceback" not in err, err
                     assert ("may not register as instance_id" in err) if claim else (f"node {mine} is alive" in err)
-                assert _nodes(live)[mine].incarnation == 1 and waiting.poll() is None
+                assert nodes_of(live)[mine].incarnation == 1 and waiting.poll() is None
             finally:
                 os.killpg(waiting.pid, signal.SIGKILL)
                 waiting.wait(30)
