@@ -22,6 +22,7 @@ class MorphCause(StrEnum):
     GROW = "grow"  # free nodes whose extra throughput pays for the morph
     GROWTH_UNDONE = "growth_undone"  # the last growth measured slower than before it: back off its nodes (learn)
     ON_DEMAND_RETURNED = "on_demand_returned"  # an on-demand node it ran on was given back (reconcile.on_demand)
+    SHRUNK = "shrunk"  # the scheduler gave some of its GPUs to a job worth more or starving (reconcile.sharing)
     OTHER = "other"  # generations stored before causes were, whose detail names none of the above
 
 

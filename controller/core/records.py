@@ -111,6 +111,8 @@ class Morph:
     detail: str = ""  # the cause in words, naming nodes and figures
     paused_since: float | None = None  # while the generation's first step is awaited: the last step before the pause
     decision_seconds: float | None = None  # how long the controller took to issue the current generation
+    # A shrink's: the nodes its next generation is planned on (None: those it keeps and free ones; reconcile.sharing)
+    keep_only: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ class EventKind(StrEnum):
     ON_DEMAND_RELEASED = "OnDemandReleased"  # its on-demand nodes given back (spot returned, the job ended)
     STEP_TIME_CHECKED = "StepTimeChecked"  # a generation's measured step time against the planner's prediction
     GROWTH_UNDONE = "GrowthUndone"  # a growth made the job slower: undone, and those nodes not tried again
+    JOB_SHRUNK = "JobShrunk"  # spot GPUs moved from the job to another worth more (priority) or starving (sharing)
     REPORT_REFUSED = "ReportRefused"  # deciding on a node's report failed; it was set aside
     DECISIONS_RESUMED = "DecisionsResumed"  # the first decision after decisions had failed
     LEADER_ELECTED = "LeaderElected"  # a controller took the lease: the first decision of its epoch

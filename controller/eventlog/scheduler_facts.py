@@ -69,3 +69,18 @@ class GrowthUndone(Fact):
     before_samples_per_second: float
     after_samples_per_second: float
     detail: str
+
+
+@dataclass(frozen=True)
+class JobShrunk(Fact):
+    """The job gives up spot GPUs (``from_gpus`` to ``to_gpus``) to ``for_job``: a higher-priority job gains more
+    over the horizon than it loses, both morphs paid (``cause`` ``priority``), or ``for_job`` waited the starvation
+    bound (``starvation``). It stops and goes on with ``kept`` (none: it writes its step and queues)."""
+
+    kind = EventKind.JOB_SHRUNK
+    from_gpus: int
+    to_gpus: int
+    cause: str
+    for_job: str
+    given_up: list[str]
+    kept: list[str]

@@ -123,6 +123,13 @@ JOB_FIELDS_V19: dict[str, Any] = {
 JOB_FIELDS_V20: dict[str, Any] = {"queued_since": None, "running_since": None}  # None: counted from state_since
 
 
+def with_keep_only(row: dict[str, Any]) -> dict[str, Any]:
+    """Schema 21: a job row's morph gains ``keep_only`` (None: no shrink under way); a morph that is no object is
+    left for its reader to refuse, naming it."""
+    morph = row.get("morph")
+    return {**row, "morph": {"keep_only": None, **morph}} if isinstance(morph, dict) else row
+
+
 def renamed(row: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     """``row`` with its key ``old`` named ``new`` (schema 16's renames); a row that has ``new`` keeps that value."""
     out = dict(row)

@@ -31,7 +31,7 @@ from sqlalchemy import (
 from controller.persistence import old_rows
 from controller.persistence.dialect import add_column, json_value, upsert
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 
 # Whole numbers of 64 bits in both databases: SQLite's INTEGER has them, PostgreSQL's has 32 (steps and byte
 # offsets an agent reports, ids and decision numbers that only grow pass 2**31). SQLite's columns stay INTEGER,
@@ -343,8 +343,14 @@ def _v20(conn: Connection) -> None:
     _rewrite(conn, "jobs", "id", lambda row: {**old_rows.JOB_FIELDS_V20, **row})
 
 
+def _v21(conn: Connection) -> None:
+    """A job's morph keeps the nodes a shrink leaves it (reconcile.sharing): none in rows written before."""
+    _rewrite(conn, "jobs", "id", old_rows.with_keep_only)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13, _v14, _v15, _v16, _v17, _v18, _v19, _v20,
+    _v21,
 )  # fmt: skip
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -20,6 +20,7 @@ from controller.persistence.old_rows import (
     complete_job_row,
     nest_job_row,
     renamed,
+    with_keep_only,
 )
 from controller.persistence.store import Store
 from morphing.jobspec import JobSpec
@@ -188,4 +189,4 @@ def version_9_row(record: JobRecord) -> dict[str, Any]:
 def from_old_row(row: dict[str, Any]) -> JobRecord:
     """A flat row of before version 9 (fields missing), read as the migrations leave it."""
     nested = nest_job_row(nest_job_row(complete_job_row(row)), CHECKPOINT_REFS)
-    return job_from_dict({**JOB_FIELDS_V19, **JOB_FIELDS_V20, **renamed(nested, "hold", "salvage")})
+    return job_from_dict(with_keep_only({**JOB_FIELDS_V19, **JOB_FIELDS_V20, **renamed(nested, "hold", "salvage")}))

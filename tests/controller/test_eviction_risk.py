@@ -117,8 +117,10 @@ def test_admission_places_a_job_on_nodes_at_risk_only_when_no_other_fits() -> No
     for name in ("node-3", "node-4"):
         beat(sim, name)
     sim.step()
-    assert set(sim.job().nodes) == {"node-3", "node-4"}, "the nodes not at risk, which fit it"
-    assert set(sim.job("j2").nodes) <= {"node-1", "node-2"}, "nodes at risk, since nothing else fits j2"
+    # The scheduler, shown only the nodes a job can rely on, grants both to one job (j2: its first GPU is worth as
+    # much as j1's two); j1, granted nothing, is placed on the nodes at risk, since nothing else fits it.
+    assert set(sim.job("j2").nodes) == {"node-3", "node-4"}, "the nodes not at risk, as granted"
+    assert set(sim.job().nodes) == {"node-1", "node-2"}, "nodes at risk, since nothing else fits j1"
 
 
 def test_with_a_spare_node_a_running_job_moves_off_a_risk_in_a_planned_morph_losing_no_step() -> None:

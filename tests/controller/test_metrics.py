@@ -118,7 +118,7 @@ def test_a_snapshot_renders_to_what_it_holds() -> None:
 
 def test_morph_labels_are_the_ones_dashboards_use_and_provider_errors_are_recognised() -> None:
     # every label dashboards knew is still there; the ones added since are new label values, not renamings
-    added = {"collective_failed", "peer_unreachable", "eviction_risk", "growth_undone", "on_demand_returned"}
+    added = {"collective_failed", "peer_unreachable", "eviction_risk", "growth_undone", "on_demand_returned", "shrunk"}
     assert {str(c) for c in MorphCause} == {*LABELS_BEFORE_CAUSES_WERE_STORED, *added}
     assert provider_error("ProviderThrottled") and not provider_error("ProviderScaleOut")
     assert provider_error("AzureThrottled") and not provider_error("AzureScaleOut"), "kinds an older database holds"

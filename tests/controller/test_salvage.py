@@ -280,4 +280,13 @@ def test_a_suspected_node_gets_no_work_from_any_job_until_it_is_heard_from_again
     sim.beat("node-2")  # it was alive after all: heard from after the suspicion
     sim.step(0.1)
     assert sim.world.nodes["node-2"].suspected_at is None
+    # The scheduler grants j2 node-2 and one of j1's three (a second GPU adds far more to j2 than a third to j1):
+    # j1 shrinks, and j2 starts once the node it gives up is free.
+    assert sim.job().state is J.MORPHING and sim.job().morph.cause is MorphCause.SHRUNK
+    kept = sim.job().morph.keep_only
+    assert kept is not None and len(kept) == 2 and "node-2" not in kept
+    for name in sim.job().nodes:
+        sim.beat(name, *ranks(sim, name, 45, running=False, exit_code=0, last_checkpoint_step=42))
+    sim.step(0.2)
     assert sim.world.nodes["node-2"].job == "j2" and sim.world.jobs["j2"].state is J.RUNNING
+    assert set(sim.job().nodes) == set(kept) and sim.job().state is J.RUNNING

@@ -16,7 +16,7 @@ from controller.core.lifecycle import JobState
 from controller.core.model import Action, AddJob, SetJob, World
 from controller.core.reconcile import Config
 from controller.core.reconcile.draft import Draft
-from controller.core.reconcile.on_demand import view
+from controller.core.reconcile.views import view
 from controller.core.records import JobRecord, Morph, MoveFields
 from controller.persistence.codec import job_to_dict
 from controller.persistence.store import MIGRATIONS, Store, database_url, migrate

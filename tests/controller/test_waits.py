@@ -1,9 +1,11 @@
 """Every QUEUED job says what it waits for, and a job that fits none of the nodes here blocks nobody.
 
 The pure core, stepped by reconcile (``Sim``): reasons are set once and changed only when the wait
-changes; the head that fits the nodes present waits for room and the jobs behind it wait behind it (no
-backfill); a job that fits no layout of the nodes present (memory, min_gpus, device) waits without
-blocking the queue or the growth of running jobs.
+changes. With one job live the queue's rule holds (a head that fits the nodes present waits for room); with
+several, the scheduler's grants decide (:mod:`controller.core.reconcile.sharing`): a job that fits the cluster
+but not the free nodes waits for room while a smaller one runs beside it, and a higher-priority job never
+waits while one of lower priority with the same needs runs. A job that fits no layout of the nodes present
+(memory, min_gpus, device) waits without blocking anyone or the growth of running jobs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from controller.core.lifecycle import JobState
 from controller.core.model import JobRecord, SetJob, World
-from controller.core.reconcile.waits import WAITS_FOR_ROOM, behind
+from controller.core.reconcile.waits import WAITS_FOR_ROOM
 from morphing.planner import Planner
 from morphing.profile import parse_profile
 from tests.controller.helpers import job, node, profile_dict
@@ -72,17 +74,23 @@ def test_a_job_asking_for_more_gpus_than_the_cluster_has_says_so_and_the_next_on
     assert sim.job("wide").reason == ("its best layout on the 2 node(s) here uses 2 GPU(s), fewer than its min_gpus 5")
 
 
-def test_a_job_that_fits_the_cluster_but_not_the_free_nodes_waits_and_blocks_the_ones_behind() -> None:
-    sim = sim_of(2, needing("first", 2, priority=9))
+def test_a_job_that_fits_the_cluster_but_not_the_free_nodes_waits_and_a_smaller_one_runs_beside_it() -> None:
+    sim = sim_of(2, needing("first", 2))
     sim.step()
-    assert sim.job("first").state is J.RUNNING
+    assert sim.job("first").state is J.RUNNING and len(sim.job("first").nodes) == 2
+    added = node("node-3", at=sim.now)
     sim.world = replace(
-        sim.world, jobs={**sim.world.jobs, "second": needing("second", 2, at=1.0), "third": job("third", at=2.0)}
+        sim.world,
+        nodes={**sim.world.nodes, "node-3": added},
+        jobs={**sim.world.jobs, "second": needing("second", 2, at=1.0), "third": job("third", at=2.0)},
     )
     sim.planners.update({"second": sim.planners["first"], "third": sim.planners["first"]})
+    for name in sim.world.nodes:
+        sim.beat(name)
     sim.step(1)
-    assert sim.job("second").reason == WAITS_FOR_ROOM
-    assert sim.job("third").state is J.QUEUED and sim.job("third").reason == behind("second")
+    assert sim.job("third").state is J.RUNNING and sim.job("third").nodes == ("node-3",)  # backfilled
+    assert sim.job("second").state is J.QUEUED and sim.job("second").reason == WAITS_FOR_ROOM
+    assert sim.job("first").state is J.RUNNING and len(sim.job("first").nodes) == 2  # a third GPU adds less
 
 
 def test_an_unplaceable_queued_job_does_not_stop_a_running_job_from_growing() -> None:
@@ -105,25 +113,28 @@ def test_an_unplaceable_queued_job_does_not_stop_a_running_job_from_growing() ->
     nodes=st.integers(1, 4),
     wants=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 2)), min_size=1, max_size=5),
 )
-def test_every_queued_job_has_a_reason_and_no_job_jumps_one_that_fits_the_cluster(
+def test_every_queued_job_has_a_reason_and_none_waits_while_a_lower_one_with_its_needs_runs(
     nodes: int, wants: list[tuple[int, int]]
 ) -> None:
     jobs = [needing(f"j{i}", gpus, priority, at=float(i)) for i, (gpus, priority) in enumerate(wants)]
     sim = sim_of(nodes, *jobs)
     sim.step()
-    order = sorted(jobs, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
-    blocked = False
-    for queued in order:
+    for queued in jobs:
         now = sim.job(queued.id)
+        fits_cluster = queued.spec.min_gpus <= nodes
         if now.state is J.QUEUED:
             assert now.reason, now
-            blocked = blocked or now.reason == WAITS_FOR_ROOM
+            assert ("min_gpus" in now.reason) == (not fits_cluster), (queued.id, now.reason)
+            lower = [
+                j.id
+                for j in jobs
+                if sim.job(j.id).state is J.RUNNING
+                and j.spec.min_gpus == queued.spec.min_gpus
+                and j.spec.priority < queued.spec.priority
+            ]
+            assert not lower, (queued.id, lower)
         else:
-            assert now.state is J.RUNNING and not blocked, (queued.id, [sim.job(j.id).reason for j in order])
-        fits_cluster = queued.spec.min_gpus <= nodes
-        assert (now.state is J.RUNNING or now.reason in (WAITS_FOR_ROOM,) or now.reason.startswith("waits behind")) == (
-            fits_cluster
-        ), (queued.id, now.reason)
+            assert now.state is J.RUNNING and fits_cluster
 
 
 def test_a_job_without_a_planner_fails_with_why_and_the_one_behind_it_runs() -> None:

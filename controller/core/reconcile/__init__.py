@@ -3,7 +3,8 @@
 No I/O and no clock: the caller passes ``now`` and a planner per job. The steps run in a fixed order
 on one :class:`~controller.core.reconcile.draft.Draft`, passive ones first (what happened to nodes,
 how far jobs got), then active ones (the morph protocol, the planner's prediction checked and a growth that
-measured slower undone, the pools' history and on-demand capacity for deadlines, admission, moves off nodes
+measured slower undone, the pools' history, the scheduler's decision: on-demand capacity for deadlines and,
+with several jobs live, spot GPUs shared by its grants and jobs shrunk for others; admission, moves off nodes
 at risk of eviction, growth), so later steps see
 earlier decisions. Reports of any other incarnation or generation never change a job
 (:mod:`~controller.core.reconcile.reports`).
@@ -30,6 +31,7 @@ from controller.core.reconcile.morph import advance_morph, supervise
 from controller.core.reconcile.on_demand import observe_pools, plan_on_demand
 from controller.core.reconcile.progress import progress
 from controller.core.reconcile.risk import move_off_risk
+from controller.core.reconcile.sharing import schedule, shrink
 from controller.core.records import MoveFields
 from controller.core.retention import forget_gone
 
@@ -49,10 +51,12 @@ def reconcile(world: World, now: float, config: Config, planners: Planners) -> l
             advance_morph(draft, config, planners, job_id)
     learn(draft, config, planners)
     observe_pools(draft)
-    plan_on_demand(draft, config, planners)
-    admit_queued(draft, config, planners)
+    scheduled = schedule(draft, config, planners)
+    plan_on_demand(draft, config, scheduled)
+    shrink(draft, scheduled)
+    admit_queued(draft, config, planners, scheduled)
     move_off_risk(draft, config, planners)
-    grow(draft, config, planners)
+    grow(draft, config, planners, scheduled)
     fail_unplannable(draft)
     forgotten = forget_gone(world, now, config.gone_retention_seconds, config.damping.flap_memory_seconds)
     return [*draft.commands, *forgotten]

@@ -1,6 +1,7 @@
-"""Queued jobs: fail the ones that cannot be planned, admit the rest in queue order once arrivals settle (on free
-nodes not at risk of eviction while a layout fits them), and say what each one left waits for
-(:mod:`~controller.core.reconcile.waits`)."""
+"""Queued jobs: fail the ones that cannot be planned, admit the rest once arrivals settle, and say what each one
+left waits for (:mod:`~controller.core.reconcile.waits`). With several jobs live, on the nodes the scheduler grants
+each (:mod:`~controller.core.reconcile.sharing`); with one, in queue order on free nodes (not at risk of eviction
+while a layout fits them)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from controller.core.lifecycle import JobState
 from controller.core.reconcile.config import Config, Planners, Unplannable
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
-from controller.core.reconcile.waits import Placement, explain_waits
+from controller.core.reconcile.sharing import Scheduled, admit_granted, share_wait
+from controller.core.reconcile.waits import Placement, explain_shared_waits, explain_waits
 from morphing.planner import Plan
 from scheduler.queue import QueueEntry, admit
 
 
-def admit_queued(draft: Draft, config: Config, planners: Planners) -> None:
+def admit_queued(draft: Draft, config: Config, planners: Planners, scheduled: Scheduled | None = None) -> None:
     for job in [j for j in draft.jobs.values() if j.state is JobState.QUEUED]:
         problem = planners.get(job.id)
         if isinstance(problem, Unplannable):
@@ -26,6 +28,10 @@ def admit_queued(draft: Draft, config: Config, planners: Planners) -> None:
         return
     placement = Placement(draft, planners)
     settled = draft.arrivals_settled(config.debounce_seconds)
+    if scheduled is not None and scheduled.shared:
+        waiting = admit_granted(draft, config, planners, scheduled)
+        explain_shared_waits(draft, placement, settled, waiting, share_wait(config))
+        return
     if settled:
 
         def placed(job_id: str, nodes: Sequence[tuple[str, int]]) -> tuple[Plan, frozenset[str]] | None:

@@ -61,7 +61,8 @@ class Draft:
         self, job_id: str, action: Action, cause: MorphCause, detail: str, **fields: Unpack[JobFields]
     ) -> None:
         """The running job morphs: its trainers told ``action``, for ``cause``."""
-        fields["morph"] = replace(fields.get("morph", self.jobs[job_id].morph), cause=cause, detail=detail)
+        morph = fields.get("morph", replace(self.jobs[job_id].morph, keep_only=None))
+        fields["morph"] = replace(morph, cause=cause, detail=detail)
         self.move_job(job_id, JobState.MORPHING, detail, action=action, **fields)
 
     def act(self, job_id: str, action: Action, reason: str, **fields: Unpack[JobFields]) -> None:

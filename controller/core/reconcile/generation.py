@@ -127,6 +127,7 @@ def start_generation(
             job.morph,
             paused_since=job.morph.paused_since if job.morph.paused_since is not None else job.last_step_at,
             decision_seconds=seconds,
+            keep_only=None,
         ),
     )
     for name in layout.nodes():

@@ -1,5 +1,6 @@
-"""Running jobs take free nodes when nobody waits, if the policy says the morph pays off; never a node at risk of
-eviction (:mod:`~controller.core.reconcile.risk`).
+"""Running jobs take free nodes when nobody waits (with several jobs live: free nodes the scheduler granted no
+other job, :mod:`~controller.core.reconcile.sharing`), if the policy says the morph pays off; never a node at risk
+of eviction (:mod:`~controller.core.reconcile.risk`).
 
 When it does not, one ``GrowthDeclined`` event per generation and set of free nodes says why, with the
 numbers the policy weighed, so an operator who sees idle nodes beside a running job can tell. Before it
@@ -23,6 +24,7 @@ from controller.core.reconcile.devices import may_run_on, spec_on
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import planned
 from controller.core.reconcile.learn import correction, growth_allowed
+from controller.core.reconcile.sharing import Scheduled
 from controller.core.reconcile.unreachable import held_out
 from controller.eventlog import facts
 from morphing.jobspec import JobSpec
@@ -81,15 +83,18 @@ def assignment_soon(world: World, name: str, now: float, config: Config, hinted:
     return hinted and (settling or building_ahead(world.observed, node, None, now, config.warm_build_wait_seconds))
 
 
-def grow(draft: Draft, config: Config, planners: Planners) -> None:
+def grow(draft: Draft, config: Config, planners: Planners, scheduled: Scheduled | None = None) -> None:
+    """Running jobs, in :func:`growing`'s order, take free nodes where the morph pays; while the scheduler shares
+    the GPUs (``scheduled.shared``), never a node it granted another job."""
     if draft.queue_blocked or not draft.arrivals_settled(config.debounce_seconds):
         return
     claimed = draft.claimed  # free nodes a job higher in the order grows (or moves) onto in this pass
     for job in growing(draft.jobs.values()):
-        free = [n for n in free_nodes(draft.nodes) if n.name not in claimed and n.at_risk is None]
+        others = scheduled.granted_to_others(job.id) if scheduled is not None and scheduled.shared else frozenset()
+        free = [n for n in free_nodes(draft.nodes) if n.name not in claimed | others and n.at_risk is None]
         planner = planners.get(job.id)
         if not free or not isinstance(planner, Planner) or job.layout is None:
-            return
+            continue
         usable = [(n.name, n.slots) for n in free if not held_out(job, n.name, draft.now) and may_run_on(job, n)]
         if not usable:
             continue

@@ -5,7 +5,7 @@ Once a generation has run two steps past the one it resumed at (the first step a
 warm-up), its newest rate (``JobRecord.training``) gives the measured step time. ``StepTimeChecked`` says the
 planner's prediction, the prediction corrected by what the job measured before (``error_after``: out of sample)
 and both errors; the measurement then joins the job's observations (``JobRecord.learning``), which correct its
-throughput curve for the scheduler (:mod:`~controller.core.reconcile.on_demand`) and its growth candidates
+throughput curve for the scheduler (:mod:`~controller.core.reconcile.views`) and its growth candidates
 (:mod:`~controller.core.reconcile.growth`).
 
 A generation issued by a growth is also judged against the rate measured when the growth was decided
@@ -23,8 +23,8 @@ from controller.core.model import Action, JobRecord
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.generation import planned
-from controller.core.reconcile.on_demand import model
 from controller.core.reconcile.unreachable import exclude_until
+from controller.core.reconcile.views import model
 from controller.eventlog.scheduler_facts import GrowthUndone, StepTimeChecked
 from morphing.planner import Plan, Planner
 from scheduler import learning

@@ -167,7 +167,9 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
     draft.release_nodes(job_id, job.nodes, f"generation {job.generation} of {job_id} ended")
     plan = next_plan(draft, planners, job, keep)
     if plan is None:
-        draft.move_job(job_id, J.QUEUED, "no layout fits the nodes left; waiting for capacity")
+        shrunk = job.morph.cause is MorphCause.SHRUNK
+        why = "shrunk to no GPUs for another job; queued" if shrunk else "no layout fits the nodes left"
+        draft.move_job(job_id, J.QUEUED, f"{why}; waiting for capacity")
         return
     cause = job.morph.cause if job.morph.cause is not None else MorphCause.OTHER  # set on entering MORPHING
     start_generation(draft, config, job_id, plan, cause, job.morph.detail, stopped=job.action is Action.STOP)
@@ -176,9 +178,13 @@ def advance_morph(draft: Draft, config: Config, planners: Planners, job_id: str)
 def next_plan(draft: Draft, planners: Planners, job: JobRecord, keep: list[str]) -> Plan | None:
     """Generation g+1 on the nodes kept and free ones. Free nodes at risk of eviction are offered only when
     nothing fits without them (never to a growth); nodes at risk are kept only while nothing as fast does
-    without them and no step held in memory needs them (:func:`~controller.core.reconcile.risk.clear_of_risk`)."""
+    without them and no step held in memory needs them (:func:`~controller.core.reconcile.risk.clear_of_risk`).
+    A job shrunk for another (:mod:`~controller.core.reconcile.sharing`) is planned on the nodes granted to it alone.
+    """
+    shrunk = job.morph.keep_only
+    keep = keep if shrunk is None else [n for n in keep if n in shrunk]
     holders = holders_needed(job, keep)
-    free = [n for n in free_nodes(draft.nodes) if n.name not in keep]
+    free = [n for n in free_nodes(draft.nodes) if n.name not in keep and shrunk is None]
     clear_free = [n for n in free if n.at_risk is None]
     plan = _placed(draft, planners, job.id, keep, holders, clear_free)
     if plan is None and job.morph.cause is not MorphCause.GROW:

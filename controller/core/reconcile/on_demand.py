@@ -14,8 +14,8 @@ carried out:
 - a node the decision gives back loses its owner (``OnDemandReleased``): released at once when free, else its job
   moves off it in a planned morph (STOP, cause ``on_demand_returned``) and it is released once free.
 
-Spot GPUs are still divided by admission and growth (the queue's order, growth that pays): ``decide``'s grants are
-not applied yet, only its capacity decisions. The pool's history (:func:`observe_pools`) is counted every pass.
+The decision is the pass's one (:func:`~controller.core.reconcile.sharing.schedule`), whose grants also share the
+spot GPUs when several jobs are live. The pool's history (:func:`observe_pools`) is counted every pass.
 """
 
 from __future__ import annotations
@@ -23,24 +23,18 @@ from __future__ import annotations
 import math
 
 from controller.core.causes import MorphCause
-from controller.core.lifecycle import JOB_ACTIVE, JOB_LIVE, JobState, NodeState
-from controller.core.model import Action, JobRecord, NodeRecord, ReleaseInstance, SetPoolStats
-from controller.core.reconcile.config import Config, Planners
-from controller.core.reconcile.devices import may_run_on
+from controller.core.lifecycle import JOB_LIVE, JobState, NodeState
+from controller.core.model import Action, JobRecord, ReleaseInstance, SetPoolStats
+from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
-from controller.core.reconcile.unreachable import held_out
-from controller.core.records import Learning, OnDemandHold
+from controller.core.reconcile.sharing import Scheduled
+from controller.core.reconcile.views import PRESENT
+from controller.core.records import OnDemandHold
 from controller.eventlog.scheduler_facts import OnDemandReleased, OnDemandRequested
-from morphing.planner import Planner
 from scheduler import forecast
 from scheduler.deadlines import CapacityCause
-from scheduler.jobs import Grant, JobView, Node, OnDemand, throughput_curve
-from scheduler.learning import Observation, StepModel, corrected_rates
-from scheduler.policy import decide
+from scheduler.jobs import JobView
 from scheduler.pools import PoolKind
-
-PRESENT = frozenset({NodeState.JOINING, NodeState.READY, NodeState.ASSIGNED, NodeState.DRAINING})
-USABLE = frozenset({NodeState.READY, NodeState.ASSIGNED})
 
 
 def observe_pools(draft: Draft) -> None:
@@ -56,24 +50,11 @@ def observe_pools(draft: Draft) -> None:
         draft.issue(SetPoolStats(draft.pools[kind]))
 
 
-def spot_rates(draft: Draft) -> forecast.Rates:
-    return forecast.rates(draft.pools.get(PoolKind.SPOT, forecast.PoolStats(PoolKind.SPOT)))
-
-
-def plan_on_demand(draft: Draft, config: Config, planners: Planners) -> None:
-    live = [j for j in sorted(draft.jobs.values(), key=lambda j: j.id) if j.state in JOB_LIVE]
-    allowed = any(j.spec.on_demand == "allowed" and j.spec.deadline for j in live)
-    owned = any(n.pool is PoolKind.ON_DEMAND and n.state in PRESENT for n in draft.nodes.values())
-    if not (allowed or owned or any(j.on_demand.gpus for j in draft.jobs.values())):
+def plan_on_demand(draft: Draft, config: Config, scheduled: Scheduled | None) -> None:
+    """The pass's decision on on-demand capacity carried out (None: no job may use it and none is held)."""
+    if scheduled is None or not scheduled.on_demand:
         return
-    views = [v for j in live if (v := view(draft, config, planners, j)) is not None]
-    nodes = [
-        Node(n.name, n.pool, n.slots, n.owner)
-        for n in sorted(draft.nodes.values(), key=lambda n: n.name)
-        if reliable(n)
-    ]
-    rates = spot_rates(draft)
-    decision = decide(views, nodes, rates, draft.now, config.scheduler)
+    views, decision, rates = scheduled.views, scheduled.decision, scheduled.rates
     needs = {need.job: need for need in decision.on_demand}
     for job_view in views:
         need = needs.get(job_view.name)
@@ -86,89 +67,6 @@ def plan_on_demand(draft: Draft, config: Config, planners: Planners) -> None:
             _give_back(draft, change.job, change.release_nodes, str(change.cause))
     _claim_arrivals(draft)
     _release_ownerless(draft)
-
-
-def view(draft: Draft, config: Config, planners: Planners, job: JobRecord) -> JobView | None:
-    """The job as the scheduler sees it (None: no planner, so no curve)."""
-    planner = planners.get(job.id)
-    if not isinstance(planner, Planner):
-        return None
-    present = [n for n in draft.nodes.values() if n.state in USABLE]
-    per_node = max((n.slots for n in present), default=1)
-    spot = sum(n.slots for n in present if n.pool is PoolKind.SPOT)
-    cap = _cap_gpus(job, draft.now, config)
-    top = max(1, min(config.curve_max_gpus, spot + cap))
-    rates = corrected_rates(throughput_curve(planner, top, per_node), model(job.learning))
-    held = tuple(
-        Grant(job.id, name, node.pool, node.slots)
-        for name in job.nodes
-        if (node := draft.nodes.get(name)) is not None and node.job == job.id and reliable(node, job.id)
-    )
-    # Pending: its level less the owned nodes the scheduler is shown (USABLE): one still JOINING is on its way.
-    ours = sum(n.slots for n in draft.nodes.values() if n.owner == job.id and n.state in USABLE)
-    left = max(0, job.spec.steps - job.step) * job.spec.global_batch
-    return JobView(
-        name=job.id,
-        rates=tuple(max(rates[: i + 1]) for i in range(len(rates))),  # never falling, as the planner's own
-        remaining_samples=float(left),
-        total_samples=float(job.spec.steps * job.spec.global_batch),
-        priority=job.spec.priority,
-        submitted_at=job.submitted_at,
-        deadline=job.spec.deadline_seconds(),
-        on_demand=OnDemand(job.spec.on_demand),
-        on_demand_cap_gpus=cap,
-        waited_seconds=max(0.0, draft.now - _since(job.queued_since, job)) if job.state is JobState.QUEUED else 0.0,
-        running_seconds=max(0.0, draft.now - _since(job.running_since, job)) if job.state in JOB_ACTIVE else 0.0,
-        morph_cost_seconds=config.morph_cost_seconds,
-        held=held,
-        on_demand_pending=max(0, job.on_demand.gpus - ours),
-        eligible_nodes=eligible(draft, job),
-    )
-
-
-def eligible(draft: Draft, job: JobRecord) -> frozenset[str]:
-    """The nodes the scheduler may give the job: capacity it can rely on (:func:`reliable`), of a device it can use,
-    not held out for it (its exclusions after failures, a growth undone)."""
-    return frozenset(
-        n.name
-        for n in draft.nodes.values()
-        if reliable(n, job.id) and may_run_on(job, n) and not held_out(job, n.name, draft.now)
-    )
-
-
-def reliable(node: NodeRecord, job_id: str | None = None) -> bool:
-    """Whether the node is capacity a job can rely on: usable (not DRAINING under an eviction notice, not JOINING),
-    a spot node not at risk of eviction, an on-demand node that is the job's (``job_id``; any owner's for None)."""
-    if node.state not in USABLE:
-        return False
-    if node.pool is PoolKind.SPOT:
-        return node.at_risk is None
-    return node.owner is not None and (job_id is None or node.owner == job_id)
-
-
-def _since(stamp: float | None, job: JobRecord) -> float:
-    """When the job's wait or run began (``JobRecord.queued_since``, ``running_since``): a row older than them
-    counts from its state's start."""
-    return job.state_since if stamp is None else stamp
-
-
-def model(learning: Learning) -> StepModel:
-    """The job's step-time correction from the checks its record keeps."""
-    return StepModel(tuple(Observation(g, p, m) for g, p, m in learning.observations))
-
-
-def _cap_gpus(job: JobRecord, now: float, config: Config) -> int:
-    """The most on-demand GPUs the job may hold: its cap in GPUs, and as many as its cap in dollars pays for
-    from now to the deadline (held that long at the configured price)."""
-    if job.spec.on_demand != "allowed":
-        return 0
-    cap = job.spec.on_demand_max_gpus or config.curve_max_gpus
-    deadline = job.spec.deadline_seconds()
-    dollars = job.spec.on_demand_max_dollars
-    if dollars is not None and deadline is not None:
-        hours = max(deadline - now, 1.0) / 3600.0
-        cap = min(cap, math.floor(dollars / (config.on_demand_gpu_hour_price * hours)))
-    return max(0, cap)
 
 
 def _hold(

@@ -1,5 +1,8 @@
 """What each QUEUED job waits for, in the words ``spotmorph status`` shows, and which waits block the queue.
 
+With several jobs live the scheduler's grants decide who runs (:func:`explain_shared_waits`); with one, the rule
+below.
+
 A job that fits the nodes present (READY or ASSIGNED: nodes that a running job could free) but not the
 free ones waits for nodes to be freed, and, with no backfill, so does every job behind it. A job that
 fits no layout of the nodes present (its profile needs more memory than they have, it needs GPU nodes
@@ -9,13 +12,13 @@ jobs behind it that fit are admitted, and running jobs may grow.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from controller.core.lifecycle import JobState, NodeState
 from controller.core.model import JobRecord
 from controller.core.reconcile.config import Planners
 from controller.core.reconcile.devices import NO_FREE_GPU_NODE, needs_gpus, waiting_reason
-from controller.core.reconcile.draft import Draft
+from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import planned, usable_nodes
 from controller.core.reconcile.unreachable import held_out
 from morphing.planner import Infeasible, Plan, Planner
@@ -94,3 +97,19 @@ def explain_waits(draft: Draft, placement: Placement, settled: bool) -> None:
         if reason != job.reason:
             draft.move_job(job.id, JobState.QUEUED, reason)
     draft.queue_blocked = head is not None
+
+
+def explain_shared_waits(
+    draft: Draft, placement: Placement, settled: bool, waiting: Mapping[str, str], no_share: str
+) -> None:
+    """Reasons while the scheduler shares the GPUs (:mod:`~controller.core.reconcile.sharing`): a job that fits no
+    layout here says why; one granted nodes still held waits for them (``waiting``); the others wait for a share
+    (``no_share``) when free nodes it could use went to others, or for nodes to be freed when none is free. Nothing
+    blocks the queue: the grants decide."""
+    free = [(n.name, n.slots) for n in free_nodes(draft.nodes)]
+    for job in [j for j in draft.jobs.values() if j.state is JobState.QUEUED]:
+        no_room = NO_FREE_GPU_NODE if needs_gpus(job.spec) else WAITS_FOR_ROOM
+        wait = no_share if usable_nodes(draft, job, free) else no_room
+        reason = placement.problem(job.id) or waiting.get(job.id) or (wait if settled else WAITS_FOR_ARRIVALS)
+        if reason != job.reason:
+            draft.move_job(job.id, JobState.QUEUED, reason)
