@@ -69,6 +69,11 @@ def test_a_higher_priority_job_shrinks_a_running_one_and_runs_on_what_it_gives_u
     low = sim.job("low")
     assert low.state is J.MORPHING and low.action is Action.STOP and low.morph.cause is MorphCause.SHRUNK
     assert low.morph.keep_only is not None and 0 < len(low.morph.keep_only) < 4
+    before = sim.world.jobs["low"].layout
+    assert before is not None
+    stages = {before.coords(r)[1] for r, slot in enumerate(before.placement) if slot.node in low.morph.keep_only}
+    # the stop writes its step unless the nodes kept hold every stage (then memory gives it)
+    assert (low.checkpoint_request == 1) == (len(stages) < before.pipeline_stages)
     shrunk = events(sim, EventKind.JOB_SHRUNK)
     assert len(shrunk) == 1 and shrunk[0].data["for_job"] == "high" and shrunk[0].data["cause"] == "priority"
     given = set(shrunk[0].data["given_up"])

@@ -1,0 +1,58 @@
+"""Spot GPUs shared by the scheduler's grants, end to end on a local cluster (issue 49: "GPUs shared across jobs
+by value").
+
+A job of priority 0 trains on both VMs; a job of priority 5 arrives. The scheduler moves GPUs to it where the
+weighted gain over the horizon pays both morphs: the running job is shrunk (``JobShrunk``, morph cause ``shrunk``)
+onto the VM it keeps, the new job runs on the one given up, both end SUCCEEDED, and the shrunk job loses no step
+and ends equal to the single-process reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.eventlog.scheduler_facts import JobShrunk
+from spotmorph.local.harness import LocalCluster
+
+from .test_elastic import BATCH, INTERVAL, SEED, SHORT_STEPS, assert_equals_reference
+
+pytestmark = pytest.mark.slow
+
+
+# In `make soak` (about a minute on 2 cores: two jobs on two VMs of two slots): make test keeps the controller's
+# side, stepped with the real planner (tests/controller/test_sharing.py: the shrink, the nodes kept, the step
+# written when memory cannot give it, starvation, no growth onto another's grant) and the policy's properties
+# (tests/scheduler/test_allocation.py).
+@pytest.mark.soak
+def test_a_higher_priority_job_takes_gpus_from_a_running_one_which_shrinks_losing_no_step(
+    cluster: LocalCluster, tmp_path: Path, references: Path
+) -> None:
+    cluster.up(nodes=2, slots=2)
+    checkpoints = tmp_path / "low"
+    common = {"global_batch": BATCH, "seed": SEED, "dtype": "float64", "checkpoint_interval": INTERVAL}
+    low = cluster.submit(steps=SHORT_STEPS, checkpoint_dir=checkpoints, priority=0, **common)
+    cluster.wait_step(low, 10, 120)
+    assert len(cluster.job_nodes(low)) == 2, "alone, it takes both VMs"
+
+    high = cluster.submit(steps=40, checkpoint_dir=tmp_path / "high", priority=5, **common)
+
+    def both_running() -> bool:
+        return cluster.status(high)["state"] == "RUNNING" and cluster.status(low)["state"] == "RUNNING"
+
+    cluster.wait(both_running, 120, "the high-priority job to run beside the shrunk one")
+    shrunk = cluster.facts(JobShrunk, low)
+    assert len(shrunk) == 1, shrunk
+    fact = shrunk[0].fact
+    assert fact.for_job == high and fact.cause == "priority" and fact.kept and fact.given_up
+    assert set(cluster.job_nodes(high)) == set(fact.given_up)
+    assert set(cluster.job_nodes(low)) == set(fact.kept)
+
+    done_high = cluster.wait_state(high, {"SUCCEEDED", "FAILED"}, 240)
+    assert done_high["state"] == "SUCCEEDED", done_high
+    final = cluster.wait_state(low, {"SUCCEEDED", "FAILED"}, 300)
+    assert final["state"] == "SUCCEEDED", final
+    assert final["steps_lost"] == 0
+    assert any(m["cause"].startswith("shrunk") for m in final["morphs"]), final["morphs"]
+    assert_equals_reference(checkpoints, references, SHORT_STEPS)
