@@ -42,7 +42,6 @@ class Draft:
         self.now = now
         self.commands: list[Command] = []
         self.unplannable: dict[str, str] = {}  # job -> why its planner failed (the job fails at the end of the pass)
-        self.queue_blocked = False  # a queued job that fits the nodes here waits for some to be freed
         self.claimed: set[str] = set()  # free nodes a job that began a morph in this pass counts on
 
     def move_node(self, name: str, target: NodeState, reason: str, **fields: Unpack[NodeFields]) -> None:

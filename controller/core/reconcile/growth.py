@@ -1,6 +1,6 @@
-"""Running jobs take free nodes when nobody waits (with several jobs live: free nodes the scheduler granted no
-other job, :mod:`~controller.core.reconcile.sharing`), if the policy says the morph pays off; never a node at risk
-of eviction (:mod:`~controller.core.reconcile.risk`).
+"""Running jobs take free nodes (with several jobs live: free nodes the scheduler granted no other job,
+:mod:`~controller.core.reconcile.sharing`), if the policy says the morph pays off; never a node at risk of eviction
+(:mod:`~controller.core.reconcile.risk`).
 
 When it does not, one ``GrowthDeclined`` event per generation and set of free nodes says why, with the
 numbers the policy weighed, so an operator who sees idle nodes beside a running job can tell. Before it
@@ -86,7 +86,7 @@ def assignment_soon(world: World, name: str, now: float, config: Config, hinted:
 def grow(draft: Draft, config: Config, planners: Planners, scheduled: Scheduled | None = None) -> None:
     """Running jobs, in :func:`growing`'s order, take free nodes where the morph pays; while the scheduler shares
     the GPUs (``scheduled.shared``), never a node it granted another job."""
-    if draft.queue_blocked or not draft.arrivals_settled(config.debounce_seconds):
+    if not draft.arrivals_settled(config.debounce_seconds):
         return
     claimed = draft.claimed  # free nodes a job higher in the order grows (or moves) onto in this pass
     for job in growing(draft.jobs.values()):

@@ -1,13 +1,10 @@
-"""What each QUEUED job waits for, in the words ``spotmorph status`` shows, and which waits block the queue.
+"""What each QUEUED job waits for, in the words ``spotmorph status`` shows.
 
-With several jobs live the scheduler's grants decide who runs (:func:`explain_shared_waits`); with one, the rule
-below.
-
-A job that fits the nodes present (READY or ASSIGNED: nodes that a running job could free) but not the
-free ones waits for nodes to be freed, and, with no backfill, so does every job behind it. A job that
-fits no layout of the nodes present (its profile needs more memory than they have, it needs GPU nodes
-and none registered, every node is held out for it) waits for other nodes to arrive and blocks nobody:
-jobs behind it that fit are admitted, and running jobs may grow.
+A job that fits no layout of the nodes present (its profile needs more memory than they have, it needs GPU nodes
+and none registered, every node is held out for it) says why and holds nothing back. With several jobs live the
+scheduler's grants decide who runs (:mod:`~controller.core.reconcile.sharing`): a job waits for nodes granted to it
+that a shrinking job still holds, or for a share of the GPUs. Otherwise it waits for arrivals to settle, or for
+nodes to be freed.
 """
 
 from __future__ import annotations
@@ -22,15 +19,10 @@ from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import planned, usable_nodes
 from controller.core.reconcile.unreachable import held_out
 from morphing.planner import Infeasible, Plan, Planner
-from scheduler.queue import QueueEntry, admission_order
 
 WAITS_FOR_ROOM = "waits for nodes to be freed: it fits the nodes here, not the free ones"
 WAITS_FOR_ARRIVALS = "waits for recent node arrivals to settle before it is placed"
 NO_NODES = "waits for nodes: none is ready"
-
-
-def behind(head: str) -> str:
-    return f"waits behind {head}, ahead of it in the queue (priority, then submission time)"
 
 
 def present_nodes(draft: Draft) -> list[tuple[str, int]]:
@@ -75,41 +67,18 @@ class Placement:
             self._problems[job_id] = unplaceable(self.draft, self.planners, job, self.nodes)
         return self._problems[job_id]
 
-    def fits(self, job_id: str) -> bool:
-        return self.problem(job_id) is None
 
-
-def explain_waits(draft: Draft, placement: Placement, settled: bool) -> None:
-    """Give every job still QUEUED its reason (a new one only when it changed), and mark the queue blocked
-    when one of them fits the nodes present: the head of those waits for room, the others behind it."""
-    queued = [j for j in draft.jobs.values() if j.state is JobState.QUEUED]
-    head: str | None = None
-    for entry in admission_order([QueueEntry(j.id, j.spec.priority, j.submitted_at) for j in queued]):
-        job = draft.jobs[entry.job_id]
-        problem = placement.problem(job.id)
-        if problem is not None:
-            reason = problem
-        elif head is None:
-            head = job.id
-            reason = WAITS_FOR_ARRIVALS if not settled else NO_FREE_GPU_NODE if needs_gpus(job.spec) else WAITS_FOR_ROOM
-        else:
-            reason = behind(head)
-        if reason != job.reason:
-            draft.move_job(job.id, JobState.QUEUED, reason)
-    draft.queue_blocked = head is not None
-
-
-def explain_shared_waits(
-    draft: Draft, placement: Placement, settled: bool, waiting: Mapping[str, str], no_share: str
+def explain_waits(
+    draft: Draft, placement: Placement, settled: bool, waiting: Mapping[str, str], no_share: str | None = None
 ) -> None:
-    """Reasons while the scheduler shares the GPUs (:mod:`~controller.core.reconcile.sharing`): a job that fits no
-    layout here says why; one granted nodes still held waits for them (``waiting``); the others wait for a share
-    (``no_share``) when free nodes it could use went to others, or for nodes to be freed when none is free. Nothing
-    blocks the queue: the grants decide."""
+    """Give every job still QUEUED its reason (a new one only when it changed): why it fits no layout here; the
+    nodes granted to it that a shrinking job still holds (``waiting``); the arrivals it waits to settle; a share of
+    the GPUs (``no_share``, while the scheduler shares them: free nodes it could use went to others); or nodes to
+    be freed (none free it may use)."""
     free = [(n.name, n.slots) for n in free_nodes(draft.nodes)]
     for job in [j for j in draft.jobs.values() if j.state is JobState.QUEUED]:
         no_room = NO_FREE_GPU_NODE if needs_gpus(job.spec) else WAITS_FOR_ROOM
-        wait = no_share if usable_nodes(draft, job, free) else no_room
+        wait = no_share if no_share is not None and usable_nodes(draft, job, free) else no_room
         reason = placement.problem(job.id) or waiting.get(job.id) or (wait if settled else WAITS_FOR_ARRIVALS)
         if reason != job.reason:
             draft.move_job(job.id, JobState.QUEUED, reason)
