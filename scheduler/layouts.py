@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from morphing.errors import UserInputError
 from morphing.layout import Layout, contiguous_placement, local_nodes
 from morphing.plan_result import Plan
 from morphing.planner import Planner
-from scheduler.forecast import Rates
+from scheduler.forecast import HOUR, Rates
 
 
 @dataclass(frozen=True)
@@ -157,3 +157,43 @@ def _kept(planner: Planner, layout: Layout, left: int, gpus_per_node: int) -> fl
 
 def _speed(result: object) -> float:
     return result.samples_per_second if isinstance(result, Plan) else 0.0
+
+
+def steadiest(
+    planner: Planner,
+    nodes: Sequence[tuple[str, int]],
+    fastest: Plan,
+    spot: Rates,
+    costs: LossCosts = LossCosts(),
+    horizon_seconds: float = 1800.0,
+    least_gpus: int = 1,
+) -> Plan:
+    """The plan to run on ``nodes``: the planner's ``fastest`` unless the best layout of another pipeline depth on
+    the same GPUs has a better liveput (:func:`judge` over :func:`options`, the nodes taken as alike: each as many
+    GPUs as the largest). The plan chosen instead says why in its notes."""
+    if spot.eviction <= 0:
+        return fastest
+    per_node = max((slots for _, slots in nodes), default=1)
+    offered = sum(slots for _, slots in nodes)
+    candidates = options(planner, offered, per_node)
+    same = [o for o in candidates if o.stages == fastest.layout.pipeline_stages]
+    if not same:
+        return fastest
+    current = judge(replace(same[0], samples_per_second=fastest.samples_per_second), spot, per_node,
+                    horizon_seconds, costs)  # fmt: skip
+    picked = choose(candidates, spot, per_node, horizon_seconds, costs)
+    if picked is None or picked.option.stages == current.option.stages or picked.liveput <= current.liveput:
+        return fastest
+    plan = planner.plan(nodes, stages=picked.option.stages, least_gpus=least_gpus)
+    if not isinstance(plan, Plan) or (plan.gpus_used, plan.layout.data_parallel) != (
+        picked.option.gpus_used,
+        picked.option.replicas,
+    ):
+        return fastest  # on these nodes (or with least_gpus) that depth's best is not the layout judged
+    why = (
+        f"liveput: {plan.layout.describe()} over the fastest {fastest.layout.describe()} "
+        f"({picked.liveput:.3g} vs {current.liveput:.3g} samples/s expected over {horizon_seconds:g} s at "
+        f"{spot.eviction * HOUR:.3g} evictions a node-hour"
+        + ("; a loss keeps its stage partition)" if picked.keeps_partition else ")")
+    )
+    return replace(plan, notes=(*plan.notes, why))

@@ -94,7 +94,8 @@ class Driven:
 
     def __init__(self, url: str, size: tuple[int, int] = (1100, 900)) -> None:
         assert CHROMIUM is not None
-        self.profile = tempfile.TemporaryDirectory(prefix="spotmorph-chromium-")
+        # chromium's helpers may still write the profile as its main process exits: a leftover file is no failure
+        self.profile = tempfile.TemporaryDirectory(prefix="spotmorph-chromium-", ignore_cleanup_errors=True)
         flags = [f for f in FLAGS if not f.startswith(("--virtual-time-budget", "--window-size"))]
         self.process = subprocess.Popen(
             [

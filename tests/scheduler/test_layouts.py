@@ -16,7 +16,7 @@ from morphing.traces import Trace, TraceEvent
 from scheduler.fleet import FleetConfig, FleetJob, replay_jobs
 from scheduler.forecast import Rates
 from scheduler.jobs import throughput_curve
-from scheduler.layouts import LayoutOption, LossCosts, choose, judge, options
+from scheduler.layouts import LayoutOption, LossCosts, choose, judge, options, steadiest
 
 PROFILE = parse_profile((Path(__file__).parents[2] / "examples" / "profiles" / "gpt48.json").read_text())
 
@@ -106,3 +106,29 @@ def test_the_replay_pauses_a_job_for_what_each_loss_costs_its_layout() -> None:
     assert plain.loss_pause_hours == 0 and fastest.loss_pause_hours > 0
     assert fastest.finished_hour is not None and plain.finished_hour is not None
     assert fastest.finished_hour > plain.finished_hour  # the pauses cost time
+
+
+def test_steadiest_runs_the_layout_whose_loss_keeps_its_partition_on_real_nodes_when_nodes_go_often() -> None:
+    planner = Planner(PROFILE, 512)
+    nodes = [(f"vm-{i}", 1) for i in range(16)]
+    fastest = planner.plan(nodes)
+    assert isinstance(fastest, Plan) and (fastest.layout.pipeline_stages, fastest.layout.data_parallel) == (8, 2)
+    assert steadiest(planner, nodes, fastest, Rates(0.0, 1e-3)) is fastest  # no evictions: the fastest
+    stormy = steadiest(planner, nodes, fastest, Rates(1.2 / 3600, 1 / 2520))
+    assert (stormy.layout.pipeline_stages, stormy.layout.data_parallel) == (7, 2)
+    assert set(stormy.layout.nodes()) <= {name for name, _ in nodes}
+    assert stormy.notes[-1].startswith("liveput: 7x2") and "keeps its stage partition" in stormy.notes[-1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(7, 16), st.floats(0.0, 3.0 / 3600))
+def test_steadiest_never_expects_less_than_the_fastest(gpus: int, eviction: float) -> None:
+    planner = Planner(PROFILE, 512)
+    nodes = [(f"vm-{i}", 1) for i in range(gpus)]
+    fastest = planner.plan(nodes)
+    assert isinstance(fastest, Plan)
+    spot = Rates(eviction, 1 / 2520)
+    chosen = steadiest(planner, nodes, fastest, spot)
+    by_depth = {o.stages: o for o in _options(512, gpus)}
+    mine, theirs = by_depth[chosen.layout.pipeline_stages], by_depth[fastest.layout.pipeline_stages]
+    assert judge(mine, spot, 1, 1800.0).liveput >= judge(theirs, spot, 1, 1800.0).liveput - 1e-9

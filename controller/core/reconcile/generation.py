@@ -15,8 +15,10 @@ from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.unreachable import held_out
+from controller.core.reconcile.views import spot_rates
 from controller.core.records import CheckpointRef, JobRecord
 from morphing.planner import Plan, Planner, PlanResult
+from scheduler.layouts import LossCosts, steadiest
 
 
 def planned(draft: Draft, job_id: str, ask: Callable[..., PlanResult], *args: Any) -> PlanResult | None:
@@ -65,7 +67,9 @@ def fit(
     draft: Draft, planners: Planners, job_id: str, nodes: Sequence[tuple[str, int]], least_gpus: int = 1
 ) -> Plan | None:
     """The best plan for the job on ``nodes`` (less the ones it excluded or whose devices it cannot use) using
-    at least ``least_gpus`` of them, or ``None`` if none runs it."""
+    at least ``least_gpus`` of them, or ``None`` if none runs it: the planner's fastest, unless another pipeline
+    depth expects more over the next half hour at the spot pool's eviction rate (its liveput,
+    :func:`scheduler.layouts.steadiest`: say a layout whose likely loss keeps its stage partition)."""
     planner = planners.get(job_id)
     job = draft.jobs[job_id]
     usable = usable_nodes(draft, job, nodes)
@@ -74,7 +78,18 @@ def fit(
     result = planned(draft, job_id, planner.plan, usable, None, least_gpus)
     if not isinstance(result, Plan) or result.gpus_used < job.spec.min_gpus:
         return None
-    return result
+    steady = steadier(draft, planner, job_id, usable, result, least_gpus)
+    return steady if steady.gpus_used >= job.spec.min_gpus else result
+
+
+def steadier(
+    draft: Draft, planner: Planner, job_id: str, nodes: Sequence[tuple[str, int]], fastest: Plan, least_gpus: int = 1
+) -> Plan:
+    """``fastest`` on ``nodes``, or the layout of better liveput at the spot pool's eviction rate
+    (:func:`scheduler.layouts.steadiest`; a growth weighs the same candidate admission would run)."""
+    rates = spot_rates(draft)
+    steady = planned(draft, job_id, steadiest, planner, nodes, fastest, rates, LossCosts(), 1800.0, least_gpus)
+    return steady if isinstance(steady, Plan) else fastest
 
 
 def start_generation(
@@ -89,6 +104,7 @@ def start_generation(
     job = draft.jobs[job_id]
     generation = job.generation + 1
     layout = plan.layout
+    detail = "; ".join([detail, *(note for note in plan.notes if note.startswith("liveput:"))])  # why not the fastest
     rank0 = draft.nodes[layout.placement[0].node]
     port = rendezvous_port(config, job_id, generation)
     resume = job.last_checkpoint

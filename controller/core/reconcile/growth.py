@@ -22,7 +22,7 @@ from controller.core.observations import NodeObservation
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import may_run_on, spec_on
 from controller.core.reconcile.draft import Draft, free_nodes
-from controller.core.reconcile.generation import planned
+from controller.core.reconcile.generation import planned, steadier
 from controller.core.reconcile.learn import correction, growth_allowed
 from controller.core.reconcile.sharing import Scheduled
 from controller.core.reconcile.unreachable import held_out
@@ -108,6 +108,8 @@ def grow(draft: Draft, config: Config, planners: Planners, scheduled: Scheduled 
         candidate = planned(draft, job.id, planner.plan, held + usable)
         if job.id in draft.unplannable:
             continue
+        if isinstance(candidate, Plan):  # what it would run there: the fastest, or the layout of better liveput
+            candidate = steadier(draft, planner, job.id, held + usable, candidate)
         predicted = current.samples_per_second if isinstance(current, Plan) else None
         rate, scale = measured_rate(job, draft.now, predicted)
         remaining = max(0, job.spec.steps - job.step) * job.spec.global_batch / rate if rate else None
