@@ -118,6 +118,7 @@ def on_demand_to_pb(status: OnDemandStatus) -> pb.OnDemandHold:
         held_nodes=list(status.held_nodes),
         cost_dollars=status.cost_dollars,
         gpu_hour_price=status.gpu_hour_price,
+        spent_dollars=status.spent_dollars,
     )
 
 

@@ -149,6 +149,7 @@ class OnDemandHold:
     spot_samples_per_second: float = 0.0  # its liveput on spot alone
     with_on_demand_samples_per_second: float = 0.0
     finish_seconds: float | None = None  # its work left on spot alone at that rate (None: spot alone never does)
+    returned_gpu_seconds: float = 0.0  # on-demand GPU-seconds of the nodes it gave back, from each one's join
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@ that, and how far the planner's step-time prediction was off before and after it
 
 Pure: from the job's record (``JobRecord.on_demand``, ``JobRecord.learning``), the nodes present, ``now`` and the
 configured on-demand price. The hold's speeds are those of the decision that set its level (``since``); the
-deadline, the work left, the GPUs held and their cost are as of ``now``. The cost is that of the on-demand nodes
-the job holds now, from when each joined, at ``Config.on_demand_gpu_hour_price``: nodes given back earlier are
-not in it (the event log has them: ``OnDemandRequested``, ``OnDemandReleased``).
+deadline, the work left, the GPUs held and their cost are as of ``now``. Costs are at
+``Config.on_demand_gpu_hour_price``: ``cost_dollars`` that of the on-demand nodes the job holds now, from when each
+joined; ``spent_dollars`` adds the nodes it gave back, from each one's join to its give-back (a node a job still ran
+on when given back costs until it moved off, which is not counted).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class OnDemandStatus:
     held_nodes: tuple[str, ...]
     cost_dollars: float  # of those nodes since each joined
     gpu_hour_price: float
+    spent_dollars: float = 0.0  # all its on-demand capacity: the nodes held now and those it gave back
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ def on_demand_status(job: JobRecord, nodes: Iterable[NodeRecord], now: float, pr
         held_nodes=tuple(n.name for n in held),
         cost_dollars=cost,
         gpu_hour_price=price,
+        spent_dollars=cost + hold.returned_gpu_seconds * price / 3600.0,
     )
 
 

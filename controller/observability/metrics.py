@@ -146,6 +146,11 @@ def _scheduler(snapshot: MetricsSnapshot) -> Iterator[Metric]:
         "What the on-demand nodes it holds now cost since each joined, at the configured GPU-hour price",
         labels=["job"],
     )
+    spent = GaugeMetricFamily(
+        "spotmorph_job_on_demand_spent_dollars",
+        "What all its on-demand capacity cost, the nodes given back included, at the configured GPU-hour price",
+        labels=["job"],
+    )
     deadline = GaugeMetricFamily("spotmorph_job_deadline_seconds", "Seconds to the job's deadline", labels=["job"])
     spot = GaugeMetricFamily(
         "spotmorph_job_spot_samples_per_second",
@@ -163,6 +168,7 @@ def _scheduler(snapshot: MetricsSnapshot) -> Iterator[Metric]:
             wanted.add_metric([job.id, str(status.cause or "")], status.gpus)
             held.add_metric([job.id], status.held_gpus)
             cost.add_metric([job.id], status.cost_dollars)
+            spent.add_metric([job.id], status.spent_dollars)
             spot.add_metric([job.id], status.spot_samples_per_second)
             if status.deadline_in_seconds is not None:
                 deadline.add_metric([job.id], status.deadline_in_seconds)
@@ -171,7 +177,7 @@ def _scheduler(snapshot: MetricsSnapshot) -> Iterator[Metric]:
             error.add_metric([job.id, "before"], checked.error_before)
             if checked.error_after is not None:
                 error.add_metric([job.id, "after"], checked.error_after)
-    yield from (wanted, held, cost, deadline, spot, error)
+    yield from (wanted, held, cost, spent, deadline, spot, error)
 
 
 def _morphs(snapshot: MetricsSnapshot) -> Iterator[Metric]:

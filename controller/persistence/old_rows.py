@@ -124,10 +124,16 @@ JOB_FIELDS_V20: dict[str, Any] = {"queued_since": None, "running_since": None}  
 
 
 def with_keep_only(row: dict[str, Any]) -> dict[str, Any]:
-    """Schema 21: a job row's morph gains ``keep_only`` (None: no shrink under way); a morph that is no object is
-    left for its reader to refuse, naming it."""
-    morph = row.get("morph")
-    return {**row, "morph": {"keep_only": None, **morph}} if isinstance(morph, dict) else row
+    """Schema 21: a job row's morph gains ``keep_only`` (None: no shrink under way), its on-demand hold
+    ``returned_gpu_seconds`` (0: none given back); a part that is no object is left for its reader to refuse,
+    naming it."""
+    out = dict(row)
+    morph, hold = row.get("morph"), row.get("on_demand")
+    if isinstance(morph, dict):
+        out["morph"] = {"keep_only": None, **morph}
+    if isinstance(hold, dict):
+        out["on_demand"] = {"returned_gpu_seconds": 0.0, **hold}
+    return out
 
 
 def renamed(row: dict[str, Any], old: str, new: str) -> dict[str, Any]:

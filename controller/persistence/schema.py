@@ -344,7 +344,8 @@ def _v20(conn: Connection) -> None:
 
 
 def _v21(conn: Connection) -> None:
-    """A job's morph keeps the nodes a shrink leaves it (reconcile.sharing): none in rows written before."""
+    """A job's morph keeps the nodes a shrink leaves it (reconcile.sharing), its on-demand hold the GPU-seconds of
+    the nodes it gave back (status's cost in all): none in rows written before."""
     _rewrite(conn, "jobs", "id", old_rows.with_keep_only)
 
 

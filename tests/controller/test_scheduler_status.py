@@ -17,6 +17,9 @@ from controller.api import wire
 from controller.client.commands.common import job_dict
 from controller.client.commands.status import on_demand_lines
 from controller.core.lifecycle import JobState, NodeState
+from controller.core.model import World
+from controller.core.reconcile.draft import Draft
+from controller.core.reconcile.on_demand import give_back
 from controller.core.records import JobRecord, Learning, NodeRecord, OnDemandHold
 from controller.core.scheduler_status import on_demand_status, step_time_status
 from controller.observability.metrics import render
@@ -78,6 +81,25 @@ def test_the_hold_says_its_cause_numbers_and_the_cost_of_the_nodes_held_now() ->
     assert status.deadline_in_seconds == 3600.0  # as of now, not of the decision
     assert status.remaining_samples == 60 * 8  # 60 steps of 8 samples left
     assert (status.spot_gpus, status.spot_samples_per_second, status.finish_seconds) == (1, 2.0, 240.0)
+
+
+def test_the_cost_in_all_counts_the_nodes_given_back_from_each_ones_join_to_its_give_back() -> None:
+    """Reconcile gives back od-1 (2 GPUs joined an hour ago) then od-2 (2 GPUs, half an hour): both stay in the
+    job's cost in all, at the price status is asked with; the cost of the nodes held now falls to 0."""
+
+    now = AT - 3600.0
+    nodes = {"od-1": on_demand_node("od-1", "j1", now - 3600.0), "od-2": on_demand_node("od-2", "j1", now - 1800.0)}
+    draft = Draft(World(nodes, {"j1": holding(gpus=4, cause=CapacityCause.DEADLINE_AT_RISK)}), now)
+    give_back(draft, "j1", ("od-1",), "spot_returned")
+    draft.now += 600.0
+    give_back(draft, "j1", ("od-2",), "spot_returned")
+    assert draft.jobs["j1"].on_demand.returned_gpu_seconds == 2 * 3600.0 + 2 * 2400.0
+    status = on_demand_status(draft.jobs["j1"], draft.nodes.values(), draft.now, PRICE)
+    assert status is not None and status.held_nodes == () and status.cost_dollars == 0.0
+    assert status.spent_dollars == pytest.approx((2 * 1.0 + 2 * 2400 / 3600) * PRICE)
+    shown = job_dict(pb.Job.FromString(wire.job_to_pb(draft.jobs["j1"], (), status).SerializeToString()))
+    assert shown["on_demand"]["spent_dollars"] == pytest.approx(status.spent_dollars)
+    assert f"on-demand capacity in all: ${status.spent_dollars:.2f}" in "\n".join(on_demand_lines(shown))
 
 
 def test_a_job_that_may_use_no_on_demand_and_holds_none_shows_none() -> None:

@@ -194,6 +194,7 @@ def on_demand_dict(hold: Any) -> dict[str, Any]:
         "held_nodes": list(hold.held_nodes),
         "cost_dollars": hold.cost_dollars,  # of the nodes held now, since each joined
         "gpu_hour_price": hold.gpu_hour_price,
+        "spent_dollars": hold.spent_dollars,  # all its on-demand capacity, the nodes given back included
     }
 
 

@@ -133,10 +133,12 @@ def on_demand_lines(job: dict[str, Any]) -> list[str]:
             f"{hold['spot_samples_per_second']:.1f} samples/s expected (done {finish}), "
             f"{hold['with_on_demand_samples_per_second']:.1f} with on-demand"
         )
+        price, spent = hold["gpu_hour_price"], hold.get("spent_dollars", hold["cost_dollars"])
         if hold["held_nodes"]:
-            price = hold["gpu_hour_price"]
             nodes = ", ".join(hold["held_nodes"])
             lines.append(f"  on {nodes}: ${hold['cost_dollars']:.2f} so far at ${price:.2f}/GPU-hour")
+        if spent > hold["cost_dollars"]:
+            lines.append(f"  on-demand capacity in all: ${spent:.2f}, the nodes given back included")
     checked = job.get("step_time")
     if checked is not None and checked["error_before"] is not None:
         after = "-" if checked["error_after"] is None else f"{checked['error_after']:.0%}"

@@ -21,6 +21,7 @@ spot GPUs when several jobs are live. The pool's history (:func:`observe_pools`)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JOB_LIVE, JobState, NodeState
@@ -61,10 +62,11 @@ def plan_on_demand(draft: Draft, config: Config, scheduled: Scheduled | None) ->
         _hold(draft, job_view, need.gpus if need else 0, need.cause if need else None, rates, config)
     for job in draft.jobs.values():
         if job.state not in JOB_LIVE and job.on_demand.gpus:
-            draft.amend_job(job.id, on_demand=OnDemandHold(since=draft.now))
+            spent = job.on_demand.returned_gpu_seconds
+            draft.amend_job(job.id, on_demand=OnDemandHold(since=draft.now, returned_gpu_seconds=spent))
     for change in decision.capacity:
         if change.release_nodes:
-            _give_back(draft, change.job, change.release_nodes, str(change.cause))
+            give_back(draft, change.job, change.release_nodes, str(change.cause))
     _claim_arrivals(draft)
     _release_ownerless(draft)
 
@@ -92,6 +94,7 @@ def _hold(
         spot_samples_per_second=alone,
         with_on_demand_samples_per_second=both,
         finish_seconds=job.remaining_samples / alone if alone > 0 else None,
+        returned_gpu_seconds=before.returned_gpu_seconds,
     )
     if gpus == before.gpus and hold.cause == before.cause:
         return  # the numbers move every pass: stored when the level or its cause changes, not on every tick
@@ -112,8 +115,12 @@ def _hold(
         draft.event(said, job.name)
 
 
-def _give_back(draft: Draft, job_id: str, names: tuple[str, ...], cause: str) -> None:
+def give_back(draft: Draft, job_id: str, names: tuple[str, ...], cause: str) -> None:
     gpus = sum(draft.nodes[n].slots for n in names if n in draft.nodes)
+    used = sum(draft.nodes[n].slots * max(0.0, draft.now - draft.nodes[n].joined_at) for n in names if n in draft.nodes)
+    if job_id in draft.jobs and used:  # what they cost counts in the job's on-demand cost from now on
+        hold = draft.jobs[job_id].on_demand
+        draft.amend_job(job_id, on_demand=replace(hold, returned_gpu_seconds=hold.returned_gpu_seconds + used))
     busy = [n for n in names if n in draft.nodes and draft.nodes[n].job is not None]
     detail = f"{', '.join(busy)} still run it: released once it moved off" if busy else "released now"
     for name in names:

@@ -614,6 +614,7 @@ class OnDemandHold(_message.Message):
     HELD_NODES_FIELD_NUMBER: _builtins.int
     COST_DOLLARS_FIELD_NUMBER: _builtins.int
     GPU_HOUR_PRICE_FIELD_NUMBER: _builtins.int
+    SPENT_DOLLARS_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     """the on-demand GPUs the scheduler wants the job to hold"""
     cause: _builtins.str
@@ -638,6 +639,8 @@ class OnDemandHold(_message.Message):
     """of those nodes since each joined, at gpu_hour_price"""
     gpu_hour_price: _builtins.float
     """the controller's --on-demand-gpu-hour-price"""
+    spent_dollars: _builtins.float
+    """all its on-demand capacity: the nodes held now and those it gave back"""
     @_builtins.property
     def held_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -656,10 +659,11 @@ class OnDemandHold(_message.Message):
         held_nodes: _abc.Iterable[_builtins.str] | None = ...,
         cost_dollars: _builtins.float = ...,
         gpu_hour_price: _builtins.float = ...,
+        spent_dollars: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_deadline_in_seconds", b"_deadline_in_seconds", "_finish_seconds", b"_finish_seconds", "_since", b"_since", "deadline_in_seconds", b"deadline_in_seconds", "finish_seconds", b"finish_seconds", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_deadline_in_seconds", b"_deadline_in_seconds", "_finish_seconds", b"_finish_seconds", "_since", b"_since", "cause", b"cause", "cost_dollars", b"cost_dollars", "deadline_in_seconds", b"deadline_in_seconds", "finish_seconds", b"finish_seconds", "gpu_hour_price", b"gpu_hour_price", "gpus", b"gpus", "held_gpus", b"held_gpus", "held_nodes", b"held_nodes", "remaining_samples", b"remaining_samples", "since", b"since", "spot_gpus", b"spot_gpus", "spot_samples_per_second", b"spot_samples_per_second", "with_on_demand_samples_per_second", b"with_on_demand_samples_per_second"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_deadline_in_seconds", b"_deadline_in_seconds", "_finish_seconds", b"_finish_seconds", "_since", b"_since", "cause", b"cause", "cost_dollars", b"cost_dollars", "deadline_in_seconds", b"deadline_in_seconds", "finish_seconds", b"finish_seconds", "gpu_hour_price", b"gpu_hour_price", "gpus", b"gpus", "held_gpus", b"held_gpus", "held_nodes", b"held_nodes", "remaining_samples", b"remaining_samples", "since", b"since", "spent_dollars", b"spent_dollars", "spot_gpus", b"spot_gpus", "spot_samples_per_second", b"spot_samples_per_second", "with_on_demand_samples_per_second", b"with_on_demand_samples_per_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__deadline_in_seconds: _TypeAlias = _typing.Literal["deadline_in_seconds"]  # noqa: Y015
     _WhichOneofArgType__deadline_in_seconds: _TypeAlias = _typing.Literal["_deadline_in_seconds", b"_deadline_in_seconds"]  # noqa: Y015
