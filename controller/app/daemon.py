@@ -94,13 +94,20 @@ def reconcile_config(s: ControllerSettings) -> Config:
 def scheduler_config(s: SchedulerSettings) -> SchedulerConfig:
     """The scheduler's defaults with the times the ``scheduler:`` section gives."""
     base = SchedulerConfig()
+    share = replace(
+        base.share,
+        aging_seconds=s.aging_seconds,
+        starvation_seconds=s.starvation_seconds,
+        min_run_seconds=s.min_run_seconds,
+        horizon_seconds=s.horizon_seconds,
+    )
     timing = replace(
         base.deadlines,
         safety_seconds=s.safety_seconds,
         on_demand_start_seconds=s.on_demand_start_seconds,
         outlook_step_seconds=s.outlook_step_seconds,
     )
-    return replace(base, deadlines=timing)
+    return replace(base, deadlines=timing, share=share)
 
 
 def private_database(path: Path) -> Path:

@@ -56,7 +56,8 @@ class LocalSettings(BaseModel):
 
 
 class SchedulerSettings(BaseModel):
-    """The ``scheduler:`` section: the deadline rule's times (``scheduler.deadlines.DeadlineConfig``)."""
+    """The ``scheduler:`` section: the deadline rule's times (``scheduler.deadlines.DeadlineConfig``) and how GPUs
+    are shared among jobs (``scheduler.allocation.ShareConfig``)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -67,6 +68,14 @@ class SchedulerSettings(BaseModel):
     """A requested on-demand VM's expected time to arrive."""
     outlook_step_seconds: float = Field(default=600.0, gt=0, le=86_400, allow_inf_nan=False)
     """The cluster's projection to each deadline advances in steps of this."""
+    aging_seconds: float = Field(default=3600.0, gt=0, le=86_400 * 30, allow_inf_nan=False)
+    """A job waiting with no GPUs gains a priority level every this many seconds it waits."""
+    starvation_seconds: float = Field(default=7200.0, gt=0, le=86_400 * 30, allow_inf_nan=False)
+    """A job that waited this long is served first, stopping the lowest-priority jobs that ran min_run_seconds."""
+    min_run_seconds: float = Field(default=3600.0, ge=0, le=86_400 * 30, allow_inf_nan=False)
+    """A job runs at least this long before a higher-priority or starving job may stop it (a shrink: any time)."""
+    horizon_seconds: float = Field(default=1800.0, gt=0, le=86_400 * 7, allow_inf_nan=False)
+    """Moving GPUs between running jobs must pay both morphs within this."""
 
 
 class ControllerSettings(BaseSettings):

@@ -1,5 +1,5 @@
-"""The on-demand price and the scheduler's deadline times reach the controller's decisions from a flag, the
-environment or the config file; a bad price is refused naming the flag (exit 2)."""
+"""The on-demand price, the scheduler's deadline times and its sharing times reach the controller's decisions from a
+flag, the environment or the config file; a bad price is refused naming the flag (exit 2)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,21 @@ def test_the_price_flag_reaches_the_decisions_and_the_scheduler_section_its_time
     args = parsed("--on-demand-gpu-hour-price", "4.5")
     assert args.on_demand_gpu_hour_price == 4.5
     config_file = tmp_path / "c.yaml"
-    config_file.write_text("on_demand_gpu_hour_price: 2.0\nscheduler: {safety_seconds: 5, outlook_step_seconds: 10}\n")
+    config_file.write_text(
+        "on_demand_gpu_hour_price: 2.0\nscheduler: {safety_seconds: 5, outlook_step_seconds: 10,"
+        " starvation_seconds: 60, aging_seconds: 30, min_run_seconds: 20, horizon_seconds: 900}\n"
+    )
     config = reconcile_config(load_settings(config_file, {"on_demand_gpu_hour_price": args.on_demand_gpu_hour_price}))
     assert config.on_demand_gpu_hour_price == 4.5  # the flag wins over the file
     deadlines = config.scheduler.deadlines
     assert (deadlines.safety_seconds, deadlines.outlook_step_seconds, deadlines.on_demand_start_seconds) == (5, 10, 120)
+    share = config.scheduler.share
+    assert (share.aging_seconds, share.starvation_seconds, share.min_run_seconds, share.horizon_seconds) == (
+        30,
+        60,
+        20,
+        900,
+    )
     assert reconcile_config(load_settings(config_file, {})).on_demand_gpu_hour_price == 2.0
     assert reconcile_config(load_settings(None, {})).on_demand_gpu_hour_price == 3.0
 
@@ -48,6 +58,8 @@ def test_a_bad_price_flag_is_refused_naming_it(bad: str, capsys: pytest.CaptureF
         ("on_demand_gpu_hour_price: .nan", "on_demand_gpu_hour_price"),
         ("scheduler: {safety_seconds: -1}", "scheduler.safety_seconds"),
         ("scheduler: {outlook_step_seconds: 0}", "scheduler.outlook_step_seconds"),
+        ("scheduler: {starvation_seconds: 0}", "scheduler.starvation_seconds"),
+        ("scheduler: {aging_seconds: .inf}", "scheduler.aging_seconds"),
         ("scheduler: {margin: 0.1}", "scheduler.margin"),  # not a setting: the tuned margins stay the package's
     ],
 )
