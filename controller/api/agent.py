@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import grpc
@@ -58,8 +59,12 @@ class AgentService(rpc.AgentServicer):
         *,
         logbook: LogBook,
         leadership: Leading | None = None,
+        on_registered: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_registered``: called after each registration (the daemon lists the provider's VMs at once, so a VM's
+        pool is known before arrivals settle and anything is decided on it)."""
         self.view = view
+        self.on_registered = on_registered
         self.writes = writes
         self.tokens = tokens
         self.logbook = logbook
@@ -87,6 +92,7 @@ class AgentService(rpc.AgentServicer):
             await self.writes.decide(
                 decide, Stimulus.node_call("Register", request.node_name or None, None, caller=AGENT)
             )
+        self.on_registered()
         node = registered[0]
         return pb.RegisterResponse(
             node_name=node.name,

@@ -203,6 +203,7 @@ class Controller:
             self.heartbeat_latency,
             logbook=self.logbook,
             leadership=self.leadership,
+            on_registered=lambda: self.timers.poll_soon(),  # the timers of the current leadership, not these
         )
         rpc.add_AgentServicer_to_server(agent, self.server)
         verifier = provider if isinstance(provider, IdentityVerifier) else None  # GCP: signed identity tokens

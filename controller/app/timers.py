@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -47,6 +48,13 @@ class Timers:
             if seconds > 0:
                 self.scheduler.add_job(func, "interval", seconds=seconds, id=job_id, replace_existing=True)
         self.scheduler.start()
+
+    def poll_soon(self) -> None:
+        """Run the provider poll now rather than at its next interval (a VM registered: its pool is known from the
+        provider's list, before arrivals settle). A poll under way is not doubled (one instance at a time)."""
+        job = self.scheduler.get_job(PROVIDER_POLL) if self.scheduler.running else None
+        if job is not None:
+            job.modify(next_run_time=datetime.now(job.trigger.timezone))
 
     def ids(self) -> list[str]:
         return sorted(job.id for job in self.scheduler.get_jobs())

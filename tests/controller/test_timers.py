@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 
 from controller.app.timers import CHECKPOINT_REQUESTS, DEBOUNCE, HEARTBEAT_EXPIRY, PROVIDER_POLL, TimerConfig, Timers
@@ -99,5 +100,38 @@ def test_expiry_timer_marks_a_silent_node_lost(tmp_path: Path) -> None:
         finally:
             timers.stop()
             store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_registration_brings_the_provider_poll_forward_to_now() -> None:
+    """A VM that registers is listed by its provider at once (its pool known before arrivals settle), not at the
+    poll's next interval; with no poll (a provider never polled) or stopped timers it is a no-op."""
+
+    async def nothing() -> None:
+        return None
+
+    async def scenario() -> None:
+        timers = Timers(TimerConfig(provider_poll_seconds=3600))
+        timers.start(expiry=nothing, debounce=nothing, checkpoints=nothing, poll=nothing)
+        try:
+            job = timers.scheduler.get_job(PROVIDER_POLL)
+            assert job is not None
+            before = job.next_run_time
+            now = datetime.now(before.tzinfo)
+            assert (before - now).total_seconds() > 3000
+            timers.poll_soon()
+            after = timers.scheduler.get_job(PROVIDER_POLL).next_run_time
+            assert (after - now).total_seconds() < 5, (before, after)
+            assert timers.scheduler.get_job(PROVIDER_POLL).trigger.interval.total_seconds() == 3600  # still hourly
+        finally:
+            timers.stop()
+        unpolled = Timers(TimerConfig())
+        unpolled.start(expiry=nothing, debounce=nothing, checkpoints=nothing, poll=nothing)
+        unpolled.poll_soon()
+        assert PROVIDER_POLL not in unpolled.ids()
+        unpolled.stop()
+        await asyncio.sleep(0)
+        timers.poll_soon()  # stopped: nothing to bring forward
 
     asyncio.run(scenario())
