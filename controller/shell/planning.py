@@ -21,12 +21,14 @@ class MemoPlanner(Planner):
     second, so it is answered once per distinct set of nodes, not once per reconcile.
     """
 
-    MAX_REMEMBERED = 32
+    # The layout chosen by liveput (scheduler.layouts.steadiest) asks the best plan at every pipeline depth of a GPU
+    # count and evaluates what a loss leaves each: 2 x 48 questions for GPT-48, asked again every growth check.
+    MAX_REMEMBERED = 512
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plans: dict[tuple[tuple[tuple[str, int], ...], int | None, int], PlanResult] = {}
-        self._evaluated: tuple[Layout, PlanResult] | None = None
+        self._evaluated: dict[Layout, PlanResult] = {}
         self._sweeps: dict[tuple[int, int], list[PlanResult]] = {}
 
     def what_if(self, max_gpus: int, gpus_per_node: int = 1) -> list[PlanResult]:
@@ -52,9 +54,13 @@ class MemoPlanner(Planner):
         return found
 
     def evaluate(self, layout: Layout) -> PlanResult:
-        if self._evaluated is None or self._evaluated[0] is not layout:
-            self._evaluated = (layout, super().evaluate(layout))
-        return self._evaluated[1]
+        found = self._evaluated.get(layout)
+        if found is None:
+            found = super().evaluate(layout)
+            if len(self._evaluated) >= self.MAX_REMEMBERED:
+                self._evaluated.clear()
+            self._evaluated[layout] = found
+        return found
 
 
 class Planners:
