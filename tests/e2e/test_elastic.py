@@ -32,7 +32,7 @@ STEPS, BATCH, SEED, INTERVAL = 300, 16, 7, 20
 SHORT_STEPS = 150
 
 
-def submit(cluster: LocalCluster, checkpoints: Path, steps: int = STEPS) -> str:
+def submit(cluster: LocalCluster, checkpoints: Path, steps: int = STEPS, priority: int = 0) -> str:
     return cluster.submit(
         steps=steps,
         global_batch=BATCH,
@@ -40,6 +40,7 @@ def submit(cluster: LocalCluster, checkpoints: Path, steps: int = STEPS) -> str:
         dtype="float64",
         checkpoint_interval=INTERVAL,
         checkpoint_dir=checkpoints,
+        priority=priority,
     )
 
 

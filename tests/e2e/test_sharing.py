@@ -16,24 +16,12 @@ import pytest
 from controller.eventlog.scheduler_facts import JobShrunk
 from spotmorph.local.harness import LocalCluster
 
-from .test_elastic import BATCH, INTERVAL, SEED, SHORT_STEPS, assert_equals_reference
+from .test_elastic import SHORT_STEPS, assert_equals_reference, submit
 
 pytestmark = pytest.mark.slow
 
 
-def submit(cluster: LocalCluster, steps: int, checkpoints: Path, priority: int) -> str:
-    return cluster.submit(
-        steps=steps,
-        global_batch=BATCH,
-        seed=SEED,
-        dtype="float64",
-        checkpoint_interval=INTERVAL,
-        checkpoint_dir=checkpoints,
-        priority=priority,
-    )
-
-
-# In `make soak` (about a minute on 2 cores: two jobs on two VMs of two slots): make test keeps the controller's
+# In `make soak` (about 32 s on 2 cores: two jobs on two VMs of two slots): make test keeps the controller's
 # side, stepped with the real planner (tests/controller/test_sharing.py: the shrink, the nodes kept, the step
 # written when memory cannot give it, starvation, no growth onto another's grant) and the policy's properties
 # (tests/scheduler/test_allocation.py).
@@ -43,11 +31,11 @@ def test_a_higher_priority_job_takes_gpus_from_a_running_one_which_shrinks_losin
 ) -> None:
     cluster.up(nodes=2, slots=2)
     checkpoints = tmp_path / "low"
-    low = submit(cluster, SHORT_STEPS, checkpoints, priority=0)
+    low = submit(cluster, checkpoints, SHORT_STEPS)
     cluster.wait_step(low, 10, 120)
     assert len(cluster.job_nodes(low)) == 2, "alone, it takes both VMs"
 
-    high = submit(cluster, 40, tmp_path / "high", priority=5)
+    high = submit(cluster, tmp_path / "high", 40, priority=5)
 
     def both_running() -> bool:
         return {cluster.status(high)["state"], cluster.status(low)["state"]} == {"RUNNING"}
