@@ -10,6 +10,8 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,10 +23,33 @@ from spotmorph.local.layout import ClusterDir
 from spotmorph.local.network import NODE_INTERFACE, prefix_of
 from spotmorph.local.processes import alive
 
+from .conftest import invariant_violations
 from .netns_helpers import assert_nothing_left, listener, needs_netns, plan_of, reaches
 
 pytestmark = [pytest.mark.slow, needs_netns]
 PEER_PORT = 47001
+# The checks that leave a cluster as they found it (or last, as the expiry's) share one namespaced cluster of two VMs,
+# in this order, on one xdist worker: each namespaced cluster's start and `down` took 5-7 s of a loaded 2-core run.
+SHARED = pytest.mark.xdist_group("netns-shared-cluster")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A cluster of two namespaced VMs (``--netns``, no warm trainers, the harness's 5 s heartbeat expiry) for the
+    checks marked ``SHARED``: at its end, as every cluster fixture does, no decision broke an invariant and ``down``
+    left no namespace or link behind."""
+    local = LocalCluster(tmp_path_factory.mktemp("netns-shared") / "home")
+    violated: list[str] = []
+    try:
+        local.up(nodes=2, slots=1, netns=True, warm_trainers=0)
+        yield local
+    finally:
+        violated = invariant_violations(local.files)
+        if violated:
+            print(local.failure_report())
+        local.down()
+        assert_nothing_left(local.files.root)
+    assert not violated, "the controller's decisions broke invariants (InvariantViolated):\n" + "\n".join(violated)
 
 
 def controller_port(cluster: LocalCluster) -> int:
@@ -35,8 +60,9 @@ def platform_port(cluster: LocalCluster) -> int:
     return int(cluster.context().imds_url.rsplit(":", 1)[1])
 
 
-def test_each_vm_is_a_namespace_with_its_own_address(cluster: LocalCluster) -> None:
-    cluster.up(nodes=2, slots=1, netns=True, warm_trainers=0)
+@SHARED
+def test_each_vm_is_a_namespace_with_its_own_address(shared: LocalCluster) -> None:
+    cluster = shared  # first on the shared cluster: its two VMs, then a third added
     plan = plan_of(cluster)
     context = cluster.context()
     assert context.controller.startswith(f"{plan.controller_address}:")
@@ -71,8 +97,9 @@ def test_each_vm_is_a_namespace_with_its_own_address(cluster: LocalCluster) -> N
 @pytest.mark.parametrize(
     "kind", [pytest.param("controller", marks=pytest.mark.soak), pytest.param("peers", marks=pytest.mark.soak), "all"]
 )
-def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: LocalCluster, kind: str) -> None:
-    cluster.up(nodes=2, slots=1, netns=True, warm_trainers=0)
+@SHARED
+def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(shared: LocalCluster, kind: str) -> None:
+    cluster = shared  # healed at the end, as it found it
     plan = plan_of(cluster)
     # node names follow registration order, which the two agents race for: find node-1's VM
     mine = cluster.vm_of("node-1").serial
@@ -83,15 +110,19 @@ def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: Loca
         (plan.platform_address, platform_port(cluster)),
     )
     with listener(me, plan.vm_address(mine), PEER_PORT), listener(peer, plan.vm_address(theirs), PEER_PORT):
+        probes: dict[str, tuple[str, str, int]] = {
+            "controller": (me, *control),
+            "to peer": (me, plan.vm_address(theirs), PEER_PORT),
+            "from peer": (peer, plan.vm_address(mine), PEER_PORT),
+            "platform": (me, *platform),
+            "peer to controller": (peer, *control),
+        }
 
         def links() -> dict[str, bool]:
-            return {
-                "controller": reaches(me, *control),
-                "to peer": reaches(me, plan.vm_address(theirs), PEER_PORT),
-                "from peer": reaches(peer, plan.vm_address(mine), PEER_PORT),
-                "platform": reaches(me, *platform),
-                "peer to controller": reaches(peer, *control),
-            }
+            """Every probe at once: a cut link's waits out its 2 s connect timeout beside the others'."""
+            with ThreadPoolExecutor(len(probes)) as pool:
+                found = {name: pool.submit(reaches, *probe) for name, probe in probes.items()}
+                return {name: future.result() for name, future in found.items()}
 
         assert all(links().values())
         out = cluster.cli("local", "partition", "node-1", "--from", kind)
@@ -107,17 +138,6 @@ def test_a_partition_blocks_exactly_what_it_says_and_heal_restores(cluster: Loca
         assert "healed" in cluster.cli("local", "heal", "node-1").stdout
         assert all(links().values())
         assert "no partition" in cluster.cli("local", "heal", "node-1").stdout
-
-
-def test_partitioned_from_the_controller_past_the_expiry_makes_the_node_lost(cluster: LocalCluster) -> None:
-    cluster.up(nodes=2, slots=1, heartbeat_expiry=5.0, netns=True, warm_trainers=0)
-    cluster.cli("local", "partition", "node-1", "--from", "controller")
-    cluster.wait(lambda: cluster.node_state("node-1") == "LOST", 30, "node-1 to be LOST")
-    assert cluster.node_state("node-2") == "READY"
-    assert cluster.vm_of("node-1").alive(), "a partition is not a crash: the VM's agent still runs"
-    events = [e for e in cluster.events() if e.get("subject") == "node-1" or "node-1" in str(e)]
-    assert any("heartbeat" in str(e) for e in events), events
-    cluster.cli("local", "heal", "node-1")
 
 
 @pytest.mark.soak  # make soak; make test: faults on namespaces through the partitions below
@@ -145,19 +165,33 @@ def test_netem_names_the_missing_module_or_shapes_the_link(cluster: LocalCluster
     assert "tbf" not in qdisc() and "netem" not in qdisc()
 
 
-def test_netem_delay_where_the_kernel_has_sch_netem(cluster: LocalCluster) -> None:
-    cluster.up(nodes=1, slots=1, netns=True, warm_trainers=0)
+@SHARED
+def test_netem_delay_where_the_kernel_has_sch_netem(shared: LocalCluster) -> None:
+    cluster = shared
+    namespace = plan_of(cluster).namespace(cluster.vm_of("node-1").serial)
     out = cluster.cli("local", "netem", "node-1", "--delay", "25", "--loss", "2", "--rate", "50", check=False)
     if out.returncode == 2 and "sch_netem" in out.stderr:
         pytest.skip("this kernel has no sch_netem module (tc netem); the test above checks the message")
-    assert out.returncode == 0, out.stderr
-    shown = subprocess.run(
-        ["tc", "-n", plan_of(cluster).namespace(1), "qdisc", "show", "dev", NODE_INTERFACE],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "netem" in shown and "delay 25ms" in shown and "loss 2%" in shown and "rate 50Mbit" in shown
+    try:
+        assert out.returncode == 0, out.stderr
+        shown = subprocess.run(
+            ["tc", "-n", namespace, "qdisc", "show", "dev", NODE_INTERFACE], capture_output=True, text=True, check=True
+        ).stdout
+        assert "netem" in shown and "delay 25ms" in shown and "loss 2%" in shown and "rate 50Mbit" in shown
+    finally:
+        cluster.cli("local", "heal", "node-1")  # as it found the shared cluster
+
+
+@SHARED
+def test_partitioned_from_the_controller_past_the_expiry_makes_the_node_lost(shared: LocalCluster) -> None:
+    cluster = shared  # last on the shared cluster: node-1 comes back from LOST quarantined
+    cluster.cli("local", "partition", "node-1", "--from", "controller")
+    cluster.wait(lambda: cluster.node_state("node-1") == "LOST", 30, "node-1 to be LOST")
+    assert cluster.node_state("node-2") == "READY"
+    assert cluster.vm_of("node-1").alive(), "a partition is not a crash: the VM's agent still runs"
+    events = [e for e in cluster.events() if e.get("subject") == "node-1" or "node-1" in str(e)]
+    assert any("heartbeat" in str(e) for e in events), events
+    cluster.cli("local", "heal", "node-1")
 
 
 def test_faults_on_a_loopback_cluster_say_to_use_netns(cluster: LocalCluster) -> None:

@@ -38,7 +38,9 @@ from .netns_helpers import assert_nothing_left, needs_netns
 pytestmark = pytest.mark.slow
 
 BATCH, SEED, INTERVAL = 16, 11, 10
-LONG_LEASE = {"SPOTMORPH_LEASE_SECONDS": "600"}
+# A trainer lease far beyond the test, and a node back from LOST quarantined 2 s instead of the default 10 (the
+# quarantine is asserted to happen, not how long: tests/controller/test_flapping.py tests its length on a fake clock).
+LONG_LEASE = {"SPOTMORPH_LEASE_SECONDS": "600", "SPOTMORPH_CONTROLLER_REJOIN_QUARANTINE_SECONDS": "2"}
 
 
 # Where namespaces can be made the real partition runs in `make test` and the frozen agent in `make soak`;
