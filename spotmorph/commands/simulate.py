@@ -31,6 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --jobs: which of spotmorph, spot-only, on-demand-only, uniform-progress (default all)",
     )
     parser.add_argument(
+        "--layouts",
+        choices=("curve", "fastest", "liveput"),
+        default="curve",
+        help="with --jobs: each job runs at its throughput curve's speed (curve, the default), or runs a layout: "
+        "the planner's fastest, or the one of best liveput at the trace's eviction rate as it is replayed; a VM "
+        "lost then pauses the job for what the loss costs its layout (a morph, or a morph and a reload)",
+    )
+    parser.add_argument(
         "--gpus-per-node", type=int, default=1, metavar="K", help="GPUs per VM of the trace (default 1)"
     )
     parser.add_argument(
@@ -89,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         return run_jobs(args, trace, replay)
     if args.policies is not None:
         raise UserInputError("--policies goes with --jobs; the one-job form runs its own policies")
+    if args.layouts != "curve":
+        raise UserInputError(f"--layouts {args.layouts} goes with --jobs; the one-job form replays the planner's plans")
     if args.profile is None or args.global_batch is None:
         raise UserInputError("give --profile FILE and --global-batch B (one job), or --jobs JOBS.yaml (several)")
     report = simulate_policies(Planner(load_profile(args.profile), args.global_batch), trace, replay)

@@ -21,6 +21,7 @@ from morphing.replay import ReplayConfig
 from morphing.traces import Trace
 from scheduler.fleet import POLICIES, FleetConfig, FleetJob, simulate_jobs
 from scheduler.jobs import OnDemand, throughput_curve
+from scheduler.layouts import options
 from spotmorph.commands.plan import load_profile
 
 JOBS_DOCS = "see `spotmorph simulate --help` and README.md (Trace-driven what-if)"
@@ -60,7 +61,9 @@ def parse_policies(text: str | None) -> tuple[str, ...]:
     return chosen
 
 
-def read_jobs(path: Path, gpus_per_node: int) -> list[FleetJob]:
+def read_jobs(path: Path, gpus_per_node: int, layouts: bool = False) -> list[FleetJob]:
+    """The jobs of the file at ``path``; ``layouts``: each with the planner's candidate layouts at every GPU count
+    (``scheduler.layouts.options``), which the replay runs and charges losses by."""
     try:
         data: Any = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
@@ -74,17 +77,18 @@ def read_jobs(path: Path, gpus_per_node: int) -> list[FleetJob]:
     names = [job.name for job in parsed.jobs]
     if len(set(names)) != len(names):
         raise UserInputError(f"jobs file {path}: job names repeat ({', '.join(names)}); give each job its own name")
-    return [_fleet_job(job, path.parent, gpus_per_node) for job in parsed.jobs]
+    return [_fleet_job(job, path.parent, gpus_per_node, layouts) for job in parsed.jobs]
 
 
-def _fleet_job(job: JobEntry, base: Path, gpus_per_node: int) -> FleetJob:
+def _fleet_job(job: JobEntry, base: Path, gpus_per_node: int, layouts: bool) -> FleetJob:
     profile = Path(job.profile) if Path(job.profile).is_absolute() else base / job.profile
     if not profile.is_file():
         raise UserInputError(
             f"job {job.name}: profile {profile} not found; profile paths are relative to the jobs file "
             "(measure one with `spotmorph profile`)"
         )
-    rates = throughput_curve(Planner(load_profile(str(profile)), job.global_batch), job.max_gpus, gpus_per_node)
+    planner = Planner(load_profile(str(profile)), job.global_batch)
+    rates = throughput_curve(planner, job.max_gpus, gpus_per_node)
     if rates[-1] <= 0:
         raise UserInputError(f"job {job.name}: no layout fits {job.max_gpus} GPUs; raise max_gpus (try spotmorph plan)")
     return FleetJob(
@@ -97,6 +101,7 @@ def _fleet_job(job: JobEntry, base: Path, gpus_per_node: int) -> FleetJob:
         submit_hour=job.submit_hour,
         on_demand=OnDemand(job.on_demand),
         on_demand_cap_gpus=job.on_demand_cap_gpus,
+        layouts=tuple(options(planner, n, gpus_per_node) for n in range(job.max_gpus + 1)) if layouts else (),
     )
 
 
@@ -108,8 +113,10 @@ def run_jobs(args: argparse.Namespace, trace: Trace, replay: ReplayConfig) -> in
                 f"file; drop --{flag.replace('_', '-')}"
             )
     policies = parse_policies(args.policies)
-    jobs = read_jobs(Path(args.jobs), replay.gpus_per_node)
-    report = simulate_jobs(jobs, trace, FleetConfig(replay=replay), policies)
+    laid_out = args.layouts != "curve"
+    jobs = read_jobs(Path(args.jobs), replay.gpus_per_node, laid_out)
+    config = FleetConfig(replay=replay, layout_choice=args.layouts if laid_out else "liveput")
+    report = simulate_jobs(jobs, trace, config, policies)
     if args.json:
         print(json.dumps({"policies": report}, indent=2))
         return 0

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from spotmorph.cli import main
+
 from .test_plan_cli import ROOT, spotmorph
 
 TRACE = ROOT / "examples" / "traces" / "aws-p3-spot.csv"
@@ -36,6 +38,31 @@ def test_simulate_jobs_json_reports_every_policy(tmp_path: Path) -> None:
     assert policies["on-demand-only"]["cost"] > policies["spotmorph"]["cost"] > 0
     table = spotmorph("simulate", "--trace", str(TRACE), "--jobs", str(jobs), "--policies", "spotmorph")
     assert table.returncode == 0 and "deadlines met" in table.stdout and "uniform" not in table.stdout
+
+
+def test_simulate_jobs_runs_layouts_and_charges_each_loss_its_layouts_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --layouts, each job runs the planner's layout (here the one of best liveput) and a VM lost pauses it
+    for what the loss costs that layout: loss pauses appear that the curve's replay does not charge. In process
+    (``spotmorph.cli.main``): the subprocess form of the command is tested above."""
+    long = {**GOOD, "steps": 300, "deadline_hours": 8}
+    jobs = _jobs(tmp_path, long, {**long, "name": "b", "priority": 1, "submit_hour": 0.5})
+    stormy = tmp_path / "stormy.csv"  # 12 VMs; every 5 minutes one leaves, and comes back 2.5 minutes later
+    events = [f"0,add,vm{i}" for i in range(12)]
+    for k in range(1, 48):
+        events += [f"{k * 300_000},remove,vm{k % 12}", f"{k * 300_000 + 150_000},add,vm{k % 12}"]
+    stormy.write_text("\n".join(events) + "\n")
+    paused = {}
+    for layouts in ("curve", "liveput"):
+        argv = ["simulate", "--trace", str(stormy), "--jobs", str(jobs), "--policies", "spotmorph", "--json"]
+        assert main([*argv, "--layouts", layouts]) == 0
+        row = json.loads(capsys.readouterr().out)["policies"]["spotmorph"]
+        paused[layouts] = sum(job["loss_pause_hours"] for job in row["jobs"].values())
+    assert paused["curve"] == 0.0 and paused["liveput"] > 0.0
+    alone = ["simulate", "--trace", str(stormy), "--profile", str(PROFILE), "--global-batch", "64"]
+    assert main([*alone, "--layouts", "liveput"]) == 2
+    assert "--layouts liveput goes with --jobs" in capsys.readouterr().err
 
 
 @pytest.mark.slow
