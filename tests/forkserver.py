@@ -34,6 +34,7 @@ def preload() -> None:
 
     rank_imports()
     importlib.import_module("spotmorph.cli")
+    importlib.import_module("controller.app.daemon")  # a controller's start (the startup tests' refused starts)
     for name in MODEL_LIBRARIES:
         if importlib.util.find_spec(name.partition(".")[0]) is not None:
             importlib.import_module(name)

@@ -24,6 +24,7 @@ from controller.app.daemon import Controller
 from controller.app.settings import ControllerSettings
 from controller.client.certs import make_cluster_certs
 from morphing.errors import UserInputError
+from tests import forkserver_client
 from tests.controller.helpers import REPO
 
 
@@ -33,10 +34,16 @@ def controller(state: Path, *flags: str) -> list[str]:
 
 
 def refused(state: Path, *flags: str) -> str:
-    """The one line a refused start printed; the state directory was never created."""
-    done = subprocess.run(controller(state, *flags), capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert done.returncode == 2, f"exit {done.returncode}:\n{done.stdout}{done.stderr}"
-    [line] = done.stderr.strip().splitlines()
+    """The one line a refused start printed; the state directory was never created. Forked from the worker's fork
+    server (its imports done: a refused start is the command's own behaviour, not the interpreter's)."""
+    command = controller(state, *flags)
+    if forkserver_client.enabled():
+        code, out, err = forkserver_client.run(command[1:], REPO, 60)
+    else:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=60)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    assert code == 2, f"exit {code}:\n{out}{err}"
+    [line] = err.strip().splitlines()
     assert line.startswith("spotmorph controller: error: "), line
     assert not state.exists(), "a refused start left the state directory behind"
     return line
