@@ -12,8 +12,12 @@ from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord, RecordEvent, SetJob, World
 from controller.core.reconcile.config import Config
+from controller.core.reconcile.draft import Draft
+from controller.core.reconcile.sharing import owners
 from scheduler.allocation import ShareConfig
-from scheduler.policy import SchedulerConfig
+from scheduler.jobs import Grant
+from scheduler.policy import Decision, SchedulerConfig
+from scheduler.pools import PoolKind
 from tests.controller.helpers import job, node
 from tests.controller.test_reconcile import CONFIG, Sim
 
@@ -132,3 +136,15 @@ def test_a_running_job_never_grows_onto_a_node_granted_to_another() -> None:
     sim.step(1)
     assert sim.job("small").state is J.RUNNING and sim.job("small").nodes == ("node-3",)
     assert sim.job("wide").state is J.RUNNING and "node-3" not in sim.job("wide").nodes
+
+
+def test_a_node_granted_in_part_to_two_jobs_goes_whole_to_the_one_granted_most_then_to_its_holder() -> None:
+    nodes = {"n1": node("n1", slots=4), "n2": replace(node("n2", slots=4), job="b")}
+    draft = Draft(World(nodes, {}), 0.0)
+    spot = PoolKind.SPOT
+    most = Decision((Grant("a", "n1", spot, 1), Grant("b", "n1", spot, 3)), (), (), ())
+    assert owners(most, draft) == {"n1": "b"}
+    tie = Decision((Grant("a", "n2", spot, 2), Grant("b", "n2", spot, 2)), (), (), ())
+    assert owners(tie, draft) == {"n2": "b"}, "a tie goes to the job that holds the node: no morph for nothing"
+    free_tie = Decision((Grant("b", "n1", spot, 2), Grant("a", "n1", spot, 2)), (), (), ())
+    assert owners(free_tie, draft) == {"n1": "a"}, "and on a free node to the first job by name"

@@ -86,12 +86,7 @@ def owners(decision: Decision, draft: Draft) -> dict[str, str]:
     for grant in decision.grants:
         holds = draft.nodes[grant.node].job == grant.job if grant.node in draft.nodes else False
         by_node.setdefault(grant.node, []).append((grant.gpus, holds, grant.job))
-    return {node: max(claims, key=lambda c: (c[0], c[1], _reverse(c[2])))[2] for node, claims in by_node.items()}
-
-
-def _reverse(name: str) -> tuple[int, ...]:
-    """A key under which the smaller name is the larger (ties go to the first job by name)."""
-    return tuple(-ord(c) for c in name)
+    return {node: min(claims, key=lambda c: (-c[0], not c[1], c[2]))[2] for node, claims in by_node.items()}
 
 
 def shrink(draft: Draft, scheduled: Scheduled | None) -> None:
