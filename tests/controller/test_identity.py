@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from functools import partial
 from pathlib import Path
@@ -20,6 +19,7 @@ from spotmorph.local.processes import reap
 from spotmorph.local.provider import LocalProcessProvider, kill_vm
 from tests.controller.conftest import Live, running
 from tests.controller.test_hostile_edge import Node, refusal, running_job, wait_for
+from tests.runtime.helpers import Result, run
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 
@@ -127,13 +127,13 @@ def test_real_agents_a_restarted_agent_keeps_its_node_and_another_vm_is_turned_a
             kill_vm(started)
 
 
-def agent(live: Live, tmp_path: Path, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """A ``spotmorph agent`` process with ``token``, run until it exits."""
+def agent(live: Live, tmp_path: Path, token: str, *args: str) -> Result:
+    """A ``spotmorph agent`` process with ``token``, run until it exits (forked from the worker's fork server)."""
     token_file = tmp_path / "thief.token"
     token_file.write_text(token)
     command = [sys.executable, "-m", "spotmorph.cli", "agent", "--controller", live.address, "--slots", "1"]
     command += ["--token-file", str(token_file), "--work-dir", str(tmp_path / "thief"), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    return run(command, timeout=120)
 
 
 @pytest.mark.parametrize("token", ["vm.vm-1.0", "smt_a-shared-token-nobody-enabled"])

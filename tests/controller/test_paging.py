@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import sys
 
 import grpc
@@ -19,8 +18,8 @@ from controller.api import cluster as cluster_api
 from controller.api.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, encode
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
-from tests.controller.helpers import REPO
 from tests.controller.test_contract import code_of, spec
+from tests.runtime.helpers import run
 
 
 def register(live: Live, count: int) -> None:
@@ -108,7 +107,7 @@ def test_spotmorph_nodes_follows_the_pages_and_shows_every_node(live: Live) -> N
     assert len(live.cluster().ListNodes(pb.ListNodesRequest()).nodes) == DEFAULT_PAGE_SIZE, "one page is not all"
     command = [sys.executable, "-m", "spotmorph.cli", "nodes", "--json", "--controller", live.address]
     env = {**os.environ, "SPOTMORPH_TOKEN": live.token("operator")}
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=120, check=False)
+    done = run(command, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     names = [n["name"] for n in json.loads(done.stdout)]
     assert len(names) == DEFAULT_PAGE_SIZE + 3 and len(set(names)) == len(names)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -17,6 +16,7 @@ from controller.eventlog.schema import Logged
 from protos.spotmorph.v1 import controller_pb2 as pb
 from tests.controller.conftest import Live
 from tests.controller.helpers import REPO
+from tests.runtime.helpers import Result, run
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -124,10 +124,10 @@ def test_empty_log_renders_a_png(tmp_path: Path) -> None:
     assert (tmp_path / "empty.png").stat().st_size > 0
 
 
-def _timeline_cli(live: Live, *args: str) -> subprocess.CompletedProcess[str]:
+def _timeline_cli(live: Live, *args: str) -> Result:
     command = [sys.executable, "-m", "spotmorph.cli", "timeline", *args]
     command += ["--controller", live.address, "--token", live.token("operator")]
-    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
+    return run(command, timeout=120)
 
 
 @pytest.mark.slow

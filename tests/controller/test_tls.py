@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -23,12 +22,12 @@ from controller.app.settings import ControllerSettings
 from controller.client import connection as client
 from protos.spotmorph.v1 import controller_pb2 as pb
 from protos.spotmorph.v1 import controller_pb2_grpc as rpc
-from tests.controller.helpers import REPO
+from tests.runtime.helpers import run
 
 
 def certs(folder: Path, *extra: str) -> Path:
     command = [sys.executable, "-m", "spotmorph.cli", "certs", str(folder), "--host", "127.0.0.1", *extra]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=60)
+    done = run(command, timeout=60)
     assert done.returncode == 0, done.stderr
     return folder
 
