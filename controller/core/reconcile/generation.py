@@ -47,7 +47,18 @@ def fail_unplannable(draft: Draft) -> None:
 
 def rendezvous_port(config: Config, job_id: str, generation: int) -> int:
     """Generation ``generation``'s rendezvous port: another for every generation (one whose port was taken ends,
-    and the next meets elsewhere), and with the controller's salt one nobody else can tell in advance."""
+    and the next meets elsewhere), and with the controller's salt one nobody else can tell in advance. Never the
+    previous generation's: its survivors may still hold their store there (held for a salvage, or stopping) when
+    the next generation's rank 0 listens."""
+    base, span = config.rendezvous_port_base, config.rendezvous_port_span
+    port = _drawn_port(config, job_id, 1)
+    for later in range(2, generation + 1):  # each from the one before (a hash each: microseconds a generation)
+        drawn = _drawn_port(config, job_id, later)
+        port = drawn if drawn != port else base + (drawn - base + 1) % span
+    return port
+
+
+def _drawn_port(config: Config, job_id: str, generation: int) -> int:
     if not config.rendezvous_salt:
         return config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
     digest = hashlib.sha256(f"{config.rendezvous_salt}\0{job_id}\0{generation}".encode()).digest()
