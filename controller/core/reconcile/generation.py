@@ -45,24 +45,19 @@ def fail_unplannable(draft: Draft) -> None:
             draft.release_nodes(job_id, job.nodes, "job failed")
 
 
-def rendezvous_port(config: Config, job_id: str, generation: int) -> int:
+def rendezvous_port(config: Config, job_id: str, generation: int, previous: str = "") -> int:
     """Generation ``generation``'s rendezvous port: another for every generation (one whose port was taken ends,
     and the next meets elsewhere), and with the controller's salt one nobody else can tell in advance. Never the
-    previous generation's: its survivors may still hold their store there (held for a salvage, or stopping) when
-    the next generation's rank 0 listens."""
+    port of ``previous`` (the generation before's rendezvous, ``HOST:PORT``): its survivors may still hold their
+    store there (held for a salvage, or stopping) when this generation's rank 0 listens."""
     base, span = config.rendezvous_port_base, config.rendezvous_port_span
-    port = _drawn_port(config, job_id, 1)
-    for later in range(2, generation + 1):  # each from the one before (a hash each: microseconds a generation)
-        drawn = _drawn_port(config, job_id, later)
-        port = drawn if drawn != port else base + (drawn - base + 1) % span
-    return port
-
-
-def _drawn_port(config: Config, job_id: str, generation: int) -> int:
     if not config.rendezvous_salt:
-        return config.rendezvous_port_base + (zlib.crc32(job_id.encode()) + generation) % config.rendezvous_port_span
-    digest = hashlib.sha256(f"{config.rendezvous_salt}\0{job_id}\0{generation}".encode()).digest()
-    return config.rendezvous_port_base + int.from_bytes(digest[:8], "big") % config.rendezvous_port_span
+        port = base + (zlib.crc32(job_id.encode()) + generation) % span
+    else:
+        digest = hashlib.sha256(f"{config.rendezvous_salt}\0{job_id}\0{generation}".encode()).digest()
+        port = base + int.from_bytes(digest[:8], "big") % span
+    _, _, before = previous.rpartition(":")
+    return base + (port - base + 1) % span if before == str(port) else port
 
 
 def usable_nodes(draft: Draft, job: JobRecord, nodes: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -117,7 +112,7 @@ def start_generation(
     layout = plan.layout
     detail = "; ".join([detail, *(note for note in plan.notes if note.startswith("liveput:"))])  # why not the fastest
     rank0 = draft.nodes[layout.placement[0].node]
-    port = rendezvous_port(config, job_id, generation)
+    port = rendezvous_port(config, job_id, generation, job.rendezvous)
     resume = job.last_checkpoint
     through_memory = stopped and job.spec.morph_through_memory
     stopped_at = job.salvage.step or job.step  # the survivors of an unplanned loss keep the step salvaged
