@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from spotmorph.local.harness import LocalCluster, max_rel_diff, train_reference, world_size
+from spotmorph.local.harness import TINY_GPT_SPEC, LocalCluster, max_rel_diff, train_reference, world_size
 from spotmorph.local.processes import alive
 from worker_agent.contract import read_progress
 
@@ -32,15 +32,17 @@ STEPS, BATCH, SEED, INTERVAL = 300, 16, 7, 20
 SHORT_STEPS = 150
 
 
-def submit(cluster: LocalCluster, checkpoints: Path, steps: int = STEPS, priority: int = 0) -> str:
+def submit(cluster: LocalCluster, checkpoints: Path, steps: int = STEPS, **more: object) -> str:
+    """The float64 demo job the e2e tests hold to the 1-process reference; ``more``: its other fields."""
     return cluster.submit(
+        TINY_GPT_SPEC,
         steps=steps,
         global_batch=BATCH,
         seed=SEED,
         dtype="float64",
         checkpoint_interval=INTERVAL,
         checkpoint_dir=checkpoints,
-        priority=priority,
+        **more,
     )
 
 

@@ -21,7 +21,7 @@ import pytest
 from controller.eventlog.scheduler_facts import OnDemandReleased, OnDemandRequested
 from spotmorph.local.harness import LocalCluster
 
-from .test_elastic import BATCH, INTERVAL, SEED, assert_equals_reference
+from .test_elastic import assert_equals_reference, submit
 
 pytestmark = pytest.mark.slow
 
@@ -46,17 +46,7 @@ def test_a_deadline_at_risk_gets_on_demand_nodes_and_gives_them_back_when_spot_r
     cluster.up(nodes=2, slots=1, on_demand_nodes=2, deadline_timing=TIMING)
     checkpoints = tmp_path / "ckpt"
     deadline = datetime.fromtimestamp(time.time() + DEADLINE_SECONDS, tz=UTC).isoformat()
-    job = cluster.submit(
-        steps=STEPS,
-        global_batch=BATCH,
-        seed=SEED,
-        dtype="float64",
-        checkpoint_interval=INTERVAL,
-        checkpoint_dir=checkpoints,
-        deadline=deadline,
-        on_demand="allowed",
-        on_demand_max_gpus=2,
-    )
+    job = submit(cluster, checkpoints, STEPS, deadline=deadline, on_demand="allowed", on_demand_max_gpus=2)
     cluster.wait_step(job, 10, 120)
     spot = cluster.job_nodes(job)
     assert spot and all(pools(cluster)[n] == "spot" for n in spot)
