@@ -61,6 +61,25 @@ def test_a_deadline_at_risk_on_spot_alone_asks_for_on_demand_with_its_cause_and_
     assert any(isinstance(c, SetPoolStats) and c.stats.kind is PoolKind.SPOT for c in commands)
 
 
+def test_no_on_demand_is_asked_for_while_the_spot_nodes_a_deadline_counts_on_are_still_joining() -> None:
+    """Seen end to end: a job submitted in a cluster's first second, its two spot VMs registered but not yet
+    heard from, asked for two on-demand GPUs at once (spot GPUs: 0). A rise waits for arrivals to settle."""
+    now = AT - 1200.0  # twenty minutes left: the two spot nodes finish the small job long before
+    joining = {f"spot-{i}": node(f"spot-{i}", NodeState.JOINING, at=now - 0.2) for i in (1, 2)}
+    world = World(joining, {"j1": deadline_job(100)})  # type: ignore[dict-item]
+    timing = DeadlineConfig(safety_seconds=5.0, on_demand_start_seconds=10.0, outlook_step_seconds=3600.0)
+    config = Config(debounce_seconds=5.0, scheduler=SchedulerConfig(deadlines=timing))  # the e2e test's times
+    early = reconcile(world, now, config, {"j1": planner()})
+    assert not facts_of(early, OnDemandRequested), "the spot nodes are still arriving"
+    assert apply(world, early).jobs["j1"].on_demand.gpus == 0
+    ready = {name: replace(n, state=NodeState.READY) for name, n in joining.items()}
+    settled = reconcile(replace(world, nodes=ready), now + 6.0, config, {"j1": planner()})
+    assert not facts_of(settled, OnDemandRequested), "once they are ready, spot alone meets the deadline"
+    empty = World({}, {"j1": deadline_job(10_000_000)})  # type: ignore[dict-item]
+    alone = reconcile(empty, AT - 600.0, config, {"j1": planner()})
+    assert facts_of(alone, OnDemandRequested), "with no spot node arriving, a deadline at risk still asks at once"
+
+
 def test_an_on_demand_node_serves_its_owner_only_and_is_given_back_when_no_job_needs_it() -> None:
     mine = replace(node("od-1"), pool=PoolKind.ON_DEMAND, owner="j1")
     assert may_run_on(job("j1"), mine) and not may_run_on(job("j2"), mine)

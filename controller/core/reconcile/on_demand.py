@@ -7,8 +7,8 @@ cap; the nodes present with their pool and owner) with the spot pool's forecast 
 carried out:
 
 - a job's on-demand level (``JobRecord.on_demand``: GPUs, ``CapacityCause``, the numbers behind it) follows its
-  need; a rise is ``OnDemandRequested``, and the runner asks the provider for the sum of the levels
-  (:func:`~controller.core.capacity.wanted_on_demand`);
+  need, a rise only once no spot node is still arriving (:func:`spot_arriving`); a rise is ``OnDemandRequested``,
+  and the runner asks the provider for the sum of the levels (:func:`~controller.core.capacity.wanted_on_demand`);
 - an on-demand node that arrives (its pool known from the provider's list) goes to the job whose level it fills
   (``NodeRecord.owner``); it serves that job only (:func:`~controller.core.reconcile.devices.may_run_on`);
 - a node the decision gives back loses its owner (``OnDemandReleased``): released at once when free, else its job
@@ -57,9 +57,13 @@ def plan_on_demand(draft: Draft, config: Config, scheduled: Scheduled | None) ->
         return
     views, decision, rates = scheduled.views, scheduled.decision, scheduled.rates
     needs = {need.job: need for need in decision.on_demand}
+    arriving = spot_arriving(draft, config.debounce_seconds)
     for job_view in views:
         need = needs.get(job_view.name)
-        _hold(draft, job_view, need.gpus if need else 0, need.cause if need else None, rates, config)
+        gpus = need.gpus if need else 0
+        if arriving and gpus > draft.jobs[job_view.name].on_demand.gpus:
+            continue  # spot nodes are still joining: the deadline counts them once they are ready, as admission does
+        _hold(draft, job_view, gpus, need.cause if need else None, rates, config)
     for job in draft.jobs.values():
         if job.state not in JOB_LIVE and job.on_demand.gpus:
             spent = job.on_demand.returned_gpu_seconds
@@ -69,6 +73,19 @@ def plan_on_demand(draft: Draft, config: Config, scheduled: Scheduled | None) ->
             give_back(draft, change.job, change.release_nodes, str(change.cause))
     _claim_arrivals(draft)
     _release_ownerless(draft)
+
+
+def spot_arriving(draft: Draft, debounce_seconds: float) -> bool:
+    """A spot node registered within the debounce window and given no work yet (joining, or ready and free): the spot
+    capacity a deadline counts on is still arriving, so no on-demand level rises on its absence (a cluster's first
+    seconds, a burst of returning VMs)."""
+    return any(
+        n.pool is PoolKind.SPOT
+        and n.state in (NodeState.JOINING, NodeState.READY)
+        and n.job is None
+        and draft.now - n.joined_at < debounce_seconds
+        for n in draft.nodes.values()
+    )
 
 
 def _hold(
