@@ -27,6 +27,8 @@ class HeldSkipCause(enum.StrEnum):
     INCONSISTENT = "inconsistent"  # the holders disagree on the job or layout, or claim the same old rank
     LAYERS_MISSING = "layers_missing"  # a layer no trainer of the generation holds, and the step is not committed
     CHECKSUM_MISMATCH = "checksum_mismatch"  # a layer arrived with other bytes than its sender's
+    # A failed exchange's class (``ExchangeFailed.cause``, in its generation's failure): the generation ends and its
+    # processes hold the step again, so the next one is named it once more; an older agent reported it as a skip.
     PEER_LOST = "peer_lost"  # a peer's connection closed during the exchange (its process died)
     PEER_TIMEOUT = "peer_timeout"  # a peer was silent past the peer timeout during the exchange
 

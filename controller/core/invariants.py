@@ -40,7 +40,9 @@ class Invariant(StrEnum):
     ONE_RANK_PER_SLOT = "one-rank-per-slot"  # no (node, slot) runs two ranks, of one job or of two
     NODE_HOLDS = "node-holds"  # only ASSIGNED, DRAINING, LOST nodes hold a job: an active one placing ranks there
     SALVAGE_FIELDS = "salvage-fields"  # a job's salvage record agrees with its action (records.Salvage)
-    HELD_GENERATION = "held-generation"  # a step held in memory is the previous generation's
+    # a step held in memory is an earlier generation's: the previous one's, or the one before it when the previous
+    # generation ended before it took that step (its processes hold it again)
+    HELD_GENERATION = "held-generation"
     GENERATION_FORWARD = "generation-forward"  # a job's generation never goes back
     FINAL_STATE = "final-state"  # a job that ended stays ended
     GROWTH_AT_RISK = "growth-at-risk"  # growth places no rank on a node at risk of eviction it did not run on
@@ -91,9 +93,9 @@ def _job(job: JobRecord) -> Iterator[Violation]:
         yield Violation(Invariant.ACTIVE_LAYOUT, f"job {job.id} is {job.state} without a layout")
     yield from _salvage(job)
     held = job.held.generation
-    if job.held.step and held != job.generation - 1:
+    if job.held.step and not 0 < held < job.generation:
         detail = f"job {job.id} at generation {job.generation} holds step {job.held.step} of generation {held}"
-        yield Violation(Invariant.HELD_GENERATION, f"{detail}, not of generation {job.generation - 1}")
+        yield Violation(Invariant.HELD_GENERATION, f"{detail}, not of an earlier generation")
     if not job.held.step and held:
         yield Violation(Invariant.HELD_GENERATION, f"job {job.id} holds no step but names generation {held}")
 

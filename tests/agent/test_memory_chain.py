@@ -7,6 +7,7 @@ runs exact chains through the disk)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from tests.runtime.helpers import TINY, wait_for
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
-from worker_agent.contract import CommittedCheckpoint
+from worker_agent.contract import CommittedCheckpoint, ExitCode
 
 STEPS, BATCH, MICRO = 80, 6, 2
 
@@ -110,3 +111,49 @@ def test_a_chain_of_morphs_through_memory_ends_where_one_process_does(tmp_path: 
         reference.kill_all()
     difference = max_rel_diff(tmp_path / "reference", tmp_path / "chain")
     assert difference == 0.0 if exact else difference <= 1e-9, (stops, difference)
+
+
+def start_generation(
+    supervisor: Supervisor, spec: JobSpec, generation: int, shape: Layout, port: int, **more: object
+) -> None:
+    launch = LaunchSpec(spec, shape.to_dict(), f"127.0.0.1:{port}", more.pop("checkpoints"), **more)  # type: ignore[arg-type]
+    for rank in range(shape.world_size):
+        supervisor.start(TrainerKey("job-1", generation, rank), launch)
+    supervisor.forget({("job-1", generation)})
+
+
+@pytest.mark.slow
+def test_a_generation_that_never_met_leaves_the_held_step_to_the_next(tmp_path: Path) -> None:
+    """Generation 1 (1 x 2) stops at S and holds it. Generation 2 (2 x 1) is named S, but its rank 0 cannot bind the
+    rendezvous port (another process holds it) and rank 1 waits for a store that never comes; the agent ends it.
+    Both processes hold S again (exit 2 and 1, not killed), and generation 3 (1 x 2) takes S from their memory and
+    ends where one uninterrupted process does. Before, both processes exited with the step, and generation 3 could
+    only start over from the disk (here: from scratch, nothing was written)."""
+    spec, checkpoints, base = job(tmp_path, exact=False), tmp_path / "chain", port_range_base(1)
+    supervisor = Supervisor(tmp_path / "work")
+    try:
+        start_generation(supervisor, spec, 1, layout(1, 2), base + 3, checkpoints=checkpoints)
+        held = CommittedCheckpoint(stop_and_hold(supervisor, 1, 2, 0), 1)
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", base + 6))  # bound, not listening: rank 0 cannot bind, rank 1 finds no store
+            start_generation(supervisor, spec, 2, layout(2, 1), base + 6, checkpoints=checkpoints, held=held)
+            wait_for(lambda: generation_of(supervisor, 2)[0].status.exit_code is not None, 90, "rank 0's refusal")
+            rank_1 = TrainerKey("job-1", 2, 1)
+            ended = lambda: not supervisor.end(rank_1) and not generation_of(supervisor, 2)[1].status.running  # noqa: E731
+            wait_for(ended, 30, "rank 1 ended by its agent")
+        ends = {r.status.key.rank: r.status.exit_code for r in generation_of(supervisor, 2)}
+        assert ends == {0: ExitCode.USER_ERROR, 1: ExitCode.ABORTED}, ends  # neither was killed (-9)
+        assert "holds again" in supervisor.log_tail(rank_1), supervisor.log_tail(rank_1)
+        start_generation(supervisor, spec, 3, layout(1, 2), base + 9, checkpoints=checkpoints, held=held)
+        wait_for(lambda: not any(r.status.running for r in generation_of(supervisor, 3)), 240, "the end")
+        assert all(r.status.exit_code == 0 and r.step == STEPS for r in generation_of(supervisor, 3))
+        loaded = [(e.step, e.checkpoint) for e in loaded_by(supervisor, 3)]
+        assert loaded == [(held.step, "memory of generation 1")] * 2, loaded
+    finally:
+        supervisor.kill_all()
+    reference = Supervisor(tmp_path / "reference-work")
+    try:
+        run(reference, spec, [layout(1, 1)], tmp_path / "reference")
+    finally:
+        reference.kill_all()
+    assert max_rel_diff(tmp_path / "reference", checkpoints) <= 1e-9

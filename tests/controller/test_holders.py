@@ -82,6 +82,12 @@ class Staged(Planner):
 def evicted(count: int, stages: int, then: Planner, victim: str) -> tuple[JobRecord, list[StartGeneration]]:
     """A job admitted on ``stages`` stages over ``count`` nodes, run to step 40 (30 committed); ``victim`` gets
     an eviction notice, every rank stops at 41 and keeps it in memory, and ``then`` plans the next generation."""
+    sim = evicted_sim(count, stages, then, victim)
+    return sim.job(), [c for c in sim.log if isinstance(c, StartGeneration) and c.generation == 2]
+
+
+def evicted_sim(count: int, stages: int, then: Planner, victim: str) -> Sim:
+    """:func:`evicted`'s simulation, at generation 2's issue."""
     job = JobRecord("j1", spec(global_batch=4), JobState.QUEUED, submitted_at=0.0, state_since=0.0)
     nodes = {f"node-{i}": node(f"node-{i}", at=-1.0 + i * 0.001) for i in range(1, count + 1)}
     sim = Sim(World(nodes, {"j1": job}))
@@ -104,7 +110,7 @@ def evicted(count: int, stages: int, then: Planner, victim: str) -> tuple[JobRec
         sim.beat(name, *ranks, notice=sim.now + 30 if name == victim else None)
     sim.step(2)
     assert sim.job().generation == 2 and sim.job().layout is not None
-    return sim.job(), [c for c in sim.log if isinstance(c, StartGeneration) and c.generation == 2]
+    return sim
 
 
 def test_a_planned_morph_places_a_holder_of_every_stage_first_and_loses_no_step() -> None:

@@ -118,7 +118,7 @@ RUNNING_WORLD: dict[str, tuple[Breaking, Invariant, str]] = {
     "held-step-of-another-generation": (
         lambda w: _job(w, held=CheckpointRef(7, 1)),
         Invariant.HELD_GENERATION,
-        "holds step 7 of generation 1, not of generation 0",
+        "holds step 7 of generation 1, not of an earlier generation",
     ),
     "held-generation-without-a-step": (
         lambda w: _job(w, held=CheckpointRef(0, 3)),

@@ -8,12 +8,16 @@ written on the critical path, and the next generation starts from memory."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.core.reconcile.config import Config
+from controller.core.reconcile.generation import rendezvous_port
 from controller.eventlog.facts import CheckpointCommitted
+from controller.tokens import Tokens, token_secret
 from spotmorph.local.harness import TINY_GPT_SPEC, LocalCluster, max_rel_diff, train_reference, world_size
 from spotmorph.local.unplanned import issued, pipeline_profile, stage_nodes
 from worker_agent.contract import CheckpointLoaded, CheckpointWritten, TrainingStopped
@@ -41,11 +45,15 @@ def held_step(cluster: LocalCluster, job: str, generation: int) -> int:
     return issued(cluster, job, generation).held_step
 
 
-def assert_loaded_from_memory(cluster: LocalCluster, job: str, generation: int, held: int, width: int) -> None:
-    """Every one of the ``width`` ranks of ``generation`` loaded step ``held`` from the previous one's memory."""
+def assert_loaded_from_memory(
+    cluster: LocalCluster, job: str, generation: int, held: int, width: int, held_by: int | None = None
+) -> None:
+    """Every one of the ``width`` ranks of ``generation`` loaded step ``held`` from the memory of generation
+    ``held_by`` (the previous one unless said)."""
     loaded = [r.event for r in progress(cluster, job, generation) if isinstance(r.event, CheckpointLoaded)]
+    memory = f"memory of generation {generation - 1 if held_by is None else held_by}"
     assert len(loaded) == width, loaded
-    assert all(e.step == held and e.checkpoint == f"memory of generation {generation - 1}" for e in loaded), loaded
+    assert all(e.step == held and e.checkpoint == memory for e in loaded), loaded
 
 
 def assert_equals_the_reference(cluster: LocalCluster, job: str, checkpoints: Path, tmp_path: Path) -> None:
@@ -114,6 +122,50 @@ def test_an_evicted_stage_is_handed_to_a_survivor_and_the_morph_reads_no_disk(
     assert not written, f"the stop wrote step {held} although the leaving rank could hand its stage over"
     cluster.wait_step(job, held + INTERVAL + 2, 180)
     assert_loaded_from_memory(cluster, job, generation, held, world_size(after))
+    assert cluster.status(job)["steps_lost"] == 0
+    cluster.cli("cancel", job)
+    cluster.wait_state(job, {"CANCELLED"}, 60)
+    assert_equals_the_reference(cluster, job, checkpoints, tmp_path)
+
+
+def next_rendezvous(cluster: LocalCluster, job: str, status: dict[str, Any]) -> tuple[str, int]:
+    """Where the job's next generation will meet: the controller's own draw (its secret's salt, the cluster's port
+    base), which no one without the secret can tell; the host is this generation's (every local VM's)."""
+    settings = json.loads(cluster.files.controller_settings.read_text())
+    salt = Tokens({}, token_secret(cluster.files.state)).rendezvous_salt()
+    config = Config(rendezvous_port_base=int(settings["rendezvous_port_base"]), rendezvous_salt=salt)
+    endpoint = str(status["rendezvous_endpoint"])
+    port = rendezvous_port(config, job, int(status["generation"]) + 1, endpoint)
+    return endpoint.rsplit(":", 1)[0], port
+
+
+# make soak; make test: tests/agent/test_memory_chain.py (the processes) and tests/controller/test_held_again.py
+@pytest.mark.soak
+def test_a_morph_that_fails_to_start_takes_the_held_step_on_its_retry(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A growth through memory whose next generation cannot meet (another process holds its rendezvous port): that
+    generation ends, its processes hold the step again, and the one after takes it from them: no step lost."""
+    cluster.up(nodes=1)
+    checkpoints = tmp_path / "ckpt"
+    job = submit(cluster, checkpoints)
+    before = cluster.wait_step(job, 10, 120)
+    first = int(before["generation"])
+    host, port = next_rendezvous(cluster, job, before)
+    with socket.socket() as squatter:
+        squatter.bind((host, port))  # bound, never listening: the next rank 0 cannot bind, the others find no store
+        cluster.notes.append(f"holds {host}:{port}, generation {first + 1}'s rendezvous")
+        cluster.cli("local", "add", "1")
+
+        def retried(status: dict[str, Any]) -> bool:
+            return status["state"] == "RUNNING" and int(status["generation"]) >= first + 2
+
+        after = cluster.wait_status(job, retried, 240, "the growth, failed to start, then retried")
+    held = held_step(cluster, job, first + 1)
+    assert held > 0 and issued(cluster, job, first + 1).held_generation == first, cluster.events(job)
+    retry = issued(cluster, job, first + 2)
+    assert (retry.held_step, retry.held_generation) == (held, first), retry
+    assert retry.morph_cause == "start_failed", retry
+    cluster.wait_step(job, held + INTERVAL + 2, 180)
+    assert_loaded_from_memory(cluster, job, first + 2, held, world_size(after), held_by=first)
     assert cluster.status(job)["steps_lost"] == 0
     cluster.cli("cancel", job)
     cluster.wait_state(job, {"CANCELLED"}, 60)

@@ -96,7 +96,8 @@ def main() -> None:
             lambda cause, why: told.append((cause.value, why)),
         )
     except Exception as exc:
-        result: dict[str, object] = {"raised": repr(exc), "told": told}
+        cause = getattr(exc, "cause", None)
+        result: dict[str, object] = {"raised": repr(exc), "told": told, "cause": cause.value if cause else None}
     else:
         same = outcome.used and all(
             torch.equal(outcome.payloads[f"l{i}"]["tensors"][f"l{i}.w"], payload(i)["tensors"][f"l{i}.w"])  # type: ignore[index]

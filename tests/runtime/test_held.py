@@ -95,12 +95,9 @@ def test_a_sender_killed_mid_transfer_fails_the_exchange_on_its_receivers(tmp_pa
     assert results[1] == {}, "rank 1 was killed after its first tensor was on its way"
     survivors = [results[0], results[2]]
     assert all(r.get("raised", "").startswith("ExchangeFailed(") for r in survivors), results
-    for r in survivors:  # the event the trainer emits (HeldStateSkipped) before its generation ends
-        [(cause, told)] = r["told"]
-        assert cause == "peer_lost" and told.startswith("the exchange of step 5 held by generation 1 lost a peer: "), (
-            told
-        )
-        assert told.endswith("the next resumes from the newest committed checkpoint"), told
+    for r in survivors:  # not a skip: the generation ends, and its processes hold the step again for the next
+        assert r["told"] == [] and r["cause"] == "peer_lost", r
+        assert "the exchange of step 5 held by generation 1 lost a peer: " in r["raised"], r
 
 
 @pytest.mark.slow
@@ -110,10 +107,7 @@ def test_a_silent_sender_fails_the_exchange_after_the_peer_timeout_not_the_world
     results = run_world(tmp_path, "silent")
     for r in (results[0], results[2]):
         assert r.get("raised", "").startswith("ExchangeFailed(") and "Timed out" in r["raised"], results
-        [(cause, told)] = r["told"]
-        assert cause == "peer_timeout" and told.startswith(
-            "the exchange of step 5 held by generation 1 lost a peer: "
-        ), told
+        assert r["told"] == [] and r["cause"] == "peer_timeout", r
 
 
 @pytest.mark.slow

@@ -41,10 +41,11 @@ from worker_agent.agent.converge import RequestStop, accept, converge
 from worker_agent.agent.decisions import EvictionNotice
 from worker_agent.agent.evictions import Evictions, NoticeHooks
 from worker_agent.agent.gpus import trainer_environment
+from worker_agent.agent.holders import kill_leftovers
 from worker_agent.agent.logs import LogShipper
 from worker_agent.agent.perform import perform
 from worker_agent.agent.progress import TrainerReport
-from worker_agent.agent.supervisor import Supervisor, kill_leftovers
+from worker_agent.agent.supervisor import Supervisor
 from worker_agent.agent.transport import (
     CallFailed,
     CallRefused,

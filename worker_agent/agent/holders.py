@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from worker_agent.agent.zygote import Adopted
-from worker_agent.contract import ExitCode, WarmSpool
+from worker_agent.contract import ExitCode, TrainersDir, WarmSpool
 
 
 class Process(Protocol):
@@ -41,16 +41,18 @@ def kill_group(process: Process) -> None:
 
 @dataclass
 class Finished:
-    """A trainer whose generation ended in a planned stop and whose process now holds its state: for its
-    generation it has exited 0; the process lives on among the holders."""
+    """A trainer whose generation ended and whose process now holds a step: for its generation it has exited,
+    ``code`` 0 after a planned stop (it holds its stage at the stop), a failure after a generation that ended before
+    it took the step it was handed (it holds that step again); the process lives on among the holders."""
 
     pid: int
+    code: int = ExitCode.SUCCEEDED
 
     def poll(self) -> int:
-        return ExitCode.SUCCEEDED
+        return self.code
 
     def wait(self, timeout: float | None = None) -> int:
-        return ExitCode.SUCCEEDED
+        return self.code
 
 
 @dataclass
@@ -89,3 +91,15 @@ class Holders:
                 self._held.remove(holder)
                 kill_group(holder.process)
                 shutil.rmtree(holder.spool.path, ignore_errors=True)
+
+
+def kill_leftovers(trainers: TrainersDir) -> None:
+    """Trainers a previous incarnation of this agent left behind must never join a new generation."""
+    for pid_file in trainers.pid_files():
+        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        pid_file.unlink(missing_ok=True)
+    for spool in trainers.warm_spools():
+        with contextlib.suppress(OSError, ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(spool.pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(trainers.warm_root, ignore_errors=True)

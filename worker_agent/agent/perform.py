@@ -55,8 +55,8 @@ def perform(
             log.info("salvage order for generation %d of %s: %s", command.generation, command.job_id, command.order)
             supervisor.request_salvage(command.job_id, command.generation, command.order)
         case KillTrainer():
-            log.info("killing %s: %s", command.key, command.reason)
-            supervisor.kill(command.key)
+            if supervisor.end(command.key):
+                log.info("killed %s: %s", command.key, command.reason)
         case _:
             assert_never(command)
 

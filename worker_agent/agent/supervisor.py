@@ -16,15 +16,15 @@ replacements do not compete with a morph for the CPU.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,9 @@ from worker_agent.contract import (
 )
 
 LOG = logging.getLogger("spotmorph.agent")
+RELEASE_SECONDS = 5.0
+"""How long a trainer handed a held step may take to give up its generation and hold the step again (it polls its
+abort file every 20 ms; a rendezvous or an exchange it is in is severed at once) before it is killed."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class _Trainer:
     progress: TrainerProgress = field(default_factory=TrainerProgress)
     hold_spool: WarmSpool | None = None
     pid_recorded: bool = False
+    handed_held: bool = False  # its process held a step of this job, which its generation is to load
+    release_asked_at: float | None = None  # when it was asked to give up its generation and hold that step again
 
 
 class Supervisor:
@@ -98,9 +103,11 @@ class Supervisor:
         warm: int = 0,
         zygote: bool = False,
         inherited: InheritedProcess | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``zygote``: fork warm trainers from one process that imported once (a CPU node's agent; this process
         then adopts its descendants' orphans, see :mod:`worker_agent.agent.zygote`), the ``inherited`` one first."""
+        self.clock = clock
         self.trainers_dir = TrainersDir(work_dir)
         self.python = python
         self.env = env
@@ -148,7 +155,8 @@ class Supervisor:
         )
         if self.lease_seconds is not None:
             directory.control.renew_lease(self.lease_seconds)  # before the trainer can look for it
-        process: Process | None = self._hand_to_warm(WarmAssignment(arguments, log_path), key.job_id, spec.job)
+        taken = self._hand_to_warm(WarmAssignment(arguments, log_path), key.job_id, spec.job)
+        process: Process | None = taken.process if taken is not None else None
         if process is None:
             with open(log_path, "ab") as log:
                 try:
@@ -164,7 +172,10 @@ class Supervisor:
                     log.write(f"cannot start a trainer with {self.python}: {reason}\n".encode())
                     process = _FailedStart()
         reader = ProgressReader(directory.progress_file(key.rank))
-        self._trainers[key] = trainer = _Trainer(key, process, reader, log_path, hold_spool=hold_spool)
+        handed = spec.held is not None and taken is not None and taken.holds is not None
+        self._trainers[key] = trainer = _Trainer(
+            key, process, reader, log_path, hold_spool=hold_spool, handed_held=handed
+        )
         self._record_pid(trainer)
 
     def _record_pid(self, trainer: _Trainer) -> None:
@@ -185,15 +196,14 @@ class Supervisor:
         spool.path.mkdir(parents=True)
         return spool
 
-    def _hand_to_warm(self, assignment: WarmAssignment, job_id: str, job: JobSpec) -> Process | None:
+    def _hand_to_warm(self, assignment: WarmAssignment, job_id: str, job: JobSpec) -> Warm | None:
         """Give the trainer's arguments to a process holding this job's state, else to a warm one that has run no
-        other job's code (:meth:`WarmTrainers.take`); None when there is none."""
+        other job's code (:meth:`WarmTrainers.take`); the one it went to (None: none)."""
         self._reap_holders()
         taken = self._holders.take(job_id) or self.warm_trainers.take(job_id, job)
-        if taken is None:
-            return None
-        taken.spool.hand_over(assignment.to_json())
-        return taken.process
+        if taken is not None:
+            taken.spool.hand_over(assignment.to_json())
+        return taken
 
     def _reap_holders(self) -> None:
         """A trainer that stopped and holds its state has ended its generation (exit 0 for it); its process
@@ -204,7 +214,7 @@ class Supervisor:
             if spool is None or not isinstance(process, (subprocess.Popen, Adopted)) or process.poll() is not None:
                 continue
             if spool.holding():
-                trainer.process = Finished(process.pid)
+                trainer.process = Finished(process.pid, spool.held_exit_code())
                 trainer.hold_spool = None
                 self._holders.add(Warm(process, spool, (trainer.key.job_id, trainer.key.generation)))
                 LOG.info("%s stopped and keeps its state in memory for the next generation", trainer.key)
@@ -299,6 +309,27 @@ class Supervisor:
             return
         kill_group(trainer.process)
 
+    def end(self, key: TrainerKey) -> bool:
+        """End a trainer the controller no longer runs (call again until it has ended); True when it was killed.
+
+        One handed a held step it has not loaded yet is first asked to give up its generation (its control dir's
+        abort): it holds that step again, so the next generation still takes it from memory
+        (:meth:`worker_agent.runtime.process.trainer_process.TrainerProcess.next_generation`). It is killed if it
+        has not within :data:`RELEASE_SECONDS`."""
+        trainer = self._trainers.get(key)
+        if trainer is None or trainer.process.poll() is not None:
+            return False
+        if trainer.handed_held and not trainer.progress.stepped:
+            now = self.clock()
+            if trainer.release_asked_at is None:
+                trainer.release_asked_at = now
+                self.generation_dir(key.job_id, key.generation).control.request_abort()
+                LOG.info("%s: asked to give up its generation and hold the step it was handed again", key)
+            if now - trainer.release_asked_at < RELEASE_SECONDS:
+                return False
+        kill_group(trainer.process)
+        return True
+
     def kill_all(self) -> None:
         """Every process of this node: the zygote first, so a trainer it has not forked yet is answered for now
         (forked: killed and waited for; not: never started) and nothing is left to be forked later."""
@@ -359,15 +390,3 @@ class Supervisor:
             return ""
         text = trainer.log_path.read_text(errors="replace").strip().splitlines()
         return " | ".join(text[-lines:])
-
-
-def kill_leftovers(trainers: TrainersDir) -> None:
-    """Trainers a previous incarnation of this agent left behind must never join a new generation."""
-    for pid_file in trainers.pid_files():
-        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
-            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-        pid_file.unlink(missing_ok=True)
-    for spool in trainers.warm_spools():
-        with contextlib.suppress(OSError, ValueError, ProcessLookupError, PermissionError):
-            os.killpg(int(spool.pid_file.read_text()), signal.SIGKILL)
-    shutil.rmtree(trainers.warm_root, ignore_errors=True)

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker_agent.contract.exit_codes import ExitCode
 from worker_agent.contract.hostile import HostileFile, load_json_bounded, read_bounded, read_counter
 
 _GENERATION = re.compile(r"^gen-(\d+)$")
@@ -268,6 +269,19 @@ class WarmSpool:
 
     def holding(self) -> bool:
         return self.held_file.exists()
+
+    def held_exit_code(self) -> int:
+        """How the holder's last generation ended (``code`` in the held file): 0 for a stop that kept its step; a
+        failure for a generation that ended before it took the step it was handed, which it holds again. A file
+        that cannot be read says an abort (the process holds, but nothing says its generation succeeded)."""
+        try:
+            facts = load_json_bounded(self.held_file, 4096)
+        except (OSError, HostileFile):
+            return ExitCode.ABORTED
+        code = facts.get("code", ExitCode.SUCCEEDED) if isinstance(facts, dict) else None
+        if isinstance(code, int) and not isinstance(code, bool) and 0 <= code < 256:
+            return code
+        return ExitCode.ABORTED
 
     def hand_over(self, assignment_json: str) -> None:
         """Write the assignment whole (temp file, rename): the warm trainer polls for it."""

@@ -33,3 +33,8 @@ class NodeUnfit(UserInputError):
     """Bad input that depends on this node: the job asks for what this node lacks (``device: cuda`` where
     torch sees no GPU). It exits 2 like any user error, but its class tells the controller that another
     node may run the job, so the controller leaves this node out instead of failing the job."""
+
+
+class GenerationAbandoned(RuntimeError):
+    """Its agent aborted the generation before it took the step it was handed from the last one's memory (a peer
+    never met, or failed to start): the process holds that step again for the next generation."""

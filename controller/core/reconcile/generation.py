@@ -98,6 +98,25 @@ def steadier(
     return steady if isinstance(steady, Plan) else fastest
 
 
+def held_for_next(job: JobRecord, stopped: bool) -> CheckpointRef:
+    """The step g+1 is told to take from its trainers' memory (none: it loads the committed checkpoint).
+
+    After a planned stop (``stopped``), the step g stopped at, or the step its survivors keep after an unplanned
+    loss (``salvage.step``). After g ended otherwise before it trained past the step it was named (its rendezvous or
+    exchange failed, a rank could not start, a node was lost meanwhile): that step again, held by the same
+    generation, since g's processes hold it again until they have loaded it
+    (:meth:`worker_agent.runtime.process.trainer_process.TrainerProcess.next_generation`); g+1 says so if they
+    do not (``HeldStateSkipped``), and the steps are counted lost then."""
+    if not job.spec.morph_through_memory or not job.generation:
+        return CheckpointRef()
+    if stopped:
+        at = job.salvage.step or job.step
+        return CheckpointRef(at, job.generation) if at > 0 else CheckpointRef()
+    if job.held.step > job.last_checkpoint.step and job.step == job.held.step:
+        return job.held
+    return CheckpointRef()
+
+
 def start_generation(
     draft: Draft, config: Config, job_id: str, plan: Plan, cause: MorphCause, detail: str, stopped: bool = False
 ) -> None:
@@ -114,10 +133,7 @@ def start_generation(
     rank0 = draft.nodes[layout.placement[0].node]
     port = rendezvous_port(config, job_id, generation, job.rendezvous)
     resume = job.last_checkpoint
-    through_memory = stopped and job.spec.morph_through_memory
-    stopped_at = job.salvage.step or job.step  # the survivors of an unplanned loss keep the step salvaged
-    keeps = through_memory and job.generation and stopped_at > 0
-    held = CheckpointRef(stopped_at, job.generation) if keeps else CheckpointRef()
+    held = held_for_next(job, stopped)
     lost = max(0, job.step - max(resume.step, held.step)) if job.generation else 0
     seconds = draft.now - job.morph.started_at if job.morph.started_at is not None else None
     draft.issue(

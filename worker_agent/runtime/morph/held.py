@@ -12,8 +12,10 @@ checksum (:mod:`worker_agent.runtime.morph.layer_moves`).
 
 Any doubt leaves memory for the disk, the same on every rank: a holder of another job, step or layout, a
 layer no survivor holds (unless ``S`` itself is the committed checkpoint), a checksum that does not match.
-A peer that dies mid-transfer fails the collective and the generation, as any lost peer does; the next
-one resumes from the committed checkpoint. Either way what is loaded are exact copies of the tensors a
+A peer that dies mid-transfer fails the collective and the generation, as any lost peer does. A generation
+that ends before its stage loads the step (a failed exchange or rendezvous, its agent's abort) leaves what each
+process held untouched, and the process holds it again; the next generation takes it when every layer is still
+held, else resumes from the committed checkpoint. Either way what is loaded are exact copies of the tensors a
 checkpoint would hold, so a morph through memory is bit for bit a morph through the disk.
 """
 
@@ -182,7 +184,8 @@ def decide(
 
 class ExchangeFailed(RuntimeError):
     """A peer was lost (or went silent) during the exchange: the process group is broken and the generation
-    ends; the next resumes from the newest committed checkpoint, since the holders go with it."""
+    ends. Its processes hold the step again (:meth:`TrainerProcess.next_generation`); the next generation takes it
+    from them when every layer is still held, else resumes from the newest committed checkpoint."""
 
     def __init__(self, message: str, cause: HeldSkipCause) -> None:
         super().__init__(message)
@@ -266,7 +269,7 @@ def take(
     skipped: Callable[[HeldSkipCause, str], None],
 ) -> Outcome:
     """The generation's exchange (a collective: every rank calls it when its assignment names a held step);
-    ``skipped`` hears why memory is not used, also when the exchange fails and the generation with it."""
+    ``skipped`` hears why memory is not used (a failed exchange raises :class:`ExchangeFailed` instead)."""
     named = cfg.held
     assert named is not None
     needs = needs_of(runner.model, layout)
@@ -276,12 +279,10 @@ def take(
 
 
 def reported(run: Callable[[], Outcome], skipped: Callable[[HeldSkipCause, str], None]) -> Outcome:
-    """``run()``'s outcome, with why memory is not used told to ``skipped`` first (also when it raises)."""
-    try:
-        outcome = run()
-    except ExchangeFailed as exc:
-        skipped(exc.cause, f"{exc}; this generation ends and the next resumes from the newest committed checkpoint")
-        raise
+    """``run()``'s outcome, with why memory is not used told to ``skipped`` first. A failed exchange
+    (:class:`ExchangeFailed`) is not a skip: the generation ends, its processes hold the step again, and the next
+    generation is named it once more (it says ``skipped`` only if it cannot take it)."""
+    outcome = run()
     if not outcome.used:
         assert outcome.cause is not None
         skipped(outcome.cause, outcome.reason)
@@ -299,14 +300,17 @@ def apply(memory: Outcome, runner: StageRunner, chosen: str | None, job: Mapping
     return memory.step
 
 
-def hold(spool_path: Path, kept: Held, parent: int, communicators: Communicators) -> WarmAssignment | None:
-    """Let go of this generation's process groups, say what is held, and wait for the next assignment."""
+def hold(
+    spool_path: Path, kept: Held, parent: int, communicators: Communicators, code: int = 0
+) -> WarmAssignment | None:
+    """Let go of this generation's process groups, say what is held and how the generation ended (``code``: 0 for
+    a stop; a failure when it ended before taking ``kept``, which it holds again), and wait for the next assignment."""
     if dist.is_initialized():
         communicators.abort()
         dist.destroy_process_group()
     spool = WarmSpool(spool_path)
     spool.path.mkdir(parents=True, exist_ok=True)
-    facts = {"generation": kept.generation, "step": kept.step, "pid": os.getpid(), "bytes": kept.nbytes}
+    facts = {"generation": kept.generation, "step": kept.step, "pid": os.getpid(), "bytes": kept.nbytes, "code": code}
     temporary = spool.held_file.with_suffix(".tmp")
     temporary.write_text(json.dumps(facts))
     temporary.replace(spool.held_file)

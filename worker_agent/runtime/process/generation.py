@@ -10,10 +10,11 @@ step loop reads as the per-step protocol alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from worker_agent.contract import (
     TrainerStarted,
 )
 from worker_agent.contract.hostile import HostileFile, load_json_bounded
+from worker_agent.runtime.errors import GenerationAbandoned
 from worker_agent.runtime.link.control import CheckpointRequests, LeaseWatch, ProgressLog, StopRequest
 from worker_agent.runtime.link.startup import Phase, StartupWatch
 from worker_agent.runtime.link.training_log import TrainingLog
@@ -134,12 +136,14 @@ def start(cfg: TrainerArguments, progress: ProgressLog, process: TrainerProcess)
     control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
     stop = StopRequest(control)  # SIGTERM and SIGINT from here on are a stop request
     fence = raise_fence(cfg, job, progress)
-    store = meet(cfg, job, layout, progress, process.assigned_at)
-    groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds, process.communicators)
-    runner = StageRunner(job, layout, cfg.rank, model, groups, device, process.masks)
-    memory = exchange_held(cfg, job, layout, runner, process, progress)
-    chosen = choose_checkpoint(cfg, job, memory, progress)
-    resumed = load(cfg, job, layout, runner, memory, chosen, reused, process)
+    with handed_step(cfg, control, process) as abandoned:
+        store = meet(cfg, job, layout, progress, process.assigned_at, abandoned)
+        groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds, process.communicators)
+        runner = StageRunner(job, layout, cfg.rank, model, groups, device, process.masks)
+        memory = exchange_held(cfg, job, layout, runner, progress, process.held)
+        chosen = choose_checkpoint(cfg, job, memory, progress)
+        resumed = load(cfg, job, layout, runner, memory, chosen, reused, process)
+    process.forget_held()  # the stage adopted what it took: the step is this generation's now
     announce(cfg, job, layout, model, progress, resumed)
     writes = plan_writes(cfg, job, resumed.step, memory, chosen)
     writer = make_writer(cfg, job, layout, chosen.write_id, fence, resumed.step, control)
@@ -232,10 +236,44 @@ def raise_fence(cfg: TrainerArguments, job: JobSpec, progress: ProgressLog) -> F
         return resume.fence_of(cfg)
 
 
-def meet(cfg: TrainerArguments, job: JobSpec, layout: Layout, progress: ProgressLog, assigned_at: float | None) -> Any:
+@contextlib.contextmanager
+def handed_step(
+    cfg: TrainerArguments, control: ControlDir | None, process: TrainerProcess
+) -> Iterator[Callable[[], bool]]:
+    """While a generation handed a step held in memory has not loaded it: its agent's abort (the controller ended
+    the generation: a peer never came, or failed to start) severs the rendezvous or the exchange at once, and the
+    generation ends with :class:`GenerationAbandoned`, the process keeping the step for the next one
+    (:meth:`TrainerProcess.next_generation`). Yields whether that abort came."""
+    from worker_agent.runtime.morph.salvage import AbortWatch
+
+    handed = cfg.held is not None and process.held is not None
+    watch = AbortWatch(control if handed else None, process.communicators)
+    watch.start()
+    try:
+        yield watch.fired.is_set
+    except Exception as exc:
+        if not watch.fired.is_set():
+            raise
+        held = f"step {cfg.held.step} of generation {cfg.held.generation}" if cfg.held else "the step it was handed"
+        raise GenerationAbandoned(
+            f"generation {cfg.generation} was aborted by its agent before it took {held}, which this process holds "
+            f"again for the next generation ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from exc
+    finally:
+        watch.stop()
+
+
+def meet(
+    cfg: TrainerArguments,
+    job: JobSpec,
+    layout: Layout,
+    progress: ProgressLog,
+    assigned_at: float | None,
+    abandoned: Callable[[], bool] = lambda: False,
+) -> Any:
     """The rendezvous (the store it returns must be kept), then ``TrainerStarted``."""
     ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
-    store = rendezvous(cfg, layout.world_size, job.timeout_seconds)
+    store = rendezvous(cfg, layout.world_size, job.timeout_seconds, abandoned)
     progress.emit(
         TrainerStarted(
             layout=layout.describe(),
@@ -252,22 +290,20 @@ def exchange_held(
     job: JobSpec,
     layout: Layout,
     runner: StageRunner,
-    process: TrainerProcess,
     progress: ProgressLog,
+    held: Held | None,
 ) -> held_mod.Outcome | None:
-    """The exchange of the step the last generation held in memory (a collective, when the assignment names
-    one); the process lets go of what it held once it is done."""
+    """The exchange of the step a past generation held in memory (a collective, when the assignment names one).
+    Nothing of ``held`` changes (peers are sent copies): until the stage loads it, the process may hold it again."""
 
     def memory_skipped(cause: HeldSkipCause, reason: str) -> None:
-        warn(f"the state generation {cfg.generation - 1} held in memory is not used: {reason}")
+        held_by = cfg.held.generation if cfg.held is not None else cfg.generation - 1
+        warn(f"the state generation {held_by} held in memory is not used: {reason}")
         progress.emit(HeldStateSkipped(reason=reason, cause=cause.value))
 
-    try:
-        if not cfg.held:
-            return None
-        return held_mod.take(process.held, cfg, layout, job.identity_hash(), runner, memory_skipped)
-    finally:
-        process.forget_held()
+    if not cfg.held:
+        return None
+    return held_mod.take(held, cfg, layout, job.identity_hash(), runner, memory_skipped)
 
 
 def choose_checkpoint(
@@ -310,7 +346,8 @@ def load(
         used = memory
         step = resume.loaded_by_all(lambda: held_mod.apply(used, runner, path, job.identity()), path, layout.world_size)
         memory.payloads.clear()  # the stage has them now
-        return Resumed(step, f"memory of generation {cfg.generation - 1}")
+        held_by = cfg.held.generation if cfg.held is not None else cfg.generation - 1
+        return Resumed(step, f"memory of generation {held_by}")
     if path:  # each rank checks the manifest and the files it reads (rank 0 read every file only if it had to choose)
         return Resumed(resume.loaded_by_all(lambda: _load(runner, path, job), path, layout.world_size), path)
     if reused:  # nothing to resume from, and a past generation trained this model: the initial weights

@@ -19,7 +19,13 @@ from worker_agent.contract import (
     TrainerArguments,
     TrainerFailed,
 )
-from worker_agent.runtime.errors import CheckpointError, CheckpointWriteFailed, FenceError, NodeUnfit
+from worker_agent.runtime.errors import (
+    CheckpointError,
+    CheckpointWriteFailed,
+    FenceError,
+    GenerationAbandoned,
+    NodeUnfit,
+)
 from worker_agent.runtime.link.control import ProgressLog
 from worker_agent.runtime.link.gated_store import PortTaken
 from worker_agent.runtime.numerics.exact import deterministic_or_refused
@@ -48,6 +54,10 @@ def run(process: TrainerProcess, cfg: TrainerArguments) -> ExitCode:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="node" if isinstance(exc, NodeUnfit) else "input", message=str(exc)))
         return ExitCode.USER_ERROR
+    except GenerationAbandoned as exc:  # its agent ended it before it took its held step, which it holds again
+        print(f"spotmorph trainer (rank {cfg.rank}): stopping: {exc}", file=sys.stderr, flush=True)
+        progress.emit(TrainerFailed(kind="abort", message=str(exc)))
+        return ExitCode.ABORTED
     except CheckpointWriteFailed as exc:
         print(f"spotmorph trainer (rank {cfg.rank}): error: {exc}", file=sys.stderr, flush=True)
         progress.emit(TrainerFailed(kind="checkpoint", message=str(exc)))

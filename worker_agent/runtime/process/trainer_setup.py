@@ -23,10 +23,13 @@ Clock = Callable[[], float]
 POLL_SECONDS = 0.01  # between connects to the store's port while its host rank starts it
 
 
-def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> GatedStore:
+def rendezvous(
+    cfg: TrainerArguments, world_size: int, timeout: float, abandoned: Callable[[], bool] = lambda: False
+) -> GatedStore:
     """Join the generation's namespace of the store, wait for all ranks, then start gloo (the control group;
     :mod:`worker_agent.runtime.pipeline.comm` adds the groups that move model tensors). Rank 0 serves the store on the
-    rendezvous address, to ranks that prove the generation's key (:mod:`worker_agent.runtime.link.gated_store`)."""
+    rendezvous address, to ranks that prove the generation's key (:mod:`worker_agent.runtime.link.gated_store`).
+    ``abandoned``: the generation was aborted meanwhile (waiting for rank 0's store gives up at once)."""
     import torch.distributed as dist
 
     bound = [f"{name}={os.environ[name]}" for name in (GLOO_SOCKET, NCCL_SOCKET) if name in os.environ]
@@ -37,7 +40,7 @@ def rendezvous(cfg: TrainerArguments, world_size: int, timeout: float) -> GatedS
     key = rendezvous_key(cfg)
     server = StoreServer(cfg.rendezvous_host, cfg.rendezvous_port, key) if cfg.host_store else None
     if not cfg.host_store:
-        wait_listening(cfg.rendezvous_host, cfg.rendezvous_port, started + max(60.0, timeout))
+        wait_listening(cfg.rendezvous_host, cfg.rendezvous_port, started + max(60.0, timeout), abandoned=abandoned)
     wait = timedelta(seconds=max(60.0, timeout))
     store = GatedStore(cfg.rendezvous_host, cfg.rendezvous_port, key, wait, server)
     scoped = dist.PrefixStore(  # type: ignore[attr-defined]
@@ -66,7 +69,12 @@ def rendezvous_key(cfg: TrainerArguments) -> bytes:
 
 
 def wait_listening(
-    host: str, port: int, deadline: float, pause: Callable[[float], None] = time.sleep, clock: Clock = time.monotonic
+    host: str,
+    port: int,
+    deadline: float,
+    pause: Callable[[float], None] = time.sleep,
+    clock: Clock = time.monotonic,
+    abandoned: Callable[[], bool] = lambda: False,
 ) -> None:
     """Return once HOST:PORT accepts a connection. The store's own client backs off 0.2-0.6 s after a refused
     connect, and a generation's host rank is often told its assignment a moment after the others."""
@@ -75,9 +83,11 @@ def wait_listening(
             with socket.create_connection((host, port), timeout=1.0):
                 return
         except OSError as exc:
-            if clock() >= deadline:
+            gave_up = "the generation was aborted" if abandoned() else "" if clock() < deadline else "timed out"
+            if gave_up:
                 raise TimeoutError(
-                    f"rendezvous: nothing listens on {host}:{port} (the generation's rank 0 hosts the store): {exc}"
+                    f"rendezvous: nothing listens on {host}:{port} (the generation's rank 0 hosts the store; "
+                    f"{gave_up}): {exc}"
                 ) from exc
         pause(POLL_SECONDS)
 
