@@ -19,10 +19,11 @@ from typing import TypeVar
 
 from controller.core import intake
 from controller.core.flapping import Damping
-from controller.core.lifecycle import JobState
-from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord
+from controller.core.lifecycle import JOB_LIVE, JobState
+from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord, World
 from controller.core.reconcile import assignment_for
 from controller.core.reconcile.growth import assignment_soon, growth_hint
+from controller.core.reconcile.sharing import grants_now
 from controller.core.scheduler_status import OnDemandStatus, on_demand_status
 from controller.persistence.store import EventRow, GenerationRow, Store
 from controller.shell.latency import Histogram
@@ -98,6 +99,7 @@ class StateView:
         self._role = role
         self._store: Store = runner.store
         self._heartbeat_latency = heartbeat_latency
+        self._grants: tuple[World, Mapping[str, str] | None] | None = None  # the scheduler's, for a committed world
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix=READER_THREAD_PREFIX)
 
     def close(self) -> None:
@@ -146,8 +148,13 @@ class StateView:
         return assignment_for(self._runner.world, name, ranks_of)
 
     def growth_hint(self, name: str) -> tuple[str, JobSpec] | None:
-        """The job a growth would most likely place on the free node ``name``, and its trainers' spec."""
-        return growth_hint(self._runner.world, name, self.now())
+        """The job most likely to be placed on the free node ``name`` next (the one the scheduler granted it, while
+        it shares the GPUs), and its trainers' spec."""
+        world, now = self._runner.world, self.now()
+        if self._grants is None or self._grants[0] is not world:  # once per committed world, not per heartbeat
+            planners = {j.id: self._runner.planner(j) for j in world.jobs.values() if j.state in JOB_LIVE}
+            self._grants = (world, grants_now(world, now, self._runner.config, planners))
+        return growth_hint(world, name, now, self._grants[1])
 
     def assignment_soon(self, name: str, hinted: bool) -> bool:
         """Whether the free node ``name`` may be given work within seconds (it is then told to beat often)."""

@@ -105,3 +105,27 @@ def test_the_free_nodes_reply_asks_for_fast_beats_while_a_growth_may_come(live: 
     free.beat()  # JOINING -> READY: it just arrived, a growth onto it may be decided once arrivals settle
     assert free.beat().heartbeat_interval_seconds == SOON_BEAT_SECONDS
     assert busy.beat().heartbeat_interval_seconds == live.controller.settings.heartbeat_interval_seconds
+
+
+def test_while_the_gpus_are_shared_a_free_node_is_told_the_job_granted_it() -> None:
+    """A job runs on two nodes; a third arrives as a second job is submitted. Growth's order alone would name the
+    running job; the scheduler grants the node to the queued one, which is admitted on it: the hint names it."""
+    from controller.core.reconcile.sharing import grants_now
+    from tests.controller.test_sharing import cluster, needing, submit
+
+    sim = cluster(2, needing("wide", 2))
+    sim.step()
+    assert sim.job("wide").state is R
+    sim.world = replace(sim.world, nodes={**sim.world.nodes, "node-3": node("node-3", at=sim.now)})
+    assert growth_hint(sim.world, "node-3", sim.now) is not None
+    assert growth_hint(sim.world, "node-3", sim.now)[0] == "wide"  # type: ignore[index]  # alone: it grows
+    submit(sim, job("small", at=sim.now))
+    for name in sim.world.nodes:
+        sim.beat(name)
+    grants = grants_now(sim.world, sim.now, sim.config, sim.planners)
+    assert grants is not None and grants["node-3"] == "small", grants
+    hint = growth_hint(sim.world, "node-3", sim.now, grants)
+    assert hint is not None and hint[0] == "small", hint
+    assert growth_hint(sim.world, "node-3", sim.now, {"node-3": "gone"}) is not None, "a job no longer known: as alone"
+    sim.step(1)
+    assert sim.job("small").nodes == ("node-3",), "and it is admitted there"

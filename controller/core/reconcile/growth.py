@@ -38,15 +38,24 @@ def growing(jobs: Iterable[JobRecord]) -> list[JobRecord]:
     return sorted(running, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
 
 
-def growth_hint(world: World, name: str, now: float) -> tuple[str, JobSpec] | None:
-    """The job a growth would most likely place on the free node ``name``, and the spec its trainers would be
-    given there; None unless that job trains on the CPU (only a CPU model is kept by a warm trainer,
-    :mod:`worker_agent.runtime.process.warm_model`). A hint for the node's warm trainers, never a decision."""
+def growth_hint(
+    world: World, name: str, now: float, grants: Mapping[str, str] | None = None
+) -> tuple[str, JobSpec] | None:
+    """The job most likely to be placed on the free node ``name`` next, and the spec its trainers would be given
+    there; None unless that job trains on the CPU (only a CPU model is kept by a warm trainer,
+    :mod:`worker_agent.runtime.process.warm_model`). A hint for the node's warm trainers, never a decision.
+
+    ``grants``: each granted node's job while the scheduler shares the GPUs
+    (:func:`~controller.core.reconcile.sharing.grants_now`): a node granted to a job goes to it alone (a running
+    job's growth, or a queued job's admission), one granted to none to the first job growth offers it."""
     node = world.nodes.get(name)
     if node is None or node.state is not NodeState.READY or node.job is not None or node.at_risk is not None:
         return None  # a node at risk is grown onto by no job
-    for job in growing(world.jobs.values()):
-        if job.action is not Action.RUN or held_out(job, name, now) or not may_run_on(job, node):
+    owner = (grants or {}).get(name)
+    candidates = growing(world.jobs.values()) if owner is None or owner not in world.jobs else [world.jobs[owner]]
+    for job in candidates:
+        queued = job.state is JobState.QUEUED and owner == job.id
+        if not (queued or job.action is Action.RUN) or held_out(job, name, now) or not may_run_on(job, node):
             continue
         spec = spec_on(job.spec, [*(world.nodes.get(n) for n in job.nodes), node])
         return (job.id, spec) if spec.device == "cpu" else None

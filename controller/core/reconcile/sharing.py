@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from controller.core.causes import MorphCause
 from controller.core.lifecycle import JOB_LIVE, JobState
-from controller.core.model import Action, JobRecord
+from controller.core.model import Action, JobRecord, World
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
@@ -78,6 +78,13 @@ def schedule(draft: Draft, config: Config, planners: Planners) -> Scheduled | No
     rates = spot_rates(draft)
     decision = decide(views, scheduler_nodes(draft), rates, draft.now, config.scheduler)
     return Scheduled(views, decision, rates, shared, on_demand, owners(decision, draft))
+
+
+def grants_now(world: World, now: float, config: Config, planners: Planners) -> Mapping[str, str] | None:
+    """Each granted node's job as a pass would decide it now; None when the grants divide nothing (one live job at
+    most: growth and admission follow the queue's order). For a free node's hint between passes."""
+    scheduled = schedule(Draft(world, now), config, planners)
+    return scheduled.owners if scheduled is not None and scheduled.shared else None
 
 
 def owners(decision: Decision, draft: Draft) -> dict[str, str]:
