@@ -178,6 +178,7 @@ def assignment_to_pb(
         held_step=assignment.held.step,
         held_generation=assignment.held.generation,
         rendezvous_key=rendezvous_key,
+        leaving=assignment.leaving,
     )
 
 

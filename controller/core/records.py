@@ -305,3 +305,4 @@ class Assignment:
     checkpoint_request: int
     salvage: SalvageOrder | None = None
     held: CheckpointRef = CheckpointRef()  # take this step from the previous generation's memory (step 0: none)
+    leaving: bool = False  # with STOP: the node leaves the job at this stop (a shrink gave it away): hand off

@@ -147,6 +147,11 @@ class FakeSupervisor:
         self.killed.append(key)
         self.trainers[key] = replace(self.trainers[key], status=TrainerStatus(key, False, -9))
 
+    def end(self, key: TrainerKey) -> bool:
+        """As :meth:`Supervisor.end` for trainers handed no held step: killed at once."""
+        self.kill(key)
+        return True
+
     def kill_all(self) -> None:
         for key in self.running():
             self.kill(key)

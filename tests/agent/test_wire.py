@@ -151,3 +151,11 @@ def test_an_assignment_without_a_proper_rendezvous_key_is_refused(key: str) -> N
         incoming_from_pb(assignment(spec_to_pb(job()), rendezvous_key=key))
     launch = incoming_from_pb(assignment(spec_to_pb(job()))).launch
     assert launch is not None and launch.rendezvous_key == KEY
+
+
+def test_leaving_is_read_with_a_stop_only() -> None:
+    """The controller takes the node off the job at this stop (a shrink): its trainers hand their layers over."""
+    stop = incoming_from_pb(assignment(spec_to_pb(job()), action=pb.ACTION_STOP, leaving=True)).assignment
+    assert stop.action == "stop" and stop.leaving
+    run = incoming_from_pb(assignment(spec_to_pb(job()), leaving=True)).assignment
+    assert run.action == "run" and not run.leaving, "a run has nothing to leave"

@@ -11,6 +11,7 @@ from controller.core.causes import MorphCause
 from controller.core.events import EventKind
 from controller.core.lifecycle import JobState
 from controller.core.model import Action, JobRecord, RecordEvent, SetJob, World
+from controller.core.reconcile import assignment_for
 from controller.core.reconcile.config import Config
 from controller.core.reconcile.draft import Draft
 from controller.core.reconcile.sharing import owners
@@ -73,11 +74,13 @@ def test_a_higher_priority_job_shrinks_a_running_one_and_runs_on_what_it_gives_u
     low = sim.job("low")
     assert low.state is J.MORPHING and low.action is Action.STOP and low.morph.cause is MorphCause.SHRUNK
     assert low.morph.keep_only is not None and 0 < len(low.morph.keep_only) < 4
-    before = sim.world.jobs["low"].layout
-    assert before is not None
-    stages = {before.coords(r)[1] for r, slot in enumerate(before.placement) if slot.node in low.morph.keep_only}
-    # the stop writes its step unless the nodes kept hold every stage (then memory gives it)
-    assert (low.checkpoint_request == 1) == (len(stages) < before.pipeline_stages)
+    # nothing is written at the stop: the nodes given up leave, handing the layers only they hold to the nodes kept
+    assert low.checkpoint_request == 0
+    for name in low.nodes:  # the nodes leaving start the stop, saying they leave; the others stop with them
+        told = assignment_for(sim.world, name)
+        leaving = name not in low.morph.keep_only
+        assert told is not None and told.leaving == leaving, (name, low.morph.keep_only)
+        assert told.action is (Action.STOP if leaving else Action.RUN), (name, told.action)
     shrunk = events(sim, EventKind.JOB_SHRUNK)
     assert len(shrunk) == 1 and shrunk[0].data["for_job"] == "high" and shrunk[0].data["cause"] == "priority"
     given = set(shrunk[0].data["given_up"])

@@ -33,17 +33,10 @@ SHORT_STEPS = 150
 
 
 def submit(cluster: LocalCluster, checkpoints: Path, steps: int = STEPS, **more: object) -> str:
-    """The float64 demo job the e2e tests hold to the 1-process reference; ``more``: its other fields."""
-    return cluster.submit(
-        TINY_GPT_SPEC,
-        steps=steps,
-        global_batch=BATCH,
-        seed=SEED,
-        dtype="float64",
-        checkpoint_interval=INTERVAL,
-        checkpoint_dir=checkpoints,
-        **more,
-    )
+    """The float64 demo job the e2e tests hold to the 1-process reference; ``more``: its other fields (or others
+    than these)."""
+    fields = {"global_batch": BATCH, "seed": SEED, "dtype": "float64", "checkpoint_interval": INTERVAL}
+    return cluster.submit(TINY_GPT_SPEC, **{**fields, "steps": steps, "checkpoint_dir": checkpoints, **more})
 
 
 def assert_equals_reference(checkpoints: Path, references: Path, steps: int = STEPS) -> None:

@@ -27,6 +27,7 @@ class Assignment:
     checkpoint_request: int = 0  # the controller bumps it to ask for a checkpoint at the next step boundary
     slots: tuple[int, ...] = ()  # the slot of each rank, same order (empty: the i-th rank takes slot i)
     salvage: str | None = None  # with "hold": the salvage order (SalvageOrder JSON) for the holding trainers
+    leaving: bool = False  # with "stop": the node leaves the job at this stop (the controller gave it to another job)
 
     def slot_of(self, position: int) -> int:
         """The slot of ``ranks[position]``; by position when the controller sent no (or a mismatched) list."""
@@ -56,10 +57,12 @@ class StartTrainer:
 
 @dataclass(frozen=True)
 class RequestStop:
-    """Ask every trainer of a generation to stop at the next common step boundary and checkpoint."""
+    """Ask every trainer of a generation to stop at the next common step boundary and checkpoint (``leaving``: the
+    controller takes this node off the job at the stop, so its ranks hand their layers over, as on a notice)."""
 
     job_id: str
     generation: int
+    leaving: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> l
             commands.append(KillTrainer(key, f"generation {key.generation} aborted by the controller"))
     stoppable = (t.running and not t.stop_requested and _same(t.key, wanted) for t in trainers if wanted)
     if wanted is not None and wanted.action == "stop" and any(stoppable):
-        commands.append(RequestStop(wanted.job_id, wanted.generation))
+        commands.append(RequestStop(wanted.job_id, wanted.generation, wanted.leaving))
     if wanted is not None and wanted.action == "hold":
         if any(t.running and _same(t.key, wanted) for t in trainers):
             commands.append(AbortCollectives(wanted.job_id, wanted.generation))

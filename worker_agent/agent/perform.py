@@ -41,7 +41,7 @@ def perform(
             start(command, supervisor, gpus, slots, launch[(command.key.job_id, command.key.generation)])
         case RequestStop():
             log.info("asking generation %d of %s to stop", command.generation, command.job_id)
-            supervisor.request_stop(command.job_id, command.generation, leaving)
+            supervisor.request_stop(command.job_id, command.generation, leaving or command.leaving)
         case RequestCheckpoint():
             supervisor.request_checkpoint(command.job_id, command.generation, command.counter)
         case AbortCollectives():

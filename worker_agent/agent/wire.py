@@ -122,6 +122,7 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
         message.checkpoint_request,
         tuple(message.slots),
         salvage,
+        leaving=action == "stop" and message.leaving,
     )
     if assignment.action == "idle":
         return Incoming(assignment)

@@ -13,8 +13,9 @@ aged while it waits, none starved (:mod:`scheduler.allocation`):
 - a running job the decision shrinks (a higher-priority job gains more over the horizon than it loses, both morphs
   paid; or a job waited ``starvation_seconds``) stops in a planned morph (``MorphCause.SHRUNK``, ``JobShrunk``)
   and its next generation is planned on the nodes granted to it alone (``Morph.keep_only``), taking the stopped
-  step from their memory where they hold every stage; otherwise the stop writes it (a checkpoint request with the
-  stop), and shrunk to nothing the job queues.
+  step from their memory: the nodes given up leave at the stop (``Assignment.leaving``) and hand the layers only
+  they hold to the nodes kept, as on an eviction notice. Shrunk to nothing, the stop writes its step and the job
+  queues.
 
 With one live job there is nothing to share: admission takes the free nodes in the queue's order
 (:mod:`scheduler.queue`) and growth weighs what the job measured. A node granted in part to two jobs (a node of
@@ -32,7 +33,6 @@ from controller.core.model import Action, JobRecord, World
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.draft import Draft, free_nodes
 from controller.core.reconcile.generation import fit, start_generation
-from controller.core.reconcile.holders import holders_to_keep
 from controller.core.reconcile.views import PRESENT, scheduler_nodes, spot_rates, view
 from controller.eventlog.scheduler_facts import JobShrunk
 from morphing.planner import Plan
@@ -115,10 +115,10 @@ def shrink(draft: Draft, scheduled: Scheduled | None) -> None:
             f"shrunk from {first.from_gpus} to {last.to_gpus} spot GPU(s) for {last.for_job} ({last.cause}); "
             f"keeps {', '.join(keep) or 'no node'}"
         )
-        # Its step is written with the stop when the nodes it keeps do not hold every stage (memory cannot give
-        # the next generation the rest), and when it keeps none (it queues): a shrink loses no step.
-        covered = job.layout is not None and bool(holders_to_keep(job.layout, list(keep), handed_off=False))
-        request = job.checkpoint_request + (0 if covered else 1)
+        # The nodes given up leave at the stop (``Assignment.leaving``): their ranks hand the layers only they hold
+        # to ranks on the nodes kept, as on an eviction notice, so the next generation takes the whole step from
+        # memory (a hand-off that fails writes it). Kept nowhere (it queues), the stop writes it: no step is lost.
+        request = job.checkpoint_request + (0 if keep else 1)
         morph = replace(job.morph, keep_only=keep)
         draft.start_morph(job_id, Action.STOP, MorphCause.SHRUNK, detail, morph=morph, checkpoint_request=request)
         given = sorted(set(job.nodes) - set(keep))

@@ -1585,6 +1585,7 @@ class Assignment(_message.Message):
     HELD_STEP_FIELD_NUMBER: _builtins.int
     HELD_GENERATION_FIELD_NUMBER: _builtins.int
     RENDEZVOUS_KEY_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     """fencing token: never act on one older than the newest seen"""
@@ -1609,6 +1610,10 @@ class Assignment(_message.Message):
     rendezvous_key: _builtins.str
     """The generation's rendezvous key (64 hex digits): its store admits only ranks that prove it. Derived by the
     controller from its own secret, the job and the generation; the agent keeps it in a file only it reads.
+    """
+    leaving: _builtins.bool
+    """With ACTION_STOP: this node leaves the job at this stop (the scheduler shrank the job and gave the node to
+    another): its ranks hand the layers only they hold to ranks that stay and keep nothing, as on an eviction notice.
     """
     @_builtins.property
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -1647,10 +1652,11 @@ class Assignment(_message.Message):
         held_step: _builtins.int = ...,
         held_generation: _builtins.int = ...,
         rendezvous_key: _builtins.str = ...,
+        leaving: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "salvage", b"salvage", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "held_generation", b"held_generation", "held_step", b"held_step", "job", b"job", "layout", b"layout", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "rendezvous_key", b"rendezvous_key", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "salvage", b"salvage", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "held_generation", b"held_generation", "held_step", b"held_step", "job", b"job", "layout", b"layout", "leaving", b"leaving", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "rendezvous_key", b"rendezvous_key", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "salvage", b"salvage", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
