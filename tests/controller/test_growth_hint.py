@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from controller.api.agent import SOON_BEAT_SECONDS
 from controller.core.lifecycle import Action, JobState, NodeState
 from controller.core.model import Gpu, World
@@ -107,6 +109,7 @@ def test_the_free_nodes_reply_asks_for_fast_beats_while_a_growth_may_come(live: 
     assert busy.beat().heartbeat_interval_seconds == live.controller.settings.heartbeat_interval_seconds
 
 
+@pytest.mark.slow  # the real planner, for two jobs
 def test_while_the_gpus_are_shared_a_free_node_is_told_the_job_granted_it() -> None:
     """A job runs on two nodes; a third arrives as a second job is submitted. Growth's order alone would name the
     running job; the scheduler grants the node to the queued one, which is admitted on it: the hint names it."""
