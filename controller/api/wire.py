@@ -179,6 +179,7 @@ def assignment_to_pb(
         held_generation=assignment.held.generation,
         rendezvous_key=rendezvous_key,
         leaving=assignment.leaving,
+        await_leavers=assignment.await_leavers,
     )
 
 

@@ -306,3 +306,4 @@ class Assignment:
     salvage: SalvageOrder | None = None
     held: CheckpointRef = CheckpointRef()  # take this step from the previous generation's memory (step 0: none)
     leaving: bool = False  # with STOP: the node leaves the job at this stop (a shrink gave it away): hand off
+    await_leavers: bool = False  # with STOP: the leaving nodes start it; this node's trainers stop with them

@@ -129,3 +129,5 @@ def test_a_held_generation_aborts_its_running_trainers_collectives_then_passes_t
 def test_a_stop_that_takes_the_node_off_the_job_asks_its_trainers_to_hand_their_layers_over() -> None:
     leaving = Assignment("j", 1, "stop", (0, 1), leaving=True)
     assert converge(leaving, [running("j", 1, 0), running("j", 1, 1)]) == [RequestStop("j", 1, leaving=True)]
+    kept = Assignment("j", 1, "stop", (0, 1), await_leavers=True)
+    assert converge(kept, [running("j", 1, 0), running("j", 1, 1)]) == [], "the leaving nodes start it"

@@ -157,5 +157,7 @@ def test_leaving_is_read_with_a_stop_only() -> None:
     """The controller takes the node off the job at this stop (a shrink): its trainers hand their layers over."""
     stop = incoming_from_pb(assignment(spec_to_pb(job()), action=pb.ACTION_STOP, leaving=True)).assignment
     assert stop.action == "stop" and stop.leaving
-    run = incoming_from_pb(assignment(spec_to_pb(job()), leaving=True)).assignment
-    assert run.action == "run" and not run.leaving, "a run has nothing to leave"
+    run = incoming_from_pb(assignment(spec_to_pb(job()), leaving=True, await_leavers=True)).assignment
+    assert run.action == "run" and not run.leaving and not run.await_leavers, "a run has nothing to leave"
+    kept = incoming_from_pb(assignment(spec_to_pb(job()), action=pb.ACTION_STOP, await_leavers=True)).assignment
+    assert kept.await_leavers and not kept.leaving

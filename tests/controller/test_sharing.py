@@ -79,8 +79,8 @@ def test_a_higher_priority_job_shrinks_a_running_one_and_runs_on_what_it_gives_u
     for name in low.nodes:  # the nodes leaving start the stop, saying they leave; the others stop with them
         told = assignment_for(sim.world, name)
         leaving = name not in low.morph.keep_only
-        assert told is not None and told.leaving == leaving, (name, low.morph.keep_only)
-        assert told.action is (Action.STOP if leaving else Action.RUN), (name, told.action)
+        assert told is not None and told.action is Action.STOP, (name, told)
+        assert (told.leaving, told.await_leavers) == (leaving, not leaving), (name, low.morph.keep_only)
     shrunk = events(sim, EventKind.JOB_SHRUNK)
     assert len(shrunk) == 1 and shrunk[0].data["for_job"] == "high" and shrunk[0].data["cause"] == "priority"
     given = set(shrunk[0].data["given_up"])

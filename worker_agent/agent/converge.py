@@ -28,6 +28,7 @@ class Assignment:
     slots: tuple[int, ...] = ()  # the slot of each rank, same order (empty: the i-th rank takes slot i)
     salvage: str | None = None  # with "hold": the salvage order (SalvageOrder JSON) for the holding trainers
     leaving: bool = False  # with "stop": the node leaves the job at this stop (the controller gave it to another job)
+    await_leavers: bool = False  # with "stop": the leaving nodes start it; this node's trainers stop with them
 
     def slot_of(self, position: int) -> int:
         """The slot of ``ranks[position]``; by position when the controller sent no (or a mismatched) list."""
@@ -124,7 +125,7 @@ def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> l
         elif wanted.action == "abort":
             commands.append(KillTrainer(key, f"generation {key.generation} aborted by the controller"))
     stoppable = (t.running and not t.stop_requested and _same(t.key, wanted) for t in trainers if wanted)
-    if wanted is not None and wanted.action == "stop" and any(stoppable):
+    if wanted is not None and wanted.action == "stop" and not wanted.await_leavers and any(stoppable):
         commands.append(RequestStop(wanted.job_id, wanted.generation, wanted.leaving))
     if wanted is not None and wanted.action == "hold":
         if any(t.running and _same(t.key, wanted) for t in trainers):

@@ -123,6 +123,7 @@ def incoming_from_pb(message: pb.Assignment | None) -> Incoming:
         tuple(message.slots),
         salvage,
         leaving=action == "stop" and message.leaving,
+        await_leavers=action == "stop" and message.await_leavers and not message.leaving,
     )
     if assignment.action == "idle":
         return Incoming(assignment)

@@ -18,7 +18,7 @@ from typing import Unpack
 from controller.core.causes import JobFailureCause
 from controller.core.intake import Stale
 from controller.core.lifecycle import JOB_ACTIVE, JOB_TERMINAL, JobState, NodeState
-from controller.core.model import Action, Assignment, Command, JobRecord, SalvageOrder, World, ranks_by_node
+from controller.core.model import Action, Assignment, Command, SalvageOrder, World, ranks_by_node
 from controller.core.reconcile.admission import admit_queued
 from controller.core.reconcile.config import Config, Planners
 from controller.core.reconcile.devices import spec_for_generation
@@ -78,6 +78,11 @@ def assignment_for(
         return None
     if ranks_of is None:
         ranks_of = ranks_by_node(job.layout)
+    # A shrink's stop is started by the nodes that leave: their ranks say they leave in the same agreement that
+    # stops every rank, so all hand off alike. Were the nodes kept asked too, one could start the stop before a
+    # leaving node knew it leaves, whose ranks would then hold their stage instead of handing it over.
+    kept = job.morph.keep_only or ()
+    shrinking = job.action is Action.STOP and job.morph.keep_only is not None
     ranks = ranks_of.get(node_name, ())
     if not ranks:
         return None
@@ -90,7 +95,7 @@ def assignment_for(
         rendezvous=job.rendezvous,
         checkpoint_dir=job.spec.checkpoint_dir,
         resume=job.resume,
-        action=_action_of(job, node_name),
+        action=job.action,
         entrypoint=job.spec.entrypoint,
         spec=spec_for_generation(job, world.nodes),
         checkpoint_request=job.checkpoint_request,
@@ -98,23 +103,9 @@ def assignment_for(
         if job.action is Action.HOLD and job.salvage.writers
         else None,
         held=job.held,
-        leaving=_leaving(job, node_name),
+        leaving=shrinking and node_name not in kept,
+        await_leavers=shrinking and node_name in kept,
     )
-
-
-def _leaving(job: JobRecord, node_name: str) -> bool:
-    """The stop of a job shrunk for another takes ``node_name`` off it (``Morph.keep_only``)."""
-    return job.action is Action.STOP and job.morph.keep_only is not None and node_name not in job.morph.keep_only
-
-
-def _action_of(job: JobRecord, node_name: str) -> Action:
-    """What the node's trainers are told. A shrink's stop is asked of the nodes that leave alone: their ranks start
-    it at their next step boundary, saying they leave in the same agreement, so every rank hands off alike and the
-    nodes kept stop with them (asked too, a node kept could start the stop before a leaving one knew it leaves:
-    its ranks would then hold their stage instead of handing it over)."""
-    if job.action is Action.STOP and job.morph.keep_only is not None and node_name in job.morph.keep_only:
-        return Action.RUN
-    return job.action
 
 
 def cancel(world: World, job_id: str, now: float, who: str) -> list[Command]:

@@ -1586,6 +1586,7 @@ class Assignment(_message.Message):
     HELD_GENERATION_FIELD_NUMBER: _builtins.int
     RENDEZVOUS_KEY_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
+    AWAIT_LEAVERS_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     generation: _builtins.int
     """fencing token: never act on one older than the newest seen"""
@@ -1614,6 +1615,10 @@ class Assignment(_message.Message):
     leaving: _builtins.bool
     """With ACTION_STOP: this node leaves the job at this stop (the scheduler shrank the job and gave the node to
     another): its ranks hand the layers only they hold to ranks that stay and keep nothing, as on an eviction notice.
+    """
+    await_leavers: _builtins.bool
+    """With ACTION_STOP: the nodes leaving start this stop (their ranks say they leave in the agreement that stops
+    every rank); this node's trainers are not asked to stop, they stop with them.
     """
     @_builtins.property
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -1653,10 +1658,11 @@ class Assignment(_message.Message):
         held_generation: _builtins.int = ...,
         rendezvous_key: _builtins.str = ...,
         leaving: _builtins.bool = ...,
+        await_leavers: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "salvage", b"salvage", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "held_generation", b"held_generation", "held_step", b"held_step", "job", b"job", "layout", b"layout", "leaving", b"leaving", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "rendezvous_key", b"rendezvous_key", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "salvage", b"salvage", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "await_leavers", b"await_leavers", "checkpoint_dir", b"checkpoint_dir", "checkpoint_request", b"checkpoint_request", "entrypoint", b"entrypoint", "generation", b"generation", "held_generation", b"held_generation", "held_step", b"held_step", "job", b"job", "layout", b"layout", "leaving", b"leaving", "ranks", b"ranks", "rendezvous_endpoint", b"rendezvous_endpoint", "rendezvous_key", b"rendezvous_key", "resume_generation", b"resume_generation", "resume_step", b"resume_step", "salvage", b"salvage", "slots", b"slots", "spec", b"spec", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
