@@ -99,7 +99,8 @@ class StateView:
         self._role = role
         self._store: Store = runner.store
         self._heartbeat_latency = heartbeat_latency
-        self._grants: tuple[World, Mapping[str, str] | None] | None = None  # the scheduler's, for a committed world
+        self._grants: tuple[tuple[object, object], Mapping[str, str] | None] | None = None  # per commit
+        self.grants_decided = 0  # how often the grants were decided for hints (once per commit at most)
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix=READER_THREAD_PREFIX)
 
     def close(self) -> None:
@@ -151,10 +152,23 @@ class StateView:
         """The job most likely to be placed on the free node ``name`` next (the one the scheduler granted it, while
         it shares the GPUs), and its trainers' spec."""
         world, now = self._runner.world, self.now()
-        if self._grants is None or self._grants[0] is not world:  # once per committed world, not per heartbeat
+        return growth_hint(world, name, now, self.grants(world, now))
+
+    def grants(self, world: World, now: float) -> Mapping[str, str] | None:
+        """The scheduler's grants (:func:`~controller.core.reconcile.sharing.grants_now`), decided once per commit
+        (the runner replaces its jobs and nodes on each), not once per heartbeat. A decision that fails gives none:
+        a hint is never worth a failed heartbeat (the runner's own pass contains and reports the failure)."""
+        committed = (self._runner.jobs, self._runner.nodes)
+        cached = self._grants
+        if cached is None or cached[0][0] is not committed[0] or cached[0][1] is not committed[1]:
             planners = {j.id: self._runner.planner(j) for j in world.jobs.values() if j.state in JOB_LIVE}
-            self._grants = (world, grants_now(world, now, self._runner.config, planners))
-        return growth_hint(world, name, now, self._grants[1])
+            try:
+                decided = grants_now(world, now, self._runner.config, planners)
+            except Exception:  # contained: reported by the reconcile that decides the same
+                decided = None
+            cached = self._grants = (committed, decided)
+            self.grants_decided += 1
+        return cached[1]
 
     def assignment_soon(self, name: str, hinted: bool) -> bool:
         """Whether the free node ``name`` may be given work within seconds (it is then told to beat often)."""

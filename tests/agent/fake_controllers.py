@@ -147,7 +147,7 @@ class FakeSupervisor:
         self.killed.append(key)
         self.trainers[key] = replace(self.trainers[key], status=TrainerStatus(key, False, -9))
 
-    def end(self, key: TrainerKey) -> bool:
+    def end(self, key: TrainerKey, may_hold: bool = False) -> bool:
         """As :meth:`Supervisor.end` for trainers handed no held step: killed at once."""
         self.kill(key)
         return True

@@ -38,7 +38,7 @@ def test_each_rank_starts_in_the_slot_the_controller_placed_it_in() -> None:
 
 def test_stale_generation_is_killed_before_the_new_one_starts() -> None:
     commands = converge(Assignment("j", 2, "run", (0,)), [running("j", 1, 0)])
-    assert commands == [KillTrainer(TrainerKey("j", 1, 0), commands[0].reason)]  # type: ignore[union-attr]
+    assert commands == [KillTrainer(TrainerKey("j", 1, 0), commands[0].reason, may_hold=True)]  # type: ignore[union-attr]
     assert "stale" in commands[0].reason  # type: ignore[union-attr]
     after = converge(Assignment("j", 2, "run", (0,)), [TrainerStatus(TrainerKey("j", 1, 0), False, -9)])
     assert after == [StartTrainer(TrainerKey("j", 2, 0), 0)]
@@ -131,3 +131,5 @@ def test_a_stop_that_takes_the_node_off_the_job_asks_its_trainers_to_hand_their_
     assert converge(leaving, [running("j", 1, 0), running("j", 1, 1)]) == [RequestStop("j", 1, leaving=True)]
     kept = Assignment("j", 1, "stop", (0, 1), await_leavers=True)
     assert converge(kept, [running("j", 1, 0), running("j", 1, 1)]) == [], "the leaving nodes start it"
+    noticed = converge(kept, [running("j", 1, 0)], noticed=True)
+    assert noticed == [RequestStop("j", 1)], "a kept node with an eviction notice leaves too (perform says leaving)"

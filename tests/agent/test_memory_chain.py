@@ -139,7 +139,10 @@ def test_a_generation_that_never_met_leaves_the_held_step_to_the_next(tmp_path: 
             start_generation(supervisor, spec, 2, layout(2, 1), base + 6, checkpoints=checkpoints, held=held)
             wait_for(lambda: generation_of(supervisor, 2)[0].status.exit_code is not None, 90, "rank 0's refusal")
             rank_1 = TrainerKey("job-1", 2, 1)
-            ended = lambda: not supervisor.end(rank_1) and not generation_of(supervisor, 2)[1].status.running  # noqa: E731
+
+            def ended() -> bool:
+                return not supervisor.end(rank_1, may_hold=True) and not generation_of(supervisor, 2)[1].status.running
+
             wait_for(ended, 30, "rank 1 ended by its agent")
         ends = {r.status.key.rank: r.status.exit_code for r in generation_of(supervisor, 2)}
         assert ends == {0: ExitCode.USER_ERROR, 1: ExitCode.ABORTED}, ends  # neither was killed (-9)

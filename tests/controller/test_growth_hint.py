@@ -132,3 +132,18 @@ def test_while_the_gpus_are_shared_a_free_node_is_told_the_job_granted_it() -> N
     assert growth_hint(sim.world, "node-3", sim.now, {"node-3": "gone"}) is not None, "a job no longer known: as alone"
     sim.step(1)
     assert sim.job("small").nodes == ("node-3",), "and it is admitted there"
+
+
+def test_the_grants_behind_the_hints_are_decided_once_per_commit_not_once_per_heartbeat(live: Live) -> None:
+    _, job_id, _ = running_job(live)
+    free = Node(live)
+    free.beat()  # JOINING -> READY: a commit, then its reply decides the grants
+    view = live.controller.view
+    before = view.grants_decided
+    assert before >= 1
+    for _ in range(3):
+        assert free.beat().prepare.job == job_id  # nothing is committed between these beats
+    assert view.grants_decided == before
+    live.jobs().CancelJob(pb.CancelJobRequest(id=job_id))  # a commit
+    assert not free.beat().prepare.job
+    assert view.grants_decided == before + 1

@@ -4,10 +4,13 @@ Stepped with the real planner; the processes' side runs in tests/agent/test_memo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controller.core.lifecycle import JobState
 from controller.core.model import RankReport, StartGeneration
 from controller.core.observations import Refusal
 from controller.core.reconcile import assignment_for
+from controller.core.reconcile.generation import held_for_next
 from controller.core.records import CheckpointRef
 from morphing.transfer import HeldSkipCause
 from tests.controller.helpers import planner
@@ -70,3 +73,18 @@ def test_the_next_generation_that_cannot_take_it_counts_the_steps_lost_then() ->
         )
     sim.step(1)
     assert sim.job().steps_lost == 41 - 30 and sim.job().held == CheckpointRef()
+
+
+def test_held_for_next_names_the_step_again_only_while_the_job_morphs_and_never_trained_past_it() -> None:
+    sim = evicted_sim(4, 2, planner(4), "node-2")
+    generation_2_failed(sim)
+    job = sim.job()  # generation 3 running, named (41, 1), 30 committed
+    morphing = replace(job, state=JobState.MORPHING)
+    assert held_for_next(morphing, stopped=False) == CheckpointRef(41, 1)
+    assert held_for_next(replace(job, state=JobState.QUEUED), stopped=False) == CheckpointRef(), "nodes let go"
+    assert held_for_next(replace(morphing, step=42), stopped=False) == CheckpointRef(), "trained past it"
+    committed = replace(morphing, last_checkpoint=CheckpointRef(41, 3))
+    assert held_for_next(committed, stopped=False) == CheckpointRef(), "on the disk: nothing to take from memory"
+    assert held_for_next(replace(morphing, step=44), stopped=True) == CheckpointRef(44, 3), "a stop: its own step"
+    no_memory = replace(morphing, spec=morphing.spec.model_copy(update={"morph_through_memory": False}))
+    assert held_for_next(no_memory, stopped=True) == CheckpointRef()

@@ -79,6 +79,7 @@ class RequestCheckpoint:
 class KillTrainer:
     key: TrainerKey
     reason: str
+    may_hold: bool = False  # the node goes on with this job: a trainer holding a step of it may give up and keep it
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,9 @@ def accept(current: Assignment | None, incoming: Assignment) -> bool:
     return incoming.generation >= current.generation
 
 
-def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> list[Command]:
-    """Commands that move the observed trainers toward ``desired``."""
+def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus], noticed: bool = False) -> list[Command]:
+    """Commands that move the observed trainers toward ``desired`` (``noticed``: this node has an eviction notice, so
+    it leaves at any stop: it starts one itself even where the controller awaits the leaving nodes')."""
     trainers = list(trainers)
     commands: list[Command] = []
     wanted = desired if desired is not None and desired.action != "idle" else None
@@ -120,12 +122,13 @@ def converge(desired: Assignment | None, trainers: Iterable[TrainerStatus]) -> l
             continue
         key = trainer.key
         if wanted is None or (key.job_id, key.generation) != (wanted.job_id, wanted.generation):
-            commands.append(KillTrainer(key, _why_stale(key, wanted)))
+            same_job = wanted is not None and wanted.job_id == key.job_id
+            commands.append(KillTrainer(key, _why_stale(key, wanted), may_hold=same_job))
             stale_running = True
         elif wanted.action == "abort":
-            commands.append(KillTrainer(key, f"generation {key.generation} aborted by the controller"))
+            commands.append(KillTrainer(key, f"generation {key.generation} aborted by the controller", may_hold=True))
     stoppable = (t.running and not t.stop_requested and _same(t.key, wanted) for t in trainers if wanted)
-    if wanted is not None and wanted.action == "stop" and not wanted.await_leavers and any(stoppable):
+    if wanted is not None and wanted.action == "stop" and (noticed or not wanted.await_leavers) and any(stoppable):
         commands.append(RequestStop(wanted.job_id, wanted.generation, wanted.leaving))
     if wanted is not None and wanted.action == "hold":
         if any(t.running and _same(t.key, wanted) for t in trainers):

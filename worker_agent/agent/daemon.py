@@ -348,7 +348,7 @@ class Agent:
             self.state.launch[(wanted.job_id, wanted.generation)] = incoming.launch
         self.state.desired = wanted
         leaving = self.state.notice is not None
-        for command in converge(wanted, (r.status for r in self.supervisor.reports())):
+        for command in converge(wanted, (r.status for r in self.supervisor.reports()), noticed=leaving):
             perform(command, self.supervisor, self.config.gpus, self.config.slots, self.state.launch, leaving)
         keep = {(wanted.job_id, wanted.generation)}
         self.supervisor.forget(keep)

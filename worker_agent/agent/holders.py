@@ -4,6 +4,7 @@ stage in memory for a planned morph (:mod:`worker_agent.runtime.morph.held`)."""
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import shutil
 import signal
@@ -37,6 +38,29 @@ def kill_group(process: Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+
+
+RELEASE_SECONDS = 5.0
+"""How long a trainer handed a held step may take to give up its generation and hold the step again (it polls its
+abort file every 20 ms; a rendezvous or an exchange it is in is severed at once) before it is killed."""
+
+
+class Ending(enum.Enum):
+    """How the agent ends a trainer its controller no longer runs, this time it looks."""
+
+    ASK = "ask"  # ask it (its abort file) to give up its generation and hold the step it was handed again
+    WAIT = "wait"  # asked: it has RELEASE_SECONDS to do so
+    KILL = "kill"
+
+
+def ending(holds: bool, asked_at: float | None, now: float) -> Ending:
+    """Pure. ``holds``: its process holds a step of the job the node goes on with, not loaded yet; ``asked_at``: when
+    it was asked to give it up (None: not yet)."""
+    if not holds:
+        return Ending.KILL
+    if asked_at is None:
+        return Ending.ASK
+    return Ending.WAIT if now - asked_at < RELEASE_SECONDS else Ending.KILL
 
 
 @dataclass

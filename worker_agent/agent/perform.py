@@ -55,7 +55,7 @@ def perform(
             log.info("salvage order for generation %d of %s: %s", command.generation, command.job_id, command.order)
             supervisor.request_salvage(command.job_id, command.generation, command.order)
         case KillTrainer():
-            if supervisor.end(command.key):
+            if supervisor.end(command.key, command.may_hold):
                 log.info("killed %s: %s", command.key, command.reason)
         case _:
             assert_never(command)

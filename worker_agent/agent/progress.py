@@ -53,6 +53,7 @@ class TrainerProgress:
     samples_per_second: float | None = None
     last_checkpoint_step: int | None = None
     stepped: bool = False
+    loaded: bool = False  # it said where it resumed from: a step it was handed from memory is its stage's now
     finished: bool = False
     error: str = ""
     failure: FailureKind | None = None  # what kind of failure the trainer said it exits with
@@ -95,7 +96,7 @@ def absorb(progress: TrainerProgress, record: ProgressRecord) -> TrainerProgress
     elif isinstance(event, HandOffFailed):
         progress = replace(progress, hand_off_failed=str(event.reason))
     elif isinstance(event, CheckpointLoaded):
-        progress = replace(progress, step=event.step)
+        progress = replace(progress, step=event.step, loaded=True)
     elif isinstance(event, CheckpointWritten | TrainingStopped | TrainingFinished):
         progress = replace(progress, step=event.step, finished=progress.finished or isinstance(event, TrainingFinished))
         if isinstance(event, CheckpointWritten) and event.stall_seconds is not None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from morphing.jobspec import JobSpec
 from worker_agent.agent.converge import TrainerKey, TrainerStatus
-from worker_agent.agent.holders import Finished, Holders, Process, Warm, kill_group
+from worker_agent.agent.holders import Ending, Finished, Holders, Process, Warm, ending, kill_group
 from worker_agent.agent.progress import TrainerProgress, TrainerReport, absorb
 from worker_agent.agent.warming import WarmTrainers
 from worker_agent.agent.zygote import Adopted, InheritedProcess, reap_orphans
@@ -47,9 +47,6 @@ from worker_agent.contract import (
 )
 
 LOG = logging.getLogger("spotmorph.agent")
-RELEASE_SECONDS = 5.0
-"""How long a trainer handed a held step may take to give up its generation and hold the step again (it polls its
-abort file every 20 ms; a rendezvous or an exchange it is in is severed at once) before it is killed."""
 
 
 @dataclass(frozen=True)
@@ -309,26 +306,29 @@ class Supervisor:
             return
         kill_group(trainer.process)
 
-    def end(self, key: TrainerKey) -> bool:
+    def end(self, key: TrainerKey, may_hold: bool = False) -> bool:
         """End a trainer the controller no longer runs (call again until it has ended); True when it was killed.
 
-        One handed a held step it has not loaded yet is first asked to give up its generation (its control dir's
-        abort): it holds that step again, so the next generation still takes it from memory
-        (:meth:`worker_agent.runtime.process.trainer_process.TrainerProcess.next_generation`). It is killed if it
-        has not within :data:`RELEASE_SECONDS`."""
+        ``may_hold`` (the node goes on with the trainer's job): one handed a held step it has not loaded yet is first
+        asked to give up its generation (its control dir's abort): it holds that step again, so the next generation
+        still takes it from memory (``TrainerProcess.next_generation``). It is killed if it has not within
+        :data:`RELEASE_SECONDS`."""
         trainer = self._trainers.get(key)
         if trainer is None or trainer.process.poll() is not None:
             return False
-        if trainer.handed_held and not trainer.progress.stepped:
-            now = self.clock()
-            if trainer.release_asked_at is None:
+        holds = may_hold and trainer.handed_held and not (trainer.progress.loaded or trainer.progress.stepped)
+        now = self.clock()
+        match ending(holds, trainer.release_asked_at, now):
+            case Ending.ASK:
                 trainer.release_asked_at = now
                 self.generation_dir(key.job_id, key.generation).control.request_abort()
                 LOG.info("%s: asked to give up its generation and hold the step it was handed again", key)
-            if now - trainer.release_asked_at < RELEASE_SECONDS:
                 return False
-        kill_group(trainer.process)
-        return True
+            case Ending.WAIT:
+                return False
+            case Ending.KILL:
+                kill_group(trainer.process)
+                return True
 
     def kill_all(self) -> None:
         """Every process of this node: the zygote first, so a trainer it has not forked yet is answered for now

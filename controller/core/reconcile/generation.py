@@ -112,7 +112,8 @@ def held_for_next(job: JobRecord, stopped: bool) -> CheckpointRef:
     if stopped:
         at = job.salvage.step or job.step
         return CheckpointRef(at, job.generation) if at > 0 else CheckpointRef()
-    if job.held.step > job.last_checkpoint.step and job.step == job.held.step:
+    # Only while the job morphs: a job that queued meanwhile let its nodes go, and their holders with them.
+    if job.state is JobState.MORPHING and job.held.step > job.last_checkpoint.step and job.step == job.held.step:
         return job.held
     return CheckpointRef()
 

@@ -115,8 +115,11 @@ class AbortWatch:
         if self.control is not None:
             self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = False) -> None:
+        """Stop watching (``wait``: until the watcher has returned, so no cut it began lands later)."""
         self._stopped.set()
+        if wait and self._thread.is_alive():
+            self._thread.join()
 
     def _watch(self) -> None:
         assert self.control is not None

@@ -10,11 +10,9 @@ step loop reads as the per-step protocol alone.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,24 +20,21 @@ from typing import TYPE_CHECKING, Any
 from morphing.errors import UserInputError
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout
-from morphing.transfer import HeldSkipCause
 from worker_agent.contract import (
     CheckpointLoaded,
     CheckpointSkipped,
     ControlDir,
-    HeldStateSkipped,
     TrainerArguments,
-    TrainerStarted,
 )
 from worker_agent.contract.hostile import HostileFile, load_json_bounded
-from worker_agent.runtime.errors import GenerationAbandoned
 from worker_agent.runtime.link.control import CheckpointRequests, LeaseWatch, ProgressLog, StopRequest
 from worker_agent.runtime.link.startup import Phase, StartupWatch
 from worker_agent.runtime.link.training_log import TrainingLog
 from worker_agent.runtime.morph import held as held_mod
 from worker_agent.runtime.morph import resume
 from worker_agent.runtime.morph.held import Held
-from worker_agent.runtime.process.trainer_setup import check_eval, process_started_at, rendezvous, say, warn
+from worker_agent.runtime.process import meeting
+from worker_agent.runtime.process.trainer_setup import check_eval, say, warn
 
 if TYPE_CHECKING:
     import torch
@@ -136,11 +131,11 @@ def start(cfg: TrainerArguments, progress: ProgressLog, process: TrainerProcess)
     control = ControlDir(cfg.control_dir) if cfg.control_dir is not None else None
     stop = StopRequest(control)  # SIGTERM and SIGINT from here on are a stop request
     fence = raise_fence(cfg, job, progress)
-    with handed_step(cfg, control, process) as abandoned:
-        store = meet(cfg, job, layout, progress, process.assigned_at, abandoned)
+    with meeting.handed_step(cfg, control, process) as abandoned:
+        store = meeting.meet(cfg, job, layout, progress, process.assigned_at, abandoned)
         groups = make_groups(layout, model, cfg.rank, device, job.peer_timeout_seconds, process.communicators)
         runner = StageRunner(job, layout, cfg.rank, model, groups, device, process.masks)
-        memory = exchange_held(cfg, job, layout, runner, progress, process.held)
+        memory = meeting.exchange_held(cfg, job, layout, runner, progress, process.held)
         chosen = choose_checkpoint(cfg, job, memory, progress)
         resumed = load(cfg, job, layout, runner, memory, chosen, reused, process)
     process.forget_held()  # the stage adopted what it took: the step is this generation's now
@@ -236,76 +231,6 @@ def raise_fence(cfg: TrainerArguments, job: JobSpec, progress: ProgressLog) -> F
         return resume.fence_of(cfg)
 
 
-@contextlib.contextmanager
-def handed_step(
-    cfg: TrainerArguments, control: ControlDir | None, process: TrainerProcess
-) -> Iterator[Callable[[], bool]]:
-    """While a generation handed a step held in memory has not loaded it: its agent's abort (the controller ended
-    the generation: a peer never came, or failed to start) severs the rendezvous or the exchange at once, and the
-    generation ends with :class:`GenerationAbandoned`, the process keeping the step for the next one
-    (:meth:`TrainerProcess.next_generation`). Yields whether that abort came."""
-    from worker_agent.runtime.morph.salvage import AbortWatch
-
-    handed = cfg.held is not None and process.held is not None
-    watch = AbortWatch(control if handed else None, process.communicators)
-    watch.start()
-    try:
-        yield watch.fired.is_set
-    except Exception as exc:
-        if not watch.fired.is_set():
-            raise
-        held = f"step {cfg.held.step} of generation {cfg.held.generation}" if cfg.held else "the step it was handed"
-        raise GenerationAbandoned(
-            f"generation {cfg.generation} was aborted by its agent before it took {held}, which this process holds "
-            f"again for the next generation ({type(exc).__name__}: {str(exc)[:200]})"
-        ) from exc
-    finally:
-        watch.stop()
-
-
-def meet(
-    cfg: TrainerArguments,
-    job: JobSpec,
-    layout: Layout,
-    progress: ProgressLog,
-    assigned_at: float | None,
-    abandoned: Callable[[], bool] = lambda: False,
-) -> Any:
-    """The rendezvous (the store it returns must be kept), then ``TrainerStarted``."""
-    ready_at = time.time()  # torch imported, model built: what a cold start costs before the rendezvous
-    store = rendezvous(cfg, layout.world_size, job.timeout_seconds, abandoned)
-    progress.emit(
-        TrainerStarted(
-            layout=layout.describe(),
-            process_started_at=assigned_at or process_started_at(),
-            ready_at=ready_at,
-            warm=assigned_at is not None,
-        )
-    )
-    return store
-
-
-def exchange_held(
-    cfg: TrainerArguments,
-    job: JobSpec,
-    layout: Layout,
-    runner: StageRunner,
-    progress: ProgressLog,
-    held: Held | None,
-) -> held_mod.Outcome | None:
-    """The exchange of the step a past generation held in memory (a collective, when the assignment names one).
-    Nothing of ``held`` changes (peers are sent copies): until the stage loads it, the process may hold it again."""
-
-    def memory_skipped(cause: HeldSkipCause, reason: str) -> None:
-        held_by = cfg.held.generation if cfg.held is not None else cfg.generation - 1
-        warn(f"the state generation {held_by} held in memory is not used: {reason}")
-        progress.emit(HeldStateSkipped(reason=reason, cause=cause.value))
-
-    if not cfg.held:
-        return None
-    return held_mod.take(held, cfg, layout, job.identity_hash(), runner, memory_skipped)
-
-
 def choose_checkpoint(
     cfg: TrainerArguments, job: JobSpec, memory: held_mod.Outcome | None, progress: ProgressLog
 ) -> ResumeChoice:
@@ -343,6 +268,7 @@ def load(
     initial weights (a reused model a past generation trained); a collective when anything is loaded."""
     path = chosen.checkpoint
     if memory is not None and memory.used:
+        process.forget_held()  # the stage adopts the tensors: from here on they are not the held step any more
         used = memory
         step = resume.loaded_by_all(lambda: held_mod.apply(used, runner, path, job.identity()), path, layout.world_size)
         memory.payloads.clear()  # the stage has them now
