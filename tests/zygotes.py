@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from tests import forkserver_client
@@ -43,9 +43,27 @@ def zygotes(folder: Path) -> Iterator[Callable[[], InheritedProcess | None]]:
         yield one
     finally:
         for inherited in handed:
-            inherited.end()
+            if inherited.poll() is None:  # not ended by its supervisor (never a group whose pid may be reused)
+                inherited.end()
+            for pipe in (inherited.stdin, inherited.stdout):
+                with suppress(OSError):
+                    pipe.close()
         if adopts:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+            for pid in _zombie_children():  # adopted while this ran (a process a killed zygote or trainer started)
+                with suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+
+def _zombie_children() -> list[int]:
+    """This process's children that have exited and that nobody has waited for."""
+    own, found = str(os.getpid()), []
+    for entry in os.scandir("/proc"):
+        with suppress(OSError, IndexError):
+            fields = Path(entry.path, "stat").read_text().rsplit(") ", 1)[1].split()
+            if entry.name.isdigit() and fields[0] == "Z" and fields[1] == own:
+                found.append(int(entry.name))
+    return found
 
 
 NodeZygote = Callable[[], InheritedProcess | None]  # the ``node_zygote`` fixture's type
