@@ -12,7 +12,7 @@ on both workers.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,8 @@ import pytest
 from spotmorph.local import cli_calls
 from tests import forkserver_client
 from tests.postgres import MISSING, PostgresServer, find_binaries
+from tests.zygotes import zygotes
+from worker_agent.agent.zygote import InheritedProcess
 from worker_agent.runtime.process.warm import IMPORTS_ENV
 
 SLOW_SECONDS = 3.0  # a test this long (its three phases) without the `slow` marker is named at the end of a run
@@ -71,6 +73,15 @@ def _harness_commands_forked() -> Iterator[None]:
     cli_calls.use_runner(forked)
     yield
     cli_calls.use_runner(None)
+
+
+@pytest.fixture
+def node_zygote(tmp_path: Path) -> Iterator[Callable[[], InheritedProcess | None]]:
+    """Zygotes, forked from this worker's fork server, for the supervisors a test drives (``Supervisor(...,
+    warm=1, zygote=True, inherited=node_zygote())``): their trainers are forks, not new interpreters; this
+    worker is a child subreaper until the test ends (tests/zygotes.py)."""
+    with zygotes(tmp_path / "zygotes") as one:
+        yield one
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,13 @@ that measures a process (its page faults, its memory, its imports) starts a new 
 
 Protocol, one JSON line each way: ``{"argv": [...], "cwd": ..., "env": {...}, "out": PATH, "err": PATH}``; the
 answer ``{"pid": N}`` once forked, then ``{"exit": CODE}``. It ends when its stdin closes.
+
+It also forks a node's zygote for a test's supervisor (:func:`zygote`; ``{"zygote": {"requests": FIFO, "answers":
+FIFO, "parent": PID}}``): the imports it holds are a zygote's (torch, the runtime; no user code ever runs here),
+so a supervisor's trainers are forks, not interpreters that import torch again. It forks through a middle
+process, as the zygote forks a warm trainer, so the zygote is adopted by the asking pytest worker, which is a
+child subreaper while that test runs (tests/agent/zygotes.py); the answer is the zygote's pid, then the middle
+process's exit code.
 """
 
 from __future__ import annotations
@@ -75,6 +82,35 @@ def child(request: dict[str, Any]) -> None:
     end_as_an_interpreter(command)
 
 
+def zygote(request: dict[str, Any]) -> None:
+    """The middle process: fork the zygote (its own process group, the FIFOs as its stdin and stdout, serving
+    ``parent``'s requests), say its pid on stdout and exit, leaving it to the subreaper above; never returns."""
+
+    def serve() -> int:
+        from worker_agent.runtime.process import warm
+        from worker_agent.runtime.process import zygote as node_zygote
+
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new interpreter's
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        answers = os.open(request["answers"], os.O_WRONLY)  # first: the asking worker waits on the other
+        requests = os.open(request["requests"], os.O_RDONLY)  # waits for the asking worker's end
+        for opened, fd in ((requests, 0), (answers, 1)):
+            os.dup2(opened, fd)
+            os.close(opened)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (fd 0 is the FIFO now)
+        warm._tune_allocator()
+        return node_zygote.serve(int(request["parent"]))
+
+    def middle() -> None:
+        pid = os.fork()
+        if pid == 0:
+            end_as_an_interpreter(lambda: sys.exit(serve()))
+        answer({"pid": pid})
+
+    end_as_an_interpreter(middle)
+
+
 def main() -> int:
     preload()
     for line in sys.stdin:
@@ -83,8 +119,11 @@ def main() -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            if "zygote" in request:
+                zygote(request["zygote"])
             child(request)
-        answer({"pid": pid})
+        if "zygote" not in request:
+            answer({"pid": pid})
         _, status = os.waitpid(pid, 0)
         answer({"exit": os.waitstatus_to_exitcode(status)})
     return 0

@@ -80,3 +80,35 @@ def _run(argv: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> tup
             _reply(server, None)
             raise subprocess.TimeoutExpired(["python", *argv], timeout)
         return int(done["exit"]), out.read_text(errors="replace"), err.read_text(errors="replace")
+
+
+def zygote(folder: Path, parent: int) -> tuple[int, int, int]:
+    """A node's zygote forked from the server, serving ``parent`` (this process, a child subreaper by now, which
+    adopts it): its pid, and the write end of its requests and the read end of its answers (named FIFOs in
+    ``folder``), as :class:`worker_agent.agent.zygote.InheritedProcess` takes them."""
+    requests, answers = folder / "zygote-requests", folder / "zygote-answers"
+    for fifo in (requests, answers):
+        os.mkfifo(fifo, 0o600)
+    with _one_at_a_time:
+        server = _started()
+        assert server.stdin is not None
+        order = {"requests": str(requests), "answers": str(answers), "parent": parent}
+        server.stdin.write((json.dumps({"zygote": order}) + "\n").encode())
+        server.stdin.flush()
+        forked, done = _reply(server, time.monotonic() + 120), _reply(server, time.monotonic() + 120)
+    if forked is None or done is None or done["exit"] != 0:
+        raise RuntimeError(f"the fork server forked no zygote: {forked}, {done}")
+    from_zygote = os.open(answers, os.O_RDONLY | os.O_NONBLOCK)  # the zygote opens its end of it first
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            to_zygote = os.open(requests, os.O_WRONLY | os.O_NONBLOCK)  # once the zygote has opened both
+            break
+        except OSError:  # ENXIO: not yet
+            if time.monotonic() > deadline:
+                raise RuntimeError("the forked zygote never opened its requests") from None
+            time.sleep(0.005)
+    os.set_blocking(to_zygote, True)
+    for fifo in (requests, answers):
+        fifo.unlink()
+    return int(forked["pid"]), to_zygote, from_zygote

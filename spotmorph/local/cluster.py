@@ -26,12 +26,12 @@ from controller.client.context import Context, read_context, remove_context, spo
 from controller.files import write_private
 from morphing.errors import UserInputError
 from scheduler.pools import PoolKind
-from spotmorph.local import controllers, gpu_share, netns, platform, vm_start
+from spotmorph.local import controllers, daemons, gpu_share, netns, platform, vm_start
 from spotmorph.local.flags import within
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.netns import leftovers
 from spotmorph.local.network import prefix_of
-from spotmorph.local.processes import alive, free_port, port_range_base, read_pid, spawn, terminate, wait_for
+from spotmorph.local.processes import alive, free_port, port_range_base, read_pid, terminate, wait_for
 from spotmorph.local.provider import LocalProcessProvider, LocalVm, kill_vm
 from worker_agent.agent import gpu_probe
 from worker_agent.agent.gpus import describe
@@ -183,7 +183,7 @@ def up(options: UpOptions, home: Path | None = None) -> tuple[Context, list[str]
         files.command.write_text(json.dumps(line))
     start_controller(cluster)
     platform_command = platform.command(cluster, imds_port, platform_host)
-    cluster.platform_pid.write_text(str(spawn(platform_command, cluster.platform_log)))
+    cluster.platform_pid.write_text(str(daemons.start(platform_command, cluster.platform_log)))
     wait_for(
         lambda: cluster.operator_token.exists() and cluster.node_secret.exists() and cluster.metrics_address.exists(),
         60,

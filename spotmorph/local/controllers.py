@@ -19,8 +19,9 @@ from controller.core.leadership import Lease
 from controller.persistence import leases
 from controller.persistence.store import Store, StoreError, database_url
 from morphing.errors import UserInputError
+from spotmorph.local import daemons
 from spotmorph.local.layout import ClusterDir, ControllerFiles
-from spotmorph.local.processes import alive, read_pid, spawn, wait_for
+from spotmorph.local.processes import alive, read_pid, wait_for
 
 MAX_CONTROLLERS = 5
 
@@ -49,9 +50,10 @@ def command(files: ControllerFiles, address: str, settings: str, plaintext: bool
 
 
 def start(files: ControllerFiles, env: Mapping[str, str] | None = None) -> int:
-    """Start (or restart, after a crash) a controller with its recorded command line."""
+    """Start (or restart, after a crash) a controller with its recorded command line (forked where this process
+    may fork: :mod:`spotmorph.local.daemons`)."""
     files.state.mkdir(parents=True, exist_ok=True)
-    pid = spawn(json.loads(files.command.read_text()), files.log, env)
+    pid = daemons.start(json.loads(files.command.read_text()), files.log, env)
     files.pid_file.write_text(str(pid))
     return pid
 

@@ -13,6 +13,7 @@ import pytest
 from morphing.layout import make_layout
 from tests.agent.test_supervisor import spec
 from tests.runtime.helpers import wait_for
+from tests.zygotes import NodeZygote
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.supervisor import Supervisor
 from worker_agent.contract import CheckpointLoaded, CommittedCheckpoint, ExitCode, TrainerFailed, read_progress
@@ -36,8 +37,8 @@ def committed_steps(root: Path, generation: int) -> list[int]:
     return sorted(s for s, g, p in ck.checkpoint_dirs(root) if g == generation and (p / ck.MANIFEST).exists())
 
 
-def test_trainers_stop_by_themselves_when_their_lease_lapses(tmp_path: Path) -> None:
-    supervisor = Supervisor(tmp_path / "work")
+def test_trainers_stop_by_themselves_when_their_lease_lapses(tmp_path: Path, node_zygote: NodeZygote) -> None:
+    supervisor = Supervisor(tmp_path / "work", warm=1, zygote=True, inherited=node_zygote())
     supervisor.lease_seconds = 3.0
     launch = spec(tmp_path, steps=100_000)
     launch = replace(launch, job=launch.job.model_copy(update={"checkpoint_interval": 2}))
@@ -75,8 +76,9 @@ def test_trainers_stop_by_themselves_when_their_lease_lapses(tmp_path: Path) -> 
 
 def test_a_fenced_generation_commits_nothing_more_and_the_next_loads_exactly_the_committed_one(
     tmp_path: Path,
+    node_zygote: NodeZygote,
 ) -> None:
-    supervisor = Supervisor(tmp_path / "work")
+    supervisor = Supervisor(tmp_path / "work", warm=1, zygote=True, inherited=node_zygote())
     launch = spec(tmp_path, steps=100_000)
     launch = replace(launch, job=launch.job.model_copy(update={"checkpoint_interval": 1, "keep": 100}))
     root = launch.checkpoint_dir
@@ -119,11 +121,13 @@ def test_a_fenced_generation_commits_nothing_more_and_the_next_loads_exactly_the
         supervisor.kill_all()
 
 
-def test_a_damaged_file_one_rank_reads_fails_every_rank_as_the_users_error(tmp_path: Path) -> None:
+def test_a_damaged_file_one_rank_reads_fails_every_rank_as_the_users_error(
+    tmp_path: Path, node_zygote: NodeZygote
+) -> None:
     """Only the stage that loads a layer file reads it (rank 0 checks the committed checkpoint's manifest, not
     every file, so each byte is read once): the rank that finds it damaged makes every rank fail with the same
     input error, not the others meet it as a lost peer."""
-    supervisor = Supervisor(tmp_path / "work")
+    supervisor = Supervisor(tmp_path / "work", warm=1, zygote=True, inherited=node_zygote())
     launch = spec(tmp_path, steps=2)
     root = launch.checkpoint_dir
     try:

@@ -18,6 +18,7 @@ from spotmorph.local.harness import max_rel_diff
 from spotmorph.local.processes import port_range_base
 from tests.agent.test_supervisor import loaded_by
 from tests.runtime.helpers import TINY, wait_for
+from tests.zygotes import NodeZygote
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.progress import TrainerReport
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
@@ -93,9 +94,11 @@ def run(supervisor: Supervisor, spec: JobSpec, chain: list[Layout], checkpoints:
     "exact", [False, pytest.param(True, marks=pytest.mark.soak)], ids=["float64", "exact"]
 )
 @pytest.mark.slow
-def test_a_chain_of_morphs_through_memory_ends_where_one_process_does(tmp_path: Path, exact: bool) -> None:
+def test_a_chain_of_morphs_through_memory_ends_where_one_process_does(
+    tmp_path: Path, exact: bool, node_zygote: NodeZygote
+) -> None:
     spec = job(tmp_path, exact)
-    supervisor = Supervisor(tmp_path / "work")
+    supervisor = Supervisor(tmp_path / "work", warm=1, zygote=True, inherited=node_zygote())  # a CPU node's
     try:
         stops = run(supervisor, spec, [layout(1, 2), layout(2, 1), layout(1, 2)], tmp_path / "chain")
         for generation, step in enumerate(stops, start=2):
@@ -104,7 +107,7 @@ def test_a_chain_of_morphs_through_memory_ends_where_one_process_does(tmp_path: 
             assert [(e.step, e.checkpoint) for e in loaded] == [(step, memory)] * 2, loaded
     finally:
         supervisor.kill_all()
-    reference = Supervisor(tmp_path / "reference-work")
+    reference = Supervisor(tmp_path / "reference-work", warm=1, zygote=True, inherited=node_zygote())
     try:
         run(reference, spec, [layout(1, 1)], tmp_path / "reference")
     finally:

@@ -13,6 +13,7 @@ from morphing.layout import make_layout
 from spotmorph.local.harness import max_rel_diff
 from spotmorph.local.processes import alive, port_range_base
 from tests.runtime.helpers import TINY, wait_for
+from tests.zygotes import NodeZygote
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.progress import TrainerProgress, absorb
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
@@ -81,6 +82,11 @@ def test_the_first_step_of_a_generation_keeps_its_time_and_length() -> None:
         assert (odd.first_step_at, odd.first_step_seconds) == (0.0, None)
 
 
+def new_interpreter(pid: int) -> bool:
+    """The trainer ``pid`` is a ``python -m worker_agent.runtime.process.trainer`` (a cold start), not a fork."""
+    return b"worker_agent.runtime.process.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
 def spec(tmp_path: Path, steps: int, memory: bool = True) -> LaunchSpec:
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
     job = JobSpec(
@@ -99,14 +105,15 @@ def spec(tmp_path: Path, steps: int, memory: bool = True) -> LaunchSpec:
 
 
 @pytest.mark.slow
-def test_a_leaving_nodes_stop_checkpoints_and_exits_zero(tmp_path: Path) -> None:
-    supervisor = Supervisor(tmp_path / "work")
+def test_a_leaving_nodes_stop_checkpoints_and_exits_zero(tmp_path: Path, node_zygote: NodeZygote) -> None:
+    supervisor = Supervisor(tmp_path / "work", warm=1, zygote=True, inherited=node_zygote())  # a CPU node's
     launch = spec(tmp_path, steps=100_000)
     keys = [TrainerKey("job-1", 1, rank) for rank in range(2)]
     try:
         for key in keys:
             supervisor.start(key, launch)
         wait_for(lambda: all(r.step >= 3 for r in supervisor.reports()), 90, "three steps on both ranks")
+        assert not any(new_interpreter(r.pid) for r in supervisor.reports()), "none waits: forks of the zygote"
         supervisor.request_stop("job-1", 1, leaving=True)
         wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "a graceful stop")
         reports = supervisor.reports()
@@ -129,6 +136,7 @@ def test_a_stop_keeps_the_state_and_the_next_generation_takes_it_from_memory(tmp
         for key in keys:
             supervisor.start(key, launch)
         wait_for(lambda: all(r.step >= 3 for r in supervisor.reports()), 90, "three steps on both ranks")
+        assert all(new_interpreter(r.pid) for r in supervisor.reports()), "no warm trainers, no zygote: cold"
         supervisor.request_stop("job-1", 1)
         wait_for(lambda: not any(r.status.running for r in supervisor.reports()), 60, "a stop that holds")
         reports = supervisor.reports()
@@ -218,8 +226,10 @@ def test_a_generation_from_memory_ends_bit_for_bit_where_one_from_the_disk_ends(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("memory", [True, False], ids=["through memory", "through the disk"])
-def test_a_killed_peer_makes_the_survivor_hold_its_step_until_told(tmp_path: Path, memory: bool) -> None:
-    supervisor = Supervisor(tmp_path / "work")
+def test_a_killed_peer_makes_the_survivor_hold_its_step_until_told(
+    tmp_path: Path, memory: bool, node_zygote: NodeZygote
+) -> None:
+    supervisor = Supervisor(tmp_path / "work", warm=1, zygote=True, inherited=node_zygote())  # a CPU node's
     launch = spec(tmp_path, steps=100_000, memory=memory)
     keys = [TrainerKey("job-1", 4, rank) for rank in range(2)]
     try:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.agent.test_supervisor import spec
 from tests.runtime.helpers import wait_for
+from tests.zygotes import NodeZygote
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.daemon import Agent, AgentConfig
 from worker_agent.agent.wire import Registration
@@ -58,10 +60,13 @@ def test_a_stale_fifo_is_made_afresh(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("memory", [True, False], ids=["held", "exited"])
-def test_stopped_trainers_end_the_agents_pause_before_its_poll_would(tmp_path: Path, memory: bool) -> None:
+def test_stopped_trainers_end_the_agents_pause_before_its_poll_would(
+    tmp_path: Path, memory: bool, node_zygote: NodeZygote
+) -> None:
     """The agent looks at its trainers every ten minutes here: the pause ends only because the trainers that
     stopped and hold their state poked it (``held``), or because they exited: SIGCHLD (``exited``)."""
-    agent = Agent(AgentConfig(("fake:1",), "t", tmp_path / "agent", local_poll_seconds=600.0))
+    config = AgentConfig(("fake:1",), "t", tmp_path / "agent", local_poll_seconds=600.0, warm_trainers=1)
+    agent = Agent(replace(config, zygote=node_zygote()))  # a CPU node's, which forks its trainers
     agent.state.node = Registration("node-1", 1, "node-token", 600.0, 1800.0)
     agent.state.interval = 600.0
     launch = spec(tmp_path, steps=100_000, memory=memory)

@@ -10,6 +10,7 @@ from morphing.jobspec import JobSpec
 from morphing.layout import make_layout
 from spotmorph.local.processes import port_range_base
 from tests.runtime.helpers import TINY, wait_for
+from tests.zygotes import NodeZygote
 from worker_agent.agent.converge import TrainerKey
 from worker_agent.agent.supervisor import LaunchSpec, Supervisor
 from worker_agent.contract import ControlDir
@@ -31,7 +32,7 @@ def test_the_first_counter_is_the_baseline_and_any_change_is_one_request(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_request_checkpoints_between_intervals_on_every_rank(tmp_path: Path) -> None:
+def test_a_request_checkpoints_between_intervals_on_every_rank(tmp_path: Path, node_zygote: NodeZygote) -> None:
     layout = make_layout(num_layers=4, pipeline_stages=1, data_parallel=2, micro_batch_size=2, global_batch=6)
     root = tmp_path / "ckpt"
     job = JobSpec(
@@ -45,7 +46,7 @@ def test_a_request_checkpoints_between_intervals_on_every_rank(tmp_path: Path) -
         timeout_seconds=10.0,
     )
     launch = LaunchSpec(job, layout.to_dict(), f"127.0.0.1:{port_range_base(1)}", root)
-    supervisor = Supervisor(tmp_path / "work")
+    supervisor = Supervisor(tmp_path / "work", warm=1, zygote=True, inherited=node_zygote())  # a CPU node's
     keys = [TrainerKey("job-1", 1, rank) for rank in range(2)]
     try:
         supervisor.request_checkpoint("job-1", 1, 5)  # older than the generation: no checkpoint for it

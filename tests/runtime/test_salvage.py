@@ -27,6 +27,9 @@ import pytest
 from morphing.jobspec import JobSpec
 from morphing.layout import Layout, make_layout
 from tests.runtime.helpers import TINY, train, wait_for
+from tests.zygotes import NodeZygote
+from worker_agent.agent.holders import Process, kill_group
+from worker_agent.agent.zygote import InheritedProcess, Zygote
 from worker_agent.contract import (
     CollectiveFailed,
     ExitCode,
@@ -35,6 +38,8 @@ from worker_agent.contract import (
     SalvageWritten,
     StepCompleted,
     TrainerArguments,
+    WarmAssignment,
+    WarmSpool,
     read_progress,
 )
 from worker_agent.runtime.morph.salvage import PAUSE_ENV
@@ -50,9 +55,16 @@ def layout() -> Layout:
 
 
 class Run:
-    """Four trainer processes of one generation, the first hosting the store."""
+    """Four trainer processes of one generation, the first hosting the store: forked from ``zygote`` and handed
+    their arguments, as a CPU node's agent starts them (without one: each a new interpreter, as a GPU node's)."""
 
-    def __init__(self, tmp: Path, env: dict[str, str] | None = None, peer_timeout_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        env: dict[str, str] | None = None,
+        peer_timeout_seconds: float = 5.0,
+        zygote: InheritedProcess | None = None,
+    ) -> None:
         from spotmorph.local.processes import port_range_base
 
         self.root = tmp / "ckpt"
@@ -75,18 +87,23 @@ class Run:
         self.dir.layout_file.write_text(json.dumps(self.layout.to_dict()))
         port = port_range_base(1)  # below the ephemeral range: no outgoing connection takes it
         self.dir.write_rendezvous_key(secrets.token_hex(32))  # what the agent writes from the assignment
-        self.procs = []
+        environment = {**os.environ, **(env or {})}
+        self.zygote = None if zygote is None else Zygote.adopt(zygote, WarmSpool(tmp / "zygote"), environment)
+        self.procs: list[Process] = []
         for rank in range(4):
             arguments = TrainerArguments.in_generation_dir(
                 self.dir, rank, f"127.0.0.1:{port}", self.root, host_store=rank == 0
             )
+            if self.zygote is not None:
+                spool = WarmSpool(tmp / "warm" / str(rank))
+                spool.path.mkdir(parents=True)
+                self.procs.append(self.zygote.fork(spool))
+                spool.hand_over(WarmAssignment(arguments, self.dir.log_file(rank)).to_json())
+                continue
             log = open(self.dir.log_file(rank), "wb")  # noqa: SIM115
             self.procs.append(
                 subprocess.Popen(
-                    arguments.command(sys.executable),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, **(env or {})},
+                    arguments.command(sys.executable), stdout=log, stderr=subprocess.STDOUT, env=environment
                 )
             )
 
@@ -103,13 +120,18 @@ class Run:
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                proc.kill()
+                if isinstance(proc, subprocess.Popen):
+                    proc.kill()
+                else:
+                    kill_group(proc)
                 proc.wait()
+        if self.zygote is not None:
+            self.zygote.stop()
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[Run]:
-    started = Run(tmp_path)
+def run(tmp_path: Path, node_zygote: NodeZygote) -> Iterator[Run]:
+    started = Run(tmp_path, zygote=node_zygote())
     try:
         yield started
     finally:
@@ -177,12 +199,14 @@ def test_a_writer_killed_during_the_salvage_leaves_no_checkpoint(tmp_path: Path)
         run.stop()
 
 
-def test_an_agents_abort_order_makes_ranks_blocked_on_a_frozen_peer_hold_at_once(tmp_path: Path) -> None:
+def test_an_agents_abort_order_makes_ranks_blocked_on_a_frozen_peer_hold_at_once(
+    tmp_path: Path, node_zygote: NodeZygote
+) -> None:
     """Long before the peer timeout, only the agent's order can fail the collectives of ranks blocked on a
     frozen peer. A rank whose gloo send or receive was posted after the cut may miss it and hold only at the
     peer timeout (docs/DESIGN.md, "An unplanned loss"); every survivor holds by then."""
     peer_timeout = 45.0
-    run = Run(tmp_path, peer_timeout_seconds=peer_timeout)
+    run = Run(tmp_path, peer_timeout_seconds=peer_timeout, zygote=node_zygote())
     try:
         wait_for(lambda: all(len(run.events(r, StepCompleted)) >= 3 for r in range(4)), 120, "four ranks at step 3")
         os.kill(run.procs[3].pid, signal.SIGSTOP)  # frozen: its sockets stay open, so nobody sees it go

@@ -2,7 +2,8 @@
 
 A warm trainer is ``python -m worker_agent.runtime.process.warm`` in a warm spool: torch imported, waiting for an
 assignment. On a CPU node they are forked by the node's zygote (:mod:`worker_agent.agent.zygote`), which
-imports once for all of them; elsewhere (a GPU node, or no zygote to be had) each is a new interpreter.
+imports once for all of them; elsewhere (a GPU node, or no zygote to be had) each is a new interpreter. A
+trainer start that finds none waiting on a node with a zygote is a fresh fork of it too, not a cold interpreter.
 Warm trainers are an optimisation: when they cannot start or keep dying unused, the node stops keeping them
 and says why, and trainers start cold.
 """
@@ -56,6 +57,7 @@ class WarmTrainers:
         Only one that has run no user code, or only ``job``'s (it built the model ahead: first), may become its
         trainer. When every one has run another job's code, one of them is ended and a fresh one started in its
         place (forked from the zygote, which imports no user code), so the assignment waits on no foreign build.
+        When none waits at all, a node that has a zygote forks a fresh one for it (:meth:`_forked_for`).
         """
         identity = code_identity(job, job_id)
         self.waiting = [w for w in self.waiting if w.process.poll() is None]
@@ -65,10 +67,19 @@ class WarmTrainers:
             self.waiting.remove(fit[0])
             return fit[0]
         if not self.waiting:
-            return None
+            return self._forked_for(job_id)
         foreign = self.waiting.pop(0)
         LOG.info("warm trainer %s ran another job's code: ended, a fresh one takes %s", foreign.spool.path.name, job_id)
         kill_group(foreign.process)
+        return self._fresh()
+
+    def _forked_for(self, job_id: str) -> Warm | None:
+        """None waits: on a node that forks its warm trainers, a fresh fork of the zygote (no user code ran in it)
+        takes the start, its imports done once for the node, not again in a new interpreter; None elsewhere (no
+        zygote, or the node gave up its warm trainers), and the trainer starts cold."""
+        if not self.count or self._zygote_at_hand() is None:
+            return None
+        LOG.info("no warm trainer waits: one forked from the zygote takes %s", job_id)
         return self._fresh()
 
     def _fresh(self) -> Warm | None:
