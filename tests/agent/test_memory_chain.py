@@ -126,14 +126,14 @@ def start_generation(
 
 
 @pytest.mark.slow
-def test_a_generation_that_never_met_leaves_the_held_step_to_the_next(tmp_path: Path) -> None:
+def test_a_generation_that_never_met_leaves_the_held_step_to_the_next(tmp_path: Path, node_zygote: NodeZygote) -> None:
     """Generation 1 (1 x 2) stops at S and holds it. Generation 2 (2 x 1) is named S, but its rank 0 cannot bind the
     rendezvous port (another process holds it) and rank 1 waits for a store that never comes; the agent ends it.
     Both processes hold S again (exit 2 and 1, not killed), and generation 3 (1 x 2) takes S from their memory and
     ends where one uninterrupted process does. Before, both processes exited with the step, and generation 3 could
     only start over from the disk (here: from scratch, nothing was written)."""
     spec, checkpoints, base = job(tmp_path, exact=False), tmp_path / "chain", port_range_base(1)
-    supervisor = Supervisor(tmp_path / "work")
+    supervisor = Supervisor(tmp_path / "work", warm=1, zygote=True, inherited=node_zygote())  # a CPU node's
     try:
         start_generation(supervisor, spec, 1, layout(1, 2), base + 3, checkpoints=checkpoints)
         held = CommittedCheckpoint(stop_and_hold(supervisor, 1, 2, 0), 1)
@@ -157,7 +157,7 @@ def test_a_generation_that_never_met_leaves_the_held_step_to_the_next(tmp_path: 
         assert loaded == [(held.step, "memory of generation 1")] * 2, loaded
     finally:
         supervisor.kill_all()
-    reference = Supervisor(tmp_path / "reference-work")
+    reference = Supervisor(tmp_path / "reference-work", warm=1, zygote=True, inherited=node_zygote())
     try:
         run(reference, spec, [layout(1, 1)], tmp_path / "reference")
     finally:
