@@ -50,3 +50,19 @@ def test_keeps_trying_until_the_deadline_then_names_the_address(bound: socket.so
     assert len(pauses) == 3
     assert f"nothing listens on 127.0.0.1:{port}" in str(caught.value)
     assert "rank 0 hosts the store" in str(caught.value)
+
+
+def test_gives_up_at_once_when_the_generation_is_abandoned(bound: socket.socket) -> None:
+    """Its agent aborted the generation (a peer never came): no waiting out the deadline for a store never to come."""
+    told = iter([False, False, True])
+    pauses: list[float] = []
+    with pytest.raises(TimeoutError, match="the generation was aborted"):
+        wait_listening(
+            "127.0.0.1",
+            bound.getsockname()[1],
+            deadline=1e9,
+            pause=pauses.append,
+            clock=lambda: 0.0,
+            abandoned=lambda: next(told),
+        )
+    assert len(pauses) == 2
