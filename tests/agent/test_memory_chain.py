@@ -90,6 +90,16 @@ def run(supervisor: Supervisor, spec: JobSpec, chain: list[Layout], checkpoints:
     return stops
 
 
+def reference(tmp_path: Path, spec: JobSpec, node_zygote: NodeZygote) -> Path:
+    """The job run uninterrupted by one process (1 x 1): where its checkpoints are."""
+    supervisor = Supervisor(tmp_path / "reference-work", warm=1, zygote=True, inherited=node_zygote())
+    try:
+        run(supervisor, spec, [layout(1, 1)], tmp_path / "reference")
+    finally:
+        supervisor.kill_all()
+    return tmp_path / "reference"
+
+
 @pytest.mark.parametrize(  # exact mode's chain in make soak; make test: tests/runtime/test_exact.py
     "exact", [False, pytest.param(True, marks=pytest.mark.soak)], ids=["float64", "exact"]
 )
@@ -107,12 +117,7 @@ def test_a_chain_of_morphs_through_memory_ends_where_one_process_does(
             assert [(e.step, e.checkpoint) for e in loaded] == [(step, memory)] * 2, loaded
     finally:
         supervisor.kill_all()
-    reference = Supervisor(tmp_path / "reference-work", warm=1, zygote=True, inherited=node_zygote())
-    try:
-        run(reference, spec, [layout(1, 1)], tmp_path / "reference")
-    finally:
-        reference.kill_all()
-    difference = max_rel_diff(tmp_path / "reference", tmp_path / "chain")
+    difference = max_rel_diff(reference(tmp_path, spec, node_zygote), tmp_path / "chain")
     assert difference == 0.0 if exact else difference <= 1e-9, (stops, difference)
 
 
@@ -157,9 +162,4 @@ def test_a_generation_that_never_met_leaves_the_held_step_to_the_next(tmp_path: 
         assert loaded == [(held.step, "memory of generation 1")] * 2, loaded
     finally:
         supervisor.kill_all()
-    reference = Supervisor(tmp_path / "reference-work", warm=1, zygote=True, inherited=node_zygote())
-    try:
-        run(reference, spec, [layout(1, 1)], tmp_path / "reference")
-    finally:
-        reference.kill_all()
-    assert max_rel_diff(tmp_path / "reference", checkpoints) <= 1e-9
+    assert max_rel_diff(reference(tmp_path, spec, node_zygote), checkpoints) <= 1e-9
