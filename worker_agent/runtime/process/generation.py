@@ -138,7 +138,6 @@ def start(cfg: TrainerArguments, progress: ProgressLog, process: TrainerProcess)
         memory = meeting.exchange_held(cfg, job, layout, runner, progress, process.held)
         chosen = choose_checkpoint(cfg, job, memory, progress)
         resumed = load(cfg, job, layout, runner, memory, chosen, reused, process)
-    process.forget_held()  # the stage adopted what it took: the step is this generation's now
     announce(cfg, job, layout, model, progress, resumed)
     writes = plan_writes(cfg, job, resumed.step, memory, chosen)
     writer = make_writer(cfg, job, layout, chosen.write_id, fence, resumed.step, control)
@@ -267,8 +266,10 @@ def load(
     """The stage's state: from memory (and the disk for what no survivor held), from the checkpoint, or the
     initial weights (a reused model a past generation trained); a collective when anything is loaded."""
     path = chosen.checkpoint
+    # Let go of the held step before loading: the stage adopts its tensors (they are not the held step any more),
+    # and a load from the disk beside a whole held stage would need twice the stage's memory.
+    process.forget_held()
     if memory is not None and memory.used:
-        process.forget_held()  # the stage adopts the tensors: from here on they are not the held step any more
         used = memory
         step = resume.loaded_by_all(lambda: held_mod.apply(used, runner, path, job.identity()), path, layout.world_size)
         memory.payloads.clear()  # the stage has them now
