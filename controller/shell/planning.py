@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from controller.core.model import JobRecord
+from controller.core.lifecycle import JOB_LIVE
+from controller.core.model import JobRecord, World
 from controller.core.reconcile.config import PlannerFor, Unplannable
 from controller.shell.profiles import read_profile
 from morphing.errors import UserInputError
@@ -89,3 +90,7 @@ class Planners:
             built = Unplannable(str(exc))
         self._built[job.id] = (job.spec, built)
         return built
+
+    def live(self, world: World) -> dict[str, PlannerFor]:
+        """The planners of the world's live jobs, as a reconcile pass is given them."""
+        return {j.id: self(j) for j in world.jobs.values() if j.state in JOB_LIVE}

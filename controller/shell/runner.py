@@ -23,7 +23,6 @@ from typing import assert_never
 
 from controller.core import capacity, intake, invariants
 from controller.core import stimulus as stimuli
-from controller.core.lifecycle import JOB_LIVE
 from controller.core.model import (
     Action,
     AddJob,
@@ -195,7 +194,7 @@ class Runner(Containment):
     def _decide(self, stimulus: Stimulus, first: Sequence[Command]) -> None:
         """``first``, the provider's events and what reconcile makes of them, committed in one transaction."""
         world = apply(self.world, list(first)) if first else self.world
-        planners = {j.id: self.planner(j) for j in world.jobs.values() if j.state in JOB_LIVE}
+        planners = self.planner.live(world)
         self.reconciles += 1
         included = self._wanted  # every observation recorded so far is seen by this reconcile
         now = self.clock.now()

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from controller.core import intake
 from controller.core.flapping import Damping
-from controller.core.lifecycle import JOB_LIVE, JobState
+from controller.core.lifecycle import JobState
 from controller.core.model import Assignment, JobRecord, NodeObservation, NodeRecord, World
 from controller.core.reconcile import assignment_for
 from controller.core.reconcile.growth import assignment_soon, growth_hint
@@ -161,9 +161,8 @@ class StateView:
         committed = (self._runner.jobs, self._runner.nodes)
         cached = self._grants
         if cached is None or cached[0][0] is not committed[0] or cached[0][1] is not committed[1]:
-            planners = {j.id: self._runner.planner(j) for j in world.jobs.values() if j.state in JOB_LIVE}
             try:
-                decided = grants_now(world, now, self._runner.config, planners)
+                decided = grants_now(world, now, self._runner.config, self._runner.planner.live(world))
             except Exception:  # contained: reported by the reconcile that decides the same
                 decided = None
             cached = self._grants = (committed, decided)

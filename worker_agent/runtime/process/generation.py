@@ -273,8 +273,8 @@ def load(
         used = memory
         step = resume.loaded_by_all(lambda: held_mod.apply(used, runner, path, job.identity()), path, layout.world_size)
         memory.payloads.clear()  # the stage has them now
-        held_by = cfg.held.generation if cfg.held is not None else cfg.generation - 1
-        return Resumed(step, f"memory of generation {held_by}")
+        assert cfg.held is not None  # memory is used only for the held step the assignment named
+        return Resumed(step, f"memory of generation {cfg.held.generation}")
     if path:  # each rank checks the manifest and the files it reads (rank 0 read every file only if it had to choose)
         return Resumed(resume.loaded_by_all(lambda: _load(runner, path, job), path, layout.world_size), path)
     if reused:  # nothing to resume from, and a past generation trained this model: the initial weights

@@ -53,7 +53,8 @@ def handed_step(
 def abandoned(cfg: TrainerArguments, process: TrainerProcess, failure: Exception | None) -> GenerationAbandoned:
     """Why the generation ended: its agent's abort, and whether the process holds the step again (not once its
     stage began to load it: the stage adopts the tensors)."""
-    named = f"step {cfg.held.step} of generation {cfg.held.generation}" if cfg.held else "the step it was handed"
+    assert cfg.held is not None  # the abort is watched for only while a held step is handed
+    named = f"step {cfg.held.step} of generation {cfg.held.generation}"
     cause = f" ({type(failure).__name__}: {str(failure)[:200]})" if failure is not None else ""
     if process.held is None:
         return GenerationAbandoned(
@@ -96,11 +97,12 @@ def exchange_held(
     """The exchange of the step a past generation held in memory (a collective, when the assignment names one).
     Nothing of ``held`` changes (peers are sent copies): until the stage loads it, the process may hold it again."""
 
+    named = cfg.held
+    if not named:
+        return None
+
     def memory_skipped(cause: HeldSkipCause, reason: str) -> None:
-        held_by = cfg.held.generation if cfg.held is not None else cfg.generation - 1
-        warn(f"the state generation {held_by} held in memory is not used: {reason}")
+        warn(f"the state generation {named.generation} held in memory is not used: {reason}")
         progress.emit(HeldStateSkipped(reason=reason, cause=cause.value))
 
-    if not cfg.held:
-        return None
     return held_mod.take(held, cfg, layout, job.identity_hash(), runner, memory_skipped)
