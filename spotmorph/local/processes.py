@@ -93,6 +93,22 @@ def reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def wait_gone(pid: int, timeout: float = 10.0) -> None:
+    """Until the killed ``pid`` is gone: collected, when it is our child; else until it is dead or a zombie (its
+    parent collects it), at most ``timeout`` seconds. A SIGKILL is delivered at once but a process takes a moment to
+    die (its memory freed first); a caller that lists what is alive right after must not see it."""
+    try:
+        os.waitpid(pid, 0)
+        return
+    except ChildProcessError:
+        pass
+    except OSError:
+        return
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def log_tail(log: Path | None, chars: int = LOG_TAIL) -> str:
     if log is None:
         return ""

@@ -31,7 +31,7 @@ from scheduler.pools import PoolKind
 from spotmorph.local import gpu_share, netns, vm_start
 from spotmorph.local.clouds import read_cloud, vm_metadata_url
 from spotmorph.local.layout import ClusterDir, VmDir
-from spotmorph.local.processes import alive, reap, session_members, spawn
+from spotmorph.local.processes import alive, reap, session_members, spawn, wait_gone
 from worker_agent.notices.facts import Cloud
 
 AGENT_COMMAND = (sys.executable, "-m", "spotmorph.cli", "agent")
@@ -192,11 +192,15 @@ def kill_vm(vm: LocalVm, sig: int = signal.SIGKILL) -> None:
     The agent goes first, so it cannot start another trainer while its session is being emptied."""
     if vm.pid is None:
         return
+    signalled = False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(vm.pid, sig)
+        signalled = True
     members = vm.session_pids()
     for pid in members:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
+    if signalled and sig == signal.SIGKILL:  # released or evicted: gone once this returns (list_pools says so)
+        wait_gone(vm.pid)
     for pid in [vm.pid, *members]:
         reap(pid)

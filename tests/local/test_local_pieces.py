@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,7 @@ from spotmorph.local.harness import (
 from spotmorph.local.imds_server import ScheduledEventsState
 from spotmorph.local.layout import ClusterDir
 from spotmorph.local.platform import evict_started
-from spotmorph.local.processes import TimedOut, alive, read_pid, wait_for
+from spotmorph.local.processes import TimedOut, alive, read_pid, wait_for, wait_gone
 from spotmorph.local.provider import LocalProcessProvider
 from spotmorph.local.replay import ReplayOptions, load_trace, targets
 from worker_agent.contract import (
@@ -175,3 +178,17 @@ def test_a_vms_command_line_splits_into_its_namespace_and_the_agents_command() -
         ["/sbin/ip", "netns", "exec", "only-a-name"],
     )
     assert netns.split_exec_prefix(["ipx", "netns", "exec", "ns", "cmd"])[0] is None
+
+
+def test_a_killed_process_is_gone_when_wait_gone_returns_child_or_not() -> None:
+    """A released VM is gone from the provider's list at once: a SIGKILL is delivered at once, but the process takes
+    a moment to die (a list taken in that moment named the released VM once, in a loaded CI run)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    os.kill(child.pid, signal.SIGKILL)
+    wait_gone(child.pid)
+    assert not alive(child.pid)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # collected by wait_gone: no zombie left for anyone
+    child.returncode = -signal.SIGKILL  # Popen's own bookkeeping, so its finalizer does not wait again
+    wait_gone(os.getppid(), timeout=0.05)  # not our child and alive: gives up at its bound, kills nothing
+    assert alive(os.getppid())
